@@ -1,0 +1,62 @@
+// Box arithmetic.
+#include "core/box.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "core/errors.hpp"
+
+namespace tessera {
+
+Box Box::of_shape(const Shape& shape) { return Box{std::vector<int64_t>(shape.size(), 0), shape}; }
+
+Shape Box::shape() const {
+  Shape extents(ndim());
+  for (size_t d = 0; d < ndim(); ++d) extents[d] = extent(d);
+  return extents;
+}
+
+int64_t Box::volume() const {
+  int64_t count = 1;
+  for (size_t d = 0; d < ndim(); ++d) count *= extent(d);
+  return count;
+}
+
+Box Box::relative_to(const std::vector<int64_t>& origin) const {
+  Box moved = *this;
+  for (size_t d = 0; d < ndim(); ++d) {
+    moved.lo[d] -= origin[d];
+    moved.hi[d] -= origin[d];
+  }
+  return moved;
+}
+
+Box Box::shifted(const std::vector<int64_t>& delta) const {
+  Box moved = *this;
+  for (size_t d = 0; d < ndim(); ++d) {
+    moved.lo[d] += delta[d];
+    moved.hi[d] += delta[d];
+  }
+  return moved;
+}
+
+std::string Box::str() const {
+  std::string text = "[";
+  for (size_t d = 0; d < ndim(); ++d)
+    text += fmt::format("{}{}:{}", d ? ", " : "", lo[d], hi[d]);
+  return text + "]";
+}
+
+Box intersect(const Box& a, const Box& b) {
+  check_arg(a.ndim() == b.ndim(), "box", "cannot intersect a {}-d box with a {}-d box", a.ndim(),
+            b.ndim());
+  Box result = a;
+  for (size_t d = 0; d < a.ndim(); ++d) {
+    result.lo[d] = std::max(a.lo[d], b.lo[d]);
+    result.hi[d] = std::max(result.lo[d], std::min(a.hi[d], b.hi[d]));
+  }
+  return result;
+}
+
+}  // namespace tessera

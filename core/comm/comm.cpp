@@ -1,0 +1,73 @@
+// Backend-independent parts of Comm: the timeout, op tagging, and host reduction kernels.
+#include "core/comm/comm.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <type_traits>
+
+namespace tessera {
+
+namespace {
+thread_local std::vector<std::string> comm_op_stack;
+}
+
+std::chrono::duration<double> comm_timeout() {
+  if (const char* text = std::getenv("TESSERA_COMM_TIMEOUT")) {
+    char* end = nullptr;
+    const double seconds = std::strtod(text, &end);
+    if (end != text && seconds > 0) return std::chrono::duration<double>(seconds);
+  }
+  return std::chrono::duration<double>(600.0);
+}
+
+std::string timeout_message(const std::string& collective, int rank, int size,
+                            const std::string& peers) {
+  return fmt::format("{} timed out after {:g} s (TESSERA_COMM_TIMEOUT) on rank {} of {}: waiting "
+                     "for {}",
+                     collective, comm_timeout().count(), rank, size, peers);
+}
+
+std::string current_comm_op() { return comm_op_stack.empty() ? "comm" : comm_op_stack.back(); }
+
+CommOpScope::CommOpScope(std::string op) { comm_op_stack.push_back(std::move(op)); }
+CommOpScope::~CommOpScope() { comm_op_stack.pop_back(); }
+
+std::vector<size_t> displacements_of(std::span<const size_t> counts) {
+  std::vector<size_t> displs(counts.size(), 0);
+  for (size_t r = 1; r < counts.size(); ++r) displs[r] = displs[r - 1] + counts[r - 1];
+  return displs;
+}
+
+void reduce_into(void* inout, const void* in, size_t count, DType dtype, ReduceOp op) {
+  dispatch_dtype(dtype, [&]<typename T>() {
+    using Acc = std::conditional_t<std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>, float, T>;
+    T* a = static_cast<T*>(inout);
+    const T* b = static_cast<const T*>(in);
+    for (size_t i = 0; i < count; ++i) {
+      const Acc x = static_cast<Acc>(a[i]), y = static_cast<Acc>(b[i]);
+      Acc result;
+      switch (op) {
+        case ReduceOp::sum:
+        case ReduceOp::avg: result = static_cast<Acc>(x + y); break;
+        case ReduceOp::prod: result = static_cast<Acc>(x * y); break;
+        case ReduceOp::max: result = std::max(x, y); break;
+        case ReduceOp::min: result = std::min(x, y); break;
+      }
+      a[i] = T(result);
+    }
+  });
+}
+
+void divide_by(void* data, size_t count, DType dtype, int divisor) {
+  dispatch_dtype(dtype, [&]<typename T>() {
+    T* a = static_cast<T*>(data);
+    for (size_t i = 0; i < count; ++i) {
+      if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+        a[i] = T(static_cast<float>(a[i]) / static_cast<float>(divisor));
+      else
+        a[i] = static_cast<T>(a[i] / static_cast<T>(divisor));
+    }
+  });
+}
+
+}  // namespace tessera

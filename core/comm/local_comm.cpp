@@ -1,0 +1,446 @@
+// The local backend (see local_comm.hpp). Invariant of every collective: phase 1 publishes
+// this rank's buffers and waits for all ranks; each rank then reads what it needs from its
+// peers' buffers; phase 2 waits again so that no rank returns (and reuses a buffer) while
+// another still reads it.
+#include "core/comm/local_comm.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <thread>
+
+namespace tessera {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr auto poll_interval = std::chrono::milliseconds(50);
+
+void copy_bytes(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+
+/// Launch-wide failure flag, shared by the world group and every group split from it.
+struct LaunchState {
+  std::atomic<bool> aborted{false};
+  std::mutex mu;
+  std::string reason;
+
+  void abort(const std::string& why) {
+    std::lock_guard lock(mu);
+    if (!aborted.exchange(true)) reason = why;
+  }
+  std::string why() {
+    std::lock_guard lock(mu);
+    return reason;
+  }
+};
+
+/// What a rank brings to a collective.
+struct Contribution {
+  const void* send = nullptr;
+  void* recv = nullptr;
+  size_t count = 0;
+  std::span<const size_t> counts;
+  std::span<const size_t> displs;
+  int root = 0;
+  int color = 0;
+  int key = 0;
+  const char* name = "";
+};
+
+struct PendingSend {
+  const void* buffer;
+  size_t bytes;
+  int source;
+  int tag;
+  bool done = false;  // guarded by the group mutex
+};
+
+class LocalGroup {
+ public:
+  LocalGroup(int size, std::shared_ptr<LaunchState> launch)
+      : size_(size), launch_(std::move(launch)), arrived_at_(size, 0), slots_(size), inbox_(size) {}
+
+  int size() const { return size_; }
+  const std::shared_ptr<LaunchState>& launch() const { return launch_; }
+
+  /// Publishes `mine` (when given) and waits until every rank of the group has arrived.
+  void arrive_and_wait(int rank, const char* name, const Contribution* mine) {
+    std::unique_lock lock(mu_);
+    if (mine) slots_[rank] = *mine;
+    const uint64_t my_generation = generation_;
+    arrived_at_[rank] = my_generation + 1;
+    if (++arrived_ == size_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(comm_timeout());
+    while (generation_ == my_generation) {
+      throw_if_aborted(rank);
+      if (Clock::now() >= deadline) {
+        std::vector<int> missing;
+        for (int r = 0; r < size_; ++r)
+          if (arrived_at_[r] != my_generation + 1) missing.push_back(r);
+        lock.unlock();
+        throw CommTimeout(current_comm_op(),
+                          timeout_message(name, rank, size_,
+                                          fmt::format("rank(s) {} that never joined", missing)));
+      }
+      cv_.wait_for(lock, std::min<Clock::duration>(poll_interval, deadline - Clock::now()));
+    }
+  }
+
+  const Contribution& slot(int rank) const { return slots_[rank]; }
+
+  /// The group formed by `color` in split number `sequence` (created by the first asker).
+  std::shared_ptr<LocalGroup> split_group(uint64_t sequence, int color, int members) {
+    std::lock_guard lock(mu_);
+    auto& group = split_groups_[{sequence, color}];
+    if (!group) group = std::make_shared<LocalGroup>(members, launch_);
+    return group;
+  }
+
+  void post_send(int destination, const std::shared_ptr<PendingSend>& send) {
+    std::lock_guard lock(mu_);
+    inbox_[destination].push_back(send);
+    cv_.notify_all();
+  }
+
+  std::mutex& mutex() { return mu_; }
+  std::condition_variable& cv() { return cv_; }
+
+  /// Removes and returns the oldest send to `rank` from `source` with `tag` (mutex held).
+  std::shared_ptr<PendingSend> take_send(int rank, int source, int tag) {
+    auto& queue = inbox_[rank];
+    for (auto it = queue.begin(); it != queue.end(); ++it) {
+      if ((*it)->source == source && (*it)->tag == tag) {
+        auto found = *it;
+        queue.erase(it);
+        return found;
+      }
+    }
+    return nullptr;
+  }
+
+  void throw_if_aborted(int rank) {
+    if (launch_->aborted)
+      throw PeerFailed(current_comm_op(),
+                       fmt::format("rank {} gave up: {}", rank, launch_->why()));
+  }
+
+ private:
+  const int size_;
+  std::shared_ptr<LaunchState> launch_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t generation_ = 0;
+  int arrived_ = 0;
+  std::vector<uint64_t> arrived_at_;
+  std::vector<Contribution> slots_;
+  std::map<std::pair<uint64_t, int>, std::shared_ptr<LocalGroup>> split_groups_;
+  std::vector<std::deque<std::shared_ptr<PendingSend>>> inbox_;
+};
+
+class LocalBatch final : public P2PBatch {
+ public:
+  LocalBatch(std::shared_ptr<LocalGroup> group, int rank, std::span<const P2POp> ops)
+      : group_(std::move(group)), rank_(rank) {
+    for (const P2POp& op : ops) {
+      check_arg(op.peer >= 0 && op.peer < group_->size(), current_comm_op(),
+                "send/recv peer {} outside a communicator of size {}", op.peer, group_->size());
+      if (op.kind == P2POp::Kind::send) {
+        auto send = std::make_shared<PendingSend>(PendingSend{op.buffer, op.bytes, rank, op.tag});
+        sends_.push_back({send, op.peer});
+        group_->post_send(op.peer, send);
+      } else {
+        recvs_.push_back({op, false});
+      }
+    }
+  }
+
+  void wait() override {
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(comm_timeout());
+    std::unique_lock lock(group_->mutex());
+    while (true) {
+      // Match every receive whose send has been posted; copy outside the lock.
+      std::vector<std::pair<RecvState*, std::shared_ptr<PendingSend>>> matched;
+      for (RecvState& recv : recvs_) {
+        if (recv.done) continue;
+        if (auto send = group_->take_send(rank_, recv.op.peer, recv.op.tag))
+          matched.emplace_back(&recv, std::move(send));
+      }
+      if (!matched.empty()) {
+        lock.unlock();
+        for (auto& [recv, send] : matched) {
+          if (send->bytes != recv->op.bytes) {
+            group_->launch()->abort("message size mismatch");
+            throw CommError(current_comm_op(),
+                            fmt::format("rank {} expected {} bytes from rank {} (tag {}), rank {} "
+                                        "sent {}",
+                                        rank_, recv->op.bytes, recv->op.peer, recv->op.tag,
+                                        send->source, send->bytes));
+          }
+          copy_bytes(recv->op.buffer, send->buffer, send->bytes);
+        }
+        lock.lock();
+        for (auto& [recv, send] : matched) {
+          send->done = true;
+          recv->done = true;
+        }
+        group_->cv().notify_all();
+        continue;
+      }
+      std::vector<std::string> waiting;
+      for (const RecvState& recv : recvs_)
+        if (!recv.done) waiting.push_back(fmt::format("recv from rank {}", recv.op.peer));
+      for (const auto& [send, peer] : sends_)
+        if (!send->done) waiting.push_back(fmt::format("send to rank {}", peer));
+      if (waiting.empty()) return;
+      group_->throw_if_aborted(rank_);
+      if (Clock::now() >= deadline)
+        throw CommTimeout(current_comm_op(),
+                          timeout_message("send_recv", rank_, group_->size(),
+                                          fmt::format("{}", fmt::join(waiting, ", "))));
+      group_->cv().wait_for(lock, std::min<Clock::duration>(poll_interval, deadline - Clock::now()));
+    }
+  }
+
+ private:
+  struct RecvState {
+    P2POp op;
+    bool done;
+  };
+  std::shared_ptr<LocalGroup> group_;
+  int rank_;
+  std::vector<std::pair<std::shared_ptr<PendingSend>, int>> sends_;
+  std::vector<RecvState> recvs_;
+};
+
+class LocalComm final : public Comm {
+ public:
+  LocalComm(std::shared_ptr<LocalGroup> group, int rank) : group_(std::move(group)), rank_(rank) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return group_->size(); }
+  std::string backend() const override { return "local"; }
+
+  std::unique_ptr<P2PBatch> start_send_recv(std::span<const P2POp> ops) override {
+    return std::make_unique<LocalBatch>(group_, rank_, ops);
+  }
+
+  void all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) override {
+    const size_t bytes = count * dtype_size(dtype);
+    std::vector<std::byte> result(bytes);
+    collective("all_reduce", {.send = send, .count = count}, [&] {
+      for (int r = 0; r < size(); ++r) check_count("all_reduce", r, group_->slot(r).count, count);
+      // Every rank reduces in rank order, so every rank gets bit-identical results.
+      copy_bytes(result.data(), group_->slot(0).send, bytes);
+      for (int r = 1; r < size(); ++r) reduce_into(result.data(), group_->slot(r).send, count, dtype, op);
+    });
+    if (op == ReduceOp::avg) divide_by(result.data(), count, dtype, size());
+    copy_bytes(recv, result.data(), bytes);
+  }
+
+  void all_gather_v(const void* send, size_t send_count, void* recv,
+                    std::span<const size_t> recv_counts, DType dtype) override {
+    check_counts_size("all_gather_v", recv_counts);
+    const size_t element = dtype_size(dtype);
+    collective("all_gather_v", {.send = send, .count = send_count}, [&] {
+      size_t offset = 0;
+      for (int r = 0; r < size(); ++r) {
+        check_count("all_gather_v", r, group_->slot(r).count, recv_counts[r]);
+        copy_bytes(static_cast<char*>(recv) + offset * element, group_->slot(r).send,
+                   recv_counts[r] * element);
+        offset += recv_counts[r];
+      }
+    });
+  }
+
+  void reduce_scatter_v(const void* send, void* recv, std::span<const size_t> recv_counts,
+                        DType dtype, ReduceOp op) override {
+    check_counts_size("reduce_scatter_v", recv_counts);
+    const size_t element = dtype_size(dtype);
+    const size_t count = recv_counts[rank_];
+    size_t offset = 0;
+    for (int r = 0; r < rank_; ++r) offset += recv_counts[r];
+    std::vector<std::byte> result(count * element);
+    collective("reduce_scatter_v", {.send = send, .counts = recv_counts}, [&] {
+      for (int r = 0; r < size(); ++r)
+        check_count("reduce_scatter_v", r, group_->slot(r).counts[rank_], count);
+      copy_bytes(result.data(), static_cast<const char*>(group_->slot(0).send) + offset * element,
+                 count * element);
+      for (int r = 1; r < size(); ++r)
+        reduce_into(result.data(),
+                    static_cast<const char*>(group_->slot(r).send) + offset * element, count,
+                    dtype, op);
+    });
+    if (op == ReduceOp::avg) divide_by(result.data(), count, dtype, size());
+    copy_bytes(recv, result.data(), count * element);
+  }
+
+  void all_to_all_v(const void* send, std::span<const size_t> send_counts,
+                    std::span<const size_t> send_displs, void* recv,
+                    std::span<const size_t> recv_counts, std::span<const size_t> recv_displs,
+                    DType dtype) override {
+    check_counts_size("all_to_all_v", send_counts);
+    check_counts_size("all_to_all_v", send_displs);
+    check_counts_size("all_to_all_v", recv_counts);
+    check_counts_size("all_to_all_v", recv_displs);
+    const size_t element = dtype_size(dtype);
+    collective("all_to_all_v", {.send = send, .counts = send_counts, .displs = send_displs}, [&] {
+      for (int r = 0; r < size(); ++r) {
+        const Contribution& peer = group_->slot(r);
+        check_count("all_to_all_v", r, peer.counts[rank_], recv_counts[r]);
+        copy_bytes(static_cast<char*>(recv) + recv_displs[r] * element,
+                   static_cast<const char*>(peer.send) + peer.displs[rank_] * element,
+                   recv_counts[r] * element);
+      }
+    });
+  }
+
+  void broadcast(void* buffer, size_t count, DType dtype, int root) override {
+    check_root("broadcast", root);
+    collective("broadcast", {.send = buffer, .count = count, .root = root}, [&] {
+      check_count("broadcast", root, group_->slot(root).count, count);
+      if (rank_ != root) copy_bytes(buffer, group_->slot(root).send, count * dtype_size(dtype));
+    });
+  }
+
+  void scatter_v(const void* send, std::span<const size_t> send_counts, void* recv,
+                 size_t recv_count, DType dtype, int root) override {
+    check_root("scatter_v", root);
+    if (rank_ == root) check_counts_size("scatter_v", send_counts);
+    const size_t element = dtype_size(dtype);
+    collective("scatter_v", {.send = send, .counts = send_counts, .root = root}, [&] {
+      const Contribution& source = group_->slot(root);
+      check_count("scatter_v", root, source.counts[rank_], recv_count);
+      size_t offset = 0;
+      for (int r = 0; r < rank_; ++r) offset += source.counts[r];
+      copy_bytes(recv, static_cast<const char*>(source.send) + offset * element,
+                 recv_count * element);
+    });
+  }
+
+  void gather_v(const void* send, size_t send_count, void* recv,
+                std::span<const size_t> recv_counts, DType dtype, int root) override {
+    check_root("gather_v", root);
+    if (rank_ == root) check_counts_size("gather_v", recv_counts);
+    const size_t element = dtype_size(dtype);
+    collective("gather_v", {.send = send, .count = send_count, .root = root}, [&] {
+      if (rank_ != root) return;
+      size_t offset = 0;
+      for (int r = 0; r < size(); ++r) {
+        check_count("gather_v", r, group_->slot(r).count, recv_counts[r]);
+        copy_bytes(static_cast<char*>(recv) + offset * element, group_->slot(r).send,
+                   recv_counts[r] * element);
+        offset += recv_counts[r];
+      }
+    });
+  }
+
+  void barrier() override { group_->arrive_and_wait(rank_, "barrier", nullptr); }
+
+  std::shared_ptr<Comm> split(int color, int key) override {
+    const uint64_t sequence = split_count_++;
+    std::shared_ptr<Comm> result;
+    collective("split", {.color = color, .key = key}, [&] {
+      if (color < 0) return;
+      std::vector<std::pair<int, int>> members;  // (key, parent rank)
+      for (int r = 0; r < size(); ++r)
+        if (group_->slot(r).color == color) members.emplace_back(group_->slot(r).key, r);
+      std::sort(members.begin(), members.end());
+      const int new_rank = static_cast<int>(
+          std::find(members.begin(), members.end(), std::make_pair(key, rank_)) - members.begin());
+      result = std::make_shared<LocalComm>(
+          group_->split_group(sequence, color, static_cast<int>(members.size())), new_rank);
+    });
+    return result;
+  }
+
+ private:
+  template <typename Work>
+  void collective(const char* name, Contribution mine, Work&& work) {
+    mine.name = name;
+    group_->arrive_and_wait(rank_, name, &mine);
+    for (int r = 0; r < size(); ++r) {
+      if (std::strcmp(group_->slot(r).name, name) != 0) {
+        // Ranks called different collectives: a program error that would deadlock MPI.
+        const std::string message = fmt::format(
+            "rank {} called {} while rank {} called {}", rank_, name, r, group_->slot(r).name);
+        group_->launch()->abort(message);
+        throw CommError(current_comm_op(), message);
+      }
+    }
+    std::exception_ptr failure;
+    try {
+      work();
+    } catch (...) {
+      failure = std::current_exception();
+      group_->launch()->abort("a collective's arguments disagree between ranks");
+    }
+    group_->arrive_and_wait(rank_, name, nullptr);
+    if (failure) std::rethrow_exception(failure);
+  }
+
+  void check_count(const char* name, int peer, size_t theirs, size_t mine) const {
+    if (theirs != mine)
+      throw CommError(current_comm_op(),
+                      fmt::format("{}: rank {} expects {} elements from/for rank {}, which has {}",
+                                  name, rank_, mine, peer, theirs));
+  }
+  void check_counts_size(const char* name, std::span<const size_t> counts) const {
+    check_arg(counts.size() == static_cast<size_t>(size()), current_comm_op(),
+              "{}: {} counts given for a communicator of size {}", name, counts.size(), size());
+  }
+  void check_root(const char* name, int root) const {
+    check_arg(root >= 0 && root < size(), current_comm_op(), "{}: root {} outside size {}", name,
+              root, size());
+  }
+
+  std::shared_ptr<LocalGroup> group_;
+  int rank_;
+  uint64_t split_count_ = 0;
+};
+
+}  // namespace
+
+void run_local_ranks(int ranks, const std::function<void(std::shared_ptr<Comm>)>& body) {
+  check_arg(ranks > 0, "local", "cannot launch {} local ranks", ranks);
+  auto launch = std::make_shared<LaunchState>();
+  auto world = std::make_shared<LocalGroup>(ranks, launch);
+  std::vector<std::exception_ptr> errors(ranks);
+  std::vector<bool> peer_failed(ranks, false);
+  auto run_rank = [&](int rank) {
+    try {
+      body(std::make_shared<LocalComm>(world, rank));
+    } catch (const PeerFailed&) {
+      errors[rank] = std::current_exception();
+      peer_failed[rank] = true;
+    } catch (const std::exception& error) {
+      errors[rank] = std::current_exception();
+      launch->abort(fmt::format("rank {} failed: {}", rank, error.what()));
+    } catch (...) {
+      errors[rank] = std::current_exception();
+      launch->abort(fmt::format("rank {} failed", rank));
+    }
+  };
+  std::vector<std::thread> threads;
+  threads.reserve(ranks - 1);
+  for (int rank = 1; rank < ranks; ++rank) threads.emplace_back(run_rank, rank);
+  run_rank(0);  // rank 0 runs on the calling thread, so a 1-rank launch spawns nothing
+  for (auto& thread : threads) thread.join();
+  for (int rank = 0; rank < ranks; ++rank)
+    if (errors[rank] && !peer_failed[rank]) std::rethrow_exception(errors[rank]);
+  for (int rank = 0; rank < ranks; ++rank)
+    if (errors[rank]) std::rethrow_exception(errors[rank]);
+}
+
+}  // namespace tessera

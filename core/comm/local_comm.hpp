@@ -1,0 +1,24 @@
+// The `local` backend: ranks are threads of one process sharing memory. Collectives are a
+// rendezvous in which every rank reads its peers' buffers directly (no staging copies);
+// point-to-point transfers are copied by the receiver straight from the sender's buffer.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "core/comm/comm.hpp"
+
+namespace tessera {
+
+/// A rank of the local backend gave up because another rank of the same launch failed.
+class PeerFailed : public CommError {
+ public:
+  using CommError::CommError;
+};
+
+/// Runs `body` on `ranks` threads, each given its own world Comm of the local backend, and
+/// joins them. If any rank throws, the others' waits fail promptly with PeerFailed, and the
+/// error of the lowest rank that failed on its own is rethrown.
+void run_local_ranks(int ranks, const std::function<void(std::shared_ptr<Comm>)>& body);
+
+}  // namespace tessera

@@ -1,0 +1,151 @@
+// DeviceMesh (see device_mesh.hpp).
+#include "core/device_mesh.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+
+#include "core/agree.hpp"
+
+namespace tessera {
+
+namespace {
+
+std::vector<std::string> default_names(size_t ndim) {
+  std::vector<std::string> names;
+  for (size_t m = 0; m < ndim; ++m) names.push_back(fmt::format("d{}", m));
+  return names;
+}
+
+std::optional<std::string> mesh_problem(const std::vector<int>& shape,
+                                        const std::vector<std::string>& names, int world) {
+  if (shape.empty()) return "a mesh needs at least one dim";
+  for (int extent : shape)
+    if (extent <= 0) return fmt::format("mesh shape {} has a non-positive dim", shape);
+  if (names.size() != shape.size())
+    return fmt::format("{} names given for a {}-d mesh", names.size(), shape.size());
+  for (size_t a = 0; a < names.size(); ++a)
+    for (size_t b = a + 1; b < names.size(); ++b)
+      if (names[a] == names[b]) return fmt::format("mesh dim name '{}' is used twice", names[a]);
+  if (mesh_size(shape) != world)
+    return fmt::format("mesh shape {} has {} ranks but the communicator has {}", shape,
+                       mesh_size(shape), world);
+  return std::nullopt;
+}
+
+}  // namespace
+
+DeviceMesh::DeviceMesh(std::shared_ptr<Comm> comm, std::vector<int> shape,
+                       std::vector<std::string> names)
+    : comm_(std::move(comm)), shape_(std::move(shape)), names_(std::move(names)) {
+  if (names_.empty()) names_ = default_names(shape_.size());
+  agree_on_error(*comm_, "mesh", mesh_problem(shape_, names_, comm_->size()));
+  agree_on_description(*comm_, "mesh", "mesh", fmt::format("shape {} names {}", shape_, names_));
+  coord_ = coord_of(comm_->rank(), shape_);
+  sub_comms_ = std::make_shared<std::map<std::vector<int>, std::shared_ptr<Comm>>>();
+}
+
+DeviceMesh::DeviceMesh(Trusted, std::shared_ptr<Comm> comm, std::vector<int> shape,
+                       std::vector<std::string> names)
+    : comm_(std::move(comm)), shape_(std::move(shape)), names_(std::move(names)) {
+  coord_ = coord_of(comm_->rank(), shape_);
+  sub_comms_ = std::make_shared<std::map<std::vector<int>, std::shared_ptr<Comm>>>();
+}
+
+int DeviceMesh::size() const { return mesh_size(shape_); }
+
+int DeviceMesh::dim_index(const std::string& name) const {
+  const auto it = std::find(names_.begin(), names_.end(), name);
+  check_arg(it != names_.end(), "mesh", "no mesh dim named '{}' (the mesh has {})", name, names_);
+  return static_cast<int>(it - names_.begin());
+}
+
+std::shared_ptr<Comm> DeviceMesh::sub_comm(const std::vector<int>& dims) const {
+  for (int dim : dims)
+    check_arg(dim >= 0 && dim < ndim(), "mesh", "mesh dim {} of a {}-d mesh", dim, ndim());
+  auto& cached = (*sub_comms_)[dims];
+  if (cached) return cached;
+  std::vector<int> identity(ndim());
+  for (int m = 0; m < ndim(); ++m) identity[m] = m;
+  if (dims == identity) return cached = comm_;
+  // color: position along the other dims; key: row-major position along `dims`.
+  int color = 0, key = 0;
+  for (int m = 0; m < ndim(); ++m)
+    if (std::find(dims.begin(), dims.end(), m) == dims.end()) color = color * shape_[m] + coord_[m];
+  for (int dim : dims) key = key * shape_[dim] + coord_[dim];
+  return cached = comm_->split(color, key);
+}
+
+DeviceMesh DeviceMesh::rename(std::vector<std::string> names) const {
+  check_arg(names.size() == shape_.size(), "mesh", "{} names for a {}-d mesh", names.size(),
+            shape_.size());
+  DeviceMesh renamed(Trusted{}, comm_, shape_, std::move(names));
+  renamed.sub_comms_ = sub_comms_;  // same dims, same groups
+  return renamed;
+}
+
+DeviceMesh DeviceMesh::split(int dim, const std::vector<int>& sizes,
+                             const std::vector<std::string>& names) const {
+  check_arg(dim >= 0 && dim < ndim(), "mesh", "split of mesh dim {} of a {}-d mesh", dim, ndim());
+  check_arg(mesh_size(sizes) == shape_[dim] && sizes.size() == names.size(), "mesh",
+            "cannot split mesh dim {} of size {} into sizes {} named {}", dim, shape_[dim], sizes,
+            names);
+  std::vector<int> shape(shape_.begin(), shape_.begin() + dim);
+  std::vector<std::string> new_names(names_.begin(), names_.begin() + dim);
+  shape.insert(shape.end(), sizes.begin(), sizes.end());
+  new_names.insert(new_names.end(), names.begin(), names.end());
+  shape.insert(shape.end(), shape_.begin() + dim + 1, shape_.end());
+  new_names.insert(new_names.end(), names_.begin() + dim + 1, names_.end());
+  return DeviceMesh(Trusted{}, comm_, shape, new_names);
+}
+
+DeviceMesh DeviceMesh::flatten(int first, int last, const std::string& name) const {
+  check_arg(0 <= first && first <= last && last < ndim(), "mesh",
+            "flatten of mesh dims [{}, {}] of a {}-d mesh (adjacent dims, first <= last)", first,
+            last, ndim());
+  std::vector<int> shape(shape_.begin(), shape_.begin() + first);
+  std::vector<std::string> names(names_.begin(), names_.begin() + first);
+  int merged = 1;
+  for (int m = first; m <= last; ++m) merged *= shape_[m];
+  shape.push_back(merged);
+  names.push_back(name);
+  shape.insert(shape.end(), shape_.begin() + last + 1, shape_.end());
+  names.insert(names.end(), names_.begin() + last + 1, names_.end());
+  return DeviceMesh(Trusted{}, comm_, shape, names);
+}
+
+DeviceMesh DeviceMesh::submesh(const std::vector<int>& dims) const {
+  std::vector<int> shape;
+  std::vector<std::string> names;
+  for (int dim : dims) {
+    check_arg(dim >= 0 && dim < ndim(), "mesh", "mesh dim {} of a {}-d mesh", dim, ndim());
+    shape.push_back(shape_[dim]);
+    names.push_back(names_[dim]);
+  }
+  return DeviceMesh(Trusted{}, sub_comm(dims), shape, names);
+}
+
+std::optional<DeviceMesh> DeviceMesh::slice(int dim, int start, int stop) const {
+  check_arg(dim >= 0 && dim < ndim() && 0 <= start && start < stop && stop <= shape_[dim], "mesh",
+            "slice [{}, {}) of mesh dim {} with {} ranks", start, stop, dim,
+            dim >= 0 && dim < ndim() ? shape_[dim] : 0);
+  const bool inside = coord_[dim] >= start && coord_[dim] < stop;
+  std::vector<int> shape = shape_;
+  shape[dim] = stop - start;
+  std::vector<int> local_coord = coord_;
+  local_coord[dim] -= start;
+  // Row-major rank inside the block keeps the mesh's rank order.
+  auto comm = comm_->split(inside ? 0 : -1, inside ? rank_of(local_coord, shape) : 0);
+  if (!comm) return std::nullopt;
+  return DeviceMesh(Trusted{}, comm, shape, names_);
+}
+
+std::string DeviceMesh::str() const {
+  std::vector<std::string> dims;
+  for (int m = 0; m < ndim(); ++m) dims.push_back(fmt::format("{}={}", names_[m], shape_[m]));
+  return fmt::format("mesh ({}), rank {} at ({})", fmt::join(dims, ", "), rank(),
+                     fmt::join(coord_, ", "));
+}
+
+}  // namespace tessera

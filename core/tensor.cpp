@@ -1,0 +1,331 @@
+// Tensor storage, views and copies. Device copies go through core/gpu_runtime.hpp.
+#include "core/tensor.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "core/gpu_runtime.hpp"
+
+namespace tessera {
+
+Device Device::parse(const std::string& text) {
+  if (text == "cpu") return cpu();
+  if (text == "cuda") return cuda(0);
+  if (text.rfind("cuda:", 0) == 0) {
+    const std::string index = text.substr(5);
+    if (!index.empty() && index.find_first_not_of("0123456789") == std::string::npos)
+      return cuda(std::stoi(index));
+  }
+  throw InvalidArgument("device", fmt::format("cannot parse device '{}' (expected cpu, cuda or "
+                                              "cuda:N)",
+                                              text));
+}
+
+Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
+  if (bytes == 0) return;
+  if (device.is_cuda()) {
+    data_ = gpu::allocate(bytes, device.index);
+    return;
+  }
+  // 64-byte alignment keeps vector loads and MPI/NCCL staging copies on whole cache lines.
+  data_ = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (!data_) throw std::bad_alloc();
+}
+
+Storage::~Storage() {
+  if (!data_) return;
+  if (device_.is_cuda())
+    gpu::release(data_, device_.index);
+  else
+    std::free(data_);
+}
+
+std::vector<int64_t> contiguous_strides(const Shape& shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (size_t d = shape.size(); d-- > 1;) strides[d - 1] = strides[d] * std::max<int64_t>(shape[d], 1);
+  return strides;
+}
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t count = 1;
+  for (int64_t extent : shape) count *= extent;
+  return count;
+}
+
+Tensor::Tensor() : Tensor(nullptr, Shape{0}, {1}, 0, DType::f32) {}
+
+Tensor::Tensor(std::shared_ptr<Storage> storage, Shape shape, std::vector<int64_t> strides,
+               int64_t offset, DType dtype)
+    : storage_(std::move(storage)),
+      shape_(std::move(shape)),
+      strides_(std::move(strides)),
+      offset_(offset),
+      dtype_(dtype),
+      device_(storage_ ? storage_->device() : Device::cpu()) {}
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  for (int64_t extent : shape)
+    check_arg(extent >= 0, "tensor", "shape {} has a negative extent", shape);
+  auto storage =
+      std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), device);
+  return Tensor(std::move(storage), shape, contiguous_strides(shape), 0, dtype);
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor result = empty(shape, dtype, device);
+  if (result.nbytes() == 0) return result;
+  if (device.is_cuda())
+    gpu::zero_bytes(result.raw_data(), result.nbytes(), device.index);
+  else
+    std::memset(result.raw_data(), 0, result.nbytes());
+  return result;
+}
+
+bool Tensor::is_contiguous() const {
+  int64_t expected = 1;
+  for (size_t d = shape_.size(); d-- > 0;) {
+    if (shape_[d] == 1) continue;
+    if (shape_[d] == 0) return true;
+    if (strides_[d] != expected) return false;
+    expected *= shape_[d];
+  }
+  return true;
+}
+
+void* Tensor::raw_data() const {
+  if (!storage_ || !storage_->data()) return nullptr;
+  return static_cast<char*>(storage_->data()) + offset_ * static_cast<int64_t>(element_size());
+}
+
+Tensor Tensor::slice(int dim, int64_t start, int64_t stop) const {
+  check_arg(dim >= 0 && dim < ndim(), "tensor", "slice dim {} of a {}-d tensor", dim, ndim());
+  check_arg(0 <= start && start <= stop && stop <= shape_[dim], "tensor",
+            "slice [{}, {}) of dim {} with extent {}", start, stop, dim, shape_[dim]);
+  Shape shape = shape_;
+  shape[dim] = stop - start;
+  return Tensor(storage_, shape, strides_, offset_ + start * strides_[dim], dtype_);
+}
+
+Tensor Tensor::view_box(const Box& box) const {
+  check_arg(static_cast<int>(box.ndim()) == ndim(), "tensor", "{}-d box {} on a {}-d tensor",
+            box.ndim(), box.str(), ndim());
+  int64_t offset = offset_;
+  Shape shape(ndim());
+  for (int d = 0; d < ndim(); ++d) {
+    check_arg(0 <= box.lo[d] && box.lo[d] <= box.hi[d] && box.hi[d] <= shape_[d], "tensor",
+              "box {} is outside the tensor shape {}", box.str(), shape_);
+    offset += box.lo[d] * strides_[d];
+    shape[d] = box.hi[d] - box.lo[d];
+  }
+  return Tensor(storage_, shape, strides_, offset, dtype_);
+}
+
+Tensor Tensor::contiguous() const {
+  if (is_contiguous()) return *this;
+  return clone();
+}
+
+Tensor Tensor::clone() const {
+  Tensor copy = empty(shape_, dtype_, device_);
+  copy.copy_from(*this);
+  return copy;
+}
+
+Tensor Tensor::to(Device device) const {
+  if (device == device_) return *this;
+  Tensor copy = empty(shape_, dtype_, device);
+  copy.copy_from(*this);
+  return copy;
+}
+
+Tensor Tensor::to_dtype(DType dtype) const {
+  if (dtype == dtype_) return *this;
+  check_arg(device_.is_cpu(), "tensor", "dtype conversion of a {} tensor: move it to cpu first",
+            device_.str());
+  const Tensor source = contiguous();
+  Tensor result = empty(shape_, dtype);
+  const int64_t count = numel();
+  dispatch_dtype(dtype_, [&]<typename From>() {
+    dispatch_dtype(dtype, [&]<typename To>() {
+      const From* in = static_cast<const From*>(source.raw_data());
+      To* out = static_cast<To*>(result.raw_data());
+      for (int64_t i = 0; i < count; ++i) {
+        if constexpr (std::is_same_v<To, Half> || std::is_same_v<To, BFloat16>)
+          out[i] = To(static_cast<float>(in[i]));
+        else if constexpr (std::is_same_v<From, Half> || std::is_same_v<From, BFloat16>)
+          out[i] = static_cast<To>(static_cast<float>(in[i]));
+        else
+          out[i] = static_cast<To>(in[i]);
+      }
+    });
+  });
+  return result;
+}
+
+void copy_strided_host(void* dst, const int64_t* dst_strides, const void* src,
+                       const int64_t* src_strides, const int64_t* shape, int ndim,
+                       size_t element_size) {
+  // Drop unit dims and merge neighbours that are contiguous in both tensors, so the common
+  // cases become a few long memcpy calls.
+  std::vector<int64_t> extent, dstride, sstride;
+  for (int d = 0; d < ndim; ++d) {
+    if (shape[d] == 0) return;
+    if (shape[d] == 1) continue;
+    if (!extent.empty() && dstride.back() == dst_strides[d] * shape[d] &&
+        sstride.back() == src_strides[d] * shape[d]) {
+      extent.back() *= shape[d];
+      dstride.back() = dst_strides[d];
+      sstride.back() = src_strides[d];
+      continue;
+    }
+    extent.push_back(shape[d]);
+    dstride.push_back(dst_strides[d]);
+    sstride.push_back(src_strides[d]);
+  }
+  auto* out = static_cast<char*>(dst);
+  const auto* in = static_cast<const char*>(src);
+  const int dims = static_cast<int>(extent.size());
+  if (dims == 0) {
+    std::memcpy(out, in, element_size);
+    return;
+  }
+  const int64_t row = extent[dims - 1];
+  const bool rows_contiguous = dstride[dims - 1] == 1 && sstride[dims - 1] == 1;
+  const int64_t ds = dstride[dims - 1] * static_cast<int64_t>(element_size);
+  const int64_t ss = sstride[dims - 1] * static_cast<int64_t>(element_size);
+  std::vector<int64_t> index(dims, 0);
+  const int64_t rows = shape_numel(Shape(extent.begin(), extent.end() - 1));
+  int64_t out_offset = 0, in_offset = 0;  // bytes, of the current row's first element
+  for (int64_t r = 0; r < rows; ++r) {
+    if (rows_contiguous) {
+      std::memcpy(out + out_offset, in + in_offset, row * element_size);
+    } else {
+      for (int64_t i = 0; i < row; ++i)
+        std::memcpy(out + out_offset + i * ds, in + in_offset + i * ss, element_size);
+    }
+    for (int d = dims - 2; d >= 0; --d) {  // odometer over the outer dims
+      out_offset += dstride[d] * static_cast<int64_t>(element_size);
+      in_offset += sstride[d] * static_cast<int64_t>(element_size);
+      if (++index[d] < extent[d]) break;
+      out_offset -= extent[d] * dstride[d] * static_cast<int64_t>(element_size);
+      in_offset -= extent[d] * sstride[d] * static_cast<int64_t>(element_size);
+      index[d] = 0;
+    }
+  }
+}
+
+void Tensor::copy_from(const Tensor& source) {
+  check_arg(source.shape_ == shape_ && source.dtype_ == dtype_, "tensor",
+            "copy of {} into {}", source.str(), str());
+  if (numel() == 0) return;
+  if (device_ == source.device_) {
+    if (device_.is_cpu())
+      copy_strided_host(raw_data(), strides_.data(), source.raw_data(), source.strides_.data(),
+                        shape_.data(), ndim(), element_size());
+    else
+      gpu::copy_strided(raw_data(), strides_.data(), source.raw_data(), source.strides_.data(),
+                        shape_.data(), ndim(), element_size(), device_.index);
+    return;
+  }
+  // Across devices: one contiguous transfer, then a strided copy on this side if needed.
+  const Tensor packed = source.contiguous();
+  if (is_contiguous()) {
+    gpu::copy_bytes(raw_data(), packed.raw_data(), nbytes());
+    return;
+  }
+  Tensor staged = empty(shape_, dtype_, device_);
+  gpu::copy_bytes(staged.raw_data(), packed.raw_data(), nbytes());
+  copy_from(staged);
+}
+
+void Tensor::pack_box(const Box& box, void* dst) const {
+  const Tensor view = view_box(box);
+  const std::vector<int64_t> dst_strides = contiguous_strides(view.shape_);
+  if (view.numel() == 0) return;
+  if (device_.is_cpu())
+    copy_strided_host(dst, dst_strides.data(), view.raw_data(), view.strides_.data(),
+                      view.shape_.data(), ndim(), element_size());
+  else
+    gpu::copy_strided(dst, dst_strides.data(), view.raw_data(), view.strides_.data(),
+                      view.shape_.data(), ndim(), element_size(), device_.index);
+}
+
+void Tensor::unpack_box(const Box& box, const void* src) {
+  Tensor view = view_box(box);
+  const std::vector<int64_t> src_strides = contiguous_strides(view.shape_);
+  if (view.numel() == 0) return;
+  if (device_.is_cpu())
+    copy_strided_host(view.raw_data(), view.strides_.data(), src, src_strides.data(),
+                      view.shape_.data(), ndim(), element_size());
+  else
+    gpu::copy_strided(view.raw_data(), view.strides_.data(), src, src_strides.data(),
+                      view.shape_.data(), ndim(), element_size(), device_.index);
+}
+
+void Tensor::fill(double value) {
+  if (numel() == 0) return;
+  Tensor host = empty(shape_, dtype_);
+  dispatch_dtype(dtype_, [&]<typename T>() {
+    T element;
+    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+      element = T(static_cast<float>(value));
+    else
+      element = static_cast<T>(value);
+    T* out = static_cast<T*>(host.raw_data());
+    for (int64_t i = 0; i < numel(); ++i) out[i] = element;
+  });
+  copy_from(host);
+}
+
+double Tensor::item_as_double(const std::vector<int64_t>& index) const {
+  check_arg(device_.is_cpu(), "tensor", "item_as_double on a {} tensor", device_.str());
+  check_arg(static_cast<int>(index.size()) == ndim(), "tensor", "{}-d index into a {}-d tensor",
+            index.size(), ndim());
+  int64_t offset = 0;
+  for (int d = 0; d < ndim(); ++d) {
+    check_arg(index[d] >= 0 && index[d] < shape_[d], "tensor", "index {} outside shape {}", index,
+              shape_);
+    offset += index[d] * strides_[d];
+  }
+  return dispatch_dtype(dtype_, [&]<typename T>() -> double {
+    const T element = static_cast<const T*>(raw_data())[offset];
+    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+      return static_cast<float>(element);
+    else
+      return static_cast<double>(element);
+  });
+}
+
+std::string Tensor::str() const {
+  return fmt::format("{} ({}) {}", dtype_name(dtype_), fmt::join(shape_, ", "), device_.str());
+}
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
+  const Tensor ha = a.to(Device::cpu()).contiguous();
+  const Tensor hb = b.to(Device::cpu()).contiguous();
+  return a.nbytes() == 0 || std::memcmp(ha.raw_data(), hb.raw_data(), a.nbytes()) == 0;
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  check_arg(a.shape() == b.shape(), "tensor", "max_abs_diff of shapes {} and {}", a.shape(),
+            b.shape());
+  const Tensor ha = a.to(Device::cpu()).to_dtype(DType::f64).contiguous();
+  const Tensor hb = b.to(Device::cpu()).to_dtype(DType::f64).contiguous();
+  const double* x = ha.data<double>();
+  const double* y = hb.data<double>();
+  double worst = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double diff = std::fabs(x[i] - y[i]);
+    if (std::isnan(diff)) return diff;
+    worst = std::max(worst, diff);
+  }
+  return worst;
+}
+
+}  // namespace tessera
