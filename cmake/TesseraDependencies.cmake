@@ -62,8 +62,10 @@ tessera_resolve(NCCL nccl_found)
 
 set(mpi_found FALSE)
 if(NOT TESSERA_WITH_MPI STREQUAL "OFF")
-  find_package(MPI COMPONENTS C)
-  set(mpi_found ${MPI_C_FOUND})
+  # The C API through the CXX component (consumers need not enable C); no C++ bindings.
+  set(MPI_CXX_SKIP_MPICXX ON)
+  find_package(MPI COMPONENTS CXX)
+  set(mpi_found ${MPI_CXX_FOUND})
 endif()
 tessera_resolve(MPI mpi_found)
 

@@ -21,6 +21,9 @@ namespace tessera {
 
 namespace {
 
+/// Uninitialised host bytes from the caching allocator (no zero-fill, reused across calls).
+Tensor staging_buffer(size_t bytes) { return Tensor::empty({static_cast<int64_t>(bytes)}, DType::u8); }
+
 /// True when blocks of `shape` split along `dim` are contiguous runs of a row-major buffer.
 bool blocks_contiguous_along(const Shape& shape, int dim) {
   for (int d = 0; d < dim; ++d)
@@ -79,15 +82,15 @@ Tensor all_gather_shards(const Tensor& local, const DeviceMesh& mesh, const Shar
     return result;
   }
   const std::vector<size_t> displs = displacements_of(counts);
-  std::vector<std::byte> staging((displs.back() + counts.back()) * source.element_size());
-  comm->all_gather_v(source.raw_data(), counts[mesh.coord()[mesh_dim]], staging.data(), counts,
+  const Tensor staging = staging_buffer((displs.back() + counts.back()) * source.element_size());
+  comm->all_gather_v(source.raw_data(), counts[mesh.coord()[mesh_dim]], staging.raw_data(), counts,
                      source.dtype());
   const std::vector<int64_t> offsets = offsets_of(extents);
   Box block = Box::of_shape(out_shape);
   for (size_t c = 0; c < extents.size(); ++c) {
     block.lo[dim] = offsets[c];
     block.hi[dim] = offsets[c + 1];
-    result.unpack_box(block, staging.data() + displs[c] * source.element_size());
+    result.unpack_box(block, staging.data<uint8_t>() + displs[c] * source.element_size());
   }
   return result;
 }
@@ -133,24 +136,24 @@ Tensor exchange_boxes(const Tensor& local, const DeviceMesh& mesh, const ShardSp
   }
   const std::vector<size_t> send_displs = displacements_of(send_counts);
   const std::vector<size_t> recv_displs = displacements_of(recv_counts);
-  std::vector<std::byte> send_buffer((send_displs.back() + send_counts.back()) * element);
-  std::vector<std::byte> recv_buffer((recv_displs.back() + recv_counts.back()) * element);
+  const Tensor send_buffer = staging_buffer((send_displs.back() + send_counts.back()) * element);
+  const Tensor recv_buffer = staging_buffer((recv_displs.back() + recv_counts.back()) * element);
   for (int peer = 0; peer < peers; ++peer)
     if (send_counts[peer])
       local.pack_box(send_boxes[peer].relative_to(my_from.lo),
-                     send_buffer.data() + send_displs[peer] * element);
+                     send_buffer.data<uint8_t>() + send_displs[peer] * element);
 
   Tensor result = Tensor::empty(my_to.shape(), local.dtype());
   // This rank's own part is a direct copy, never a message.
   const Box kept = intersect(my_from, my_to);
   if (!kept.empty())
     result.view_box(kept.relative_to(my_to.lo)).copy_from(local.view_box(kept.relative_to(my_from.lo)));
-  comm->all_to_all_v(send_buffer.data(), send_counts, send_displs, recv_buffer.data(), recv_counts,
-                     recv_displs, local.dtype());
+  comm->all_to_all_v(send_buffer.raw_data(), send_counts, send_displs, recv_buffer.raw_data(),
+                     recv_counts, recv_displs, local.dtype());
   for (int peer = 0; peer < peers; ++peer)
     if (recv_counts[peer])
       result.unpack_box(recv_boxes[peer].relative_to(my_to.lo),
-                        recv_buffer.data() + recv_displs[peer] * element);
+                        recv_buffer.data<uint8_t>() + recv_displs[peer] * element);
   return result;
 }
 

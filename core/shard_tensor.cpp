@@ -129,17 +129,18 @@ ShardTensor ShardTensor::scatter(const Tensor& full, DeviceMesh mesh,
                        ? static_cast<size_t>(spec.local_box(coord).volume())
                        : 0;
   }
-  std::vector<std::byte> packed;
+  Tensor packed;
   if (comm.rank() == root) {
     const Tensor host = full.to(Device::cpu());
     const std::vector<size_t> displs = displacements_of(counts);
-    packed.resize((displs.back() + counts.back()) * dtype_size(dtype));
+    packed = Tensor::empty({static_cast<int64_t>(displs.back() + counts.back())}, dtype);
     for (int rank = 0; rank < comm.size(); ++rank)
       if (counts[rank])
-        host.pack_box(spec.local_box_of_rank(rank), packed.data() + displs[rank] * dtype_size(dtype));
+        host.pack_box(spec.local_box_of_rank(rank),
+                      static_cast<char*>(packed.raw_data()) + displs[rank] * dtype_size(dtype));
   }
   Tensor local = Tensor::empty(spec.local_shape(mesh.coord()), dtype);
-  comm.scatter_v(packed.data(), counts, local.raw_data(), counts[comm.rank()], dtype, root);
+  comm.scatter_v(packed.raw_data(), counts, local.raw_data(), counts[comm.rank()], dtype, root);
   if (!counts[comm.rank()]) local.fill(0);
   const Device device = comm.rank() == root ? full.device() : Device::cpu();
   return ShardTensor(local.to(device), std::move(mesh), spec);
@@ -184,13 +185,16 @@ Tensor ShardTensor::gather(int root) const {
   const Tensor local = source.local_.to(Device::cpu()).contiguous();
   const size_t element = dtype_size(dtype());
   const std::vector<size_t> displs = displacements_of(counts);
-  std::vector<std::byte> staging;
-  if (comm.rank() == root) staging.resize((displs.back() + counts.back()) * element);
-  comm.gather_v(local.raw_data(), counts[comm.rank()], staging.data(), counts, dtype(), root);
+  Tensor staging;
+  if (comm.rank() == root)
+    staging = Tensor::empty({static_cast<int64_t>(displs.back() + counts.back())}, dtype());
+  comm.gather_v(local.raw_data(), counts[comm.rank()], staging.raw_data(), counts, dtype(), root);
   if (comm.rank() != root) return Tensor();
   Tensor full = Tensor::empty(spec.global_shape, dtype());
   for (int rank = 0; rank < comm.size(); ++rank)
-    if (counts[rank]) full.unpack_box(spec.local_box_of_rank(rank), staging.data() + displs[rank] * element);
+    if (counts[rank])
+      full.unpack_box(spec.local_box_of_rank(rank),
+                      static_cast<const char*>(staging.raw_data()) + displs[rank] * element);
   return full.to(device());
 }
 

@@ -10,6 +10,7 @@
 #include <new>
 
 #include "core/gpu_runtime.hpp"
+#include "core/host_allocator.hpp"
 
 namespace tessera {
 
@@ -32,9 +33,7 @@ Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
     data_ = gpu::allocate(bytes, device.index);
     return;
   }
-  // 64-byte alignment keeps vector loads and MPI/NCCL staging copies on whole cache lines.
-  data_ = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-  if (!data_) throw std::bad_alloc();
+  data_ = host_allocate(bytes);
 }
 
 Storage::~Storage() {
@@ -42,7 +41,7 @@ Storage::~Storage() {
   if (device_.is_cuda())
     gpu::release(data_, device_.index);
   else
-    std::free(data_);
+    host_release(data_, bytes_);
 }
 
 std::vector<int64_t> contiguous_strides(const Shape& shape) {

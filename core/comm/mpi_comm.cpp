@@ -30,7 +30,12 @@ void reduce_half_types(void* in, void* inout, int* length, MPI_Datatype* type) {
 void finalize_at_exit() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  if (finalized) return;
+  for (MPI_Op& op : half_ops)
+    if (op != MPI_OP_NULL) MPI_Op_free(&op);
+  if (half_type != MPI_DATATYPE_NULL) MPI_Type_free(&half_type);
+  if (bfloat16_type != MPI_DATATYPE_NULL) MPI_Type_free(&bfloat16_type);
+  MPI_Finalize();
 }
 
 void ensure_initialized() {

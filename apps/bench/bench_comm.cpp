@@ -1,0 +1,201 @@
+// `tessera bench comm`: all_gather_v, all_to_all_v and ShardTensor.redistribute (S(0)->R and
+// S(0)->S(1)) on uneven extents over a size sweep, beside the raw MPI collective moving the same
+// bytes (under mpiexec) or Tessera's own collective (local backend). The global tensor is
+// [rows, 256] f32; rank r's share of a split is proportional to 2 for even r and 1 for odd r.
+#include <fmt/format.h>
+
+#include <iostream>
+
+#include "apps/bench/bench_table.hpp"
+#include "apps/bench/mpi_baseline.hpp"
+#include "apps/tessera/commands.hpp"
+#include "core/tessera.hpp"
+
+namespace tessera::cli {
+
+namespace {
+
+constexpr int64_t kCols = 256;
+
+struct CommBenchOptions {
+  size_t min_bytes = size_t{256} << 10;
+  size_t max_bytes = size_t{64} << 20;
+  int ranks = 4;
+  int iterations = 0;  // 0: chosen per size
+  bool json = false;
+};
+
+/// Uneven split of n over parts with weights 2,1,2,1,... (or 1,2,1,2,... when `flipped`).
+std::vector<int64_t> weighted_split(int64_t n, int parts, bool flipped) {
+  std::vector<int64_t> weights(parts);
+  int64_t total_weight = 0;
+  for (int p = 0; p < parts; ++p) total_weight += weights[p] = ((p % 2 == 0) != flipped) ? 2 : 1;
+  std::vector<int64_t> extents(parts);
+  int64_t assigned = 0;
+  for (int p = 0; p < parts; ++p) assigned += extents[p] = n * weights[p] / total_weight;
+  extents[0] += n - assigned;
+  return extents;
+}
+
+float expected_value(int64_t row, int64_t col) {
+  return static_cast<float>((row * kCols + col) % 16777213);  // exact in f32
+}
+
+/// Elements of `values` (a row-major box [row0, row0+rows) x [col0, col0+cols)) that differ.
+int64_t count_wrong(const float* values, int64_t row0, int64_t rows, int64_t col0, int64_t cols) {
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j)
+      wrong += values[i * cols + j] != expected_value(row0 + i, col0 + j);
+  return wrong;
+}
+
+int64_t total_wrong(Comm& comm, int64_t wrong) {
+  comm.all_reduce(&wrong, &wrong, 1, DType::i64, ReduceOp::sum);
+  return wrong;
+}
+
+std::vector<int> to_int_counts(const std::vector<size_t>& counts) {
+  return std::vector<int>(counts.begin(), counts.end());
+}
+
+void bench_size(std::shared_ptr<Comm> world, const DeviceMesh& mesh, size_t bytes,
+                const CommBenchOptions& options, bench::BenchTable& table) {
+  const int parts = world->size();
+  const int me = world->rank();
+  const int64_t rows = std::max<int64_t>(parts, static_cast<int64_t>(bytes) / (4 * kCols));
+  const size_t global_bytes = static_cast<size_t>(rows * kCols * 4);
+  const std::vector<int64_t> row_extents = weighted_split(rows, parts, false);
+  const std::vector<int64_t> col_extents = weighted_split(kCols, parts, true);
+  const std::vector<int64_t> row_offsets = offsets_of(row_extents);
+  const std::vector<int64_t> col_offsets = offsets_of(col_extents);
+  const int iterations = options.iterations > 0
+                             ? options.iterations
+                             : static_cast<int>(std::clamp<size_t>((size_t{256} << 20) / global_bytes, 5, 50));
+  const int warmup = std::max(2, iterations / 5);
+  const double bus_factor = parts > 1 ? double(parts - 1) / parts : 1.0;
+
+  Tensor local = Tensor::empty({row_extents[me], kCols}, DType::f32);
+  for (int64_t i = 0; i < row_extents[me]; ++i)
+    for (int64_t j = 0; j < kCols; ++j)
+      local.data<float>()[i * kCols + j] = expected_value(row_offsets[me] + i, j);
+  const ShardTensor sharded = ShardTensor::from_local(local, mesh, {rows, kCols},
+                                                      {Placement::shard(0)}, {row_extents});
+  auto add_row = [&](const std::string& op, double seconds, int64_t wrong, double baseline) {
+    const double algbw = global_bytes / seconds / 1e9;
+    table.add({op, global_bytes, seconds * 1e6, algbw, algbw * bus_factor, wrong,
+               baseline > 0 ? seconds / baseline : 0.0});
+  };
+
+  // --- Shard(0) -> Replicate: all_gather_v.
+  std::vector<size_t> gather_counts(parts);
+  for (int p = 0; p < parts; ++p) gather_counts[p] = static_cast<size_t>(row_extents[p] * kCols);
+  std::vector<float> gathered(static_cast<size_t>(rows * kCols));
+  const double comm_gather = bench::time_iterations(*world, warmup, iterations, [&] {
+    world->all_gather_v(local.raw_data(), gather_counts[me], gathered.data(), gather_counts, DType::f32);
+  });
+  add_row("all_gather_v", comm_gather, total_wrong(*world, count_wrong(gathered.data(), 0, rows, 0, kCols)), 0);
+  double gather_baseline = comm_gather;
+  if (bench::raw_mpi_available()) {
+    const std::vector<int> counts = to_int_counts(gather_counts);
+    const std::vector<int> displs = to_int_counts(displacements_of(gather_counts));
+    std::fill(gathered.begin(), gathered.end(), -1.0f);
+    gather_baseline = bench::time_iterations(*world, warmup, iterations, [&] {
+      bench::raw_all_gather_v(local.data<float>(), counts[me], gathered.data(), counts.data(), displs.data());
+    });
+    add_row("raw MPI_Allgatherv", gather_baseline,
+            total_wrong(*world, count_wrong(gathered.data(), 0, rows, 0, kCols)), 0);
+  }
+  ShardTensor replicated = sharded;
+  const double redistribute_gather = bench::time_iterations(*world, warmup, iterations, [&] {
+    replicated = sharded.redistribute({Placement::replicate()});
+  });
+  add_row("redistribute S(0)->R", redistribute_gather,
+          total_wrong(*world, count_wrong(replicated.to_local().data<float>(), 0, rows, 0, kCols)),
+          gather_baseline);
+
+  // --- Shard(0) -> Shard(1): all_to_all_v of the boxes that change owner.
+  std::vector<size_t> send_counts(parts), recv_counts(parts);
+  for (int p = 0; p < parts; ++p) {
+    send_counts[p] = static_cast<size_t>(row_extents[me] * col_extents[p]);
+    recv_counts[p] = static_cast<size_t>(row_extents[p] * col_extents[me]);
+  }
+  const std::vector<size_t> send_displs = displacements_of(send_counts);
+  const std::vector<size_t> recv_displs = displacements_of(recv_counts);
+  std::vector<float> send_buffer(send_displs.back() + send_counts.back());
+  std::vector<float> recv_buffer(recv_displs.back() + recv_counts.back());
+  for (int p = 0; p < parts; ++p)
+    local.pack_box(Box{{0, col_offsets[p]}, {row_extents[me], col_offsets[p + 1]}},
+                   send_buffer.data() + send_displs[p]);
+  auto check_all_to_all = [&] {
+    int64_t wrong = 0;
+    for (int p = 0; p < parts; ++p)
+      wrong += count_wrong(recv_buffer.data() + recv_displs[p], row_offsets[p], row_extents[p],
+                           col_offsets[me], col_extents[me]);
+    return total_wrong(*world, wrong);
+  };
+  const double comm_all_to_all = bench::time_iterations(*world, warmup, iterations, [&] {
+    world->all_to_all_v(send_buffer.data(), send_counts, send_displs, recv_buffer.data(),
+                        recv_counts, recv_displs, DType::f32);
+  });
+  add_row("all_to_all_v", comm_all_to_all, check_all_to_all(), 0);
+  double all_to_all_baseline = comm_all_to_all;
+  if (bench::raw_mpi_available()) {
+    const auto scounts = to_int_counts(send_counts), sdispls = to_int_counts(send_displs);
+    const auto rcounts = to_int_counts(recv_counts), rdispls = to_int_counts(recv_displs);
+    std::fill(recv_buffer.begin(), recv_buffer.end(), -1.0f);
+    all_to_all_baseline = bench::time_iterations(*world, warmup, iterations, [&] {
+      bench::raw_all_to_all_v(send_buffer.data(), scounts.data(), sdispls.data(),
+                              recv_buffer.data(), rcounts.data(), rdispls.data());
+    });
+    add_row("raw MPI_Alltoallv", all_to_all_baseline, check_all_to_all(), 0);
+  }
+  ShardTensor transposed = sharded;
+  const double redistribute_all_to_all = bench::time_iterations(*world, warmup, iterations, [&] {
+    transposed = sharded.redistribute({Placement::shard(1)}, {col_extents});
+  });
+  add_row("redistribute S(0)->S(1)", redistribute_all_to_all,
+          total_wrong(*world, count_wrong(transposed.to_local().data<float>(), 0, rows,
+                                          col_offsets[me], col_extents[me])),
+          all_to_all_baseline);
+}
+
+void run_comm_bench(std::shared_ptr<Comm> world, const CommBenchOptions& options) {
+  DeviceMesh mesh(world, {world->size()}, {"ranks"});
+  const bool raw = bench::raw_mpi_available();
+  bench::BenchTable table(
+      fmt::format("tessera bench comm: {} ranks, {} backend, baseline: {}", world->size(),
+                  world->backend(), raw ? "raw MPI collective" : "Tessera's own collective"),
+      !options.json, world->rank());
+  for (size_t bytes = options.min_bytes; bytes <= options.max_bytes; bytes *= 4)
+    bench_size(world, mesh, bytes, options, table);
+  if (options.json && world->rank() == 0) {
+    nlohmann::json result{{"benchmark", "comm"},
+                          {"backend", world->backend()},
+                          {"ranks", world->size()},
+                          {"baseline", raw ? "raw_mpi" : "tessera_comm"},
+                          {"rows", table.json()}};
+    std::cout << result.dump(2) << "\n";
+  }
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  auto* bench = app.add_subcommand("bench", "Benchmarks (figures and JSON; no pass/fail)");
+  bench->require_subcommand(1);
+  auto options = std::make_shared<CommBenchOptions>();
+  auto* comm = bench->add_subcommand(
+      "comm", "all_gather_v, all_to_all_v and redistribute beside the raw MPI collectives");
+  comm->add_option("--min-bytes", options->min_bytes, "Smallest global tensor (bytes)")->capture_default_str();
+  comm->add_option("--max-bytes", options->max_bytes, "Largest global tensor (bytes)")->capture_default_str();
+  comm->add_option("--ranks", options->ranks, "Local ranks without mpiexec")->capture_default_str();
+  comm->add_option("--iterations", options->iterations, "Timed iterations (0: by size)");
+  comm->add_flag("--json", options->json, "Print JSON instead of the table");
+  comm->callback([options] {
+    launch(backend_from_env(), options->ranks,
+           [&](std::shared_ptr<Comm> world) { run_comm_bench(world, *options); });
+  });
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,63 @@
+// Parsing of the CLI's shared argument formats.
+#include "apps/tessera/cli_parse.hpp"
+
+#include <chrono>
+#include <sstream>
+
+#include "core/errors.hpp"
+
+namespace tessera::cli {
+
+namespace {
+
+std::vector<std::string> split_on(const std::string& text, char separator) {
+  std::vector<std::string> parts;
+  std::stringstream stream(text);
+  std::string part;
+  while (std::getline(stream, part, separator)) parts.push_back(part);
+  return parts;
+}
+
+int64_t parse_integer(const std::string& text, const std::string& context) {
+  size_t used = 0;
+  int64_t value = 0;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  check_arg(used == text.size() && !text.empty(), "cli", "'{}' in '{}' is not an integer", text,
+            context);
+  return value;
+}
+
+}  // namespace
+
+std::vector<int> parse_mesh(const std::string& text) {
+  std::vector<int> shape;
+  for (const std::string& part : split_on(text, 'x')) {
+    const int64_t extent = parse_integer(part, text);
+    check_arg(extent > 0, "cli", "mesh '{}' has a non-positive dim", text);
+    shape.push_back(static_cast<int>(extent));
+  }
+  check_arg(!shape.empty(), "cli", "empty mesh '{}' (expected e.g. 2x2)", text);
+  return shape;
+}
+
+std::vector<int64_t> parse_list(const std::string& text) {
+  std::vector<int64_t> values;
+  for (const std::string& part : split_on(text, ',')) values.push_back(parse_integer(part, text));
+  return values;
+}
+
+std::vector<std::vector<int64_t>> parse_extents(const std::string& text) {
+  std::vector<std::vector<int64_t>> groups;
+  for (const std::string& group : split_on(text, ';')) groups.push_back(parse_list(group));
+  return groups;
+}
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace tessera::cli

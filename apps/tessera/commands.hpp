@@ -1,0 +1,15 @@
+// The subcommands of the tessera tool; each file registers its own on the CLI11 app.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace tessera::cli {
+
+/// `tessera info [--json]`: version, compiled-in backends and library versions.
+void register_info(CLI::App& app);
+/// `tessera demo`: the main job (scatter, redistribute through layouts, gather, verify).
+void register_demo(CLI::App& app);
+/// `tessera bench comm`: collectives and redistribute beside the raw MPI collectives.
+void register_bench(CLI::App& app);
+
+}  // namespace tessera::cli

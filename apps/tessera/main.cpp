@@ -1,0 +1,39 @@
+// The tessera command-line tool. Errors print one line and exit with code 2; an error that
+// not every rank raised ends the whole MPI job, so no rank is left waiting.
+#include <fmt/format.h>
+
+#include <cstdio>
+
+#include "apps/tessera/commands.hpp"
+#include "core/agree.hpp"
+#include "core/comm/mpi_comm.hpp"
+#include "core/config.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Tessera: domain decomposition of scientific tensors"};
+  app.set_version_flag("--version", TESSERA_VERSION);
+  app.require_subcommand(1);
+  tessera::cli::register_info(app);
+  tessera::cli::register_demo(app);
+  tessera::cli::register_bench(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    const int code = app.exit(error);
+    return code == 0 ? 0 : 2;
+  } catch (const tessera::AgreedError& error) {
+    // Every rank raised it: one line from the first rank is enough.
+    if (!tessera::mpi_initialized() || tessera::mpi_world()->rank() == 0)
+      std::fprintf(stderr, "tessera: error: %s\n", error.what());
+    return 2;
+  } catch (const tessera::Error& error) {
+    std::fprintf(stderr, "tessera: error: %s\n", error.what());
+    if (tessera::mpi_initialized()) tessera::mpi_abort(2);
+    return 2;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "tessera: error: %s\n", error.what());
+    if (tessera::mpi_initialized()) tessera::mpi_abort(2);
+    return 2;
+  }
+  return 0;
+}

@@ -1,0 +1,99 @@
+// Host caching allocator (see host_allocator.hpp). Size classes: blocks below 1 MiB go straight
+// to aligned_alloc; larger requests round up to a multiple of 1/8 of their power of two (at
+// most 12.5% slack) and are cached per class. The cache holds at most TESSERA_HOST_CACHE_MB
+// (default 4096) MiB; past that, released blocks are freed.
+#include "core/host_allocator.hpp"
+
+#include <bit>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <new>
+#include <vector>
+
+namespace tessera {
+
+namespace {
+
+constexpr size_t kCachedFrom = size_t{1} << 20;
+
+size_t size_class(size_t bytes) {
+  if (bytes < kCachedFrom) return (bytes + 63) / 64 * 64;
+  const size_t step = std::bit_ceil(bytes) / 8;
+  return (bytes + step - 1) / step * step;
+}
+
+size_t cache_limit() {
+  static const size_t limit = [] {
+    if (const char* text = std::getenv("TESSERA_HOST_CACHE_MB")) return size_t(std::strtoull(text, nullptr, 10)) << 20;
+    return size_t{4096} << 20;
+  }();
+  return limit;
+}
+
+struct Cache {
+  std::mutex mu;
+  std::map<size_t, std::vector<void*>> free_blocks;
+  size_t held = 0;
+};
+
+Cache& cache() {
+  static Cache* instance = new Cache;  // never destroyed: releases may run during exit
+  return *instance;
+}
+
+}  // namespace
+
+void* host_allocate(size_t bytes) {
+  const size_t rounded = size_class(std::max<size_t>(bytes, 1));
+  if (rounded >= kCachedFrom) {
+    Cache& c = cache();
+    std::lock_guard lock(c.mu);
+    auto it = c.free_blocks.find(rounded);
+    if (it != c.free_blocks.end() && !it->second.empty()) {
+      void* block = it->second.back();
+      it->second.pop_back();
+      c.held -= rounded;
+      return block;
+    }
+  }
+  void* block = std::aligned_alloc(64, rounded);
+  if (!block) {
+    host_cache_clear();  // give cached memory back and try once more
+    block = std::aligned_alloc(64, rounded);
+    if (!block) throw std::bad_alloc();
+  }
+  return block;
+}
+
+void host_release(void* pointer, size_t bytes) noexcept {
+  if (!pointer) return;
+  const size_t rounded = size_class(std::max<size_t>(bytes, 1));
+  if (rounded >= kCachedFrom) {
+    Cache& c = cache();
+    std::lock_guard lock(c.mu);
+    if (c.held + rounded <= cache_limit()) {
+      c.free_blocks[rounded].push_back(pointer);
+      c.held += rounded;
+      return;
+    }
+  }
+  std::free(pointer);
+}
+
+size_t host_cache_bytes() {
+  Cache& c = cache();
+  std::lock_guard lock(c.mu);
+  return c.held;
+}
+
+void host_cache_clear() {
+  Cache& c = cache();
+  std::lock_guard lock(c.mu);
+  for (auto& [size, blocks] : c.free_blocks)
+    for (void* block : blocks) std::free(block);
+  c.free_blocks.clear();
+  c.held = 0;
+}
+
+}  // namespace tessera

@@ -1,0 +1,17 @@
+# Driver of the package test (cmake -P): install, configure the consumer, build it, run it.
+file(REMOVE_RECURSE ${SCRATCH_DIR})
+set(prefix ${SCRATCH_DIR}/prefix)
+
+function(run_step description)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE result OUTPUT_VARIABLE output ERROR_VARIABLE output)
+  message("${output}")
+  if(NOT result EQUAL 0)
+    message(FATAL_ERROR "${description} failed (${result})")
+  endif()
+endfunction()
+
+run_step("install" ${CMAKE_COMMAND} --install ${TESSERA_BUILD_DIR} --prefix ${prefix})
+run_step("configure consumer" ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${SCRATCH_DIR}/build
+  -G ${GENERATOR} -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${prefix})
+run_step("build consumer" ${CMAKE_COMMAND} --build ${SCRATCH_DIR}/build)
+run_step("run consumer" ${SCRATCH_DIR}/build/consumer)
