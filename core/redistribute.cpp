@@ -6,9 +6,10 @@
 //     the target shards a tensor dim that is whole on this rank, all_reduce otherwise.
 //  2. Data moves between the two (now non-partial) layouts over the sub-communicator of the
 //     mesh dims that change: an all_gather_v for a single Shard->Replicate, a local copy when
-//     every changing dim was replicated, an all_to_all_v of box intersections otherwise.
+//     every changing dim was replicated, an all_to_all_w of box intersections otherwise.
 //     Along a changing dim that was replicated, rank r receives only from the rank with r's
-//     coordinate on that dim, so every element arrives exactly once.
+//     coordinate on that dim, so every element arrives exactly once. Boxes travel as strided
+//     blocks (all_to_all_w), so no pack or unpack pass is added to the backend's own copy.
 //  3. Replicate->Partial(sum) keeps the values on coordinate 0 and zeros elsewhere.
 #include <fmt/format.h>
 
@@ -23,6 +24,19 @@ namespace {
 
 /// Uninitialised host bytes from the caching allocator (no zero-fill, reused across calls).
 Tensor staging_buffer(size_t bytes) { return Tensor::empty({static_cast<int64_t>(bytes)}, DType::u8); }
+
+/// A block of no elements (the same on sender and receiver, whatever the empty box's shape).
+StridedBlock empty_block() { return StridedBlock{0, {0}, {1}}; }
+
+/// The box `box` (coordinates of `base`) of `base` as a strided block relative to base's data.
+StridedBlock block_of(const Tensor& base, const Box& box) {
+  if (box.empty()) return empty_block();
+  const Tensor view = base.view_box(box);
+  const int64_t offset_bytes =
+      static_cast<const char*>(view.raw_data()) - static_cast<const char*>(base.raw_data());
+  return StridedBlock{offset_bytes / static_cast<int64_t>(base.element_size()), view.shape(),
+                      view.strides()};
+}
 
 /// True when blocks of `shape` split along `dim` are contiguous runs of a row-major buffer.
 bool blocks_contiguous_along(const Shape& shape, int dim) {
@@ -95,7 +109,7 @@ Tensor all_gather_shards(const Tensor& local, const DeviceMesh& mesh, const Shar
   return result;
 }
 
-/// Step 2, general path: all_to_all_v of box intersections over the changing mesh dims.
+/// Step 2, general path: all_to_all_w of box intersections over the changing mesh dims.
 Tensor exchange_boxes(const Tensor& local, const DeviceMesh& mesh, const ShardSpec& from,
                       const ShardSpec& to, const std::vector<int>& changed) {
   auto comm = mesh.sub_comm(changed);
@@ -119,41 +133,22 @@ Tensor exchange_boxes(const Tensor& local, const DeviceMesh& mesh, const ShardSp
   const Box my_to = to.local_box(my_coord);
   const int peers = comm->size();
   const int me = comm->rank();
-  const size_t element = local.element_size();
-  std::vector<Box> send_boxes(peers), recv_boxes(peers);
-  std::vector<size_t> send_counts(peers, 0), recv_counts(peers, 0);
+  Tensor result = Tensor::empty(my_to.shape(), local.dtype());
+  // Blocks are strided views of the source and result tensors: nothing is packed here.
+  std::vector<StridedBlock> send_blocks(peers, empty_block()), recv_blocks(peers, empty_block());
   for (int peer = 0; peer < peers; ++peer) {
     if (peer == me) continue;
     const std::vector<int> coord = mesh_coord_of_peer(peer);
-    if (designated(my_coord, coord)) {
-      send_boxes[peer] = intersect(my_from, to.local_box(coord));
-      send_counts[peer] = static_cast<size_t>(send_boxes[peer].volume());
-    }
-    if (designated(coord, my_coord)) {
-      recv_boxes[peer] = intersect(from.local_box(coord), my_to);
-      recv_counts[peer] = static_cast<size_t>(recv_boxes[peer].volume());
-    }
+    if (designated(my_coord, coord))
+      send_blocks[peer] = block_of(local, intersect(my_from, to.local_box(coord)).relative_to(my_from.lo));
+    if (designated(coord, my_coord))
+      recv_blocks[peer] = block_of(result, intersect(from.local_box(coord), my_to).relative_to(my_to.lo));
   }
-  const std::vector<size_t> send_displs = displacements_of(send_counts);
-  const std::vector<size_t> recv_displs = displacements_of(recv_counts);
-  const Tensor send_buffer = staging_buffer((send_displs.back() + send_counts.back()) * element);
-  const Tensor recv_buffer = staging_buffer((recv_displs.back() + recv_counts.back()) * element);
-  for (int peer = 0; peer < peers; ++peer)
-    if (send_counts[peer])
-      local.pack_box(send_boxes[peer].relative_to(my_from.lo),
-                     send_buffer.data<uint8_t>() + send_displs[peer] * element);
-
-  Tensor result = Tensor::empty(my_to.shape(), local.dtype());
   // This rank's own part is a direct copy, never a message.
   const Box kept = intersect(my_from, my_to);
   if (!kept.empty())
     result.view_box(kept.relative_to(my_to.lo)).copy_from(local.view_box(kept.relative_to(my_from.lo)));
-  comm->all_to_all_v(send_buffer.raw_data(), send_counts, send_displs, recv_buffer.raw_data(),
-                     recv_counts, recv_displs, local.dtype());
-  for (int peer = 0; peer < peers; ++peer)
-    if (recv_counts[peer])
-      result.unpack_box(recv_boxes[peer].relative_to(my_to.lo),
-                        recv_buffer.data<uint8_t>() + recv_displs[peer] * element);
+  comm->all_to_all_w(local.raw_data(), send_blocks, result.raw_data(), recv_blocks, local.dtype());
   return result;
 }
 

@@ -36,6 +36,17 @@ struct P2POp {
   }
 };
 
+/// A strided block of elements inside a buffer: `shape` with `strides` (in elements), starting
+/// `offset` elements after the buffer's base pointer. Describes a box of a local tensor
+/// without packing it.
+struct StridedBlock {
+  int64_t offset = 0;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;
+  /// Number of elements.
+  size_t count() const;
+};
+
 /// An in-flight batch of sends and receives; wait() completes all of them.
 class P2PBatch {
  public:
@@ -76,6 +87,13 @@ class Comm {
                             std::span<const size_t> send_displs, void* recv,
                             std::span<const size_t> recv_counts,
                             std::span<const size_t> recv_displs, DType dtype) = 0;
+  /// all_to_all_v over strided blocks: rank r sends send_blocks[p] (relative to send_base) to
+  /// each p, which stores it into recv_blocks[r] of its recv_base; paired blocks have the same
+  /// shape. The base class packs, calls all_to_all_v and
+  /// unpacks; backends override it to move the blocks without staging copies.
+  virtual void all_to_all_w(const void* send_base, std::span<const StridedBlock> send_blocks,
+                            void* recv_base, std::span<const StridedBlock> recv_blocks,
+                            DType dtype);
   /// Copies root's buffer to every rank.
   virtual void broadcast(void* buffer, size_t count, DType dtype, int root) = 0;
   /// Root sends block r (send_counts[r] elements, rank-blocked) to rank r only.

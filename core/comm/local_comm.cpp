@@ -4,6 +4,8 @@
 // another still reads it.
 #include "core/comm/local_comm.hpp"
 
+#include "core/tensor.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -52,6 +54,7 @@ struct Contribution {
   int color = 0;
   int key = 0;
   const char* name = "";
+  std::span<const StridedBlock> blocks;
 };
 
 struct PendingSend {
@@ -306,6 +309,32 @@ class LocalComm final : public Comm {
     });
   }
 
+  void all_to_all_w(const void* send_base, std::span<const StridedBlock> send_blocks,
+                    void* recv_base, std::span<const StridedBlock> recv_blocks,
+                    DType dtype) override {
+    check_counts_size("all_to_all_w", send_blocks.size());
+    check_counts_size("all_to_all_w", recv_blocks.size());
+    const size_t element = dtype_size(dtype);
+    // Each receiver copies straight from the sender's strided block into its own: one pass.
+    collective("all_to_all_w", {.send = send_base, .blocks = send_blocks}, [&] {
+      for (int r = 0; r < size(); ++r) {
+        const StridedBlock& source = group_->slot(r).blocks[rank_];
+        const StridedBlock& target = recv_blocks[r];
+        if (source.shape != target.shape)
+          throw CommError(current_comm_op(),
+                          fmt::format("all_to_all_w: rank {} expects a block of shape {} from rank "
+                                      "{}, which sends {}",
+                                      rank_, target.shape, r, source.shape));
+        if (target.count() == 0) continue;
+        copy_strided_host(static_cast<char*>(recv_base) + target.offset * element,
+                          target.strides.data(),
+                          static_cast<const char*>(group_->slot(r).send) + source.offset * element,
+                          source.strides.data(), target.shape.data(),
+                          static_cast<int>(target.shape.size()), element);
+      }
+    });
+  }
+
   void broadcast(void* buffer, size_t count, DType dtype, int root) override {
     check_root("broadcast", root);
     collective("broadcast", {.send = buffer, .count = count, .root = root}, [&] {
@@ -397,8 +426,11 @@ class LocalComm final : public Comm {
                                   name, rank_, mine, peer, theirs));
   }
   void check_counts_size(const char* name, std::span<const size_t> counts) const {
-    check_arg(counts.size() == static_cast<size_t>(size()), current_comm_op(),
-              "{}: {} counts given for a communicator of size {}", name, counts.size(), size());
+    check_counts_size(name, counts.size());
+  }
+  void check_counts_size(const char* name, size_t given) const {
+    check_arg(given == static_cast<size_t>(size()), current_comm_op(),
+              "{}: {} counts given for a communicator of size {}", name, given, size());
   }
   void check_root(const char* name, int root) const {
     check_arg(root >= 0 && root < size(), current_comm_op(), "{}: root {} outside size {}", name,
