@@ -40,8 +40,9 @@ void agree_on_description(Comm& comm, const std::string& op, const std::string& 
   for (int r = 1; r < comm.size(); ++r) {
     const std::string other = all.substr(displs[r], counts[r]);
     if (other != first)
-      throw AgreedError(op, fmt::format("ranks disagree about the {}: rank 0 has {}, rank {} has {}",
-                                        what, first, r, other));
+      throw AgreedError(
+          op, fmt::format("ranks disagree about the {}: rank 0 has {}, rank {} has {}", what, first,
+                          r, other));
   }
 }
 

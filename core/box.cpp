@@ -9,7 +9,9 @@
 
 namespace tessera {
 
-Box Box::of_shape(const Shape& shape) { return Box{std::vector<int64_t>(shape.size(), 0), shape}; }
+Box Box::of_shape(const Shape& shape) {
+  return Box{std::vector<int64_t>(shape.size(), 0), shape};
+}
 
 Shape Box::shape() const {
   Shape extents(ndim());
@@ -43,8 +45,7 @@ Box Box::shifted(const std::vector<int64_t>& delta) const {
 
 std::string Box::str() const {
   std::string text = "[";
-  for (size_t d = 0; d < ndim(); ++d)
-    text += fmt::format("{}{}:{}", d ? ", " : "", lo[d], hi[d]);
+  for (size_t d = 0; d < ndim(); ++d) text += fmt::format("{}{}:{}", d ? ", " : "", lo[d], hi[d]);
   return text + "]";
 }
 

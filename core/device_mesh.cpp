@@ -53,7 +53,9 @@ DeviceMesh::DeviceMesh(Trusted, std::shared_ptr<Comm> comm, std::vector<int> sha
   sub_comms_ = std::make_shared<std::map<std::vector<int>, std::shared_ptr<Comm>>>();
 }
 
-int DeviceMesh::size() const { return mesh_size(shape_); }
+int DeviceMesh::size() const {
+  return mesh_size(shape_);
+}
 
 int DeviceMesh::dim_index(const std::string& name) const {
   const auto it = std::find(names_.begin(), names_.end(), name);
@@ -62,8 +64,12 @@ int DeviceMesh::dim_index(const std::string& name) const {
 }
 
 std::shared_ptr<Comm> DeviceMesh::sub_comm(const std::vector<int>& dims) const {
-  for (int dim : dims)
-    check_arg(dim >= 0 && dim < ndim(), "mesh", "mesh dim {} of a {}-d mesh", dim, ndim());
+  for (size_t i = 0; i < dims.size(); ++i) {
+    check_arg(dims[i] >= 0 && dims[i] < ndim(), "mesh", "mesh dim {} of a {}-d mesh", dims[i],
+              ndim());
+    check_arg(std::find(dims.begin() + i + 1, dims.end(), dims[i]) == dims.end(), "mesh",
+              "mesh dim {} appears twice in {}", dims[i], dims);
+  }
   auto& cached = (*sub_comms_)[dims];
   if (cached) return cached;
   std::vector<int> identity(ndim());
@@ -78,8 +84,7 @@ std::shared_ptr<Comm> DeviceMesh::sub_comm(const std::vector<int>& dims) const {
 }
 
 DeviceMesh DeviceMesh::rename(std::vector<std::string> names) const {
-  check_arg(names.size() == shape_.size(), "mesh", "{} names for a {}-d mesh", names.size(),
-            shape_.size());
+  if (auto problem = mesh_problem(shape_, names, size())) throw InvalidArgument("mesh", *problem);
   DeviceMesh renamed(Trusted{}, comm_, shape_, std::move(names));
   renamed.sub_comms_ = sub_comms_;  // same dims, same groups
   return renamed;
@@ -97,6 +102,8 @@ DeviceMesh DeviceMesh::split(int dim, const std::vector<int>& sizes,
   new_names.insert(new_names.end(), names.begin(), names.end());
   shape.insert(shape.end(), shape_.begin() + dim + 1, shape_.end());
   new_names.insert(new_names.end(), names_.begin() + dim + 1, names_.end());
+  if (auto problem = mesh_problem(shape, new_names, size()))
+    throw InvalidArgument("mesh", *problem);
   return DeviceMesh(Trusted{}, comm_, shape, new_names);
 }
 
@@ -112,6 +119,7 @@ DeviceMesh DeviceMesh::flatten(int first, int last, const std::string& name) con
   names.push_back(name);
   shape.insert(shape.end(), shape_.begin() + last + 1, shape_.end());
   names.insert(names.end(), names_.begin() + last + 1, names_.end());
+  if (auto problem = mesh_problem(shape, names, size())) throw InvalidArgument("mesh", *problem);
   return DeviceMesh(Trusted{}, comm_, shape, names);
 }
 

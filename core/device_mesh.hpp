@@ -53,7 +53,8 @@ class DeviceMesh {
   /// The same mesh with new dim names.
   DeviceMesh rename(std::vector<std::string> names) const;
   /// Mesh dim `dim` split into several dims of `sizes` (product must equal its size).
-  DeviceMesh split(int dim, const std::vector<int>& sizes, const std::vector<std::string>& names) const;
+  DeviceMesh split(int dim, const std::vector<int>& sizes,
+                   const std::vector<std::string>& names) const;
   /// Adjacent mesh dims [first, last] merged into one dim called `name`.
   DeviceMesh flatten(int first, int last, const std::string& name) const;
   /// The mesh over `dims` that contains this rank (collective over the mesh on first use).

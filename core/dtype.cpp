@@ -64,7 +64,9 @@ BFloat16::BFloat16(float value) {
   bits = static_cast<uint16_t>((f + rounding) >> 16);
 }
 
-BFloat16::operator float() const { return bits_float(static_cast<uint32_t>(bits) << 16); }
+BFloat16::operator float() const {
+  return bits_float(static_cast<uint32_t>(bits) << 16);
+}
 
 std::string_view dtype_name(DType dtype) {
   switch (dtype) {
@@ -80,8 +82,8 @@ std::string_view dtype_name(DType dtype) {
 }
 
 DType dtype_from_name(std::string_view name) {
-  for (DType dtype : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64,
-                      DType::u8})
+  for (DType dtype :
+       {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64, DType::u8})
     if (dtype_name(dtype) == name) return dtype;
   throw InvalidArgument("dtype", fmt::format("unknown dtype '{}' (expected one of f32, f64, f16, "
                                              "bf16, i32, i64, u8)",

@@ -39,16 +39,12 @@ struct BFloat16 {
 constexpr size_t dtype_size(DType dtype) {
   switch (dtype) {
     case DType::f64:
-    case DType::i64:
-      return 8;
+    case DType::i64: return 8;
     case DType::f32:
-    case DType::i32:
-      return 4;
+    case DType::i32: return 4;
     case DType::f16:
-    case DType::bf16:
-      return 2;
-    case DType::u8:
-      return 1;
+    case DType::bf16: return 2;
+    case DType::u8: return 1;
   }
   return 0;
 }
@@ -61,20 +57,40 @@ DType dtype_from_name(std::string_view name);
 
 /// True for f32, f64, f16, bf16.
 constexpr bool is_floating(DType dtype) {
-  return dtype == DType::f32 || dtype == DType::f64 || dtype == DType::f16 ||
-         dtype == DType::bf16;
+  return dtype == DType::f32 || dtype == DType::f64 || dtype == DType::f16 || dtype == DType::bf16;
 }
 
 /// The DType of a C++ element type.
 template <typename T>
 constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::f32; }
-template <> constexpr DType dtype_of<double>() { return DType::f64; }
-template <> constexpr DType dtype_of<Half>() { return DType::f16; }
-template <> constexpr DType dtype_of<BFloat16>() { return DType::bf16; }
-template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
-template <> constexpr DType dtype_of<int64_t>() { return DType::i64; }
-template <> constexpr DType dtype_of<uint8_t>() { return DType::u8; }
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::f32;
+}
+template <>
+constexpr DType dtype_of<double>() {
+  return DType::f64;
+}
+template <>
+constexpr DType dtype_of<Half>() {
+  return DType::f16;
+}
+template <>
+constexpr DType dtype_of<BFloat16>() {
+  return DType::bf16;
+}
+template <>
+constexpr DType dtype_of<int32_t>() {
+  return DType::i32;
+}
+template <>
+constexpr DType dtype_of<int64_t>() {
+  return DType::i64;
+}
+template <>
+constexpr DType dtype_of<uint8_t>() {
+  return DType::u8;
+}
 
 /// Calls `fn.template operator()<T>()` with T the C++ type of `dtype`.
 template <typename Fn>

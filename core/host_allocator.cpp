@@ -25,7 +25,8 @@ size_t size_class(size_t bytes) {
 
 size_t cache_limit() {
   static const size_t limit = [] {
-    if (const char* text = std::getenv("TESSERA_HOST_CACHE_MB")) return size_t(std::strtoull(text, nullptr, 10)) << 20;
+    if (const char* text = std::getenv("TESSERA_HOST_CACHE_MB"))
+      return size_t(std::strtoull(text, nullptr, 10)) << 20;
     return size_t{4096} << 20;
   }();
   return limit;

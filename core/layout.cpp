@@ -37,11 +37,12 @@ Placement parse_placement(const std::string& text) {
     const std::string inner = text.substr(2, text.size() - 3);
     if (text[0] == 'S') return Placement::shard(std::stoi(inner));
     if (text[0] == 'P')
-      for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min})
+      for (ReduceOp op :
+           {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min, ReduceOp::prod})
         if (reduce_op_name(op) == inner) return Placement::partial(op);
   }
   throw InvalidArgument("placement", fmt::format("cannot parse '{}' (expected S(d), R or "
-                                                 "P(sum|avg|max|min))",
+                                                 "P(sum|avg|max|min|prod))",
                                                  text));
 }
 
@@ -121,8 +122,8 @@ ShardSpec ShardSpec::make(Shape global_shape, std::vector<int> mesh_shape,
               extents[m].size(), extents[m]);
     int64_t total = 0;
     for (int64_t extent : extents[m]) {
-      check_arg(extent >= 0, op, "extents {} of tensor dim {} contain a negative value",
-                extents[m], dim);
+      check_arg(extent >= 0, op, "extents {} of tensor dim {} contain a negative value", extents[m],
+                dim);
       total += extent;
     }
     check_arg(total == global_shape[dim], op,

@@ -27,7 +27,7 @@ std::string reduce_op_name(ReduceOp op);
 struct Placement {
   enum class Kind : uint8_t { shard, replicate, partial };
   Kind kind = Kind::replicate;
-  int dim = -1;                  ///< tensor dim, for shard
+  int dim = -1;                     ///< tensor dim, for shard
   ReduceOp reduce = ReduceOp::sum;  ///< pending reduction, for partial
 
   /// Tensor dim `tensor_dim` split across the mesh dim.
@@ -70,8 +70,8 @@ int mesh_size(const std::vector<int>& mesh_shape);
 struct ShardSpec {
   Shape global_shape;
   std::vector<int> mesh_shape;
-  std::vector<Placement> placements;           ///< one per mesh dim
-  std::vector<std::vector<int64_t>> extents;   ///< per mesh dim; filled only for Shard dims
+  std::vector<Placement> placements;          ///< one per mesh dim
+  std::vector<std::vector<int64_t>> extents;  ///< per mesh dim; filled only for Shard dims
 
   /// Validates and completes a spec. Missing extents of Shard dims get the default split.
   /// Throws InvalidArgument (tagged `op`) naming the first problem.

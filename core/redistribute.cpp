@@ -23,10 +23,14 @@ namespace tessera {
 namespace {
 
 /// Uninitialised host bytes from the caching allocator (no zero-fill, reused across calls).
-Tensor staging_buffer(size_t bytes) { return Tensor::empty({static_cast<int64_t>(bytes)}, DType::u8); }
+Tensor staging_buffer(size_t bytes) {
+  return Tensor::empty({static_cast<int64_t>(bytes)}, DType::u8);
+}
 
 /// A block of no elements (the same on sender and receiver, whatever the empty box's shape).
-StridedBlock empty_block() { return StridedBlock{0, {0}, {1}}; }
+StridedBlock empty_block() {
+  return StridedBlock{0, {0}, {1}};
+}
 
 /// The box `box` (coordinates of `base`) of `base` as a strided block relative to base's data.
 StridedBlock block_of(const Tensor& base, const Box& box) {
@@ -91,8 +95,8 @@ Tensor all_gather_shards(const Tensor& local, const DeviceMesh& mesh, const Shar
   for (size_t c = 0; c < extents.size(); ++c) counts[c] = static_cast<size_t>(extents[c] * slab);
   Tensor result = Tensor::empty(out_shape, source.dtype());
   if (blocks_contiguous_along(out_shape, dim)) {
-    comm->all_gather_v(source.raw_data(), counts[mesh.coord()[mesh_dim]], result.raw_data(),
-                       counts, source.dtype());
+    comm->all_gather_v(source.raw_data(), counts[mesh.coord()[mesh_dim]], result.raw_data(), counts,
+                       source.dtype());
     return result;
   }
   const std::vector<size_t> displs = displacements_of(counts);
@@ -140,14 +144,17 @@ Tensor exchange_boxes(const Tensor& local, const DeviceMesh& mesh, const ShardSp
     if (peer == me) continue;
     const std::vector<int> coord = mesh_coord_of_peer(peer);
     if (designated(my_coord, coord))
-      send_blocks[peer] = block_of(local, intersect(my_from, to.local_box(coord)).relative_to(my_from.lo));
+      send_blocks[peer] =
+          block_of(local, intersect(my_from, to.local_box(coord)).relative_to(my_from.lo));
     if (designated(coord, my_coord))
-      recv_blocks[peer] = block_of(result, intersect(from.local_box(coord), my_to).relative_to(my_to.lo));
+      recv_blocks[peer] =
+          block_of(result, intersect(from.local_box(coord), my_to).relative_to(my_to.lo));
   }
   // This rank's own part is a direct copy, never a message.
   const Box kept = intersect(my_from, my_to);
   if (!kept.empty())
-    result.view_box(kept.relative_to(my_to.lo)).copy_from(local.view_box(kept.relative_to(my_from.lo)));
+    result.view_box(kept.relative_to(my_to.lo))
+        .copy_from(local.view_box(kept.relative_to(my_from.lo)));
   comm->all_to_all_w(local.raw_data(), send_blocks, result.raw_data(), recv_blocks, local.dtype());
   return result;
 }
@@ -164,9 +171,8 @@ Tensor move_between_layouts(const Tensor& local, const DeviceMesh& mesh, const S
   if (changed.size() == 1 && from.placements[changed[0]].is_shard() &&
       to.placements[changed[0]].is_replicate())
     return all_gather_shards(local, mesh, from, to, changed[0]);
-  const bool all_replicated =
-      std::all_of(changed.begin(), changed.end(),
-                  [&](int m) { return !from.placements[m].is_shard(); });
+  const bool all_replicated = std::all_of(changed.begin(), changed.end(),
+                                          [&](int m) { return !from.placements[m].is_shard(); });
   if (all_replicated) {  // the target box lies inside the local box: slice it
     const Box my_from = from.local_box(mesh.coord());
     return local.view_box(to.local_box(mesh.coord()).relative_to(my_from.lo)).clone();
@@ -179,9 +185,9 @@ Tensor move_between_layouts(const Tensor& local, const DeviceMesh& mesh, const S
 ShardTensor ShardTensor::redistribute(std::vector<Placement> placements,
                                       std::vector<std::vector<int64_t>> extents) const {
   CommOpScope scope("redistribute");
-  const ShardSpec target = detail::make_agreed_spec(mesh_, "redistribute", spec_.global_shape,
-                                                    std::move(placements), std::move(extents),
-                                                    dtype());
+  const ShardSpec target =
+      detail::make_agreed_spec(mesh_, "redistribute", spec_.global_shape, std::move(placements),
+                               std::move(extents), dtype());
   if (target == spec_) return *this;
   // Device tensors are staged through host memory.
   Tensor local = local_.to(Device::cpu());

@@ -18,7 +18,8 @@ ShardSpec make_agreed_spec(const DeviceMesh& mesh, const std::string& op, const 
   std::optional<ShardSpec> spec;
   std::optional<std::string> problem;
   try {
-    spec = ShardSpec::make(global_shape, mesh.shape(), std::move(placements), std::move(extents), op);
+    spec =
+        ShardSpec::make(global_shape, mesh.shape(), std::move(placements), std::move(extents), op);
   } catch (const InvalidArgument& error) {
     // Strip the "[op] " prefix: agree_on_error adds it back.
     const std::string text = error.what();
@@ -47,15 +48,15 @@ ShardTensor ShardTensor::from_local(Tensor local, DeviceMesh mesh, Shape global_
                                     std::vector<Placement> placements,
                                     std::vector<std::vector<int64_t>> extents) {
   CommOpScope scope("from_local");
-  ShardSpec spec = detail::make_agreed_spec(mesh, "from_local", global_shape,
-                                            std::move(placements), std::move(extents),
-                                            local.dtype());
+  ShardSpec spec = detail::make_agreed_spec(mesh, "from_local", global_shape, std::move(placements),
+                                            std::move(extents), local.dtype());
   const Shape expected = spec.local_shape(mesh.coord());
   std::optional<std::string> problem;
   if (local.shape() != expected)
-    problem = fmt::format("local shape {} on rank {} (mesh coord {}) differs from the layout's {} "
-                          "({})",
-                          local.shape(), mesh.rank(), mesh.coord(), expected, spec.str());
+    problem = fmt::format(
+        "local shape {} on rank {} (mesh coord {}) differs from the layout's {} "
+        "({})",
+        local.shape(), mesh.rank(), mesh.coord(), expected, spec.str());
   agree_on_error(mesh.comm(), "from_local", problem);
   return ShardTensor(std::move(local), std::move(mesh), std::move(spec));
 }
@@ -90,17 +91,16 @@ ShardTensor ShardTensor::from_local(Tensor local, DeviceMesh mesh,
       global_shape[dim] += extents[m].back();
     }
   }
-  ShardSpec spec = detail::make_agreed_spec(mesh, "from_local", global_shape,
-                                            std::move(placements), std::move(extents),
-                                            local.dtype());
+  ShardSpec spec = detail::make_agreed_spec(mesh, "from_local", global_shape, std::move(placements),
+                                            std::move(extents), local.dtype());
   for (int rank = 0; rank < comm.size(); ++rank) {
     const Shape expected = spec.local_shape(coord_of(rank, mesh.shape()));
     if (shape_of(rank) != expected)
-      throw AgreedError("from_local",
-                        fmt::format("local shape {} on rank {} (mesh coord {}) does not fit the "
-                                    "layout {} implied by the other ranks (expected {})",
-                                    shape_of(rank), rank, coord_of(rank, mesh.shape()), spec.str(),
-                                    expected));
+      throw AgreedError(
+          "from_local",
+          fmt::format("local shape {} on rank {} (mesh coord {}) does not fit the "
+                      "layout {} implied by the other ranks (expected {})",
+                      shape_of(rank), rank, coord_of(rank, mesh.shape()), spec.str(), expected));
   }
   return ShardTensor(std::move(local), std::move(mesh), std::move(spec));
 }
@@ -150,9 +150,9 @@ ShardTensor ShardTensor::distribute(const Tensor& replicated, DeviceMesh mesh,
                                     std::vector<Placement> placements,
                                     std::vector<std::vector<int64_t>> extents) {
   CommOpScope scope("distribute");
-  ShardSpec spec = detail::make_agreed_spec(mesh, "distribute", replicated.shape(),
-                                            std::move(placements), std::move(extents),
-                                            replicated.dtype());
+  ShardSpec spec =
+      detail::make_agreed_spec(mesh, "distribute", replicated.shape(), std::move(placements),
+                               std::move(extents), replicated.dtype());
   Tensor local = replicated.view_box(spec.local_box(mesh.coord())).clone();
   if (!detail::holds_partial_values(spec, mesh.coord())) local.fill(0);
   return ShardTensor(std::move(local), std::move(mesh), std::move(spec));

@@ -46,7 +46,8 @@ Storage::~Storage() {
 
 std::vector<int64_t> contiguous_strides(const Shape& shape) {
   std::vector<int64_t> strides(shape.size(), 1);
-  for (size_t d = shape.size(); d-- > 1;) strides[d - 1] = strides[d] * std::max<int64_t>(shape[d], 1);
+  for (size_t d = shape.size(); d-- > 1;)
+    strides[d - 1] = strides[d] * std::max<int64_t>(shape[d], 1);
   return strides;
 }
 
@@ -70,8 +71,8 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, Shape shape, std::vector<int64_
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t extent : shape)
     check_arg(extent >= 0, "tensor", "shape {} has a negative extent", shape);
-  auto storage =
-      std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), device);
+  auto storage = std::make_shared<Storage>(
+      static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), device);
   return Tensor(std::move(storage), shape, contiguous_strides(shape), 0, dtype);
 }
 
@@ -219,8 +220,8 @@ void copy_strided_host(void* dst, const int64_t* dst_strides, const void* src,
 }
 
 void Tensor::copy_from(const Tensor& source) {
-  check_arg(source.shape_ == shape_ && source.dtype_ == dtype_, "tensor",
-            "copy of {} into {}", source.str(), str());
+  check_arg(source.shape_ == shape_ && source.dtype_ == dtype_, "tensor", "copy of {} into {}",
+            source.str(), str());
   if (numel() == 0) return;
   if (device_ == source.device_) {
     if (device_.is_cpu())

@@ -12,6 +12,8 @@
 #include "core/device_mesh.hpp"
 #include "core/dtype.hpp"
 #include "core/errors.hpp"
+#include "core/halo/halo_exchange.hpp"
+#include "core/halo/halo_plan.hpp"
 #include "core/layout.hpp"
 #include "core/shard_tensor.hpp"
 #include "core/tensor.hpp"

@@ -69,9 +69,10 @@ void bench_size(std::shared_ptr<Comm> world, const DeviceMesh& mesh, size_t byte
   const std::vector<int64_t> col_extents = weighted_split(kCols, parts, true);
   const std::vector<int64_t> row_offsets = offsets_of(row_extents);
   const std::vector<int64_t> col_offsets = offsets_of(col_extents);
-  const int iterations = options.iterations > 0
-                             ? options.iterations
-                             : static_cast<int>(std::clamp<size_t>((size_t{256} << 20) / global_bytes, 5, 50));
+  const int iterations =
+      options.iterations > 0
+          ? options.iterations
+          : static_cast<int>(std::clamp<size_t>((size_t{256} << 20) / global_bytes, 5, 50));
   const int warmup = std::max(2, iterations / 5);
   const double bus_factor = parts > 1 ? double(parts - 1) / parts : 1.0;
 
@@ -79,8 +80,8 @@ void bench_size(std::shared_ptr<Comm> world, const DeviceMesh& mesh, size_t byte
   for (int64_t i = 0; i < row_extents[me]; ++i)
     for (int64_t j = 0; j < kCols; ++j)
       local.data<float>()[i * kCols + j] = expected_value(row_offsets[me] + i, j);
-  const ShardTensor sharded = ShardTensor::from_local(local, mesh, {rows, kCols},
-                                                      {Placement::shard(0)}, {row_extents});
+  const ShardTensor sharded =
+      ShardTensor::from_local(local, mesh, {rows, kCols}, {Placement::shard(0)}, {row_extents});
   auto add_row = [&](const std::string& op, double seconds, int64_t wrong, double baseline) {
     const double algbw = global_bytes / seconds / 1e9;
     table.add({op, global_bytes, seconds * 1e6, algbw, algbw * bus_factor, wrong,
@@ -92,16 +93,19 @@ void bench_size(std::shared_ptr<Comm> world, const DeviceMesh& mesh, size_t byte
   for (int p = 0; p < parts; ++p) gather_counts[p] = static_cast<size_t>(row_extents[p] * kCols);
   std::vector<float> gathered(static_cast<size_t>(rows * kCols));
   const double comm_gather = bench::time_iterations(*world, warmup, iterations, [&] {
-    world->all_gather_v(local.raw_data(), gather_counts[me], gathered.data(), gather_counts, DType::f32);
+    world->all_gather_v(local.raw_data(), gather_counts[me], gathered.data(), gather_counts,
+                        DType::f32);
   });
-  add_row("all_gather_v", comm_gather, total_wrong(*world, count_wrong(gathered.data(), 0, rows, 0, kCols)), 0);
+  add_row("all_gather_v", comm_gather,
+          total_wrong(*world, count_wrong(gathered.data(), 0, rows, 0, kCols)), 0);
   double gather_baseline = comm_gather;
   if (bench::raw_mpi_available()) {
     const std::vector<int> counts = to_int_counts(gather_counts);
     const std::vector<int> displs = to_int_counts(displacements_of(gather_counts));
     std::fill(gathered.begin(), gathered.end(), -1.0f);
     gather_baseline = bench::time_iterations(*world, warmup, iterations, [&] {
-      bench::raw_all_gather_v(local.data<float>(), counts[me], gathered.data(), counts.data(), displs.data());
+      bench::raw_all_gather_v(local.data<float>(), counts[me], gathered.data(), counts.data(),
+                              displs.data());
     });
     add_row("raw MPI_Allgatherv", gather_baseline,
             total_wrong(*world, count_wrong(gathered.data(), 0, rows, 0, kCols)), 0);
@@ -187,8 +191,10 @@ void register_bench(CLI::App& app) {
   auto options = std::make_shared<CommBenchOptions>();
   auto* comm = bench->add_subcommand(
       "comm", "all_gather_v, all_to_all_v and redistribute beside the raw MPI collectives");
-  comm->add_option("--min-bytes", options->min_bytes, "Smallest global tensor (bytes)")->capture_default_str();
-  comm->add_option("--max-bytes", options->max_bytes, "Largest global tensor (bytes)")->capture_default_str();
+  comm->add_option("--min-bytes", options->min_bytes, "Smallest global tensor (bytes)")
+      ->capture_default_str();
+  comm->add_option("--max-bytes", options->max_bytes, "Largest global tensor (bytes)")
+      ->capture_default_str();
   comm->add_option("--ranks", options->ranks, "Local ranks without mpiexec")->capture_default_str();
   comm->add_option("--iterations", options->iterations, "Timed iterations (0: by size)");
   comm->add_flag("--json", options->json, "Print JSON instead of the table");

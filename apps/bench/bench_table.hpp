@@ -23,7 +23,8 @@ struct BenchRow {
 
 /// Times `iteration` on every rank: `warmup` untimed runs, then `iterations` timed runs between
 /// barriers. Returns the slowest rank's mean seconds per iteration.
-double time_iterations(Comm& comm, int warmup, int iterations, const std::function<void()>& iteration);
+double time_iterations(Comm& comm, int warmup, int iterations,
+                       const std::function<void()>& iteration);
 
 /// Prints rows as they come (rank 0 only) and collects them.
 class BenchTable {

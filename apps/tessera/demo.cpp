@@ -47,14 +47,14 @@ std::vector<int64_t> uneven_split(int64_t n, int parts) {
 
 void run_demo(std::shared_ptr<Comm> world, const Shape& shape) {
   if (world->size() != 4)  // the same on every rank, so every rank raises it
-    throw AgreedError("demo", fmt::format("the demo runs on a 2x2 mesh, i.e. 4 ranks; got {}",
-                                          world->size()));
+    throw AgreedError(
+        "demo", fmt::format("the demo runs on a 2x2 mesh, i.e. 4 ranks; got {}", world->size()));
   DeviceMesh mesh(world, {2, 2}, {"x", "y"});
   const bool root = world->rank() == 0;
   const Tensor original = root ? generate_field(shape) : Tensor();
   if (root) {
-    fmt::print("tessera demo: field {} f32 ({:.1f} MiB) on a 2x2 mesh (x, y), {} backend\n",
-               shape, shape_numel(shape) * 4.0 / (1 << 20), world->backend());
+    fmt::print("tessera demo: field {} f32 ({:.1f} MiB) on a 2x2 mesh (x, y), {} backend\n", shape,
+               shape_numel(shape) * 4.0 / (1 << 20), world->backend());
     fmt::print("  {:<34} {:<62} {:>10}\n", "step", "layout", "time (ms)");
   }
   auto report = [&](const std::string& step, const ShardTensor& tensor, double seconds) {
@@ -70,9 +70,11 @@ void run_demo(std::shared_ptr<Comm> world, const Shape& shape) {
     return std::make_pair(std::move(result), now_seconds() - start);
   };
 
-  const std::vector<std::vector<int64_t>> uneven{uneven_split(shape[0], 2), uneven_split(shape[1], 2)};
+  const std::vector<std::vector<int64_t>> uneven{uneven_split(shape[0], 2),
+                                                 uneven_split(shape[1], 2)};
   auto [a, t0] = timed([&] {
-    return ShardTensor::scatter(original, mesh, {Placement::shard(0), Placement::shard(1)}, uneven, 0);
+    return ShardTensor::scatter(original, mesh, {Placement::shard(0), Placement::shard(1)}, uneven,
+                                0);
   });
   report("scatter from rank 0 (uneven)", a, t0);
   auto [b, t1] = timed([&] { return a.redistribute({Placement::shard(1), Placement::shard(2)}); });
@@ -85,7 +87,9 @@ void run_demo(std::shared_ptr<Comm> world, const Shape& shape) {
     return c.redistribute({Placement::partial(ReduceOp::sum), Placement::shard(2)});
   });
   report("-> P(sum),S(2)", d, t3);
-  auto [e, t4] = timed([&] { return d.redistribute({Placement::shard(0), Placement::replicate()}); });
+  auto [e, t4] = timed([&] {
+    return d.redistribute({Placement::shard(0), Placement::replicate()});
+  });
   report("reduce -> S(0),R", e, t4);
   auto [f, t5] = timed([&] {
     return e.redistribute({Placement::shard(0), Placement::shard(1)}, uneven);
@@ -110,8 +114,9 @@ void run_demo(std::shared_ptr<Comm> world, const Shape& shape) {
 void register_demo(CLI::App& app) {
   auto options = std::make_shared<DemoOptions>();
   auto* command = app.add_subcommand(
-      "demo", "Scatter a 3-d field over a 2x2 mesh, redistribute it through several layouts, "
-              "gather it back and verify it");
+      "demo",
+      "Scatter a 3-d field over a 2x2 mesh, redistribute it through several layouts, "
+      "gather it back and verify it");
   command->add_option("--shape", options->shape, "Global field shape x,y,z")->capture_default_str();
   command->add_option("--ranks", options->ranks, "Local ranks (threads) without mpiexec")
       ->capture_default_str();

@@ -38,7 +38,9 @@ nlohmann::json collect_info() {
   return info;
 }
 
-std::string or_none(const std::string& text) { return text.empty() ? "not built" : text; }
+std::string or_none(const std::string& text) {
+  return text.empty() ? "not built" : text;
+}
 
 }  // namespace
 

@@ -24,17 +24,26 @@ std::chrono::duration<double> comm_timeout() {
 
 std::string timeout_message(const std::string& collective, int rank, int size,
                             const std::string& peers) {
-  return fmt::format("{} timed out after {:g} s (TESSERA_COMM_TIMEOUT) on rank {} of {}: waiting "
-                     "for {}",
-                     collective, comm_timeout().count(), rank, size, peers);
+  return fmt::format(
+      "{} timed out after {:g} s (TESSERA_COMM_TIMEOUT) on rank {} of {}: waiting "
+      "for {}",
+      collective, comm_timeout().count(), rank, size, peers);
 }
 
-std::string current_comm_op() { return comm_op_stack.empty() ? "comm" : comm_op_stack.back(); }
+std::string current_comm_op() {
+  return comm_op_stack.empty() ? "comm" : comm_op_stack.back();
+}
 
-CommOpScope::CommOpScope(std::string op) { comm_op_stack.push_back(std::move(op)); }
-CommOpScope::~CommOpScope() { comm_op_stack.pop_back(); }
+CommOpScope::CommOpScope(std::string op) {
+  comm_op_stack.push_back(std::move(op));
+}
+CommOpScope::~CommOpScope() {
+  comm_op_stack.pop_back();
+}
 
-size_t StridedBlock::count() const { return static_cast<size_t>(shape_numel(shape)); }
+size_t StridedBlock::count() const {
+  return static_cast<size_t>(shape_numel(shape));
+}
 
 void Comm::all_to_all_w(const void* send_base, std::span<const StridedBlock> send_blocks,
                         void* recv_base, std::span<const StridedBlock> recv_blocks, DType dtype) {
@@ -55,8 +64,8 @@ void Comm::all_to_all_w(const void* send_base, std::span<const StridedBlock> sen
     if (send_counts[p])
       copy_strided_host(packed + send_displs[p] * element, dense.data(),
                         static_cast<const char*>(send_base) + block.offset * element,
-                        block.strides.data(), block.shape.data(), static_cast<int>(block.shape.size()),
-                        element);
+                        block.strides.data(), block.shape.data(),
+                        static_cast<int>(block.shape.size()), element);
   }
   all_to_all_v(send_buffer.raw_data(), send_counts, send_displs, recv_buffer.raw_data(),
                recv_counts, recv_displs, dtype);
@@ -79,7 +88,8 @@ std::vector<size_t> displacements_of(std::span<const size_t> counts) {
 
 void reduce_into(void* inout, const void* in, size_t count, DType dtype, ReduceOp op) {
   dispatch_dtype(dtype, [&]<typename T>() {
-    using Acc = std::conditional_t<std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>, float, T>;
+    using Acc =
+        std::conditional_t<std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>, float, T>;
     T* a = static_cast<T*>(inout);
     const T* b = static_cast<const T*>(in);
     for (size_t i = 0; i < count; ++i) {

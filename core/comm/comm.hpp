@@ -73,8 +73,7 @@ class Comm {
   void send_recv(std::span<const P2POp> ops) { start_send_recv(ops)->wait(); }
 
   /// recv[i] = reduce over ranks of send[i]; send == recv is allowed. avg divides the sum.
-  virtual void all_reduce(const void* send, void* recv, size_t count, DType dtype,
-                          ReduceOp op) = 0;
+  virtual void all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) = 0;
   /// Concatenates every rank's `send` (recv_counts[r] elements from rank r) in rank order.
   virtual void all_gather_v(const void* send, size_t send_count, void* recv,
                             std::span<const size_t> recv_counts, DType dtype) = 0;

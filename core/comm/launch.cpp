@@ -25,7 +25,9 @@ Backend backend_from_env() {
   return launched_by_mpi_launcher() && mpi_compiled() ? Backend::mpi : Backend::local;
 }
 
-std::string backend_name(Backend backend) { return backend == Backend::mpi ? "mpi" : "local"; }
+std::string backend_name(Backend backend) {
+  return backend == Backend::mpi ? "mpi" : "local";
+}
 
 void launch(Backend backend, int local_ranks,
             const std::function<void(std::shared_ptr<Comm>)>& body) {

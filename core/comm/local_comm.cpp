@@ -4,8 +4,6 @@
 // another still reads it.
 #include "core/comm/local_comm.hpp"
 
-#include "core/tensor.hpp"
-
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -15,6 +13,8 @@
 #include <map>
 #include <mutex>
 #include <thread>
+
+#include "core/tensor.hpp"
 
 namespace tessera {
 
@@ -85,7 +85,8 @@ class LocalGroup {
       cv_.notify_all();
       return;
     }
-    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(comm_timeout());
+    const auto deadline =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(comm_timeout());
     while (generation_ == my_generation) {
       throw_if_aborted(rank);
       if (Clock::now() >= deadline) {
@@ -135,8 +136,7 @@ class LocalGroup {
 
   void throw_if_aborted(int rank) {
     if (launch_->aborted)
-      throw PeerFailed(current_comm_op(),
-                       fmt::format("rank {} gave up: {}", rank, launch_->why()));
+      throw PeerFailed(current_comm_op(), fmt::format("rank {} gave up: {}", rank, launch_->why()));
   }
 
  private:
@@ -170,7 +170,8 @@ class LocalBatch final : public P2PBatch {
   }
 
   void wait() override {
-    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(comm_timeout());
+    const auto deadline =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(comm_timeout());
     std::unique_lock lock(group_->mutex());
     while (true) {
       // Match every receive whose send has been posted; copy outside the lock.
@@ -212,7 +213,8 @@ class LocalBatch final : public P2PBatch {
         throw CommTimeout(current_comm_op(),
                           timeout_message("send_recv", rank_, group_->size(),
                                           fmt::format("{}", fmt::join(waiting, ", "))));
-      group_->cv().wait_for(lock, std::min<Clock::duration>(poll_interval, deadline - Clock::now()));
+      group_->cv().wait_for(lock,
+                            std::min<Clock::duration>(poll_interval, deadline - Clock::now()));
     }
   }
 
@@ -246,7 +248,8 @@ class LocalComm final : public Comm {
       for (int r = 0; r < size(); ++r) check_count("all_reduce", r, group_->slot(r).count, count);
       // Every rank reduces in rank order, so every rank gets bit-identical results.
       copy_bytes(result.data(), group_->slot(0).send, bytes);
-      for (int r = 1; r < size(); ++r) reduce_into(result.data(), group_->slot(r).send, count, dtype, op);
+      for (int r = 1; r < size(); ++r)
+        reduce_into(result.data(), group_->slot(r).send, count, dtype, op);
     });
     if (op == ReduceOp::avg) divide_by(result.data(), count, dtype, size());
     copy_bytes(recv, result.data(), bytes);
@@ -282,8 +285,8 @@ class LocalComm final : public Comm {
                  count * element);
       for (int r = 1; r < size(); ++r)
         reduce_into(result.data(),
-                    static_cast<const char*>(group_->slot(r).send) + offset * element, count,
-                    dtype, op);
+                    static_cast<const char*>(group_->slot(r).send) + offset * element, count, dtype,
+                    op);
     });
     if (op == ReduceOp::avg) divide_by(result.data(), count, dtype, size());
     copy_bytes(recv, result.data(), count * element);
@@ -402,8 +405,8 @@ class LocalComm final : public Comm {
     for (int r = 0; r < size(); ++r) {
       if (std::strcmp(group_->slot(r).name, name) != 0) {
         // Ranks called different collectives: a program error that would deadlock MPI.
-        const std::string message = fmt::format(
-            "rank {} called {} while rank {} called {}", rank_, name, r, group_->slot(r).name);
+        const std::string message = fmt::format("rank {} called {} while rank {} called {}", rank_,
+                                                name, r, group_->slot(r).name);
         group_->launch()->abort(message);
         throw CommError(current_comm_op(), message);
       }

@@ -6,8 +6,8 @@
 #include <mpi.h>
 
 #include <climits>
-#include <functional>
 #include <cstdlib>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -239,8 +239,10 @@ class MpiComm final : public Comm {
       counts.push_back(empty ? 0 : 1);
       displs.push_back(empty ? 0 : to_int(block.offset * element, "all_to_all_w"));
     };
-    for (const StridedBlock& block : send_blocks) describe(block, send_types, send_counts, send_displs);
-    for (const StridedBlock& block : recv_blocks) describe(block, recv_types, recv_counts, recv_displs);
+    for (const StridedBlock& block : send_blocks)
+      describe(block, send_types, send_counts, send_displs);
+    for (const StridedBlock& block : recv_blocks)
+      describe(block, recv_types, recv_counts, recv_displs);
     MPI_Request request;
     MPI_Ialltoallw(send_base, send_counts.data(), send_displs.data(), send_types.data(), recv_base,
                    recv_counts.data(), recv_displs.data(), recv_types.data(), comm_, &request);
@@ -301,8 +303,9 @@ class MpiComm final : public Comm {
   void wait_one(MPI_Request& request, const char* name) {
     std::vector<MPI_Request> requests{request};
     wait_requests(requests, name, rank_, size_, [] {
-      return std::string("the other ranks of the communicator (MPI does not say which has not "
-                         "joined)");
+      return std::string(
+          "the other ranks of the communicator (MPI does not say which has not "
+          "joined)");
     });
   }
   /// A committed datatype for `block`: the innermost dim as a contiguous run or vector, each
@@ -343,7 +346,9 @@ class MpiComm final : public Comm {
 
 }  // namespace
 
-bool mpi_compiled() { return true; }
+bool mpi_compiled() {
+  return true;
+}
 
 std::shared_ptr<Comm> mpi_world() {
   ensure_initialized();

@@ -5,17 +5,26 @@
 
 namespace tessera {
 
-bool mpi_compiled() { return false; }
-
-std::shared_ptr<Comm> mpi_world() {
-  throw NotAvailable("mpi", "this Tessera was built without MPI (TESSERA_WITH_MPI=OFF); use "
-                            "TESSERA_BACKEND=local");
+bool mpi_compiled() {
+  return false;
 }
 
-std::string mpi_library_version() { return ""; }
+std::shared_ptr<Comm> mpi_world() {
+  throw NotAvailable("mpi",
+                     "this Tessera was built without MPI (TESSERA_WITH_MPI=OFF); use "
+                     "TESSERA_BACKEND=local");
+}
 
-void mpi_abort(int code) { std::exit(code); }
+std::string mpi_library_version() {
+  return "";
+}
 
-bool mpi_initialized() { return false; }
+void mpi_abort(int code) {
+  std::exit(code);
+}
+
+bool mpi_initialized() {
+  return false;
+}
 
 }  // namespace tessera

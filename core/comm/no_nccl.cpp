@@ -3,6 +3,8 @@
 
 namespace tessera {
 
-std::string nccl_version() { return ""; }
+std::string nccl_version() {
+  return "";
+}
 
 }  // namespace tessera

@@ -8,7 +8,9 @@
 
 namespace tessera::gpu {
 
-bool compiled() { return true; }
+bool compiled() {
+  return true;
+}
 
 int device_count() {
   int count = 0;

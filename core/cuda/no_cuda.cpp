@@ -12,16 +12,26 @@ namespace {
 }
 }  // namespace
 
-bool compiled() { return false; }
-int device_count() { return 0; }
-std::string runtime_version() { return ""; }
-void* allocate(size_t, int) { unavailable("device allocation"); }
+bool compiled() {
+  return false;
+}
+int device_count() {
+  return 0;
+}
+std::string runtime_version() {
+  return "";
+}
+void* allocate(size_t, int) {
+  unavailable("device allocation");
+}
 void release(void*, int) noexcept {}
 void copy_bytes(void* dst, const void* src, size_t bytes) {
   // Without CUDA every pointer is a host pointer.
   if (bytes) std::memcpy(dst, src, bytes);
 }
-void zero_bytes(void*, size_t, int) { unavailable("device memset"); }
+void zero_bytes(void*, size_t, int) {
+  unavailable("device memset");
+}
 void copy_strided(void*, const int64_t*, const void*, const int64_t*, const int64_t*, int, size_t,
                   int) {
   unavailable("device strided copy");

@@ -3,6 +3,8 @@
 
 namespace tessera::gpu {
 
-std::string cudnn_version() { return ""; }
+std::string cudnn_version() {
+  return "";
+}
 
 }  // namespace tessera::gpu

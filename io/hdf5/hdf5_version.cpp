@@ -13,6 +13,8 @@ std::string hdf5_version() {
   return fmt::format("{}.{}.{}", major, minor, release);
 }
 
-bool hdf5_is_parallel() { return TESSERA_HAVE_PARALLEL_HDF5 != 0; }
+bool hdf5_is_parallel() {
+  return TESSERA_HAVE_PARALLEL_HDF5 != 0;
+}
 
 }  // namespace tessera::io

@@ -3,7 +3,11 @@
 
 namespace tessera::io {
 
-std::string hdf5_version() { return ""; }
-bool hdf5_is_parallel() { return false; }
+std::string hdf5_version() {
+  return "";
+}
+bool hdf5_is_parallel() {
+  return false;
+}
 
 }  // namespace tessera::io

@@ -1,6 +1,5 @@
 // oneDNN version query.
 #include <fmt/format.h>
-
 #include <oneapi/dnnl/dnnl.h>
 
 #include "ops/dnnl/dnnl_support.hpp"

@@ -3,6 +3,8 @@
 
 namespace tessera {
 
-std::string dnnl_version() { return ""; }
+std::string dnnl_version() {
+  return "";
+}
 
 }  // namespace tessera

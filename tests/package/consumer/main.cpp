@@ -1,7 +1,6 @@
 // Uses the installed Tessera: scatters a tensor over 2 local ranks and gathers it back.
-#include <tessera/tessera.hpp>
-
 #include <cstdio>
+#include <tessera/tessera.hpp>
 #include <vector>
 
 int main() {

@@ -1,0 +1,47 @@
+// Halo exchange over a HaloPlan: halo_begin packs and posts every face, edge and corner box in
+// one batch of messages (one per peer) and copies the interior; halo_end waits and unpacks.
+// Interior compute can run between the two. halo_adjoint is the backward: gradient that landed
+// in halo cells goes back to the owners, who add it.
+#pragma once
+
+#include <memory>
+
+#include "core/comm/comm.hpp"
+#include "core/halo/halo_plan.hpp"
+#include "core/tensor.hpp"
+
+namespace tessera {
+
+/// An exchange in flight: the haloed tensor (interior and zero boxes already valid) and the
+/// messages still on the wire.
+class HaloExchange {
+ public:
+  HaloExchange(HaloExchange&&) noexcept;
+  HaloExchange& operator=(HaloExchange&&) noexcept;
+  ~HaloExchange();
+  /// The haloed tensor; only its interior is valid before finish().
+  const Tensor& haloed() const { return haloed_; }
+  /// Waits for every message and unpacks the halo boxes; returns the complete haloed tensor.
+  Tensor finish();
+
+ private:
+  friend HaloExchange halo_begin(const HaloPlan&, const Tensor&, Comm&, int);
+  HaloExchange() = default;
+  struct InFlight;
+  std::unique_ptr<InFlight> in_flight_;
+  Tensor haloed_;
+};
+
+/// Starts the exchange of `plan` for this rank's owned piece `owned` over the mesh
+/// communicator `comm` (ranks are mesh ranks). Messages use `tag`. `plan` must outlive the
+/// exchange.
+HaloExchange halo_begin(const HaloPlan& plan, const Tensor& owned, Comm& comm, int tag = 0);
+
+/// Waits for `exchange` and returns the haloed tensor.
+Tensor halo_end(HaloExchange& exchange);
+
+/// Backward of the exchange: from the gradient of the haloed tensor, the gradient of the owned
+/// piece (halo cells' gradient is sent to their owners and added there).
+Tensor halo_adjoint(const HaloPlan& plan, const Tensor& haloed_grad, Comm& comm, int tag = 0);
+
+}  // namespace tessera

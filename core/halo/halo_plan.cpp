@@ -1,0 +1,201 @@
+// Halo plan construction (see halo_plan.hpp).
+//
+// For receiver q, the needed box is cut into pieces, one per combination of periodic images
+// along the dims (a single piece without periodic dims): piece U with shift s such that
+// U + s lies inside the global box. Every owner p that the receiver may take data from (same
+// coordinate on non-shard mesh dims) contributes I = (U + s) ∩ owned(p): the owner copies
+// I - owned(p).lo, the receiver writes it at (I - s) - needed(q).lo. Sender and receiver run
+// the same loops, so both list the boxes of one message in the same order.
+#include "core/halo/halo_plan.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <array>
+#include <map>
+#include <mutex>
+
+#include "core/errors.hpp"
+
+namespace tessera {
+
+namespace {
+
+/// One periodic image of part of the needed box.
+struct Piece {
+  Box unwrapped;               ///< global unwrapped indices (inside the needed box)
+  std::vector<int64_t> shift;  ///< unwrapped + shift lies in [0, L)
+};
+
+/// Cuts `needed` into pieces by period along periodic dims and clips zero-boundary dims.
+std::vector<Piece> pieces_of(const Box& needed, const Shape& global,
+                             const std::vector<BoundaryMode>& boundary) {
+  const size_t ndim = global.size();
+  // Per dim: list of (lo, hi, shift) segments.
+  std::vector<std::vector<std::array<int64_t, 3>>> segments(ndim);
+  for (size_t d = 0; d < ndim; ++d) {
+    const int64_t lo = needed.lo[d], hi = needed.hi[d], extent = global[d];
+    if (hi <= lo || extent == 0) return {};
+    if (boundary[d] == BoundaryMode::zero) {
+      const int64_t a = std::max<int64_t>(lo, 0), b = std::min(hi, extent);
+      if (a >= b) return {};
+      segments[d].push_back({a, b, 0});
+      continue;
+    }
+    auto floor_div = [](int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); };
+    for (int64_t k = floor_div(lo, extent); k <= floor_div(hi - 1, extent); ++k)
+      segments[d].push_back(
+          {std::max(lo, k * extent), std::min(hi, (k + 1) * extent), -k * extent});
+  }
+  std::vector<Piece> pieces;
+  std::vector<size_t> choice(ndim, 0);
+  while (true) {
+    Piece piece{needed, std::vector<int64_t>(ndim)};
+    for (size_t d = 0; d < ndim; ++d) {
+      piece.unwrapped.lo[d] = segments[d][choice[d]][0];
+      piece.unwrapped.hi[d] = segments[d][choice[d]][1];
+      piece.shift[d] = segments[d][choice[d]][2];
+    }
+    pieces.push_back(std::move(piece));
+    size_t d = ndim;
+    while (d > 0 && ++choice[d - 1] == segments[d - 1].size()) choice[--d] = 0;
+    if (d == 0) break;
+  }
+  return pieces;
+}
+
+/// Mesh ranks a receiver at `coord` takes data from: its coordinate on non-shard mesh dims.
+std::vector<int> candidate_owners(const ShardSpec& spec, const std::vector<int>& coord) {
+  std::vector<int> owners;
+  for (int rank = 0; rank < mesh_size(spec.mesh_shape); ++rank) {
+    const std::vector<int> other = coord_of(rank, spec.mesh_shape);
+    bool same = true;
+    for (size_t m = 0; m < spec.mesh_shape.size(); ++m)
+      same = same && (spec.placements[m].is_shard() || other[m] == coord[m]);
+    if (same) owners.push_back(rank);
+  }
+  return owners;
+}
+
+/// Transfers that fill receiver `receiver`'s haloed tensor, in message order.
+std::vector<HaloTransfer> transfers_into(const ShardSpec& spec, const Box& needed,
+                                         const std::vector<BoundaryMode>& boundary, int receiver) {
+  std::vector<HaloTransfer> transfers;
+  const std::vector<int> owners = candidate_owners(spec, coord_of(receiver, spec.mesh_shape));
+  for (const Piece& piece : pieces_of(needed, spec.global_shape, boundary)) {
+    const Box wrapped = piece.unwrapped.shifted(piece.shift);
+    for (int owner : owners) {
+      const Box owned = spec.local_box_of_rank(owner);
+      const Box common = intersect(wrapped, owned);
+      if (common.empty()) continue;
+      std::vector<int64_t> unshift(piece.shift.size());
+      for (size_t d = 0; d < unshift.size(); ++d) unshift[d] = -piece.shift[d];
+      transfers.push_back(
+          {owner, common.relative_to(owned.lo), common.shifted(unshift).relative_to(needed.lo)});
+    }
+  }
+  return transfers;
+}
+
+}  // namespace
+
+HaloPlan HaloPlan::build(const ShardSpec& spec, const std::vector<Box>& needed,
+                         const std::vector<BoundaryMode>& boundary, int rank) {
+  const int ranks = mesh_size(spec.mesh_shape);
+  check_arg(static_cast<int>(needed.size()) == ranks, "halo",
+            "{} needed boxes given for a mesh of {} ranks", needed.size(), ranks);
+  check_arg(boundary.size() == spec.global_shape.size(), "halo",
+            "{} boundary modes given for a {}-d tensor", boundary.size(), spec.global_shape.size());
+  check_arg(!spec.has_partial(), "halo", "a halo exchange needs values, not partial sums: {}",
+            spec.str());
+  for (const Box& box : needed)
+    check_arg(box.ndim() == spec.global_shape.size(), "halo", "needed box {} of a {}-d tensor",
+              box.str(), spec.global_shape.size());
+
+  HaloPlan plan;
+  plan.spec_ = spec;
+  plan.rank_ = rank;
+  plan.needed_ = needed[rank];
+  plan.owned_ = spec.local_box_of_rank(rank);
+  for (HaloTransfer& transfer : transfers_into(spec, needed[rank], boundary, rank)) {
+    if (transfer.peer == rank)
+      plan.self_copies_.push_back(transfer);
+    else
+      plan.recvs_.push_back(transfer);
+  }
+  // What this rank sends: its part of every other receiver's transfers, in their order.
+  for (int receiver = 0; receiver < ranks; ++receiver) {
+    if (receiver == rank) continue;
+    for (HaloTransfer& transfer : transfers_into(spec, needed[receiver], boundary, receiver)) {
+      if (transfer.peer != rank) continue;
+      transfer.peer = receiver;
+      plan.sends_.push_back(transfer);
+    }
+  }
+  std::stable_sort(plan.recvs_.begin(), plan.recvs_.end(),
+                   [](const HaloTransfer& a, const HaloTransfer& b) { return a.peer < b.peer; });
+  // Zero-filled slabs beyond zero-boundary edges, cut so they do not overlap.
+  Box rest = plan.needed_;
+  for (size_t d = 0; d < rest.ndim(); ++d) {
+    if (boundary[d] != BoundaryMode::zero) continue;
+    const int64_t extent = spec.global_shape[d];
+    if (rest.lo[d] < 0) {
+      Box slab = rest;
+      slab.hi[d] = std::min<int64_t>(0, rest.hi[d]);
+      if (!slab.empty()) plan.zero_boxes_.push_back(slab.relative_to(plan.needed_.lo));
+      rest.lo[d] = std::min<int64_t>(0, rest.hi[d]);
+    }
+    if (rest.hi[d] > extent) {
+      Box slab = rest;
+      slab.lo[d] = std::max(extent, rest.lo[d]);
+      if (!slab.empty()) plan.zero_boxes_.push_back(slab.relative_to(plan.needed_.lo));
+      rest.hi[d] = std::max(extent, rest.lo[d]);
+    }
+  }
+  return plan;
+}
+
+Box HaloPlan::interior_box() const {
+  return intersect(owned_, needed_).relative_to(needed_.lo);
+}
+
+std::vector<Box> grown_boxes(const ShardSpec& spec, const std::vector<int64_t>& lo,
+                             const std::vector<int64_t>& hi) {
+  const size_t ndim = spec.global_shape.size();
+  check_arg(lo.size() == ndim && hi.size() == ndim, "halo",
+            "halo widths {} / {} given for a {}-d tensor", lo, hi, ndim);
+  std::vector<Box> boxes;
+  for (int rank = 0; rank < mesh_size(spec.mesh_shape); ++rank) {
+    Box box = spec.local_box_of_rank(rank);
+    for (size_t d = 0; d < ndim; ++d) {
+      box.lo[d] -= lo[d];
+      box.hi[d] = std::max(box.lo[d], box.hi[d] + hi[d]);
+    }
+    boxes.push_back(box);
+  }
+  return boxes;
+}
+
+std::shared_ptr<const HaloPlan> cached_halo_plan(const ShardSpec& spec,
+                                                 const std::vector<int64_t>& lo,
+                                                 const std::vector<int64_t>& hi,
+                                                 const std::vector<BoundaryMode>& boundary,
+                                                 int rank) {
+  static std::mutex mu;
+  static std::map<std::string, std::shared_ptr<const HaloPlan>> cache;
+  std::vector<int> modes;
+  for (BoundaryMode mode : boundary) modes.push_back(static_cast<int>(mode));
+  const std::string key = fmt::format("{}|{}|{}|{}|{}", spec.str(), lo, hi, modes, rank);
+  {
+    std::lock_guard lock(mu);
+    if (auto it = cache.find(key); it != cache.end()) return it->second;
+  }
+  auto plan = std::make_shared<const HaloPlan>(
+      HaloPlan::build(spec, grown_boxes(spec, lo, hi), boundary, rank));
+  std::lock_guard lock(mu);
+  if (cache.size() > 4096) cache.clear();  // layouts churn rarely; bound the memory anyway
+  return cache.emplace(key, plan).first->second;
+}
+
+}  // namespace tessera

@@ -1,0 +1,79 @@
+// Harness of the distributed tests: run_world runs a test body on every rank of a world of a
+// given size, on the backend chosen by TESSERA_BACKEND. Under `mpi` the launcher fixes the world
+// size, so only the bodies asking for exactly that size run (the others do nothing); under
+// `local` every size runs on threads. Tests loop over world sizes 1..8 and over every mesh
+// factorization (tests/common/layout_cases.hpp), so one binary covers the local backend fully
+// and `mpiexec -n N` covers size N.
+//
+// Rules for bodies, so a failing check cannot deadlock the other ranks: use EXPECT_* (not
+// ASSERT_*) for anything that guards a collective, and make every rank reach the same
+// collectives. TESSERA_COMM_TIMEOUT (set by CTest) turns a hang into an error anyway.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tessera.hpp"
+#include "tests/common/layout_cases.hpp"
+
+namespace tessera::testing {
+
+/// The largest world size the tests loop over.
+inline constexpr int max_world_size = 8;
+
+/// True when the tests run under mpiexec with TESSERA_BACKEND=mpi.
+inline bool mpi_backend() {
+  return backend_from_env() == Backend::mpi;
+}
+
+/// Runs `body` on every rank of a world of `world_size` ranks: under the mpi backend with the
+/// MPI world, only when its size is `world_size` (otherwise nothing runs); under the local
+/// backend on `world_size` threads.
+inline void run_world(int world_size, std::function<void(std::shared_ptr<Comm>)> body) {
+  if (mpi_backend()) {
+    std::shared_ptr<Comm> world = mpi_world();
+    if (world->size() == world_size) body(world);
+    return;
+  }
+  run_local_ranks(world_size, body);
+}
+
+/// run_world for every world size 1..max_world_size.
+inline void run_every_world(const std::function<void(std::shared_ptr<Comm>)>& body) {
+  for (int world_size = 1; world_size <= max_world_size; ++world_size) run_world(world_size, body);
+}
+
+/// Collective: every rank's `text`, in rank order.
+inline std::vector<std::string> all_gather_strings(Comm& comm, const std::string& text) {
+  const int64_t length = static_cast<int64_t>(text.size());
+  std::vector<int64_t> lengths(comm.size());
+  const std::vector<size_t> ones(comm.size(), 1);
+  comm.all_gather_v(&length, 1, lengths.data(), ones, DType::i64);
+  const std::vector<size_t> counts(lengths.begin(), lengths.end());
+  const std::vector<size_t> displs = displacements_of(counts);
+  std::string all(displs.back() + counts.back(), '\0');
+  comm.all_gather_v(text.data(), text.size(), all.data(), counts, DType::u8);
+  std::vector<std::string> texts;
+  for (int r = 0; r < comm.size(); ++r) texts.push_back(all.substr(displs[r], counts[r]));
+  return texts;
+}
+
+/// Collective: true on every rank when `condition` holds on every rank.
+inline bool all_ranks(Comm& comm, bool condition) {
+  int32_t value = condition ? 1 : 0;
+  comm.all_reduce(&value, &value, 1, DType::i32, ReduceOp::min);
+  return value == 1;
+}
+
+/// "(2, 2, 1)".
+inline std::string shape_str(const std::vector<int>& shape) {
+  std::string text = "(";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + ")";
+}
+
+}  // namespace tessera::testing
