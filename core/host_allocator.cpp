@@ -1,4 +1,4 @@
-// Host caching allocator (see host_allocator.hpp). Size classes: blocks below 1 MiB go straight
+// Host caching allocator (see host_allocator.hpp). Size classes: blocks below 64 KiB go straight
 // to aligned_alloc; larger requests round up to a multiple of 1/8 of their power of two (at
 // most 12.5% slack) and are cached per class. The cache holds at most TESSERA_HOST_CACHE_MB
 // (default 4096) MiB; past that, released blocks are freed.
@@ -15,7 +15,7 @@ namespace tessera {
 
 namespace {
 
-constexpr size_t kCachedFrom = size_t{1} << 20;
+constexpr size_t kCachedFrom = size_t{64} << 10;
 
 size_t size_class(size_t bytes) {
   if (bytes < kCachedFrom) return (bytes + 63) / 64 * 64;

@@ -1,4 +1,4 @@
-// Caching allocator for host tensor storage. Large blocks (>= 1 MiB) are kept after release
+// Caching allocator for host tensor storage. Blocks of 64 KiB and more are kept after release
 // and handed out again for requests of the same size class, so steady-state ops do not pay
 // mmap/munmap and first-touch page faults on every call. Thread-safe (local ranks share it).
 #pragma once

@@ -22,6 +22,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr auto poll_interval = std::chrono::milliseconds(50);
+constexpr int kSpinsBeforeSleep = 2000;
 
 void copy_bytes(void* dst, const void* src, size_t bytes) {
   if (bytes) std::memcpy(dst, src, bytes);
@@ -77,14 +78,22 @@ class LocalGroup {
   void arrive_and_wait(int rank, const char* name, const Contribution* mine) {
     std::unique_lock lock(mu_);
     if (mine) slots_[rank] = *mine;
-    const uint64_t my_generation = generation_;
+    const uint64_t my_generation = generation_.load(std::memory_order_relaxed);
     arrived_at_[rank] = my_generation + 1;
     if (++arrived_ == size_) {
       arrived_ = 0;
-      ++generation_;
+      generation_.store(my_generation + 1, std::memory_order_release);
       cv_.notify_all();
       return;
     }
+    // Peers usually arrive within microseconds: poll (yielding the core) before sleeping on
+    // the condition variable, whose wake-up costs tens of microseconds.
+    lock.unlock();
+    for (int spin = 0; spin < kSpinsBeforeSleep; ++spin) {
+      if (generation_.load(std::memory_order_acquire) != my_generation) return;
+      std::this_thread::yield();
+    }
+    lock.lock();
     const auto deadline =
         Clock::now() + std::chrono::duration_cast<Clock::duration>(comm_timeout());
     while (generation_ == my_generation) {
@@ -144,7 +153,7 @@ class LocalGroup {
   std::shared_ptr<LaunchState> launch_;
   std::mutex mu_;
   std::condition_variable cv_;
-  uint64_t generation_ = 0;
+  std::atomic<uint64_t> generation_{0};
   int arrived_ = 0;
   std::vector<uint64_t> arrived_at_;
   std::vector<Contribution> slots_;
