@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <atomic>
+
 #include "core/agree.hpp"
 #include "core/shard_tensor_detail.hpp"
 
@@ -41,8 +43,15 @@ bool holds_partial_values(const ShardSpec& spec, const std::vector<int>& coord) 
 
 }  // namespace detail
 
+namespace {
+std::atomic<uint64_t> next_shard_tensor_id{1};
+}
+
 ShardTensor::ShardTensor(Tensor local, DeviceMesh mesh, ShardSpec spec)
-    : local_(std::move(local)), mesh_(std::move(mesh)), spec_(std::move(spec)) {}
+    : local_(std::move(local)),
+      mesh_(std::move(mesh)),
+      spec_(std::move(spec)),
+      id_(next_shard_tensor_id.fetch_add(1)) {}
 
 ShardTensor ShardTensor::from_local(Tensor local, DeviceMesh mesh, Shape global_shape,
                                     std::vector<Placement> placements,

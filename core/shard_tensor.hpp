@@ -55,10 +55,22 @@ class ShardTensor {
   /// Collective: the full global tensor on `root`, Tensor() elsewhere.
   Tensor gather(int root = 0) const;
 
+  /// Identity used by autograd: copies share it, every op result gets a new one.
+  uint64_t id() const { return id_; }
+  /// Marks this tensor as a leaf whose gradient backward() computes.
+  ShardTensor& set_requires_grad(bool enabled = true) {
+    requires_grad_ = enabled;
+    return *this;
+  }
+  /// True for leaves marked with set_requires_grad and for results of ops recorded on a tape.
+  bool requires_grad() const { return requires_grad_; }
+
  private:
   Tensor local_;
   DeviceMesh mesh_;
   ShardSpec spec_;
+  uint64_t id_;
+  bool requires_grad_ = false;
 };
 
 }  // namespace tessera

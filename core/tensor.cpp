@@ -125,6 +125,12 @@ Tensor Tensor::view_box(const Box& box) const {
   return Tensor(storage_, shape, strides_, offset, dtype_);
 }
 
+Tensor Tensor::reshape(const Shape& shape) const {
+  check_arg(shape_numel(shape) == numel(), "tensor", "cannot reshape {} to {}", str(), shape);
+  const Tensor source = contiguous();
+  return Tensor(source.storage_, shape, contiguous_strides(shape), source.offset_, dtype_);
+}
+
 Tensor Tensor::contiguous() const {
   if (is_contiguous()) return *this;
   return clone();

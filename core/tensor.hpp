@@ -71,6 +71,8 @@ class Tensor {
   Tensor slice(int dim, int64_t start, int64_t stop) const;
   /// View of the local index box `box` (coordinates of this tensor).
   Tensor view_box(const Box& box) const;
+  /// The same elements with another shape of equal numel (a view when contiguous, else a copy).
+  Tensor reshape(const Shape& shape) const;
   /// A contiguous tensor with the same values (this tensor itself when already contiguous).
   Tensor contiguous() const;
   /// A contiguous deep copy.

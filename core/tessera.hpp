@@ -2,6 +2,7 @@
 #pragma once
 
 #include "core/agree.hpp"
+#include "core/autograd.hpp"
 #include "core/box.hpp"
 #include "core/comm/comm.hpp"
 #include "core/comm/launch.hpp"
@@ -15,5 +16,7 @@
 #include "core/halo/halo_exchange.hpp"
 #include "core/halo/halo_plan.hpp"
 #include "core/layout.hpp"
+#include "core/op_attrs.hpp"
+#include "core/op_registry.hpp"
 #include "core/shard_tensor.hpp"
 #include "core/tensor.hpp"

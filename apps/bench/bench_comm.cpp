@@ -202,6 +202,7 @@ void register_bench(CLI::App& app) {
     launch(backend_from_env(), options->ranks,
            [&](std::shared_ptr<Comm> world) { run_comm_bench(world, *options); });
   });
+  register_conv_bench(*bench);
 }
 
 }  // namespace tessera::cli

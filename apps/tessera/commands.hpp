@@ -9,7 +9,12 @@ namespace tessera::cli {
 void register_info(CLI::App& app);
 /// `tessera demo`: the main job (scatter, redistribute through layouts, gather, verify).
 void register_demo(CLI::App& app);
+/// `tessera run-op conv`: a sharded op on data from an HDF5 file.
+void register_run_op(CLI::App& app);
 /// `tessera bench comm`: collectives and redistribute beside the raw MPI collectives.
 void register_bench(CLI::App& app);
+
+/// `tessera bench conv` (registered under `bench` by register_bench).
+void register_conv_bench(CLI::App& bench);
 
 }  // namespace tessera::cli

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   tessera::cli::register_info(app);
   tessera::cli::register_demo(app);
+  tessera::cli::register_run_op(app);
   tessera::cli::register_bench(app);
   try {
     app.parse(argc, argv);

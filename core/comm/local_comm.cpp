@@ -14,6 +14,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/compute_threads.hpp"
 #include "core/tensor.hpp"
 
 namespace tessera {
@@ -462,7 +463,10 @@ void run_local_ranks(int ranks, const std::function<void(std::shared_ptr<Comm>)>
   auto world = std::make_shared<LocalGroup>(ranks, launch);
   std::vector<std::exception_ptr> errors(ranks);
   std::vector<bool> peer_failed(ranks, false);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   auto run_rank = [&](int rank) {
+    // The ranks share this process's cores: give each rank's kernels its share.
+    set_compute_threads(std::max(1, cores / ranks));
     try {
       body(std::make_shared<LocalComm>(world, rank));
     } catch (const PeerFailed&) {

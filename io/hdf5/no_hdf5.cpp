@@ -1,13 +1,54 @@
-// Stub for builds without HDF5.
+// Stub for builds without HDF5: the version queries answer "none", every file call throws
+// NotAvailable naming the file it was asked about.
+#include <fmt/format.h>
+
+#include "core/errors.hpp"
+#include "io/hdf5/h5_file.hpp"
 #include "io/hdf5/hdf5_support.hpp"
 
 namespace tessera::io {
+
+namespace {
+
+[[noreturn]] void not_available(const std::string& file, std::string_view action) {
+  throw NotAvailable("hdf5", fmt::format("cannot {} '{}': Tessera was built without HDF5 "
+                                         "(reconfigure with TESSERA_WITH_HDF5=ON)",
+                                         action, file));
+}
+
+}  // namespace
 
 std::string hdf5_version() {
   return "";
 }
 bool hdf5_is_parallel() {
   return false;
+}
+
+std::vector<DatasetInfo> list_datasets(const std::string& file) {
+  not_available(file, "list the datasets of");
+}
+
+DatasetInfo dataset_info(const std::string& file, const std::string&) {
+  not_available(file, "describe a dataset of");
+}
+
+Tensor read_dataset(const std::string& file, const std::string&, std::optional<DType>) {
+  not_available(file, "read a dataset of");
+}
+
+Tensor read_hyperslab(const std::string& file, const std::string&, const Box&,
+                      std::optional<DType>) {
+  not_available(file, "read a hyperslab of");
+}
+
+void write_dataset(const std::string& file, const std::string&, const Tensor&,
+                   const WriteOptions&) {
+  not_available(file, "write a dataset to");
+}
+
+bool has_dataset(const std::string& file, const std::string&) {
+  not_available(file, "look for a dataset in");
 }
 
 }  // namespace tessera::io

@@ -1,4 +1,5 @@
-# Driver of the package test (cmake -P): install, configure the consumer, build it, run it.
+# Driver of the out-of-tree tests (cmake -P): install Tessera into a scratch prefix, configure
+# the outside project CONSUMER_SOURCE_DIR against it, build it, run EXECUTABLE.
 file(REMOVE_RECURSE ${SCRATCH_DIR})
 set(prefix ${SCRATCH_DIR}/prefix)
 
@@ -14,4 +15,4 @@ run_step("install" ${CMAKE_COMMAND} --install ${TESSERA_BUILD_DIR} --prefix ${pr
 run_step("configure consumer" ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${SCRATCH_DIR}/build
   -G ${GENERATOR} -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${prefix})
 run_step("build consumer" ${CMAKE_COMMAND} --build ${SCRATCH_DIR}/build)
-run_step("run consumer" ${SCRATCH_DIR}/build/consumer)
+run_step("run ${EXECUTABLE}" ${SCRATCH_DIR}/build/${EXECUTABLE})

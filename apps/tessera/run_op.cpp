@@ -1,0 +1,202 @@
+// `tessera run-op conv`: runs the sharded convolution on a user's data from an HDF5 file and
+// writes the gathered results (y, and with --backward gx, gw, gb) to another. Rank 0 reads the
+// inputs and scatters x; bad arguments give one line and exit code 2 on every rank.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <filesystem>
+
+#include "apps/tessera/cli_parse.hpp"
+#include "apps/tessera/commands.hpp"
+#include "core/tessera.hpp"
+#include "io/hdf5/h5_file.hpp"
+#include "ops/ops.hpp"
+
+namespace tessera::cli {
+
+namespace {
+
+struct ConvRunOptions {
+  std::string in, out;
+  std::string stride = "1", padding = "0", dilation = "1", padding_mode = "zeros";
+  int64_t groups = 1;
+  std::string mesh = "1", shard_dims, extents;
+  int ranks = 0;
+  bool backward = false;
+  std::string device = "cpu", dtype = "f64";
+};
+
+/// The inputs as read on rank 0.
+struct ConvInputs {
+  Tensor x, w, b, gy;
+  bool has_bias = false;
+};
+
+ConvInputs read_inputs(const ConvRunOptions& options, DType dtype) {
+  ConvInputs inputs;
+  check_arg(std::filesystem::exists(options.in), "run-op", "input file {} does not exist",
+            options.in);
+  for (const char* name : {"x", "w"})
+    check_arg(io::has_dataset(options.in, name), "run-op",
+              "{} has no dataset '{}' (conv needs x [N, C, spatial..] and w [Cout, C/groups, k..])",
+              options.in, name);
+  inputs.x = io::read_dataset(options.in, "x", dtype);
+  inputs.w = io::read_dataset(options.in, "w", dtype);
+  inputs.has_bias = io::has_dataset(options.in, "b");
+  if (inputs.has_bias) inputs.b = io::read_dataset(options.in, "b", dtype);
+  if (options.backward) {
+    check_arg(io::has_dataset(options.in, "gy"), "run-op",
+              "--backward needs a dataset 'gy' (the gradient of y) in {}", options.in);
+    inputs.gy = io::read_dataset(options.in, "gy", dtype);
+  }
+  return inputs;
+}
+
+ops::ConvOptions conv_options(const ConvRunOptions& options) {
+  ops::ConvOptions conv;
+  conv.stride = parse_list(options.stride);
+  conv.dilation = parse_list(options.dilation);
+  if (options.padding == "same" || options.padding == "valid")
+    conv.padding_name = options.padding;
+  else
+    conv.padding = parse_list(options.padding);
+  conv.groups = options.groups;
+  conv.padding_mode = options.padding_mode;
+  return conv;
+}
+
+/// Shares a tensor that only rank 0 holds as a replicated ShardTensor.
+ShardTensor replicate_from_root(const Tensor& full, const DeviceMesh& mesh) {
+  return ShardTensor::scatter(full, mesh,
+                              std::vector<Placement>(mesh.ndim(), Placement::replicate()));
+}
+
+void run_conv(std::shared_ptr<Comm> world, const ConvRunOptions& options) {
+  const std::vector<int> mesh_shape = parse_mesh(options.mesh);
+  DeviceMesh mesh(world, mesh_shape);
+  const DType dtype = dtype_from_name(options.dtype);
+  if (dtype != DType::f32 && dtype != DType::f64)
+    throw AgreedError("run-op", fmt::format("--dtype {} (conv runs in f32 or f64)", options.dtype));
+  if (Device::parse(options.device).is_cuda())
+    throw AgreedError(
+        "run-op", "--device cuda: this build has no CUDA convolution kernel yet; use --device cpu");
+  const bool root = world->rank() == 0;
+
+  ConvInputs inputs;
+  std::optional<std::string> problem;
+  if (root) {
+    try {
+      inputs = read_inputs(options, dtype);
+    } catch (const Error& error) {
+      problem = std::string(error.what()).substr(std::string(error.what()).find("] ") + 2);
+    }
+  }
+  agree_on_error(*world, "run-op", problem);
+  int64_t header[3] = {inputs.x.ndim(), inputs.has_bias, 0};
+  world->broadcast(header, 3, DType::i64, 0);
+  const int64_t ndim = header[0];
+  const bool has_bias = header[1] != 0;
+
+  // Layout of x: --shard-dims names the tensor dim each mesh dim shards (default: the last
+  // spatial dims), --extents their extents (default: balanced).
+  std::vector<int64_t> shard_dims;
+  if (options.shard_dims.empty()) {
+    for (int m = 0; m < mesh.ndim(); ++m) shard_dims.push_back(ndim - mesh.ndim() + m);
+  } else {
+    shard_dims = parse_list(options.shard_dims);
+  }
+  if (static_cast<int>(shard_dims.size()) != mesh.ndim())
+    throw AgreedError("run-op", fmt::format("--shard-dims {} names {} dims for a {}-d mesh",
+                                            shard_dims, shard_dims.size(), mesh.ndim()));
+  std::vector<Placement> placements;
+  for (int64_t dim : shard_dims) {
+    if (dim < 0 || dim >= ndim)
+      throw AgreedError("run-op", fmt::format("--shard-dims: dim {} of a {}-d input", dim, ndim));
+    placements.push_back(mesh.size(static_cast<int>(placements.size())) == 1
+                             ? Placement::replicate()
+                             : Placement::shard(static_cast<int>(dim)));
+  }
+  std::vector<std::vector<int64_t>> extents;
+  if (!options.extents.empty()) {
+    extents = parse_extents(options.extents);
+    for (size_t m = 0; m < extents.size() && m < placements.size(); ++m)
+      if (placements[m].is_replicate())
+        placements[m] = Placement::shard(static_cast<int>(shard_dims[m]));
+  }
+
+  const double start = now_seconds();
+  Tape tape;
+  ShardTensor x = ShardTensor::scatter(inputs.x, mesh, placements, extents);
+  ShardTensor w = replicate_from_root(inputs.w, mesh);
+  std::optional<ShardTensor> b;
+  if (has_bias) b = replicate_from_root(inputs.b, mesh);
+  if (options.backward) {
+    x.set_requires_grad();
+    w.set_requires_grad();
+    if (b) b->set_requires_grad();
+  }
+  const ShardTensor y = ops::conv(x, w, b, conv_options(options));
+  const Tensor y_full = y.gather(0);
+  Tensor gx, gw, gb;
+  if (options.backward) {
+    std::optional<std::string> mismatch;
+    if (root && inputs.gy.shape() != y.global_shape())
+      mismatch =
+          fmt::format("gy has shape {} but y has shape {}", inputs.gy.shape(), y.global_shape());
+    agree_on_error(*world, "run-op", mismatch);
+    const ShardTensor gy = ShardTensor::scatter(inputs.gy, mesh, y.placements(), y.spec().extents);
+    tape.backward(ops::sum(ops::mul(y, gy)));
+    gx = tape.grad(x)->gather(0);
+    gw = tape.grad(w)->gather(0);
+    if (b) gb = tape.grad(*b)->gather(0);
+  }
+  const double seconds = now_seconds() - start;
+  if (!root) return;
+  io::write_dataset(options.out, "y", y_full, {.truncate_file = true});
+  if (options.backward) {
+    io::write_dataset(options.out, "gx", gx);
+    io::write_dataset(options.out, "gw", gw);
+    if (b) io::write_dataset(options.out, "gb", gb);
+  }
+  fmt::print("conv{}d: x {} -> y {} on mesh {} ({}), {} backend, {:.3f} ms; wrote {}\n", ndim - 2,
+             x.global_shape(), y.global_shape(), mesh_shape, x.spec().str(), world->backend(),
+             seconds * 1e3, options.out);
+}
+
+}  // namespace
+
+void register_run_op(CLI::App& app) {
+  auto* run_op = app.add_subcommand("run-op", "Run a sharded op on data from an HDF5 file");
+  run_op->require_subcommand(1);
+  auto options = std::make_shared<ConvRunOptions>();
+  auto* conv = run_op->add_subcommand(
+      "conv", "Sharded conv1d/2d/3d (by the rank of x), forward and backward");
+  conv->add_option("--in", options->in, "Input file with x, w, optional b, and gy for --backward")
+      ->required();
+  conv->add_option("--out", options->out, "Output file: y (and gx, gw, gb)")->required();
+  conv->add_option("--stride", options->stride, "Stride per spatial dim, e.g. 2,2")
+      ->capture_default_str();
+  conv->add_option("--padding", options->padding, "Padding per dim (a,b), same or valid")
+      ->capture_default_str();
+  conv->add_option("--dilation", options->dilation, "Dilation per spatial dim")
+      ->capture_default_str();
+  conv->add_option("--groups", options->groups, "Groups")->capture_default_str();
+  conv->add_option("--padding-mode", options->padding_mode, "zeros or circular")
+      ->capture_default_str();
+  conv->add_option("--mesh", options->mesh, "Mesh shape, e.g. 2x2")->capture_default_str();
+  conv->add_option("--shard-dims", options->shard_dims,
+                   "Tensor dim sharded by each mesh dim, e.g. 2,3");
+  conv->add_option("--extents", options->extents, "Shard extents per mesh dim, e.g. \"3,5;4,4\"");
+  conv->add_option("--ranks", options->ranks,
+                   "Local ranks without mpiexec (default: the mesh size)");
+  conv->add_flag("--backward", options->backward, "Also compute gx, gw (and gb) from gy");
+  conv->add_option("--device", options->device, "cpu or cuda")->capture_default_str();
+  conv->add_option("--dtype", options->dtype, "f32 or f64")->capture_default_str();
+  conv->callback([options] {
+    const int ranks = options->ranks > 0 ? options->ranks : mesh_size(parse_mesh(options->mesh));
+    launch(backend_from_env(), ranks,
+           [&](std::shared_ptr<Comm> world) { run_conv(world, *options); });
+  });
+}
+
+}  // namespace tessera::cli

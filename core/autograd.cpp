@@ -1,0 +1,175 @@
+// The autograd tape (see autograd.hpp).
+#include "core/autograd.hpp"
+
+#include <fmt/format.h>
+
+#include <set>
+
+#include "core/tensor_arith.hpp"
+
+namespace tessera {
+
+namespace {
+
+thread_local Tape* active_tape = nullptr;
+
+/// The layout of a gradient whose value is replicated where `spec` holds partial values: the
+/// gradient of every partial term of a sum is the gradient of the sum.
+ShardSpec gradient_layout(const ShardSpec& spec, const std::string& op) {
+  ShardSpec layout = spec;
+  for (Placement& placement : layout.placements) {
+    if (!placement.is_partial()) continue;
+    check_arg(placement.reduce == ReduceOp::sum || placement.reduce == ReduceOp::avg, op,
+              "no gradient through a Partial({}) layout (only sum and avg are differentiable)",
+              reduce_op_name(placement.reduce));
+    placement = Placement::replicate();
+  }
+  return layout;
+}
+
+/// Scales a local tensor by `factor` (gradient of Partial(avg)).
+Tensor scaled(const Tensor& tensor, double factor) {
+  const Tensor source = tensor.to(Device::cpu()).to_dtype(DType::f64).contiguous();
+  Tensor result = Tensor::empty(source.shape(), DType::f64);
+  for (int64_t i = 0; i < source.numel(); ++i)
+    result.data<double>()[i] = source.data<double>()[i] * factor;
+  return result.to_dtype(tensor.dtype()).to(tensor.device());
+}
+
+const OpDef& redistribute_op() {
+  static const OpDef op{
+      "redistribute", nullptr, nullptr, nullptr,
+      [](const OpRecord& record, const std::vector<std::optional<ShardTensor>>& grads)
+          -> std::vector<std::optional<ShardTensor>> {
+        if (!grads[0]) return {std::nullopt};
+        const ShardSpec& source = record.inputs[0].spec();
+        const ShardSpec layout = gradient_layout(source, "redistribute");
+        ShardTensor grad = grads[0]->redistribute(layout.placements, layout.extents);
+        double factor = 1;
+        for (size_t m = 0; m < source.placements.size(); ++m)
+          if (source.placements[m].is_partial() && source.placements[m].reduce == ReduceOp::avg)
+            factor /= source.mesh_shape[m];
+        if (factor != 1)
+          grad = ShardTensor(scaled(grad.to_local(), factor), grad.mesh(), grad.spec());
+        return {grad};
+      }};
+  return op;
+}
+
+}  // namespace
+
+Tape::Tape() : previous_(active_tape) {
+  active_tape = this;
+}
+Tape::~Tape() {
+  active_tape = previous_;
+}
+Tape* Tape::active() {
+  return active_tape;
+}
+
+void Tape::record(OpRecord record) {
+  for (const ShardTensor& input : record.inputs)
+    if (input.requires_grad() && !produced_.count(input.id())) leaves_.emplace(input.id(), input);
+  for (const ShardTensor& output : record.outputs) produced_.insert(output.id());
+  records_.push_back(std::move(record));
+}
+
+ShardTensor add_same_shape(const ShardTensor& a, const ShardTensor& b) {
+  check_arg(a.global_shape() == b.global_shape(), "add", "shapes {} and {}", a.global_shape(),
+            b.global_shape());
+  const ShardTensor moved =
+      b.spec() == a.spec() ? b : b.redistribute(a.placements(), a.spec().extents);
+  Tensor sum = a.to_local().to(Device::cpu()).clone();
+  add_into(sum, moved.to_local().to(Device::cpu()));
+  return ShardTensor(sum.to(a.device()), a.mesh(), a.spec());
+}
+
+void Tape::backward(const ShardTensor& loss) {
+  check_arg(shape_numel(loss.global_shape()) == 1, "backward",
+            "backward() needs a scalar loss, got global shape {}", loss.global_shape());
+  const ShardSpec layout = gradient_layout(loss.spec(), "backward");
+  Tensor ones = Tensor::empty(layout.local_shape(loss.mesh().coord()), loss.dtype());
+  ones.fill(1);
+  backward(loss, ShardTensor(ones.to(loss.device()), loss.mesh(), layout));
+}
+
+void Tape::backward(const ShardTensor& output, const ShardTensor& output_grad) {
+  CommOpScope scope("backward");
+  check_arg(output_grad.global_shape() == output.global_shape(), "backward",
+            "gradient of global shape {} for an output of shape {}", output_grad.global_shape(),
+            output.global_shape());
+  Tape* previous = active_tape;
+  active_tape = nullptr;  // the backward pass itself is not recorded
+  std::map<uint64_t, ShardTensor> pending;
+  pending.emplace(output.id(), output_grad);
+  auto accumulate = [&](const ShardTensor& target, const ShardTensor& grad) {
+    auto it = pending.find(target.id());
+    if (it == pending.end())
+      pending.emplace(target.id(), grad);
+    else
+      it->second = add_same_shape(it->second, grad);
+  };
+  try {
+    for (auto record = records_.rbegin(); record != records_.rend(); ++record) {
+      std::vector<std::optional<ShardTensor>> output_grads;
+      bool any = false;
+      for (const ShardTensor& output : record->outputs) {
+        auto it = pending.find(output.id());
+        if (it == pending.end()) {
+          output_grads.emplace_back(std::nullopt);
+          continue;
+        }
+        output_grads.emplace_back(it->second);
+        pending.erase(it);
+        any = true;
+      }
+      if (!any) continue;
+      CommOpScope op_scope(record->op->name + " backward");
+      const auto input_grads = record->op->backward(*record, output_grads);
+      check_arg(input_grads.size() == record->inputs.size(), record->op->name,
+                "backward returned {} gradients for {} inputs", input_grads.size(),
+                record->inputs.size());
+      for (size_t i = 0; i < input_grads.size(); ++i)
+        if (input_grads[i] && record->inputs[i].requires_grad())
+          accumulate(record->inputs[i], *input_grads[i]);
+    }
+    // Leaves get their gradient in their own layout; pending partial sums reduce here, once.
+    for (const auto& [id, leaf] : leaves_) {
+      auto it = pending.find(id);
+      if (it == pending.end()) continue;
+      const ShardSpec layout = gradient_layout(leaf.spec(), "backward");
+      ShardTensor grad = it->second.spec() == layout
+                             ? it->second
+                             : it->second.redistribute(layout.placements, layout.extents);
+      auto existing = grads_.find(id);
+      if (existing == grads_.end())
+        grads_.emplace(id, grad);
+      else
+        existing->second = add_same_shape(existing->second, grad);
+    }
+  } catch (...) {
+    active_tape = previous;
+    throw;
+  }
+  active_tape = previous;
+}
+
+std::optional<ShardTensor> Tape::grad(const ShardTensor& leaf) const {
+  auto it = grads_.find(leaf.id());
+  if (it == grads_.end()) return std::nullopt;
+  return it->second;
+}
+
+ShardTensor redistribute_recorded(const ShardTensor& x, const ShardSpec& target) {
+  if (target == x.spec()) return x;
+  ShardTensor y = x.redistribute(target.placements, target.extents);
+  Tape* tape = Tape::active();
+  if (tape && x.requires_grad()) {
+    y.set_requires_grad(true);
+    tape->record(OpRecord{&redistribute_op(), {}, {}, {x}, {}, {}, {y}});
+  }
+  return y;
+}
+
+}  // namespace tessera

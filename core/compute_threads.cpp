@@ -1,0 +1,40 @@
+// Per-rank compute thread counts (see compute_threads.hpp).
+#include "core/compute_threads.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <thread>
+
+namespace tessera {
+
+namespace {
+
+thread_local int assigned_threads = 0;
+
+int env_int(const char* name) {
+  const char* text = std::getenv(name);
+  return text ? std::atoi(text) : 0;
+}
+
+/// Ranks of this MPI job on this node, as MPICH, Open MPI or Slurm report it (1 when unknown).
+int ranks_on_node() {
+  for (const char* name :
+       {"MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"})
+    if (const int ranks = env_int(name); ranks > 0) return ranks;
+  return 1;
+}
+
+}  // namespace
+
+int compute_threads() {
+  if (const int forced = env_int("TESSERA_THREADS_PER_RANK"); forced > 0) return forced;
+  if (assigned_threads > 0) return assigned_threads;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / ranks_on_node());
+}
+
+void set_compute_threads(int threads) {
+  assigned_threads = std::max(1, threads);
+}
+
+}  // namespace tessera

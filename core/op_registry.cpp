@@ -1,0 +1,217 @@
+// Op registry and apply_op (see op_registry.hpp).
+#include "core/op_registry.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include "core/agree.hpp"
+#include "core/autograd.hpp"
+#include "core/halo/halo_exchange.hpp"
+
+namespace tessera {
+
+void register_builtin_ops();  // ops/register_builtin_ops.cpp
+
+namespace {
+
+struct Registry {
+  std::mutex mu;
+  std::map<std::string, std::shared_ptr<const OpDef>> ops;
+  std::set<std::string> fallback_logged;
+};
+
+Registry& registry() {
+  static Registry* instance = new Registry;
+  return *instance;
+}
+
+/// The kernel for the inputs' device.
+const KernelFn& kernel_for(const OpDef& op, const std::vector<ShardTensor>& inputs) {
+  const bool cuda = !inputs.empty() && inputs[0].device().is_cuda();
+  const KernelFn& kernel = cuda ? op.cuda : op.cpu;
+  check_arg(static_cast<bool>(kernel), op.name, "no {} kernel is registered",
+            cuda ? "cuda" : "cpu");
+  return kernel;
+}
+
+bool any_requires_grad(const std::vector<ShardTensor>& inputs) {
+  for (const ShardTensor& input : inputs)
+    if (input.requires_grad()) return true;
+  return false;
+}
+
+/// An op without a rule: replicate every input, run the kernel on full tensors, and give the
+/// outputs the first input's layout when the shapes match (replicated otherwise).
+std::vector<ShardTensor> apply_fallback(const OpDef& op, const std::vector<ShardTensor>& inputs,
+                                        const OpAttrs& attrs) {
+  const DeviceMesh& mesh = inputs.at(0).mesh();
+  {
+    Registry& r = registry();
+    std::lock_guard lock(r.mu);
+    if (r.fallback_logged.insert(op.name).second && mesh.rank() == 0)
+      std::fprintf(stderr,
+                   "[tessera] op '%s' has no sharding rule: running it replicated (gather, "
+                   "compute, re-shard)\n",
+                   op.name.c_str());
+  }
+  const std::vector<Placement> replicated(mesh.ndim(), Placement::replicate());
+  std::vector<ShardTensor> full;
+  KernelContext context{mesh, attrs, {}, {}, {}, {}};
+  std::vector<Tensor> locals;
+  for (const ShardTensor& input : inputs) {
+    full.push_back(redistribute_recorded(
+        input, ShardSpec::make(input.global_shape(), mesh.shape(), replicated)));
+    context.input_specs.push_back(full.back().spec());
+    context.input_boxes.push_back(Box::of_shape(input.global_shape()));
+    locals.push_back(full.back().to_local());
+  }
+  const std::vector<Tensor> results = kernel_for(op, inputs)(context, locals);
+  std::vector<ShardTensor> outputs;
+  for (const Tensor& result : results) {
+    ShardTensor output(result, mesh, ShardSpec::make(result.shape(), mesh.shape(), replicated));
+    if (result.shape() == inputs[0].global_shape()) {
+      std::vector<Placement> placements = inputs[0].placements();
+      for (Placement& placement : placements)
+        if (placement.is_partial()) placement = Placement::replicate();
+      output = output.redistribute(placements, inputs[0].spec().extents);
+    }
+    outputs.push_back(output);
+  }
+  return outputs;
+}
+
+}  // namespace
+
+void register_op(OpDef op) {
+  check_arg(!op.name.empty(), "ops", "an op needs a name");
+  Registry& r = registry();
+  std::lock_guard lock(r.mu);
+  const std::string name = op.name;
+  r.ops[name] = std::make_shared<const OpDef>(std::move(op));
+}
+
+const OpDef& find_op(const std::string& name) {
+  static std::once_flag builtins;
+  std::call_once(builtins, [] { register_builtin_ops(); });
+  Registry& r = registry();
+  std::lock_guard lock(r.mu);
+  const auto it = r.ops.find(name);
+  if (it == r.ops.end()) {
+    std::vector<std::string> names;
+    for (const auto& entry : r.ops) names.push_back(entry.first);
+    throw InvalidArgument("ops", fmt::format("no op named '{}' (registered: {})", name, names));
+  }
+  return *it->second;
+}
+
+std::vector<std::string> registered_ops() {
+  find_op("relu");  // makes sure the built-in ops are registered
+  Registry& r = registry();
+  std::lock_guard lock(r.mu);
+  std::vector<std::string> names;
+  for (const auto& entry : r.ops) names.push_back(entry.first);
+  return names;
+}
+
+std::shared_ptr<const HaloPlan> cached_halo_plan(const ShardSpec& spec, const HaloNeed& need,
+                                                 int rank) {
+  static std::mutex mu;
+  static std::map<std::string, std::shared_ptr<const HaloPlan>> cache;
+  std::string key = spec.str();
+  for (const Box& box : need.needed) key += box.str();
+  for (BoundaryMode mode : need.boundary) key += mode == BoundaryMode::zero ? 'z' : 'p';
+  key += fmt::format("@{}", rank);
+  {
+    std::lock_guard lock(mu);
+    if (auto it = cache.find(key); it != cache.end()) return it->second;
+  }
+  auto plan =
+      std::make_shared<const HaloPlan>(HaloPlan::build(spec, need.needed, need.boundary, rank));
+  std::lock_guard lock(mu);
+  if (cache.size() > 4096) cache.clear();
+  return cache.emplace(key, plan).first->second;
+}
+
+std::vector<ShardTensor> apply_op(const std::string& name, const std::vector<ShardTensor>& inputs,
+                                  const OpAttrs& attrs) {
+  const OpDef& op = find_op(name);
+  CommOpScope scope(name);
+  check_arg(!inputs.empty(), name, "an op needs at least one input");
+  const DeviceMesh& mesh = inputs[0].mesh();
+  for (const ShardTensor& input : inputs)
+    check_arg(input.mesh().comm_ptr() == mesh.comm_ptr() && input.mesh().shape() == mesh.shape(),
+              name, "inputs live on different meshes ({} and {})", mesh.str(), input.mesh().str());
+  if (!op.rule) return apply_fallback(op, inputs, attrs);
+
+  std::vector<ShardSpec> specs;
+  for (const ShardTensor& input : inputs) specs.push_back(input.spec());
+  // A rule is a pure function of layouts and attributes that every rank shares, so its
+  // verdict on bad input is the same everywhere: raise it as an agreed error.
+  OpRule rule;
+  try {
+    rule = op.rule(specs, attrs);
+  } catch (const AgreedError&) {
+    throw;
+  } catch (const InvalidArgument& error) {
+    const std::string text = error.what();
+    throw AgreedError(error.op(), text.substr(text.find("] ") + 2));
+  }
+  check_arg(rule.inputs.size() == inputs.size() && rule.halos.size() == inputs.size(), name,
+            "the rule returned {} input layouts and {} halos for {} inputs", rule.inputs.size(),
+            rule.halos.size(), inputs.size());
+
+  // 1. Inputs in the layouts the rule asks for (recorded, so gradients flow back).
+  std::vector<ShardTensor> ready;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    ready.push_back(inputs[i].spec() == rule.inputs[i]
+                        ? inputs[i]
+                        : redistribute_recorded(inputs[i], rule.inputs[i]));
+  // 2. Halos: start every exchange, then finish them.
+  KernelContext context{mesh, attrs, rule.inputs, {}, rule.outputs, {}};
+  std::vector<std::shared_ptr<const HaloPlan>> plans(inputs.size());
+  std::vector<HaloExchange> exchanges;
+  std::vector<size_t> exchanged;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!rule.halos[i]) continue;
+    plans[i] = cached_halo_plan(rule.inputs[i], *rule.halos[i], mesh.rank());
+    exchanges.push_back(
+        halo_begin(*plans[i], ready[i].to_local(), mesh.comm(), static_cast<int>(i)));
+    exchanged.push_back(i);
+  }
+  std::vector<Tensor> locals(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    locals[i] = ready[i].to_local();
+    context.input_boxes.push_back(plans[i] ? plans[i]->needed_box() : ready[i].local_box());
+  }
+  for (size_t e = 0; e < exchanges.size(); ++e) locals[exchanged[e]] = halo_end(exchanges[e]);
+  for (const ShardSpec& spec : rule.outputs)
+    context.output_boxes.push_back(spec.local_box(mesh.coord()));
+
+  // 3. The kernel, 4. the outputs.
+  const std::vector<Tensor> results = kernel_for(op, inputs)(context, locals);
+  check_arg(results.size() == rule.outputs.size(), name,
+            "the kernel returned {} outputs, the rule promised {}", results.size(),
+            rule.outputs.size());
+  std::vector<ShardTensor> outputs;
+  for (size_t o = 0; o < results.size(); ++o) {
+    check_arg(results[o].shape() == context.output_boxes[o].shape(), name,
+              "the kernel's output {} has shape {} on rank {}, the rule's layout says {}", o,
+              results[o].shape(), mesh.rank(), context.output_boxes[o].shape());
+    outputs.emplace_back(results[o], mesh, rule.outputs[o]);
+  }
+
+  // 5. Record for autograd.
+  Tape* tape = Tape::active();
+  if (tape && op.backward && any_requires_grad(ready)) {
+    for (ShardTensor& output : outputs) output.set_requires_grad(true);
+    tape->record(OpRecord{&op, attrs, std::move(rule), ready, locals, plans, outputs});
+  }
+  return outputs;
+}
+
+}  // namespace tessera

@@ -1,0 +1,49 @@
+// Local (single-rank, unsharded) convolution kernels for conv1d/2d/3d on cpu tensors: forward,
+// backward data, backward weight and backward bias of a "valid" (unpadded) convolution. The
+// sharded conv op pads and exchanges halos itself, then calls these on the haloed local piece.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.hpp"
+
+namespace tessera::ops {
+
+/// Which implementation runs a conv: automatic (oneDNN for f32 when compiled in, else the
+/// reference), the plain C++ reference, or oneDNN (f32 only; throws when not compiled in).
+enum class ConvBackend : uint8_t { automatic, reference, onednn };
+
+/// Stride, dilation (one entry per spatial dim: 1, 2 or 3 of them; empty means all 1) and groups.
+struct ConvGeometry {
+  std::vector<int64_t> stride;    // per spatial dim, >= 1
+  std::vector<int64_t> dilation;  // per spatial dim, >= 1
+  int64_t groups = 1;
+};
+
+/// Output spatial extents of a valid conv: floor((S - d*(K-1) - 1)/s) + 1, or 0 when
+/// S < d*(K-1)+1; returned as the full output shape [N, Cout, O..].
+Shape conv_output_shape(const Shape& x_shape, const Shape& w_shape, const ConvGeometry& geometry);
+
+/// y[N,Cout,O..] = valid conv of x[N,Cin,S..] with w[Cout,Cin/groups,K..]
+/// (+ bias[Cout] if bias != nullptr).
+Tensor conv_forward(const Tensor& x, const Tensor& w, const Tensor* bias,
+                    const ConvGeometry& geometry, ConvBackend backend = ConvBackend::automatic);
+
+/// dx with shape x_shape from dy (positions no output reads get 0).
+Tensor conv_backward_data(const Tensor& dy, const Tensor& w, const Shape& x_shape,
+                          const ConvGeometry& geometry,
+                          ConvBackend backend = ConvBackend::automatic);
+
+/// dw with shape w_shape from x and dy.
+Tensor conv_backward_weight(const Tensor& x, const Tensor& dy, const Shape& w_shape,
+                            const ConvGeometry& geometry,
+                            ConvBackend backend = ConvBackend::automatic);
+
+/// db[Cout] = sum of dy over N and all spatial positions.
+Tensor conv_backward_bias(const Tensor& dy);
+
+/// True when the oneDNN path was compiled in.
+bool conv_onednn_available();
+
+}  // namespace tessera::ops

@@ -1,0 +1,227 @@
+// The sharded convolution: rule (output ownership, halo), kernel call and backward.
+//
+// Along a spatial dim with input extent L, kernel K, stride s, dilation d and padding (lo, hi),
+// output o reads input indices o*s - lo + j*d, j < K. Output o is owned by the rank that owns
+// input clamp(o*s, 0, L-1); a rank owning outputs [a, b) needs inputs [a*s - lo,
+// (b-1)*s - lo + d*(K-1) + 1), which the halo plan fills (zeros or a periodic wrap past the
+// global edges). The local kernel then runs a valid (unpadded) convolution on the haloed
+// piece, so sharded and unsharded calls run the same code.
+#include "ops/conv/conv_op.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "core/halo/halo_exchange.hpp"
+#include "core/op_registry.hpp"
+#include "ops/conv/conv_kernels.hpp"
+#include "ops/op_helpers.hpp"
+
+namespace tessera::ops {
+
+namespace {
+
+/// Per-spatial-dim geometry resolved from the attrs.
+struct ConvDims {
+  int spatial = 0;
+  std::vector<int64_t> stride, dilation, pad_lo, pad_hi, kernel, input, output;
+  int64_t groups = 1;
+  bool circular = false;
+};
+
+ConvDims resolve(const Shape& x, const Shape& w, const OpAttrs& attrs) {
+  ConvDims dims;
+  check_arg(x.size() >= 3 && x.size() <= 5, "conv",
+            "expected a 3-d, 4-d or 5-d input [N, C, spatial..], got shape {}", x);
+  dims.spatial = static_cast<int>(x.size()) - 2;
+  check_arg(w.size() == x.size(), "conv",
+            "weight of shape {} for an input of shape {} (conv{}d needs a {}-d weight)", w, x,
+            dims.spatial, x.size());
+  dims.groups = attrs.get_int("groups", 1);
+  check_arg(dims.groups >= 1 && x[1] % dims.groups == 0 && w[0] % dims.groups == 0, "conv",
+            "channels {} (input) and {} (output) must be divisible by groups {}", x[1], w[0],
+            dims.groups);
+  check_arg(w[1] * dims.groups == x[1], "conv",
+            "weight expects {} input channels per group ({} in all), the input has {}", w[1],
+            w[1] * dims.groups, x[1]);
+  dims.circular = attrs.get_string("padding_mode", "zeros") == "circular";
+  auto per_dim = [&](const char* name, int64_t fallback) {
+    std::vector<int64_t> values =
+        attrs.has(name) ? attrs.get_ints(name) : std::vector<int64_t>{fallback};
+    if (values.size() == 1) values.assign(dims.spatial, values[0]);
+    check_arg(static_cast<int>(values.size()) == dims.spatial, "conv", "{} {} for conv{}d", name,
+              values, dims.spatial);
+    return values;
+  };
+  dims.stride = per_dim("stride", 1);
+  dims.dilation = per_dim("dilation", 1);
+  dims.pad_lo = per_dim("pad_lo", 0);
+  dims.pad_hi = per_dim("pad_hi", 0);
+  for (int i = 0; i < dims.spatial; ++i) {
+    check_arg(
+        dims.stride[i] >= 1 && dims.dilation[i] >= 1 && dims.pad_lo[i] >= 0 && dims.pad_hi[i] >= 0,
+        "conv", "stride {}, dilation {} and padding ({}, {}) must be positive / non-negative",
+        dims.stride, dims.dilation, dims.pad_lo, dims.pad_hi);
+    const int64_t length = x[2 + i], kernel = w[2 + i];
+    const int64_t span = dims.dilation[i] * (kernel - 1) + 1;
+    const int64_t padded = length + dims.pad_lo[i] + dims.pad_hi[i];
+    check_arg(span <= padded, "conv",
+              "kernel extent {} (dilation {}) is larger than the padded input extent {} along "
+              "spatial dim {}",
+              kernel, dims.dilation[i], padded, i);
+    check_arg(!dims.circular || (dims.pad_lo[i] <= length && dims.pad_hi[i] <= length), "conv",
+              "circular padding ({}, {}) larger than the input extent {} along spatial dim {}",
+              dims.pad_lo[i], dims.pad_hi[i], length, i);
+    dims.kernel.push_back(kernel);
+    dims.input.push_back(length);
+    dims.output.push_back((padded - span) / dims.stride[i] + 1);
+  }
+  return dims;
+}
+
+/// Outputs owned by each part of a split of the input: output o goes to the owner of input
+/// clamp(o*stride, 0, L-1).
+std::vector<int64_t> output_extents(const std::vector<int64_t>& input_extents, int64_t length,
+                                    int64_t outputs, int64_t stride) {
+  const std::vector<int64_t> offsets = offsets_of(input_extents);
+  std::vector<int64_t> counts(input_extents.size(), 0);
+  for (int64_t o = 0; o < outputs; ++o)
+    ++counts[owner_of(std::clamp<int64_t>(o * stride, 0, length - 1), input_extents)];
+  return counts;
+}
+
+OpRule conv_rule(const std::vector<ShardSpec>& inputs, const OpAttrs& attrs) {
+  check_arg(inputs.size() == 2 || inputs.size() == 3, "conv", "expects inputs x, w[, b], got {}",
+            inputs.size());
+  const ShardSpec& x_given = inputs[0];
+  const ConvDims dims = resolve(x_given.global_shape, inputs[1].global_shape, attrs);
+  if (inputs.size() == 3)
+    check_arg(inputs[2].global_shape == Shape{inputs[1].global_shape[0]}, "conv",
+              "bias of shape {}, expected [{}]", inputs[2].global_shape, inputs[1].global_shape[0]);
+  // x: channels whole, no pending partial sums; w and b replicated.
+  ShardSpec x = without_partial(x_given);
+  for (size_t m = 0; m < x.placements.size(); ++m)
+    if (x.placements[m].is_shard() && x.placements[m].dim == 1) {
+      x.placements[m] = Placement::replicate();
+      x.extents[m].clear();
+    }
+  const std::vector<Placement> replicated(x.mesh_shape.size(), Placement::replicate());
+  OpRule rule;
+  rule.inputs.push_back(x);
+  for (size_t i = 1; i < inputs.size(); ++i)
+    rule.inputs.push_back(ShardSpec::make(inputs[i].global_shape, x.mesh_shape, replicated));
+
+  Shape out_shape{x.global_shape[0], inputs[1].global_shape[0]};
+  for (int i = 0; i < dims.spatial; ++i) out_shape.push_back(dims.output[i]);
+  std::vector<std::vector<int64_t>> out_extents(x.mesh_shape.size());
+  for (size_t m = 0; m < x.mesh_shape.size(); ++m) {
+    if (!x.placements[m].is_shard()) continue;
+    const int dim = x.placements[m].dim;
+    out_extents[m] = dim == 0 ? x.extents[m]
+                              : output_extents(x.extents[m], dims.input[dim - 2],
+                                               dims.output[dim - 2], dims.stride[dim - 2]);
+  }
+  const ShardSpec y = ShardSpec::make(out_shape, x.mesh_shape, x.placements, out_extents, "conv");
+  rule.outputs.push_back(y);
+
+  // Halo of x: every rank's outputs, mapped back to the input range they read.
+  HaloNeed need;
+  need.boundary.assign(x.global_shape.size(), BoundaryMode::zero);
+  for (int i = 0; i < dims.spatial; ++i)
+    need.boundary[2 + i] = dims.circular ? BoundaryMode::periodic : BoundaryMode::zero;
+  for (int rank = 0; rank < mesh_size(x.mesh_shape); ++rank) {
+    Box box = x.local_box_of_rank(rank);
+    const Box out_box = y.local_box_of_rank(rank);
+    for (int i = 0; i < dims.spatial; ++i) {
+      const int64_t first = out_box.lo[2 + i], last = out_box.hi[2 + i];
+      box.lo[2 + i] = first * dims.stride[i] - dims.pad_lo[i];
+      box.hi[2 + i] = last > first ? (last - 1) * dims.stride[i] - dims.pad_lo[i] +
+                                         dims.dilation[i] * (dims.kernel[i] - 1) + 1
+                                   : box.lo[2 + i];
+    }
+    need.needed.push_back(box);
+  }
+  rule.halos.push_back(need);
+  for (size_t i = 1; i < inputs.size(); ++i) rule.halos.push_back(std::nullopt);
+  return rule;
+}
+
+ConvGeometry geometry_of(const OpAttrs& attrs, const Shape& x, const Shape& w) {
+  const ConvDims dims = resolve(x, w, attrs);
+  return ConvGeometry{dims.stride, dims.dilation, dims.groups};
+}
+
+std::vector<Tensor> conv_cpu(const KernelContext& context, const std::vector<Tensor>& inputs) {
+  const ConvGeometry geometry = geometry_of(context.attrs, context.input_specs[0].global_shape,
+                                            context.input_specs[1].global_shape);
+  const Tensor* bias = inputs.size() == 3 ? &inputs[2] : nullptr;
+  return {conv_forward(inputs[0], inputs[1], bias, geometry)};
+}
+
+std::vector<std::optional<ShardTensor>> conv_backward(
+    const OpRecord& record, const std::vector<std::optional<ShardTensor>>& grads) {
+  const ShardTensor& x = record.inputs[0];
+  const ShardTensor& w = record.inputs[1];
+  const ConvGeometry geometry = geometry_of(record.attrs, x.global_shape(), w.global_shape());
+  const ShardSpec& y = record.outputs[0].spec();
+  const ShardTensor g =
+      grads[0]->spec() == y ? *grads[0] : grads[0]->redistribute(y.placements, y.extents);
+  const Tensor& x_haloed = record.kernel_inputs[0];
+  const Tensor g_local = g.to_local().contiguous();
+  // dx: gradient of the haloed piece, its halo cells sent back to their owners and added.
+  const Tensor dx_haloed = conv_backward_data(g_local, w.to_local(), x_haloed.shape(), geometry);
+  const Tensor dx = halo_adjoint(*record.plans[0], dx_haloed, x.mesh().comm());
+  std::vector<std::optional<ShardTensor>> result;
+  result.emplace_back(ShardTensor(dx, x.mesh(), x.spec()));
+  // dw, db: local sums over this rank's outputs; partial along the mesh dims that shard x.
+  result.emplace_back(
+      ShardTensor(conv_backward_weight(x_haloed, g_local, w.to_local().shape(), geometry), w.mesh(),
+                  partial_over_sharding(x.spec(), w.global_shape())));
+  if (record.inputs.size() == 3)
+    result.emplace_back(
+        ShardTensor(conv_backward_bias(g_local), w.mesh(),
+                    partial_over_sharding(x.spec(), record.inputs[2].global_shape())));
+  return result;
+}
+
+}  // namespace
+
+void register_conv_op() {
+  register_op(OpDef{"conv", conv_rule, conv_cpu, nullptr, conv_backward});
+}
+
+ShardTensor conv(const ShardTensor& x, const ShardTensor& w, const std::optional<ShardTensor>& b,
+                 const ConvOptions& options) {
+  const int spatial =
+      x.spec().global_shape.size() >= 3 ? static_cast<int>(x.global_shape().size()) - 2 : 1;
+  auto per_dim = [&](std::vector<int64_t> values) {
+    if (values.size() == 1) values.assign(spatial, values[0]);
+    return values;
+  };
+  std::vector<int64_t> stride = per_dim(options.stride), dilation = per_dim(options.dilation);
+  std::vector<int64_t> lo = per_dim(options.padding);
+  std::vector<int64_t> hi = options.padding_hi.empty() ? lo : per_dim(options.padding_hi);
+  if (options.padding_name == "valid") {
+    lo.assign(spatial, 0);
+    hi.assign(spatial, 0);
+  } else if (options.padding_name == "same") {
+    for (int i = 0; i < spatial && i + 2 < static_cast<int>(w.global_shape().size()); ++i) {
+      check_arg(stride[i] == 1, "conv", "padding 'same' needs stride 1, got stride {}", stride);
+      const int64_t total = dilation[i] * (w.global_shape()[2 + i] - 1);
+      lo[i] = total / 2;
+      hi[i] = total - lo[i];
+    }
+  } else {
+    check_arg(options.padding_name.empty(), "conv",
+              "padding '{}' (expected same, valid or explicit sizes)", options.padding_name);
+  }
+  check_arg(options.padding_mode == "zeros" || options.padding_mode == "circular", "conv",
+            "padding mode '{}' (expected zeros or circular)", options.padding_mode);
+  OpAttrs attrs;
+  attrs.set("stride", stride).set("dilation", dilation).set("pad_lo", lo).set("pad_hi", hi);
+  attrs.set("groups", options.groups).set("padding_mode", options.padding_mode);
+  std::vector<ShardTensor> inputs{x, w};
+  if (b) inputs.push_back(*b);
+  return apply_op("conv", inputs, attrs)[0];
+}
+
+}  // namespace tessera::ops

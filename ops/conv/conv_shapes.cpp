@@ -1,0 +1,259 @@
+// Public conv entry points: argument validation, output shapes, empty problems, and the choice
+// between the reference and oneDNN backends. The backends assume everything checked here.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include "ops/conv/conv_kernels.hpp"
+#include "ops/conv/conv_onednn.hpp"
+#include "ops/conv/conv_problem.hpp"
+#include "ops/conv/conv_reference.hpp"
+
+namespace tessera::ops {
+namespace {
+
+constexpr std::string_view kOp = "conv";
+
+// "(2,3,4)": the shape notation of error messages.
+std::string shape_text(const Shape& shape) {
+  return fmt::format("({})", fmt::join(shape, ","));
+}
+
+// The number of spatial dims a geometry asks for; with neither stride nor dilation given, the
+// input's rank decides.
+int spatial_dims_of(const ConvGeometry& geometry, const Shape& x_shape) {
+  if (!geometry.stride.empty()) return static_cast<int>(geometry.stride.size());
+  if (!geometry.dilation.empty()) return static_cast<int>(geometry.dilation.size());
+  return static_cast<int>(x_shape.size()) - 2;
+}
+
+// Validates shapes and geometry of a valid conv of x_shape with w_shape and returns the problem.
+// An input smaller than the dilated kernel is legal: its output extent is 0.
+ConvProblem make_problem(const Shape& x_shape, const Shape& w_shape, const ConvGeometry& geometry,
+                         DType dtype) {
+  const int dims = spatial_dims_of(geometry, x_shape);
+  if (geometry.stride.empty() && geometry.dilation.empty())
+    check_arg(dims >= 1 && dims <= 3, kOp,
+              "expected a 3-, 4- or 5-d input for conv1d/2d/3d, got shape {}", shape_text(x_shape));
+  check_arg(dims >= 1 && dims <= 3, kOp,
+            "stride and dilation name {} spatial dims, expected 1, 2 or 3", dims);
+  check_arg(geometry.stride.empty() || static_cast<int>(geometry.stride.size()) == dims, kOp,
+            "stride has {} entries, expected {} (one per spatial dim)", geometry.stride.size(),
+            dims);
+  check_arg(geometry.dilation.empty() || static_cast<int>(geometry.dilation.size()) == dims, kOp,
+            "dilation has {} entries, expected {} (one per spatial dim)", geometry.dilation.size(),
+            dims);
+  check_arg(static_cast<int>(x_shape.size()) == dims + 2, kOp,
+            "expected a {}-d input for conv{}d, got shape {}", dims + 2, dims, shape_text(x_shape));
+  check_arg(static_cast<int>(w_shape.size()) == dims + 2, kOp,
+            "expected a {}-d weight for conv{}d, got shape {}", dims + 2, dims,
+            shape_text(w_shape));
+  for (int64_t extent : x_shape)
+    check_arg(extent >= 0, kOp, "input shape {} has a negative extent", shape_text(x_shape));
+  for (int64_t extent : w_shape)
+    check_arg(extent >= 0, kOp, "weight shape {} has a negative extent", shape_text(w_shape));
+  check_arg(geometry.groups >= 1, kOp, "groups {} must be >= 1", geometry.groups);
+
+  ConvProblem problem;
+  problem.spatial_dims = dims;
+  problem.dtype = dtype;
+  problem.batch = x_shape[0];
+  problem.in_channels = x_shape[1];
+  problem.out_channels = w_shape[0];
+  problem.groups = geometry.groups;
+  check_arg(problem.in_channels % problem.groups == 0, kOp,
+            "input channels {} not divisible by groups {}", problem.in_channels, problem.groups);
+  check_arg(problem.out_channels % problem.groups == 0, kOp,
+            "output channels {} not divisible by groups {}", problem.out_channels, problem.groups);
+  check_arg(w_shape[1] == problem.in_channels_per_group(), kOp,
+            "weight shape {} has {} input channels per group, expected {} (input channels {} / "
+            "groups {})",
+            shape_text(w_shape), w_shape[1], problem.in_channels_per_group(), problem.in_channels,
+            problem.groups);
+
+  for (int d = 0; d < dims; ++d) {
+    const int slot = 3 - dims + d;  // the (depth, height, width) slot of spatial dim d
+    const int64_t stride = geometry.stride.empty() ? 1 : geometry.stride[d];
+    const int64_t dilation = geometry.dilation.empty() ? 1 : geometry.dilation[d];
+    const int64_t kernel = w_shape[2 + d];
+    const int64_t input = x_shape[2 + d];
+    check_arg(stride >= 1, kOp, "stride {} along spatial dim {} must be >= 1", stride, d);
+    check_arg(dilation >= 1, kOp, "dilation {} along spatial dim {} must be >= 1", dilation, d);
+    check_arg(kernel >= 1, kOp, "kernel extent {} along spatial dim {} must be >= 1 (weight {})",
+              kernel, d, shape_text(w_shape));
+    const int64_t span = dilation * (kernel - 1) + 1;  // input positions one output reads
+    problem.stride[slot] = stride;
+    problem.dilation[slot] = dilation;
+    problem.kernel[slot] = kernel;
+    problem.input[slot] = input;
+    problem.output[slot] = input < span ? 0 : (input - span) / stride + 1;
+  }
+  return problem;
+}
+
+void check_tensor(const Tensor& tensor, std::string_view name) {
+  check_arg(tensor.device().is_cpu(), kOp, "expected cpu tensors, got {} on {}", name,
+            tensor.device().str());
+  check_arg(tensor.dtype() == DType::f32 || tensor.dtype() == DType::f64, kOp,
+            "expected f32 or f64 tensors, got {} of dtype {}", name, dtype_name(tensor.dtype()));
+}
+
+void check_same_dtype(const Tensor& a, std::string_view a_name, const Tensor& b,
+                      std::string_view b_name) {
+  check_tensor(a, a_name);
+  check_tensor(b, b_name);
+  check_arg(a.dtype() == b.dtype(), kOp, "{} is {} but {} is {}", a_name, dtype_name(a.dtype()),
+            b_name, dtype_name(b.dtype()));
+}
+
+void check_output_gradient(const Tensor& dy, const ConvProblem& problem) {
+  check_arg(dy.shape() == problem.y_shape(), kOp,
+            "dy has shape {}, expected {} (the output of input {} and weight {})",
+            shape_text(dy.shape()), shape_text(problem.y_shape()), shape_text(problem.x_shape()),
+            shape_text(problem.w_shape()));
+}
+
+// True when `backend` resolves to oneDNN for `dtype`; throws when oneDNN was asked for but
+// cannot run this dtype or was not compiled in.
+bool use_onednn(ConvBackend backend, DType dtype) {
+  switch (backend) {
+    case ConvBackend::reference: return false;
+    case ConvBackend::automatic: return dtype == DType::f32 && conv_onednn_available();
+    case ConvBackend::onednn:
+      if (!conv_onednn_available())
+        throw NotAvailable(std::string(kOp),
+                           "backend onednn requested but Tessera was built without oneDNN");
+      check_arg(dtype == DType::f32, kOp, "backend onednn supports f32 only, got {}",
+                dtype_name(dtype));
+      return true;
+  }
+  throw InvalidArgument(std::string(kOp),
+                        fmt::format("unknown backend code {}", static_cast<int>(backend)));
+}
+
+// y[n, c, ...] = bias[c] (or 0): the output of a conv that reads no input channel.
+void fill_with_bias(Tensor& y, const Tensor* bias) {
+  if (bias == nullptr) {
+    y.fill(0.0);
+    return;
+  }
+  const Tensor bias_values = bias->contiguous();
+  const int64_t batch = y.shape(0);
+  const int64_t channels = y.shape(1);
+  const int64_t plane = channels == 0 || batch == 0 ? 0 : y.numel() / (batch * channels);
+  dispatch_dtype(y.dtype(), [&]<typename T>() {
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      const T* b = bias_values.data<T>();
+      T* out = y.data<T>();
+      for (int64_t n = 0; n < batch; ++n)
+        for (int64_t c = 0; c < channels; ++c)
+          for (int64_t i = 0; i < plane; ++i) *out++ = b[c];
+    }
+  });
+}
+
+}  // namespace
+
+Shape conv_output_shape(const Shape& x_shape, const Shape& w_shape, const ConvGeometry& geometry) {
+  return make_problem(x_shape, w_shape, geometry, DType::f32).y_shape();
+}
+
+Tensor conv_forward(const Tensor& x, const Tensor& w, const Tensor* bias,
+                    const ConvGeometry& geometry, ConvBackend backend) {
+  check_same_dtype(x, "x", w, "w");
+  const ConvProblem problem = make_problem(x.shape(), w.shape(), geometry, x.dtype());
+  if (bias != nullptr) {
+    check_same_dtype(x, "x", *bias, "bias");
+    check_arg(bias->shape() == Shape{problem.out_channels}, kOp,
+              "bias has shape {}, expected ({}) (one entry per output channel)",
+              shape_text(bias->shape()), problem.out_channels);
+  }
+  const bool onednn = use_onednn(backend, problem.dtype);
+
+  Tensor y = Tensor::empty(problem.y_shape(), problem.dtype);
+  if (y.numel() == 0) return y;
+  if (problem.in_channels_per_group() == 0) {
+    fill_with_bias(y, bias);
+    return y;
+  }
+  const Tensor x_values = x.contiguous();
+  const Tensor w_values = w.contiguous();
+  const Tensor bias_values = bias != nullptr ? bias->contiguous() : Tensor();
+  const Tensor* bias_pointer = bias != nullptr ? &bias_values : nullptr;
+  if (onednn)
+    conv_forward_onednn(problem, x_values, w_values, bias_pointer, y);
+  else
+    conv_forward_reference(problem, x_values, w_values, bias_pointer, y);
+  return y;
+}
+
+Tensor conv_backward_data(const Tensor& dy, const Tensor& w, const Shape& x_shape,
+                          const ConvGeometry& geometry, ConvBackend backend) {
+  check_same_dtype(dy, "dy", w, "w");
+  const ConvProblem problem = make_problem(x_shape, w.shape(), geometry, dy.dtype());
+  check_output_gradient(dy, problem);
+  const bool onednn = use_onednn(backend, problem.dtype);
+
+  if (dy.numel() == 0 || w.numel() == 0) return Tensor::zeros(x_shape, problem.dtype);
+  Tensor dx = Tensor::empty(x_shape, problem.dtype);
+  if (dx.numel() == 0) return dx;
+  const Tensor dy_values = dy.contiguous();
+  const Tensor w_values = w.contiguous();
+  if (onednn)
+    conv_backward_data_onednn(problem, dy_values, w_values, dx);
+  else
+    conv_backward_data_reference(problem, dy_values, w_values, dx);
+  return dx;
+}
+
+Tensor conv_backward_weight(const Tensor& x, const Tensor& dy, const Shape& w_shape,
+                            const ConvGeometry& geometry, ConvBackend backend) {
+  check_same_dtype(x, "x", dy, "dy");
+  const ConvProblem problem = make_problem(x.shape(), w_shape, geometry, x.dtype());
+  check_output_gradient(dy, problem);
+  const bool onednn = use_onednn(backend, problem.dtype);
+
+  if (dy.numel() == 0 || x.numel() == 0) return Tensor::zeros(w_shape, problem.dtype);
+  Tensor dw = Tensor::empty(w_shape, problem.dtype);
+  if (dw.numel() == 0) return dw;
+  const Tensor x_values = x.contiguous();
+  const Tensor dy_values = dy.contiguous();
+  if (onednn)
+    conv_backward_weight_onednn(problem, x_values, dy_values, dw);
+  else
+    conv_backward_weight_reference(problem, x_values, dy_values, dw);
+  return dw;
+}
+
+Tensor conv_backward_bias(const Tensor& dy) {
+  check_tensor(dy, "dy");
+  check_arg(dy.ndim() >= 3 && dy.ndim() <= 5, kOp,
+            "expected a 3-, 4- or 5-d dy for conv1d/2d/3d, got shape {}", shape_text(dy.shape()));
+  const int64_t batch = dy.shape(0);
+  const int64_t channels = dy.shape(1);
+  Tensor db = Tensor::zeros({channels}, dy.dtype());
+  if (dy.numel() == 0) return db;
+  const Tensor dy_values = dy.contiguous();
+  const int64_t plane = dy.numel() / (batch * channels);
+  // Sums run in double for both dtypes: a bias gradient adds up N * |O| terms per channel.
+  dispatch_dtype(dy.dtype(), [&]<typename T>() {
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      const T* in = dy_values.data<T>();
+      T* out = db.data<T>();
+      for (int64_t c = 0; c < channels; ++c) {
+        double sum = 0.0;
+        for (int64_t n = 0; n < batch; ++n) {
+          const T* row = in + (n * channels + c) * plane;
+          for (int64_t i = 0; i < plane; ++i) sum += row[i];
+        }
+        out[c] = static_cast<T>(sum);
+      }
+    }
+  });
+  return db;
+}
+
+}  // namespace tessera::ops

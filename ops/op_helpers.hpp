@@ -1,0 +1,80 @@
+// Helpers shared by the built-in ops' rules and kernels.
+#pragma once
+
+#include <cmath>
+#include <type_traits>
+
+#include "core/op_registry.hpp"
+#include "core/shard_tensor.hpp"
+
+namespace tessera::ops {
+
+/// `spec` with every Partial placement replaced by Replicate (the layout a non-linear op needs).
+ShardSpec without_partial(const ShardSpec& spec);
+
+/// Layout of a gradient of a parameter of `param_shape` computed locally from activations laid
+/// out as `activation`: Partial(sum) along mesh dims that shard the activation (every rank
+/// saw different elements), Replicate along the others.
+ShardSpec partial_over_sharding(const ShardSpec& activation, const Shape& param_shape);
+
+/// Applies `fn(double) -> double` to every element of a floating cpu tensor (any strides);
+/// returns a contiguous tensor of the same dtype. f16/bf16 compute in float.
+template <typename Fn>
+Tensor map_elements(const Tensor& input, Fn&& fn);
+
+/// Same as map_elements with two same-shape inputs: fn(a, b).
+template <typename Fn>
+Tensor zip_elements(const Tensor& a, const Tensor& b, Fn&& fn);
+
+/// Throws InvalidArgument unless `tensor` is a floating cpu tensor.
+void require_floating_cpu(const Tensor& tensor, const std::string& op);
+
+template <typename Fn>
+Tensor map_elements(const Tensor& input, Fn&& fn) {
+  const Tensor source = input.contiguous();
+  Tensor result = Tensor::empty(source.shape(), source.dtype());
+  const int64_t count = source.numel();
+  dispatch_dtype(source.dtype(), [&]<typename T>() {
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> ||
+                  std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+      using Compute = std::conditional_t<std::is_same_v<T, double>, double, float>;
+      const T* in = static_cast<const T*>(source.raw_data());
+      T* out = static_cast<T*>(result.raw_data());
+      for (int64_t i = 0; i < count; ++i)
+        out[i] = T(static_cast<Compute>(fn(static_cast<Compute>(in[i]))));
+    } else {
+      throw InvalidArgument("ops",
+                            fmt::format("elementwise op on a {} tensor (floating dtypes only)",
+                                        dtype_name(source.dtype())));
+    }
+  });
+  return result;
+}
+
+template <typename Fn>
+Tensor zip_elements(const Tensor& a, const Tensor& b, Fn&& fn) {
+  check_arg(a.shape() == b.shape() && a.dtype() == b.dtype(), "ops", "elementwise {} and {}",
+            a.str(), b.str());
+  const Tensor left = a.contiguous(), right = b.contiguous();
+  Tensor result = Tensor::empty(left.shape(), left.dtype());
+  const int64_t count = left.numel();
+  dispatch_dtype(left.dtype(), [&]<typename T>() {
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> ||
+                  std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+      using Compute = std::conditional_t<std::is_same_v<T, double>, double, float>;
+      const T* x = static_cast<const T*>(left.raw_data());
+      const T* y = static_cast<const T*>(right.raw_data());
+      T* out = static_cast<T*>(result.raw_data());
+      for (int64_t i = 0; i < count; ++i)
+        out[i] =
+            T(static_cast<Compute>(fn(static_cast<Compute>(x[i]), static_cast<Compute>(y[i]))));
+    } else {
+      throw InvalidArgument("ops",
+                            fmt::format("elementwise op on a {} tensor (floating dtypes only)",
+                                        dtype_name(left.dtype())));
+    }
+  });
+  return result;
+}
+
+}  // namespace tessera::ops

@@ -1,0 +1,136 @@
+// Pointwise ops: unary (relu, gelu, silu, tanh, exp, scale) and binary (add, sub, mul, div,
+// bias_add) with a replicated operand broadcast. Rules, cpu kernels and backward.
+//
+// Layouts: a unary op keeps its input's layout (a non-linear one reduces Partial dims first).
+// A binary op of two tensors of one global shape moves b to a's layout; a broadcast operand b
+// is replicated and each rank uses the slice matching its local box. Gradients of a broadcast
+// operand are local sums over each rank's box: Partial(sum) along mesh dims that shard a.
+#include <fmt/format.h>
+
+#include "core/autograd.hpp"
+#include "ops/op_helpers.hpp"
+#include "ops/pointwise/broadcast.hpp"
+#include "ops/pointwise/pointwise_math.hpp"
+
+namespace tessera::ops {
+
+namespace {
+
+void register_unary(const UnaryMath& math) {
+  OpDef op;
+  op.name = math.name;
+  op.rule = [&math](const std::vector<ShardSpec>& inputs, const OpAttrs&) {
+    const ShardSpec layout = math.linear ? inputs[0] : without_partial(inputs[0]);
+    return OpRule{{layout}, {std::nullopt}, {layout}};
+  };
+  op.cpu = [&math](const KernelContext& context, const std::vector<Tensor>& inputs) {
+    require_floating_cpu(inputs[0], math.name);
+    const double a = context.attrs.has("factor") ? context.attrs.get_double("factor") : 1.0;
+    return std::vector<Tensor>{
+        map_elements(inputs[0], [&](double x) { return math.forward(x, a); })};
+  };
+  op.backward = [&math](const OpRecord& record,
+                        const std::vector<std::optional<ShardTensor>>& grads)
+      -> std::vector<std::optional<ShardTensor>> {
+    const double a = record.attrs.has("factor") ? record.attrs.get_double("factor") : 1.0;
+    if (math.linear) {  // dx = f'(.) g in g's own layout
+      const ShardTensor& g = *grads[0];
+      return {ShardTensor(
+          map_elements(g.to_local(), [&](double v) { return math.derivative(0, 0, a) * v; }),
+          g.mesh(), g.spec())};
+    }
+    const ShardTensor& x = record.inputs[0];
+    const ShardTensor g = grads[0]->redistribute(x.placements(), x.spec().extents);
+    const Tensor& y = record.outputs[0].to_local();
+    const Tensor xy = zip_elements(
+        x.to_local(), y, [&](double xv, double yv) { return math.derivative(xv, yv, a); });
+    return {ShardTensor(zip_elements(xy, g.to_local(), [](double d, double gv) { return d * gv; }),
+                        x.mesh(), x.spec())};
+  };
+  register_op(std::move(op));
+}
+
+/// Offset of b's dims inside a, from the attrs ("align": -1 = numpy right alignment).
+int operand_offset(const Shape& a, const Shape& b, const OpAttrs& attrs, const std::string& op) {
+  return a == b && !attrs.has("align") ? 0 : broadcast_offset(a, b, attrs.get_int("align", -1), op);
+}
+
+void register_binary(const BinaryMath& math, const std::string& name, int64_t default_align) {
+  OpDef op;
+  op.name = name;
+  auto attrs_with_align = [default_align](OpAttrs attrs) {
+    if (default_align >= 0 && !attrs.has("align")) attrs.set("align", default_align);
+    return attrs;
+  };
+  op.rule = [&math, name, attrs_with_align](const std::vector<ShardSpec>& inputs,
+                                            const OpAttrs& given) {
+    check_arg(inputs.size() == 2, name, "expects 2 inputs, got {}", inputs.size());
+    const OpAttrs attrs = attrs_with_align(given);
+    const ShardSpec& a = inputs[0];
+    const ShardSpec& b = inputs[1];
+    if (a.global_shape == b.global_shape && !attrs.has("align")) {
+      const bool keep_partial = math.linear && a == b;
+      const ShardSpec layout = keep_partial ? a : without_partial(a);
+      return OpRule{{layout, layout}, {std::nullopt, std::nullopt}, {layout}};
+    }
+    operand_offset(a.global_shape, b.global_shape, attrs, name);  // validates
+    const ShardSpec layout = without_partial(a);
+    const ShardSpec replicated =
+        ShardSpec::make(b.global_shape, b.mesh_shape,
+                        std::vector<Placement>(b.mesh_shape.size(), Placement::replicate()));
+    return OpRule{{layout, replicated}, {std::nullopt, std::nullopt}, {layout}};
+  };
+  op.cpu = [&math, name, attrs_with_align](const KernelContext& context,
+                                           const std::vector<Tensor>& inputs) {
+    require_floating_cpu(inputs[0], name);
+    const Tensor& a = inputs[0];
+    Tensor b = inputs[1];
+    check_arg(a.dtype() == b.dtype(), name, "operands of dtypes {} and {}", dtype_name(a.dtype()),
+              dtype_name(b.dtype()));
+    const OpAttrs attrs = attrs_with_align(context.attrs);
+    const Shape& a_global = context.input_specs[0].global_shape;
+    const Shape& b_global = context.input_specs[1].global_shape;
+    if (!(a_global == b_global && !attrs.has("align")))
+      b = expand_to_box(b, context.input_boxes[0], operand_offset(a_global, b_global, attrs, name));
+    return std::vector<Tensor>{zip_elements(a, b, math.forward)};
+  };
+  op.backward = [&math, name, attrs_with_align](
+                    const OpRecord& record, const std::vector<std::optional<ShardTensor>>& grads)
+      -> std::vector<std::optional<ShardTensor>> {
+    const OpAttrs attrs = attrs_with_align(record.attrs);
+    const ShardTensor& a = record.inputs[0];
+    const ShardTensor& b = record.inputs[1];
+    const bool broadcast = !(a.global_shape() == b.global_shape() && !attrs.has("align"));
+    // The gradient of every partial term is the gradient of the sum: no Partial layouts here.
+    const ShardSpec layout = without_partial(record.outputs[0].spec());
+    const ShardTensor g = grads[0]->spec() == layout
+                              ? *grads[0]
+                              : grads[0]->redistribute(layout.placements, layout.extents);
+    const int offset =
+        broadcast ? operand_offset(a.global_shape(), b.global_shape(), attrs, name) : 0;
+    const Box box = a.local_box();
+    const Tensor b_local = broadcast ? expand_to_box(b.to_local(), box, offset) : b.to_local();
+    const Tensor& a_local = a.to_local();
+    auto times_grad = [&](double (*partial)(double, double)) {
+      const Tensor derivative = zip_elements(a_local, b_local, partial);
+      return zip_elements(derivative, g.to_local(), [](double d, double gv) { return d * gv; });
+    };
+    ShardTensor grad_a(times_grad(math.dx), a.mesh(), g.spec());
+    const Tensor grad_b_local = times_grad(math.dy);
+    if (!broadcast) return {grad_a, ShardTensor(grad_b_local, b.mesh(), g.spec())};
+    return {grad_a, ShardTensor(reduce_to_operand(grad_b_local, b.global_shape(), box, offset),
+                                b.mesh(), partial_over_sharding(a.spec(), b.global_shape()))};
+  };
+  register_op(std::move(op));
+}
+
+}  // namespace
+
+void register_pointwise_ops() {
+  for (const UnaryMath& math : unary_math) register_unary(math);
+  for (const BinaryMath& math : binary_math) register_binary(math, math.name, -1);
+  // bias_add(x[N, C, ...], b[C]): add with b aligned to dim 1.
+  register_binary(binary_math[0], "bias_add", 1);
+}
+
+}  // namespace tessera::ops

@@ -1,0 +1,196 @@
+// Reductions sum and mean over any tensor dims, and the mse loss. A reduced dim that is sharded
+// gives Partial(sum): each rank sums its own elements; mean divides every partial sum by the
+// GLOBAL count, so the reduction of the partials is exact on uneven and empty shards.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+
+#include "ops/op_helpers.hpp"
+
+namespace tessera::ops {
+
+namespace {
+
+/// The dims to reduce ("dims" attr; all dims when absent), sorted and validated.
+std::vector<int64_t> reduced_dims(const Shape& shape, const OpAttrs& attrs, const std::string& op) {
+  std::vector<int64_t> dims;
+  if (attrs.has("dims")) {
+    for (int64_t dim : attrs.get_ints("dims")) {
+      const int64_t ndim = static_cast<int64_t>(shape.size());
+      check_arg(dim >= -ndim && dim < ndim, op, "dim {} of a {}-d tensor", dim, ndim);
+      dims.push_back(dim < 0 ? dim + ndim : dim);
+    }
+  } else {
+    for (size_t d = 0; d < shape.size(); ++d) dims.push_back(static_cast<int64_t>(d));
+  }
+  std::sort(dims.begin(), dims.end());
+  dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
+  return dims;
+}
+
+bool is_reduced(const std::vector<int64_t>& dims, size_t d) {
+  return std::find(dims.begin(), dims.end(), static_cast<int64_t>(d)) != dims.end();
+}
+
+/// Output layout: reduced sharded dims -> Partial(sum); kept dims keep their sharding.
+ShardSpec reduced_layout(const ShardSpec& input, const std::vector<int64_t>& dims, bool keepdim) {
+  Shape shape;
+  std::vector<int> new_index(input.global_shape.size(), -1);
+  for (size_t d = 0; d < input.global_shape.size(); ++d) {
+    if (is_reduced(dims, d) && !keepdim) continue;
+    new_index[d] = static_cast<int>(shape.size());
+    shape.push_back(is_reduced(dims, d) ? 1 : input.global_shape[d]);
+  }
+  std::vector<Placement> placements;
+  std::vector<std::vector<int64_t>> extents(input.mesh_shape.size());
+  for (size_t m = 0; m < input.mesh_shape.size(); ++m) {
+    const Placement& placement = input.placements[m];
+    if (placement.is_shard() && is_reduced(dims, placement.dim)) {
+      placements.push_back(Placement::partial(ReduceOp::sum));
+    } else if (placement.is_shard()) {
+      placements.push_back(Placement::shard(new_index[placement.dim]));
+      extents[m] = input.extents[m];
+    } else {
+      placements.push_back(placement);
+    }
+  }
+  return ShardSpec::make(shape, input.mesh_shape, placements, extents);
+}
+
+/// Local sum of x over `dims` (keepdim shape), in f64, then cast back.
+Tensor local_sum(const Tensor& x, const std::vector<int64_t>& dims, double scale) {
+  const Tensor source = x.to_dtype(DType::f64).contiguous();
+  Shape kept = source.shape();
+  for (int64_t d : dims) kept[d] = 1;
+  Tensor sums = Tensor::zeros(kept, DType::f64);
+  const std::vector<int64_t> out_strides = contiguous_strides(kept);
+  const int ndim = source.ndim();
+  std::vector<int64_t> index(ndim, 0);
+  const double* in = source.data<double>();
+  double* out = sums.data<double>();
+  for (int64_t flat = 0; flat < source.numel(); ++flat) {
+    int64_t target = 0;
+    for (int d = 0; d < ndim; ++d)
+      if (kept[d] != 1 || source.shape(d) == 1) target += index[d] * out_strides[d];
+    out[target] += in[flat];
+    for (int d = ndim - 1; d >= 0; --d) {
+      if (++index[d] < source.shape(d)) break;
+      index[d] = 0;
+    }
+  }
+  for (int64_t i = 0; i < sums.numel(); ++i) out[i] *= scale;
+  return sums.to_dtype(x.dtype());
+}
+
+/// Tensor `g` (keepdim shape) broadcast back to `shape`, times `scale`.
+Tensor broadcast_back(const Tensor& g, const Shape& shape, double scale) {
+  Box box = Box::of_shape(shape);
+  Tensor expanded = Tensor::empty(shape, g.dtype());
+  std::vector<int64_t> strides = g.contiguous().strides();
+  for (size_t d = 0; d < shape.size(); ++d)
+    if (g.shape(static_cast<int>(d)) == 1) strides[d] = 0;
+  const Tensor source = g.contiguous();
+  if (expanded.numel() > 0) {
+    const std::vector<int64_t> dense = contiguous_strides(shape);
+    copy_strided_host(expanded.raw_data(), dense.data(), source.raw_data(), strides.data(),
+                      shape.data(), static_cast<int>(shape.size()), g.element_size());
+  }
+  return map_elements(expanded, [scale](double v) { return v * scale; });
+}
+
+double count_of(const Shape& global, const std::vector<int64_t>& dims) {
+  double count = 1;
+  for (int64_t d : dims) count *= static_cast<double>(global[d]);
+  return count;
+}
+
+void register_reduction(const std::string& name, bool mean) {
+  OpDef op;
+  op.name = name;
+  op.rule = [name](const std::vector<ShardSpec>& inputs, const OpAttrs& attrs) {
+    const std::vector<int64_t> dims = reduced_dims(inputs[0].global_shape, attrs, name);
+    // Partial(sum) inputs stay partial (the reduction is linear); other partial ops reduce first.
+    ShardSpec layout = inputs[0];
+    for (Placement& placement : layout.placements)
+      if (placement.is_partial() && placement.reduce != ReduceOp::sum)
+        placement = Placement::replicate();
+    return OpRule{
+        {layout}, {std::nullopt}, {reduced_layout(layout, dims, attrs.get_int("keepdim", 0) != 0)}};
+  };
+  op.cpu = [name, mean](const KernelContext& context, const std::vector<Tensor>& inputs) {
+    require_floating_cpu(inputs[0], name);
+    const Shape& global = context.input_specs[0].global_shape;
+    const std::vector<int64_t> dims = reduced_dims(global, context.attrs, name);
+    const double scale = mean ? 1.0 / count_of(global, dims) : 1.0;
+    Tensor sums = local_sum(inputs[0], dims, scale);
+    return std::vector<Tensor>{sums.contiguous().reshape(context.output_boxes[0].shape())};
+  };
+  op.backward = [name, mean](const OpRecord& record,
+                             const std::vector<std::optional<ShardTensor>>& grads)
+      -> std::vector<std::optional<ShardTensor>> {
+    const ShardTensor& x = record.inputs[0];
+    const std::vector<int64_t> dims = reduced_dims(x.global_shape(), record.attrs, name);
+    const double scale = mean ? 1.0 / count_of(x.global_shape(), dims) : 1.0;
+    // Every rank needs the gradient of the outputs its elements were reduced into.
+    const ShardSpec g_layout = without_partial(record.outputs[0].spec());
+    const ShardTensor g = grads[0]->redistribute(g_layout.placements, g_layout.extents);
+    Shape keep = x.to_local().shape();
+    for (int64_t d : dims) keep[d] = 1;
+    const Tensor g_local = g.to_local().contiguous().reshape(keep);
+    const ShardSpec x_layout = without_partial(x.spec());
+    return {ShardTensor(broadcast_back(g_local, x.to_local().shape(), scale), x.mesh(), x_layout)};
+  };
+  register_op(std::move(op));
+}
+
+void register_mse_loss() {
+  OpDef op;
+  op.name = "mse_loss";
+  op.rule = [](const std::vector<ShardSpec>& inputs, const OpAttrs&) {
+    check_arg(inputs.size() == 2 && inputs[0].global_shape == inputs[1].global_shape, "mse_loss",
+              "needs two inputs of one shape, got {} and {}", inputs[0].global_shape,
+              inputs.size() > 1 ? inputs[1].global_shape : Shape{});
+    const ShardSpec layout = without_partial(inputs[0]);
+    std::vector<int64_t> all(layout.global_shape.size());
+    for (size_t d = 0; d < all.size(); ++d) all[d] = static_cast<int64_t>(d);
+    return OpRule{
+        {layout, layout}, {std::nullopt, std::nullopt}, {reduced_layout(layout, all, false)}};
+  };
+  op.cpu = [](const KernelContext& context, const std::vector<Tensor>& inputs) {
+    require_floating_cpu(inputs[0], "mse_loss");
+    const double count = static_cast<double>(shape_numel(context.input_specs[0].global_shape));
+    const Tensor squared =
+        zip_elements(inputs[0], inputs[1], [](double a, double b) { return (a - b) * (a - b); });
+    std::vector<int64_t> all(squared.shape().size());
+    for (size_t d = 0; d < all.size(); ++d) all[d] = static_cast<int64_t>(d);
+    return std::vector<Tensor>{local_sum(squared, all, 1.0 / count).reshape({})};
+  };
+  op.backward = [](const OpRecord& record, const std::vector<std::optional<ShardTensor>>& grads)
+      -> std::vector<std::optional<ShardTensor>> {
+    const ShardTensor& a = record.inputs[0];
+    const ShardTensor& b = record.inputs[1];
+    const ShardSpec g_layout = without_partial(record.outputs[0].spec());
+    const double g = grads[0]
+                         ->redistribute(g_layout.placements)
+                         .to_local()
+                         .to_dtype(DType::f64)
+                         .data<double>()[0];
+    const double factor = 2.0 * g / static_cast<double>(shape_numel(a.global_shape()));
+    const Tensor da = zip_elements(a.to_local(), b.to_local(),
+                                   [factor](double x, double y) { return factor * (x - y); });
+    const Tensor db = map_elements(da, [](double v) { return -v; });
+    return {ShardTensor(da, a.mesh(), a.spec()), ShardTensor(db, b.mesh(), b.spec())};
+  };
+  register_op(std::move(op));
+}
+
+}  // namespace
+
+void register_reduce_ops() {
+  register_reduction("sum", false);
+  register_reduction("mean", true);
+  register_mse_loss();
+}
+
+}  // namespace tessera::ops
