@@ -109,7 +109,9 @@ double conv_flops(const Shape& x_shape, int64_t kernel) {
 void run_conv_bench(const ConvBenchOptions& options) {
   nlohmann::json rows = nlohmann::json::array();
   const Backend backend = backend_from_env();
-  if (!options.json)
+  // Under mpiexec every process runs this function; only world rank 0 reports.
+  const bool reporter = backend != Backend::mpi || mpi_world()->rank() == 0;
+  if (!options.json && reporter)
     fmt::print(
         "# tessera bench conv: f32, padding same, Cout = C, sharded along the first spatial dim\n"
         "# {:<22} {:>5} {:>7} {:>12} {:>9} {:>14} {:>9} {:>10} {:>7}\n",
@@ -144,7 +146,7 @@ void run_conv_bench(const ConvBenchOptions& options) {
                       : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
                                         static_cast<int>(ranks));
       const double backward_flops = 3 * flops;  // forward + backward data + backward weight
-      if (!options.json)
+      if (!options.json && reporter)
         fmt::print("  {:<22} {:>5} {:>7} {:>12.2f} {:>9.1f} {:>14.2f} {:>9.1f} {:>10.3f} {:>7}\n",
                    shape_text, ranks, used_threads, figures.forward * 1e3,
                    flops / figures.forward / 1e9, figures.forward_backward * 1e3,

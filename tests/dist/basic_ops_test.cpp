@@ -1,0 +1,218 @@
+// The basic ops of a training step (relu, gelu, silu, tanh, exp, scale, add/sub/mul/div with
+// same-shape and broadcast operands, bias_add, sum/mean over any dims, mse_loss): sharded
+// forward and gradients equal the unsharded ones on uneven and empty shards, and the
+// gradients equal central finite differences (so the derivative formulas themselves are
+// checked); an op registered without a rule runs through the replicated fallback.
+#include <gtest/gtest.h>
+
+#include "core/autograd.hpp"
+#include "ops/ops.hpp"
+#include "tests/dist/harness.hpp"
+#include "tests/dist/shard_cases.hpp"
+
+namespace tessera {
+namespace {
+
+using testing::CaseRng;
+
+/// A function of the test's inputs that ends in a scalar.
+using Program = std::function<ShardTensor(const std::vector<ShardTensor>&)>;
+
+struct NamedProgram {
+  std::string name;
+  std::vector<Shape> shapes;  // input shapes; inputs after the first are replicated operands
+  Program program;
+  bool first_only_sharded = true;
+};
+
+Tensor smooth_values(const Shape& shape, CaseRng& rng) {
+  // Values away from relu's kink and positive enough for div.
+  Tensor values = Tensor::empty(shape, DType::f64);
+  for (int64_t i = 0; i < values.numel(); ++i) {
+    const double magnitude = 0.3 + 0.1 * static_cast<double>(rng.uniform(0, 10));
+    values.data<double>()[i] = rng.chance(0.5) ? magnitude : -magnitude;
+  }
+  return values;
+}
+
+std::vector<NamedProgram> programs() {
+  const Shape a{5, 4, 3};
+  auto reduce_sum = [](const ShardTensor& t) { return ops::sum(t); };
+  std::vector<NamedProgram> list;
+  for (const char* unary : {"relu", "gelu", "silu", "tanh", "exp"})
+    list.push_back({unary, {a}, [unary, reduce_sum](const std::vector<ShardTensor>& in) {
+                      return reduce_sum(ops::mul(apply_op(unary, {in[0]})[0], in[0]));
+                    }});
+  list.push_back({"scale", {a}, [](const std::vector<ShardTensor>& in) {
+                    return ops::sum(ops::mul(ops::scale(in[0], -2.5), in[0]));
+                  }});
+  for (const char* binary : {"add", "sub", "mul", "div"}) {
+    list.push_back({std::string(binary) + " same shape",
+                    {a, a},
+                    [binary](const std::vector<ShardTensor>& in) {
+                      return ops::sum(ops::mul(apply_op(binary, {in[0], in[1]})[0], in[0]));
+                    },
+                    false});
+    list.push_back({std::string(binary) + " broadcast",
+                    {a, {4, 1}},
+                    [binary](const std::vector<ShardTensor>& in) {
+                      return ops::sum(ops::mul(apply_op(binary, {in[0], in[1]})[0], in[0]));
+                    }});
+  }
+  list.push_back({"bias_add", {{2, 3, 4, 5}, {3}}, [](const std::vector<ShardTensor>& in) {
+                    return ops::sum(ops::mul(ops::bias_add(in[0], in[1]), in[0]));
+                  }});
+  list.push_back({"sum dims 0,2 then mean", {a}, [](const std::vector<ShardTensor>& in) {
+                    const ShardTensor s = ops::sum(in[0], {0, 2});
+                    return ops::mean(ops::mul(s, s));
+                  }});
+  list.push_back({"mean dim 1 keepdim", {a}, [](const std::vector<ShardTensor>& in) {
+                    const ShardTensor m = ops::mean(in[0], {1}, true);
+                    return ops::sum(ops::mul(m, m));
+                  }});
+  list.push_back({"mse_loss",
+                  {a, a},
+                  [](const std::vector<ShardTensor>& in) { return ops::mse_loss(in[0], in[1]); },
+                  false});
+  return list;
+}
+
+/// Runs `program` on `mesh` with the inputs laid out as given; returns the loss and the
+/// gradients (full tensors).
+std::pair<double, std::vector<Tensor>> run(const NamedProgram& p, const DeviceMesh& mesh,
+                                           const std::vector<Tensor>& values,
+                                           const std::vector<ShardSpec>& layouts) {
+  Tape tape;
+  std::vector<ShardTensor> inputs;
+  for (size_t i = 0; i < values.size(); ++i) {
+    inputs.push_back(
+        ShardTensor::distribute(values[i], mesh, layouts[i].placements, layouts[i].extents));
+    inputs.back().set_requires_grad();
+  }
+  const ShardTensor loss = p.program(inputs);
+  const double value = loss.full_tensor().item_as_double({});
+  tape.backward(loss);
+  std::vector<Tensor> grads;
+  for (const ShardTensor& input : inputs) {
+    EXPECT_EQ(tape.grad(input)->spec(), input.spec())
+        << p.name << ": gradient in the input's layout";
+    grads.push_back(tape.grad(input)->full_tensor());
+  }
+  return {value, grads};
+}
+
+/// Random layout of `shape` on `mesh`: mesh dims shard distinct tensor dims or replicate.
+ShardSpec random_layout(const Shape& shape, const DeviceMesh& mesh, CaseRng& rng, bool shard) {
+  std::vector<Placement> placements;
+  std::vector<std::vector<int64_t>> extents;
+  std::vector<bool> used(shape.size(), false);
+  for (int m = 0; m < mesh.ndim(); ++m) {
+    const int dim = static_cast<int>(rng.uniform(0, static_cast<int64_t>(shape.size()) - 1));
+    if (!shard || used[dim] || rng.chance(0.2)) {
+      placements.push_back(Placement::replicate());
+      extents.emplace_back();
+      continue;
+    }
+    used[dim] = true;
+    placements.push_back(Placement::shard(dim));
+    extents.push_back(testing::random_extents(shape[dim], mesh.size(m), rng));
+  }
+  return ShardSpec::make(shape, mesh.shape(), placements, extents);
+}
+
+TEST(BasicOps, ShardedForwardAndGradientsMatchUnshardedAndFiniteDifferences) {
+  testing::run_every_world([](std::shared_ptr<Comm> comm) {
+    if (comm->size() > 4) return;  // a few worlds are enough for these small programs
+    auto self = comm->split(comm->rank(), 0);
+    DeviceMesh single(self, {1});
+    const auto meshes = testing::mesh_factorizations(comm->size(), 2);
+    const auto list = programs();
+    for (size_t p = 0; p < list.size(); ++p) {
+      const NamedProgram& program = list[p];
+      for (size_t mesh_index = 0; mesh_index < meshes.size(); ++mesh_index) {
+        DeviceMesh mesh(comm, meshes[mesh_index]);
+        CaseRng rng(testing::case_seed(51, comm->size(), static_cast<int>(mesh_index),
+                                       static_cast<int>(p)));
+        std::vector<Tensor> values;
+        for (const Shape& shape : program.shapes) values.push_back(smooth_values(shape, rng));
+        std::vector<ShardSpec> layouts, single_layouts;
+        const ShardSpec first = random_layout(program.shapes[0], mesh, rng, true);
+        for (size_t i = 0; i < values.size(); ++i) {
+          layouts.push_back(i == 0 || !program.first_only_sharded
+                                ? (i == 0 ? first
+                                          : ShardSpec::make(program.shapes[i], mesh.shape(),
+                                                            first.placements, first.extents))
+                                : random_layout(program.shapes[i], mesh, rng, false));
+          single_layouts.push_back(
+              ShardSpec::make(program.shapes[i], {1}, {Placement::replicate()}));
+        }
+        const auto [loss, grads] = run(program, mesh, values, layouts);
+        const auto [ref_loss, ref_grads] = run(program, single, values, single_layouts);
+        EXPECT_NEAR(loss, ref_loss, 1e-12 * (1 + std::fabs(ref_loss))) << program.name;
+        for (size_t i = 0; i < grads.size(); ++i)
+          EXPECT_LT(max_abs_diff(grads[i], ref_grads[i]), 1e-12) << program.name << " input " << i;
+        if (mesh_index != 0) continue;
+        // Central finite differences of the unsharded loss, a few entries per input.
+        for (size_t i = 0; i < values.size(); ++i) {
+          for (int probe = 0; probe < 3; ++probe) {
+            const int64_t index = rng.uniform(0, values[i].numel() - 1);
+            std::vector<Tensor> plus = values, minus = values;
+            plus[i] = values[i].clone();
+            minus[i] = values[i].clone();
+            const double h = 1e-6;
+            plus[i].data<double>()[index] += h;
+            minus[i].data<double>()[index] -= h;
+            const double numeric = (run(program, single, plus, single_layouts).first -
+                                    run(program, single, minus, single_layouts).first) /
+                                   (2 * h);
+            const double analytic =
+                ref_grads[i].to_dtype(DType::f64).contiguous().data<double>()[index];
+            EXPECT_NEAR(analytic, numeric, 1e-5 * (1 + std::fabs(numeric)))
+                << program.name << " input " << i;
+          }
+        }
+      }
+    }
+  });
+}
+
+TEST(BasicOps, MeanIsExactOnUnevenAndEmptyShards) {
+  testing::run_world(4, [](std::shared_ptr<Comm> comm) {
+    DeviceMesh mesh(comm, {4});
+    Tensor values = Tensor::empty({7}, DType::f64);
+    for (int i = 0; i < 7; ++i) values.data<double>()[i] = i + 1;  // mean 4
+    const ShardTensor x =
+        ShardTensor::distribute(values, mesh, {Placement::shard(0)}, {{5, 0, 2, 0}});
+    const ShardTensor m = ops::mean(x);
+    EXPECT_TRUE(m.placements()[0].is_partial()) << "a reduced sharded dim gives Partial";
+    EXPECT_EQ(m.full_tensor().item_as_double({}), 4.0);
+  });
+}
+
+TEST(OpRegistry, AnOpWithoutARuleRunsReplicatedAndReshards) {
+  register_op(OpDef{"test_reverse_rows", nullptr,
+                    [](const KernelContext&, const std::vector<Tensor>& inputs) {
+                      const Tensor in = inputs[0].contiguous();
+                      Tensor out = Tensor::empty(in.shape(), in.dtype());
+                      const int64_t rows = in.shape(0),
+                                    row = in.numel() / std::max<int64_t>(rows, 1);
+                      for (int64_t r = 0; r < rows; ++r)
+                        std::memcpy(out.data<double>() + r * row,
+                                    in.data<double>() + (rows - 1 - r) * row, row * sizeof(double));
+                      return std::vector<Tensor>{out};
+                    },
+                    nullptr, nullptr});
+  testing::run_world(3, [](std::shared_ptr<Comm> comm) {
+    DeviceMesh mesh(comm, {3});
+    Tensor values = Tensor::empty({6, 2}, DType::f64);
+    for (int i = 0; i < 12; ++i) values.data<double>()[i] = i;
+    const ShardTensor x = ShardTensor::distribute(values, mesh, {Placement::shard(0)}, {{1, 4, 1}});
+    const ShardTensor y = apply_op("test_reverse_rows", {x})[0];
+    EXPECT_EQ(y.spec(), x.spec()) << "re-sharded like the input";
+    const Tensor full = y.full_tensor();
+    for (int r = 0; r < 6; ++r) EXPECT_EQ(full.item_as_double({r, 0}), (5 - r) * 2);
+  });
+}
+
+}  // namespace
+}  // namespace tessera
