@@ -161,7 +161,8 @@ bool ShardSpec::has_partial() const {
 std::string ShardSpec::str() const {
   std::string text = fmt::format("global {} on mesh {}:", global_shape, mesh_shape);
   for (size_t m = 0; m < placements.size(); ++m) {
-    text += " " + placements[m].str();
+    text += ' ';
+    text += placements[m].str();
     if (placements[m].is_shard()) text += fmt::format("{}", extents[m]);
   }
   return text;
