@@ -39,6 +39,12 @@ const KernelFn& kernel_for(const OpDef& op, const std::vector<ShardTensor>& inpu
   return kernel;
 }
 
+std::vector<Placement> without_partial_placements(std::vector<Placement> placements) {
+  for (Placement& placement : placements)
+    if (placement.is_partial()) placement = Placement::replicate();
+  return placements;
+}
+
 bool any_requires_grad(const std::vector<ShardTensor>& inputs) {
   for (const ShardTensor& input : inputs)
     if (input.requires_grad()) return true;
@@ -71,16 +77,31 @@ std::vector<ShardTensor> apply_fallback(const OpDef& op, const std::vector<Shard
     locals.push_back(full.back().to_local());
   }
   const std::vector<Tensor> results = kernel_for(op, inputs)(context, locals);
+  std::vector<ShardTensor> replicated_outputs;
+  for (const Tensor& result : results)
+    replicated_outputs.emplace_back(result, mesh,
+                                    ShardSpec::make(result.shape(), mesh.shape(), replicated));
+  // Recorded like any op (on replicated tensors), so a rule-less op with a backward is
+  // differentiable.
+  Tape* tape = Tape::active();
+  if (tape && op.backward && any_requires_grad(full)) {
+    for (ShardTensor& output : replicated_outputs) output.set_requires_grad(true);
+    OpRule rule{context.input_specs, std::vector<std::optional<HaloNeed>>(inputs.size()), {}};
+    for (const ShardTensor& output : replicated_outputs) rule.outputs.push_back(output.spec());
+    tape->record(OpRecord{&op, attrs, std::move(rule), full, locals,
+                          std::vector<std::shared_ptr<const HaloPlan>>(inputs.size()),
+                          replicated_outputs});
+  }
   std::vector<ShardTensor> outputs;
-  for (const Tensor& result : results) {
-    ShardTensor output(result, mesh, ShardSpec::make(result.shape(), mesh.shape(), replicated));
-    if (result.shape() == inputs[0].global_shape()) {
-      std::vector<Placement> placements = inputs[0].placements();
-      for (Placement& placement : placements)
-        if (placement.is_partial()) placement = Placement::replicate();
-      output = output.redistribute(placements, inputs[0].spec().extents);
+  for (const ShardTensor& output : replicated_outputs) {
+    if (output.global_shape() != inputs[0].global_shape()) {
+      outputs.push_back(output);
+      continue;
     }
-    outputs.push_back(output);
+    const ShardSpec target = ShardSpec::make(output.global_shape(), mesh.shape(),
+                                             without_partial_placements(inputs[0].placements()),
+                                             inputs[0].spec().extents);
+    outputs.push_back(redistribute_recorded(output, target));
   }
   return outputs;
 }

@@ -128,7 +128,7 @@ class CommOpScope {
   CommOpScope& operator=(const CommOpScope&) = delete;
 };
 
-/// Bytes between displacement prefix sums: the displacements of rank-blocked counts.
+/// Displacements (prefix sums) of rank-blocked counts: where block r starts.
 std::vector<size_t> displacements_of(std::span<const size_t> counts);
 
 /// Applies `op` elementwise: inout[i] = op(inout[i], in[i]) (avg accumulates like sum).

@@ -189,28 +189,46 @@ TEST(BasicOps, MeanIsExactOnUnevenAndEmptyShards) {
   });
 }
 
-TEST(OpRegistry, AnOpWithoutARuleRunsReplicatedAndReshards) {
+/// Reverses the rows (dim 0) of a tensor: its own adjoint.
+Tensor reverse_rows(const Tensor& input) {
+  const Tensor in = input.contiguous();
+  Tensor out = Tensor::empty(in.shape(), in.dtype());
+  const int64_t rows = in.shape(0), row = in.numel() / std::max<int64_t>(rows, 1);
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(out.data<double>() + r * row, in.data<double>() + (rows - 1 - r) * row,
+                row * sizeof(double));
+  return out;
+}
+
+TEST(OpRegistry, AnOpWithoutARuleRunsReplicatedReshardsAndDifferentiates) {
   register_op(OpDef{"test_reverse_rows", nullptr,
                     [](const KernelContext&, const std::vector<Tensor>& inputs) {
-                      const Tensor in = inputs[0].contiguous();
-                      Tensor out = Tensor::empty(in.shape(), in.dtype());
-                      const int64_t rows = in.shape(0),
-                                    row = in.numel() / std::max<int64_t>(rows, 1);
-                      for (int64_t r = 0; r < rows; ++r)
-                        std::memcpy(out.data<double>() + r * row,
-                                    in.data<double>() + (rows - 1 - r) * row, row * sizeof(double));
-                      return std::vector<Tensor>{out};
+                      return std::vector<Tensor>{reverse_rows(inputs[0])};
                     },
-                    nullptr, nullptr});
+                    nullptr,
+                    [](const OpRecord& record, const std::vector<std::optional<ShardTensor>>& grads)
+                        -> std::vector<std::optional<ShardTensor>> {
+                      const ShardTensor g = grads[0]->redistribute(record.outputs[0].placements());
+                      return {ShardTensor(reverse_rows(g.to_local()), g.mesh(), g.spec())};
+                    }});
   testing::run_world(3, [](std::shared_ptr<Comm> comm) {
     DeviceMesh mesh(comm, {3});
     Tensor values = Tensor::empty({6, 2}, DType::f64);
     for (int i = 0; i < 12; ++i) values.data<double>()[i] = i;
-    const ShardTensor x = ShardTensor::distribute(values, mesh, {Placement::shard(0)}, {{1, 4, 1}});
+    Tape tape;
+    ShardTensor x = ShardTensor::distribute(values, mesh, {Placement::shard(0)}, {{1, 4, 1}});
+    x.set_requires_grad();
     const ShardTensor y = apply_op("test_reverse_rows", {x})[0];
     EXPECT_EQ(y.spec(), x.spec()) << "re-sharded like the input";
     const Tensor full = y.full_tensor();
     for (int r = 0; r < 6; ++r) EXPECT_EQ(full.item_as_double({r, 0}), (5 - r) * 2);
+    // loss = sum(y * w) with w = row index: d loss / dx[r] = w[5 - r] = 5 - r.
+    Tensor weights = Tensor::empty({6, 2}, DType::f64);
+    for (int i = 0; i < 12; ++i) weights.data<double>()[i] = i / 2;
+    const ShardTensor w = ShardTensor::distribute(weights, mesh, y.placements(), y.spec().extents);
+    tape.backward(ops::sum(ops::mul(y, w)));
+    const Tensor grad = tape.grad(x)->full_tensor();
+    for (int r = 0; r < 6; ++r) EXPECT_EQ(grad.item_as_double({r, 1}), 5 - r);
   });
 }
 

@@ -95,11 +95,12 @@ TEST(ConvFixtures, ShardedConvMatchesPyTorchForwardAndGradients) {
         EXPECT_LT(max_abs_diff(tape.grad(ws)->full_tensor(), read_fixture(files["gw"], w_shape)),
                   1e-10)
             << where;
-        if (has_bias)
+        if (has_bias) {
           EXPECT_LT(
               max_abs_diff(tape.grad(*bs)->full_tensor(), read_fixture(files["gb"], {w_shape[0]})),
               1e-10)
               << where;
+        }
       }
     });
   }

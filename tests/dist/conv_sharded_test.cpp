@@ -148,7 +148,9 @@ TEST(ConvSharded, RandomCasesMatchUnshardedForwardAndGradients) {
     }
     if (comm->rank() == 0) total_cases += cases;
   });
-  if (!testing::mpi_backend()) EXPECT_GE(total_cases, 500);
+  if (!testing::mpi_backend()) {
+    EXPECT_GE(total_cases, 500);
+  }
 }
 
 }  // namespace
