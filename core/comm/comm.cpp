@@ -94,7 +94,7 @@ void reduce_into(void* inout, const void* in, size_t count, DType dtype, ReduceO
     const T* b = static_cast<const T*>(in);
     for (size_t i = 0; i < count; ++i) {
       const Acc x = static_cast<Acc>(a[i]), y = static_cast<Acc>(b[i]);
-      Acc result;
+      Acc result{};
       switch (op) {
         case ReduceOp::sum:
         case ReduceOp::avg: result = static_cast<Acc>(x + y); break;

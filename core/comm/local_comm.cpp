@@ -50,13 +50,13 @@ struct Contribution {
   const void* send = nullptr;
   void* recv = nullptr;
   size_t count = 0;
-  std::span<const size_t> counts;
-  std::span<const size_t> displs;
+  std::span<const size_t> counts{};
+  std::span<const size_t> displs{};
   int root = 0;
   int color = 0;
   int key = 0;
   const char* name = "";
-  std::span<const StridedBlock> blocks;
+  std::span<const StridedBlock> blocks{};
 };
 
 struct PendingSend {
