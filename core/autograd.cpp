@@ -36,8 +36,8 @@ Tensor scaled(const Tensor& tensor, double factor) {
   return result.to_dtype(tensor.dtype()).to(tensor.device());
 }
 
-const OpDef& redistribute_op() {
-  static const OpDef op{
+const std::shared_ptr<const OpDef>& redistribute_op() {
+  static const auto op = std::make_shared<const OpDef>(OpDef{
       "redistribute", nullptr, nullptr, nullptr,
       [](const OpRecord& record, const std::vector<std::optional<ShardTensor>>& grads)
           -> std::vector<std::optional<ShardTensor>> {
@@ -52,7 +52,7 @@ const OpDef& redistribute_op() {
         if (factor != 1)
           grad = ShardTensor(scaled(grad.to_local(), factor), grad.mesh(), grad.spec());
         return {grad};
-      }};
+      }});
   return op;
 }
 
@@ -167,7 +167,7 @@ ShardTensor redistribute_recorded(const ShardTensor& x, const ShardSpec& target)
   Tape* tape = Tape::active();
   if (tape && x.requires_grad()) {
     y.set_requires_grad(true);
-    tape->record(OpRecord{&redistribute_op(), {}, {}, {x}, {}, {}, {y}});
+    tape->record(OpRecord{redistribute_op(), {}, {}, {x}, {}, {}, {y}});
   }
   return y;
 }

@@ -15,7 +15,7 @@
 
 namespace tessera {
 
-void register_builtin_ops();  // ops/register_builtin_ops.cpp
+void register_builtin_ops();  // ops/ops.cpp
 
 namespace {
 
@@ -25,8 +25,20 @@ struct Registry {
   std::set<std::string> fallback_logged;
 };
 
+thread_local bool registering_builtins = false;
+
+/// The registry, with the built-in ops registered first (once), so that a user's op of the
+/// same name registered later replaces the built-in one.
 Registry& registry() {
   static Registry* instance = new Registry;
+  static std::once_flag builtins;
+  if (!registering_builtins) {
+    std::call_once(builtins, [] {
+      registering_builtins = true;
+      register_builtin_ops();
+      registering_builtins = false;
+    });
+  }
   return *instance;
 }
 
@@ -53,8 +65,10 @@ bool any_requires_grad(const std::vector<ShardTensor>& inputs) {
 
 /// An op without a rule: replicate every input, run the kernel on full tensors, and give the
 /// outputs the first input's layout when the shapes match (replicated otherwise).
-std::vector<ShardTensor> apply_fallback(const OpDef& op, const std::vector<ShardTensor>& inputs,
+std::vector<ShardTensor> apply_fallback(const std::shared_ptr<const OpDef>& definition,
+                                        const std::vector<ShardTensor>& inputs,
                                         const OpAttrs& attrs) {
+  const OpDef& op = *definition;
   const DeviceMesh& mesh = inputs.at(0).mesh();
   {
     Registry& r = registry();
@@ -88,7 +102,7 @@ std::vector<ShardTensor> apply_fallback(const OpDef& op, const std::vector<Shard
     for (ShardTensor& output : replicated_outputs) output.set_requires_grad(true);
     OpRule rule{context.input_specs, std::vector<std::optional<HaloNeed>>(inputs.size()), {}};
     for (const ShardTensor& output : replicated_outputs) rule.outputs.push_back(output.spec());
-    tape->record(OpRecord{&op, attrs, std::move(rule), full, locals,
+    tape->record(OpRecord{definition, attrs, std::move(rule), full, locals,
                           std::vector<std::shared_ptr<const HaloPlan>>(inputs.size()),
                           replicated_outputs});
   }
@@ -116,9 +130,7 @@ void register_op(OpDef op) {
   r.ops[name] = std::make_shared<const OpDef>(std::move(op));
 }
 
-const OpDef& find_op(const std::string& name) {
-  static std::once_flag builtins;
-  std::call_once(builtins, [] { register_builtin_ops(); });
+std::shared_ptr<const OpDef> find_op(const std::string& name) {
   Registry& r = registry();
   std::lock_guard lock(r.mu);
   const auto it = r.ops.find(name);
@@ -127,11 +139,10 @@ const OpDef& find_op(const std::string& name) {
     for (const auto& entry : r.ops) names.push_back(entry.first);
     throw InvalidArgument("ops", fmt::format("no op named '{}' (registered: {})", name, names));
   }
-  return *it->second;
+  return it->second;
 }
 
 std::vector<std::string> registered_ops() {
-  find_op("relu");  // makes sure the built-in ops are registered
   Registry& r = registry();
   std::lock_guard lock(r.mu);
   std::vector<std::string> names;
@@ -160,14 +171,15 @@ std::shared_ptr<const HaloPlan> cached_halo_plan(const ShardSpec& spec, const Ha
 
 std::vector<ShardTensor> apply_op(const std::string& name, const std::vector<ShardTensor>& inputs,
                                   const OpAttrs& attrs) {
-  const OpDef& op = find_op(name);
+  const std::shared_ptr<const OpDef> definition = find_op(name);
+  const OpDef& op = *definition;
   CommOpScope scope(name);
   check_arg(!inputs.empty(), name, "an op needs at least one input");
   const DeviceMesh& mesh = inputs[0].mesh();
   for (const ShardTensor& input : inputs)
     check_arg(input.mesh().comm_ptr() == mesh.comm_ptr() && input.mesh().shape() == mesh.shape(),
               name, "inputs live on different meshes ({} and {})", mesh.str(), input.mesh().str());
-  if (!op.rule) return apply_fallback(op, inputs, attrs);
+  if (!op.rule) return apply_fallback(definition, inputs, attrs);
 
   std::vector<ShardSpec> specs;
   for (const ShardTensor& input : inputs) specs.push_back(input.spec());
@@ -230,7 +242,7 @@ std::vector<ShardTensor> apply_op(const std::string& name, const std::vector<Sha
   Tape* tape = Tape::active();
   if (tape && op.backward && any_requires_grad(ready)) {
     for (ShardTensor& output : outputs) output.set_requires_grad(true);
-    tape->record(OpRecord{&op, attrs, std::move(rule), ready, locals, plans, outputs});
+    tape->record(OpRecord{definition, attrs, std::move(rule), ready, locals, plans, outputs});
   }
   return outputs;
 }

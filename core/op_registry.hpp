@@ -44,7 +44,7 @@ struct OpDef;
 
 /// The forward call as backward sees it.
 struct OpRecord {
-  const OpDef* op;
+  std::shared_ptr<const OpDef> op;  ///< kept alive even if the name is registered again
   OpAttrs attrs;
   OpRule rule;
   std::vector<ShardTensor> inputs;                     ///< in the rule's input layouts
@@ -70,10 +70,10 @@ struct OpDef {
   BackwardFn backward;  ///< empty: not differentiable
 };
 
-/// Registers `op` (replacing one of the same name). Thread-safe.
+/// Registers `op` (replacing one of the same name, built-in ones included). Thread-safe.
 void register_op(OpDef op);
 /// The op called `name`; throws InvalidArgument listing the registered ops when unknown.
-const OpDef& find_op(const std::string& name);
+std::shared_ptr<const OpDef> find_op(const std::string& name);
 /// Names of all registered ops (built-in ones included).
 std::vector<std::string> registered_ops();
 
