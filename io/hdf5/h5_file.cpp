@@ -731,18 +731,20 @@ H5Handle creation_properties(const Shape& shape, size_t element_size, const Writ
   return creation;
 }
 
-void check_write_options(const Tensor& tensor, const WriteOptions& options, const Where& where) {
+/// Fails unless `options` can store a dataset of `ndim` dims (`what` names it in messages).
+void check_write_options(int ndim, const std::string& what, const WriteOptions& options,
+                         const Where& where) {
   if (options.gzip_level < -1 || options.gzip_level > 9)
     fail(where, fmt::format("expected gzip_level -1 (off) or 0..9, found {}", options.gzip_level));
-  if (is_chunked(options) && tensor.ndim() == 0)
+  if (is_chunked(options) && ndim == 0)
     fail(where,
          "expected a tensor of rank >= 1 for a chunked, compressed or checksummed dataset, "
          "found a 0-d tensor");
   if (!options.chunks) return;
   const Shape& chunks = *options.chunks;
-  if (static_cast<int>(chunks.size()) != tensor.ndim())
-    fail(where, fmt::format("expected {} chunk extents for tensor {}, found ({})", tensor.ndim(),
-                            tensor.str(), fmt::join(chunks, ", ")));
+  if (static_cast<int>(chunks.size()) != ndim)
+    fail(where, fmt::format("expected {} chunk extents for tensor {}, found ({})", ndim, what,
+                            fmt::join(chunks, ", ")));
   if (std::any_of(chunks.begin(), chunks.end(), [](int64_t extent) { return extent <= 0; }))
     fail(where,
          fmt::format("expected positive chunk extents, found ({})", fmt::join(chunks, ", ")));
@@ -763,6 +765,42 @@ void clear_dataset_path(hid_t file, const Where& where,
   lookup.object.close();
   if (H5Ldelete(file, where.dataset.c_str(), H5P_DEFAULT) < 0)
     fail_hdf5(where, "cannot remove the existing dataset of that name");
+}
+
+/// Creates `where.dataset` of `shape` and `dtype` in an open file (replacing a dataset of that
+/// name), with the bf16 marker attribute; `what` names the tensor in messages.
+H5Handle create_open_dataset(hid_t file, const Where& where,
+                             const std::vector<std::string>& components, const Shape& shape,
+                             DType dtype, const WriteOptions& options, const std::string& what) {
+  clear_dataset_path(file, where, components);
+  const std::vector<hsize_t> dims(shape.begin(), shape.end());
+  H5Handle space = space_handle(
+      shape.empty() ? H5Screate(H5S_SCALAR)
+                    : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
+  if (!space.valid()) fail_hdf5(where, fmt::format("cannot create a dataspace for {}", what));
+  H5Handle creation = creation_properties(shape, dtype_size(dtype), options, where);
+  H5Handle link_creation = plist_handle(H5Pcreate(H5P_LINK_CREATE));
+  if (!link_creation.valid() || H5Pset_create_intermediate_group(link_creation.get(), 1) < 0)
+    fail_hdf5(where, "cannot set up intermediate group creation");
+  const H5Handle file_type = hdf5_type(dtype, /*in_memory=*/false, where);
+  H5Handle object =
+      object_handle(H5Dcreate2(file, where.dataset.c_str(), file_type.get(), space.get(),
+                               link_creation.get(), creation.get(), H5P_DEFAULT));
+  if (!object.valid()) fail_hdf5(where, fmt::format("cannot create a dataset for {}", what));
+  if (dtype == DType::bf16) write_string_attribute(object.get(), kDtypeAttribute, "bf16", where);
+  return object;
+}
+
+/// Opens an existing HDF5 file read-write (it is never created here).
+H5Handle open_existing_for_write(const Where& where) {
+  require_hdf5_file(where);
+  H5Handle access = write_file_access(where);
+  H5Handle file = file_handle(H5Fopen(where.file.c_str(), H5F_ACC_RDWR, access.get()));
+  if (!file.valid())
+    fail_hdf5(where,
+              "expected an HDF5 file open for writing, found one HDF5 cannot open "
+              "(read-only, truncated, corrupted, or open elsewhere)");
+  return file;
 }
 
 }  // namespace
@@ -829,34 +867,79 @@ void write_dataset(const std::string& file, const std::string& dataset, const Te
   Hdf5Call call;
   const std::vector<std::string> components = path_components(file, dataset);
   const Where where{file, join_path(components, components.size())};
-  check_write_options(tensor, options, where);
+  check_write_options(tensor.ndim(), tensor.str(), options, where);
   const Tensor host = tensor.to(Device::cpu()).contiguous();
 
   H5Handle handle = open_for_write(where, options.truncate_file);
-  clear_dataset_path(handle.get(), where, components);
-
-  const std::vector<hsize_t> dims(host.shape().begin(), host.shape().end());
-  H5Handle space =
-      space_handle(host.ndim() == 0 ? H5Screate(H5S_SCALAR)
-                                    : H5Screate_simple(host.ndim(), dims.data(), nullptr));
-  if (!space.valid()) fail_hdf5(where, fmt::format("cannot create a dataspace for {}", host.str()));
-  H5Handle creation = creation_properties(host.shape(), host.element_size(), options, where);
-  H5Handle link_creation = plist_handle(H5Pcreate(H5P_LINK_CREATE));
-  if (!link_creation.valid() || H5Pset_create_intermediate_group(link_creation.get(), 1) < 0)
-    fail_hdf5(where, "cannot set up intermediate group creation");
-  const H5Handle file_type = hdf5_type(host.dtype(), /*in_memory=*/false, where);
-  H5Handle object =
-      object_handle(H5Dcreate2(handle.get(), where.dataset.c_str(), file_type.get(), space.get(),
-                               link_creation.get(), creation.get(), H5P_DEFAULT));
-  if (!object.valid()) fail_hdf5(where, fmt::format("cannot create a dataset for {}", host.str()));
+  H5Handle object = create_open_dataset(handle.get(), where, components, host.shape(), host.dtype(),
+                                        options, host.str());
   if (host.numel() > 0) {
     const H5Handle memory_type = hdf5_type(host.dtype(), /*in_memory=*/true, where);
     if (H5Dwrite(object.get(), memory_type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, host.raw_data()) <
         0)
       fail_hdf5(where, fmt::format("cannot write {}", host.str()));
   }
-  if (host.dtype() == DType::bf16)
-    write_string_attribute(object.get(), kDtypeAttribute, "bf16", where);
+  if (object.close() < 0) fail_hdf5(where, "cannot close the dataset");
+  if (handle.close() < 0) fail_hdf5(where, "cannot flush and close the file (disk full?)");
+}
+
+void create_dataset(const std::string& file, const std::string& dataset, const Shape& shape,
+                    DType dtype, const WriteOptions& options) {
+  Hdf5Call call;
+  const std::vector<std::string> components = path_components(file, dataset);
+  const Where where{file, join_path(components, components.size())};
+  if (std::any_of(shape.begin(), shape.end(), [](int64_t extent) { return extent < 0; }))
+    fail(where, fmt::format("expected extents >= 0, found shape ({})", fmt::join(shape, ", ")));
+  const std::string what = fmt::format("({}) {}", fmt::join(shape, ", "), dtype_name(dtype));
+  check_write_options(static_cast<int>(shape.size()), what, options, where);
+  H5Handle handle = open_for_write(where, options.truncate_file);
+  H5Handle object =
+      create_open_dataset(handle.get(), where, components, shape, dtype, options, what);
+  if (object.close() < 0) fail_hdf5(where, "cannot close the dataset");
+  if (handle.close() < 0) fail_hdf5(where, "cannot flush and close the file (disk full?)");
+}
+
+void write_hyperslab(const std::string& file, const std::string& dataset, const Box& box,
+                     const Tensor& tensor) {
+  Hdf5Call call;
+  const std::vector<std::string> components = path_components(file, dataset);
+  const Where where{file, join_path(components, components.size())};
+  H5Handle handle = open_existing_for_write(where);
+  H5Handle object = open_dataset(handle.get(), where, components);
+  H5Handle file_space = space_handle(H5Dget_space(object.get()));
+  if (!file_space.valid()) fail_hdf5(where, "cannot read the dataspace (corrupted file?)");
+  const Shape shape = dataspace_shape(file_space.get(), where);
+  const ElementType element = dataset_element_type(object.get(), where);
+  if (!element.numeric)
+    fail(where, fmt::format("expected a numeric element type to write {} into, found {} (HDF5 "
+                            "class {})",
+                            dtype_name(tensor.dtype()), element.name, element.class_name));
+  check_box(box, shape, where);
+  if (tensor.shape() != box.shape())
+    fail(where, fmt::format("expected a tensor of shape ({}) for box {}, found {}",
+                            fmt::join(box.shape(), ", "), box.str(), tensor.str()));
+  const Tensor host = tensor.to(Device::cpu()).contiguous();
+  if (host.numel() > 0) {
+    H5Handle memory_space;
+    if (!shape.empty()) {
+      const std::vector<hsize_t> start(box.lo.begin(), box.lo.end());
+      const Shape extents = box.shape();
+      const std::vector<hsize_t> count(extents.begin(), extents.end());
+      if (H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(),
+                              nullptr) < 0)
+        fail_hdf5(where, fmt::format("cannot select box {}", box.str()));
+      memory_space =
+          space_handle(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr));
+      if (!memory_space.valid()) fail_hdf5(where, "cannot create the memory dataspace");
+    }
+    const H5Handle memory_type = hdf5_type(host.dtype(), /*in_memory=*/true, where);
+    const hid_t memory_space_id = memory_space.valid() ? memory_space.get() : H5S_ALL;
+    const hid_t file_space_id = memory_space.valid() ? file_space.get() : H5S_ALL;
+    if (H5Dwrite(object.get(), memory_type.get(), memory_space_id, file_space_id, H5P_DEFAULT,
+                 host.raw_data()) < 0)
+      fail_hdf5(where, fmt::format("cannot write {} into box {}", host.str(), box.str()));
+  }
+  file_space.close();
   if (object.close() < 0) fail_hdf5(where, "cannot close the dataset");
   if (handle.close() < 0) fail_hdf5(where, "cannot flush and close the file (disk full?)");
 }

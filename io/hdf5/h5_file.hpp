@@ -83,6 +83,16 @@ Tensor read_hyperslab(const std::string& file, const std::string& dataset, const
 void write_dataset(const std::string& file, const std::string& dataset, const Tensor& tensor,
                    const WriteOptions& options = {});
 
+/// Creates (or replaces) `dataset` of `shape` and `dtype` without writing elements (unwritten
+/// elements read as 0); the file and intermediate groups are created as needed.
+void create_dataset(const std::string& file, const std::string& dataset, const Shape& shape,
+                    DType dtype, const WriteOptions& options = {});
+
+/// Writes `tensor` (of shape box.shape()) into the index box `box` of an existing dataset of an
+/// existing file; HDF5 converts the elements to the dataset's numeric element type.
+void write_hyperslab(const std::string& file, const std::string& dataset, const Box& box,
+                     const Tensor& tensor);
+
 /// True when `file` exists and holds a dataset at `dataset` (false for a missing file or path,
 /// or a group); throws IoError when the file is not readable HDF5.
 bool has_dataset(const std::string& file, const std::string& dataset);

@@ -5,6 +5,7 @@
 #include "core/errors.hpp"
 #include "io/hdf5/h5_file.hpp"
 #include "io/hdf5/hdf5_support.hpp"
+#include "io/hdf5/sharded_io.hpp"
 
 namespace tessera::io {
 
@@ -47,8 +48,33 @@ void write_dataset(const std::string& file, const std::string&, const Tensor&,
   not_available(file, "write a dataset to");
 }
 
+void create_dataset(const std::string& file, const std::string&, const Shape&, DType,
+                    const WriteOptions&) {
+  not_available(file, "create a dataset in");
+}
+
+void write_hyperslab(const std::string& file, const std::string&, const Box&, const Tensor&) {
+  not_available(file, "write a hyperslab of");
+}
+
 bool has_dataset(const std::string& file, const std::string&) {
   not_available(file, "look for a dataset in");
+}
+
+ShardTensor read_sharded(const std::string& file, const std::string&, const DeviceMesh&,
+                         std::vector<Placement>, std::vector<std::vector<int64_t>>,
+                         std::optional<DType>) {
+  not_available(file, "read a sharded dataset of");
+}
+
+ShardTensor scatter(const std::string& file, const std::string&, const DeviceMesh&,
+                    std::vector<Placement>, std::vector<std::vector<int64_t>>, int, size_t,
+                    std::optional<DType>) {
+  not_available(file, "scatter a dataset of");
+}
+
+void gather_write(const ShardTensor&, const std::string& file, const std::string&, int, size_t) {
+  not_available(file, "gather and write a dataset to");
 }
 
 }  // namespace tessera::io

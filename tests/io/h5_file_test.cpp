@@ -1,7 +1,7 @@
 // Tests of the HDF5 layer (io/hdf5/h5_file.hpp): bit-exact round trips of every dtype and rank,
-// chunked and gzip storage, hyperslab reads, conversions on read, groups, metadata, files written
-// by h5py, and that every bad file or argument is an IoError naming the file and dataset (never a
-// crash, never HDF5's error stack on stderr).
+// chunked and gzip storage, hyperslab reads and writes, conversions on read, groups, metadata,
+// files written by h5py, and that every bad file or argument is an IoError naming the file and
+// dataset (never a crash, never HDF5's error stack on stderr).
 #include "io/hdf5/h5_file.hpp"
 
 #include <gtest/gtest.h>
@@ -217,6 +217,64 @@ TEST_F(H5File, HyperslabOfRandomBoxesMatchesFullRead) {
   EXPECT_EQ(slab.dtype(), DType::i32);
   EXPECT_TRUE(
       bitwise_equal(slab, read_dataset(file, "/f64", DType::i32).view_box(box).contiguous()));
+}
+
+TEST_F(H5File, HyperslabWritesIntoACreatedDatasetRoundTrip) {
+  const std::string file = path("boxes.h5");
+  std::mt19937_64 generator(11);
+  for (DType dtype : all_dtypes) {
+    const std::string name = std::string("/g/") + std::string(dtype_name(dtype));
+    const Shape shape{6, 5, 4};
+    const Tensor full = random_bits_tensor(shape, dtype, generator());
+    create_dataset(file, name, shape, dtype, {.chunks = Shape{2, 5, 3}});
+    EXPECT_EQ(dataset_info(file, name).dtype, dtype);
+    // Row blocks of uneven heights (an empty one included) cover the dataset.
+    for (auto [lo, hi] : {std::pair<int64_t, int64_t>{0, 1}, {1, 1}, {1, 4}, {4, 6}}) {
+      const Box box{{lo, 0, 0}, {hi, 5, 4}};
+      write_hyperslab(file, name, box, full.view_box(box));
+    }
+    EXPECT_TRUE(bitwise_equal(read_dataset(file, name), full)) << dtype_name(dtype);
+  }
+  // Unwritten elements read as zero; a scalar dataset takes its one element.
+  create_dataset(file, "/zeros", {3, 2}, DType::f64);
+  write_hyperslab(file, "/zeros", Box{{1, 0}, {2, 2}},
+                  Tensor::from_values<double>({1, 2}, std::vector<double>{7, 8}));
+  EXPECT_TRUE(
+      bitwise_equal(read_dataset(file, "/zeros"),
+                    Tensor::from_values<double>({3, 2}, std::vector<double>{0, 0, 7, 8, 0, 0})));
+  create_dataset(file, "/scalar", {}, DType::i64);
+  write_hyperslab(file, "/scalar", Box{},
+                  Tensor::from_values<int64_t>({}, std::vector<int64_t>{42}));
+  EXPECT_EQ(read_dataset(file, "/scalar").item_as_double({}), 42.0);
+}
+
+TEST_F(H5FileErrors, HyperslabWriteRefusesBadBoxesTensorsAndFiles) {
+  const std::string file = path("data.h5");
+  create_dataset(file, "/x", {4, 5}, DType::f32);
+  expect_io_error(
+      [&] {
+        write_hyperslab(file, "/x", Box{{0, 0}, {5, 5}}, Tensor::zeros({5, 5}, DType::f32));
+      },
+      {file, "/x", "within the dataset shape (4, 5)"});
+  expect_io_error(
+      [&] {
+        write_hyperslab(file, "/x", Box{{0, 0}, {2, 2}}, Tensor::zeros({2, 3}, DType::f32));
+      },
+      {file, "/x", "expected a tensor of shape (2, 2)"});
+  expect_io_error(
+      [&] {
+        write_hyperslab(file, "/missing", Box{{0}, {1}}, Tensor::zeros({1}, DType::f32));
+      },
+      {file, "/missing", "no object of that name"});
+  const std::string missing = path("missing.h5");
+  expect_io_error(
+      [&] {
+        write_hyperslab(missing, "/x", Box{{0}, {1}}, Tensor::zeros({1}, DType::f32));
+      },
+      {missing, "no such file"});
+  EXPECT_FALSE(fs::exists(missing));
+  expect_io_error([&] { create_dataset(path("no_dir/a.h5"), "/x", {2}, DType::f32); },
+                  {"no_dir/a.h5", "cannot create the file"});
 }
 
 TEST_F(H5File, F64ReadAsF32EqualsRoundedValues) {

@@ -1,0 +1,351 @@
+// Sharded HDF5 IO (io/hdf5/sharded_io.hpp) on top of the serial single-dataset calls of
+// h5_file.hpp. Compiled only when Tessera is built with HDF5.
+#include "io/hdf5/sharded_io.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <memory>
+#include <utility>
+
+#include "core/agree.hpp"
+#include "core/shard_tensor_detail.hpp"
+#include "io/hdf5/h5_file.hpp"
+
+namespace tessera::io {
+namespace {
+
+/// Slab k of a box travels with tag k % kTagModulus (MPI guarantees tags up to 32767; messages
+/// of one pair with the same tag arrive in the order they were posted).
+constexpr int kTagModulus = 32768;
+
+/// The message of an error without its "[op] " prefix (agree_on_error adds the op back).
+std::string reason_of(const std::exception& error) {
+  const std::string text = error.what();
+  if (!text.empty() && text.front() == '[') {
+    const size_t end = text.find("] ");
+    if (end != std::string::npos) return text.substr(end + 2);
+  }
+  return text;
+}
+
+/// Bytes of one index of the first dim of a non-empty box (the whole box when it is 0-d).
+size_t row_bytes(const Box& box, size_t element) {
+  if (box.ndim() == 0) return element;
+  return static_cast<size_t>(box.volume() / box.extent(0)) * element;
+}
+
+/// The slabs a box moves in: consecutive ranges of its first dim of
+/// max(1, (staging_bytes / 2) / row_bytes) rows; none for an empty box, the box itself when 0-d.
+std::vector<Box> slabs_of(const Box& box, size_t element, size_t staging_bytes) {
+  if (box.empty()) return {};
+  if (box.ndim() == 0) return {box};
+  const size_t half = std::max<size_t>(1, staging_bytes / 2);
+  const int64_t rows = static_cast<int64_t>(std::max<size_t>(1, half / row_bytes(box, element)));
+  std::vector<Box> slabs;
+  for (int64_t lo = box.lo[0]; lo < box.hi[0]; lo += rows) {
+    Box slab = box;
+    slab.lo[0] = lo;
+    slab.hi[0] = std::min(lo + rows, box.hi[0]);
+    slabs.push_back(std::move(slab));
+  }
+  return slabs;
+}
+
+/// One slab on its way between the root and `peer`.
+struct Piece {
+  int peer;
+  Box box;  // global indices
+  int tag;
+};
+
+/// Every slab of every rank's box, in rank order, for the ranks `moves` selects.
+template <typename Selected>
+std::vector<Piece> pieces_of(const ShardSpec& spec, int size, size_t element, size_t staging_bytes,
+                             Selected moves) {
+  std::vector<Piece> pieces;
+  for (int rank = 0; rank < size; ++rank) {
+    if (!moves(rank)) continue;
+    const std::vector<Box> slabs = slabs_of(spec.local_box_of_rank(rank), element, staging_bytes);
+    for (size_t k = 0; k < slabs.size(); ++k)
+      pieces.push_back({rank, slabs[k], static_cast<int>(k % kTagModulus)});
+  }
+  return pieces;
+}
+
+/// Receives (or sends) every slab of this rank's own box from (to) `root`, in one batch.
+void move_own_slabs(Comm& comm, const Tensor& local, const Box& box, size_t staging_bytes, int root,
+                    P2POp::Kind kind) {
+  const size_t element = dtype_size(local.dtype());
+  const std::vector<Box> slabs = slabs_of(box, element, staging_bytes);
+  if (slabs.empty()) return;
+  std::vector<P2POp> ops;
+  char* base = static_cast<char*>(local.raw_data());
+  for (size_t k = 0; k < slabs.size(); ++k) {
+    const size_t offset =
+        box.ndim() == 0 ? 0
+                        : static_cast<size_t>(slabs[k].lo[0] - box.lo[0]) * row_bytes(box, element);
+    const size_t bytes = static_cast<size_t>(slabs[k].volume()) * element;
+    const int tag = static_cast<int>(k % kTagModulus);
+    ops.push_back(kind == P2POp::Kind::send ? P2POp::send(base + offset, bytes, root, tag)
+                                            : P2POp::recv(base + offset, bytes, root, tag));
+  }
+  comm.send_recv(ops);
+}
+
+/// What every rank knows after the header exchange: the dataset's shape, the dtype read, and
+/// the root's staging budget.
+struct Header {
+  Shape shape;
+  DType dtype = DType::f32;
+  size_t staging_bytes = 0;
+};
+
+/// Collective: refuses Partial placements and a bad root; `root` describes the dataset (and
+/// checks that it can be read as the dtype) and broadcasts its shape, dtype and staging budget.
+/// Any problem becomes the same AgreedError on every rank.
+Header agreed_header(const DeviceMesh& mesh, const std::string& op, const std::string& file,
+                     const std::string& dataset, const std::vector<Placement>& placements,
+                     std::optional<DType> as, int root, size_t staging_bytes) {
+  Comm& comm = mesh.comm();
+  std::optional<std::string> problem;
+  if (root < 0 || root >= comm.size())
+    problem = fmt::format("root {} outside a mesh of {} ranks", root, comm.size());
+  for (size_t m = 0; m < placements.size() && !problem; ++m)
+    if (placements[m].is_partial())
+      problem = fmt::format(
+          "placement {} on mesh dim {} is Partial: a dataset holds full values, so it cannot be "
+          "read as partial ones (read it Replicate or Shard, then redistribute)",
+          placements[m].str(), m);
+  Header header;
+  if (!problem && comm.rank() == root) {
+    try {
+      const DatasetInfo info = dataset_info(file, dataset);
+      if (!as && !info.dtype)
+        problem = fmt::format(
+            "file '{}', dataset '{}': expected an element type of f32, f64, f16, bf16, i32, i64 "
+            "or u8, found {}",
+            file, info.path, info.file_type);
+      if (!problem) {
+        header.shape = info.shape;
+        header.dtype = as ? *as : *info.dtype;
+        // A read of an empty box checks that the elements convert to the dtype.
+        const Shape origin(info.shape.size(), 0);
+        if (shape_numel(info.shape) != 0 || info.shape.empty())
+          read_hyperslab(file, dataset, Box{origin, origin}, header.dtype);
+      }
+    } catch (const std::exception& error) {
+      problem = reason_of(error);
+    }
+  }
+  agree_on_error(comm, op, problem);
+  int64_t values[3] = {static_cast<int64_t>(header.shape.size()),
+                       static_cast<int64_t>(header.dtype), static_cast<int64_t>(staging_bytes)};
+  comm.broadcast(values, 3, DType::i64, root);
+  header.shape.resize(static_cast<size_t>(values[0]));
+  comm.broadcast(header.shape.data(), header.shape.size(), DType::i64, root);
+  header.dtype = static_cast<DType>(values[1]);
+  header.staging_bytes = static_cast<size_t>(values[2]);
+  return header;
+}
+
+}  // namespace
+
+ShardTensor read_sharded(const std::string& file, const std::string& dataset,
+                         const DeviceMesh& mesh, std::vector<Placement> placements,
+                         std::vector<std::vector<int64_t>> extents, std::optional<DType> as) {
+  const std::string op = "read_sharded";
+  CommOpScope scope(op);
+  const Header header = agreed_header(mesh, op, file, dataset, placements, as, 0, 0);
+  ShardSpec spec = detail::make_agreed_spec(mesh, op, header.shape, std::move(placements),
+                                            std::move(extents), header.dtype);
+  std::optional<std::string> problem;
+  Tensor local;
+  try {
+    local = read_hyperslab(file, dataset, spec.local_box(mesh.coord()), header.dtype);
+  } catch (const std::exception& error) {
+    problem = fmt::format("rank {}: {}", mesh.rank(), reason_of(error));
+  }
+  agree_on_error(mesh.comm(), op, problem);
+  return ShardTensor(std::move(local), mesh, std::move(spec));
+}
+
+ShardTensor scatter(const std::string& file, const std::string& dataset, const DeviceMesh& mesh,
+                    std::vector<Placement> placements, std::vector<std::vector<int64_t>> extents,
+                    int root, size_t staging_bytes, std::optional<DType> as) {
+  const std::string op = "scatter";
+  CommOpScope scope(op);
+  Comm& comm = mesh.comm();
+  const Header header = agreed_header(mesh, op, file, dataset, placements, as, root, staging_bytes);
+  ShardSpec spec = detail::make_agreed_spec(mesh, op, header.shape, std::move(placements),
+                                            std::move(extents), header.dtype);
+  const DType dtype = header.dtype;
+  const size_t element = dtype_size(dtype);
+  const Box own_box = spec.local_box(mesh.coord());
+  Tensor local = Tensor::empty(own_box.shape(), dtype);
+  std::optional<std::string> problem;
+
+  if (comm.rank() != root) {
+    move_own_slabs(comm, local, own_box, header.staging_bytes, root, P2POp::Kind::recv);
+  } else {
+    // Reads one box; after the first failure, sends zeros so that every receive completes and
+    // the error is agreed at the end instead of leaving receivers waiting.
+    auto read_box = [&](const Box& box) {
+      if (!problem) {
+        try {
+          return read_hyperslab(file, dataset, box, dtype);
+        } catch (const std::exception& error) {
+          problem = reason_of(error);
+        }
+      }
+      return Tensor::zeros(box.shape(), dtype);
+    };
+    const std::vector<Piece> pieces = pieces_of(spec, comm.size(), element, header.staging_bytes,
+                                                [&](int rank) { return rank != root; });
+    const size_t half = std::max<size_t>(1, header.staging_bytes / 2);
+    size_t next = 0;
+    // The next batch: at least one piece, more while their bytes stay within half the budget.
+    auto read_batch = [&] {
+      std::vector<std::pair<const Piece*, Tensor>> batch;
+      size_t bytes = 0;
+      while (next < pieces.size()) {
+        const size_t piece_bytes = static_cast<size_t>(pieces[next].box.volume()) * element;
+        if (!batch.empty() && bytes + piece_bytes > half) break;
+        batch.emplace_back(&pieces[next], read_box(pieces[next].box));
+        bytes += piece_bytes;
+        ++next;
+      }
+      return batch;
+    };
+    bool own_read = false;
+    auto batch = read_batch();
+    while (!batch.empty()) {
+      std::vector<P2POp> ops;
+      for (const auto& [piece, data] : batch)
+        ops.push_back(
+            P2POp::send(data.raw_data(), data.numel() * element, piece->peer, piece->tag));
+      std::unique_ptr<P2PBatch> in_flight = comm.start_send_recv(ops);
+      auto following = read_batch();
+      if (following.empty() && !own_read) {
+        local = read_box(own_box);
+        own_read = true;
+      }
+      in_flight->wait();
+      batch = std::move(following);
+    }
+    if (!own_read) local = read_box(own_box);
+  }
+  agree_on_error(comm, op, problem);
+  return ShardTensor(std::move(local), mesh, std::move(spec));
+}
+
+void gather_write(const ShardTensor& tensor, const std::string& file, const std::string& dataset,
+                  int root, size_t staging_bytes) {
+  const std::string op = "gather_write";
+  CommOpScope scope(op);
+  const DeviceMesh& mesh = tensor.mesh();
+  Comm& comm = mesh.comm();
+  agree_on_error(comm, op,
+                 root < 0 || root >= comm.size()
+                     ? std::optional<std::string>(
+                           fmt::format("root {} outside a mesh of {} ranks", root, comm.size()))
+                     : std::nullopt);
+  int64_t budget = static_cast<int64_t>(staging_bytes);
+  comm.broadcast(&budget, 1, DType::i64, root);
+  staging_bytes = static_cast<size_t>(budget);
+
+  // Pending reductions first; then one copy of every box (coordinate 0 of replicated dims).
+  std::vector<Placement> reduced = tensor.placements();
+  for (Placement& placement : reduced)
+    if (placement.is_partial()) placement = Placement::replicate();
+  const ShardTensor source =
+      tensor.spec().has_partial() ? tensor.redistribute(reduced, tensor.spec().extents) : tensor;
+  const ShardSpec& spec = source.spec();
+  auto canonical = [&](int rank) {
+    const std::vector<int> coord = coord_of(rank, mesh.shape());
+    for (int m = 0; m < mesh.ndim(); ++m)
+      if (!spec.placements[m].is_shard() && coord[m] != 0) return false;
+    return true;
+  };
+  const DType dtype = source.dtype();
+  const size_t element = dtype_size(dtype);
+  const Tensor local = source.to_local().to(Device::cpu()).contiguous();
+
+  // The root prepares a temporary copy (the existing file's other datasets are kept) and agrees
+  // on its success before any data moves.
+  const std::string temporary = fmt::format("{}.tmp-{}", file, static_cast<long>(::getpid()));
+  std::optional<std::string> problem;
+  if (comm.rank() == root) {
+    try {
+      std::filesystem::remove(temporary);
+      if (std::filesystem::exists(file)) std::filesystem::copy_file(file, temporary);
+      create_dataset(temporary, dataset, spec.global_shape, dtype);
+    } catch (const std::exception& error) {
+      problem = reason_of(error);
+    }
+  }
+  agree_on_error(comm, op, problem);
+
+  if (comm.rank() != root) {
+    if (canonical(comm.rank()))
+      move_own_slabs(comm, local, source.local_box(), staging_bytes, root, P2POp::Kind::send);
+  } else {
+    // Writes one box; after the first failure, only receives (to release the senders).
+    auto write_box = [&](const Box& box, const Tensor& data) {
+      if (problem || box.empty()) return;
+      try {
+        write_hyperslab(temporary, dataset, box, data);
+      } catch (const std::exception& error) {
+        problem = reason_of(error);
+      }
+    };
+    const std::vector<Piece> pieces =
+        pieces_of(spec, comm.size(), element, staging_bytes,
+                  [&](int rank) { return rank != root && canonical(rank); });
+    const size_t half = std::max<size_t>(1, staging_bytes / 2);
+    size_t next = 0;
+    std::vector<std::pair<const Piece*, Tensor>> batch;
+    // Posts the receives of the next batch (at least one piece, more within half the budget).
+    auto post_batch = [&]() -> std::unique_ptr<P2PBatch> {
+      batch.clear();
+      std::vector<P2POp> ops;
+      size_t bytes = 0;
+      while (next < pieces.size()) {
+        const size_t piece_bytes = static_cast<size_t>(pieces[next].box.volume()) * element;
+        if (!batch.empty() && bytes + piece_bytes > half) break;
+        batch.emplace_back(&pieces[next], Tensor::empty(pieces[next].box.shape(), dtype));
+        ops.push_back(P2POp::recv(batch.back().second.raw_data(), piece_bytes, pieces[next].peer,
+                                  pieces[next].tag));
+        bytes += piece_bytes;
+        ++next;
+      }
+      if (ops.empty()) return nullptr;
+      return comm.start_send_recv(ops);
+    };
+    std::unique_ptr<P2PBatch> in_flight = post_batch();
+    if (canonical(root)) write_box(source.local_box(), local);
+    while (in_flight) {
+      in_flight->wait();
+      auto received = std::move(batch);
+      in_flight = post_batch();
+      for (const auto& [piece, data] : received) write_box(piece->box, data);
+    }
+    if (!problem) {
+      try {
+        std::filesystem::rename(temporary, file);
+      } catch (const std::exception& error) {
+        problem = reason_of(error);
+      }
+    }
+    if (problem) {
+      std::error_code ignored;
+      std::filesystem::remove(temporary, ignored);
+    }
+  }
+  agree_on_error(comm, op, problem);
+}
+
+}  // namespace tessera::io
