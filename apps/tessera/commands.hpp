@@ -11,6 +11,8 @@ void register_info(CLI::App& app);
 void register_demo(CLI::App& app);
 /// `tessera run-op conv`: a sharded op on data from an HDF5 file.
 void register_run_op(CLI::App& app);
+/// `tessera inspect FILE.h5` and `tessera scatter FILE.h5:/dataset`.
+void register_io_commands(CLI::App& app);
 /// `tessera bench comm`: collectives and redistribute beside the raw MPI collectives.
 void register_bench(CLI::App& app);
 

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   tessera::cli::register_info(app);
   tessera::cli::register_demo(app);
   tessera::cli::register_run_op(app);
+  tessera::cli::register_io_commands(app);
   tessera::cli::register_bench(app);
   try {
     app.parse(argc, argv);

@@ -1,0 +1,52 @@
+#!/usr/bin/python3
+# Acceptance check of `tessera inspect` and `tessera scatter` on the h5py-written sample file
+# (tests/fixtures/h5py): inspect --json reports every dataset's shape and type; scatter in both
+# modes verifies bit for bit on uneven (and empty) shards; bad input exits 2 with one line.
+# Launcher for scatter in TESSERA_LAUNCH (e.g. "mpiexec -n 4"), local ranks otherwise.
+# Usage: io_commands_check.py TESSERA_BINARY FIXTURE_DIR
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+tessera, fixtures = sys.argv[1], sys.argv[2]
+launch = shlex.split(os.environ.get("TESSERA_LAUNCH", ""))
+sample = os.path.join(fixtures, "h5py", "sample.h5")
+expected = json.load(open(os.path.join(fixtures, "h5py", "expected.json")))
+failures = 0
+
+
+def check(ok, what):
+    global failures
+    failures += not ok
+    print(f"{'ok' if ok else 'FAIL'}: {what}")
+
+
+result = subprocess.run([tessera, "inspect", sample, "--json"], capture_output=True, text=True, timeout=60)
+listing = {d["path"]: d for d in json.loads(result.stdout)["datasets"]} if result.returncode == 0 else {}
+check(result.returncode == 0 and len(listing) >= 6, "inspect --json lists the datasets")
+check(listing.get("/f32_3d", {}).get("shape") == [3, 4, 5] and listing["/f32_3d"]["type"] == "f32",
+      "inspect reports shape and type")
+
+for mode in ("root", "sharded"):
+    for target, args in [("/f64_chunked_gzip", ["--mesh", "2x2", "--shard-dims", "0,1", "--extents", "15,5;0,30"]),
+                         ("/f32_3d", ["--mesh", "4", "--shard-dims", "2", "--extents", "2,0,2,1"])]:
+        command = launch + [tessera, "scatter", f"{sample}:{target}", "--mode", mode, "--verify"] + args
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        check(result.returncode == 0 and "bit for bit: yes" in result.stdout,
+              f"scatter {target} --mode {mode} {' '.join(args)}")
+        if result.returncode != 0:
+            print(result.stdout + result.stderr)
+
+for args, what in [([f"{sample}:/f32_3d", "--mesh", "2x2", "--shard-dims", "0,1", "--extents", "1,1;2,2"],
+                    "extents that don't sum"),
+                   ([f"{sample}:/missing", "--mesh", "2x2", "--shard-dims", "0,1"], "missing dataset"),
+                   ([f"{sample}:/group", "--mesh", "2x2", "--shard-dims", "0,1"], "a group, not a dataset")]:
+    result = subprocess.run(launch + [tessera, "scatter"] + args, capture_output=True, text=True, timeout=300)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    check(result.returncode == 2 and len(lines) == 1 and lines[0].startswith("tessera: error: ["),
+          f"{what}: exit {result.returncode}, {lines}")
+
+print(f"{failures} failed")
+sys.exit(1 if failures else 0)
