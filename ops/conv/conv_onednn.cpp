@@ -244,8 +244,6 @@ class ScratchBuffer {
 // the conv, and reorders the result back into `output` when the chosen layout is not plain.
 void execute(ThreadContext& context, const CachedConv& cached,
              const std::vector<const Tensor*>& inputs, Tensor& output) {
-  // oneDNN runs on OpenMP: use this rank's share of the cores, not all of them.
-  omp_set_num_threads(compute_threads());
   std::vector<std::unique_ptr<ScratchBuffer>> scratch;
   std::unordered_map<int, memory> args;
   for (size_t i = 0; i < cached.inputs.size(); ++i) {
@@ -282,6 +280,9 @@ void run_conv(Direction direction, const ConvProblem& problem,
   const DnnlDims dims(problem);
   const std::vector<int64_t> dilation(problem.dilation.end() - problem.spatial_dims,
                                       problem.dilation.end());
+  // oneDNN runs on OpenMP: use this rank's share of the cores, set before the engine and the
+  // primitives are created (they size their work for the thread count they see then).
+  omp_set_num_threads(compute_threads());
   try {
     ThreadContext& context = thread_context();
     execute(context, cached_conv(context, direction, dims, has_bias), inputs, output);
