@@ -944,6 +944,24 @@ void write_hyperslab(const std::string& file, const std::string& dataset, const 
   if (handle.close() < 0) fail_hdf5(where, "cannot flush and close the file (disk full?)");
 }
 
+void write_attributes(const std::string& file, const std::string& dataset,
+                      const std::map<std::string, std::string>& attributes) {
+  Hdf5Call call;
+  const std::vector<std::string> components = path_components(file, dataset);
+  const Where where{file, join_path(components, components.size())};
+  H5Handle handle = open_existing_for_write(where);
+  H5Handle object = open_dataset(handle.get(), where, components);
+  for (const auto& [name, value] : attributes) {
+    const htri_t exists = H5Aexists(object.get(), name.c_str());
+    if (exists < 0) fail_hdf5(where, fmt::format("cannot look for attribute '{}'", name));
+    if (exists > 0 && H5Adelete(object.get(), name.c_str()) < 0)
+      fail_hdf5(where, fmt::format("cannot replace attribute '{}'", name));
+    write_string_attribute(object.get(), name.c_str(), value, where);
+  }
+  if (object.close() < 0) fail_hdf5(where, "cannot close the dataset");
+  if (handle.close() < 0) fail_hdf5(where, "cannot flush and close the file (disk full?)");
+}
+
 bool has_dataset(const std::string& file, const std::string& dataset) {
   Hdf5Call call;
   const std::vector<std::string> components = path_components(file, dataset);

@@ -93,6 +93,11 @@ void create_dataset(const std::string& file, const std::string& dataset, const S
 void write_hyperslab(const std::string& file, const std::string& dataset, const Box& box,
                      const Tensor& tensor);
 
+/// Writes (or replaces) scalar fixed-length string attributes of an existing dataset of an
+/// existing file.
+void write_attributes(const std::string& file, const std::string& dataset,
+                      const std::map<std::string, std::string>& attributes);
+
 /// True when `file` exists and holds a dataset at `dataset` (false for a missing file or path,
 /// or a group); throws IoError when the file is not readable HDF5.
 bool has_dataset(const std::string& file, const std::string& dataset);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/errors.hpp"
+#include "io/hdf5/checkpoint.hpp"
 #include "io/hdf5/h5_file.hpp"
 #include "io/hdf5/hdf5_support.hpp"
 #include "io/hdf5/sharded_io.hpp"
@@ -57,6 +58,11 @@ void write_hyperslab(const std::string& file, const std::string&, const Box&, co
   not_available(file, "write a hyperslab of");
 }
 
+void write_attributes(const std::string& file, const std::string&,
+                      const std::map<std::string, std::string>&) {
+  not_available(file, "write attributes in");
+}
+
 bool has_dataset(const std::string& file, const std::string&) {
   not_available(file, "look for a dataset in");
 }
@@ -75,6 +81,16 @@ ShardTensor scatter(const std::string& file, const std::string&, const DeviceMes
 
 void gather_write(const ShardTensor&, const std::string& file, const std::string&, int, size_t) {
   not_available(file, "gather and write a dataset to");
+}
+
+void save_checkpoint(const std::string& file,
+                     const std::vector<std::pair<std::string, ShardTensor>>&, int, size_t) {
+  not_available(file, "save a checkpoint to");
+}
+
+std::vector<std::pair<std::string, ShardTensor>> load_checkpoint(
+    const std::string& file, const DeviceMesh&, const std::map<std::string, CheckpointLayout>&) {
+  not_available(file, "load a checkpoint from");
 }
 
 }  // namespace tessera::io

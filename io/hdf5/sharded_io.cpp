@@ -14,16 +14,11 @@
 #include "core/agree.hpp"
 #include "core/shard_tensor_detail.hpp"
 #include "io/hdf5/h5_file.hpp"
+#include "io/hdf5/sharded_io_detail.hpp"
 
 namespace tessera::io {
-namespace {
 
-/// Slab k of a box travels with tag k % kTagModulus (MPI guarantees tags up to 32767; messages
-/// of one pair with the same tag arrive in the order they were posted).
-constexpr int kTagModulus = 32768;
-
-/// The message of an error without its "[op] " prefix (agree_on_error adds the op back).
-std::string reason_of(const std::exception& error) {
+std::string detail::reason_of(const std::exception& error) {
   const std::string text = error.what();
   if (!text.empty() && text.front() == '[') {
     const size_t end = text.find("] ");
@@ -31,6 +26,14 @@ std::string reason_of(const std::exception& error) {
   }
   return text;
 }
+
+namespace {
+
+/// Slab k of a box travels with tag k % kTagModulus (MPI guarantees tags up to 32767; messages
+/// of one pair with the same tag arrive in the order they were posted).
+constexpr int kTagModulus = 32768;
+
+using detail::reason_of;
 
 /// Bytes of one index of the first dim of a non-empty box (the whole box when it is 0-d).
 size_t row_bytes(const Box& box, size_t element) {
@@ -154,14 +157,87 @@ Header agreed_header(const DeviceMesh& mesh, const std::string& op, const std::s
 
 }  // namespace
 
+ShardTensor detail::without_partial(const ShardTensor& tensor) {
+  if (!tensor.spec().has_partial()) return tensor;
+  std::vector<Placement> reduced = tensor.placements();
+  for (Placement& placement : reduced)
+    if (placement.is_partial()) placement = Placement::replicate();
+  return tensor.redistribute(reduced, tensor.spec().extents);
+}
+
+std::optional<std::string> detail::stream_to_root(const ShardTensor& source,
+                                                  const std::string& file,
+                                                  const std::string& dataset, int root,
+                                                  size_t staging_bytes) {
+  const DeviceMesh& mesh = source.mesh();
+  Comm& comm = mesh.comm();
+  const ShardSpec& spec = source.spec();
+  auto canonical = [&](int rank) {
+    const std::vector<int> coord = coord_of(rank, mesh.shape());
+    for (int m = 0; m < mesh.ndim(); ++m)
+      if (!spec.placements[m].is_shard() && coord[m] != 0) return false;
+    return true;
+  };
+  const DType dtype = source.dtype();
+  const size_t element = dtype_size(dtype);
+  const Tensor local = source.to_local().to(Device::cpu()).contiguous();
+  std::optional<std::string> problem;
+  if (comm.rank() != root) {
+    if (canonical(comm.rank()))
+      move_own_slabs(comm, local, source.local_box(), staging_bytes, root, P2POp::Kind::send);
+  } else {
+    // Writes one box; after the first failure, only receives (to release the senders).
+    auto write_box = [&](const Box& box, const Tensor& data) {
+      if (problem || box.empty()) return;
+      try {
+        write_hyperslab(file, dataset, box, data);
+      } catch (const std::exception& error) {
+        problem = reason_of(error);
+      }
+    };
+    const std::vector<Piece> pieces =
+        pieces_of(spec, comm.size(), element, staging_bytes,
+                  [&](int rank) { return rank != root && canonical(rank); });
+    const size_t half = std::max<size_t>(1, staging_bytes / 2);
+    size_t next = 0;
+    std::vector<std::pair<const Piece*, Tensor>> batch;
+    // Posts the receives of the next batch (at least one piece, more within half the budget).
+    auto post_batch = [&]() -> std::unique_ptr<P2PBatch> {
+      batch.clear();
+      std::vector<P2POp> ops;
+      size_t bytes = 0;
+      while (next < pieces.size()) {
+        const size_t piece_bytes = static_cast<size_t>(pieces[next].box.volume()) * element;
+        if (!batch.empty() && bytes + piece_bytes > half) break;
+        batch.emplace_back(&pieces[next], Tensor::empty(pieces[next].box.shape(), dtype));
+        ops.push_back(P2POp::recv(batch.back().second.raw_data(), piece_bytes, pieces[next].peer,
+                                  pieces[next].tag));
+        bytes += piece_bytes;
+        ++next;
+      }
+      if (ops.empty()) return nullptr;
+      return comm.start_send_recv(ops);
+    };
+    std::unique_ptr<P2PBatch> in_flight = post_batch();
+    if (canonical(root)) write_box(source.local_box(), local);
+    while (in_flight) {
+      in_flight->wait();
+      auto received = std::move(batch);
+      in_flight = post_batch();
+      for (const auto& [piece, data] : received) write_box(piece->box, data);
+    }
+  }
+  return problem;
+}
+
 ShardTensor read_sharded(const std::string& file, const std::string& dataset,
                          const DeviceMesh& mesh, std::vector<Placement> placements,
                          std::vector<std::vector<int64_t>> extents, std::optional<DType> as) {
   const std::string op = "read_sharded";
   CommOpScope scope(op);
   const Header header = agreed_header(mesh, op, file, dataset, placements, as, 0, 0);
-  ShardSpec spec = detail::make_agreed_spec(mesh, op, header.shape, std::move(placements),
-                                            std::move(extents), header.dtype);
+  ShardSpec spec = tessera::detail::make_agreed_spec(mesh, op, header.shape, std::move(placements),
+                                                     std::move(extents), header.dtype);
   std::optional<std::string> problem;
   Tensor local;
   try {
@@ -180,8 +256,8 @@ ShardTensor scatter(const std::string& file, const std::string& dataset, const D
   CommOpScope scope(op);
   Comm& comm = mesh.comm();
   const Header header = agreed_header(mesh, op, file, dataset, placements, as, root, staging_bytes);
-  ShardSpec spec = detail::make_agreed_spec(mesh, op, header.shape, std::move(placements),
-                                            std::move(extents), header.dtype);
+  ShardSpec spec = tessera::detail::make_agreed_spec(mesh, op, header.shape, std::move(placements),
+                                                     std::move(extents), header.dtype);
   const DType dtype = header.dtype;
   const size_t element = dtype_size(dtype);
   const Box own_box = spec.local_box(mesh.coord());
@@ -257,22 +333,9 @@ void gather_write(const ShardTensor& tensor, const std::string& file, const std:
   comm.broadcast(&budget, 1, DType::i64, root);
   staging_bytes = static_cast<size_t>(budget);
 
-  // Pending reductions first; then one copy of every box (coordinate 0 of replicated dims).
-  std::vector<Placement> reduced = tensor.placements();
-  for (Placement& placement : reduced)
-    if (placement.is_partial()) placement = Placement::replicate();
-  const ShardTensor source =
-      tensor.spec().has_partial() ? tensor.redistribute(reduced, tensor.spec().extents) : tensor;
+  const ShardTensor source = detail::without_partial(tensor);
   const ShardSpec& spec = source.spec();
-  auto canonical = [&](int rank) {
-    const std::vector<int> coord = coord_of(rank, mesh.shape());
-    for (int m = 0; m < mesh.ndim(); ++m)
-      if (!spec.placements[m].is_shard() && coord[m] != 0) return false;
-    return true;
-  };
   const DType dtype = source.dtype();
-  const size_t element = dtype_size(dtype);
-  const Tensor local = source.to_local().to(Device::cpu()).contiguous();
 
   // The root prepares a temporary copy (the existing file's other datasets are kept) and agrees
   // on its success before any data moves.
@@ -289,50 +352,8 @@ void gather_write(const ShardTensor& tensor, const std::string& file, const std:
   }
   agree_on_error(comm, op, problem);
 
-  if (comm.rank() != root) {
-    if (canonical(comm.rank()))
-      move_own_slabs(comm, local, source.local_box(), staging_bytes, root, P2POp::Kind::send);
-  } else {
-    // Writes one box; after the first failure, only receives (to release the senders).
-    auto write_box = [&](const Box& box, const Tensor& data) {
-      if (problem || box.empty()) return;
-      try {
-        write_hyperslab(temporary, dataset, box, data);
-      } catch (const std::exception& error) {
-        problem = reason_of(error);
-      }
-    };
-    const std::vector<Piece> pieces =
-        pieces_of(spec, comm.size(), element, staging_bytes,
-                  [&](int rank) { return rank != root && canonical(rank); });
-    const size_t half = std::max<size_t>(1, staging_bytes / 2);
-    size_t next = 0;
-    std::vector<std::pair<const Piece*, Tensor>> batch;
-    // Posts the receives of the next batch (at least one piece, more within half the budget).
-    auto post_batch = [&]() -> std::unique_ptr<P2PBatch> {
-      batch.clear();
-      std::vector<P2POp> ops;
-      size_t bytes = 0;
-      while (next < pieces.size()) {
-        const size_t piece_bytes = static_cast<size_t>(pieces[next].box.volume()) * element;
-        if (!batch.empty() && bytes + piece_bytes > half) break;
-        batch.emplace_back(&pieces[next], Tensor::empty(pieces[next].box.shape(), dtype));
-        ops.push_back(P2POp::recv(batch.back().second.raw_data(), piece_bytes, pieces[next].peer,
-                                  pieces[next].tag));
-        bytes += piece_bytes;
-        ++next;
-      }
-      if (ops.empty()) return nullptr;
-      return comm.start_send_recv(ops);
-    };
-    std::unique_ptr<P2PBatch> in_flight = post_batch();
-    if (canonical(root)) write_box(source.local_box(), local);
-    while (in_flight) {
-      in_flight->wait();
-      auto received = std::move(batch);
-      in_flight = post_batch();
-      for (const auto& [piece, data] : received) write_box(piece->box, data);
-    }
+  problem = detail::stream_to_root(source, temporary, dataset, root, staging_bytes);
+  if (comm.rank() == root) {
     if (!problem) {
       try {
         std::filesystem::rename(temporary, file);
