@@ -13,6 +13,8 @@ void register_demo(CLI::App& app);
 void register_run_op(CLI::App& app);
 /// `tessera inspect FILE.h5` and `tessera scatter FILE.h5:/dataset`.
 void register_io_commands(CLI::App& app);
+/// `tessera generate gray-scott`: the sample data generator.
+void register_generate(CLI::App& app);
 /// `tessera bench comm`: collectives and redistribute beside the raw MPI collectives.
 void register_bench(CLI::App& app);
 

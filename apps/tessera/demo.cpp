@@ -3,7 +3,8 @@
 //  1. Layouts: a generated 3-d field is scattered from rank 0, moved through several layouts
 //     (uneven, balanced, replicated, partial), gathered back and verified bit for bit.
 //  2. A sharded conv network (conv3d, gelu, conv3d, mse loss) takes one forward/backward step on
-//     a generated field; loss and every gradient are checked against the same step on one rank.
+//     the sample data (a Gray-Scott snapshot and the next one as the target; generated fields
+//     when the file is not readable); loss and every gradient are checked against one rank.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -13,6 +14,7 @@
 #include "apps/tessera/cli_parse.hpp"
 #include "apps/tessera/commands.hpp"
 #include "core/tessera.hpp"
+#include "io/hdf5/h5_file.hpp"
 #include "ops/ops.hpp"
 
 namespace tessera::cli {
@@ -22,6 +24,7 @@ namespace {
 struct DemoOptions {
   std::string shape = "48,40,36";
   int ranks = 4;
+  std::string data = TESSERA_SAMPLE_DATA;  // data/gray_scott.h5 of the source tree
 };
 
 /// A smooth field with fine detail, so any misplaced element changes the bits.
@@ -165,14 +168,38 @@ StepResult conv_network_step(const DeviceMesh& mesh, const std::vector<Placement
   return result;
 }
 
-void run_conv_network(std::shared_ptr<Comm> world, const Shape& field) {
+/// Snapshots `first` and `first + 1` of the sample data (Gray-Scott u, v fields), or nullopt
+/// when the file cannot be read (no HDF5 in this build, or no file).
+std::optional<std::pair<Tensor, Tensor>> read_snapshots(const std::string& file, int64_t first) {
+  try {
+    const Shape shape = io::dataset_info(file, "snapshots").shape;
+    if (shape.size() != 5 || shape[0] < first + 2) return std::nullopt;
+    Box box = Box::of_shape(shape);
+    box.lo[0] = first;
+    box.hi[0] = first + 1;
+    const Tensor x = io::read_hyperslab(file, "snapshots", box, DType::f32);
+    box.lo[0] = first + 1;
+    box.hi[0] = first + 2;
+    return std::make_pair(x, io::read_hyperslab(file, "snapshots", box, DType::f32));
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
+void run_conv_network(std::shared_ptr<Comm> world, Shape field, const std::string& data_file) {
   DeviceMesh mesh(world, {2, 2}, {"x", "y"});
-  const int64_t channels = 4, hidden = 8;
+  // Input: a Gray-Scott snapshot and, as the target, the next one (learning one time step).
+  const auto snapshots = read_snapshots(data_file, 2);
+  const int64_t channels = snapshots ? snapshots->first.shape(1) : 4, hidden = 8;
+  if (snapshots)
+    field = {snapshots->first.shape(2), snapshots->first.shape(3), snapshots->first.shape(4)};
   const Shape x_shape{1, channels, field[0], field[1], field[2]};
-  const std::vector<Tensor> data{
-      generated(x_shape, 1, 1.0),    generated({hidden, channels, 3, 3, 3}, 2, 0.2),
-      generated({hidden}, 3, 0.1),   generated({channels, hidden, 3, 3, 3}, 4, 0.2),
-      generated({channels}, 5, 0.1), generated(x_shape, 6, 0.5)};
+  const std::vector<Tensor> data{snapshots ? snapshots->first : generated(x_shape, 1, 1.0),
+                                 generated({hidden, channels, 3, 3, 3}, 2, 0.2),
+                                 generated({hidden}, 3, 0.1),
+                                 generated({channels, hidden, 3, 3, 3}, 4, 0.2),
+                                 generated({channels}, 5, 0.1),
+                                 snapshots ? snapshots->second : generated(x_shape, 6, 0.5)};
   const std::vector<std::vector<int64_t>> extents{uneven_split(field[0], 2),
                                                   uneven_split(field[1], 2)};
   // Each step runs twice; the second is timed (the first creates oneDNN primitives and plans).
@@ -187,9 +214,12 @@ void run_conv_network(std::shared_ptr<Comm> world, const Shape& field) {
   const StepResult reference =
       conv_network_step(single, {Placement::replicate(), Placement::replicate()}, {}, data);
   fmt::print(
-      "\nconv network step: conv3d(4->8, k3) -> gelu -> conv3d(8->4, k3) -> mse, x [1, 4, {}] "
-      "f32\n",
-      fmt::join(field, ", "));
+      "\nconv network step: conv3d({0}->8, k3) -> gelu -> conv3d(8->{0}, k3) -> mse, x [1, {0}, "
+      "{1}] f32\n",
+      channels, fmt::join(field, ", "));
+  fmt::print("  input: {}\n",
+             snapshots ? fmt::format("{} snapshots 2 -> 3 (u, v of a Gray-Scott run)", data_file)
+                       : std::string("generated (sample data not readable)"));
   fmt::print("  sharded over 2x2 (extents {} x {}): forward {:.1f} ms, backward {:.1f} ms\n",
              extents[0], extents[1], sharded.forward_seconds * 1e3, sharded.backward_seconds * 1e3);
   fmt::print("  one rank:                          forward {:.1f} ms, backward {:.1f} ms\n",
@@ -220,12 +250,14 @@ void register_demo(CLI::App& app) {
   command->add_option("--shape", options->shape, "Global field shape x,y,z")->capture_default_str();
   command->add_option("--ranks", options->ranks, "Local ranks (threads) without mpiexec")
       ->capture_default_str();
+  command->add_option("--data", options->data, "Sample data file (tessera generate gray-scott)")
+      ->capture_default_str();
   command->callback([options] {
     const Shape shape = parse_list(options->shape);
     check_arg(shape.size() == 3, "demo", "--shape needs 3 extents, got '{}'", options->shape);
     launch(backend_from_env(), options->ranks, [&](std::shared_ptr<Comm> world) {
       run_layout_tour(world, shape);
-      run_conv_network(world, {shape[0] / 2, shape[1] / 2, shape[2] / 2});
+      run_conv_network(world, {shape[0] / 2, shape[1] / 2, shape[2] / 2}, options->data);
     });
   });
 }

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   tessera::cli::register_demo(app);
   tessera::cli::register_run_op(app);
   tessera::cli::register_io_commands(app);
+  tessera::cli::register_generate(app);
   tessera::cli::register_bench(app);
   try {
     app.parse(argc, argv);
