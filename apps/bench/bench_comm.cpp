@@ -203,6 +203,7 @@ void register_bench(CLI::App& app) {
            [&](std::shared_ptr<Comm> world) { run_comm_bench(world, *options); });
   });
   register_conv_bench(*bench);
+  register_io_bench(*bench);
 }
 
 }  // namespace tessera::cli

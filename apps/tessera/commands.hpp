@@ -21,4 +21,7 @@ void register_bench(CLI::App& app);
 /// `tessera bench conv` (registered under `bench` by register_bench).
 void register_conv_bench(CLI::App& bench);
 
+/// `tessera bench io` (registered under `bench` by register_bench).
+void register_io_bench(CLI::App& bench);
+
 }  // namespace tessera::cli

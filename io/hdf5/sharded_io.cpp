@@ -261,10 +261,11 @@ ShardTensor scatter(const std::string& file, const std::string& dataset, const D
   const DType dtype = header.dtype;
   const size_t element = dtype_size(dtype);
   const Box own_box = spec.local_box(mesh.coord());
-  Tensor local = Tensor::empty(own_box.shape(), dtype);
+  Tensor local;  // the root reads its own box straight into a tensor of its own
   std::optional<std::string> problem;
 
   if (comm.rank() != root) {
+    local = Tensor::empty(own_box.shape(), dtype);
     move_own_slabs(comm, local, own_box, header.staging_bytes, root, P2POp::Kind::recv);
   } else {
     // Reads one box; after the first failure, sends zeros so that every receive completes and
