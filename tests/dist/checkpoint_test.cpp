@@ -22,52 +22,13 @@
 #include "core/agree.hpp"
 #include "io/hdf5/h5_file.hpp"
 #include "tests/dist/harness.hpp"
+#include "tests/dist/io_test_support.hpp"
 #include "tests/dist/shard_cases.hpp"
 
 namespace tessera {
 namespace {
 
 namespace fs = std::filesystem;
-
-/// Collective: a fresh directory for world `comm` (rank 0 creates it, everyone waits).
-std::string make_test_dir(Comm& comm, const std::string& test) {
-  std::error_code error;
-  const std::string binary = fs::read_symlink("/proc/self/exe", error).string();
-  std::string name = fmt::format("tessera_checkpoint_{}_{}_w{}_{:x}", test, comm.backend(),
-                                 comm.size(), std::hash<std::string>{}(binary)&0xffffff);
-  if (!testing::mpi_backend()) name += fmt::format("_p{}", static_cast<long>(::getpid()));
-  const fs::path dir = fs::temp_directory_path() / name;
-  if (comm.rank() == 0) {
-    fs::remove_all(dir, error);
-    fs::create_directories(dir);
-  }
-  comm.barrier();
-  return dir.string();
-}
-
-/// Collective: rank 0 removes the directory once every rank is done with it.
-void remove_test_dir(Comm& comm, const std::string& dir) {
-  comm.barrier();
-  std::error_code error;
-  if (comm.rank() == 0) fs::remove_all(dir, error);
-}
-
-/// Runs `action`; returns the message of the AgreedError it throws ("" when it does not throw).
-std::string agreed_error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const AgreedError& error) {
-    return error.what();
-  }
-  return "";
-}
-
-/// Collective: every rank got a non-empty and identical message.
-void expect_same_error_everywhere(Comm& comm, const std::string& message, const std::string& what) {
-  EXPECT_FALSE(message.empty()) << what << ": rank " << comm.rank() << " did not throw";
-  for (const std::string& other : testing::all_gather_strings(comm, message))
-    EXPECT_EQ(other, message) << what << ": rank " << comm.rank();
-}
 
 /// The full tensors of the checkpoint test, by name (sorted, as load_checkpoint returns them).
 std::vector<std::pair<std::string, Tensor>> reference_tensors() {
@@ -93,7 +54,7 @@ void expect_reference(const std::vector<std::pair<std::string, ShardTensor>>& lo
 
 TEST(Checkpoint, SavesOnOneMeshAndLoadsOnOthersBitExact) {
   testing::run_world(4, [](std::shared_ptr<Comm> comm) {
-    const std::string dir = make_test_dir(*comm, "roundtrip");
+    const std::string dir = testing::make_test_dir(*comm, "checkpoint", "roundtrip");
     const std::string file = dir + "/ckpt.h5";
     const auto reference = reference_tensors();
     DeviceMesh mesh(comm, {2, 2}, {"dp", "tp"});
@@ -159,14 +120,14 @@ TEST(Checkpoint, SavesOnOneMeshAndLoadsOnOthersBitExact) {
       EXPECT_EQ(given[3].second.placements(),
                 (std::vector<Placement>{Placement::replicate(), Placement::replicate()}));
     }
-    remove_test_dir(*comm, dir);
+    testing::remove_test_dir(*comm, dir);
   });
 }
 
 TEST(Checkpoint, RefusesAFileThatIsNotACheckpointOnEveryRank) {
   for (int world_size = 1; world_size <= 4; ++world_size) {
     testing::run_world(world_size, [](std::shared_ptr<Comm> comm) {
-      const std::string dir = make_test_dir(*comm, "refuse");
+      const std::string dir = testing::make_test_dir(*comm, "checkpoint", "refuse");
       const std::string plain = dir + "/plain.h5";
       const std::string other_version = dir + "/v2.h5";
       if (comm->rank() == 0) {
@@ -176,15 +137,15 @@ TEST(Checkpoint, RefusesAFileThatIsNotACheckpointOnEveryRank) {
       }
       comm->barrier();
       DeviceMesh mesh(comm, {comm->size()});
-      std::string message = agreed_error_of([&] { io::load_checkpoint(plain, mesh); });
-      expect_same_error_everywhere(*comm, message, "plain file");
+      std::string message = testing::agreed_error_of([&] { io::load_checkpoint(plain, mesh); });
+      testing::expect_same_error_everywhere(*comm, message, "plain file");
       EXPECT_NE(message.find("not a Tessera checkpoint"), std::string::npos) << message;
-      message = agreed_error_of([&] { io::load_checkpoint(other_version, mesh); });
-      expect_same_error_everywhere(*comm, message, "version 2");
+      message = testing::agreed_error_of([&] { io::load_checkpoint(other_version, mesh); });
+      testing::expect_same_error_everywhere(*comm, message, "version 2");
       EXPECT_NE(message.find("found \"2\""), std::string::npos) << message;
-      message = agreed_error_of([&] { io::load_checkpoint(dir + "/missing.h5", mesh); });
-      expect_same_error_everywhere(*comm, message, "missing file");
-      remove_test_dir(*comm, dir);
+      message = testing::agreed_error_of([&] { io::load_checkpoint(dir + "/missing.h5", mesh); });
+      testing::expect_same_error_everywhere(*comm, message, "missing file");
+      testing::remove_test_dir(*comm, dir);
     });
   }
 }
@@ -192,7 +153,7 @@ TEST(Checkpoint, RefusesAFileThatIsNotACheckpointOnEveryRank) {
 TEST(Checkpoint, AKilledSaveLeavesThePreviousCheckpointIntact) {
   if (testing::mpi_backend()) GTEST_SKIP() << "fork() runs only under the local backend";
   testing::run_world(1, [](std::shared_ptr<Comm> comm) {
-    const std::string dir = make_test_dir(*comm, "crash");
+    const std::string dir = testing::make_test_dir(*comm, "checkpoint", "crash");
     const std::string file = dir + "/ckpt.h5";
     DeviceMesh mesh(comm, {1});
     const auto reference = reference_tensors();
@@ -228,7 +189,7 @@ TEST(Checkpoint, AKilledSaveLeavesThePreviousCheckpointIntact) {
     EXPECT_TRUE(fs::exists(temporary)) << "the child was not killed mid-write";
 
     expect_reference(io::load_checkpoint(file, mesh), reference, "after the killed save");
-    remove_test_dir(*comm, dir);
+    testing::remove_test_dir(*comm, dir);
   });
 }
 

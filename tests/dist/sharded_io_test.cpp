@@ -17,6 +17,7 @@
 #include "core/agree.hpp"
 #include "io/hdf5/h5_file.hpp"
 #include "tests/dist/harness.hpp"
+#include "tests/dist/io_test_support.hpp"
 #include "tests/dist/shard_cases.hpp"
 
 namespace tessera {
@@ -27,29 +28,6 @@ namespace fs = std::filesystem;
 constexpr DType io_dtypes[] = {DType::f32, DType::f64, DType::i64, DType::u8, DType::bf16};
 constexpr int cases_per_world = 64;
 constexpr size_t tiny_staging = 64;
-
-/// Collective: a fresh directory for world `comm` (rank 0 creates it, everyone waits).
-std::string make_test_dir(Comm& comm, const std::string& test) {
-  std::error_code error;
-  const std::string binary = fs::read_symlink("/proc/self/exe", error).string();
-  std::string name = fmt::format("tessera_sharded_io_{}_{}_w{}_{:x}", test, comm.backend(),
-                                 comm.size(), std::hash<std::string>{}(binary)&0xffffff);
-  if (!testing::mpi_backend()) name += fmt::format("_p{}", static_cast<long>(::getpid()));
-  const fs::path dir = fs::temp_directory_path() / name;
-  if (comm.rank() == 0) {
-    fs::remove_all(dir, error);
-    fs::create_directories(dir);
-  }
-  comm.barrier();
-  return dir.string();
-}
-
-/// Collective: rank 0 removes the directory once every rank is done with it.
-void remove_test_dir(Comm& comm, const std::string& dir) {
-  comm.barrier();
-  std::error_code error;
-  if (comm.rank() == 0) fs::remove_all(dir, error);
-}
 
 /// One random layout (Shard/Replicate, or with Partial when `partial_op` is given) of a random
 /// global tensor of one of the IO dtypes.
@@ -78,23 +56,6 @@ void expect_piece(const ShardTensor& sharded, const Tensor& full,
       << how << ": rank " << sharded.mesh().rank() << " box " << box.str();
 }
 
-/// Runs `action`; returns the message of the AgreedError it throws ("" when it does not throw).
-std::string agreed_error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const AgreedError& error) {
-    return error.what();
-  }
-  return "";
-}
-
-/// Collective: every rank got a non-empty and identical message.
-void expect_same_error_everywhere(Comm& comm, const std::string& message, const std::string& what) {
-  EXPECT_FALSE(message.empty()) << what << ": rank " << comm.rank() << " did not throw";
-  for (const std::string& other : testing::all_gather_strings(comm, message))
-    EXPECT_EQ(other, message) << what << ": rank " << comm.rank();
-}
-
 /// True when a ".tmp-" file was left in `dir`.
 bool has_temporary_file(const std::string& dir) {
   for (const auto& entry : fs::directory_iterator(dir))
@@ -105,7 +66,7 @@ bool has_temporary_file(const std::string& dir) {
 TEST(ShardedIo, ReadScatterAndGatherWriteAreBitExactOnEveryLayout) {
   for (int world_size = 1; world_size <= 4; ++world_size) {
     testing::run_world(world_size, [](std::shared_ptr<Comm> comm) {
-      const std::string dir = make_test_dir(*comm, "roundtrip");
+      const std::string dir = testing::make_test_dir(*comm, "sharded_io", "roundtrip");
       const auto meshes = testing::mesh_factorizations(comm->size());
       const int cases = testing::cases_per_mesh(comm->size(), cases_per_world);
       for (size_t mesh_index = 0; mesh_index < meshes.size(); ++mesh_index) {
@@ -156,7 +117,7 @@ TEST(ShardedIo, ReadScatterAndGatherWriteAreBitExactOnEveryLayout) {
           comm->barrier();
         }
       }
-      remove_test_dir(*comm, dir);
+      testing::remove_test_dir(*comm, dir);
     });
   }
 }
@@ -164,7 +125,7 @@ TEST(ShardedIo, ReadScatterAndGatherWriteAreBitExactOnEveryLayout) {
 TEST(ShardedIo, ErrorsAreRaisedTheSameOnEveryRank) {
   for (int world_size = 1; world_size <= 4; ++world_size) {
     testing::run_world(world_size, [](std::shared_ptr<Comm> comm) {
-      const std::string dir = make_test_dir(*comm, "errors");
+      const std::string dir = testing::make_test_dir(*comm, "sharded_io", "errors");
       const std::string input = dir + "/in.h5";
       const Tensor full = Tensor::zeros({5, 3}, DType::f32);
       if (comm->rank() == 0) io::write_dataset(input, "/u", full);
@@ -173,35 +134,37 @@ TEST(ShardedIo, ErrorsAreRaisedTheSameOnEveryRank) {
       const std::vector<Placement> shard0{Placement::shard(0)};
 
       std::string message =
-          agreed_error_of([&] { io::read_sharded(input, "/missing", mesh, shard0); });
-      expect_same_error_everywhere(*comm, message, "read_sharded of a missing dataset");
+          testing::agreed_error_of([&] { io::read_sharded(input, "/missing", mesh, shard0); });
+      testing::expect_same_error_everywhere(*comm, message, "read_sharded of a missing dataset");
       EXPECT_NE(message.find("no object of that name"), std::string::npos) << message;
 
-      message = agreed_error_of([&] { io::scatter(input, "/missing", mesh, shard0, {}, 0, 64); });
-      expect_same_error_everywhere(*comm, message, "scatter of a missing dataset");
+      message = testing::agreed_error_of(
+          [&] { io::scatter(input, "/missing", mesh, shard0, {}, 0, 64); });
+      testing::expect_same_error_everywhere(*comm, message, "scatter of a missing dataset");
 
-      message = agreed_error_of(
+      message = testing::agreed_error_of(
           [&] { io::scatter(dir + "/no_such_file.h5", "/u", mesh, shard0, {}, comm->size() - 1); });
-      expect_same_error_everywhere(*comm, message, "scatter of a missing file");
+      testing::expect_same_error_everywhere(*comm, message, "scatter of a missing file");
       EXPECT_NE(message.find("no such file"), std::string::npos) << message;
 
-      message = agreed_error_of(
+      message = testing::agreed_error_of(
           [&] { io::read_sharded(input, "/u", mesh, {Placement::partial(ReduceOp::sum)}); });
-      expect_same_error_everywhere(*comm, message, "read_sharded into a Partial layout");
+      testing::expect_same_error_everywhere(*comm, message, "read_sharded into a Partial layout");
       EXPECT_NE(message.find("Partial"), std::string::npos) << message;
 
-      message =
-          agreed_error_of([&] { io::read_sharded(input, "/u", mesh, {Placement::shard(2)}); });
-      expect_same_error_everywhere(*comm, message, "read_sharded with a bad layout");
+      message = testing::agreed_error_of(
+          [&] { io::read_sharded(input, "/u", mesh, {Placement::shard(2)}); });
+      testing::expect_same_error_everywhere(*comm, message, "read_sharded with a bad layout");
 
       const ShardTensor sharded = io::read_sharded(input, "/u", mesh, shard0);
-      message = agreed_error_of(
+      message = testing::agreed_error_of(
           [&] { io::gather_write(sharded, dir + "/no_such_dir/out.h5", "/u", 0, 64); });
-      expect_same_error_everywhere(*comm, message, "gather_write into a missing directory");
+      testing::expect_same_error_everywhere(*comm, message,
+                                            "gather_write into a missing directory");
       if (comm->rank() == 0) {
         EXPECT_FALSE(has_temporary_file(dir));
       }
-      remove_test_dir(*comm, dir);
+      testing::remove_test_dir(*comm, dir);
     });
   }
 }
