@@ -9,6 +9,7 @@
 
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -171,6 +172,7 @@ class MpiComm final : public Comm {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
+  MPI_Comm handle() const { return comm_; }
 
   std::unique_ptr<P2PBatch> start_send_recv(std::span<const P2POp> ops) override {
     return std::make_unique<MpiBatch>(comm_, rank_, size_, ops);
@@ -316,6 +318,14 @@ std::string mpi_library_version() {
 void mpi_abort(int code) {
   if (mpi_initialized()) MPI_Abort(MPI_COMM_WORLD, code);
   std::exit(code);
+}
+
+bool mpi_handle_of(const Comm& comm, void* handle) {
+  const auto* mpi = dynamic_cast<const MpiComm*>(&comm);
+  if (mpi == nullptr) return false;
+  const MPI_Comm native = mpi->handle();
+  std::memcpy(handle, &native, sizeof(MPI_Comm));
+  return true;
 }
 
 bool mpi_initialized() {

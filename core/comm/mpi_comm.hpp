@@ -17,6 +17,10 @@ std::shared_ptr<Comm> mpi_world();
 std::string mpi_library_version();
 /// Ends every process of the MPI job (used when an error was not agreed by all ranks).
 [[noreturn]] void mpi_abort(int code);
+/// When `comm` is an mpi-backend communicator, copies its MPI_Comm into `*handle` (which must
+/// point to an MPI_Comm) and returns true; false for any other backend. For code that calls MPI
+/// libraries directly (MPI-IO through parallel HDF5).
+bool mpi_handle_of(const Comm& comm, void* handle);
 /// True once MPI_Init has run in this process.
 bool mpi_initialized();
 

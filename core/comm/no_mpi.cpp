@@ -23,6 +23,10 @@ void mpi_abort(int code) {
   std::exit(code);
 }
 
+bool mpi_handle_of(const Comm&, void*) {
+  return false;
+}
+
 bool mpi_initialized() {
   return false;
 }

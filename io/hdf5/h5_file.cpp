@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "io/hdf5/h5_handle.hpp"
+#include "io/hdf5/h5_transfer.hpp"
 
 namespace tessera::io {
 namespace {
@@ -133,10 +134,10 @@ void require_hdf5_file(const Where& where) {
     fail(where, "expected an HDF5 file, found a file without the HDF5 signature (not HDF5)");
 }
 
-/// Opens an existing HDF5 file read-only (default serial driver).
-H5Handle open_for_read(const Where& where) {
+/// Opens an existing HDF5 file read-only (default serial driver unless `access` says otherwise).
+H5Handle open_for_read(const Where& where, hid_t access = H5P_DEFAULT) {
   require_hdf5_file(where);
-  H5Handle file = file_handle(H5Fopen(where.file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  H5Handle file = file_handle(H5Fopen(where.file.c_str(), H5F_ACC_RDONLY, access));
   if (!file.valid())
     fail_hdf5(where,
               "expected a readable HDF5 file, found one HDF5 cannot open "
@@ -643,33 +644,42 @@ Tensor allocate_for_read(const Shape& shape, DType dtype, const Where& where) {
   }
 }
 
+/// Selects `box` in `file_space` and returns a matching memory dataspace; with an empty box (in a
+/// collective transfer) both select nothing.
+H5Handle select_box(hid_t file_space, const Box& box, const Where& where) {
+  const std::vector<hsize_t> start(box.lo.begin(), box.lo.end());
+  const Shape extents = box.shape();
+  const std::vector<hsize_t> count(extents.begin(), extents.end());
+  H5Handle memory_space =
+      space_handle(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr));
+  if (!memory_space.valid()) fail_hdf5(where, "cannot create the memory dataspace");
+  if (box.empty()) {
+    if (H5Sselect_none(file_space) < 0 || H5Sselect_none(memory_space.get()) < 0)
+      fail_hdf5(where, "cannot select nothing");
+  } else if (H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start.data(), nullptr, count.data(),
+                                 nullptr) < 0) {
+    fail_hdf5(where, fmt::format("cannot select box {}", box.str()));
+  }
+  return memory_space;
+}
+
 /// Reads `box` (the whole dataset when null) of an open dataset into a new contiguous tensor.
-Tensor read_open_dataset(hid_t dataset, const Where& where, const Box* box,
-                         std::optional<DType> as) {
+Tensor read_open_dataset(hid_t dataset, const Where& where, const Box* box, std::optional<DType> as,
+                         const detail::Transfer& how = {}) {
   H5Handle file_space = space_handle(H5Dget_space(dataset));
   if (!file_space.valid()) fail_hdf5(where, "cannot read the dataspace (corrupted file?)");
   const Shape shape = dataspace_shape(file_space.get(), where);
   const DType dtype = read_dtype(dataset_element_type(dataset, where), as, where);
   if (box != nullptr) check_box(*box, shape, where);
   Tensor result = allocate_for_read(box != nullptr ? box->shape() : shape, dtype, where);
-  if (result.numel() == 0) return result;
+  if (result.numel() == 0 && !how.collective) return result;
 
   H5Handle memory_space;
-  if (box != nullptr && !shape.empty()) {
-    const std::vector<hsize_t> start(box->lo.begin(), box->lo.end());
-    const Shape extents = box->shape();
-    const std::vector<hsize_t> count(extents.begin(), extents.end());
-    if (H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(),
-                            nullptr) < 0)
-      fail_hdf5(where, fmt::format("cannot select box {}", box->str()));
-    memory_space =
-        space_handle(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr));
-    if (!memory_space.valid()) fail_hdf5(where, "cannot create the memory dataspace");
-  }
+  if (box != nullptr && !shape.empty()) memory_space = select_box(file_space.get(), *box, where);
   const H5Handle memory_type = hdf5_type(dtype, /*in_memory=*/true, where);
   const hid_t memory_space_id = memory_space.valid() ? memory_space.get() : H5S_ALL;
   const hid_t file_space_id = memory_space.valid() ? file_space.get() : H5S_ALL;
-  if (H5Dread(dataset, memory_type.get(), memory_space_id, file_space_id, H5P_DEFAULT,
+  if (H5Dread(dataset, memory_type.get(), memory_space_id, file_space_id, how.transfer,
               result.raw_data()) < 0)
     fail_hdf5(where, fmt::format("expected to read {} elements as {}, found data HDF5 cannot read "
                                  "(truncated or corrupted file?)",
@@ -791,11 +801,13 @@ H5Handle create_open_dataset(hid_t file, const Where& where,
   return object;
 }
 
-/// Opens an existing HDF5 file read-write (it is never created here).
-H5Handle open_existing_for_write(const Where& where) {
+/// Opens an existing HDF5 file read-write (it is never created here); `access` replaces the
+/// default file access list (it must then ask for the 1.10 formats itself, or not create objects).
+H5Handle open_existing_for_write(const Where& where, hid_t access_list = H5P_DEFAULT) {
   require_hdf5_file(where);
   H5Handle access = write_file_access(where);
-  H5Handle file = file_handle(H5Fopen(where.file.c_str(), H5F_ACC_RDWR, access.get()));
+  H5Handle file = file_handle(H5Fopen(where.file.c_str(), H5F_ACC_RDWR,
+                                      access_list == H5P_DEFAULT ? access.get() : access_list));
   if (!file.valid())
     fail_hdf5(where,
               "expected an HDF5 file open for writing, found one HDF5 cannot open "
@@ -854,12 +866,17 @@ Tensor read_dataset(const std::string& file, const std::string& dataset, std::op
 
 Tensor read_hyperslab(const std::string& file, const std::string& dataset, const Box& box,
                       std::optional<DType> as) {
+  return detail::read_hyperslab(file, dataset, box, as, {});
+}
+
+Tensor detail::read_hyperslab(const std::string& file, const std::string& dataset, const Box& box,
+                              std::optional<DType> as, const Transfer& how) {
   Hdf5Call call;
   const std::vector<std::string> components = path_components(file, dataset);
   const Where where{file, join_path(components, components.size())};
-  H5Handle handle = open_for_read(where);
+  H5Handle handle = open_for_read(where, how.file_access);
   H5Handle object = open_dataset(handle.get(), where, components);
-  return read_open_dataset(object.get(), where, &box, as);
+  return read_open_dataset(object.get(), where, &box, as, how);
 }
 
 void write_dataset(const std::string& file, const std::string& dataset, const Tensor& tensor,
@@ -901,10 +918,15 @@ void create_dataset(const std::string& file, const std::string& dataset, const S
 
 void write_hyperslab(const std::string& file, const std::string& dataset, const Box& box,
                      const Tensor& tensor) {
+  detail::write_hyperslab(file, dataset, box, tensor, {});
+}
+
+void detail::write_hyperslab(const std::string& file, const std::string& dataset, const Box& box,
+                             const Tensor& tensor, const Transfer& how, bool write_nothing) {
   Hdf5Call call;
   const std::vector<std::string> components = path_components(file, dataset);
   const Where where{file, join_path(components, components.size())};
-  H5Handle handle = open_existing_for_write(where);
+  H5Handle handle = open_existing_for_write(where, how.file_access);
   H5Handle object = open_dataset(handle.get(), where, components);
   H5Handle file_space = space_handle(H5Dget_space(object.get()));
   if (!file_space.valid()) fail_hdf5(where, "cannot read the dataspace (corrupted file?)");
@@ -914,30 +936,30 @@ void write_hyperslab(const std::string& file, const std::string& dataset, const 
     fail(where, fmt::format("expected a numeric element type to write {} into, found {} (HDF5 "
                             "class {})",
                             dtype_name(tensor.dtype()), element.name, element.class_name));
-  check_box(box, shape, where);
-  if (tensor.shape() != box.shape())
+  const Box written = write_nothing ? Box{Shape(shape.size(), 0), Shape(shape.size(), 0)} : box;
+  check_box(written, shape, where);
+  if (!write_nothing && tensor.shape() != box.shape())
     fail(where, fmt::format("expected a tensor of shape ({}) for box {}, found {}",
                             fmt::join(box.shape(), ", "), box.str(), tensor.str()));
-  const Tensor host = tensor.to(Device::cpu()).contiguous();
-  if (host.numel() > 0) {
+  const Tensor host = write_nothing ? Tensor::empty(Shape(shape.size(), 0), tensor.dtype())
+                                    : tensor.to(Device::cpu()).contiguous();
+  if (host.numel() > 0 || how.collective) {
     H5Handle memory_space;
     if (!shape.empty()) {
-      const std::vector<hsize_t> start(box.lo.begin(), box.lo.end());
-      const Shape extents = box.shape();
-      const std::vector<hsize_t> count(extents.begin(), extents.end());
-      if (H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(),
-                              nullptr) < 0)
-        fail_hdf5(where, fmt::format("cannot select box {}", box.str()));
-      memory_space =
-          space_handle(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr));
-      if (!memory_space.valid()) fail_hdf5(where, "cannot create the memory dataspace");
+      memory_space = select_box(file_space.get(), written, where);
+    } else if (write_nothing) {
+      // A scalar dataset: ranks that write nothing select nothing.
+      memory_space = space_handle(H5Screate(H5S_SCALAR));
+      if (!memory_space.valid() || H5Sselect_none(memory_space.get()) < 0 ||
+          H5Sselect_none(file_space.get()) < 0)
+        fail_hdf5(where, "cannot select nothing");
     }
     const H5Handle memory_type = hdf5_type(host.dtype(), /*in_memory=*/true, where);
     const hid_t memory_space_id = memory_space.valid() ? memory_space.get() : H5S_ALL;
     const hid_t file_space_id = memory_space.valid() ? file_space.get() : H5S_ALL;
-    if (H5Dwrite(object.get(), memory_type.get(), memory_space_id, file_space_id, H5P_DEFAULT,
+    if (H5Dwrite(object.get(), memory_type.get(), memory_space_id, file_space_id, how.transfer,
                  host.raw_data()) < 0)
-      fail_hdf5(where, fmt::format("cannot write {} into box {}", host.str(), box.str()));
+      fail_hdf5(where, fmt::format("cannot write {} into box {}", host.str(), written.str()));
   }
   file_space.close();
   if (object.close() < 0) fail_hdf5(where, "cannot close the dataset");

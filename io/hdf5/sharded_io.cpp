@@ -99,6 +99,15 @@ void move_own_slabs(Comm& comm, const Tensor& local, const Box& box, size_t stag
   comm.send_recv(ops);
 }
 
+/// True when `rank` holds the copy of its box that is written: of the ranks holding the same box
+/// (replicas over the non-Shard mesh dims), the one at coordinate 0 of those dims.
+bool holds_written_copy(const ShardSpec& spec, const DeviceMesh& mesh, int rank) {
+  const std::vector<int> coord = coord_of(rank, mesh.shape());
+  for (int m = 0; m < mesh.ndim(); ++m)
+    if (!spec.placements[m].is_shard() && coord[m] != 0) return false;
+  return true;
+}
+
 /// What every rank knows after the header exchange: the dataset's shape, the dtype read, and
 /// the root's staging budget.
 struct Header {
@@ -172,12 +181,7 @@ std::optional<std::string> detail::stream_to_root(const ShardTensor& source,
   const DeviceMesh& mesh = source.mesh();
   Comm& comm = mesh.comm();
   const ShardSpec& spec = source.spec();
-  auto canonical = [&](int rank) {
-    const std::vector<int> coord = coord_of(rank, mesh.shape());
-    for (int m = 0; m < mesh.ndim(); ++m)
-      if (!spec.placements[m].is_shard() && coord[m] != 0) return false;
-    return true;
-  };
+  auto canonical = [&](int rank) { return holds_written_copy(spec, mesh, rank); };
   const DType dtype = source.dtype();
   const size_t element = dtype_size(dtype);
   const Tensor local = source.to_local().to(Device::cpu()).contiguous();
@@ -230,9 +234,14 @@ std::optional<std::string> detail::stream_to_root(const ShardTensor& source,
   return problem;
 }
 
+bool collective_io_available(const DeviceMesh& mesh) {
+  return detail::collective_io_available(mesh.comm());
+}
+
 ShardTensor read_sharded(const std::string& file, const std::string& dataset,
                          const DeviceMesh& mesh, std::vector<Placement> placements,
-                         std::vector<std::vector<int64_t>> extents, std::optional<DType> as) {
+                         std::vector<std::vector<int64_t>> extents, std::optional<DType> as,
+                         bool collective) {
   const std::string op = "read_sharded";
   CommOpScope scope(op);
   const Header header = agreed_header(mesh, op, file, dataset, placements, as, 0, 0);
@@ -240,8 +249,13 @@ ShardTensor read_sharded(const std::string& file, const std::string& dataset,
                                                      std::move(extents), header.dtype);
   std::optional<std::string> problem;
   Tensor local;
+  const Box box = spec.local_box(mesh.coord());
   try {
-    local = read_hyperslab(file, dataset, spec.local_box(mesh.coord()), header.dtype);
+    // A dataset without elements has no storage to read collectively (every rank knows).
+    local =
+        collective && detail::collective_io_available(mesh.comm()) && shape_numel(header.shape) != 0
+            ? detail::collective_read(mesh.comm(), file, dataset, box, header.dtype)
+            : read_hyperslab(file, dataset, box, header.dtype);
   } catch (const std::exception& error) {
     problem = fmt::format("rank {}: {}", mesh.rank(), reason_of(error));
   }
@@ -319,6 +333,58 @@ ShardTensor scatter(const std::string& file, const std::string& dataset, const D
   return ShardTensor(std::move(local), mesh, std::move(spec));
 }
 
+namespace {
+
+/// Collective: the temporary file a write goes to first (named from the root's pid, the same on
+/// every rank), prepared by `root` as a copy of `file` (its other datasets are kept) holding a new
+/// empty `dataset` of `tensor`'s global shape and dtype. Agreed: throws AgreedError everywhere.
+std::string prepare_temporary(const std::string& op, Comm& comm, const std::string& file,
+                              const std::string& dataset, const ShardTensor& tensor, int root) {
+  int64_t pid = static_cast<int64_t>(::getpid());
+  comm.broadcast(&pid, 1, DType::i64, root);
+  const std::string temporary = fmt::format("{}.tmp-{}", file, pid);
+  std::optional<std::string> problem;
+  if (comm.rank() == root) {
+    try {
+      std::filesystem::remove(temporary);
+      if (std::filesystem::exists(file)) std::filesystem::copy_file(file, temporary);
+      create_dataset(temporary, dataset, tensor.global_shape(), tensor.dtype());
+    } catch (const std::exception& error) {
+      problem = reason_of(error);
+      std::error_code ignored;
+      std::filesystem::remove(temporary, ignored);
+    }
+  }
+  agree_on_error(comm, op, problem);
+  return temporary;
+}
+
+/// Collective: agrees on the writers' problems; unless there was one, `root` renames the
+/// temporary file into place. After any failure the temporary file is removed and the failure is
+/// raised on every rank.
+void finish_temporary(const std::string& op, Comm& comm, const std::string& temporary,
+                      const std::string& file, int root, std::optional<std::string> problem) {
+  try {
+    agree_on_error(comm, op, problem);
+    if (comm.rank() == root) {
+      try {
+        std::filesystem::rename(temporary, file);
+      } catch (const std::exception& error) {
+        problem = reason_of(error);
+      }
+    }
+    agree_on_error(comm, op, problem);
+  } catch (...) {
+    if (comm.rank() == root) {
+      std::error_code ignored;
+      std::filesystem::remove(temporary, ignored);
+    }
+    throw;
+  }
+}
+
+}  // namespace
+
 void gather_write(const ShardTensor& tensor, const std::string& file, const std::string& dataset,
                   int root, size_t staging_bytes) {
   const std::string op = "gather_write";
@@ -335,39 +401,46 @@ void gather_write(const ShardTensor& tensor, const std::string& file, const std:
   staging_bytes = static_cast<size_t>(budget);
 
   const ShardTensor source = detail::without_partial(tensor);
-  const ShardSpec& spec = source.spec();
-  const DType dtype = source.dtype();
+  const std::string temporary = prepare_temporary(op, comm, file, dataset, source, root);
+  finish_temporary(op, comm, temporary, file, root,
+                   detail::stream_to_root(source, temporary, dataset, root, staging_bytes));
+}
 
-  // The root prepares a temporary copy (the existing file's other datasets are kept) and agrees
-  // on its success before any data moves.
-  const std::string temporary = fmt::format("{}.tmp-{}", file, static_cast<long>(::getpid()));
+void write_sharded(const ShardTensor& tensor, const std::string& file, const std::string& dataset,
+                   bool collective) {
+  const std::string op = "write_sharded";
+  CommOpScope scope(op);
+  const DeviceMesh& mesh = tensor.mesh();
+  Comm& comm = mesh.comm();
+  const ShardTensor source = detail::without_partial(tensor);
+  const std::string temporary = prepare_temporary(op, comm, file, dataset, source, 0);
+  const bool writes =
+      holds_written_copy(source.spec(), mesh, comm.rank()) && !source.local_box().empty();
+  const Tensor local = source.to_local().to(Device::cpu()).contiguous();
   std::optional<std::string> problem;
-  if (comm.rank() == root) {
+  if (collective && detail::collective_io_available(comm) &&
+      shape_numel(source.global_shape()) != 0) {
     try {
-      std::filesystem::remove(temporary);
-      if (std::filesystem::exists(file)) std::filesystem::copy_file(file, temporary);
-      create_dataset(temporary, dataset, spec.global_shape, dtype);
+      detail::collective_write(comm, temporary, dataset, source.local_box(), local, !writes);
     } catch (const std::exception& error) {
-      problem = reason_of(error);
+      problem = fmt::format("rank {}: {}", comm.rank(), reason_of(error));
     }
-  }
-  agree_on_error(comm, op, problem);
-
-  problem = detail::stream_to_root(source, temporary, dataset, root, staging_bytes);
-  if (comm.rank() == root) {
-    if (!problem) {
+  } else {
+    // Writers take turns in rank order: each waits for the previous rank's token, opens, writes
+    // and closes the file, then passes the token on (serial HDF5 must never have two writers).
+    char token = 0;
+    if (comm.rank() > 0) comm.send_recv(std::vector{P2POp::recv(&token, 1, comm.rank() - 1, 0)});
+    if (writes) {
       try {
-        std::filesystem::rename(temporary, file);
+        write_hyperslab(temporary, dataset, source.local_box(), local);
       } catch (const std::exception& error) {
-        problem = reason_of(error);
+        problem = fmt::format("rank {}: {}", comm.rank(), reason_of(error));
       }
     }
-    if (problem) {
-      std::error_code ignored;
-      std::filesystem::remove(temporary, ignored);
-    }
+    if (comm.rank() + 1 < comm.size())
+      comm.send_recv(std::vector{P2POp::send(&token, 1, comm.rank() + 1, 0)});
   }
-  agree_on_error(comm, op, problem);
+  finish_temporary(op, comm, temporary, file, 0, problem);
 }
 
 }  // namespace tessera::io

@@ -21,6 +21,24 @@ ShardTensor without_partial(const ShardTensor& tensor);
 /// which writes them into the existing `dataset` of `file` (of source's global shape), staging at
 /// most `staging_bytes` (the same value on every rank). Returns the root's first problem (never
 /// agreed: the caller agrees on it); after a failure the root still receives every box.
+// ---- collective MPI-IO (h5_mpio.cpp with a parallel HDF5, no_h5_mpio.cpp otherwise) ----
+
+/// True when hyperslabs can move by collective MPI-IO on `comm`: Tessera was built with a
+/// parallel HDF5 and `comm` is an mpi-backend communicator.
+bool collective_io_available(const Comm& comm);
+
+/// Collective over `comm` (every rank calls, in the same order): this rank's `box` of `dataset`
+/// (an empty box takes part with an empty selection), read through MPI-IO with a collective
+/// transfer. Throws IoError like read_hyperslab.
+Tensor collective_read(const Comm& comm, const std::string& file, const std::string& dataset,
+                       const Box& box, DType dtype);
+
+/// Collective over `comm`: writes `tensor` into `box` of the existing `dataset` through MPI-IO
+/// with a collective transfer; ranks with `write_nothing` (replicas) take part with an empty
+/// selection.
+void collective_write(const Comm& comm, const std::string& file, const std::string& dataset,
+                      const Box& box, const Tensor& tensor, bool write_nothing);
+
 std::optional<std::string> stream_to_root(const ShardTensor& source, const std::string& file,
                                           const std::string& dataset, int root,
                                           size_t staging_bytes);

@@ -1,7 +1,9 @@
-// Distributed tests of sharded HDF5 IO (io/hdf5/sharded_io.hpp): read_sharded and scatter (with a
-// tiny staging budget that forces slabbing, and with the default) give every rank exactly its box
-// of the dataset, bit for bit; gather_write writes back the global tensor bit for bit (Partial
-// layouts included) without leaving a temporary file; missing files and datasets, Partial
+// Distributed tests of sharded HDF5 IO (io/hdf5/sharded_io.hpp): read_sharded (collective MPI-IO
+// where available, and independent) and scatter (with a tiny staging budget that forces slabbing,
+// and with the default) give every rank exactly its box of the dataset, bit for bit, for every
+// dtype and contiguous, chunked and compressed storage; gather_write and write_sharded (collective
+// and in turns) write back the global tensor bit for bit (Partial layouts included) without
+// leaving a temporary file; missing files and datasets, Partial
 // placements on read and unwritable outputs raise the same AgreedError on every rank.
 // Built only with HDF5. Files live in a directory named from values every rank knows (backend,
 // world size, test binary, and the pid under the local backend), created and removed by rank 0.
@@ -11,10 +13,12 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 
 #include "core/agree.hpp"
+#include "core/config.hpp"
 #include "io/hdf5/h5_file.hpp"
 #include "tests/dist/harness.hpp"
 #include "tests/dist/io_test_support.hpp"
@@ -25,7 +29,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr DType io_dtypes[] = {DType::f32, DType::f64, DType::i64, DType::u8, DType::bf16};
+constexpr DType io_dtypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16,
+                               DType::i32, DType::i64, DType::u8};
 constexpr int cases_per_world = 64;
 constexpr size_t tiny_staging = 64;
 
@@ -37,7 +42,7 @@ testing::ShardCase io_case(const std::vector<int>& mesh_shape, testing::CaseRng&
   const int ndim = static_cast<int>(rng.uniform(1, 4));
   shard_case.global_shape.resize(ndim);
   for (int64_t& extent : shard_case.global_shape) extent = rng.uniform(0, 9);
-  shard_case.dtype = io_dtypes[rng.uniform(0, 4)];
+  shard_case.dtype = io_dtypes[rng.uniform(0, std::size(io_dtypes) - 1)];
   shard_case.placements =
       testing::random_placements(ndim, static_cast<int>(mesh_shape.size()), rng, partial_op);
   shard_case.extents = testing::random_layout_extents(shard_case.global_shape, mesh_shape,
@@ -79,12 +84,24 @@ TEST(ShardedIo, ReadScatterAndGatherWriteAreBitExactOnEveryLayout) {
           const Tensor full =
               testing::integer_tensor(shard_case.global_shape, shard_case.dtype, rng, -1000, 1000);
           const std::string input = fmt::format("{}/in_{}_{}.h5", dir, mesh_index, index);
-          if (comm->rank() == 0) io::write_dataset(input, "/fields/u", full);
+          // Contiguous, chunked, or chunked and gzip-compressed (with shuffle), at random.
+          io::WriteOptions storage;
+          const int64_t kind = rng.uniform(0, 2);
+          if (kind >= 1 && full.ndim() > 0 && full.numel() > 0) {
+            storage.chunks = Shape(full.ndim());
+            for (int64_t& extent : *storage.chunks) extent = rng.uniform(1, 4);
+            if (kind == 2) storage.gzip_level = static_cast<int>(rng.uniform(1, 9));
+          }
+          if (comm->rank() == 0) io::write_dataset(input, "/fields/u", full, storage);
           comm->barrier();
+          SCOPED_TRACE(kind == 0 ? "contiguous" : kind == 1 ? "chunked" : "chunked+gzip");
 
           expect_piece(
               io::read_sharded(input, "/fields/u", mesh, shard_case.placements, shard_case.extents),
               full, shard_case, "read_sharded");
+          expect_piece(io::read_sharded(input, "/fields/u", mesh, shard_case.placements,
+                                        shard_case.extents, std::nullopt, /*collective=*/false),
+                       full, shard_case, "read_sharded (independent)");
           // Read with conversion: HDF5 converts every one of these integer values exactly.
           const ShardTensor converted = io::read_sharded(
               input, "/fields/u", mesh, shard_case.placements, shard_case.extents, DType::f64);
@@ -115,11 +132,34 @@ TEST(ShardedIo, ReadScatterAndGatherWriteAreBitExactOnEveryLayout) {
             EXPECT_FALSE(has_temporary_file(dir));
           }
           comm->barrier();
+
+          // Every rank writes its own box (collective MPI-IO where available, and in turns).
+          const std::string parallel = fmt::format("{}/par_{}_{}.h5", dir, mesh_index, index);
+          io::write_sharded(sharded, parallel, "/result");
+          io::write_sharded(partial, parallel, "/partial", /*collective=*/false);
+          io::write_sharded(sharded, parallel, "/turns", /*collective=*/false);
+          io::write_sharded(partial, parallel, "/partial_collective");
+          if (comm->rank() == 0) {
+            for (const char* name : {"/result", "/partial", "/turns", "/partial_collective"})
+              EXPECT_TRUE(bitwise_equal(io::read_dataset(parallel, name), full))
+                  << "write_sharded " << name;
+            EXPECT_FALSE(has_temporary_file(dir));
+          }
+          comm->barrier();
         }
       }
       testing::remove_test_dir(*comm, dir);
     });
   }
+}
+
+TEST(ShardedIo, CollectiveIoIsUsedExactlyWithParallelHdf5AndTheMpiBackend) {
+  for (int world_size = 1; world_size <= 4; ++world_size)
+    testing::run_world(world_size, [](std::shared_ptr<Comm> comm) {
+      const DeviceMesh mesh(comm, {comm->size()});
+      EXPECT_EQ(io::collective_io_available(mesh),
+                TESSERA_HAVE_PARALLEL_HDF5 && comm->backend() == "mpi");
+    });
 }
 
 TEST(ShardedIo, ErrorsAreRaisedTheSameOnEveryRank) {
@@ -161,6 +201,22 @@ TEST(ShardedIo, ErrorsAreRaisedTheSameOnEveryRank) {
           [&] { io::gather_write(sharded, dir + "/no_such_dir/out.h5", "/u", 0, 64); });
       testing::expect_same_error_everywhere(*comm, message,
                                             "gather_write into a missing directory");
+      for (bool collective : {true, false}) {
+        message = testing::agreed_error_of(
+            [&] { io::write_sharded(sharded, dir + "/no_such_dir/out.h5", "/u", collective); });
+        testing::expect_same_error_everywhere(*comm, message,
+                                              "write_sharded into a missing directory");
+      }
+      // A file that is not HDF5 is never overwritten.
+      if (comm->rank() == 0) {
+        std::ofstream text(dir + "/notes.txt");
+        text << "not HDF5\n";
+      }
+      comm->barrier();
+      message =
+          testing::agreed_error_of([&] { io::write_sharded(sharded, dir + "/notes.txt", "/u"); });
+      testing::expect_same_error_everywhere(*comm, message, "write_sharded into a text file");
+      EXPECT_NE(message.find("not HDF5"), std::string::npos) << message;
       if (comm->rank() == 0) {
         EXPECT_FALSE(has_temporary_file(dir));
       }
