@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/errors.hpp"
+#include "io/hdf5/batch_reader.hpp"
 #include "io/hdf5/checkpoint.hpp"
 #include "io/hdf5/h5_file.hpp"
 #include "io/hdf5/hdf5_support.hpp"
@@ -67,9 +68,13 @@ bool has_dataset(const std::string& file, const std::string&) {
   not_available(file, "look for a dataset in");
 }
 
+bool collective_io_available(const DeviceMesh&) {
+  return false;
+}
+
 ShardTensor read_sharded(const std::string& file, const std::string&, const DeviceMesh&,
                          std::vector<Placement>, std::vector<std::vector<int64_t>>,
-                         std::optional<DType>) {
+                         std::optional<DType>, bool) {
   not_available(file, "read a sharded dataset of");
 }
 
@@ -81,6 +86,40 @@ ShardTensor scatter(const std::string& file, const std::string&, const DeviceMes
 
 void gather_write(const ShardTensor&, const std::string& file, const std::string&, int, size_t) {
   not_available(file, "gather and write a dataset to");
+}
+
+void write_sharded(const ShardTensor&, const std::string& file, const std::string&, bool) {
+  not_available(file, "write a sharded dataset to");
+}
+
+// The constructor always throws, so no other member is ever reached on an object.
+struct BatchReader::State {};
+
+BatchReader::BatchReader(std::string file, std::string, const DeviceMesh&, BatchReaderOptions) {
+  not_available(file, "read training batches from");
+}
+BatchReader::~BatchReader() = default;
+ShardTensor BatchReader::next() {
+  not_available("", "read a batch");
+}
+BatchPosition BatchReader::position() const {
+  return {};
+}
+void BatchReader::seek(BatchPosition) {}
+int64_t BatchReader::samples() const {
+  return 0;
+}
+Shape BatchReader::sample_shape() const {
+  return {};
+}
+int64_t BatchReader::steps_per_epoch() const {
+  return 0;
+}
+std::vector<int64_t> BatchReader::batch_samples(BatchPosition) const {
+  return {};
+}
+std::vector<int64_t> BatchReader::epoch_order(int64_t) const {
+  return {};
 }
 
 void save_checkpoint(const std::string& file,

@@ -108,20 +108,12 @@ bool holds_written_copy(const ShardSpec& spec, const DeviceMesh& mesh, int rank)
   return true;
 }
 
-/// What every rank knows after the header exchange: the dataset's shape, the dtype read, and
-/// the root's staging budget.
-struct Header {
-  Shape shape;
-  DType dtype = DType::f32;
-  size_t staging_bytes = 0;
-};
+}  // namespace
 
-/// Collective: refuses Partial placements and a bad root; `root` describes the dataset (and
-/// checks that it can be read as the dtype) and broadcasts its shape, dtype and staging budget.
-/// Any problem becomes the same AgreedError on every rank.
-Header agreed_header(const DeviceMesh& mesh, const std::string& op, const std::string& file,
-                     const std::string& dataset, const std::vector<Placement>& placements,
-                     std::optional<DType> as, int root, size_t staging_bytes) {
+detail::Header detail::agreed_header(const DeviceMesh& mesh, const std::string& op,
+                                     const std::string& file, const std::string& dataset,
+                                     const std::vector<Placement>& placements,
+                                     std::optional<DType> as, int root, size_t staging_bytes) {
   Comm& comm = mesh.comm();
   std::optional<std::string> problem;
   if (root < 0 || root >= comm.size())
@@ -132,7 +124,7 @@ Header agreed_header(const DeviceMesh& mesh, const std::string& op, const std::s
           "placement {} on mesh dim {} is Partial: a dataset holds full values, so it cannot be "
           "read as partial ones (read it Replicate or Shard, then redistribute)",
           placements[m].str(), m);
-  Header header;
+  detail::Header header;
   if (!problem && comm.rank() == root) {
     try {
       const DatasetInfo info = dataset_info(file, dataset);
@@ -163,8 +155,6 @@ Header agreed_header(const DeviceMesh& mesh, const std::string& op, const std::s
   header.staging_bytes = static_cast<size_t>(values[2]);
   return header;
 }
-
-}  // namespace
 
 ShardTensor detail::without_partial(const ShardTensor& tensor) {
   if (!tensor.spec().has_partial()) return tensor;
@@ -244,7 +234,8 @@ ShardTensor read_sharded(const std::string& file, const std::string& dataset,
                          bool collective) {
   const std::string op = "read_sharded";
   CommOpScope scope(op);
-  const Header header = agreed_header(mesh, op, file, dataset, placements, as, 0, 0);
+  const detail::Header header =
+      detail::agreed_header(mesh, op, file, dataset, placements, as, 0, 0);
   ShardSpec spec = tessera::detail::make_agreed_spec(mesh, op, header.shape, std::move(placements),
                                                      std::move(extents), header.dtype);
   std::optional<std::string> problem;
@@ -269,7 +260,8 @@ ShardTensor scatter(const std::string& file, const std::string& dataset, const D
   const std::string op = "scatter";
   CommOpScope scope(op);
   Comm& comm = mesh.comm();
-  const Header header = agreed_header(mesh, op, file, dataset, placements, as, root, staging_bytes);
+  const detail::Header header =
+      detail::agreed_header(mesh, op, file, dataset, placements, as, root, staging_bytes);
   ShardSpec spec = tessera::detail::make_agreed_spec(mesh, op, header.shape, std::move(placements),
                                                      std::move(extents), header.dtype);
   const DType dtype = header.dtype;

@@ -14,6 +14,21 @@ namespace tessera::io::detail {
 /// The message of an error without its "[op] " prefix (agree_on_error adds the op back).
 std::string reason_of(const std::exception& error);
 
+/// What every rank knows after the header exchange: the dataset's shape, the dtype read, and
+/// the root's staging budget.
+struct Header {
+  Shape shape;
+  DType dtype = DType::f32;
+  size_t staging_bytes = 0;
+};
+
+/// Collective: refuses Partial placements and a bad root; `root` describes the dataset (and
+/// checks that it can be read as the dtype) and broadcasts its shape, dtype and staging budget.
+/// Any problem becomes the same AgreedError (tagged `op`) on every rank.
+Header agreed_header(const DeviceMesh& mesh, const std::string& op, const std::string& file,
+                     const std::string& dataset, const std::vector<Placement>& placements,
+                     std::optional<DType> as, int root, size_t staging_bytes);
+
 /// Collective: `tensor` with every Partial placement reduced (made Replicate); itself otherwise.
 ShardTensor without_partial(const ShardTensor& tensor);
 
