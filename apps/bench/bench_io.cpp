@@ -1,15 +1,29 @@
-// `tessera bench io`: root scatter (io::scatter) and per-rank hyperslab reads (io::read_sharded)
-// of one dataset onto 1, 2, 4 local ranks, beside one process reading the whole dataset with a
-// plain read (io::read_dataset). The dataset is f32 [rows, 512, 512] (1 MiB per row), written
-// once to --file; throughput = dataset bytes / slowest rank's time, of the second of two passes.
+// `tessera bench io`: reading one dataset onto a domain mesh and writing it back, beside one
+// process reading the whole dataset with a plain read (io::read_dataset):
+//   root scatter      io::scatter: rank 0 reads every box and sends it, staging-bounded
+//   per-rank read     io::read_sharded: every rank reads its box (collective MPI-IO with a
+//                     parallel HDF5 under mpiexec, independent reads otherwise)
+//   root write        io::gather_write: rank 0 receives every box and writes it
+//   per-rank write    io::write_sharded: every rank writes its box (collective MPI-IO, or turns)
+// The dataset is f32 [rows, 512, 512] (1 MiB per row), written once to --file, sharded along
+// rows. Throughput = dataset bytes / slowest rank's time, of the second of two passes (the first
+// also pays for touching fresh memory). Memory: the growth of each process's peak resident set
+// during the first pass (VmHWM after resetting it through /proc/self/clear_refs, with Tessera's
+// host cache emptied first), so under mpiexec it is per rank; with local ranks (threads of one
+// process) it is the whole process. Under mpiexec the world is the launcher's and --ranks is
+// ignored.
 #include <fmt/format.h>
+#include <malloc.h>
 
 #include <filesystem>
+#include <fstream>
+#include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "apps/tessera/cli_parse.hpp"
 #include "apps/tessera/commands.hpp"
+#include "core/host_allocator.hpp"
 #include "core/tessera.hpp"
 #include "io/hdf5/h5_file.hpp"
 #include "io/hdf5/sharded_io.hpp"
@@ -23,68 +37,238 @@ struct IoBenchOptions {
   std::string ranks = "1,2,4";
   size_t staging = size_t{256} << 20;
   std::string file = "/tmp/tessera_bench_io.h5";
+  int shard_dim = 0;
   bool keep = false;
   bool json = false;
 };
 
+/// A field of /proc/self/status in bytes (VmRSS, VmHWM), 0 when unreadable.
+size_t status_bytes(const std::string& field) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind(field + ":", 0) == 0) return std::stoull(line.substr(field.size() + 1)) << 10;
+  return 0;
+}
+
+/// Measures how far the resident set of this process grows above its current size.
+class PeakMemory {
+ public:
+  PeakMemory() {
+    host_cache_clear();
+    malloc_trim(0);
+    std::ofstream("/proc/self/clear_refs") << "5";  // VmHWM := VmRSS
+    base_ = status_bytes("VmRSS");
+  }
+  /// Bytes of growth of the peak resident set since construction.
+  size_t growth() const {
+    const size_t peak = status_bytes("VmHWM");
+    return peak > base_ ? peak - base_ : 0;
+  }
+
+ private:
+  size_t base_ = 0;
+};
+
+/// One benchmark row as measured on every rank.
+struct Measured {
+  double seconds = 0;     // slowest rank, second pass
+  double root_mib = 0;    // peak growth of rank 0's process
+  double others_mib = 0;  // largest peak growth of another rank's process (0 with one rank)
+};
+
+class IoBench {
+ public:
+  IoBench(const IoBenchOptions& options, int64_t rows) : options_(options), rows_(rows) {}
+
+  void header(const std::string& backend) const {
+    if (options_.json) return;
+    fmt::print(
+        "# tessera bench io: {} f32 [{}, 512, 512] ({:.2f} GiB), staging {} MiB, {} backend\n"
+        "# {:<36} {:>5} {:>9} {:>8} {:>10} {:>11} {:>12}\n",
+        options_.file, rows_, gib(), options_.staging >> 20, backend, "op", "ranks", "ms", "GiB/s",
+        "root MiB", "other MiB", "root budget");
+  }
+
+  /// Adds one row; `root_budget_mib` (<= 0: none) is what rank 0 may hold by design.
+  void report(const std::string& what, int ranks, const Measured& measured,
+              double root_budget_mib) {
+    const double rate = gib() / measured.seconds;
+    if (!options_.json)
+      fmt::print("  {:<36} {:>5} {:>9.1f} {:>8.2f} {:>10.0f} {:>11.0f} {:>12}\n", what, ranks,
+                 measured.seconds * 1e3, rate, measured.root_mib, measured.others_mib,
+                 root_budget_mib > 0
+                     ? fmt::format("{:.0f} {}", root_budget_mib,
+                                   measured.root_mib <= root_budget_mib ? "ok" : "OVER")
+                     : std::string("-"));
+    nlohmann::json row{{"op", what},
+                       {"ranks", ranks},
+                       {"ms", measured.seconds * 1e3},
+                       {"GiBps", rate},
+                       {"root_peak_MiB", measured.root_mib},
+                       {"other_peak_MiB", measured.others_mib}};
+    if (root_budget_mib > 0) {
+      row["root_budget_MiB"] = root_budget_mib;
+      row["root_within_budget"] = measured.root_mib <= root_budget_mib;
+    }
+    table_.push_back(std::move(row));
+  }
+
+  void print_json(const std::string& backend) const {
+    if (options_.json)
+      std::cout << nlohmann::json{{"benchmark", "io"},
+                                  {"backend", backend},
+                                  {"rows", table_},
+                                  {"staging_MiB", options_.staging >> 20}}
+                       .dump(2)
+                << "\n";
+  }
+
+  double gib() const { return static_cast<double>(rows_) / 1024.0; }
+
+ private:
+  const IoBenchOptions& options_;
+  int64_t rows_;
+  nlohmann::json table_ = nlohmann::json::array();
+};
+
+/// Collective: runs `body` twice on every rank of `world`; the first pass measures memory, the
+/// second time (slowest rank).
+template <typename Body>
+Measured measure(Comm& world, bool processes_are_ranks, const std::function<void()>& release,
+                 Body&& body) {
+  Measured measured;
+  release();
+  world.barrier();
+  double grown = 0;
+  {
+    std::optional<PeakMemory> memory;
+    if (processes_are_ranks || world.rank() == 0) memory.emplace();
+    world.barrier();
+    body();
+    world.barrier();
+    if (memory) grown = static_cast<double>(memory->growth()) / (1 << 20);
+  }
+  std::vector<double> all(static_cast<size_t>(world.size()));
+  world.all_gather_v(&grown, 1, all.data(), std::vector<size_t>(all.size(), 1), DType::f64);
+  measured.root_mib = all[0];
+  if (processes_are_ranks)
+    for (size_t r = 1; r < all.size(); ++r)
+      measured.others_mib = std::max(measured.others_mib, all[r]);
+  release();
+  world.barrier();
+  const double start = now_seconds();
+  body();
+  double seconds = now_seconds() - start;
+  world.all_reduce(&seconds, &seconds, 1, DType::f64, ReduceOp::max);
+  measured.seconds = seconds;
+  return measured;
+}
+
+/// Collective: every sharded row on one world.
+void run_world(const IoBenchOptions& options, IoBench& bench, std::shared_ptr<Comm> world,
+               bool processes_are_ranks, int64_t rows) {
+  DeviceMesh mesh(world, {world->size()}, {"domain"});
+  const std::vector<Placement> layout{Placement::shard(options.shard_dim)};
+  const int ranks = world->size();
+  // What rank 0's process may hold by design: the staging budget plus its shard (1 MiB per row);
+  // with local ranks the process also holds every other rank's shard, so the whole dataset.
+  const double shard_mib =
+      static_cast<double>(processes_are_ranks ? (rows + ranks - 1) / ranks : rows);
+  // Plus a fixed allowance for the libraries' own buffers (HDF5's 1 MiB chunk cache, MPI's
+  // eager buffers), which the process's resident set also counts.
+  constexpr double kLibraryMib = 8;
+  const double root_budget = static_cast<double>(options.staging >> 20) + shard_mib + kLibraryMib;
+  std::vector<std::pair<std::string, Measured>> results;
+  std::optional<ShardTensor> field;
+  // Reads drop the previous result before each pass, so its memory is not reused unseen.
+  const auto release = [&] { field.reset(); };
+  results.emplace_back(
+      "root scatter (io::scatter)", measure(*world, processes_are_ranks, release, [&] {
+        field = io::scatter(options.file, "data", mesh, layout, {}, 0, options.staging);
+      }));
+  const bool collective = io::collective_io_available(mesh);
+  results.emplace_back(collective ? "per-rank read (collective MPI-IO)" : "per-rank read",
+                       measure(*world, processes_are_ranks, release, [&] {
+                         field = io::read_sharded(options.file, "data", mesh, layout);
+                       }));
+  if (collective)
+    results.emplace_back(
+        "per-rank read (independent)", measure(*world, processes_are_ranks, release, [&] {
+          field = io::read_sharded(options.file, "data", mesh, layout, {}, std::nullopt, false);
+        }));
+  const std::string out = options.file + ".out.h5";
+  results.emplace_back("root write (io::gather_write)",
+                       measure(
+                           *world, processes_are_ranks, [] {},
+                           [&] { io::gather_write(*field, out, "data", 0, options.staging); }));
+  results.emplace_back(
+      collective ? "per-rank write (collective MPI-IO)" : "per-rank write (turns)",
+      measure(
+          *world, processes_are_ranks, [] {}, [&] { io::write_sharded(*field, out, "data"); }));
+  if (world->rank() == 0) {
+    std::filesystem::remove(out);
+    for (const auto& [what, measured] : results)
+      bench.report(what, ranks, measured, what.rfind("root", 0) == 0 ? root_budget : 0);
+  }
+  world->barrier();
+}
+
 void run_io_bench(const IoBenchOptions& options) {
   const int64_t rows = std::max<int64_t>(1, static_cast<int64_t>(options.bytes >> 20));
   const Shape shape{rows, 512, 512};
-  const double gib = static_cast<double>(rows) / 1024.0;
-  if (!std::filesystem::exists(options.file) ||
-      io::dataset_info(options.file, "data").shape != shape) {
-    Tensor values = Tensor::empty(shape, DType::f32);
-    float* out = values.data<float>();
-    for (int64_t i = 0; i < values.numel(); ++i) out[i] = static_cast<float>(i % 1000003);
-    io::write_dataset(options.file, "data", values, {.truncate_file = true});
-  }
-  nlohmann::json rows_json = nlohmann::json::array();
-  auto report = [&](const std::string& what, int ranks, double seconds) {
-    if (!options.json)
-      fmt::print("  {:<34} {:>5} {:>10.1f} {:>10.2f}\n", what, ranks, seconds * 1e3, gib / seconds);
-    rows_json.push_back(
-        {{"op", what}, {"ranks", ranks}, {"ms", seconds * 1e3}, {"GiBps", gib / seconds}});
+  const Backend backend = backend_from_env();
+  auto prepare = [&] {
+    if (!std::filesystem::exists(options.file) ||
+        io::dataset_info(options.file, "data").shape != shape) {
+      Tensor values = Tensor::empty(shape, DType::f32);
+      float* out = values.data<float>();
+      for (int64_t i = 0; i < values.numel(); ++i) out[i] = static_cast<float>(i % 1000003);
+      io::write_dataset(options.file, "data", values, {.truncate_file = true});
+    }
   };
-  if (!options.json)
-    fmt::print(
-        "# tessera bench io: {} f32 [{}, 512, 512] ({:.2f} GiB), staging {} MiB\n"
-        "# {:<34} {:>5} {:>10} {:>10}\n",
-        options.file, rows, gib, options.staging >> 20, "op", "ranks", "ms", "GiB/s");
-  // Every measurement runs twice and the second is reported: the first also pays for touching
-  // fresh memory (page faults), which on some machines costs more than the read itself.
-  for (int pass = 0; pass < 2; ++pass) {
-    const double start = now_seconds();
-    const Tensor all = io::read_dataset(options.file, "data");
-    if (pass == 1) report("plain read (one process)", 1, now_seconds() - start);
-  }
-  for (int64_t ranks : parse_list(options.ranks)) {
-    double root_seconds = 0, sharded_seconds = 0;
-    launch(Backend::local, static_cast<int>(ranks), [&](std::shared_ptr<Comm> world) {
-      DeviceMesh mesh(world, {world->size()}, {"domain"});
-      auto timed = [&](auto&& body) {
-        body();  // warm-up pass (see above)
-        world->barrier();
-        const double start = now_seconds();
-        body();
-        double seconds = now_seconds() - start;
-        world->all_reduce(&seconds, &seconds, 1, DType::f64, ReduceOp::max);
-        return seconds;
-      };
-      const double root = timed([&] {
-        io::scatter(options.file, "data", mesh, {Placement::shard(0)}, {}, 0, options.staging);
-      });
-      const double sharded =
-          timed([&] { io::read_sharded(options.file, "data", mesh, {Placement::shard(0)}); });
+  IoBench bench(options, rows);
+  auto plain_read = [&](Comm* world) {
+    // One process reads everything; under mpiexec only rank 0, the others wait.
+    Measured measured;
+    if (world == nullptr || world->rank() == 0) {
+      {
+        PeakMemory memory;
+        const Tensor all = io::read_dataset(options.file, "data");
+        measured.root_mib = static_cast<double>(memory.growth()) / (1 << 20);
+      }
+      const double start = now_seconds();
+      const Tensor all = io::read_dataset(options.file, "data");
+      measured.seconds = now_seconds() - start;
+      bench.report("plain read (one process)", 1, measured, 0);
+    }
+    if (world != nullptr) world->barrier();
+  };
+
+  if (backend == Backend::mpi) {
+    launch(Backend::mpi, 1, [&](std::shared_ptr<Comm> world) {
       if (world->rank() == 0) {
-        root_seconds = root;
-        sharded_seconds = sharded;
+        prepare();
+        bench.header("mpi");
+      }
+      world->barrier();
+      plain_read(world.get());
+      run_world(options, bench, world, /*processes_are_ranks=*/true, rows);
+      if (world->rank() == 0) {
+        bench.print_json("mpi");
+        if (!options.keep) std::filesystem::remove(options.file);
       }
     });
-    report("root scatter (io::scatter)", static_cast<int>(ranks), root_seconds);
-    report("per-rank read (io::read_sharded)", static_cast<int>(ranks), sharded_seconds);
+    return;
   }
-  if (options.json)
-    std::cout << nlohmann::json{{"benchmark", "io"}, {"rows", rows_json}}.dump(2) << "\n";
+  prepare();
+  bench.header("local");
+  plain_read(nullptr);
+  for (int64_t ranks : parse_list(options.ranks))
+    launch(Backend::local, static_cast<int>(ranks), [&](std::shared_ptr<Comm> world) {
+      run_world(options, bench, world, /*processes_are_ranks=*/false, rows);
+    });
+  bench.print_json("local");
   if (!options.keep) std::filesystem::remove(options.file);
 }
 
@@ -92,14 +276,19 @@ void run_io_bench(const IoBenchOptions& options) {
 
 void register_io_bench(CLI::App& bench) {
   auto options = std::make_shared<IoBenchOptions>();
-  auto* io_command =
-      bench.add_subcommand("io", "Root scatter and per-rank reads vs one plain read");
+  auto* io_command = bench.add_subcommand(
+      "io", "Root scatter/write and per-rank reads/writes vs one plain read, with peak memory");
   io_command->add_option("--bytes", options->bytes, "Dataset size in bytes")->capture_default_str();
-  io_command->add_option("--ranks", options->ranks, "Local rank counts, e.g. 1,2,4")
+  io_command->add_option("--ranks", options->ranks, "Local rank counts, e.g. 1,2,4 (not mpiexec)")
       ->capture_default_str();
   io_command->add_option("--staging", options->staging, "Root staging budget (bytes)")
       ->capture_default_str();
   io_command->add_option("--file", options->file, "Scratch file")->capture_default_str();
+  io_command
+      ->add_option("--shard-dim", options->shard_dim,
+                   "Dim sharded over the ranks: 0 (contiguous boxes), 1 or 2 (strided)")
+      ->check(CLI::Range(0, 2))
+      ->capture_default_str();
   io_command->add_flag("--keep", options->keep, "Keep the scratch file");
   io_command->add_flag("--json", options->json, "Print JSON instead of the table");
   io_command->callback([options] { run_io_bench(*options); });
