@@ -19,6 +19,7 @@
 
 #include <cmath>
 
+#include "core/agree.hpp"
 #include "core/halo/halo_exchange.hpp"
 #include "core/op_registry.hpp"
 #include "ops/attention/na_reference.hpp"
@@ -197,19 +198,25 @@ void register_na_op() {
 
 NaResult neighborhood_attention(const ShardTensor& q, const ShardTensor& k, const ShardTensor& v,
                                 const NaOptions& options) {
+  // These checks see only global shapes, dtypes and options, which every rank shares, so (like a
+  // rule's checks in apply_op) their verdict is the same everywhere: an agreed error.
+  auto check = [](bool condition, const std::string& message) {
+    if (!condition) throw AgreedError("na", message);
+  };
   const Shape& shape = q.global_shape();
-  check_arg(shape.size() >= 4 && shape.size() <= 6, "na",
-            "expected q of shape [B, X(, Y(, Z)), heads, D] (4 to 6 dims), got shape {}", shape);
+  check(shape.size() >= 4 && shape.size() <= 6,
+        fmt::format("expected q of shape [B, X(, Y(, Z)), heads, D] (4 to 6 dims), got shape {}",
+                    shape));
   const size_t spatial = shape.size() - 3;
   auto per_axis = [&](const char* name, std::vector<int64_t> values) {
     if (values.size() == 1) values.assign(spatial, values[0]);
-    check_arg(values.size() == spatial, "na", "{} {} for na{}d (one value or one per axis)", name,
-              values, spatial);
+    check(values.size() == spatial,
+          fmt::format("{} {} for na{}d (one value or one per axis)", name, values, spatial));
     return values;
   };
-  check_arg(q.dtype() == k.dtype() && q.dtype() == v.dtype() && is_floating(q.dtype()), "na",
-            "q, k, v must share one floating dtype, got {}, {}, {}", dtype_name(q.dtype()),
-            dtype_name(k.dtype()), dtype_name(v.dtype()));
+  check(q.dtype() == k.dtype() && q.dtype() == v.dtype() && is_floating(q.dtype()),
+        fmt::format("q, k, v must share one floating dtype, got {}, {}, {}", dtype_name(q.dtype()),
+                    dtype_name(k.dtype()), dtype_name(v.dtype())));
   const double scale =
       options.scale ? *options.scale : 1.0 / std::sqrt(static_cast<double>(shape.back()));
   OpAttrs attrs;
