@@ -9,6 +9,7 @@ namespace ops {
 void register_pointwise_ops();
 void register_reduce_ops();
 void register_conv_op();
+void register_na_op();
 
 namespace {
 ShardTensor unary(const char* name, const ShardTensor& x, const OpAttrs& attrs = {}) {
@@ -76,6 +77,7 @@ void register_builtin_ops() {
   ops::register_pointwise_ops();
   ops::register_reduce_ops();
   ops::register_conv_op();
+  ops::register_na_op();
 }
 
 }  // namespace tessera

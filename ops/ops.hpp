@@ -4,6 +4,7 @@
 #include <optional>
 #include <vector>
 
+#include "ops/attention/na_op.hpp"
 #include "ops/conv/conv_op.hpp"
 
 namespace tessera::ops {

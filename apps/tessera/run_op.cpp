@@ -197,6 +197,7 @@ void register_run_op(CLI::App& app) {
     launch(backend_from_env(), ranks,
            [&](std::shared_ptr<Comm> world) { run_conv(world, *options); });
   });
+  register_run_op_na(*run_op);  // run_op_na.cpp
 }
 
 }  // namespace tessera::cli

@@ -1,0 +1,216 @@
+// `tessera run-op na`: runs the sharded neighborhood attention on a user's data from an HDF5
+// file and writes the gathered results (o, lse, and with --backward gq, gk, gv, grpb) to another.
+// Rank 0 reads the inputs and scatters q, k, v; bad arguments give one line and exit code 2 on
+// every rank (the same contract as `run-op conv`).
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <filesystem>
+
+#include "apps/tessera/cli_parse.hpp"
+#include "apps/tessera/commands.hpp"
+#include "core/tessera.hpp"
+#include "io/hdf5/h5_file.hpp"
+#include "ops/ops.hpp"
+
+namespace tessera::cli {
+
+namespace {
+
+struct NaRunOptions {
+  std::string in, out;
+  std::string kernel_size, dilation = "1", causal = "0";
+  std::optional<double> scale;
+  std::string mesh = "1", shard_dims, extents;
+  int ranks = 0;
+  bool backward = false;
+  std::string device = "cpu", dtype = "f64";
+};
+
+/// The inputs as read on rank 0 (in the compute dtype).
+struct NaInputs {
+  Tensor q, k, v, rpb, go;
+  bool has_rpb = false;
+};
+
+NaInputs read_inputs(const NaRunOptions& options, DType dtype) {
+  NaInputs inputs;
+  check_arg(std::filesystem::exists(options.in), "run-op", "input file {} does not exist",
+            options.in);
+  for (const char* name : {"q", "k", "v"})
+    check_arg(io::has_dataset(options.in, name), "run-op",
+              "{} has no dataset '{}' (na needs q, k, v [B, X(, Y(, Z)), heads, D])", options.in,
+              name);
+  // Read in f64 and convert here, so every dtype (bf16 included) takes the same path.
+  auto read = [&](const char* name) {
+    return io::read_dataset(options.in, name, DType::f64).to_dtype(dtype);
+  };
+  inputs.q = read("q");
+  inputs.k = read("k");
+  inputs.v = read("v");
+  check_arg(inputs.q.ndim() >= 4 && inputs.q.ndim() <= 6, "run-op",
+            "q has shape {}; na needs [B, X(, Y(, Z)), heads, D] (4 to 6 dims)", inputs.q.shape());
+  for (const auto& [name, tensor] : {std::pair{"k", &inputs.k}, std::pair{"v", &inputs.v}})
+    check_arg(tensor->shape() == inputs.q.shape(), "run-op", "{} has shape {}, q has shape {}",
+              name, tensor->shape(), inputs.q.shape());
+  inputs.has_rpb = io::has_dataset(options.in, "rpb");
+  if (inputs.has_rpb) inputs.rpb = read("rpb");
+  if (options.backward) {
+    check_arg(io::has_dataset(options.in, "go"), "run-op",
+              "--backward needs a dataset 'go' (the gradient of o) in {}", options.in);
+    inputs.go = read("go");
+    check_arg(inputs.go.shape() == inputs.q.shape(), "run-op", "go has shape {} but o has shape {}",
+              inputs.go.shape(), inputs.q.shape());
+  }
+  return inputs;
+}
+
+/// Shares a tensor that only rank 0 holds as a replicated ShardTensor.
+ShardTensor replicate_from_root(const Tensor& full, const DeviceMesh& mesh) {
+  return ShardTensor::scatter(full, mesh,
+                              std::vector<Placement>(mesh.ndim(), Placement::replicate()));
+}
+
+void run_na(std::shared_ptr<Comm> world, const NaRunOptions& options) {
+  const std::vector<int> mesh_shape = parse_mesh(options.mesh);
+  DeviceMesh mesh(world, mesh_shape);
+  const DType dtype = dtype_from_name(options.dtype);
+  if (dtype != DType::f32 && dtype != DType::f64 && dtype != DType::f16 && dtype != DType::bf16)
+    throw AgreedError("run-op",
+                      fmt::format("--dtype {} (na runs in f32, f64, f16 or bf16)", options.dtype));
+  if (Device::parse(options.device).is_cuda())
+    throw AgreedError("run-op",
+                      "--device cuda: no CUDA kernel for na yet (this build runs na on the cpu); "
+                      "use --device cpu");
+  const bool root = world->rank() == 0;
+
+  NaInputs inputs;
+  std::optional<std::string> problem;
+  if (root) {
+    try {
+      inputs = read_inputs(options, dtype);
+    } catch (const Error& error) {
+      problem = std::string(error.what()).substr(std::string(error.what()).find("] ") + 2);
+    }
+  }
+  agree_on_error(*world, "run-op", problem);
+  int64_t header[2] = {inputs.q.ndim(), inputs.has_rpb};
+  world->broadcast(header, 2, DType::i64, 0);
+  const int64_t ndim = header[0];
+  const bool has_rpb = header[1] != 0;
+  const int64_t spatial = ndim - 3;
+
+  // Layout of q, k, v: --shard-dims names the tensor dim each mesh dim shards (default: the
+  // last spatial dims), --extents their extents (default: balanced).
+  std::vector<int64_t> shard_dims;
+  if (options.shard_dims.empty()) {
+    for (int m = 0; m < mesh.ndim(); ++m) shard_dims.push_back(1 + spatial - mesh.ndim() + m);
+  } else {
+    shard_dims = parse_list(options.shard_dims);
+  }
+  if (static_cast<int>(shard_dims.size()) != mesh.ndim())
+    throw AgreedError("run-op", fmt::format("--shard-dims {} names {} dims for a {}-d mesh",
+                                            shard_dims, shard_dims.size(), mesh.ndim()));
+  std::vector<Placement> placements;
+  for (int64_t dim : shard_dims) {
+    if (dim < 0 || dim >= ndim)
+      throw AgreedError("run-op", fmt::format("--shard-dims: dim {} of a {}-d input", dim, ndim));
+    placements.push_back(mesh.size(static_cast<int>(placements.size())) == 1
+                             ? Placement::replicate()
+                             : Placement::shard(static_cast<int>(dim)));
+  }
+  std::vector<std::vector<int64_t>> extents;
+  if (!options.extents.empty()) {
+    extents = parse_extents(options.extents);
+    for (size_t m = 0; m < extents.size() && m < placements.size(); ++m)
+      if (placements[m].is_replicate())
+        placements[m] = Placement::shard(static_cast<int>(shard_dims[m]));
+  }
+
+  // Every rank parses the same strings, so a bad one is an agreed error.
+  ops::NaOptions na;
+  try {
+    na.kernel_size = parse_list(options.kernel_size);
+    na.dilation = parse_list(options.dilation);
+    na.causal = parse_list(options.causal);
+  } catch (const AgreedError&) {
+    throw;
+  } catch (const Error& error) {
+    const std::string text = error.what();
+    throw AgreedError(error.op(), text.substr(text.find("] ") + 2));
+  }
+  na.scale = options.scale;
+
+  const double start = now_seconds();
+  Tape tape;
+  ShardTensor q = ShardTensor::scatter(inputs.q, mesh, placements, extents);
+  ShardTensor k = ShardTensor::scatter(inputs.k, mesh, placements, extents);
+  ShardTensor v = ShardTensor::scatter(inputs.v, mesh, placements, extents);
+  if (has_rpb) na.rpb = replicate_from_root(inputs.rpb, mesh);
+  if (options.backward) {
+    for (ShardTensor* input : {&q, &k, &v}) input->set_requires_grad();
+    if (na.rpb) na.rpb->set_requires_grad();
+  }
+  const ops::NaResult result = ops::neighborhood_attention(q, k, v, na);
+  const Tensor o_full = result.output.gather(0);
+  const Tensor lse_full = result.lse.gather(0);
+  Tensor gq, gk, gv, grpb;
+  if (options.backward) {
+    const ShardTensor go = ShardTensor::scatter(inputs.go, mesh, result.output.placements(),
+                                                result.output.spec().extents);
+    tape.backward(ops::sum(ops::mul(result.output, go)));
+    gq = tape.grad(q)->gather(0);
+    gk = tape.grad(k)->gather(0);
+    gv = tape.grad(v)->gather(0);
+    if (na.rpb) grpb = tape.grad(*na.rpb)->gather(0);
+  }
+  const double seconds = now_seconds() - start;
+  if (!root) return;
+  io::write_dataset(options.out, "o", o_full, {.truncate_file = true});
+  io::write_dataset(options.out, "lse", lse_full);
+  if (options.backward) {
+    io::write_dataset(options.out, "gq", gq);
+    io::write_dataset(options.out, "gk", gk);
+    io::write_dataset(options.out, "gv", gv);
+    if (na.rpb) io::write_dataset(options.out, "grpb", grpb);
+  }
+  fmt::print(
+      "na{}d: q {} kernel {} dilation {} causal {} on mesh {} ({}), {} backend, {:.3f} ms; "
+      "wrote {}\n",
+      spatial, q.global_shape(), na.kernel_size, na.dilation, na.causal, mesh_shape, q.spec().str(),
+      world->backend(), seconds * 1e3, options.out);
+}
+
+}  // namespace
+
+void register_run_op_na(CLI::App& run_op) {
+  auto options = std::make_shared<NaRunOptions>();
+  auto* na = run_op.add_subcommand(
+      "na", "Sharded neighborhood attention 1d/2d/3d (by the rank of q), forward and backward");
+  na->add_option("--in", options->in,
+                 "Input file with q, k, v, optional rpb, and go for --backward")
+      ->required();
+  na->add_option("--out", options->out, "Output file: o, lse (and gq, gk, gv, grpb)")->required();
+  na->add_option("--kernel-size", options->kernel_size, "Kernel size per spatial axis, e.g. 7,7")
+      ->required();
+  na->add_option("--dilation", options->dilation, "Dilation per spatial axis")
+      ->capture_default_str();
+  na->add_option("--causal", options->causal, "Causal flag (0 or 1) per spatial axis")
+      ->capture_default_str();
+  na->add_option("--scale", options->scale, "Logit scale (default D^-0.5)");
+  na->add_option("--mesh", options->mesh, "Mesh shape, e.g. 2x2")->capture_default_str();
+  na->add_option("--shard-dims", options->shard_dims,
+                 "Tensor dim sharded by each mesh dim, e.g. 1,2");
+  na->add_option("--extents", options->extents, "Shard extents per mesh dim, e.g. \"3,5;4,4\"");
+  na->add_option("--ranks", options->ranks, "Local ranks without mpiexec (default: the mesh size)");
+  na->add_flag("--backward", options->backward, "Also compute gq, gk, gv (and grpb) from go");
+  na->add_option("--device", options->device, "cpu or cuda")->capture_default_str();
+  na->add_option("--dtype", options->dtype, "f32, f64, f16 or bf16")->capture_default_str();
+  na->callback([options] {
+    const int ranks = options->ranks > 0 ? options->ranks : mesh_size(parse_mesh(options->mesh));
+    launch(backend_from_env(), ranks,
+           [&](std::shared_ptr<Comm> world) { run_na(world, *options); });
+  });
+}
+
+}  // namespace tessera::cli

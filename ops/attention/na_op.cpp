@@ -1,0 +1,233 @@
+// The sharded neighborhood attention: rule (layouts, exact key boxes), kernel call and backward.
+//
+// Queries stay where they are: o and lse have q's layout. Along a spatial axis with global
+// extent L, query i reads the keys of na_window(i, L, k, d, causal), computed from the GLOBAL
+// index and extent, so windows shift only at the global borders. A rank owning queries [a, b)
+// needs the union of their windows. Away from the borders that is [a - (k//2)*d,
+// b + (k//2 + k%2 - 1)*d) (causal: [a - (k-1)*d, b)), but a clamped window near a border
+// reaches further into the domain (L=20, k=7: query 0 reads keys [0, 7)), so the rule computes
+// the union exactly. The halo plan fills that box from whichever ranks own it (several for thin
+// shards); the box never leaves [0, L), so there are no padded keys.
+//
+// Backward: dq is local; dk and dv are computed on the haloed tile and the halo rows are sent
+// back to their owners, who add them (halo_adjoint); d rpb is a local sum over this rank's
+// queries, Partial(sum) over the mesh dims that shard q.
+#include "ops/attention/na_op.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
+
+#include "core/agree.hpp"
+#include "core/halo/halo_exchange.hpp"
+#include "core/op_registry.hpp"
+#include "ops/attention/na_reference.hpp"
+#include "ops/op_helpers.hpp"
+
+namespace tessera::ops {
+
+namespace {
+
+/// The per-axis geometry of a call on q of global shape `q_shape`, validated.
+NaGeometry resolve(const Shape& q_shape, const OpAttrs& attrs) {
+  check_arg(q_shape.size() >= 4 && q_shape.size() <= 6, "na",
+            "expected q of shape [B, X(, Y(, Z)), heads, D] (4 to 6 dims), got shape {}", q_shape);
+  const size_t spatial = q_shape.size() - 3;
+  NaGeometry geometry;
+  geometry.extent.assign(q_shape.begin() + 1, q_shape.begin() + 1 + spatial);
+  geometry.kernel = attrs.get_ints("kernel_size");
+  geometry.dilation = attrs.get_ints("dilation");
+  geometry.causal = attrs.get_ints("causal");
+  geometry.scale = attrs.get_double("scale");
+  check_arg(geometry.kernel.size() == spatial && geometry.dilation.size() == spatial &&
+                geometry.causal.size() == spatial,
+            "na", "na{}d needs {} values per axis: kernel size {}, dilation {}, causal {}", spatial,
+            spatial, geometry.kernel, geometry.dilation, geometry.causal);
+  for (size_t a = 0; a < spatial; ++a) {
+    check_arg(geometry.kernel[a] >= 1 && geometry.dilation[a] >= 1, "na",
+              "kernel size {} and dilation {} must be positive", geometry.kernel,
+              geometry.dilation);
+    check_arg(geometry.causal[a] == 0 || geometry.causal[a] == 1, "na",
+              "causal flags {} must be 0 or 1", geometry.causal);
+    check_arg(geometry.kernel[a] * geometry.dilation[a] <= geometry.extent[a], "na",
+              "kernel size {} with dilation {} does not fit the extent {} of spatial axis {} "
+              "(needs kernel * dilation <= extent)",
+              geometry.kernel[a], geometry.dilation[a], geometry.extent[a], a);
+  }
+  return geometry;
+}
+
+/// The keys queries [first, last) of one axis read: the union of their windows, [lo, hi).
+/// Within one dilation group window starts and ends never decrease with the query, so the
+/// lowest key is read by one of the first d queries and the highest by one of the last d.
+std::pair<int64_t, int64_t> key_range(int64_t first, int64_t last, int64_t length, int64_t kernel,
+                                      int64_t dilation, bool causal) {
+  if (last <= first) return {first, first};
+  int64_t lo = length, hi = 0;
+  for (int64_t i = first; i < std::min(last, first + dilation); ++i)
+    lo = std::min(lo, na_window(i, length, kernel, dilation, causal).first);
+  for (int64_t i = std::max(first, last - dilation); i < last; ++i)
+    hi = std::max(hi, na_window(i, length, kernel, dilation, causal).end());
+  return {lo, hi};
+}
+
+OpRule na_rule(const std::vector<ShardSpec>& inputs, const OpAttrs& attrs) {
+  check_arg(inputs.size() == 3 || inputs.size() == 4, "na", "expects inputs q, k, v[, rpb], got {}",
+            inputs.size());
+  const Shape& q_shape = inputs[0].global_shape;
+  const NaGeometry geometry = resolve(q_shape, attrs);
+  const int spatial = static_cast<int>(geometry.extent.size());
+  for (int i = 1; i <= 2; ++i)
+    check_arg(inputs[i].global_shape == q_shape, "na", "{} has shape {}, q has shape {}",
+              i == 1 ? "k" : "v", inputs[i].global_shape, q_shape);
+  const int64_t heads = q_shape[q_shape.size() - 2];
+  if (inputs.size() == 4) {
+    bool allowed = true;
+    for (int a = 0; a < spatial; ++a)
+      allowed = allowed && geometry.causal[a] == 0 && geometry.kernel[a] % 2 == 1;
+    check_arg(allowed, "na",
+              "relative positional bias needs a non-causal odd kernel on every axis, got kernel "
+              "size {} causal {}",
+              geometry.kernel, geometry.causal);
+    check_arg(inputs[3].global_shape == na_rpb_shape(heads, geometry), "na",
+              "rpb of shape {}, expected {} ([heads, 2k-1 per axis])", inputs[3].global_shape,
+              na_rpb_shape(heads, geometry));
+  }
+  // q: no pending partial sums, heads and D whole; k and v in q's layout; rpb replicated.
+  ShardSpec q = without_partial(inputs[0]);
+  const int heads_dim = static_cast<int>(q_shape.size()) - 2;
+  for (size_t m = 0; m < q.placements.size(); ++m)
+    if (q.placements[m].is_shard() && q.placements[m].dim >= heads_dim) {
+      q.placements[m] = Placement::replicate();
+      q.extents[m].clear();
+    }
+  const std::vector<Placement> replicated(q.mesh_shape.size(), Placement::replicate());
+  OpRule rule;
+  rule.inputs = {q, q, q};
+  if (inputs.size() == 4)
+    rule.inputs.push_back(ShardSpec::make(inputs[3].global_shape, q.mesh_shape, replicated));
+
+  // Outputs: o in q's layout, lse in q's layout without D.
+  Shape lse_shape = q_shape;
+  lse_shape.pop_back();
+  rule.outputs = {q, ShardSpec::make(lse_shape, q.mesh_shape, q.placements, q.extents, "na")};
+
+  // Halo of k and v: per rank, the exact union of its queries' windows on every spatial axis.
+  HaloNeed need;
+  need.boundary.assign(q_shape.size(), BoundaryMode::zero);
+  for (int rank = 0; rank < mesh_size(q.mesh_shape); ++rank) {
+    Box box = q.local_box_of_rank(rank);
+    for (int a = 0; a < spatial; ++a) {
+      std::tie(box.lo[1 + a], box.hi[1 + a]) =
+          key_range(box.lo[1 + a], box.hi[1 + a], geometry.extent[a], geometry.kernel[a],
+                    geometry.dilation[a], geometry.causal[a] != 0);
+    }
+    need.needed.push_back(box);
+  }
+  rule.halos = {std::nullopt, need, need};
+  if (inputs.size() == 4) rule.halos.push_back(std::nullopt);
+  return rule;
+}
+
+/// Spatial part (dims 1..spatial) of a box's low corner.
+std::vector<int64_t> spatial_lo(const Box& box, size_t spatial) {
+  return std::vector<int64_t>(box.lo.begin() + 1, box.lo.begin() + 1 + spatial);
+}
+
+std::vector<Tensor> na_cpu(const KernelContext& context, const std::vector<Tensor>& inputs) {
+  const NaGeometry geometry = resolve(context.input_specs[0].global_shape, context.attrs);
+  const size_t spatial = geometry.extent.size();
+  const NaPieces pieces{spatial_lo(context.input_boxes[0], spatial),
+                        spatial_lo(context.input_boxes[1], spatial)};
+  const Tensor* rpb = inputs.size() == 4 ? &inputs[3] : nullptr;
+  NaForward result = na_forward(inputs[0], inputs[1], inputs[2], rpb, geometry, pieces);
+  return {std::move(result.output), std::move(result.lse)};
+}
+
+/// The local gradient of output `index` in that output's layout (zeros when none arrived).
+std::optional<Tensor> local_grad(const OpRecord& record,
+                                 const std::vector<std::optional<ShardTensor>>& grads,
+                                 size_t index) {
+  if (index >= grads.size() || !grads[index]) return std::nullopt;
+  const ShardSpec& spec = record.outputs[index].spec();
+  const ShardTensor& grad = *grads[index];
+  return (grad.spec() == spec ? grad : grad.redistribute(spec.placements, spec.extents))
+      .to_local()
+      .contiguous();
+}
+
+std::vector<std::optional<ShardTensor>> na_backward_op(
+    const OpRecord& record, const std::vector<std::optional<ShardTensor>>& grads) {
+  const ShardTensor& q = record.inputs[0];
+  const NaGeometry geometry = resolve(q.global_shape(), record.attrs);
+  const size_t spatial = geometry.extent.size();
+  const NaPieces pieces{spatial_lo(q.local_box(), spatial),
+                        spatial_lo(record.plans[1]->needed_box(), spatial)};
+  const std::optional<Tensor> grad_lse = local_grad(record, grads, 1);
+  std::optional<Tensor> grad_output = local_grad(record, grads, 0);
+  if (!grad_output) grad_output = Tensor::zeros(q.to_local().shape(), q.dtype());
+  const bool has_rpb = record.inputs.size() == 4;
+  const NaGradients local =
+      na_backward(record.kernel_inputs[0], record.kernel_inputs[1], record.kernel_inputs[2],
+                  has_rpb ? &record.kernel_inputs[3] : nullptr, *grad_output,
+                  grad_lse ? &*grad_lse : nullptr, geometry, pieces);
+  Comm& comm = q.mesh().comm();
+  std::vector<std::optional<ShardTensor>> result;
+  result.emplace_back(ShardTensor(local.dq, q.mesh(), q.spec()));
+  // dk, dv: the halo rows go back to their owners, who add them.
+  for (int i = 1; i <= 2; ++i) {
+    const ShardTensor& input = record.inputs[i];
+    const Tensor& tile_grad = i == 1 ? local.dk : local.dv;
+    result.emplace_back(ShardTensor(halo_adjoint(*record.plans[i], tile_grad, comm, i),
+                                    input.mesh(), input.spec()));
+  }
+  if (has_rpb) {
+    const ShardTensor& rpb = record.inputs[3];
+    result.emplace_back(
+        ShardTensor(local.drpb, rpb.mesh(), partial_over_sharding(q.spec(), rpb.global_shape())));
+  }
+  return result;
+}
+
+}  // namespace
+
+void register_na_op() {
+  register_op(OpDef{"na", na_rule, na_cpu, nullptr, na_backward_op});
+}
+
+NaResult neighborhood_attention(const ShardTensor& q, const ShardTensor& k, const ShardTensor& v,
+                                const NaOptions& options) {
+  // These checks see only global shapes, dtypes and options, which every rank shares, so (like a
+  // rule's checks in apply_op) their verdict is the same everywhere: an agreed error.
+  auto check = [](bool condition, const std::string& message) {
+    if (!condition) throw AgreedError("na", message);
+  };
+  const Shape& shape = q.global_shape();
+  check(shape.size() >= 4 && shape.size() <= 6,
+        fmt::format("expected q of shape [B, X(, Y(, Z)), heads, D] (4 to 6 dims), got shape {}",
+                    shape));
+  const size_t spatial = shape.size() - 3;
+  auto per_axis = [&](const char* name, std::vector<int64_t> values) {
+    if (values.size() == 1) values.assign(spatial, values[0]);
+    check(values.size() == spatial,
+          fmt::format("{} {} for na{}d (one value or one per axis)", name, values, spatial));
+    return values;
+  };
+  check(q.dtype() == k.dtype() && q.dtype() == v.dtype() && is_floating(q.dtype()),
+        fmt::format("q, k, v must share one floating dtype, got {}, {}, {}", dtype_name(q.dtype()),
+                    dtype_name(k.dtype()), dtype_name(v.dtype())));
+  const double scale =
+      options.scale ? *options.scale : 1.0 / std::sqrt(static_cast<double>(shape.back()));
+  OpAttrs attrs;
+  attrs.set("kernel_size", per_axis("kernel size", options.kernel_size))
+      .set("dilation", per_axis("dilation", options.dilation))
+      .set("causal", per_axis("causal", options.causal))
+      .set("scale", scale);
+  std::vector<ShardTensor> inputs{q, k, v};
+  if (options.rpb) inputs.push_back(*options.rpb);
+  std::vector<ShardTensor> outputs = apply_op("na", inputs, attrs);
+  return NaResult{std::move(outputs[0]), std::move(outputs[1])};
+}
+
+}  // namespace tessera::ops
