@@ -2,8 +2,9 @@
 // Every HDF5 call is checked; a failure becomes an IoError that names the file, the dataset, what
 // was expected and what was found, followed by HDF5's most specific reason when it gave one.
 // Only API calls whose signature is the same in HDF5 1.10, 1.12 and 1.14 are used (no
-// H5Oget_info / H5Ovisit, whose versions differ), and no MPI-IO: files are opened with the default
-// serial driver even when the library is parallel HDF5.
+// H5Oget_info / H5Ovisit, whose versions differ). The public calls open files with the default
+// serial driver even when the library is parallel HDF5; the detail:: calls of h5_transfer.hpp
+// take the caller's property lists (the MPI-IO driver of h5_mpio.cpp).
 #include "io/hdf5/h5_file.hpp"
 
 #include <fmt/format.h>
@@ -982,6 +983,23 @@ void write_attributes(const std::string& file, const std::string& dataset,
   }
   if (object.close() < 0) fail_hdf5(where, "cannot close the dataset");
   if (handle.close() < 0) fail_hdf5(where, "cannot flush and close the file (disk full?)");
+}
+
+bool holds_only_dataset(const std::string& file, const std::string& dataset) {
+  Hdf5Call call;
+  try {
+    const std::vector<std::string> components = path_components(file, dataset);
+    const Where where{file, join_path(components, components.size())};
+    std::error_code error;
+    if (!std::filesystem::is_regular_file(file, error) || components.size() != 1) return false;
+    H5Handle handle = open_for_read(where);
+    H5G_info_t info;
+    if (H5Gget_info(handle.get(), &info) < 0 || info.nlinks != 1) return false;
+    if (find_object(handle.get(), where, components).kind != ObjectKind::dataset) return false;
+    return read_attributes(handle.get(), where).empty();
+  } catch (const std::exception&) {
+    return false;
+  }
 }
 
 bool has_dataset(const std::string& file, const std::string& dataset) {

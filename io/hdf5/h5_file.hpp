@@ -98,6 +98,11 @@ void write_hyperslab(const std::string& file, const std::string& dataset, const 
 void write_attributes(const std::string& file, const std::string& dataset,
                       const std::map<std::string, std::string>& attributes);
 
+/// True when `file` is readable HDF5 whose only object is `dataset` (one link in the whole file,
+/// and no attribute on the root group), so replacing that dataset loses nothing when the file is
+/// started afresh; false otherwise, also for a missing or unreadable file.
+bool holds_only_dataset(const std::string& file, const std::string& dataset);
+
 /// True when `file` exists and holds a dataset at `dataset` (false for a missing file or path,
 /// or a group); throws IoError when the file is not readable HDF5.
 bool has_dataset(const std::string& file, const std::string& dataset);

@@ -64,6 +64,10 @@ void write_attributes(const std::string& file, const std::string&,
   not_available(file, "write attributes in");
 }
 
+bool holds_only_dataset(const std::string&, const std::string&) {
+  return false;
+}
+
 bool has_dataset(const std::string& file, const std::string&) {
   not_available(file, "look for a dataset in");
 }

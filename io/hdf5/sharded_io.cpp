@@ -339,7 +339,10 @@ std::string prepare_temporary(const std::string& op, Comm& comm, const std::stri
   if (comm.rank() == root) {
     try {
       std::filesystem::remove(temporary);
-      if (std::filesystem::exists(file)) std::filesystem::copy_file(file, temporary);
+      // Other objects of an existing file are kept (a copy); a file holding nothing but the dataset
+      // being replaced is started afresh instead (copying it would only add unused space).
+      if (std::filesystem::exists(file) && !holds_only_dataset(file, dataset))
+        std::filesystem::copy_file(file, temporary);
       create_dataset(temporary, dataset, tensor.global_shape(), tensor.dtype());
     } catch (const std::exception& error) {
       problem = reason_of(error);

@@ -162,6 +162,37 @@ TEST(ShardedIo, CollectiveIoIsUsedExactlyWithParallelHdf5AndTheMpiBackend) {
     });
 }
 
+TEST(ShardedIo, ReplacingADatasetKeepsTheOthersAndDoesNotGrowTheFile) {
+  for (int world_size = 1; world_size <= 3; ++world_size) {
+    testing::run_world(world_size, [](std::shared_ptr<Comm> comm) {
+      const std::string dir = testing::make_test_dir(*comm, "sharded_io", "replace");
+      DeviceMesh mesh(comm, {comm->size()});
+      testing::CaseRng rng(testing::case_seed(44, comm->size(), 0, 0));
+      const Tensor full = testing::integer_tensor({64, 32}, DType::f64, rng, -9, 9);
+      const ShardTensor sharded = ShardTensor::distribute(full, mesh, {Placement::shard(0)});
+      const std::string alone = dir + "/alone.h5", shared = dir + "/shared.h5";
+      if (comm->rank() == 0) io::write_dataset(shared, "/keep", full);
+      comm->barrier();
+      uintmax_t first_size = 0;
+      for (int round = 0; round < 4; ++round) {
+        io::gather_write(sharded, alone, "/u", 0, tiny_staging);
+        io::write_sharded(sharded, alone, "/u", round % 2 == 0);
+        io::write_sharded(sharded, shared, "/u");
+        io::gather_write(sharded, shared, "/group/v");
+        if (comm->rank() == 0) {
+          if (round == 0) first_size = fs::file_size(alone);
+          EXPECT_EQ(fs::file_size(alone), first_size) << "round " << round;
+          EXPECT_TRUE(bitwise_equal(io::read_dataset(alone, "/u"), full));
+          for (const char* name : {"/keep", "/u", "/group/v"})
+            EXPECT_TRUE(bitwise_equal(io::read_dataset(shared, name), full)) << name;
+        }
+        comm->barrier();
+      }
+      testing::remove_test_dir(*comm, dir);
+    });
+  }
+}
+
 TEST(ShardedIo, ErrorsAreRaisedTheSameOnEveryRank) {
   for (int world_size = 1; world_size <= 4; ++world_size) {
     testing::run_world(world_size, [](std::shared_ptr<Comm> comm) {
