@@ -39,9 +39,10 @@ constexpr size_t tiny_staging = 64;
 testing::ShardCase io_case(const std::vector<int>& mesh_shape, testing::CaseRng& rng,
                            std::optional<ReduceOp> partial_op) {
   testing::ShardCase shard_case;
-  const int ndim = static_cast<int>(rng.uniform(1, 4));
+  // Datasets of rank 1..6 (small extents at ranks 5 and 6).
+  const int ndim = static_cast<int>(rng.uniform(1, 6));
   shard_case.global_shape.resize(ndim);
-  for (int64_t& extent : shard_case.global_shape) extent = rng.uniform(0, 9);
+  for (int64_t& extent : shard_case.global_shape) extent = rng.uniform(0, ndim <= 4 ? 9 : 3);
   shard_case.dtype = io_dtypes[rng.uniform(0, std::size(io_dtypes) - 1)];
   shard_case.placements =
       testing::random_placements(ndim, static_cast<int>(mesh_shape.size()), rng, partial_op);
