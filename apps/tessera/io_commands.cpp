@@ -1,8 +1,10 @@
-// `tessera inspect` (what an HDF5 file holds) and `tessera scatter` (a dataset onto a mesh, each
-// rank's box and checksum, optionally verified bit for bit against the file).
+// `tessera inspect` (what an HDF5 file holds), `tessera scatter` (a dataset onto a mesh, each
+// rank's box and checksum, optionally verified bit for bit against the file) and `tessera
+// convert` (a dataset re-stored with another element type or storage layout, through a mesh).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <filesystem>
 #include <iostream>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -33,27 +35,48 @@ uint64_t checksum(const Tensor& tensor) {
   return hash;
 }
 
-void run_scatter(std::shared_ptr<Comm> world, const ScatterOptions& options) {
-  const size_t colon = options.target.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == options.target.size())
-    throw AgreedError("scatter",
-                      fmt::format("expected FILE.h5:/dataset, got '{}'", options.target));
-  const std::string file = options.target.substr(0, colon),
-                    dataset = options.target.substr(colon + 1);
-  if (options.mode != "root" && options.mode != "sharded")
-    throw AgreedError("scatter", fmt::format("--mode {} (expected root or sharded)", options.mode));
-  DeviceMesh mesh(world, parse_mesh(options.mesh));
-  std::vector<Placement> placements(mesh.ndim(), Placement::replicate());
+/// FILE.h5:/dataset split at the last colon; `default_dataset` (if any) when there is no colon.
+std::pair<std::string, std::string> split_target(const std::string& op, const std::string& target,
+                                                 const std::string& default_dataset = "") {
+  const size_t colon = target.rfind(':');
+  if ((colon == std::string::npos && !default_dataset.empty() && !target.empty()))
+    return {target, default_dataset};
+  if (colon == std::string::npos || colon == 0 || colon + 1 == target.size())
+    throw AgreedError(op, fmt::format("expected FILE.h5:/dataset, got '{}'", target));
+  return {target.substr(0, colon), target.substr(colon + 1)};
+}
+
+/// The layout of --mesh/--shard-dims/--extents (Replicate over mesh dims without a shard dim).
+struct MeshLayout {
+  std::vector<Placement> placements;
   std::vector<std::vector<int64_t>> extents;
-  if (!options.shard_dims.empty()) {
-    const std::vector<int64_t> dims = parse_list(options.shard_dims);
+};
+
+MeshLayout parse_layout(const std::string& op, const DeviceMesh& mesh,
+                        const std::string& shard_dims, const std::string& extents) {
+  MeshLayout layout{std::vector<Placement>(mesh.ndim(), Placement::replicate()), {}};
+  if (!shard_dims.empty()) {
+    const std::vector<int64_t> dims = parse_list(shard_dims);
     if (static_cast<int>(dims.size()) != mesh.ndim())
-      throw AgreedError("scatter",
-                        fmt::format("--shard-dims {} for a {}-d mesh", dims, mesh.ndim()));
+      throw AgreedError(op, fmt::format("--shard-dims {} for a {}-d mesh", dims, mesh.ndim()));
     for (int m = 0; m < mesh.ndim(); ++m)
-      placements[m] = Placement::shard(static_cast<int>(dims[m]));
+      layout.placements[m] = Placement::shard(static_cast<int>(dims[m]));
   }
-  if (!options.extents.empty()) extents = parse_extents(options.extents);
+  if (!extents.empty()) layout.extents = parse_extents(extents);
+  return layout;
+}
+
+void check_mode(const std::string& op, const std::string& mode) {
+  if (mode != "root" && mode != "sharded")
+    throw AgreedError(op, fmt::format("--mode {} (expected root or sharded)", mode));
+}
+
+void run_scatter(std::shared_ptr<Comm> world, const ScatterOptions& options) {
+  const auto [file, dataset] = split_target("scatter", options.target);
+  check_mode("scatter", options.mode);
+  DeviceMesh mesh(world, parse_mesh(options.mesh));
+  const auto [placements, extents] =
+      parse_layout("scatter", mesh, options.shard_dims, options.extents);
   world->barrier();
   const double start = now_seconds();
   const ShardTensor tensor = options.mode == "root"
@@ -87,6 +110,74 @@ void run_scatter(std::shared_ptr<Comm> world, const ScatterOptions& options) {
   for (int r = 0; r < world->size(); ++r) fmt::print("{}\n", lines.substr(displs[r], counts[r]));
   if (options.verify) fmt::print("verified against the file bit for bit: {}\n", ok ? "yes" : "NO");
   if (!ok) throw Error("scatter", "the gathered tensor differs from the file");
+}
+
+struct ConvertOptions {
+  std::string source, target;  // FILE.h5:/dataset, OUT.h5[:/dataset]
+  std::string dtype;           // "" keeps the file's
+  std::string chunks;          // "" contiguous, "auto" or a,b,c
+  int gzip = -1;
+  bool checksum = false;
+  std::string mesh = "1", shard_dims, extents, mode = "root";
+  int ranks = 0;
+  bool verify = false;
+};
+
+void run_convert(std::shared_ptr<Comm> world, const ConvertOptions& options) {
+  const std::string op = "convert";
+  const auto [in_file, in_dataset] = split_target(op, options.source);
+  const auto [out_file, out_dataset] = split_target(op, options.target, in_dataset);
+  std::error_code error;
+  if (std::filesystem::weakly_canonical(in_file, error) ==
+          std::filesystem::weakly_canonical(out_file, error) &&
+      in_dataset == out_dataset)
+    throw AgreedError(op,
+                      fmt::format("{}:{} is both the input and the output", in_file, in_dataset));
+  check_mode(op, options.mode);
+  std::optional<DType> as;
+  if (!options.dtype.empty()) as = dtype_from_name(options.dtype);
+  io::WriteOptions storage;
+  if (!options.chunks.empty() && options.chunks != "auto")
+    storage.chunks = parse_list(options.chunks);
+  if (options.chunks == "auto" && options.gzip < 0 && !options.checksum)
+    throw AgreedError(op, "--chunks auto picks chunks for --gzip or --checksum; give extents");
+  storage.gzip_level = options.gzip;
+  storage.checksum = options.checksum;
+  DeviceMesh mesh(world, parse_mesh(options.mesh));
+  const auto [placements, extents] = parse_layout(op, mesh, options.shard_dims, options.extents);
+  world->barrier();
+  const double start = now_seconds();
+  const ShardTensor tensor =
+      options.mode == "root"
+          ? io::scatter(in_file, in_dataset, mesh, placements, extents, 0, size_t{256} << 20, as)
+          : io::read_sharded(in_file, in_dataset, mesh, placements, extents, as);
+  if (options.mode == "root")
+    io::gather_write(tensor, out_file, out_dataset, 0, size_t{256} << 20, storage);
+  else
+    io::write_sharded(tensor, out_file, out_dataset, true, storage);
+  double seconds = now_seconds() - start;
+  world->all_reduce(&seconds, &seconds, 1, DType::f64, ReduceOp::max);
+  bool same = true;
+  if (options.verify) {
+    // Every rank compares its box of the output with its box of the input read as the dtype.
+    const ShardTensor written =
+        io::read_sharded(out_file, out_dataset, mesh, placements, tensor.spec().extents);
+    int32_t equal = bitwise_equal(written.to_local(), tensor.to_local()) ? 1 : 0;
+    world->all_reduce(&equal, &equal, 1, DType::i32, ReduceOp::min);
+    same = equal != 0;
+  }
+  if (world->rank() == 0) {
+    const io::DatasetInfo info = io::dataset_info(out_file, out_dataset);
+    fmt::print("{}:{} -> {}:{}: {} ({}), chunks {}, {}, mode {}, {} rank(s), {:.3f} ms\n", in_file,
+               in_dataset, out_file, info.path, fmt::join(info.shape, "x"), info.file_type,
+               info.chunks ? fmt::format("{}", fmt::join(*info.chunks, "x")) : "-",
+               info.compression.empty() ? "uncompressed" : info.compression, options.mode,
+               world->size(), seconds * 1e3);
+    if (options.verify)
+      fmt::print("verified against the input (as {}) bit for bit: {}\n", dtype_name(tensor.dtype()),
+                 same ? "yes" : "NO");
+  }
+  if (!same) throw Error(op, "the written dataset differs from the input");
 }
 
 }  // namespace
@@ -141,6 +232,42 @@ void register_io_commands(CLI::App& app) {
       ->capture_default_str();
   scatter->add_flag("--verify", options->verify,
                     "Gather back and compare with the file bit for bit");
+  auto convert_options = std::make_shared<ConvertOptions>();
+  auto* convert = app.add_subcommand(
+      "convert",
+      "Re-store a dataset with another dtype, chunking or compression, read and written through "
+      "a mesh");
+  convert->add_option("source", convert_options->source, "IN.h5:/dataset")->required();
+  convert->add_option("target", convert_options->target, "OUT.h5[:/dataset] (same dataset path)")
+      ->required();
+  convert->add_option("--dtype", convert_options->dtype,
+                      "Element type written: f32, f64, f16, bf16, i32, i64, u8 (default: kept)");
+  convert->add_option("--chunks", convert_options->chunks,
+                      "Chunk extents, e.g. 1,64,64 (auto: chosen for --gzip/--checksum)");
+  convert->add_option("--gzip", convert_options->gzip, "gzip level 0..9 (chunked)");
+  convert->add_flag("--checksum", convert_options->checksum, "Fletcher-32 checksum per chunk");
+  convert->add_option("--mesh", convert_options->mesh, "Mesh shape, e.g. 2x2")
+      ->capture_default_str();
+  convert->add_option("--shard-dims", convert_options->shard_dims,
+                      "Tensor dim sharded by each mesh dim, e.g. 0,1");
+  convert->add_option("--extents", convert_options->extents,
+                      "Shard extents per mesh dim, e.g. \"3,5;4,4\"");
+  convert->add_option("--ranks", convert_options->ranks,
+                      "Local ranks without mpiexec (default: the mesh size)");
+  convert
+      ->add_option("--mode", convert_options->mode,
+                   "root (rank 0 reads, scatters, gathers and writes, staging-bounded) or sharded "
+                   "(every rank reads and writes its own box)")
+      ->capture_default_str();
+  convert->add_flag("--verify", convert_options->verify,
+                    "Read the output back and compare with the input bit for bit");
+  convert->callback([convert_options] {
+    const int ranks = convert_options->ranks > 0 ? convert_options->ranks
+                                                 : mesh_size(parse_mesh(convert_options->mesh));
+    launch(backend_from_env(), ranks,
+           [&](std::shared_ptr<Comm> world) { run_convert(world, *convert_options); });
+  });
+
   scatter->callback([options] {
     const int ranks = options->ranks > 0 ? options->ranks : mesh_size(parse_mesh(options->mesh));
     launch(backend_from_env(), ranks,

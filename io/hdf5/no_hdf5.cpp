@@ -88,11 +88,13 @@ ShardTensor scatter(const std::string& file, const std::string&, const DeviceMes
   not_available(file, "scatter a dataset of");
 }
 
-void gather_write(const ShardTensor&, const std::string& file, const std::string&, int, size_t) {
+void gather_write(const ShardTensor&, const std::string& file, const std::string&, int, size_t,
+                  const WriteOptions&) {
   not_available(file, "gather and write a dataset to");
 }
 
-void write_sharded(const ShardTensor&, const std::string& file, const std::string&, bool) {
+void write_sharded(const ShardTensor&, const std::string& file, const std::string&, bool,
+                   const WriteOptions&) {
   not_available(file, "write a sharded dataset to");
 }
 

@@ -331,7 +331,8 @@ namespace {
 /// every rank), prepared by `root` as a copy of `file` (its other datasets are kept) holding a new
 /// empty `dataset` of `tensor`'s global shape and dtype. Agreed: throws AgreedError everywhere.
 std::string prepare_temporary(const std::string& op, Comm& comm, const std::string& file,
-                              const std::string& dataset, const ShardTensor& tensor, int root) {
+                              const std::string& dataset, const ShardTensor& tensor, int root,
+                              WriteOptions storage) {
   int64_t pid = static_cast<int64_t>(::getpid());
   comm.broadcast(&pid, 1, DType::i64, root);
   const std::string temporary = fmt::format("{}.tmp-{}", file, pid);
@@ -343,7 +344,8 @@ std::string prepare_temporary(const std::string& op, Comm& comm, const std::stri
       // being replaced is started afresh instead (copying it would only add unused space).
       if (std::filesystem::exists(file) && !holds_only_dataset(file, dataset))
         std::filesystem::copy_file(file, temporary);
-      create_dataset(temporary, dataset, tensor.global_shape(), tensor.dtype());
+      storage.truncate_file = false;
+      create_dataset(temporary, dataset, tensor.global_shape(), tensor.dtype(), storage);
     } catch (const std::exception& error) {
       problem = reason_of(error);
       std::error_code ignored;
@@ -381,7 +383,7 @@ void finish_temporary(const std::string& op, Comm& comm, const std::string& temp
 }  // namespace
 
 void gather_write(const ShardTensor& tensor, const std::string& file, const std::string& dataset,
-                  int root, size_t staging_bytes) {
+                  int root, size_t staging_bytes, const WriteOptions& storage) {
   const std::string op = "gather_write";
   CommOpScope scope(op);
   const DeviceMesh& mesh = tensor.mesh();
@@ -396,19 +398,19 @@ void gather_write(const ShardTensor& tensor, const std::string& file, const std:
   staging_bytes = static_cast<size_t>(budget);
 
   const ShardTensor source = detail::without_partial(tensor);
-  const std::string temporary = prepare_temporary(op, comm, file, dataset, source, root);
+  const std::string temporary = prepare_temporary(op, comm, file, dataset, source, root, storage);
   finish_temporary(op, comm, temporary, file, root,
                    detail::stream_to_root(source, temporary, dataset, root, staging_bytes));
 }
 
 void write_sharded(const ShardTensor& tensor, const std::string& file, const std::string& dataset,
-                   bool collective) {
+                   bool collective, const WriteOptions& storage) {
   const std::string op = "write_sharded";
   CommOpScope scope(op);
   const DeviceMesh& mesh = tensor.mesh();
   Comm& comm = mesh.comm();
   const ShardTensor source = detail::without_partial(tensor);
-  const std::string temporary = prepare_temporary(op, comm, file, dataset, source, 0);
+  const std::string temporary = prepare_temporary(op, comm, file, dataset, source, 0, storage);
   const bool writes =
       holds_written_copy(source.spec(), mesh, comm.rank()) && !source.local_box().empty();
   const Tensor local = source.to_local().to(Device::cpu()).contiguous();

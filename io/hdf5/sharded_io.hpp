@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "core/shard_tensor.hpp"
+#include "io/hdf5/h5_file.hpp"
 
 namespace tessera::io {
 
@@ -46,14 +47,18 @@ ShardTensor scatter(const std::string& file, const std::string& dataset, const D
 
 /// Collective: `root` writes the global tensor as `dataset` of `file` from streamed boxes,
 /// replacing the file atomically (written to a temporary file, then renamed).
+/// `storage` chooses contiguous, chunked or compressed storage of the new dataset (as for
+/// write_dataset; truncate_file is ignored: other datasets of the file are kept).
 void gather_write(const ShardTensor& tensor, const std::string& file, const std::string& dataset,
-                  int root = 0, size_t staging_bytes = 256 << 20);
+                  int root = 0, size_t staging_bytes = 256 << 20, const WriteOptions& storage = {});
 
 /// Collective: every rank writes its own box of the global tensor as `dataset` of `file` (one
 /// copy of each element: of ranks holding the same box, only the one at mesh coordinate 0 of the
 /// non-Shard dims writes; Partial placements are reduced first), replacing the file atomically as
 /// gather_write does. No rank holds more than its own shard.
+/// `storage` as for gather_write (compressed datasets take the collective path only with a
+/// parallel HDF5 that supports filtered parallel writes, 1.10.2 and later).
 void write_sharded(const ShardTensor& tensor, const std::string& file, const std::string& dataset,
-                   bool collective = true);
+                   bool collective = true, const WriteOptions& storage = {});
 
 }  // namespace tessera::io

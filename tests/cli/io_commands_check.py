@@ -1,7 +1,8 @@
 #!/usr/bin/python3
-# Acceptance check of `tessera inspect` and `tessera scatter` on the h5py-written sample file
-# (tests/fixtures/h5py): inspect --json reports every dataset's shape and type; scatter in both
-# modes verifies bit for bit on uneven (and empty) shards; bad input exits 2 with one line.
+# Acceptance check of `tessera inspect`, `tessera scatter` and `tessera convert` on the h5py-written
+# sample file (tests/fixtures/h5py): inspect --json reports every dataset's shape and type; scatter
+# in both modes verifies bit for bit on uneven (and empty) shards; convert writes another dtype
+# and storage that h5py reads back as numpy's conversion; bad input exits 2 with one line.
 # Launcher for scatter in TESSERA_LAUNCH (e.g. "mpiexec -n 4"), local ranks otherwise.
 # Usage: io_commands_check.py TESSERA_BINARY FIXTURE_DIR
 import json
@@ -53,6 +54,36 @@ import tempfile
 
 import h5py
 import numpy as np
+
+# convert: another dtype and storage, through a mesh, in both modes; h5py reads the result.
+with tempfile.TemporaryDirectory() as scratch:
+    out = os.path.join(scratch, "converted.h5")
+    for mode, extra, dtype, numpy_type in [
+            ("root", ["--chunks", "4,8", "--gzip", "5"], "f32", np.float32),
+            ("sharded", ["--chunks", "auto", "--checksum"], "f64", np.float64),
+            ("sharded", [], "i32", np.int32)]:
+        command = launch + [tessera, "convert", f"{sample}:/f64_chunked_gzip", f"{out}:/c_{mode}_{dtype}",
+                            "--dtype", dtype, "--mode", mode, "--mesh", "2x2", "--shard-dims", "0,1",
+                            "--verify"] + extra
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        ok = result.returncode == 0 and "bit for bit: yes" in result.stdout
+        if ok:
+            with h5py.File(out) as f, h5py.File(sample) as g:
+                written = f[f"c_{mode}_{dtype}"]
+                ok = (written.dtype == numpy_type and
+                      np.array_equal(written[...], g["f64_chunked_gzip"][...].astype(numpy_type)) and
+                      (written.chunks == (4, 8) and written.compression == "gzip"
+                       if "--gzip" in extra else True) and
+                      (written.fletcher32 if "--checksum" in extra else True))
+        check(ok, f"convert --mode {mode} --dtype {dtype} {' '.join(extra)}")
+        if not ok:
+            print(result.stdout + result.stderr)
+    result = subprocess.run(launch + [tessera, "convert", f"{out}:/c_root_f32", out + ":/c_root_f32"],
+                            capture_output=True, text=True, timeout=300)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    check(result.returncode == 2 and len(lines) == 1 and "both the input and the output" in lines[0],
+          f"convert onto itself: exit {result.returncode}, {lines}")
+    check(not [name for name in os.listdir(scratch) if ".tmp-" in name], "convert leaves no temporary file")
 
 data_dir = os.path.join(os.path.dirname(os.path.dirname(fixtures)), "data")
 with tempfile.TemporaryDirectory() as scratch:

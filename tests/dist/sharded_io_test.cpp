@@ -140,10 +140,19 @@ TEST(ShardedIo, ReadScatterAndGatherWriteAreBitExactOnEveryLayout) {
           io::write_sharded(partial, parallel, "/partial", /*collective=*/false);
           io::write_sharded(sharded, parallel, "/turns", /*collective=*/false);
           io::write_sharded(partial, parallel, "/partial_collective");
+          // The writes in the input's storage (chunked, compressed) too.
+          io::write_sharded(sharded, parallel, "/stored", /*collective=*/true, storage);
+          io::write_sharded(sharded, parallel, "/stored_turns", /*collective=*/false, storage);
+          io::gather_write(sharded, parallel, "/stored_root", write_root, tiny_staging, storage);
           if (comm->rank() == 0) {
-            for (const char* name : {"/result", "/partial", "/turns", "/partial_collective"})
+            for (const char* name : {"/result", "/partial", "/turns", "/partial_collective",
+                                     "/stored", "/stored_turns", "/stored_root"})
               EXPECT_TRUE(bitwise_equal(io::read_dataset(parallel, name), full))
                   << "write_sharded " << name;
+            for (const char* name : {"/stored", "/stored_turns", "/stored_root"})
+              EXPECT_EQ(io::dataset_info(parallel, name).chunks.has_value(),
+                        storage.chunks.has_value())
+                  << name;
             EXPECT_FALSE(has_temporary_file(dir));
           }
           comm->barrier();
