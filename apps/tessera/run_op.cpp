@@ -8,6 +8,7 @@
 
 #include "apps/tessera/cli_parse.hpp"
 #include "apps/tessera/commands.hpp"
+#include "apps/tessera/run_op_common.hpp"
 #include "core/tessera.hpp"
 #include "io/hdf5/h5_file.hpp"
 #include "ops/ops.hpp"
@@ -65,12 +66,6 @@ ops::ConvOptions conv_options(const ConvRunOptions& options) {
   return conv;
 }
 
-/// Shares a tensor that only rank 0 holds as a replicated ShardTensor.
-ShardTensor replicate_from_root(const Tensor& full, const DeviceMesh& mesh) {
-  return ShardTensor::scatter(full, mesh,
-                              std::vector<Placement>(mesh.ndim(), Placement::replicate()));
-}
-
 void run_conv(std::shared_ptr<Comm> world, const ConvRunOptions& options) {
   const std::vector<int> mesh_shape = parse_mesh(options.mesh);
   DeviceMesh mesh(world, mesh_shape);
@@ -83,15 +78,7 @@ void run_conv(std::shared_ptr<Comm> world, const ConvRunOptions& options) {
   const bool root = world->rank() == 0;
 
   ConvInputs inputs;
-  std::optional<std::string> problem;
-  if (root) {
-    try {
-      inputs = read_inputs(options, dtype);
-    } catch (const Error& error) {
-      problem = std::string(error.what()).substr(std::string(error.what()).find("] ") + 2);
-    }
-  }
-  agree_on_error(*world, "run-op", problem);
+  read_on_root(*world, [&] { inputs = read_inputs(options, dtype); });
   int64_t header[3] = {inputs.x.ndim(), inputs.has_bias, 0};
   world->broadcast(header, 3, DType::i64, 0);
   const int64_t ndim = header[0];
@@ -99,30 +86,8 @@ void run_conv(std::shared_ptr<Comm> world, const ConvRunOptions& options) {
 
   // Layout of x: --shard-dims names the tensor dim each mesh dim shards (default: the last
   // spatial dims), --extents their extents (default: balanced).
-  std::vector<int64_t> shard_dims;
-  if (options.shard_dims.empty()) {
-    for (int m = 0; m < mesh.ndim(); ++m) shard_dims.push_back(ndim - mesh.ndim() + m);
-  } else {
-    shard_dims = parse_list(options.shard_dims);
-  }
-  if (static_cast<int>(shard_dims.size()) != mesh.ndim())
-    throw AgreedError("run-op", fmt::format("--shard-dims {} names {} dims for a {}-d mesh",
-                                            shard_dims, shard_dims.size(), mesh.ndim()));
-  std::vector<Placement> placements;
-  for (int64_t dim : shard_dims) {
-    if (dim < 0 || dim >= ndim)
-      throw AgreedError("run-op", fmt::format("--shard-dims: dim {} of a {}-d input", dim, ndim));
-    placements.push_back(mesh.size(static_cast<int>(placements.size())) == 1
-                             ? Placement::replicate()
-                             : Placement::shard(static_cast<int>(dim)));
-  }
-  std::vector<std::vector<int64_t>> extents;
-  if (!options.extents.empty()) {
-    extents = parse_extents(options.extents);
-    for (size_t m = 0; m < extents.size() && m < placements.size(); ++m)
-      if (placements[m].is_replicate())
-        placements[m] = Placement::shard(static_cast<int>(shard_dims[m]));
-  }
+  const auto [placements, extents] =
+      run_op_layout(mesh, options.shard_dims, options.extents, ndim, ndim);
 
   const double start = now_seconds();
   Tape tape;
@@ -152,12 +117,13 @@ void run_conv(std::shared_ptr<Comm> world, const ConvRunOptions& options) {
   }
   const double seconds = now_seconds() - start;
   if (!root) return;
-  io::write_dataset(options.out, "y", y_full, {.truncate_file = true});
+  std::vector<std::pair<std::string, Tensor>> outputs{{"y", y_full}};
   if (options.backward) {
-    io::write_dataset(options.out, "gx", gx);
-    io::write_dataset(options.out, "gw", gw);
-    if (b) io::write_dataset(options.out, "gb", gb);
+    outputs.emplace_back("gx", gx);
+    outputs.emplace_back("gw", gw);
+    if (b) outputs.emplace_back("gb", gb);
   }
+  write_outputs(options.out, outputs);
   fmt::print("conv{}d: x {} -> y {} on mesh {} ({}), {} backend, {:.3f} ms; wrote {}\n", ndim - 2,
              x.global_shape(), y.global_shape(), mesh_shape, x.spec().str(), world->backend(),
              seconds * 1e3, options.out);

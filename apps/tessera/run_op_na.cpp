@@ -9,6 +9,7 @@
 
 #include "apps/tessera/cli_parse.hpp"
 #include "apps/tessera/commands.hpp"
+#include "apps/tessera/run_op_common.hpp"
 #include "core/tessera.hpp"
 #include "io/hdf5/h5_file.hpp"
 #include "ops/ops.hpp"
@@ -65,12 +66,6 @@ NaInputs read_inputs(const NaRunOptions& options, DType dtype) {
   return inputs;
 }
 
-/// Shares a tensor that only rank 0 holds as a replicated ShardTensor.
-ShardTensor replicate_from_root(const Tensor& full, const DeviceMesh& mesh) {
-  return ShardTensor::scatter(full, mesh,
-                              std::vector<Placement>(mesh.ndim(), Placement::replicate()));
-}
-
 void run_na(std::shared_ptr<Comm> world, const NaRunOptions& options) {
   const std::vector<int> mesh_shape = parse_mesh(options.mesh);
   DeviceMesh mesh(world, mesh_shape);
@@ -85,15 +80,7 @@ void run_na(std::shared_ptr<Comm> world, const NaRunOptions& options) {
   const bool root = world->rank() == 0;
 
   NaInputs inputs;
-  std::optional<std::string> problem;
-  if (root) {
-    try {
-      inputs = read_inputs(options, dtype);
-    } catch (const Error& error) {
-      problem = std::string(error.what()).substr(std::string(error.what()).find("] ") + 2);
-    }
-  }
-  agree_on_error(*world, "run-op", problem);
+  read_on_root(*world, [&] { inputs = read_inputs(options, dtype); });
   int64_t header[2] = {inputs.q.ndim(), inputs.has_rpb};
   world->broadcast(header, 2, DType::i64, 0);
   const int64_t ndim = header[0];
@@ -102,30 +89,8 @@ void run_na(std::shared_ptr<Comm> world, const NaRunOptions& options) {
 
   // Layout of q, k, v: --shard-dims names the tensor dim each mesh dim shards (default: the
   // last spatial dims), --extents their extents (default: balanced).
-  std::vector<int64_t> shard_dims;
-  if (options.shard_dims.empty()) {
-    for (int m = 0; m < mesh.ndim(); ++m) shard_dims.push_back(1 + spatial - mesh.ndim() + m);
-  } else {
-    shard_dims = parse_list(options.shard_dims);
-  }
-  if (static_cast<int>(shard_dims.size()) != mesh.ndim())
-    throw AgreedError("run-op", fmt::format("--shard-dims {} names {} dims for a {}-d mesh",
-                                            shard_dims, shard_dims.size(), mesh.ndim()));
-  std::vector<Placement> placements;
-  for (int64_t dim : shard_dims) {
-    if (dim < 0 || dim >= ndim)
-      throw AgreedError("run-op", fmt::format("--shard-dims: dim {} of a {}-d input", dim, ndim));
-    placements.push_back(mesh.size(static_cast<int>(placements.size())) == 1
-                             ? Placement::replicate()
-                             : Placement::shard(static_cast<int>(dim)));
-  }
-  std::vector<std::vector<int64_t>> extents;
-  if (!options.extents.empty()) {
-    extents = parse_extents(options.extents);
-    for (size_t m = 0; m < extents.size() && m < placements.size(); ++m)
-      if (placements[m].is_replicate())
-        placements[m] = Placement::shard(static_cast<int>(shard_dims[m]));
-  }
+  const auto [placements, extents] =
+      run_op_layout(mesh, options.shard_dims, options.extents, ndim, ndim - 2);
 
   // Every rank parses the same strings, so a bad one is an agreed error.
   ops::NaOptions na;
@@ -136,8 +101,7 @@ void run_na(std::shared_ptr<Comm> world, const NaRunOptions& options) {
   } catch (const AgreedError&) {
     throw;
   } catch (const Error& error) {
-    const std::string text = error.what();
-    throw AgreedError(error.op(), text.substr(text.find("] ") + 2));
+    throw AgreedError(error.op(), untagged(error));
   }
   na.scale = options.scale;
 
@@ -166,14 +130,14 @@ void run_na(std::shared_ptr<Comm> world, const NaRunOptions& options) {
   }
   const double seconds = now_seconds() - start;
   if (!root) return;
-  io::write_dataset(options.out, "o", o_full, {.truncate_file = true});
-  io::write_dataset(options.out, "lse", lse_full);
+  std::vector<std::pair<std::string, Tensor>> outputs{{"o", o_full}, {"lse", lse_full}};
   if (options.backward) {
-    io::write_dataset(options.out, "gq", gq);
-    io::write_dataset(options.out, "gk", gk);
-    io::write_dataset(options.out, "gv", gv);
-    if (na.rpb) io::write_dataset(options.out, "grpb", grpb);
+    outputs.emplace_back("gq", gq);
+    outputs.emplace_back("gk", gk);
+    outputs.emplace_back("gv", gv);
+    if (na.rpb) outputs.emplace_back("grpb", grpb);
   }
+  write_outputs(options.out, outputs);
   fmt::print(
       "na{}d: q {} kernel {} dilation {} causal {} on mesh {} ({}), {} backend, {:.3f} ms; "
       "wrote {}\n",

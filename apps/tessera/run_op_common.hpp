@@ -1,0 +1,41 @@
+// What the `tessera run-op` commands share: reading the inputs on rank 0 with agreed errors, the
+// layout from --shard-dims/--extents, replicating rank 0's tensors, and writing the gathered
+// results atomically.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tessera.hpp"
+
+namespace tessera::cli {
+
+/// The message of `error` without its "[op] " tag.
+std::string untagged(const Error& error);
+
+/// Collective: runs `read` on rank 0 only; an Error it throws becomes the same AgreedError
+/// (tagged "run-op") on every rank.
+void read_on_root(Comm& world, const std::function<void()>& read);
+
+/// The inputs' layout on `mesh` from --shard-dims (the tensor dim each mesh dim shards; default:
+/// the mesh.ndim() dims ending just before `default_end`) and --extents (default: balanced).
+/// A mesh dim of size 1 is Replicate unless extents are given. Bad values are AgreedErrors.
+struct RunOpLayout {
+  std::vector<Placement> placements;
+  std::vector<std::vector<int64_t>> extents;
+};
+RunOpLayout run_op_layout(const DeviceMesh& mesh, const std::string& shard_dims,
+                          const std::string& extents, int64_t ndim, int64_t default_end);
+
+/// Collective: a tensor only rank 0 holds, as a replicated ShardTensor.
+ShardTensor replicate_from_root(const Tensor& full, const DeviceMesh& mesh);
+
+/// Writes `datasets` as the only contents of `file`, atomically: into a temporary file that is
+/// renamed over `file` once complete (removed on failure, so no partial output is left).
+void write_outputs(const std::string& file,
+                   const std::vector<std::pair<std::string, Tensor>>& datasets);
+
+}  // namespace tessera::cli
