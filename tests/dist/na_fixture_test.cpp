@@ -10,39 +10,22 @@
 
 #include "core/autograd.hpp"
 #include "ops/ops.hpp"
+#include "tests/common/fixtures.hpp"
 #include "tests/dist/harness.hpp"
 
 namespace tessera {
 namespace {
 
 using Json = nlohmann::json;
-const std::string kFixtureDir = std::string(TESSERA_FIXTURE_DIR) + "/na/";
+const std::string kFixtureDir = testing::fixture_dir("na");
+using testing::lopsided;
 
 Tensor read_fixture(const std::string& file, const Shape& shape) {
-  Tensor tensor = Tensor::empty(shape, DType::f64);
-  std::ifstream in(kFixtureDir + file, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot open fixture " + kFixtureDir + file);
-  in.read(static_cast<char*>(tensor.raw_data()), static_cast<std::streamsize>(tensor.nbytes()));
-  if (in.gcount() != static_cast<std::streamsize>(tensor.nbytes()))
-    throw std::runtime_error("fixture " + file + " is shorter than its shape");
-  return tensor;
-}
-
-/// Uneven extents of n over `parts`: the first part gets about twice the others' share.
-std::vector<int64_t> lopsided(int64_t n, int parts) {
-  std::vector<int64_t> extents = default_split(n, parts);
-  if (parts > 1 && extents.back() > 0) {
-    const int64_t moved = (extents.back() + 1) / 2;
-    extents.back() -= moved;
-    extents.front() += moved;
-  }
-  return extents;
+  return testing::read_fixture(kFixtureDir, file, shape);
 }
 
 TEST(NaFixtures, ShardedNaMatchesPyTorchForwardAndGradients) {
-  std::ifstream manifest_file(kFixtureDir + "manifest.json");
-  ASSERT_TRUE(manifest_file) << "missing " << kFixtureDir << "manifest.json";
-  const Json manifest = Json::parse(manifest_file);
+  const Json manifest = testing::read_manifest(kFixtureDir);
   for (int world : {1, 2, 4}) {
     testing::run_world(world, [&](std::shared_ptr<Comm> comm) {
       for (const Json& fixture : manifest["cases"]) {

@@ -18,6 +18,7 @@
 
 #include "core/errors.hpp"
 #include "core/tensor.hpp"
+#include "tests/common/fixtures.hpp"
 
 namespace tessera::ops {
 namespace {
@@ -383,23 +384,15 @@ TEST(NaReference, EmptyQueryPiecesGiveEmptyOutputs) {
 
 // --- PyTorch fixtures ---------------------------------------------------------------------
 
-const std::string kFixtureDir = std::string(TESSERA_FIXTURE_DIR) + "/na/";
+const std::string kFixtureDir = testing::fixture_dir("na");
 
 Tensor read_fixture(const std::string& file, const Shape& shape) {
-  Tensor tensor = Tensor::empty(shape, DType::f64);
-  std::ifstream in(kFixtureDir + file, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot open fixture " + kFixtureDir + file);
-  in.read(static_cast<char*>(tensor.raw_data()), static_cast<std::streamsize>(tensor.nbytes()));
-  if (in.gcount() != static_cast<std::streamsize>(tensor.nbytes()))
-    throw std::runtime_error("fixture " + file + " is shorter than its shape");
-  return tensor;
+  return testing::read_fixture(kFixtureDir, file, shape);
 }
 
 void check_fixtures(DType dtype, double forward_tolerance, double dkv_tolerance,
                     double dq_tolerance) {
-  std::ifstream manifest_file(kFixtureDir + "manifest.json");
-  ASSERT_TRUE(manifest_file) << "missing " << kFixtureDir << "manifest.json";
-  const Json manifest = Json::parse(manifest_file);
+  const Json manifest = testing::read_manifest(kFixtureDir);
   int cases = 0;
   for (const Json& fixture : manifest["cases"]) {
     const std::string name = fixture["name"];
