@@ -172,28 +172,11 @@ void save_checkpoint(const std::string& file,
         problem = reason_of(error);
       }
     }
-    if (problem) {
-      std::error_code ignored;
-      std::filesystem::remove(temporary, ignored);
-    }
-    agree_on_error(comm, op, problem);
+    detail::agree_or_discard(op, comm, temporary, root, problem);
     problem = detail::stream_to_root(saved, temporary, name, root, staging_bytes);
-    if (problem) {
-      std::error_code ignored;
-      std::filesystem::remove(temporary, ignored);
-    }
-    agree_on_error(comm, op, problem);
+    detail::agree_or_discard(op, comm, temporary, root, problem);
   }
-  if (comm.rank() == root) {
-    try {
-      std::filesystem::rename(temporary, file);
-    } catch (const std::exception& error) {
-      problem = reason_of(error);
-      std::error_code ignored;
-      std::filesystem::remove(temporary, ignored);
-    }
-  }
-  agree_on_error(comm, op, problem);
+  detail::finish_temporary(op, comm, temporary, file, root, std::nullopt);
 }
 
 std::vector<std::pair<std::string, ShardTensor>> load_checkpoint(

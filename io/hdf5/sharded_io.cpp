@@ -356,20 +356,11 @@ std::string prepare_temporary(const std::string& op, Comm& comm, const std::stri
   return temporary;
 }
 
-/// Collective: agrees on the writers' problems; unless there was one, `root` renames the
-/// temporary file into place. After any failure the temporary file is removed and the failure is
-/// raised on every rank.
-void finish_temporary(const std::string& op, Comm& comm, const std::string& temporary,
-                      const std::string& file, int root, std::optional<std::string> problem) {
+}  // namespace
+
+void detail::agree_or_discard(const std::string& op, Comm& comm, const std::string& temporary,
+                              int root, const std::optional<std::string>& problem) {
   try {
-    agree_on_error(comm, op, problem);
-    if (comm.rank() == root) {
-      try {
-        std::filesystem::rename(temporary, file);
-      } catch (const std::exception& error) {
-        problem = reason_of(error);
-      }
-    }
     agree_on_error(comm, op, problem);
   } catch (...) {
     if (comm.rank() == root) {
@@ -380,7 +371,20 @@ void finish_temporary(const std::string& op, Comm& comm, const std::string& temp
   }
 }
 
-}  // namespace
+void detail::finish_temporary(const std::string& op, Comm& comm, const std::string& temporary,
+                              const std::string& file, int root,
+                              const std::optional<std::string>& problem) {
+  agree_or_discard(op, comm, temporary, root, problem);
+  std::optional<std::string> renamed;
+  if (comm.rank() == root) {
+    try {
+      std::filesystem::rename(temporary, file);
+    } catch (const std::exception& error) {
+      renamed = reason_of(error);
+    }
+  }
+  agree_or_discard(op, comm, temporary, root, renamed);
+}
 
 void gather_write(const ShardTensor& tensor, const std::string& file, const std::string& dataset,
                   int root, size_t staging_bytes, const WriteOptions& storage) {
@@ -399,8 +403,8 @@ void gather_write(const ShardTensor& tensor, const std::string& file, const std:
 
   const ShardTensor source = detail::without_partial(tensor);
   const std::string temporary = prepare_temporary(op, comm, file, dataset, source, root, storage);
-  finish_temporary(op, comm, temporary, file, root,
-                   detail::stream_to_root(source, temporary, dataset, root, staging_bytes));
+  detail::finish_temporary(op, comm, temporary, file, root,
+                           detail::stream_to_root(source, temporary, dataset, root, staging_bytes));
 }
 
 void write_sharded(const ShardTensor& tensor, const std::string& file, const std::string& dataset,
@@ -437,7 +441,7 @@ void write_sharded(const ShardTensor& tensor, const std::string& file, const std
     if (comm.rank() + 1 < comm.size())
       comm.send_recv(std::vector{P2POp::send(&token, 1, comm.rank() + 1, 0)});
   }
-  finish_temporary(op, comm, temporary, file, 0, problem);
+  detail::finish_temporary(op, comm, temporary, file, 0, problem);
 }
 
 }  // namespace tessera::io

@@ -36,6 +36,18 @@ ShardTensor without_partial(const ShardTensor& tensor);
 /// which writes them into the existing `dataset` of `file` (of source's global shape), staging at
 /// most `staging_bytes` (the same value on every rank). Returns the root's first problem (never
 /// agreed: the caller agrees on it); after a failure the root still receives every box.
+// ---- atomic replacement of a file through a temporary one ----
+
+/// Collective: agrees on `problem` (AgreedError on every rank when any rank had one), and in
+/// that case `root` first removes `temporary`.
+void agree_or_discard(const std::string& op, Comm& comm, const std::string& temporary, int root,
+                      const std::optional<std::string>& problem);
+
+/// Collective: agree_or_discard, then `root` renames `temporary` over `file`; a failed rename
+/// removes the temporary file and is raised on every rank too.
+void finish_temporary(const std::string& op, Comm& comm, const std::string& temporary,
+                      const std::string& file, int root, const std::optional<std::string>& problem);
+
 // ---- collective MPI-IO (h5_mpio.cpp with a parallel HDF5, no_h5_mpio.cpp otherwise) ----
 
 /// True when hyperslabs can move by collective MPI-IO on `comm`: Tessera was built with a
