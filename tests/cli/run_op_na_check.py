@@ -4,34 +4,24 @@
 # TESSERA_LAUNCH, e.g. "mpiexec -n 4"), and compares o, lse, gq, gk, gv, grpb with PyTorch's
 # values; then checks that bad arguments exit with code 2 and print one error line.
 # Usage: run_op_na_check.py TESSERA_BINARY FIXTURE_DIR SCRATCH_DIR
-import json
 import os
-import shlex
-import subprocess
 import sys
 
 import h5py
 import numpy as np
 
-tessera, fixture_dir, scratch = sys.argv[1], sys.argv[2], sys.argv[3]
-launch = shlex.split(os.environ.get("TESSERA_LAUNCH", ""))
-os.makedirs(scratch, exist_ok=True)
-manifest = json.load(open(os.path.join(fixture_dir, "manifest.json")))
+from run_op_check_support import load_array, run_cli, setup
+
+tessera, fixture_dir, scratch, launch, manifest = setup()
 failures = 0
 
 
 def load(case, key, shape):
-    return np.fromfile(os.path.join(fixture_dir, case["files"][key]), dtype="<f8").reshape(shape)
+    return load_array(fixture_dir, case, key, shape)
 
 
 def run(args, expect_code):
-    command = launch + [tessera, "run-op", "na"] + args
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    if result.returncode != expect_code:
-        print(f"FAIL: {' '.join(command)} exited {result.returncode}, expected {expect_code}\n"
-              f"{result.stdout}{result.stderr}")
-        return None
-    return result
+    return run_cli(launch + [tessera, "run-op", "na"] + args, expect_code)
 
 
 def write_input(case):
