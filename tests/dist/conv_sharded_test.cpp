@@ -103,14 +103,6 @@ std::vector<Tensor> run_case(const ConvCase& c, const DeviceMesh& mesh, const Te
   return results;
 }
 
-double relative_error(const Tensor& a, const Tensor& b) {
-  double scale = 1e-12;
-  const Tensor reference = b.to_dtype(DType::f64).contiguous();
-  for (int64_t i = 0; i < reference.numel(); ++i)
-    scale = std::max(scale, std::fabs(reference.data<double>()[i]));
-  return max_abs_diff(a, b) / scale;
-}
-
 TEST(ConvSharded, RandomCasesMatchUnshardedForwardAndGradients) {
   int total_cases = 0;
   testing::run_every_world([&](std::shared_ptr<Comm> comm) {
@@ -136,7 +128,7 @@ TEST(ConvSharded, RandomCasesMatchUnshardedForwardAndGradients) {
         const auto actual = run_case(c, mesh, x, w, b, gy, true);
         const char* names[] = {"y", "dx", "dw", "db"};
         for (size_t i = 0; i < expected.size(); ++i)
-          EXPECT_LE(relative_error(actual[i], expected[i]), 1e-12)
+          EXPECT_LE(testing::relative_error(actual[i], expected[i]), 1e-12)
               << names[i] << " case " << index << " mesh " << testing::shape_str(mesh.shape())
               << " x " << fmt::format("{}", c.x_shape) << " w " << fmt::format("{}", c.w_shape)
               << " stride " << fmt::format("{}", c.options.stride) << " dilation "

@@ -12,6 +12,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <string>
@@ -67,6 +69,15 @@ inline bool all_ranks(Comm& comm, bool condition) {
   int32_t value = condition ? 1 : 0;
   comm.all_reduce(&value, &value, 1, DType::i32, ReduceOp::min);
   return value == 1;
+}
+
+/// max |a - b| over the largest |b| (at least 1e-12): the error of `a` relative to `b`'s scale.
+inline double relative_error(const Tensor& a, const Tensor& b) {
+  double scale = 1e-12;
+  const Tensor reference = b.to_dtype(DType::f64).contiguous();
+  for (int64_t i = 0; i < reference.numel(); ++i)
+    scale = std::max(scale, std::fabs(reference.data<double>()[i]));
+  return max_abs_diff(a, b) / scale;
 }
 
 /// "(2, 2, 1)".

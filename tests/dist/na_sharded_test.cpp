@@ -131,14 +131,6 @@ std::vector<Tensor> run_case(const NaCase& c, const DeviceMesh& mesh, const NaDa
   return results;
 }
 
-double relative_error(const Tensor& a, const Tensor& b) {
-  double scale = 1e-12;
-  const Tensor reference = b.to_dtype(DType::f64).contiguous();
-  for (int64_t i = 0; i < reference.numel(); ++i)
-    scale = std::max(scale, std::fabs(reference.data<double>()[i]));
-  return max_abs_diff(a, b) / scale;
-}
-
 Tensor random_tensor(const Shape& shape, CaseRng& rng) {
   std::normal_distribution<double> normal;
   Tensor tensor = Tensor::empty(shape, DType::f64);
@@ -170,7 +162,7 @@ TEST(NaSharded, RandomCasesMatchUnshardedForwardAndGradients) {
           const auto actual = run_case(c, mesh, data, true);
           const char* names[] = {"o", "lse", "dq", "dk", "dv", "drpb"};
           for (size_t i = 0; i < expected.size(); ++i)
-            EXPECT_LE(relative_error(actual[i], expected[i]), 1e-12)
+            EXPECT_LE(testing::relative_error(actual[i], expected[i]), 1e-12)
                 << names[i] << " case " << index << " mesh " << testing::shape_str(mesh.shape())
                 << " " << c.str();
         }
