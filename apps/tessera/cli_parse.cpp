@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/errors.hpp"
+#include "core/layout.hpp"
 
 namespace tessera::cli {
 
@@ -58,6 +59,10 @@ std::vector<std::vector<int64_t>> parse_extents(const std::string& text) {
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+int MeshOptions::local_ranks() const {
+  return ranks > 0 ? ranks : mesh_size(parse_mesh(mesh));
 }
 
 }  // namespace tessera::cli

@@ -16,4 +16,12 @@ std::vector<std::vector<int64_t>> parse_extents(const std::string& text);
 /// Seconds since the steady clock's epoch, as a double.
 double now_seconds();
 
+/// What every sharding command takes: --mesh, --shard-dims, --extents, --ranks.
+struct MeshOptions {
+  std::string mesh = "1", shard_dims, extents;
+  int ranks = 0;
+  /// The local ranks to run without mpiexec: --ranks, or else the mesh size.
+  int local_ranks() const;
+};
+
 }  // namespace tessera::cli

@@ -2,8 +2,23 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <string>
+
+#include "apps/tessera/cli_parse.hpp"
 
 namespace tessera::cli {
+
+/// Adds --mesh, --shard-dims (described with `shard_dims_example`, e.g. "1,2"), --extents and
+/// --ranks to `command`.
+inline void add_mesh_options(CLI::App& command, MeshOptions& options,
+                             const std::string& shard_dims_example) {
+  command.add_option("--mesh", options.mesh, "Mesh shape, e.g. 2x2")->capture_default_str();
+  command.add_option("--shard-dims", options.shard_dims,
+                     "Tensor dim sharded by each mesh dim, e.g. " + shard_dims_example);
+  command.add_option("--extents", options.extents, "Shard extents per mesh dim, e.g. \"3,5;4,4\"");
+  command.add_option("--ranks", options.ranks,
+                     "Local ranks without mpiexec (default: the mesh size)");
+}
 
 /// `tessera info [--json]`: version, compiled-in backends and library versions.
 void register_info(CLI::App& app);

@@ -21,8 +21,8 @@ namespace {
 
 struct ScatterOptions {
   std::string target;  // FILE.h5:/dataset
-  std::string mesh = "1", shard_dims, extents, mode = "root";
-  int ranks = 0;
+  MeshOptions layout;
+  std::string mode = "root";
   bool verify = false;
 };
 
@@ -74,9 +74,9 @@ void check_mode(const std::string& op, const std::string& mode) {
 void run_scatter(std::shared_ptr<Comm> world, const ScatterOptions& options) {
   const auto [file, dataset] = split_target("scatter", options.target);
   check_mode("scatter", options.mode);
-  DeviceMesh mesh(world, parse_mesh(options.mesh));
+  DeviceMesh mesh(world, parse_mesh(options.layout.mesh));
   const auto [placements, extents] =
-      parse_layout("scatter", mesh, options.shard_dims, options.extents);
+      parse_layout("scatter", mesh, options.layout.shard_dims, options.layout.extents);
   world->barrier();
   const double start = now_seconds();
   const ShardTensor tensor = options.mode == "root"
@@ -118,8 +118,8 @@ struct ConvertOptions {
   std::string chunks;          // "" contiguous, "auto" or a,b,c
   int gzip = -1;
   bool checksum = false;
-  std::string mesh = "1", shard_dims, extents, mode = "root";
-  int ranks = 0;
+  MeshOptions layout;
+  std::string mode = "root";
   bool verify = false;
 };
 
@@ -143,8 +143,9 @@ void run_convert(std::shared_ptr<Comm> world, const ConvertOptions& options) {
     throw AgreedError(op, "--chunks auto picks chunks for --gzip or --checksum; give extents");
   storage.gzip_level = options.gzip;
   storage.checksum = options.checksum;
-  DeviceMesh mesh(world, parse_mesh(options.mesh));
-  const auto [placements, extents] = parse_layout(op, mesh, options.shard_dims, options.extents);
+  DeviceMesh mesh(world, parse_mesh(options.layout.mesh));
+  const auto [placements, extents] =
+      parse_layout(op, mesh, options.layout.shard_dims, options.layout.extents);
   world->barrier();
   const double start = now_seconds();
   const ShardTensor tensor =
@@ -219,13 +220,7 @@ void register_io_commands(CLI::App& app) {
   auto* scatter = app.add_subcommand(
       "scatter", "Scatter an HDF5 dataset onto a mesh and print each rank's box");
   scatter->add_option("target", options->target, "FILE.h5:/dataset")->required();
-  scatter->add_option("--mesh", options->mesh, "Mesh shape, e.g. 2x2")->capture_default_str();
-  scatter->add_option("--shard-dims", options->shard_dims,
-                      "Tensor dim sharded by each mesh dim, e.g. 1,2");
-  scatter->add_option("--extents", options->extents,
-                      "Shard extents per mesh dim, e.g. \"3,5;4,4\"");
-  scatter->add_option("--ranks", options->ranks,
-                      "Local ranks without mpiexec (default: the mesh size)");
+  add_mesh_options(*scatter, options->layout, "1,2");
   scatter
       ->add_option("--mode", options->mode,
                    "root (rank 0 reads and sends) or sharded (every rank reads)")
@@ -246,14 +241,7 @@ void register_io_commands(CLI::App& app) {
                       "Chunk extents, e.g. 1,64,64 (auto: chosen for --gzip/--checksum)");
   convert->add_option("--gzip", convert_options->gzip, "gzip level 0..9 (chunked)");
   convert->add_flag("--checksum", convert_options->checksum, "Fletcher-32 checksum per chunk");
-  convert->add_option("--mesh", convert_options->mesh, "Mesh shape, e.g. 2x2")
-      ->capture_default_str();
-  convert->add_option("--shard-dims", convert_options->shard_dims,
-                      "Tensor dim sharded by each mesh dim, e.g. 0,1");
-  convert->add_option("--extents", convert_options->extents,
-                      "Shard extents per mesh dim, e.g. \"3,5;4,4\"");
-  convert->add_option("--ranks", convert_options->ranks,
-                      "Local ranks without mpiexec (default: the mesh size)");
+  add_mesh_options(*convert, convert_options->layout, "0,1");
   convert
       ->add_option("--mode", convert_options->mode,
                    "root (rank 0 reads, scatters, gathers and writes, staging-bounded) or sharded "
@@ -262,15 +250,12 @@ void register_io_commands(CLI::App& app) {
   convert->add_flag("--verify", convert_options->verify,
                     "Read the output back and compare with the input bit for bit");
   convert->callback([convert_options] {
-    const int ranks = convert_options->ranks > 0 ? convert_options->ranks
-                                                 : mesh_size(parse_mesh(convert_options->mesh));
-    launch(backend_from_env(), ranks,
+    launch(backend_from_env(), convert_options->layout.local_ranks(),
            [&](std::shared_ptr<Comm> world) { run_convert(world, *convert_options); });
   });
 
   scatter->callback([options] {
-    const int ranks = options->ranks > 0 ? options->ranks : mesh_size(parse_mesh(options->mesh));
-    launch(backend_from_env(), ranks,
+    launch(backend_from_env(), options->layout.local_ranks(),
            [&](std::shared_ptr<Comm> world) { run_scatter(world, *options); });
   });
 }

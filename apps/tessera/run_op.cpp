@@ -21,8 +21,7 @@ struct ConvRunOptions {
   std::string in, out;
   std::string stride = "1", padding = "0", dilation = "1", padding_mode = "zeros";
   int64_t groups = 1;
-  std::string mesh = "1", shard_dims, extents;
-  int ranks = 0;
+  MeshOptions layout;
   bool backward = false;
   std::string device = "cpu", dtype = "f64";
 };
@@ -67,7 +66,7 @@ ops::ConvOptions conv_options(const ConvRunOptions& options) {
 }
 
 void run_conv(std::shared_ptr<Comm> world, const ConvRunOptions& options) {
-  const std::vector<int> mesh_shape = parse_mesh(options.mesh);
+  const std::vector<int> mesh_shape = parse_mesh(options.layout.mesh);
   DeviceMesh mesh(world, mesh_shape);
   const DType dtype = dtype_from_name(options.dtype);
   if (dtype != DType::f32 && dtype != DType::f64)
@@ -87,7 +86,7 @@ void run_conv(std::shared_ptr<Comm> world, const ConvRunOptions& options) {
   // Layout of x: --shard-dims names the tensor dim each mesh dim shards (default: the last
   // spatial dims), --extents their extents (default: balanced).
   const auto [placements, extents] =
-      run_op_layout(mesh, options.shard_dims, options.extents, ndim, ndim);
+      run_op_layout(mesh, options.layout.shard_dims, options.layout.extents, ndim, ndim);
 
   const double start = now_seconds();
   Tape tape;
@@ -149,18 +148,12 @@ void register_run_op(CLI::App& app) {
   conv->add_option("--groups", options->groups, "Groups")->capture_default_str();
   conv->add_option("--padding-mode", options->padding_mode, "zeros or circular")
       ->capture_default_str();
-  conv->add_option("--mesh", options->mesh, "Mesh shape, e.g. 2x2")->capture_default_str();
-  conv->add_option("--shard-dims", options->shard_dims,
-                   "Tensor dim sharded by each mesh dim, e.g. 2,3");
-  conv->add_option("--extents", options->extents, "Shard extents per mesh dim, e.g. \"3,5;4,4\"");
-  conv->add_option("--ranks", options->ranks,
-                   "Local ranks without mpiexec (default: the mesh size)");
+  add_mesh_options(*conv, options->layout, "2");
   conv->add_flag("--backward", options->backward, "Also compute gx, gw (and gb) from gy");
   conv->add_option("--device", options->device, "cpu or cuda")->capture_default_str();
   conv->add_option("--dtype", options->dtype, "f32 or f64")->capture_default_str();
   conv->callback([options] {
-    const int ranks = options->ranks > 0 ? options->ranks : mesh_size(parse_mesh(options->mesh));
-    launch(backend_from_env(), ranks,
+    launch(backend_from_env(), options->layout.local_ranks(),
            [&](std::shared_ptr<Comm> world) { run_conv(world, *options); });
   });
   register_run_op_na(*run_op);  // run_op_na.cpp

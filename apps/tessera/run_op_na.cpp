@@ -22,8 +22,7 @@ struct NaRunOptions {
   std::string in, out;
   std::string kernel_size, dilation = "1", causal = "0";
   std::optional<double> scale;
-  std::string mesh = "1", shard_dims, extents;
-  int ranks = 0;
+  MeshOptions layout;
   bool backward = false;
   std::string device = "cpu", dtype = "f64";
 };
@@ -67,7 +66,7 @@ NaInputs read_inputs(const NaRunOptions& options, DType dtype) {
 }
 
 void run_na(std::shared_ptr<Comm> world, const NaRunOptions& options) {
-  const std::vector<int> mesh_shape = parse_mesh(options.mesh);
+  const std::vector<int> mesh_shape = parse_mesh(options.layout.mesh);
   DeviceMesh mesh(world, mesh_shape);
   const DType dtype = dtype_from_name(options.dtype);
   if (dtype != DType::f32 && dtype != DType::f64 && dtype != DType::f16 && dtype != DType::bf16)
@@ -90,7 +89,7 @@ void run_na(std::shared_ptr<Comm> world, const NaRunOptions& options) {
   // Layout of q, k, v: --shard-dims names the tensor dim each mesh dim shards (default: the
   // last spatial dims), --extents their extents (default: balanced).
   const auto [placements, extents] =
-      run_op_layout(mesh, options.shard_dims, options.extents, ndim, ndim - 2);
+      run_op_layout(mesh, options.layout.shard_dims, options.layout.extents, ndim, ndim - 2);
 
   // Every rank parses the same strings, so a bad one is an agreed error.
   ops::NaOptions na;
@@ -162,17 +161,12 @@ void register_run_op_na(CLI::App& run_op) {
   na->add_option("--causal", options->causal, "Causal flag (0 or 1) per spatial axis")
       ->capture_default_str();
   na->add_option("--scale", options->scale, "Logit scale (default D^-0.5)");
-  na->add_option("--mesh", options->mesh, "Mesh shape, e.g. 2x2")->capture_default_str();
-  na->add_option("--shard-dims", options->shard_dims,
-                 "Tensor dim sharded by each mesh dim, e.g. 1,2");
-  na->add_option("--extents", options->extents, "Shard extents per mesh dim, e.g. \"3,5;4,4\"");
-  na->add_option("--ranks", options->ranks, "Local ranks without mpiexec (default: the mesh size)");
+  add_mesh_options(*na, options->layout, "1,2");
   na->add_flag("--backward", options->backward, "Also compute gq, gk, gv (and grpb) from go");
   na->add_option("--device", options->device, "cpu or cuda")->capture_default_str();
   na->add_option("--dtype", options->dtype, "f32, f64, f16 or bf16")->capture_default_str();
   na->callback([options] {
-    const int ranks = options->ranks > 0 ? options->ranks : mesh_size(parse_mesh(options->mesh));
-    launch(backend_from_env(), ranks,
+    launch(backend_from_env(), options->layout.local_ranks(),
            [&](std::shared_ptr<Comm> world) { run_na(world, *options); });
   });
 }
