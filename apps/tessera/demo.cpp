@@ -24,6 +24,18 @@ namespace tessera::cli {
 
 namespace {
 
+/// Prints max |sharded - one rank| for every named result; true when all are below `tolerance`
+/// (and `worst` so far is too).
+bool report_differences(const std::vector<std::string>& names, const std::vector<Tensor>& sharded,
+                        const std::vector<Tensor>& reference, double tolerance, double worst = 0) {
+  for (size_t i = 0; i < sharded.size(); ++i) {
+    const double diff = max_abs_diff(sharded[i], reference[i]);
+    worst = std::max(worst, diff);
+    fmt::print("  max |sharded - one rank| {:<4} {:.2g}\n", names[i], diff);
+  }
+  return worst < tolerance;
+}
+
 struct DemoOptions {
   std::string shape = "48,40,36";
   int ranks = 4;
@@ -229,14 +241,10 @@ void run_conv_network(std::shared_ptr<Comm> world, Shape field, const std::strin
              reference.forward_seconds * 1e3, reference.backward_seconds * 1e3);
   fmt::print("  loss {:.8f} (one rank {:.8f}), |difference| {:.2g}\n", sharded.loss, reference.loss,
              std::fabs(sharded.loss - reference.loss));
-  const char* names[] = {"dx", "dw1", "db1", "dw2", "db2"};
-  double worst = std::fabs(sharded.loss - reference.loss);
-  for (size_t i = 0; i < sharded.grads.size(); ++i) {
-    const double diff = max_abs_diff(sharded.grads[i], reference.grads[i]);
-    worst = std::max(worst, diff);
-    fmt::print("  max |sharded - one rank| {:<4} {:.2g}\n", names[i], diff);
-  }
-  const bool ok = worst < 1e-4;
+  const double loss_diff = std::fabs(sharded.loss - reference.loss);
+  const bool ok = report_differences({"dx", "dw1", "db1", "dw2", "db2"}, sharded.grads,
+                                     reference.grads, 1e-4, loss_diff) &&
+                  loss_diff < 1e-4;
   fmt::print("sharded step matches the one-rank step (f32, tolerance 1e-4): {}\n",
              ok ? "yes" : "NO");
   if (!ok) throw Error("demo", "the sharded conv network step differs from the one-rank step");
@@ -295,14 +303,8 @@ void run_neighborhood_attention(std::shared_ptr<Comm> world) {
              extents[1], sharded.seconds * 1e3);
   fmt::print("  one rank:                          forward + backward {:.1f} ms\n",
              reference.seconds * 1e3);
-  const char* names[] = {"o", "lse", "dq", "dk", "dv", "drpb"};
-  double worst = 0;
-  for (size_t i = 0; i < sharded.results.size(); ++i) {
-    const double diff = max_abs_diff(sharded.results[i], reference.results[i]);
-    worst = std::max(worst, diff);
-    fmt::print("  max |sharded - one rank| {:<4} {:.2g}\n", names[i], diff);
-  }
-  const bool ok = worst < 1e-5;
+  const bool ok = report_differences({"o", "lse", "dq", "dk", "dv", "drpb"}, sharded.results,
+                                     reference.results, 1e-5);
   fmt::print("sharded neighborhood attention matches one rank (f32, tolerance 1e-5): {}\n",
              ok ? "yes" : "NO");
   if (!ok) throw Error("demo", "the sharded neighborhood attention differs from one rank");
