@@ -4,7 +4,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <set>
@@ -130,6 +133,26 @@ void register_op(OpDef op) {
   r.ops[name] = std::make_shared<const OpDef>(std::move(op));
 }
 
+namespace {
+
+std::atomic<bool>& overlap_flag() {
+  static std::atomic<bool> flag = [] {
+    const char* value = std::getenv("TESSERA_HALO_OVERLAP");
+    return value != nullptr && std::string(value) == "1";
+  }();
+  return flag;
+}
+
+}  // namespace
+
+bool halo_overlap() {
+  return overlap_flag().load();
+}
+
+void set_halo_overlap(bool on) {
+  overlap_flag().store(on);
+}
+
 std::shared_ptr<const OpDef> find_op(const std::string& name) {
   Registry& r = registry();
   std::lock_guard lock(r.mu);
@@ -220,13 +243,31 @@ std::vector<ShardTensor> apply_op(const std::string& name, const std::vector<Sha
   for (size_t i = 0; i < inputs.size(); ++i) {
     locals[i] = ready[i].to_local();
     context.input_boxes.push_back(plans[i] ? plans[i]->needed_box() : ready[i].local_box());
+    context.owned_boxes.push_back(ready[i].local_box());
   }
-  for (size_t e = 0; e < exchanges.size(); ++e) locals[exchanged[e]] = halo_end(exchanges[e]);
   for (const ShardSpec& spec : rule.outputs)
     context.output_boxes.push_back(spec.local_box(mesh.coord()));
 
-  // 3. The kernel, 4. the outputs.
-  const std::vector<Tensor> results = kernel_for(op, inputs)(context, locals);
+  // 3. The kernel: with an overlap split, its interior runs while the halos are in flight.
+  std::vector<Tensor> results;
+  // Only worth it when halo cells come from other ranks (not just zero padding or self copies).
+  const bool remote = std::any_of(plans.begin(), plans.end(),
+                                  [](const auto& plan) { return plan && !plan->recvs().empty(); });
+  const bool overlap = op.cpu_overlap && remote && halo_overlap() &&
+                       std::all_of(inputs.begin(), inputs.end(), [](const ShardTensor& input) {
+                         return input.device().is_cpu();
+                       });
+  if (overlap) {
+    for (size_t e = 0; e < exchanges.size(); ++e) locals[exchanged[e]] = exchanges[e].haloed();
+    results = op.cpu_overlap->interior(context, locals);
+  }
+  for (size_t e = 0; e < exchanges.size(); ++e) locals[exchanged[e]] = halo_end(exchanges[e]);
+  if (overlap)
+    op.cpu_overlap->boundary(context, locals, results);
+  else
+    results = kernel_for(op, inputs)(context, locals);
+
+  // 4. The outputs.
   check_arg(results.size() == rule.outputs.size(), name,
             "the kernel returned {} outputs, the rule promised {}", results.size(),
             rule.outputs.size());

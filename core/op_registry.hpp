@@ -38,6 +38,7 @@ struct KernelContext {
   std::vector<Box> input_boxes;         ///< global box of each local input (haloed: unwrapped)
   std::vector<ShardSpec> output_specs;  ///< layouts of the outputs
   std::vector<Box> output_boxes;        ///< global box of each local output
+  std::vector<Box> owned_boxes;         ///< global box each input's rank owns (no halo)
 };
 
 struct OpDef;
@@ -61,6 +62,21 @@ using KernelFn = std::function<std::vector<Tensor>(const KernelContext& context,
 using BackwardFn = std::function<std::vector<std::optional<ShardTensor>>(
     const OpRecord& record, const std::vector<std::optional<ShardTensor>>& output_grads)>;
 
+/// A kernel in two parts, so that compute overlaps the halo exchange. `interior` runs while the
+/// halos are in flight: its haloed inputs hold valid values only inside context.owned_boxes (and
+/// where the plan pads with zeros), and it returns the outputs with every element it can compute
+/// from those (the rest may hold anything). `boundary` runs once every halo has landed, on the
+/// complete inputs, and finishes the outputs in place. Together they must give exactly what the
+/// plain kernel gives.
+struct OverlapKernel {
+  std::function<std::vector<Tensor>(const KernelContext& context,
+                                    const std::vector<Tensor>& inputs)>
+      interior;
+  std::function<void(const KernelContext& context, const std::vector<Tensor>& inputs,
+                     std::vector<Tensor>& outputs)>
+      boundary;
+};
+
 /// A registered op.
 struct OpDef {
   std::string name;
@@ -68,7 +84,19 @@ struct OpDef {
   KernelFn cpu;         ///< kernel for cpu tensors
   KernelFn cuda;        ///< kernel for cuda tensors (empty: not available on cuda)
   BackwardFn backward;  ///< empty: not differentiable
+  /// Optional split of the cpu kernel, used instead of `cpu` when an input has a halo and
+  /// overlap is on (halo_overlap()).
+  std::optional<OverlapKernel> cpu_overlap = std::nullopt;
 };
+
+/// Whether apply_op overlaps halo exchanges with ops' interior compute (ops with an
+/// OverlapKernel, when halo cells come from other ranks). Off by default (TESSERA_HALO_OVERLAP=1
+/// turns it on at start-up): the cpu conv kernels take contiguous tensors, so the split copies
+/// its input and output regions, which on one node costs more than the exchange it hides
+/// (docs/benchmarks.md).
+bool halo_overlap();
+/// Turns the overlap on or off for the whole process (e.g. to measure what it saves).
+void set_halo_overlap(bool on);
 
 /// Registers `op` (replacing one of the same name, built-in ones included). Thread-safe.
 void register_op(OpDef op);

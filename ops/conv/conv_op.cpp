@@ -11,6 +11,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+
 #include "core/halo/halo_exchange.hpp"
 #include "core/op_registry.hpp"
 #include "ops/conv/conv_kernels.hpp"
@@ -157,6 +159,95 @@ std::vector<Tensor> conv_cpu(const KernelContext& context, const std::vector<Ten
   return {conv_forward(inputs[0], inputs[1], bias, geometry)};
 }
 
+// ---- overlap of the forward with the halo exchange ----
+//
+// In the haloed input (global box H = context.input_boxes[0]) output j (local index along a
+// spatial dim) reads input H.lo + j*s .. H.lo + j*s + (k-1)*d. Outputs whose whole window lies
+// in the rank's owned box W are "interior": computable before any halo cell has landed. The rest
+// of the output box is covered by at most two slabs per spatial dim, computed afterwards.
+
+/// The interior outputs, as a box in local output coordinates (possibly empty).
+Box interior_outputs(const KernelContext& context, const ConvGeometry& geometry,
+                     const Shape& w_shape) {
+  const Box& haloed = context.input_boxes[0];
+  const Box& owned = context.owned_boxes[0];
+  const Shape out = context.output_boxes[0].shape();
+  Box interior{Shape(out.size(), 0), out};
+  for (size_t i = 0; i + 2 < out.size(); ++i) {
+    const size_t dim = i + 2;
+    const int64_t stride = geometry.stride[i];
+    const int64_t reach = geometry.dilation[i] * (w_shape[dim] - 1);
+    const int64_t first = owned.lo[dim] - haloed.lo[dim];         // first owned input, local
+    const int64_t last = owned.hi[dim] - haloed.lo[dim] - reach;  // one past the last start
+    interior.lo[dim] =
+        std::clamp<int64_t>(first <= 0 ? 0 : (first + stride - 1) / stride, 0, out[dim]);
+    interior.hi[dim] =
+        std::clamp<int64_t>(last <= 0 ? 0 : (last - 1) / stride + 1, interior.lo[dim], out[dim]);
+  }
+  return interior;
+}
+
+/// Computes the outputs in `region` (local output coordinates) into `y`.
+void conv_region(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvGeometry& geometry,
+                 const Box& region, Tensor& y) {
+  if (region.empty()) return;
+  Box input{Shape(x.ndim(), 0), x.shape()};
+  input.lo[0] = region.lo[0];
+  input.hi[0] = region.hi[0];
+  for (size_t i = 0; i + 2 < region.lo.size(); ++i) {
+    const size_t dim = i + 2;
+    input.lo[dim] = region.lo[dim] * geometry.stride[i];
+    input.hi[dim] = (region.hi[dim] - 1) * geometry.stride[i] +
+                    geometry.dilation[i] * (w.shape(static_cast<int>(dim)) - 1) + 1;
+  }
+  y.view_box(region).copy_from(conv_forward(x.view_box(input).contiguous(), w, bias, geometry));
+}
+
+/// `whole` minus `inner` (inner within whole, possibly empty) as disjoint boxes: per spatial dim
+/// the slab below and the slab above the inner range, earlier dims already cut to it.
+std::vector<Box> boxes_around(const Box& whole, const Box& inner) {
+  if (inner.empty()) return {whole};
+  std::vector<Box> pieces;
+  Box rest = whole;
+  for (size_t dim = 2; dim < whole.lo.size(); ++dim) {
+    if (inner.lo[dim] > rest.lo[dim]) {
+      Box below = rest;
+      below.hi[dim] = inner.lo[dim];
+      pieces.push_back(below);
+    }
+    if (inner.hi[dim] < rest.hi[dim]) {
+      Box above = rest;
+      above.lo[dim] = inner.hi[dim];
+      pieces.push_back(above);
+    }
+    rest.lo[dim] = inner.lo[dim];
+    rest.hi[dim] = inner.hi[dim];
+  }
+  return pieces;
+}
+
+std::vector<Tensor> conv_interior(const KernelContext& context, const std::vector<Tensor>& inputs) {
+  const ConvGeometry geometry = geometry_of(context.attrs, context.input_specs[0].global_shape,
+                                            context.input_specs[1].global_shape);
+  const Tensor* bias = inputs.size() == 3 ? &inputs[2] : nullptr;
+  Tensor y = Tensor::empty(context.output_boxes[0].shape(), inputs[0].dtype());
+  conv_region(inputs[0], inputs[1], bias, geometry,
+              interior_outputs(context, geometry, inputs[1].shape()), y);
+  return {y};
+}
+
+void conv_boundary(const KernelContext& context, const std::vector<Tensor>& inputs,
+                   std::vector<Tensor>& outputs) {
+  const ConvGeometry geometry = geometry_of(context.attrs, context.input_specs[0].global_shape,
+                                            context.input_specs[1].global_shape);
+  const Tensor* bias = inputs.size() == 3 ? &inputs[2] : nullptr;
+  const Shape out = context.output_boxes[0].shape();
+  const Box whole{Shape(out.size(), 0), out};
+  for (const Box& piece :
+       boxes_around(whole, interior_outputs(context, geometry, inputs[1].shape())))
+    conv_region(inputs[0], inputs[1], bias, geometry, piece, outputs[0]);
+}
+
 std::vector<std::optional<ShardTensor>> conv_backward(
     const OpRecord& record, const std::vector<std::optional<ShardTensor>>& grads) {
   const ShardTensor& x = record.inputs[0];
@@ -186,7 +277,8 @@ std::vector<std::optional<ShardTensor>> conv_backward(
 }  // namespace
 
 void register_conv_op() {
-  register_op(OpDef{"conv", conv_rule, conv_cpu, nullptr, conv_backward});
+  register_op(OpDef{"conv", conv_rule, conv_cpu, nullptr, conv_backward,
+                    OverlapKernel{conv_interior, conv_boundary}});
 }
 
 ShardTensor conv(const ShardTensor& x, const ShardTensor& w, const std::optional<ShardTensor>& b,
