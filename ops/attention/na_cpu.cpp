@@ -24,6 +24,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -52,30 +53,163 @@ using namespace na_detail;
 // ---------------------------------------------------------------------------------------------
 // Vector loops over D (Dim > 0: D known at compile time; 0: D read at run time).
 
-/// Partial sums of a dot product: 128 bytes of T, two 512-bit registers.
+/// One 512-bit register of T as a GCC/Clang vector type (split into narrower registers when
+/// the target has none that wide).
 template <typename T>
-constexpr int kLanes = 128 / sizeof(T);
+struct VecOf;
+template <>
+struct VecOf<float> {
+  typedef float type __attribute__((vector_size(64)));
+};
+template <>
+struct VecOf<double> {
+  typedef double type __attribute__((vector_size(64)));
+};
+template <typename T>
+using Vec = typename VecOf<T>::type;
+template <typename T>
+constexpr int kWidth = 64 / sizeof(T);
 
+template <typename T>
+TESSERA_NA_INLINE Vec<T> load(const T* p) {
+  Vec<T> v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+/// The sum of the lanes of v, by halving inside the register.
+TESSERA_NA_INLINE float horizontal_sum(Vec<float> v) {
+  v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+  v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+  v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+  v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+  return v[0];
+}
+TESSERA_NA_INLINE double horizontal_sum(Vec<double> v) {
+  v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3);
+  v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5);
+  v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6);
+  return v[0];
+}
+
+/// Register-wide partial sums of a . b over D (their lanes add up to the dot product).
 template <int Dim, typename T>
-TESSERA_NA_INLINE T dot(const T* a, const T* b, int64_t dim) {
+TESSERA_NA_INLINE Vec<T> dot_partial(const T* a, const T* b, int64_t dim) {
   const int64_t n = Dim > 0 ? Dim : dim;
-  constexpr int lanes = kLanes<T>;
-  T partial[lanes] = {};
+  constexpr int width = kWidth<T>;
+  Vec<T> sum0 = {}, sum1 = {};
   int64_t e = 0;
-  for (; e + lanes <= n; e += lanes)
-    for (int l = 0; l < lanes; ++l) partial[l] += a[e + l] * b[e + l];
-  for (int l = 0; e + l < n; ++l) partial[l] += a[e + l] * b[e + l];
-  for (int width = lanes / 2; width > 0; width /= 2)
-    for (int l = 0; l < width; ++l) partial[l] += partial[l + width];
-  return partial[0];
+  for (; e + 2 * width <= n; e += 2 * width) {
+    sum0 += load(a + e) * load(b + e);
+    sum1 += load(a + e + width) * load(b + e + width);
+  }
+  if (e + width <= n) {
+    sum0 += load(a + e) * load(b + e);
+    e += width;
+  }
+  if constexpr (Dim == 0 || Dim % width != 0) {
+    T tail = 0;
+    for (; e < n; ++e) tail += a[e] * b[e];
+    sum0[0] += tail;
+  }
+  return sum0 + sum1;
 }
 
-/// y += a * x over D.
-template <int Dim, typename T>
-TESSERA_NA_INLINE void add_scaled(T* __restrict y, T a, const T* __restrict x, int64_t dim) {
-  const int64_t n = Dim > 0 ? Dim : dim;
-  for (int64_t e = 0; e < n; ++e) y[e] += a * x[e];
+/// Rows per dots_block call: one lane of the result each.
+template <typename T>
+constexpr int kBlock = kWidth<T>;
+
+/// Lane t of the result is a . rows[t] for t < count <= 16 (0 beyond). The partial sums of all
+/// rows are reduced together by a transpose-and-add tree: each level adds the two halves of two
+/// vectors into one, 15 shuffle pairs for 16 rows instead of 4 per row.
+template <int Dim>
+TESSERA_NA_INLINE Vec<float> dots_block(const float* a, const float* const* rows, int count,
+                                        int64_t dim) {
+  Vec<float> s[16];
+  for (int t = 0; t < 16; ++t) s[t] = t < count ? dot_partial<Dim>(a, rows[t], dim) : Vec<float>{};
+  Vec<float> u[8], w[4], x[2];
+  for (int i = 0; i < 8; ++i)  // lanes 0-7: row 2i, 8-15: row 2i+1
+    u[i] = __builtin_shufflevector(s[2 * i], s[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19,
+                                   20, 21, 22, 23) +
+           __builtin_shufflevector(s[2 * i], s[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26,
+                                   27, 28, 29, 30, 31);
+  for (int i = 0; i < 4; ++i)  // four lanes per row
+    w[i] = __builtin_shufflevector(u[2 * i], u[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19,
+                                   24, 25, 26, 27) +
+           __builtin_shufflevector(u[2 * i], u[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22,
+                                   23, 28, 29, 30, 31);
+  for (int i = 0; i < 2; ++i)  // two lanes per row
+    x[i] = __builtin_shufflevector(w[2 * i], w[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21,
+                                   24, 25, 28, 29) +
+           __builtin_shufflevector(w[2 * i], w[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22,
+                                   23, 26, 27, 30, 31);
+  return __builtin_shufflevector(x[0], x[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28,
+                                 30) +
+         __builtin_shufflevector(x[0], x[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29,
+                                 31);
 }
+
+/// The f64 version: 8 rows.
+template <int Dim>
+TESSERA_NA_INLINE Vec<double> dots_block(const double* a, const double* const* rows, int count,
+                                         int64_t dim) {
+  Vec<double> s[8];
+  for (int t = 0; t < 8; ++t) s[t] = t < count ? dot_partial<Dim>(a, rows[t], dim) : Vec<double>{};
+  Vec<double> u[4], w[2];
+  for (int i = 0; i < 4; ++i)
+    u[i] = __builtin_shufflevector(s[2 * i], s[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+           __builtin_shufflevector(s[2 * i], s[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+  for (int i = 0; i < 2; ++i)
+    w[i] = __builtin_shufflevector(u[2 * i], u[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13) +
+           __builtin_shufflevector(u[2 * i], u[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15);
+  return __builtin_shufflevector(w[0], w[1], 0, 2, 4, 6, 8, 10, 12, 14) +
+         __builtin_shufflevector(w[0], w[1], 1, 3, 5, 7, 9, 11, 13, 15);
+}
+
+/// D values being accumulated (an output row of one head): in registers when D is a
+/// compile-time multiple of the vector width, so that successive updates do not go through
+/// memory; in a buffer otherwise.
+template <typename T, int Dim, bool InRegisters = (Dim > 0 && Dim % kWidth<T> == 0)>
+struct RowAccumulator {
+  static constexpr int kVectors = Dim / kWidth<T>;
+  Vec<T> values[kVectors];
+  explicit RowAccumulator(int64_t) {}
+  TESSERA_NA_INLINE void zero() {
+    for (Vec<T>& v : values) v = Vec<T>{};
+  }
+  TESSERA_NA_INLINE void scale(T factor) {
+    for (Vec<T>& v : values) v *= factor;
+  }
+  /// values += a * row.
+  TESSERA_NA_INLINE void add(T a, const T* row) {
+    for (int i = 0; i < kVectors; ++i) values[i] += a * load(row + i * kWidth<T>);
+  }
+  /// out = factor * values.
+  TESSERA_NA_INLINE void store(T* out, T factor) const {
+    for (int i = 0; i < kVectors; ++i) {
+      const Vec<T> scaled = values[i] * factor;
+      std::memcpy(out + i * kWidth<T>, &scaled, sizeof scaled);
+    }
+  }
+};
+
+template <typename T, int Dim>
+struct RowAccumulator<T, Dim, false> {
+  std::vector<T> values;
+  explicit RowAccumulator(int64_t dim) : values(Dim > 0 ? Dim : dim) {}
+  TESSERA_NA_INLINE void zero() { std::fill(values.begin(), values.end(), T(0)); }
+  TESSERA_NA_INLINE void scale(T factor) {
+    for (T& v : values) v *= factor;
+  }
+  TESSERA_NA_INLINE void add(T a, const T* __restrict row) {
+    T* __restrict out = values.data();
+    const int64_t n = static_cast<int64_t>(values.size());
+    for (int64_t e = 0; e < n; ++e) out[e] += a * row[e];
+  }
+  TESSERA_NA_INLINE void store(T* out, T factor) const {
+    for (size_t e = 0; e < values.size(); ++e) out[e] = values[e] * factor;
+  }
+};
 
 /// exp(x) for x <= 88 in f32: exp(x) = 2^n exp(r) with n = round(x / ln 2), |r| <= ln(2) / 2, and
 /// Cephes' degree-6 polynomial for exp(r) (about 1 ulp). Below -87 it returns 0 (the exact value
@@ -153,7 +287,6 @@ TESSERA_NA_INLINE int64_t neighbours_of(const Problem& p, int64_t x, int64_t y, 
 /// (count 0: none).
 struct InverseWindows {
   std::array<std::vector<NaWindow>, kAxes> axis;
-  int64_t longest_row = 1;  // most queries of one key along the innermost axis
 };
 
 InverseWindows inverse_windows(const Problem& p) {
@@ -174,8 +307,6 @@ InverseWindows inverse_windows(const Problem& p) {
           hi[j] < 0 ? NaWindow{0, 0, 1}
                     : NaWindow{lo[j], (hi[j] - lo[j]) / p.dilation[a] + 1, p.dilation[a]};
   }
-  for (const NaWindow& w : inverse.axis[2])
-    inverse.longest_row = std::max(inverse.longest_row, w.count);
   return inverse;
 }
 
@@ -198,43 +329,44 @@ TESSERA_NA_INLINE void forward_rows(const ForwardJob<T>& job, int64_t begin, int
   const int64_t window = p.kernel[0] * p.kernel[1] * p.kernel[2];
   const T scale = static_cast<T>(p.scale);
   std::vector<int64_t> positions(window), bias_indices(window);
-  std::vector<T> weights(p.kernel[2]), accumulator(dim);
-  T* acc = accumulator.data();
+  constexpr int block = kBlock<T>;
+  alignas(64) T weights[block];
+  const T* rows[block];
+  RowAccumulator<T, Dim> acc(dim);
   for (int64_t item = begin; item < end; ++item) {
     const int64_t batch = item / queries, flat = item % queries;
     const int64_t count = neighbours_of(p, flat / plane, (flat / p.queries[2]) % p.queries[1],
                                         flat % p.queries[2], positions.data(), bias_indices.data());
-    const int64_t row_length = p.windows[2][flat % p.queries[2]].count;
     const T* k_batch = job.k + batch * p.tile_count() * row;
     const T* v_batch = job.v + batch * p.tile_count() * row;
     for (int64_t h = 0; h < heads; ++h) {
       const T* q_row = job.q + (item * heads + h) * dim;
       const T* bias = job.bias ? job.bias + h * p.rpb_count() : nullptr;
       T running_max = -std::numeric_limits<T>::infinity(), sum = 0;
-      std::fill_n(acc, dim, T(0));
-      for (int64_t start = 0; start < count; start += row_length) {
-        T row_max = -std::numeric_limits<T>::infinity();
-        for (int64_t t = 0; t < row_length; ++t) {
-          const int64_t n = start + t;
-          T logit = scale * dot<Dim>(q_row, k_batch + positions[n] * row + h * dim, dim);
-          if (bias) logit += bias[bias_indices[n]];
-          weights[t] = logit;
-          row_max = std::max(row_max, logit);
+      acc.zero();
+      // Blocks of up to `block` neighbours: their logits, then the streaming softmax update.
+      for (int64_t start = 0; start < count; start += block) {
+        const int size = static_cast<int>(std::min<int64_t>(block, count - start));
+        for (int t = 0; t < size; ++t) rows[t] = k_batch + positions[start + t] * row + h * dim;
+        const Vec<T> logits = dots_block<Dim>(q_row, rows, size, dim) * scale;
+        std::memcpy(weights, &logits, sizeof logits);
+        T block_max = -std::numeric_limits<T>::infinity();
+        for (int t = 0; t < size; ++t) {
+          if (bias) weights[t] += bias[bias_indices[start + t]];
+          block_max = std::max(block_max, weights[t]);
         }
-        if (row_max > running_max) {
-          // Rescale what was accumulated under the old maximum (nothing on the first row).
-          const T correction = start == 0 ? T(0) : exp_of(running_max - row_max);
+        if (block_max > running_max) {
+          // Rescale what was accumulated under the old maximum (nothing on the first block).
+          const T correction = start == 0 ? T(0) : exp_of(running_max - block_max);
           sum *= correction;
-          for (int64_t e = 0; e < dim; ++e) acc[e] *= correction;
-          running_max = row_max;
+          acc.scale(correction);
+          running_max = block_max;
         }
-        sum += exp_shifted(weights.data(), row_length, running_max);
-        for (int64_t t = 0; t < row_length; ++t)
-          add_scaled<Dim>(acc, weights[t], v_batch + positions[start + t] * row + h * dim, dim);
+        sum += exp_shifted(weights, size, running_max);
+        for (int t = 0; t < size; ++t)
+          acc.add(weights[t], v_batch + positions[start + t] * row + h * dim);
       }
-      T* o_row = job.output + (item * heads + h) * dim;
-      const T inverse_sum = T(1) / sum;
-      for (int64_t e = 0; e < dim; ++e) o_row[e] = acc[e] * inverse_sum;
+      acc.store(job.output + (item * heads + h) * dim, T(1) / sum);
       job.lse[item * heads + h] = running_max + std::log(sum);
     }
   }
@@ -264,7 +396,11 @@ TESSERA_NA_INLINE void backward_query_rows(const BackwardJob<T>& job, int64_t be
   const int64_t window = p.kernel[0] * p.kernel[1] * p.kernel[2];
   const T scale = static_cast<T>(p.scale);
   std::vector<int64_t> positions(window), bias_indices(window);
-  std::vector<T> probs(window), grads(window);
+  constexpr int block = kBlock<T>;
+  const T* rows[block];
+  // Room for whole blocks: dots_block results are stored a register at a time.
+  std::vector<T> probs(window + block), grads(window + block);
+  RowAccumulator<T, Dim> dq_sum(dim);
   T* bias_grad = job.bias_slots ? job.bias_slots + slot * heads * p.rpb_count() : nullptr;
   for (int64_t item = begin; item < end; ++item) {
     const int64_t batch = item / queries, flat = item % queries;
@@ -277,29 +413,37 @@ TESSERA_NA_INLINE void backward_query_rows(const BackwardJob<T>& job, int64_t be
       const T* q_row = job.q + query_head * dim;
       const T* go_row = job.grad_output + query_head * dim;
       const T* bias = job.bias ? job.bias + h * p.rpb_count() : nullptr;
+      // Logits s_j and dp_j = go . v_j, a block of neighbours at a time.
+      for (int64_t start = 0; start < count; start += block) {
+        const int size = static_cast<int>(std::min<int64_t>(block, count - start));
+        for (int t = 0; t < size; ++t) rows[t] = k_batch + positions[start + t] * row + h * dim;
+        const Vec<T> logits = dots_block<Dim>(q_row, rows, size, dim) * scale;
+        std::memcpy(probs.data() + start, &logits, sizeof logits);
+        for (int t = 0; t < size; ++t) rows[t] = v_batch + positions[start + t] * row + h * dim;
+        const Vec<T> dp = dots_block<Dim>(go_row, rows, size, dim);
+        std::memcpy(grads.data() + start, &dp, sizeof dp);
+      }
       T row_max = -std::numeric_limits<T>::infinity();
       for (int64_t n = 0; n < count; ++n) {
-        T logit = scale * dot<Dim>(q_row, k_batch + positions[n] * row + h * dim, dim);
-        if (bias) logit += bias[bias_indices[n]];
-        probs[n] = logit;
-        row_max = std::max(row_max, logit);
+        if (bias) probs[n] += bias[bias_indices[n]];
+        row_max = std::max(row_max, probs[n]);
       }
       const T sum = exp_shifted(probs.data(), count, row_max);
       const T inverse_sum = T(1) / sum;
-      // p_j, dp_j = go . v_j and delta = sum_j p_j dp_j.
+      // p_j and delta = sum_j p_j dp_j.
       T delta = 0;
       for (int64_t n = 0; n < count; ++n) {
         probs[n] *= inverse_sum;
-        grads[n] = dot<Dim>(go_row, v_batch + positions[n] * row + h * dim, dim);
         delta += probs[n] * grads[n];
       }
       const T shift = delta - (job.grad_lse ? job.grad_lse[query_head] : T(0));
-      T* dq_row = job.dq + query_head * dim;
+      dq_sum.zero();
       for (int64_t n = 0; n < count; ++n) {
         const T grad_logit = probs[n] * (grads[n] - shift);
-        add_scaled<Dim>(dq_row, scale * grad_logit, k_batch + positions[n] * row + h * dim, dim);
+        dq_sum.add(grad_logit, k_batch + positions[n] * row + h * dim);
         if (bias_grad) bias_grad[h * p.rpb_count() + bias_indices[n]] += grad_logit;
       }
+      dq_sum.store(job.dq + query_head * dim, scale);
       job.lse[query_head] = row_max + std::log(sum);
       job.shift[query_head] = shift;
     }
@@ -317,9 +461,10 @@ TESSERA_NA_INLINE void backward_key_rows(const BackwardJob<T>& job, int64_t begi
   const int64_t tile_plane = p.tile[1] * p.tile[2];
   const T scale = static_cast<T>(p.scale);
   std::vector<int64_t> query_rows, bias_indices;
-  std::vector<T> probs(inverse.longest_row), dk_sum(dim), dv_sum(dim);
-  T* dk_acc = dk_sum.data();
-  T* dv_acc = dv_sum.data();
+  constexpr int block = kBlock<T>;
+  alignas(64) T probs[block], grad_probs[block];
+  const T* rows[block];
+  RowAccumulator<T, Dim> dk_sum(dim), dv_sum(dim);
   for (int64_t item = begin; item < end; ++item) {
     const int64_t batch = item / tile, position = item % tile;
     const int64_t key[kAxes] = {position / tile_plane, (position / p.tile[2]) % p.tile[1],
@@ -327,7 +472,12 @@ TESSERA_NA_INLINE void backward_key_rows(const BackwardJob<T>& job, int64_t begi
     const NaWindow& i0 = inverse.axis[0][key[0]];
     const NaWindow& i1 = inverse.axis[1][key[1]];
     const NaWindow& i2 = inverse.axis[2][key[2]];
-    if (i0.count == 0 || i1.count == 0 || i2.count == 0) continue;  // dk, dv stay zero
+    if (i0.count == 0 || i1.count == 0 || i2.count == 0) {
+      // No local query reads this key.
+      std::fill_n(job.dk + item * row, row, T(0));
+      std::fill_n(job.dv + item * row, row, T(0));
+      continue;
+    }
     // The queries reading this key, as rows of q (batch included), with their bias indices.
     query_rows.clear();
     bias_indices.clear();
@@ -349,31 +499,37 @@ TESSERA_NA_INLINE void backward_key_rows(const BackwardJob<T>& job, int64_t begi
         }
       }
     }
-    const int64_t count = static_cast<int64_t>(query_rows.size()), row_length = i2.count;
+    const int64_t count = static_cast<int64_t>(query_rows.size());
     for (int64_t h = 0; h < heads; ++h) {
       const T* k_row = job.k + item * row + h * dim;
       const T* v_row = job.v + item * row + h * dim;
       const T* bias = job.bias ? job.bias + h * p.rpb_count() : nullptr;
-      std::fill_n(dk_acc, dim, T(0));
-      std::fill_n(dv_acc, dim, T(0));
-      for (int64_t start = 0; start < count; start += row_length) {
-        for (int64_t t = 0; t < row_length; ++t) {
-          const int64_t query_head = query_rows[start + t] * heads + h;
-          T logit = scale * dot<Dim>(job.q + query_head * dim, k_row, dim);
-          if (bias) logit += bias[bias_indices[start + t]];
-          probs[t] = logit - job.lse[query_head];
+      dk_sum.zero();
+      dv_sum.zero();
+      // Blocks of up to `block` queries: p = exp(s - lse), dp = go . v, ds = p (dp - shift).
+      for (int64_t start = 0; start < count; start += block) {
+        const int size = static_cast<int>(std::min<int64_t>(block, count - start));
+        for (int t = 0; t < size; ++t) rows[t] = job.q + (query_rows[start + t] * heads + h) * dim;
+        const Vec<T> logits = dots_block<Dim>(k_row, rows, size, dim) * scale;
+        std::memcpy(probs, &logits, sizeof logits);
+        for (int t = 0; t < size; ++t)
+          rows[t] = job.grad_output + (query_rows[start + t] * heads + h) * dim;
+        const Vec<T> dp = dots_block<Dim>(v_row, rows, size, dim);
+        std::memcpy(grad_probs, &dp, sizeof dp);
+        for (int t = 0; t < size; ++t) {
+          if (bias) probs[t] += bias[bias_indices[start + t]];
+          probs[t] -= job.lse[query_rows[start + t] * heads + h];
         }
-        exp_shifted(probs.data(), row_length, T(0));
-        for (int64_t t = 0; t < row_length; ++t) {
+        exp_shifted(probs, size, T(0));
+        for (int t = 0; t < size; ++t) {
           const int64_t query_head = query_rows[start + t] * heads + h;
-          const T* go_row = job.grad_output + query_head * dim;
-          const T grad_logit = probs[t] * (dot<Dim>(go_row, v_row, dim) - job.shift[query_head]);
-          add_scaled<Dim>(dk_acc, scale * grad_logit, job.q + query_head * dim, dim);
-          add_scaled<Dim>(dv_acc, probs[t], go_row, dim);
+          const T grad_logit = probs[t] * (grad_probs[t] - job.shift[query_head]);
+          dk_sum.add(grad_logit, job.q + query_head * dim);
+          dv_sum.add(probs[t], job.grad_output + query_head * dim);
         }
       }
-      std::copy_n(dk_acc, dim, job.dk + item * row + h * dim);
-      std::copy_n(dv_acc, dim, job.dv + item * row + h * dim);
+      dk_sum.store(job.dk + item * row + h * dim, scale);
+      dv_sum.store(job.dv + item * row + h * dim, T(1));
     }
   }
 }
@@ -511,9 +667,12 @@ NaGradients backward_in(const Problem& p, const Tensor& q, const Tensor& k, cons
   const Tensor goc = as_compute(grad_output, dtype);
   const Tensor bias = rpb ? as_compute(*rpb, dtype) : Tensor();
   const Tensor glse = grad_lse ? as_compute(*grad_lse, dtype) : Tensor();
-  Tensor dq = Tensor::zeros(q.shape(), dtype);
-  Tensor dk = Tensor::zeros(k.shape(), dtype);
-  Tensor dv = Tensor::zeros(v.shape(), dtype);
+  // Every row of dq, dk and dv is written by the passes below (dk, dv: zero for keys no query
+  // reads; without queries the key pass does not run and they start as zeros).
+  const bool no_queries = p.query_count() == 0;
+  Tensor dq = Tensor::empty(q.shape(), dtype);
+  Tensor dk = no_queries ? Tensor::zeros(k.shape(), dtype) : Tensor::empty(k.shape(), dtype);
+  Tensor dv = no_queries ? Tensor::zeros(v.shape(), dtype) : Tensor::empty(v.shape(), dtype);
   const int64_t query_heads = p.batch * p.query_count() * p.heads;
   std::vector<T> lse(query_heads), shift(query_heads);
   const int64_t bias_size = p.heads * p.rpb_count();
