@@ -237,7 +237,11 @@ void run_na_bench(const NaBenchOptions& options) {
   if (options.reference_size > 0 && reporter) {
     const Shape small{options.batch, options.reference_size, options.reference_size, options.heads,
                       options.dim};
-    const int threads = options.threads > 0 ? options.threads : compute_threads();
+    // One rank alone: all the cores, as for the 1-rank rows (not this thread's share from the
+    // last launch).
+    const int threads = options.threads > 0
+                            ? options.threads
+                            : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
     const std::string small_text = fmt::format("{}", fmt::join(small, ","));
     if (!options.json)
       fmt::print(
