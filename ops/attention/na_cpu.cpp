@@ -166,6 +166,16 @@ TESSERA_NA_INLINE Vec<double> dots_block(const double* a, const double* const* r
          __builtin_shufflevector(w[0], w[1], 1, 3, 5, 7, 9, 11, 13, 15);
 }
 
+/// Asks for the cache lines of an output row ahead of writing it, so that fetching them (the
+/// row is usually not cached) overlaps the computation of its values instead of stalling the
+/// store.
+template <typename T>
+TESSERA_NA_INLINE void prefetch_for_write(const T* row, int64_t count) {
+  const char* bytes = reinterpret_cast<const char*>(row);
+  for (int64_t offset = 0; offset < count * static_cast<int64_t>(sizeof(T)); offset += 64)
+    __builtin_prefetch(bytes + offset, 1, 3);
+}
+
 /// D values being accumulated (an output row of one head): in registers when D is a
 /// compile-time multiple of the vector width, so that successive updates do not go through
 /// memory; in a buffer otherwise.
@@ -342,6 +352,7 @@ TESSERA_NA_INLINE void forward_rows(const ForwardJob<T>& job, int64_t begin, int
     for (int64_t h = 0; h < heads; ++h) {
       const T* q_row = job.q + (item * heads + h) * dim;
       const T* bias = job.bias ? job.bias + h * p.rpb_count() : nullptr;
+      prefetch_for_write(job.output + (item * heads + h) * dim, dim);
       T running_max = -std::numeric_limits<T>::infinity(), sum = 0;
       acc.zero();
       // Blocks of up to `block` neighbours: their logits, then the streaming softmax update.
@@ -413,6 +424,7 @@ TESSERA_NA_INLINE void backward_query_rows(const BackwardJob<T>& job, int64_t be
       const T* q_row = job.q + query_head * dim;
       const T* go_row = job.grad_output + query_head * dim;
       const T* bias = job.bias ? job.bias + h * p.rpb_count() : nullptr;
+      prefetch_for_write(job.dq + query_head * dim, dim);
       // Logits s_j and dp_j = go . v_j, a block of neighbours at a time.
       for (int64_t start = 0; start < count; start += block) {
         const int size = static_cast<int>(std::min<int64_t>(block, count - start));
@@ -504,6 +516,8 @@ TESSERA_NA_INLINE void backward_key_rows(const BackwardJob<T>& job, int64_t begi
       const T* k_row = job.k + item * row + h * dim;
       const T* v_row = job.v + item * row + h * dim;
       const T* bias = job.bias ? job.bias + h * p.rpb_count() : nullptr;
+      prefetch_for_write(job.dk + item * row + h * dim, dim);
+      prefetch_for_write(job.dv + item * row + h * dim, dim);
       dk_sum.zero();
       dv_sum.zero();
       // Blocks of up to `block` queries: p = exp(s - lse), dp = go . v, ds = p (dp - shift).
