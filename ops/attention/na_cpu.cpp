@@ -1,12 +1,13 @@
 // Fast cpu neighborhood attention (see na_cpu.hpp).
 //
 // Layout: heads-last, so the D values of one (position, head) are contiguous and every inner
-// loop runs over D with unit stride: dot products into a block of independent partial sums (two
-// 512-bit registers' worth, which the compiler keeps in vector registers), and y += a * x updates.
-// Every call is seen as 3-d (na_problem.hpp); the innermost window axis gives the blocks of the
-// streaming softmax: the logits of one window row are computed, the running maximum and the
-// accumulator are rescaled once per row when the maximum grows, and the row's exponentials are
-// taken in one vector loop (f32: a polynomial exp, ~1 ulp; f64: std::exp).
+// loop runs over D with unit stride. Every call is seen as 3-d (na_problem.hpp). Neighbours are
+// taken in blocks of 16 (f64: 8): the dot products of one row (a query, or a key in the backward's
+// key pass) with the block's rows are formed as register-wide partial sums and reduced together
+// by one transpose-and-add tree, giving the block's logits in one vector. The forward's softmax
+// streams over the blocks: the running maximum, the running denominator and the output row (in
+// registers for D = 32, 64, 128) are rescaled once per block when the maximum grows, and the
+// block's exponentials are one vector loop (f32: a polynomial exp, ~1 ulp; f64: std::exp).
 //
 // Threads: the forward and the query pass of the backward split the (batch, query) rows; the key
 // pass of the backward splits the (batch, key) rows of the tile and gathers, per key, the queries
