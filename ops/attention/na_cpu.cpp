@@ -78,21 +78,6 @@ TESSERA_NA_INLINE Vec<T> load(const T* p) {
   return v;
 }
 
-/// The sum of the lanes of v, by halving inside the register.
-TESSERA_NA_INLINE float horizontal_sum(Vec<float> v) {
-  v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
-  v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
-  v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
-  v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
-  return v[0];
-}
-TESSERA_NA_INLINE double horizontal_sum(Vec<double> v) {
-  v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3);
-  v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5);
-  v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6);
-  return v[0];
-}
-
 /// Register-wide partial sums of a . b over D (their lanes add up to the dot product).
 template <int Dim, typename T>
 TESSERA_NA_INLINE Vec<T> dot_partial(const T* a, const T* b, int64_t dim) {
@@ -120,6 +105,26 @@ TESSERA_NA_INLINE Vec<T> dot_partial(const T* a, const T* b, int64_t dim) {
 template <typename T>
 constexpr int kBlock = kWidth<T>;
 
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+#define TESSERA_NA_HAVE_SHUFFLEVECTOR 1
+#else
+#define TESSERA_NA_HAVE_SHUFFLEVECTOR 0
+#endif
+
+#if !TESSERA_NA_HAVE_SHUFFLEVECTOR
+/// Compilers without __builtin_shufflevector: one lane sum per row.
+template <int Dim, typename T>
+TESSERA_NA_INLINE Vec<T> dots_block(const T* a, const T* const* rows, int count, int64_t dim) {
+  Vec<T> result = {};
+  for (int t = 0; t < count; ++t) {
+    const Vec<T> partial = dot_partial<Dim>(a, rows[t], dim);
+    T sum = 0;
+    for (int l = 0; l < kWidth<T>; ++l) sum += partial[l];
+    result[t] = sum;
+  }
+  return result;
+}
+#else
 /// Lane t of the result is a . rows[t] for t < count <= 16 (0 beyond). The partial sums of all
 /// rows are reduced together by a transpose-and-add tree: each level adds the two halves of two
 /// vectors into one, 15 shuffle pairs for 16 rows instead of 4 per row.
@@ -166,6 +171,7 @@ TESSERA_NA_INLINE Vec<double> dots_block(const double* a, const double* const* r
   return __builtin_shufflevector(w[0], w[1], 0, 2, 4, 6, 8, 10, 12, 14) +
          __builtin_shufflevector(w[0], w[1], 1, 3, 5, 7, 9, 11, 13, 15);
 }
+#endif
 
 /// Asks for the cache lines of an output row ahead of writing it, so that fetching them (the
 /// row is usually not cached) overlaps the computation of its values instead of stalling the
