@@ -27,6 +27,7 @@ tessera_option(NCCL "NCCL communication backend")
 tessera_option(MPI "MPI communication backend")
 tessera_option(HDF5 "HDF5 input and output")
 tessera_option(DNNL "oneDNN CPU convolution")
+tessera_option(OPENMP "OpenMP threads in the CPU kernels")
 
 # CUDA: a working nvcc is enough to build; a GPU is only needed to run.
 set(cuda_found FALSE)
@@ -90,3 +91,12 @@ if(NOT TESSERA_WITH_DNNL STREQUAL "OFF")
   endif()
 endif()
 tessera_resolve(DNNL dnnl_found)
+
+# OpenMP: the CPU kernels' threads (core/parallel_for.hpp); without it they run on one thread per
+# rank. oneDNN needs it too (ops/CMakeLists.txt).
+set(openmp_found FALSE)
+if(NOT TESSERA_WITH_OPENMP STREQUAL "OFF")
+  find_package(OpenMP COMPONENTS CXX)
+  set(openmp_found ${OpenMP_CXX_FOUND})
+endif()
+tessera_resolve(OPENMP openmp_found)

@@ -204,6 +204,7 @@ void register_bench(CLI::App& app) {
   });
   register_conv_bench(*bench);
   register_io_bench(*bench);
+  register_na_bench(*bench);
 }
 
 }  // namespace tessera::cli

@@ -41,4 +41,7 @@ void register_conv_bench(CLI::App& bench);
 /// `tessera bench io` (registered under `bench` by register_bench).
 void register_io_bench(CLI::App& bench);
 
+/// `tessera bench na` (registered under `bench` by register_bench).
+void register_na_bench(CLI::App& bench);
+
 }  // namespace tessera::cli

@@ -10,6 +10,7 @@
 #include "core/comm/nccl_support.hpp"
 #include "core/config.hpp"
 #include "core/gpu_runtime.hpp"
+#include "core/parallel_for.hpp"
 #include "io/hdf5/hdf5_support.hpp"
 #include "ops/dnnl/dnnl_support.hpp"
 
@@ -35,6 +36,7 @@ nlohmann::json collect_info() {
   info["nccl"] = nccl_version();
   info["hdf5"] = {{"version", io::hdf5_version()}, {"parallel", io::hdf5_is_parallel()}};
   info["onednn"] = dnnl_version();
+  info["openmp"] = parallel_for_has_threads();
   return info;
 }
 
@@ -66,6 +68,7 @@ void register_info(CLI::App& app) {
     fmt::print("  HDF5            {}{}\n", or_none(info["hdf5"]["version"]),
                info["hdf5"]["parallel"].get<bool>() ? " (parallel)" : "");
     fmt::print("  oneDNN          {}\n", or_none(info["onednn"]));
+    fmt::print("  OpenMP          {}\n", info["openmp"].get<bool>() ? "yes" : "not built");
   });
 }
 

@@ -22,7 +22,7 @@
 #include "core/agree.hpp"
 #include "core/halo/halo_exchange.hpp"
 #include "core/op_registry.hpp"
-#include "ops/attention/na_reference.hpp"
+#include "ops/attention/na_cpu.hpp"
 #include "ops/op_helpers.hpp"
 
 namespace tessera::ops {
@@ -141,7 +141,7 @@ std::vector<Tensor> na_cpu(const KernelContext& context, const std::vector<Tenso
   const NaPieces pieces{spatial_lo(context.input_boxes[0], spatial),
                         spatial_lo(context.input_boxes[1], spatial)};
   const Tensor* rpb = inputs.size() == 4 ? &inputs[3] : nullptr;
-  NaForward result = na_forward(inputs[0], inputs[1], inputs[2], rpb, geometry, pieces);
+  NaForward result = na_cpu_forward(inputs[0], inputs[1], inputs[2], rpb, geometry, pieces);
   return {std::move(result.output), std::move(result.lse)};
 }
 
@@ -169,9 +169,9 @@ std::vector<std::optional<ShardTensor>> na_backward_op(
   if (!grad_output) grad_output = Tensor::zeros(q.to_local().shape(), q.dtype());
   const bool has_rpb = record.inputs.size() == 4;
   const NaGradients local =
-      na_backward(record.kernel_inputs[0], record.kernel_inputs[1], record.kernel_inputs[2],
-                  has_rpb ? &record.kernel_inputs[3] : nullptr, *grad_output,
-                  grad_lse ? &*grad_lse : nullptr, geometry, pieces);
+      na_cpu_backward(record.kernel_inputs[0], record.kernel_inputs[1], record.kernel_inputs[2],
+                      has_rpb ? &record.kernel_inputs[3] : nullptr, *grad_output,
+                      grad_lse ? &*grad_lse : nullptr, geometry, pieces);
   Comm& comm = q.mesh().comm();
   std::vector<std::optional<ShardTensor>> result;
   result.emplace_back(ShardTensor(local.dq, q.mesh(), q.spec()));

@@ -14,6 +14,7 @@
 #include <limits>
 
 #include "core/errors.hpp"
+#include "ops/attention/na_problem.hpp"
 
 namespace tessera::ops {
 
@@ -45,131 +46,11 @@ Shape na_rpb_shape(int64_t heads, const NaGeometry& geometry) {
 
 namespace {
 
-constexpr int kAxes = 3;
-using Axes = std::array<int64_t, kAxes>;
-
-/// One validated call, seen as 3-d, with every window of the local queries precomputed.
-struct Problem {
-  int spatial = 1;
-  int64_t batch = 0, heads = 0, dim = 0;
-  Axes queries{1, 1, 1}, query_offset{0, 0, 0};  // local query piece
-  Axes tile{1, 1, 1}, tile_offset{0, 0, 0};      // the k/v tile
-  Axes kernel{1, 1, 1}, dilation{1, 1, 1};
-  Axes rpb{1, 1, 1};                                 // extents of the bias table per axis (2k - 1)
-  std::array<std::vector<NaWindow>, kAxes> windows;  // per axis, per local query
-  double scale = 1.0;
-
-  int64_t query_count() const { return queries[0] * queries[1] * queries[2]; }
-  int64_t tile_count() const { return tile[0] * tile[1] * tile[2]; }
-};
-
-/// Validates the call and fills a Problem (axis a of the user's problem is axis
-/// kAxes - spatial + a here).
-Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* rpb,
-                     const NaGeometry& geometry, const NaPieces& pieces) {
-  Problem p;
-  const int spatial = q.ndim() - 3;
-  check_arg(spatial >= 1 && spatial <= 3, "na",
-            "expected q of shape [B, X(, Y(, Z)), heads, D] (3 to 5 dims), got shape {}",
-            q.shape());
-  p.spatial = spatial;
-  check_arg(geometry.extent.size() == static_cast<size_t>(spatial) &&
-                geometry.kernel.size() == geometry.extent.size() &&
-                geometry.dilation.size() == geometry.extent.size() &&
-                geometry.causal.size() == geometry.extent.size() &&
-                pieces.query_offset.size() == geometry.extent.size() &&
-                pieces.key_offset.size() == geometry.extent.size(),
-            "na",
-            "na{}d needs {} values per axis: extent {}, kernel {}, dilation {}, causal {}, "
-            "query offset {}, key offset {}",
-            spatial, spatial, geometry.extent, geometry.kernel, geometry.dilation, geometry.causal,
-            pieces.query_offset, pieces.key_offset);
-  for (const Tensor* t : {&k, &v})
-    check_arg(t->ndim() == q.ndim() && t->shape(0) == q.shape(0) &&
-                  t->shape(q.ndim() - 2) == q.shape(q.ndim() - 2) &&
-                  t->shape(q.ndim() - 1) == q.shape(q.ndim() - 1),
-              "na", "key/value tile of shape {} for q of shape {} (batch, heads and D must match)",
-              t->shape(), q.shape());
-  check_arg(k.shape() == v.shape(), "na", "k of shape {} and v of shape {} differ", k.shape(),
-            v.shape());
-  check_arg(q.dtype() == k.dtype() && q.dtype() == v.dtype() && is_floating(q.dtype()), "na",
-            "q, k, v must share one floating dtype, got {}, {}, {}", dtype_name(q.dtype()),
-            dtype_name(k.dtype()), dtype_name(v.dtype()));
-  for (const Tensor* t : {&q, &k, &v})
-    check_arg(t->device().is_cpu(), "na", "cpu kernel got a {} tensor", t->device().str());
-  p.batch = q.shape(0);
-  p.heads = q.shape(q.ndim() - 2);
-  p.dim = q.shape(q.ndim() - 1);
-  p.scale = geometry.scale;
-  const int shift = kAxes - spatial;
-  for (int a = 0; a < spatial; ++a) {
-    const int64_t length = geometry.extent[a], kernel = geometry.kernel[a];
-    const int64_t dilation = geometry.dilation[a];
-    check_arg(kernel >= 1 && dilation >= 1 && kernel * dilation <= length, "na",
-              "kernel size {} with dilation {} does not fit the extent {} of spatial axis {} "
-              "(needs kernel * dilation <= extent)",
-              kernel, dilation, length, a);
-    const int64_t queries = q.shape(1 + a), offset = pieces.query_offset[a];
-    check_arg(offset >= 0 && offset + queries <= length, "na",
-              "local queries [{}, {}) of spatial axis {} lie outside the global extent {}", offset,
-              offset + queries, a, length);
-    p.queries[shift + a] = queries;
-    p.query_offset[shift + a] = offset;
-    p.tile[shift + a] = k.shape(1 + a);
-    p.tile_offset[shift + a] = pieces.key_offset[a];
-    p.kernel[shift + a] = kernel;
-    p.dilation[shift + a] = dilation;
-    p.rpb[shift + a] = 2 * kernel - 1;
-  }
-  if (rpb) {
-    bool allowed = true;
-    for (int a = 0; a < spatial; ++a)
-      allowed = allowed && !geometry.causal[a] && geometry.kernel[a] % 2 == 1;
-    check_arg(allowed, "na",
-              "relative positional bias needs a non-causal odd kernel on every axis, got kernel "
-              "{} causal {}",
-              geometry.kernel, geometry.causal);
-    check_arg(rpb->shape() == na_rpb_shape(p.heads, geometry), "na", "rpb of shape {}, expected {}",
-              rpb->shape(), na_rpb_shape(p.heads, geometry));
-    check_arg(is_floating(rpb->dtype()) && rpb->device().is_cpu(), "na",
-              "rpb must be a floating cpu tensor, got {}", rpb->str());
-  }
-  // Windows of the local queries, and the check that the tile holds every key they read.
-  for (int a = 0; a < kAxes; ++a) {
-    const int user_axis = a - shift;
-    for (int64_t i = 0; i < p.queries[a]; ++i) {
-      if (user_axis < 0) {
-        p.windows[a].push_back(NaWindow{0, 1, 1});
-        continue;
-      }
-      p.windows[a].push_back(na_window(p.query_offset[a] + i, geometry.extent[user_axis],
-                                       geometry.kernel[user_axis], geometry.dilation[user_axis],
-                                       geometry.causal[user_axis] != 0));
-    }
-  }
-  if (p.query_count() > 0) {
-    for (int a = shift; a < kAxes; ++a) {
-      for (int64_t i = 0; i < p.queries[a]; ++i) {
-        const NaWindow& w = p.windows[a][i];
-        check_arg(w.first >= p.tile_offset[a] && w.end() <= p.tile_offset[a] + p.tile[a], "na",
-                  "query {} of spatial axis {} reads keys [{}, {}), outside the key/value tile "
-                  "[{}, {})",
-                  p.query_offset[a] + i, a - shift, w.first, w.end(), p.tile_offset[a],
-                  p.tile_offset[a] + p.tile[a]);
-      }
-    }
-  }
-  return p;
-}
+using namespace na_detail;
 
 /// A contiguous f64 copy (or view) of a tensor.
 Tensor as_f64(const Tensor& t) {
   return t.to_dtype(DType::f64).contiguous();
-}
-
-/// The dtype of lse for inputs of `dtype`.
-DType lse_dtype(DType dtype) {
-  return dtype == DType::f16 || dtype == DType::bf16 ? DType::f32 : dtype;
 }
 
 /// One neighbour of a query: its flat position in the tile and its flat index in the bias
@@ -282,13 +163,7 @@ NaGradients na_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
                         const Tensor& grad_output, const Tensor* grad_lse,
                         const NaGeometry& geometry, const NaPieces& pieces) {
   const Problem p = make_problem(q, k, v, rpb, geometry, pieces);
-  check_arg(grad_output.shape() == q.shape(), "na", "gradient of o of shape {}, expected {}",
-            grad_output.shape(), q.shape());
-  Shape lse_shape = q.shape();
-  lse_shape.pop_back();
-  if (grad_lse)
-    check_arg(grad_lse->shape() == lse_shape, "na", "gradient of lse of shape {}, expected {}",
-              grad_lse->shape(), lse_shape);
+  check_backward_grads(q, grad_output, grad_lse);
   const Tensor qd = as_f64(q), kd = as_f64(k), vd = as_f64(v), god = as_f64(grad_output);
   const Tensor bias = rpb ? as_f64(*rpb) : Tensor();
   const Tensor glse = grad_lse ? as_f64(*grad_lse) : Tensor();

@@ -1,0 +1,308 @@
+// `tessera bench na`: the sharded neighborhood attention op (2-d, heads-last [B, X, Y, heads, D]),
+// forward and forward+backward (dq, dk, dv through the tape) on 1 rank and on P local ranks that
+// share the cores, sharded over the spatial axes, with GFLOP/s and a correctness check of the
+// sharded output against the 1-rank output (#wrong). A second table times the kernels alone, the
+// fast cpu kernels against the exact reference, on a smaller size (the reference is slow), with
+// #wrong of the fast output against the reference. PyTorch's figures for the same shapes come
+// from apps/bench/torch_na_bench.py. FLOP counts: docs/benchmarks.md.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "apps/tessera/cli_parse.hpp"
+#include "apps/tessera/commands.hpp"
+#include "core/compute_threads.hpp"
+#include "core/tessera.hpp"
+#include "ops/attention/na_cpu.hpp"
+#include "ops/attention/na_op.hpp"
+
+namespace tessera::cli {
+
+namespace {
+
+struct NaBenchOptions {
+  std::string device = "cpu";
+  std::string dtype = "f32";
+  int64_t batch = 1;
+  int64_t size = 256;  // tokens per spatial axis
+  int64_t heads = 4;
+  int64_t dim = 64;
+  std::string kernels = "7,13";
+  std::string ranks = "1";
+  int threads = 0;  // per rank; 0 = cores / ranks
+  int iterations = 3;
+  int64_t reference_size = 48;  // tokens per axis of the kernel-vs-reference table (0: skip it)
+  bool json = false;
+};
+
+Tensor random_tensor(const Shape& shape, uint64_t seed, DType dtype) {
+  Tensor values = Tensor::empty(shape, DType::f32);
+  uint64_t state = seed * 0x9E3779B97F4A7C15ull + 7;
+  float* out = values.data<float>();
+  for (int64_t i = 0; i < values.numel(); ++i) {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    out[i] = static_cast<float>((state >> 40) * 0x1.0p-24 - 0.5);
+  }
+  return values.to_dtype(dtype);
+}
+
+/// Forward FLOPs: 2 per multiply-add of q.k and of p.v over every (query, key, head, D).
+double na_flops(const Shape& shape, int64_t kernel) {
+  const int64_t spatial = static_cast<int64_t>(shape.size()) - 3;
+  double flops = 4.0 * shape[0] * shape[shape.size() - 2] * shape.back();
+  for (int64_t a = 0; a < spatial; ++a) flops *= static_cast<double>(shape[1 + a]) * kernel;
+  return flops;
+}
+
+/// Mesh over the two spatial axes for P ranks: (px, py) with px >= py, px * py = P, as square
+/// as P allows.
+std::vector<int> mesh_for(int ranks) {
+  int py = static_cast<int>(std::sqrt(static_cast<double>(ranks)));
+  while (ranks % py != 0) --py;
+  return {ranks / py, py};
+}
+
+struct NaFigures {
+  double forward = 0, forward_backward = 0;
+  Tensor output;  // full o (rank 0) for the check
+};
+
+NaFigures measure(std::shared_ptr<Comm> world, const Shape& shape, int64_t kernel, DType dtype,
+                  int iterations) {
+  const std::vector<int> mesh_shape = mesh_for(world->size());
+  DeviceMesh mesh(world, mesh_shape, {"x", "y"});
+  const std::vector<Placement> sharded{Placement::shard(1), Placement::shard(2)};
+  ShardTensor q = ShardTensor::distribute(random_tensor(shape, 21, dtype), mesh, sharded);
+  ShardTensor k = ShardTensor::distribute(random_tensor(shape, 22, dtype), mesh, sharded);
+  ShardTensor v = ShardTensor::distribute(random_tensor(shape, 23, dtype), mesh, sharded);
+  ops::NaOptions options;
+  options.kernel_size = {kernel};
+  auto timed = [&](auto&& body) {
+    body();  // warm-up: plans, allocator
+    world->barrier();
+    const double start = now_seconds();
+    for (int i = 0; i < iterations; ++i) body();
+    double seconds = (now_seconds() - start) / iterations;
+    world->all_reduce(&seconds, &seconds, 1, DType::f64, ReduceOp::max);
+    return seconds;
+  };
+  NaFigures figures;
+  ops::NaResult result = ops::neighborhood_attention(q, k, v, options);
+  figures.forward = timed([&] { result = ops::neighborhood_attention(q, k, v, options); });
+  const ShardTensor grad = ShardTensor::distribute(random_tensor(shape, 24, dtype), mesh, sharded);
+  q.set_requires_grad();
+  k.set_requires_grad();
+  v.set_requires_grad();
+  figures.forward_backward = timed([&] {
+    Tape tape;
+    const ops::NaResult out = ops::neighborhood_attention(q, k, v, options);
+    tape.backward(out.output, grad);
+  });
+  figures.output = result.output.gather(0);
+  return figures;
+}
+
+/// Elements of `a` that differ from `reference` by more than the dtype's tolerance.
+int64_t count_wrong(const Tensor& a, const Tensor& reference, double tolerance) {
+  const Tensor x = a.to_dtype(DType::f64).contiguous();
+  const Tensor r = reference.to_dtype(DType::f64).contiguous();
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < r.numel(); ++i) {
+    const double expected = r.data<double>()[i];
+    wrong += std::fabs(x.data<double>()[i] - expected) > tolerance * (1 + std::fabs(expected));
+  }
+  return wrong;
+}
+
+double tolerance_of(DType dtype) {
+  switch (dtype) {
+    case DType::f64: return 1e-10;
+    case DType::f32: return 1e-4;
+    default: return 2e-2;
+  }
+}
+
+/// The kernels alone on one rank: reference vs fast, forward and forward+backward.
+struct KernelFigures {
+  double reference_forward = 0, reference_forward_backward = 0;
+  double fast_forward = 0, fast_forward_backward = 0;
+  int64_t wrong = 0;
+};
+
+KernelFigures measure_kernels(const Shape& shape, int64_t kernel, DType dtype, int threads,
+                              int iterations) {
+  const Tensor q = random_tensor(shape, 31, dtype), k = random_tensor(shape, 32, dtype);
+  const Tensor v = random_tensor(shape, 33, dtype), grad = random_tensor(shape, 34, dtype);
+  const ops::NaGeometry geometry{{shape[1], shape[2]},
+                                 {kernel, kernel},
+                                 {1, 1},
+                                 {0, 0},
+                                 1.0 / std::sqrt(static_cast<double>(shape.back()))};
+  const ops::NaPieces whole{{0, 0}, {0, 0}};
+  // The reference runs once (after a warm-up), the fast kernels `iterations` times.
+  auto timed = [&](int runs, auto&& body) {
+    body();
+    const double start = now_seconds();
+    for (int i = 0; i < runs; ++i) body();
+    return (now_seconds() - start) / runs;
+  };
+  KernelFigures figures;
+  ops::NaForward exact, fast;
+  figures.reference_forward =
+      timed(1, [&] { exact = ops::na_forward(q, k, v, nullptr, geometry, whole); });
+  figures.fast_forward = timed(iterations, [&] {
+    fast = ops::NaForward{};  // released first, so the allocator's cache serves the next call
+    fast = ops::na_cpu_forward(q, k, v, nullptr, geometry, whole, threads);
+  });
+  figures.reference_forward_backward = timed(1, [&] {
+    ops::na_forward(q, k, v, nullptr, geometry, whole);
+    ops::na_backward(q, k, v, nullptr, grad, nullptr, geometry, whole);
+  });
+  figures.fast_forward_backward = timed(iterations, [&] {
+    ops::na_cpu_forward(q, k, v, nullptr, geometry, whole, threads);
+    ops::na_cpu_backward(q, k, v, nullptr, grad, nullptr, geometry, whole, threads);
+  });
+  figures.wrong = count_wrong(fast.output, exact.output, tolerance_of(dtype));
+  return figures;
+}
+
+void run_na_bench(const NaBenchOptions& options) {
+  if (options.device != "cpu")
+    throw NotAvailable("bench", fmt::format("no {} kernel of neighborhood attention exists yet; "
+                                            "only --device cpu can be measured",
+                                            options.device == "cuda" ? "CUDA" : options.device));
+  const DType dtype = dtype_from_name(options.dtype);
+  check_arg(is_floating(dtype), "bench", "--dtype {} is not a floating dtype", options.dtype);
+  const Backend backend = backend_from_env();
+  const bool reporter = backend != Backend::mpi || mpi_world()->rank() == 0;
+  const Shape shape{options.batch, options.size, options.size, options.heads, options.dim};
+  nlohmann::json rows = nlohmann::json::array(), kernel_rows = nlohmann::json::array();
+  if (!options.json && reporter)
+    fmt::print(
+        "# tessera bench na: {}, 2-d [B, X, Y, heads, D], non-causal, dilation 1, sharded over "
+        "X and Y\n"
+        "# {:<18} {:>3} {:>6} {:>7} {:>12} {:>9} {:>14} {:>9} {:>7}\n",
+        dtype_name(dtype), "shape", "k", "ranks", "threads", "forward ms", "GFLOP/s", "fwd+bwd ms",
+        "GFLOP/s", "#wrong");
+  const std::string shape_text = fmt::format("{}", fmt::join(shape, ","));
+  for (int64_t kernel : parse_list(options.kernels)) {
+    check_arg(kernel >= 1 && kernel <= options.size, "bench", "kernel {} does not fit size {}",
+              kernel, options.size);
+    const double flops = na_flops(shape, kernel);
+    const double backward_flops = 3.5 * flops;  // forward + backward (2.5x the forward)
+    Tensor reference;
+    for (int64_t ranks : parse_list(options.ranks)) {
+      NaFigures figures;
+      const int threads = options.threads;
+      launch(backend, static_cast<int>(ranks), [&](std::shared_ptr<Comm> world) {
+        if (threads > 0) set_compute_threads(threads);
+        NaFigures mine = measure(world, shape, kernel, dtype, options.iterations);
+        if (world->rank() == 0) figures = std::move(mine);
+      });
+      // The first configuration (normally 1 rank) is the reference output.
+      int64_t wrong = 0;
+      if (reference.numel() == 0)
+        reference = figures.output;
+      else
+        wrong = count_wrong(figures.output, reference, tolerance_of(dtype));
+      const int used_threads =
+          threads > 0 ? threads
+                      : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
+                                        static_cast<int>(ranks));
+      if (!options.json && reporter)
+        fmt::print("  {:<18} {:>3} {:>6} {:>7} {:>12.2f} {:>9.1f} {:>14.2f} {:>9.1f} {:>7}\n",
+                   shape_text, kernel, ranks, used_threads, figures.forward * 1e3,
+                   flops / figures.forward / 1e9, figures.forward_backward * 1e3,
+                   backward_flops / figures.forward_backward / 1e9, wrong);
+      rows.push_back({{"shape", shape},
+                      {"kernel", kernel},
+                      {"dtype", dtype_name(dtype)},
+                      {"ranks", ranks},
+                      {"threads_per_rank", used_threads},
+                      {"backend", backend_name(backend)},
+                      {"forward_ms", figures.forward * 1e3},
+                      {"forward_gflops", flops / figures.forward / 1e9},
+                      {"forward_backward_ms", figures.forward_backward * 1e3},
+                      {"forward_backward_gflops", backward_flops / figures.forward_backward / 1e9},
+                      {"wrong", wrong}});
+    }
+  }
+  // Kernels alone, fast vs reference, on a size the reference finishes in seconds.
+  if (options.reference_size > 0 && reporter) {
+    const Shape small{options.batch, options.reference_size, options.reference_size, options.heads,
+                      options.dim};
+    // One rank alone: all the cores, as for the 1-rank rows (not this thread's share from the
+    // last launch).
+    const int threads = options.threads > 0
+                            ? options.threads
+                            : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    const std::string small_text = fmt::format("{}", fmt::join(small, ","));
+    if (!options.json)
+      fmt::print(
+          "# kernels alone (1 rank, fast on {} thread(s), reference single-threaded in f64)\n"
+          "# {:<18} {:>3} {:>13} {:>9} {:>8} {:>13} {:>9} {:>8} {:>7}\n",
+          threads, "shape", "k", "ref fwd ms", "fast ms", "speedup", "ref f+b ms", "fast ms",
+          "speedup", "#wrong");
+    for (int64_t kernel : parse_list(options.kernels)) {
+      if (kernel > options.reference_size) continue;
+      const KernelFigures f = measure_kernels(small, kernel, dtype, threads, options.iterations);
+      if (!options.json)
+        fmt::print(
+            "  {:<18} {:>3} {:>13.1f} {:>9.2f} {:>7.0f}x {:>13.1f} {:>9.2f} {:>7.0f}x {:>7}\n",
+            small_text, kernel, f.reference_forward * 1e3, f.fast_forward * 1e3,
+            f.reference_forward / f.fast_forward, f.reference_forward_backward * 1e3,
+            f.fast_forward_backward * 1e3, f.reference_forward_backward / f.fast_forward_backward,
+            f.wrong);
+      const double flops = na_flops(small, kernel);
+      kernel_rows.push_back(
+          {{"shape", small},
+           {"kernel", kernel},
+           {"dtype", dtype_name(dtype)},
+           {"threads", threads},
+           {"reference_forward_ms", f.reference_forward * 1e3},
+           {"fast_forward_ms", f.fast_forward * 1e3},
+           {"fast_forward_gflops", flops / f.fast_forward / 1e9},
+           {"reference_forward_backward_ms", f.reference_forward_backward * 1e3},
+           {"fast_forward_backward_ms", f.fast_forward_backward * 1e3},
+           {"fast_forward_backward_gflops", 3.5 * flops / f.fast_forward_backward / 1e9},
+           {"wrong", f.wrong}});
+    }
+  }
+  if (options.json && reporter)
+    std::cout << nlohmann::json{{"benchmark", "na"}, {"rows", rows}, {"kernels", kernel_rows}}.dump(
+                     2)
+              << "\n";
+}
+
+}  // namespace
+
+void register_na_bench(CLI::App& bench) {
+  auto options = std::make_shared<NaBenchOptions>();
+  auto* na = bench.add_subcommand(
+      "na", "Neighborhood attention forward and forward+backward: 1 rank, P ranks, reference");
+  na->add_option("--device", options->device, "cpu (cuda: no kernel yet)")->capture_default_str();
+  na->add_option("--dtype", options->dtype, "f32, f64, f16 or bf16")->capture_default_str();
+  na->add_option("--batch", options->batch, "Batch size B")->capture_default_str();
+  na->add_option("--size", options->size, "Tokens per spatial axis (X = Y)")->capture_default_str();
+  na->add_option("--heads", options->heads, "Heads")->capture_default_str();
+  na->add_option("--dim", options->dim, "Head dim D")->capture_default_str();
+  na->add_option("--kernel", options->kernels, "Kernel sizes to run, e.g. 7,13")
+      ->capture_default_str();
+  na->add_option("--ranks", options->ranks, "Rank counts to run, e.g. 1,2,4")
+      ->capture_default_str();
+  na->add_option("--threads", options->threads, "Compute threads per rank (0: cores / ranks)");
+  na->add_option("--iterations", options->iterations, "Timed iterations")->capture_default_str();
+  na->add_option("--reference-size", options->reference_size,
+                 "Tokens per axis of the fast-vs-reference kernel table (0: skip)")
+      ->capture_default_str();
+  na->add_flag("--json", options->json, "Print JSON instead of the tables");
+  na->callback([options] { run_na_bench(*options); });
+}
+
+}  // namespace tessera::cli

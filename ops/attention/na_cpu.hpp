@@ -1,0 +1,25 @@
+// Fast cpu kernels of neighborhood attention (NATTEN semantics), beside the exact reference of
+// na_reference.hpp: same arguments, same outputs and checks, computed in f32 for f32/f16/bf16
+// inputs and in f64 for f64, with a streaming softmax per query, vector loops over D and the
+// queries (forward) or keys (backward) spread over threads. The sharded op `na` runs these; the
+// reference stays the oracle the tests compare them with.
+#pragma once
+
+#include "ops/attention/na_reference.hpp"
+
+namespace tessera::ops {
+
+/// Forward like na_forward on up to `threads` threads (0: compute_threads()). o and lse agree
+/// with na_forward to rounding in the compute precision (f32: ~1e-6 relative).
+NaForward na_cpu_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* rpb,
+                         const NaGeometry& geometry, const NaPieces& pieces, int threads = 0);
+
+/// Backward like na_backward on up to `threads` threads (0: compute_threads()): a pass over the
+/// queries (dq, the softmax statistics, d rpb in per-thread partial sums) and a pass over the
+/// keys of the tile that gathers, for each key, the queries whose window holds it (dk, dv), so
+/// that no two threads write the same row.
+NaGradients na_cpu_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* rpb,
+                            const Tensor& grad_output, const Tensor* grad_lse,
+                            const NaGeometry& geometry, const NaPieces& pieces, int threads = 0);
+
+}  // namespace tessera::ops

@@ -1,0 +1,279 @@
+// Fast cpu neighborhood attention (ops/attention/na_cpu.hpp) against the exact reference
+// (na_reference.hpp): a seeded sweep of 1-d/2-d/3-d calls with odd and even kernels, dilation,
+// causal axes, relative positional bias, head sizes on and off the specialised paths, and query
+// pieces with key/value tiles at offsets (the sharded call's geometry), in f64 and f32, on 1 and
+// several threads; the thread count not changing the result; f16/bf16; the argument checks.
+#include "ops/attention/na_cpu.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/errors.hpp"
+#include "core/tensor.hpp"
+
+namespace tessera::ops {
+namespace {
+
+Tensor random_tensor(const Shape& shape, std::mt19937_64& rng) {
+  std::normal_distribution<double> normal;
+  Tensor tensor = Tensor::empty(shape, DType::f64);
+  for (int64_t i = 0; i < tensor.numel(); ++i) tensor.data<double>()[i] = normal(rng);
+  return tensor;
+}
+
+/// Largest |a - b| relative to the largest |b| (at least 1).
+double relative_error(const Tensor& a, const Tensor& b) {
+  const Tensor reference = b.to_dtype(DType::f64).contiguous();
+  double scale = 1.0;
+  for (int64_t i = 0; i < reference.numel(); ++i)
+    scale = std::max(scale, std::fabs(reference.data<double>()[i]));
+  return max_abs_diff(a.to_dtype(DType::f64), reference) / scale;
+}
+
+int64_t pick(std::mt19937_64& rng, int64_t lo, int64_t hi) {
+  return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+}
+
+/// One random call: inputs, geometry and the pieces of a sharded-call-like geometry.
+struct Case {
+  Tensor q, k, v, rpb, grad_output, grad_lse;
+  bool has_rpb = false;
+  NaGeometry geometry;
+  NaPieces pieces;
+  std::string text;
+};
+
+Case random_case(std::mt19937_64& rng, DType dtype, bool whole) {
+  Case c;
+  const int spatial = static_cast<int>(pick(rng, 1, 3));
+  const int64_t max_extent = spatial == 1 ? 24 : spatial == 2 ? 10 : 6;
+  const int64_t batch = pick(rng, 1, 2), heads = pick(rng, 1, 3);
+  const int64_t dims[] = {1, 3, 8, 32, 64, 20};
+  const int64_t dim = dims[pick(rng, 0, 5)];
+  Shape shape{batch};
+  bool rpb_allowed = true;
+  for (int a = 0; a < spatial; ++a) {
+    const int64_t length = pick(rng, 1, max_extent);
+    const int64_t kernel = pick(rng, 1, length);
+    const int64_t dilation = pick(rng, 1, length / kernel);
+    const int64_t causal = pick(rng, 0, 3) == 0;
+    c.geometry.extent.push_back(length);
+    c.geometry.kernel.push_back(kernel);
+    c.geometry.dilation.push_back(dilation);
+    c.geometry.causal.push_back(causal);
+    rpb_allowed = rpb_allowed && !causal && kernel % 2 == 1;
+    shape.push_back(length);
+  }
+  shape.push_back(heads);
+  shape.push_back(dim);
+  c.geometry.scale = 1.0 / std::sqrt(static_cast<double>(dim));
+  const Tensor q = random_tensor(shape, rng), k = random_tensor(shape, rng);
+  const Tensor v = random_tensor(shape, rng);
+  c.has_rpb = rpb_allowed && pick(rng, 0, 1) == 1;
+  if (c.has_rpb) c.rpb = random_tensor(na_rpb_shape(heads, c.geometry), rng).to_dtype(dtype);
+  // Pieces: queries [lo, hi) per axis, the tile the union of their windows, sometimes grown by a
+  // row the queries do not read (its dk and dv must be zero).
+  Tensor q_piece = q, k_tile = k, v_tile = v;
+  for (int a = 0; a < spatial; ++a) {
+    const int64_t length = c.geometry.extent[a];
+    int64_t lo = 0, hi = length;
+    if (!whole) {
+      lo = pick(rng, 0, length - 1);
+      hi = pick(rng, lo + 1, length);
+    }
+    int64_t key_lo = length, key_hi = 0;
+    for (int64_t i = lo; i < hi; ++i) {
+      const NaWindow w = na_window(i, length, c.geometry.kernel[a], c.geometry.dilation[a],
+                                   c.geometry.causal[a] != 0);
+      key_lo = std::min(key_lo, w.first);
+      key_hi = std::max(key_hi, w.end());
+    }
+    if (!whole && pick(rng, 0, 2) == 0) {
+      key_lo = std::max<int64_t>(0, key_lo - 1);
+      key_hi = std::min(length, key_hi + 1);
+    }
+    q_piece = q_piece.slice(1 + a, lo, hi);
+    k_tile = k_tile.slice(1 + a, key_lo, key_hi);
+    v_tile = v_tile.slice(1 + a, key_lo, key_hi);
+    c.pieces.query_offset.push_back(lo);
+    c.pieces.key_offset.push_back(key_lo);
+  }
+  c.q = q_piece.contiguous().to_dtype(dtype);
+  c.k = k_tile.contiguous().to_dtype(dtype);
+  c.v = v_tile.contiguous().to_dtype(dtype);
+  c.grad_output = random_tensor(c.q.shape(), rng).to_dtype(dtype);
+  Shape lse_shape = c.q.shape();
+  lse_shape.pop_back();
+  c.grad_lse = random_tensor(lse_shape, rng).to_dtype(dtype == DType::f64 ? dtype : DType::f32);
+  c.text = fmt::format(
+      "shape {} extent {} kernel {} dilation {} causal {} rpb {} queries at {} "
+      "tile at {} of shape {}",
+      c.q.shape(), c.geometry.extent, c.geometry.kernel, c.geometry.dilation, c.geometry.causal,
+      c.has_rpb, c.pieces.query_offset, c.pieces.key_offset, c.k.shape());
+  return c;
+}
+
+/// Runs the fast kernels and the reference on one case and compares every output.
+void expect_matches_reference(const Case& c, int threads, double tolerance) {
+  const Tensor* rpb = c.has_rpb ? &c.rpb : nullptr;
+  const NaForward fast = na_cpu_forward(c.q, c.k, c.v, rpb, c.geometry, c.pieces, threads);
+  const NaForward exact = na_forward(c.q, c.k, c.v, rpb, c.geometry, c.pieces);
+  ASSERT_EQ(fast.output.dtype(), exact.output.dtype()) << c.text;
+  ASSERT_EQ(fast.lse.dtype(), exact.lse.dtype()) << c.text;
+  EXPECT_LE(relative_error(fast.output, exact.output), tolerance) << "o, " << c.text;
+  EXPECT_LE(relative_error(fast.lse, exact.lse), tolerance) << "lse, " << c.text;
+  const NaGradients fast_grads = na_cpu_backward(c.q, c.k, c.v, rpb, c.grad_output, &c.grad_lse,
+                                                 c.geometry, c.pieces, threads);
+  const NaGradients exact_grads =
+      na_backward(c.q, c.k, c.v, rpb, c.grad_output, &c.grad_lse, c.geometry, c.pieces);
+  EXPECT_LE(relative_error(fast_grads.dq, exact_grads.dq), tolerance) << "dq, " << c.text;
+  EXPECT_LE(relative_error(fast_grads.dk, exact_grads.dk), tolerance) << "dk, " << c.text;
+  EXPECT_LE(relative_error(fast_grads.dv, exact_grads.dv), tolerance) << "dv, " << c.text;
+  if (c.has_rpb) {
+    EXPECT_LE(relative_error(fast_grads.drpb, exact_grads.drpb), tolerance) << "drpb, " << c.text;
+  }
+  // Without grad_lse too (the op's backward when only o receives a gradient).
+  const NaGradients fast_plain =
+      na_cpu_backward(c.q, c.k, c.v, rpb, c.grad_output, nullptr, c.geometry, c.pieces, threads);
+  const NaGradients exact_plain =
+      na_backward(c.q, c.k, c.v, rpb, c.grad_output, nullptr, c.geometry, c.pieces);
+  EXPECT_LE(relative_error(fast_plain.dk, exact_plain.dk), tolerance) << "dk, " << c.text;
+  EXPECT_LE(relative_error(fast_plain.dq, exact_plain.dq), tolerance) << "dq, " << c.text;
+}
+
+TEST(NaCpu, F64MatchesReferenceOnWholeCalls) {
+  std::mt19937_64 rng(101);
+  for (int n = 0; n < 60; ++n) {
+    const Case c = random_case(rng, DType::f64, true);
+    expect_matches_reference(c, n % 2 == 0 ? 1 : 3, 1e-12);
+  }
+}
+
+TEST(NaCpu, F64MatchesReferenceOnQueryPiecesWithTilesAtOffsets) {
+  std::mt19937_64 rng(202);
+  for (int n = 0; n < 120; ++n) {
+    const Case c = random_case(rng, DType::f64, false);
+    expect_matches_reference(c, n % 2 == 0 ? 1 : 4, 1e-12);
+  }
+}
+
+TEST(NaCpu, F32MatchesReferenceToSinglePrecision) {
+  std::mt19937_64 rng(303);
+  for (int n = 0; n < 120; ++n) {
+    const Case c = random_case(rng, DType::f32, n % 3 == 0);
+    expect_matches_reference(c, n % 2 == 0 ? 1 : 3, 1e-5);
+  }
+}
+
+TEST(NaCpu, LargerTwoDimensionalCaseMatchesReference) {
+  // The benchmark's shape family (heads-last, D 64, 2-d, k 7 and 13 with and without dilation),
+  // at a size the reference runs in a moment.
+  std::mt19937_64 rng(404);
+  for (const auto& [kernel, dilation, causal] :
+       std::vector<std::array<int64_t, 3>>{{7, 1, 0}, {13, 1, 0}, {5, 3, 0}, {6, 2, 1}}) {
+    const Shape shape{2, 24, 20, 4, 64};
+    const NaGeometry geometry{
+        {24, 20}, {kernel, kernel}, {dilation, dilation}, {causal, causal}, 0.125};
+    const NaPieces whole{{0, 0}, {0, 0}};
+    const Tensor rpb_f64 = random_tensor(na_rpb_shape(4, geometry), rng);
+    for (DType dtype : {DType::f64, DType::f32}) {
+      Case c;
+      c.q = random_tensor(shape, rng).to_dtype(dtype);
+      c.k = random_tensor(shape, rng).to_dtype(dtype);
+      c.v = random_tensor(shape, rng).to_dtype(dtype);
+      c.grad_output = random_tensor(shape, rng).to_dtype(dtype);
+      c.grad_lse = random_tensor({2, 24, 20, 4}, rng).to_dtype(dtype);
+      c.has_rpb = kernel % 2 == 1 && !causal;
+      if (c.has_rpb) c.rpb = rpb_f64.to_dtype(dtype);
+      c.geometry = geometry;
+      c.pieces = whole;
+      c.text = fmt::format("k {} d {} causal {} {}", kernel, dilation, causal, dtype_name(dtype));
+      expect_matches_reference(c, 2, dtype == DType::f64 ? 1e-12 : 1e-5);
+    }
+  }
+}
+
+TEST(NaCpu, ThreadCountDoesNotChangeTheResult) {
+  // Every output row is computed by one thread in a fixed order, so o, lse, dq, dk and dv are
+  // identical for any thread count; d rpb is a sum of per-thread partial sums.
+  std::mt19937_64 rng(505);
+  for (int n = 0; n < 20; ++n) {
+    const Case c = random_case(rng, DType::f32, n % 2 == 0);
+    const Tensor* rpb = c.has_rpb ? &c.rpb : nullptr;
+    const NaForward one = na_cpu_forward(c.q, c.k, c.v, rpb, c.geometry, c.pieces, 1);
+    const NaForward many = na_cpu_forward(c.q, c.k, c.v, rpb, c.geometry, c.pieces, 5);
+    EXPECT_EQ(max_abs_diff(one.output, many.output), 0.0) << c.text;
+    EXPECT_EQ(max_abs_diff(one.lse, many.lse), 0.0) << c.text;
+    const NaGradients g1 =
+        na_cpu_backward(c.q, c.k, c.v, rpb, c.grad_output, &c.grad_lse, c.geometry, c.pieces, 1);
+    const NaGradients g5 =
+        na_cpu_backward(c.q, c.k, c.v, rpb, c.grad_output, &c.grad_lse, c.geometry, c.pieces, 5);
+    EXPECT_EQ(max_abs_diff(g1.dq, g5.dq), 0.0) << c.text;
+    EXPECT_EQ(max_abs_diff(g1.dk, g5.dk), 0.0) << c.text;
+    EXPECT_EQ(max_abs_diff(g1.dv, g5.dv), 0.0) << c.text;
+    if (c.has_rpb) {
+      EXPECT_LE(relative_error(g1.drpb, g5.drpb), 1e-5) << c.text;
+    }
+  }
+}
+
+TEST(NaCpu, LowPrecisionInputsComputeInF32) {
+  // f16/bf16 inputs: the same call as the reference on the same rounded inputs, outputs rounded
+  // to the input dtype once (so within one rounding of each other); lse is f32.
+  std::mt19937_64 rng(606);
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    for (int n = 0; n < 10; ++n) {
+      const Case c = random_case(rng, dtype, n % 2 == 0);
+      const Tensor* rpb = c.has_rpb ? &c.rpb : nullptr;
+      const NaForward fast = na_cpu_forward(c.q, c.k, c.v, rpb, c.geometry, c.pieces, 2);
+      const NaForward exact = na_forward(c.q, c.k, c.v, rpb, c.geometry, c.pieces);
+      EXPECT_EQ(fast.output.dtype(), dtype);
+      EXPECT_EQ(fast.lse.dtype(), DType::f32);
+      const double rounding = dtype == DType::bf16 ? 1e-2 : 2e-3;
+      EXPECT_LE(relative_error(fast.output, exact.output), rounding) << c.text;
+      EXPECT_LE(relative_error(fast.lse, exact.lse), 1e-5) << c.text;
+      const NaGradients fast_grads =
+          na_cpu_backward(c.q, c.k, c.v, rpb, c.grad_output, &c.grad_lse, c.geometry, c.pieces, 2);
+      const NaGradients exact_grads =
+          na_backward(c.q, c.k, c.v, rpb, c.grad_output, &c.grad_lse, c.geometry, c.pieces);
+      EXPECT_EQ(fast_grads.dk.dtype(), dtype);
+      EXPECT_LE(relative_error(fast_grads.dq, exact_grads.dq), 2 * rounding) << c.text;
+      EXPECT_LE(relative_error(fast_grads.dk, exact_grads.dk), 2 * rounding) << c.text;
+      EXPECT_LE(relative_error(fast_grads.dv, exact_grads.dv), 2 * rounding) << c.text;
+    }
+  }
+}
+
+TEST(NaCpu, RejectsATileMissingKeysAndEmptyPiecesGiveEmptyOutputs) {
+  std::mt19937_64 rng(707);
+  const Tensor q = random_tensor({1, 10, 2, 4}, rng);
+  const NaGeometry geometry{{10}, {5}, {1}, {0}, 1.0};
+  // Queries [0, 2) read keys [0, 5); a tile [0, 4) lacks key 4.
+  try {
+    na_cpu_forward(q.slice(1, 0, 2), q.slice(1, 0, 4), q.slice(1, 0, 4), nullptr, geometry,
+                   NaPieces{{0}, {0}});
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("outside the key/value tile"), std::string::npos)
+        << error.what();
+  }
+  const Tensor empty_q = q.slice(1, 3, 3);
+  const NaForward result = na_cpu_forward(empty_q, q.slice(1, 0, 2), q.slice(1, 0, 2), nullptr,
+                                          geometry, NaPieces{{3}, {0}}, 2);
+  EXPECT_EQ(result.output.numel(), 0);
+  const NaGradients grads = na_cpu_backward(empty_q, q.slice(1, 0, 2), q.slice(1, 0, 2), nullptr,
+                                            empty_q, nullptr, geometry, NaPieces{{3}, {0}}, 2);
+  EXPECT_EQ(grads.dq.numel(), 0);
+  EXPECT_EQ(max_abs_diff(grads.dk, Tensor::zeros(grads.dk.shape(), DType::f64)), 0.0);
+}
+
+}  // namespace
+}  // namespace tessera::ops
