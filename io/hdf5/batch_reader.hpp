@@ -43,10 +43,11 @@ struct BatchReaderOptions {
   /// For every mesh dim other than dp_dim, in order: the dim of the (samples, C, spatial..)
   /// dataset it shards (>= 1), or -1 to replicate over it. Empty: the first non-dp mesh dim
   /// shards dim 2, the next dim 3, and so on.
-  std::vector<int> shard_dims;
+  std::vector<int> shard_dims = {};
   /// Extents of the sharded spatial dims per mesh dim (as in ShardSpec; empty: default split).
-  std::vector<std::vector<int64_t>> extents;
-  std::optional<DType> as;  ///< convert the elements on read (default: the file's dtype)
+  std::vector<std::vector<int64_t>> extents = {};
+  std::optional<DType> as =
+      std::nullopt;  ///< convert the elements on read (default: the file's dtype)
 };
 
 /// Where next() is: the epoch and step of the batch it returns next.

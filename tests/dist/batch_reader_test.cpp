@@ -95,15 +95,18 @@ TEST(BatchReader, BatchesHoldTheFilesSamplesInTheSeededOrder) {
             // Every sample at most once per epoch; all of them without drop_last.
             std::sort(seen.begin(), seen.end());
             EXPECT_TRUE(std::adjacent_find(seen.begin(), seen.end()) == seen.end());
-            if (!options.drop_last) EXPECT_EQ(seen.size(), 9u);
+            if (!options.drop_last) {
+              EXPECT_EQ(seen.size(), 9u);
+            }
             std::vector<int64_t> order = reader.epoch_order(epoch);
             std::sort(order.begin(), order.end());
             std::vector<int64_t> identity(9);
             std::iota(identity.begin(), identity.end(), 0);
             EXPECT_EQ(order, identity) << "epoch_order is not a permutation";
           }
-          if (options.shuffle)
+          if (options.shuffle) {
             EXPECT_NE(reader.epoch_order(0), reader.epoch_order(1)) << "epochs share an order";
+          }
         }
       }
       testing::remove_test_dir(*comm, dir);

@@ -182,7 +182,9 @@ TEST(ConvSharded, HaloOverlapGivesBitwiseTheSameForwardAsNoOverlap) {
       }
     }
   }
-  if (!testing::mpi_backend()) EXPECT_GT(compared, 100);
+  if (!testing::mpi_backend()) {
+    EXPECT_GT(compared, 100);
+  }
 }
 
 }  // namespace
