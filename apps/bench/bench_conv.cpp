@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "apps/bench/bench_table.hpp"
 #include "apps/tessera/cli_parse.hpp"
 #include "apps/tessera/commands.hpp"
 #include "core/compute_threads.hpp"
@@ -22,6 +23,8 @@ namespace tessera::cli {
 
 namespace {
 
+using bench::random_tensor;
+
 struct ConvBenchOptions {
   std::vector<std::string> shapes{"1,16,512,512", "1,16,128,128,128"};
   int64_t kernel = 3;
@@ -30,19 +33,6 @@ struct ConvBenchOptions {
   int iterations = 3;
   bool json = false;
 };
-
-Tensor random_tensor(const Shape& shape, uint64_t seed) {
-  Tensor values = Tensor::empty(shape, DType::f32);
-  uint64_t state = seed * 0x9E3779B97F4A7C15ull + 7;
-  float* out = values.data<float>();
-  for (int64_t i = 0; i < values.numel(); ++i) {
-    state ^= state << 13;
-    state ^= state >> 7;
-    state ^= state << 17;
-    out[i] = static_cast<float>((state >> 40) * 0x1.0p-24 - 0.5);
-  }
-  return values;
-}
 
 struct ConvFigures {
   double forward = 0, forward_backward = 0, halo = 0;

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "apps/bench/bench_table.hpp"
 #include "apps/tessera/cli_parse.hpp"
 #include "apps/tessera/commands.hpp"
 #include "core/compute_threads.hpp"
@@ -23,6 +24,8 @@
 namespace tessera::cli {
 
 namespace {
+
+using bench::random_tensor;
 
 struct NaBenchOptions {
   std::string device = "cpu";
@@ -38,19 +41,6 @@ struct NaBenchOptions {
   int64_t reference_size = 48;  // tokens per axis of the kernel-vs-reference table (0: skip it)
   bool json = false;
 };
-
-Tensor random_tensor(const Shape& shape, uint64_t seed, DType dtype) {
-  Tensor values = Tensor::empty(shape, DType::f32);
-  uint64_t state = seed * 0x9E3779B97F4A7C15ull + 7;
-  float* out = values.data<float>();
-  for (int64_t i = 0; i < values.numel(); ++i) {
-    state ^= state << 13;
-    state ^= state >> 7;
-    state ^= state << 17;
-    out[i] = static_cast<float>((state >> 40) * 0x1.0p-24 - 0.5);
-  }
-  return values.to_dtype(dtype);
-}
 
 /// Forward FLOPs: 2 per multiply-add of q.k and of p.v over every (query, key, head, D).
 double na_flops(const Shape& shape, int64_t kernel) {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/comm/comm.hpp"
+#include "core/tensor.hpp"
 
 namespace tessera::bench {
 
@@ -25,6 +26,10 @@ struct BenchRow {
 /// barriers. Returns the slowest rank's mean seconds per iteration.
 double time_iterations(Comm& comm, int warmup, int iterations,
                        const std::function<void()>& iteration);
+
+/// Deterministic values uniform in [-0.5, 0.5) from `seed` (xorshift), made in f32 and converted
+/// to `dtype`: benchmark inputs that every rank can build alike.
+Tensor random_tensor(const Shape& shape, uint64_t seed, DType dtype = DType::f32);
 
 /// Prints rows as they come (rank 0 only) and collects them.
 class BenchTable {
