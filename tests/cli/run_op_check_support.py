@@ -31,3 +31,9 @@ def run_cli(command, expect_code):
               f"{result.stdout}{result.stderr}")
         return None
     return result
+
+
+def error_lines(result):
+    """(ok, lines): the non-empty stderr lines, ok when there is exactly one tessera error line."""
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    return len(lines) == 1 and lines[0].startswith("tessera: error: ["), lines

@@ -10,7 +10,7 @@ import sys
 import h5py
 import numpy as np
 
-from run_op_check_support import load_array, run_cli, setup
+from run_op_check_support import error_lines, load_array, run_cli, setup
 
 tessera, fixture_dir, scratch, launch, manifest = setup()
 failures = 0
@@ -75,8 +75,7 @@ for args, what in [(["--mesh", "2x2", "--shard-dims", "2,3", "--extents", "3,3;4
     if result is None:
         failures += 1
         continue
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    ok = len(lines) == 1 and lines[0].startswith("tessera: error: [")
+    ok, lines = error_lines(result)
     failures += not ok
     print(f"{'ok' if ok else 'FAIL'}: {what}: {lines}")
 

@@ -10,7 +10,7 @@ import sys
 import h5py
 import numpy as np
 
-from run_op_check_support import load_array, run_cli, setup
+from run_op_check_support import error_lines, load_array, run_cli, setup
 
 tessera, fixture_dir, scratch, launch, manifest = setup()
 failures = 0
@@ -90,8 +90,7 @@ for args, what in [(["--kernel-size", "3,5", "--extents", "3,3;4,4"], "extents t
     if result is None:
         failures += 1
         continue
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    ok = len(lines) == 1 and lines[0].startswith("tessera: error: [")
+    ok, lines = error_lines(result)
     failures += not ok
     print(f"{'ok' if ok else 'FAIL'}: {what}: {lines}")
 
