@@ -1,7 +1,14 @@
 // Comm: the one communication interface every layer above uses. Backends are chosen at run
-// time: `local` (ranks are threads of one process), `mpi` (MPICH or Open MPI). Counts are in
-// elements of the given dtype; every `_v` collective takes per-rank counts, and zero counts
-// are legal everywhere. Collectives must be called by every rank of the communicator in the
+// time: `local` (ranks are threads of one process), `mpi` (MPICH or Open MPI), `nccl` (device
+// buffers over NCCL, bootstrapped over one of the others). Counts are in elements of the given
+// dtype; every `_v` collective takes per-rank counts, and zero counts are legal everywhere.
+//
+// Buffers may be host memory or device memory (gpu::pointer_device tells which; all buffers of
+// one call live in one memory space). Device buffers follow the ordering rules of
+// core/runtime/rank_context.hpp: a call reads its send buffers after the work queued so far on
+// the calling rank's compute stream, and when it returns (wait() for batches) the received data
+// is ordered before any work queued afterwards on that stream. No call synchronizes the whole
+// device. Collectives must be called by every rank of the communicator in the
 // same order; a wait longer than TESSERA_COMM_TIMEOUT raises CommTimeout naming the op, this
 // rank and the peer(s) it was waiting for.
 #pragma once
