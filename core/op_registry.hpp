@@ -39,6 +39,8 @@ struct KernelContext {
   std::vector<ShardSpec> output_specs;  ///< layouts of the outputs
   std::vector<Box> output_boxes;        ///< global box of each local output
   std::vector<Box> owned_boxes;         ///< global box each input's rank owns (no halo)
+  Device device = Device::cpu();        ///< where the inputs live and the outputs must be made
+  Stream stream{};  ///< where a cuda kernel queues its work (never synchronizing the device)
 };
 
 struct OpDef;
