@@ -351,7 +351,7 @@ TEST(ConvCudnnGpu, EachShapeIsMeasuredOnceAndCached) {
   EXPECT_EQ(conv_cudnn_cached_algorithms(), after_first + 1) << "a new shape is a new key";
 }
 
-TEST(ConvCudnnGpu, ErrorsNameTheOpTheDeviceAndTheProblem) {
+TEST(ConvCudnnGpu, ShapeErrorsOnCudaTensorsAreTaggedWithTheOp) {
   SKIP_WITHOUT_GPU();
   const Tensor x = upload(Tensor::zeros({1, 3, 17}, DType::f64), DType::f32);
   const Tensor w = upload(Tensor::zeros({5, 4, 3}, DType::f64), DType::f32);
