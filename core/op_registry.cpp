@@ -247,17 +247,22 @@ std::vector<ShardTensor> apply_op(const std::string& name, const std::vector<Sha
   // Only worth it when halo cells come from other ranks (not just zero padding or self copies).
   const bool remote = std::any_of(plans.begin(), plans.end(),
                                   [](const auto& plan) { return plan && !plan->recvs().empty(); });
-  const bool overlap = op.cpu_overlap && remote && halo_overlap() &&
-                       std::all_of(inputs.begin(), inputs.end(), [](const ShardTensor& input) {
-                         return input.device().is_cpu();
-                       });
+  const auto all_on = [&inputs](Device::Kind kind) {
+    return std::all_of(inputs.begin(), inputs.end(),
+                       [kind](const ShardTensor& input) { return input.device().kind == kind; });
+  };
+  // The split of the inputs' device, if the op has one.
+  const OverlapKernel* split = nullptr;
+  if (all_on(Device::Kind::cpu) && op.cpu_overlap) split = &*op.cpu_overlap;
+  if (all_on(Device::Kind::cuda) && op.cuda_overlap) split = &*op.cuda_overlap;
+  const bool overlap = split != nullptr && remote && halo_overlap();
   if (overlap) {
     for (size_t e = 0; e < exchanges.size(); ++e) locals[exchanged[e]] = exchanges[e].haloed();
-    results = op.cpu_overlap->interior(context, locals);
+    results = split->interior(context, locals);
   }
   for (size_t e = 0; e < exchanges.size(); ++e) locals[exchanged[e]] = halo_end(exchanges[e]);
   if (overlap)
-    op.cpu_overlap->boundary(context, locals, results);
+    split->boundary(context, locals, results);
   else
     results = kernel_for(op, inputs)(context, locals);
 

@@ -89,6 +89,9 @@ struct OpDef {
   /// Optional split of the cpu kernel, used instead of `cpu` when an input has a halo and
   /// overlap is on (halo_overlap()).
   std::optional<OverlapKernel> cpu_overlap = std::nullopt;
+  /// The same for the cuda kernel: `interior` is queued on the compute stream while the halos
+  /// travel, `boundary` after halo_end has ordered the compute stream after them.
+  std::optional<OverlapKernel> cuda_overlap = std::nullopt;
 };
 
 /// Whether apply_op overlaps halo exchanges with ops' interior compute (ops with an
