@@ -137,22 +137,35 @@ void register_op(OpDef op) {
 
 namespace {
 
-std::atomic<bool>& overlap_flag() {
-  static std::atomic<bool> flag = [] {
-    const char* value = std::getenv("TESSERA_HALO_OVERLAP");
-    return value != nullptr && std::string(value) == "1";
+/// The overlap switch of one device kind: TESSERA_HALO_OVERLAP=1 or 0 sets both at start-up;
+/// unset, cuda overlaps (strided views into the haloed buffer, no copies) and cpu does not.
+std::atomic<bool>& overlap_flag(Device::Kind kind) {
+  static std::atomic<bool> flags[2] = {false, true};
+  static const bool from_env = [] {
+    if (const char* value = std::getenv("TESSERA_HALO_OVERLAP")) {
+      const bool on = std::string(value) == "1";
+      flags[0].store(on);
+      flags[1].store(on);
+    }
+    return true;
   }();
-  return flag;
+  (void)from_env;
+  return flags[kind == Device::Kind::cuda ? 1 : 0];
 }
 
 }  // namespace
 
-bool halo_overlap() {
-  return overlap_flag().load();
+bool halo_overlap(Device::Kind kind) {
+  return overlap_flag(kind).load();
 }
 
 void set_halo_overlap(bool on) {
-  overlap_flag().store(on);
+  overlap_flag(Device::Kind::cpu).store(on);
+  overlap_flag(Device::Kind::cuda).store(on);
+}
+
+void set_halo_overlap(Device::Kind kind, bool on) {
+  overlap_flag(kind).store(on);
 }
 
 std::shared_ptr<const OpDef> find_op(const std::string& name) {
@@ -255,7 +268,7 @@ std::vector<ShardTensor> apply_op(const std::string& name, const std::vector<Sha
   const OverlapKernel* split = nullptr;
   if (all_on(Device::Kind::cpu) && op.cpu_overlap) split = &*op.cpu_overlap;
   if (all_on(Device::Kind::cuda) && op.cuda_overlap) split = &*op.cuda_overlap;
-  const bool overlap = split != nullptr && remote && halo_overlap();
+  const bool overlap = split != nullptr && remote && halo_overlap(context.device.kind);
   if (overlap) {
     for (size_t e = 0; e < exchanges.size(); ++e) locals[exchanged[e]] = exchanges[e].haloed();
     results = split->interior(context, locals);
