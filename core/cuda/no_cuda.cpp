@@ -25,6 +25,10 @@ void* allocate(size_t, int) {
   unavailable("device allocation");
 }
 void release(void*, int) noexcept {}
+void* allocate_pinned(size_t) {
+  unavailable("pinned host allocation");
+}
+void release_pinned(void*) noexcept {}
 void copy_bytes(void* dst, const void* src, size_t bytes) {
   // Without CUDA every pointer is a host pointer.
   if (bytes) std::memcpy(dst, src, bytes);
