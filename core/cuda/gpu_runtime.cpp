@@ -39,6 +39,16 @@ void release(void* pointer, int device) noexcept {
   if (cudaSetDevice(device) == cudaSuccess) cudaFree(pointer);
 }
 
+void* allocate_pinned(size_t bytes) {
+  void* pointer = nullptr;
+  TESSERA_CUDA_CHECK(cudaHostAlloc(&pointer, bytes, cudaHostAllocPortable), -1);
+  return pointer;
+}
+
+void release_pinned(void* pointer) noexcept {
+  if (pointer) cudaFreeHost(pointer);
+}
+
 void copy_bytes(void* dst, const void* src, size_t bytes) {
   if (bytes) TESSERA_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), -1);
 }
