@@ -159,6 +159,9 @@ class CudaBackend final : public DeviceBackend {
   void* allocate(size_t bytes, Device device, const Stream& stream,
                  const std::string& op) override {
     check_cuda(device, op);
+    // The release event is recorded on the stream, which must belong to the same device.
+    check_arg(stream.handle == nullptr || stream.device == device, op,
+              "allocation on {} ordered on a stream of {}", device.str(), stream.device.str());
     return allocator(device.index).allocate(bytes, stream.handle, op);
   }
 
