@@ -185,6 +185,30 @@ TEST(CachingAllocator, ZeroLimitCachesNothing) {
   EXPECT_EQ(device.live_events(), 0u);
 }
 
+TEST(CachingAllocator, BlockWhoseEventCannotBeRecordedIsFreedNotCached) {
+  FakeDevice device;
+  RawDeviceSource source = device.source();
+  source.record = [](void*) -> void* { throw Error("cuda", "record failed"); };
+  CachingAllocator allocator(std::move(source), "cuda:0", SIZE_MAX, "unset");
+  void* block = allocator.allocate(4096, stream_key(1), "test");
+  allocator.release(block, stream_key(1));
+  EXPECT_EQ(allocator.stats().cached, 0u);
+  EXPECT_EQ(device.released(), std::vector<void*>{block});
+}
+
+TEST(CachingAllocator, UnknownPointersAreIgnoredOnRelease) {
+  FakeDevice device;
+  CachingAllocator allocator = make_allocator(device);
+  void* block = allocator.allocate(4096, stream_key(1), "test");
+  allocator.release(block, stream_key(1));
+  allocator.release(block, stream_key(1));  // released twice: cached once
+  int local = 0;
+  allocator.release(&local, stream_key(1));
+  EXPECT_EQ(allocator.stats().cached, 4096u);
+  EXPECT_EQ(allocator.allocate(4096, stream_key(1), "test"), block);
+  EXPECT_NE(allocator.allocate(4096, stream_key(1), "test"), block);
+}
+
 TEST(CachingAllocator, OutOfMemoryFreesTheCacheAndRetries) {
   FakeDevice device(8192);
   CachingAllocator allocator = make_allocator(device);
