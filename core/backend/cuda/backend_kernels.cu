@@ -124,15 +124,22 @@ __global__ void accumulate_kernel(T* dst, const T* src, StridedLayout layout, Co
 
 template <typename T>
 __global__ void scale_kernel(T* dst, StridedLayout layout, double factor) {
+  // f16/bf16 and f32 multiply in float, f64 in double, integers in double then round toward
+  // zero (as the cpu backend does).
+  const float factor_float = static_cast<float>(factor);
   for (int64_t flat = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
        flat < layout.count; flat += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t dst_offset, src_offset;
     offsets_of(layout, flat, &dst_offset, &src_offset);
-    const double scaled = static_cast<double>(Element<T>::load(dst[dst_offset])) * factor;
+    T& element = dst[dst_offset];
     if constexpr (is_half_v<T>)
-      dst[dst_offset] = Element<T>::store(static_cast<float>(scaled));
+      element = Element<T>::store(Element<T>::load(element) * factor_float);
+    else if constexpr (std::is_same_v<T, float>)
+      element = element * factor_float;
+    else if constexpr (std::is_same_v<T, double>)
+      element = element * factor;
     else
-      dst[dst_offset] = static_cast<T>(scaled);
+      element = static_cast<T>(static_cast<double>(element) * factor);
   }
 }
 

@@ -4,8 +4,9 @@
 //
 // Arithmetic follows the cpu backend: f16 and bf16 compute in float and round to nearest even;
 // accumulate computes in the element type otherwise (integers wrap as C++ does after promotion);
-// scale computes in double and converts back (integers round toward zero); max and min keep the
-// first operand unless the second compares greater (smaller).
+// scale multiplies f32 by the factor rounded to float, f64 in double, integers in double and
+// rounds toward zero; max and min keep the first operand unless the second compares greater
+// (smaller).
 #pragma once
 
 #include <cuda_runtime.h>
