@@ -1,7 +1,8 @@
 // The cuda DeviceBackend: device memory from one CachingAllocator per device (cudaMalloc and
 // cudaFree underneath, cudaEvent hooks ordering reuse between streams) and elementwise work as
 // kernels queued on the caller's stream. Nothing here synchronizes the device; only sum waits,
-// for its own stream, to read the result back.
+// for its own stream, to read the result back. Like the runtime wrappers, every call makes the
+// device of its stream current first (gpu::set_device).
 #include <cuda_runtime.h>
 
 #include <array>
@@ -28,44 +29,22 @@ static_assert(kMaxKernelDims <= gpu::kernels::kMaxStridedDims);
 static_assert(static_cast<int>(DType::u8) == static_cast<int>(gpu::kernels::ElementKind::u8) &&
               static_cast<int>(DType::bf16) == static_cast<int>(gpu::kernels::ElementKind::bf16));
 
-/// Makes `device` current for the guard's lifetime and restores the caller's device after, so a
-/// backend call never changes which device the calling thread works on.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    TESSERA_CUDA_CHECK(cudaGetDevice(&previous_), device);
-    if (previous_ != device) TESSERA_CUDA_CHECK(cudaSetDevice(device), device);
-  }
-  ~DeviceGuard() {
-    int current = -1;
-    if (cudaGetDevice(&current) == cudaSuccess && current != previous_) cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-};
-
 /// Reusable events of one device (recording an event is cheap, creating one is not).
 class EventPool {
  public:
   explicit EventPool(int device) : device_(device) {}
-  cudaEvent_t take() {
+  gpu::EventHandle take() {
     {
       std::lock_guard lock(mutex_);
       if (!free_.empty()) {
-        cudaEvent_t event = free_.back();
+        gpu::EventHandle event = free_.back();
         free_.pop_back();
         return event;
       }
     }
-    DeviceGuard guard(device_);
-    cudaEvent_t event = nullptr;
-    TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), device_);
-    return event;
+    return gpu::create_event(device_);
   }
-  void give_back(cudaEvent_t event) {
+  void give_back(gpu::EventHandle event) {
     std::lock_guard lock(mutex_);
     free_.push_back(event);
   }
@@ -73,52 +52,29 @@ class EventPool {
  private:
   int device_;
   std::mutex mutex_;
-  std::vector<cudaEvent_t> free_;
+  std::vector<gpu::EventHandle> free_;
 };
 
-/// The raw source of device `device`'s allocator: cudaMalloc/cudaFree and pooled events.
+/// The raw source of device `device`'s allocator: cudaMalloc/cudaFree (through the runtime
+/// wrappers, which make `device` current first) and pooled events.
 RawDeviceSource cuda_source(int device) {
   auto events = std::make_shared<EventPool>(device);
   RawDeviceSource source;
-  source.allocate = [device](size_t bytes) -> void* {
-    DeviceGuard guard(device);
-    void* pointer = nullptr;
-    const cudaError_t status = cudaMalloc(&pointer, bytes);
-    if (status == cudaErrorMemoryAllocation) {
-      cudaGetLastError();  // clear it: running out is reported by the allocator, not sticky
-      return nullptr;
-    }
-    TESSERA_CUDA_CHECK(status, device);
-    return pointer;
-  };
-  source.release = [device](void* pointer) {
-    // cudaFree waits for the work still using the block.
-    int previous = -1;
-    cudaGetDevice(&previous);
-    if (previous != device) cudaSetDevice(device);
-    cudaFree(pointer);
-    if (previous != device && previous >= 0) cudaSetDevice(previous);
-  };
+  source.allocate = [device](size_t bytes) { return gpu::allocate(bytes, device); };
+  source.release = [device](void* pointer) { gpu::release(pointer, device); };  // waits for users
   source.record = [device, events](void* stream) -> void* {
-    cudaEvent_t event = events->take();
-    DeviceGuard guard(device);
-    const cudaError_t status = cudaEventRecord(event, static_cast<cudaStream_t>(stream));
-    if (status != cudaSuccess) {
+    gpu::EventHandle event = events->take();
+    try {
+      gpu::set_device(device);
+      gpu::record_event(event, stream, device);
+    } catch (...) {
       events->give_back(event);
-      TESSERA_CUDA_CHECK(status, device);
+      throw;
     }
     return event;
   };
-  source.done = [](void* event) {
-    const cudaError_t status = cudaEventQuery(static_cast<cudaEvent_t>(event));
-    if (status == cudaErrorNotReady) {
-      cudaGetLastError();  // not an error: the work is still running
-      return false;
-    }
-    // Any other failure leaves the block unused rather than risking a reuse too early.
-    return status == cudaSuccess;
-  };
-  source.forget = [events](void* event) { events->give_back(static_cast<cudaEvent_t>(event)); };
+  source.done = [device](void* event) { return gpu::event_done(event, device); };
+  source.forget = [events](void* event) { events->give_back(event); };
   return source;
 }
 
@@ -193,7 +149,7 @@ class CudaBackend final : public DeviceBackend {
                 src.shape[d], d, dst.shape[d]);
     const StridedPlan plan = merge_dims(dst.shape, dst.ndim, dst.strides, src.strides, "copy");
     if (plan.count == 0) return;
-    DeviceGuard guard(device);
+    gpu::set_device(device);
     const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
     if (is_dense(plan)) {
       TESSERA_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, plan.count * element_size,
@@ -216,7 +172,7 @@ class CudaBackend final : public DeviceBackend {
     if (plan.count == 0) return;
     const size_t element_size = dtype_size(dtype);
     const uint64_t bits = element_bits(dtype, value);
-    DeviceGuard guard(device);
+    gpu::set_device(device);
     const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
     if (bits == 0 && is_dense(plan)) {
       TESSERA_CUDA_CHECK(cudaMemsetAsync(dst.data, 0, plan.count * element_size, cuda_stream),
@@ -256,7 +212,7 @@ class CudaBackend final : public DeviceBackend {
       case ReduceOp::min: combine = gpu::kernels::CombineKind::min; break;
       case ReduceOp::prod: combine = gpu::kernels::CombineKind::prod; break;
     }
-    DeviceGuard guard(device);
+    gpu::set_device(device);
     TESSERA_CUDA_CHECK(
         gpu::kernels::launch_accumulate(dst.data, src.data, layout_of(plan), element_kind(dtype),
                                         combine, static_cast<cudaStream_t>(stream.handle)),
@@ -267,7 +223,7 @@ class CudaBackend final : public DeviceBackend {
     const int device = stream_device(stream, "scale");
     const StridedPlan plan = merge_dims(dst.shape, dst.ndim, dst.strides, nullptr, "scale");
     if (plan.count == 0) return;
-    DeviceGuard guard(device);
+    gpu::set_device(device);
     TESSERA_CUDA_CHECK(gpu::kernels::launch_scale(dst.data, layout_of(plan), element_kind(dtype),
                                                   factor, static_cast<cudaStream_t>(stream.handle)),
                        device);
@@ -277,7 +233,7 @@ class CudaBackend final : public DeviceBackend {
                const Stream& stream) override {
     const int device = stream_device(stream, "convert");
     if (count == 0) return;
-    DeviceGuard guard(device);
+    gpu::set_device(device);
     const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
     if (dst_dtype == src_dtype) {
       TESSERA_CUDA_CHECK(
@@ -300,7 +256,7 @@ class CudaBackend final : public DeviceBackend {
         static_cast<double*>(allocate(sizeof(double) * (partials + 1), where, stream, "sum"));
     double result = 0.0;
     try {
-      DeviceGuard guard(device);
+      gpu::set_device(device);
       const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
       TESSERA_CUDA_CHECK(
           gpu::kernels::launch_sum(data, static_cast<int64_t>(count), element_kind(dtype), partials,
@@ -342,10 +298,7 @@ class CudaBackend final : public DeviceBackend {
     if (CachingAllocator* existing = allocators_[device].load(std::memory_order_acquire))
       return *existing;
     size_t free_bytes = 0, total_bytes = 0;
-    {
-      DeviceGuard guard(device);
-      TESSERA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes), device);
-    }
+    gpu::memory_info(device, &free_bytes, &total_bytes);
     const char* setting = std::getenv("TESSERA_DEVICE_CACHE_MB");
     const size_t limit = device_cache_limit(setting, total_bytes);
     const std::string described = (setting && *setting)
