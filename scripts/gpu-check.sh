@@ -25,9 +25,12 @@ while [ $# -gt 0 ]; do
     *) echo "gpu-check: unknown argument '$1' (see the header of $0)" >&2; exit 2 ;;
   esac
 done
-mkdir -p "$out"
+# Every log and figure goes to $logs; at the end they are packed into logs.tar.gz beside the two
+# reports (a device machine sends back only a few files).
+logs="$out/logs"
+mkdir -p "$logs"
 build="$root/build-gpu"
-status_file="$out/stages.tsv"
+status_file="$logs/stages.tsv"
 : >"$status_file"
 want() { case ",$stages," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 record() {  # stage, status (pass|fail|skip), seconds, note
@@ -86,8 +89,8 @@ if want probe; then
     echo "== python / torch"
     [ -n "$python" ] && "$python" -c "import torch; print(torch.__version__, torch.version.cuda, torch.backends.cudnn.version(), torch.cuda.get_device_name(0))" || true
     echo "== compute-sanitizer"; command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer || true
-  } >"$out/probe.log" 2>&1
-  "$python" - "$out/probe.json" <<PY
+  } >"$logs/probe.log" 2>&1
+  "$python" - "$logs/probe.json" <<PY
 import json, sys
 json.dump({"cudnn_header": "$cudnn_header", "cudnn_lib": "$cudnn_lib",
            "nccl_header": "$nccl_header", "nccl_lib": "$nccl_lib",
@@ -108,12 +111,12 @@ if want build; then
         -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$prefix_path")
   [ -n "$cudnn_header" ] && args+=(-DCUDNN_INCLUDE_DIR="$(dirname "$cudnn_header")" -DCUDNN_LIBRARY="$links/libcudnn.so")
   [ -n "$nccl_header" ] && args+=(-DNCCL_INCLUDE_DIR="$(dirname "$nccl_header")" -DNCCL_LIBRARY="$links/libnccl.so")
-  if cmake "${args[@]}" >"$out/configure.log" 2>&1 &&
-     cmake --build "$build" -j "$(nproc)" >"$out/build.log" 2>&1; then
-    record build pass $((SECONDS - start)) "$(grep -o 'Tessera [0-9.]*: .*' "$out/configure.log" | head -n 1)"
+  if cmake "${args[@]}" >"$logs/configure.log" 2>&1 &&
+     cmake --build "$build" -j "$(nproc)" >"$logs/build.log" 2>&1; then
+    record build pass $((SECONDS - start)) "$(grep -o 'Tessera [0-9.]*: .*' "$logs/configure.log" | head -n 1)"
   else
     record build fail $((SECONDS - start)) "see configure.log / build.log"
-    tail -n 40 "$out/build.log" "$out/configure.log" 2>/dev/null
+    tail -n 40 "$logs/build.log" "$logs/configure.log" 2>/dev/null
   fi
 fi
 [ -d "$build/.gpu-deps-env" ] || true
@@ -134,17 +137,17 @@ for test in json.load(sys.stdin).get("tests", []):
 if want test; then
   start=$SECONDS
   if ctest --test-dir "$build" -L gpu --output-on-failure --timeout 600 \
-       --output-junit "$out/gpu-tests.xml" >"$out/gpu-tests.log" 2>&1; then
-    record test pass $((SECONDS - start)) "$(grep -E 'tests passed' "$out/gpu-tests.log" | tail -n 1)"
+       --output-junit "$logs/gpu-tests.xml" >"$logs/gpu-tests.log" 2>&1; then
+    record test pass $((SECONDS - start)) "$(grep -E 'tests passed' "$logs/gpu-tests.log" | tail -n 1)"
   else
-    record test fail $((SECONDS - start)) "$(grep -E 'tests passed|tests failed' "$out/gpu-tests.log" | tail -n 1)"
+    record test fail $((SECONDS - start)) "$(grep -E 'tests passed|tests failed' "$logs/gpu-tests.log" | tail -n 1)"
   fi
   if [ "$full_suite" = 1 ]; then
     start=$SECONDS
-    if ctest --test-dir "$build" -LE gpu --output-on-failure -j 8 >"$out/full-suite.log" 2>&1; then
-      record full-suite pass $((SECONDS - start)) "$(grep -E 'tests passed' "$out/full-suite.log" | tail -n 1)"
+    if ctest --test-dir "$build" -LE gpu --output-on-failure -j 8 >"$logs/full-suite.log" 2>&1; then
+      record full-suite pass $((SECONDS - start)) "$(grep -E 'tests passed' "$logs/full-suite.log" | tail -n 1)"
     else
-      record full-suite fail $((SECONDS - start)) "$(grep -E 'tests passed|tests failed' "$out/full-suite.log" | tail -n 1)"
+      record full-suite fail $((SECONDS - start)) "$(grep -E 'tests passed|tests failed' "$logs/full-suite.log" | tail -n 1)"
     fi
   fi
 fi
@@ -156,7 +159,7 @@ if want sanitize; then
     start=$SECONDS
     errors=0
     for binary in $(gpu_test_binaries); do
-      log="$out/sanitize-$tool-$(basename "$binary").log"
+      log="$logs/sanitize-$tool-$(basename "$binary").log"
       "$sanitizer" --tool "$tool" --error-exitcode 99 --print-limit 20 "$binary" >"$log" 2>&1
       code=$?
       found=$(grep -oE 'ERROR SUMMARY: [0-9]+' "$log" | grep -oE '[0-9]+' | tail -n 1)
@@ -175,28 +178,32 @@ if want bench; then
   start=$SECONDS
   tessera="$build/apps/tessera"
   ok=1
-  "$python" "$root/scripts/gpu_ceilings.py" --json "$out/ceilings.json" >"$out/ceilings.log" 2>&1 || ok=0
+  "$python" "$root/scripts/gpu_ceilings.py" --json "$logs/ceilings.json" >"$logs/ceilings.log" 2>&1 || ok=0
   for dtype in f32 bf16; do
-    "$tessera" bench conv --device cuda --dtype "$dtype" --json "$out/bench-conv-$dtype.json" \
-      >"$out/bench-conv-$dtype.log" 2>&1 || ok=0
-    "$python" "$root/apps/bench/torch_conv_bench.py" --device cuda --dtype "$dtype" \
-      --json "$out/torch-conv-$dtype.json" >"$out/torch-conv-$dtype.log" 2>&1 || ok=0
+    # Each benchmark prints its table to the log and, with --json, its rows to the JSON file.
+    "$tessera" bench conv --device cuda --dtype "$dtype" >"$logs/bench-conv-$dtype.log" 2>&1 || ok=0
+    "$tessera" bench conv --device cuda --dtype "$dtype" --json >"$logs/bench-conv-$dtype.json" \
+      2>>"$logs/bench-conv-$dtype.log" || ok=0
+    "$tessera" bench conv --device cuda --dtype "$dtype" --no-comm --json \
+      >"$logs/bench-conv-nocomm-$dtype.json" 2>>"$logs/bench-conv-$dtype.log" || ok=0
+    "$python" "$root/apps/bench/torch_conv_bench.py" --device cuda --dtype "$dtype" --json \
+      >"$logs/torch-conv-$dtype.json" 2>"$logs/torch-conv-$dtype.log" || ok=0
   done
-  "$tessera" bench comm --device cuda --json "$out/bench-comm.json" >"$out/bench-comm.log" 2>&1 || ok=0
+  TESSERA_DEVICE=cuda "$tessera" bench comm --json >"$logs/bench-comm.json" 2>"$logs/bench-comm.log" || ok=0
   if [ "$ok" = 1 ]; then record bench pass $((SECONDS - start)) "figures in bench-*.json"
   else record bench fail $((SECONDS - start)) "see bench-*.log"; fi
 fi
 
 # --- report --------------------------------------------------------------------------------
-"$python" - "$out" <<'PY'
+"$python" - "$out" "$logs" <<'PY'
 import glob, json, os, sys
-out = sys.argv[1]
+out, logs = sys.argv[1], sys.argv[2]
 stages = []
-for line in open(os.path.join(out, "stages.tsv")):
+for line in open(os.path.join(logs, "stages.tsv")):
     name, status, seconds, note = (line.rstrip("\n").split("\t") + [""] * 4)[:4]
     stages.append({"stage": name, "status": status, "seconds": int(seconds or 0), "note": note})
 report = {"stages": stages, "results": {}}
-for path in sorted(glob.glob(os.path.join(out, "*.json"))):
+for path in sorted(glob.glob(os.path.join(logs, "*.json"))):
     name = os.path.basename(path)
     if name in ("gpu-check.json",):
         continue
@@ -211,4 +218,7 @@ with open(os.path.join(out, "gpu-check.md"), "w") as md:
         md.write(f"| {s['stage']} | {s['status']} | {s['seconds']} | {s['note']} |\n")
 print(open(os.path.join(out, "gpu-check.md")).read())
 PY
-! grep -q $'\tfail\t' "$status_file"
+failed=0
+grep -q $'\tfail\t' "$status_file" && failed=1
+tar czf "$out/logs.tar.gz" -C "$out" logs && rm -rf "$logs"
+exit "$failed"
