@@ -41,6 +41,10 @@ void SharedEvent::synchronize() const {
   gpu::synchronize_event(event_.get(), device_);
 }
 
+bool SharedEvent::query() const {
+  return gpu::event_done(event_.get(), device_);
+}
+
 DeviceScratch::DeviceScratch(size_t bytes, int device, const Stream& stream, const std::string& op)
     : bytes_(bytes), device_(device), stream_(stream) {
   if (bytes_)

@@ -34,6 +34,8 @@ class SharedEvent {
   void wait_on(const Stream& stream) const;
   /// Blocks the calling thread until the recorded work is done.
   void synchronize() const;
+  /// True when the recorded work is done (non-blocking).
+  bool query() const;
 
  private:
   int device_;

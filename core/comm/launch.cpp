@@ -47,7 +47,9 @@ void launch(Backend backend, int local_ranks,
     return;
   }
   std::shared_ptr<Comm> world = mpi_world();
-  RankContextScope context(std::make_shared<RankContext>(launch_device(local_rank_from_env())));
+  const Device device = launch_device(local_rank_from_env());
+  if (device.is_cuda()) gpu::set_device(device.index);
+  RankContextScope context(std::make_shared<RankContext>(device));
   body(backend == Backend::nccl ? make_nccl_comm(world) : world);
 }
 
