@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "core/comm/comm.hpp"
 #include "core/gpu_runtime.hpp"
 #include "core/runtime/rank_context.hpp"
 
@@ -58,5 +59,12 @@ class DeviceScratch {
   int device_;
   Stream stream_;
 };
+
+/// Comm::all_to_all_w for blocks in memory of cuda:`device`: packs every send block into
+/// contiguous scratch (backend copies on the compute stream), exchanges the packed buffers with
+/// comm.all_to_all_v (a device call) and unpacks the received ones.
+void all_to_all_w_on_device(Comm& comm, int device, const void* send_base,
+                            std::span<const StridedBlock> send_blocks, void* recv_base,
+                            std::span<const StridedBlock> recv_blocks, DType dtype);
 
 }  // namespace tessera::comm_device

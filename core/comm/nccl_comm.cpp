@@ -23,7 +23,6 @@
 #include "core/comm/nccl_plan.hpp"
 #include "core/gpu_runtime.hpp"
 #include "core/runtime/rank_context.hpp"
-#include "core/tensor.hpp"
 
 namespace tessera {
 
@@ -351,36 +350,8 @@ class NcclComm final : public Comm {
       return bootstrap_->all_to_all_w(send_base, send_blocks, recv_base, recv_blocks, dtype);
     check_counts_size("all_to_all_w", send_blocks.size());
     check_counts_size("all_to_all_w", recv_blocks.size());
-    // Pack the blocks on the device, exchange the packed buffers, unpack on the device.
-    const size_t element = dtype_size(dtype);
-    std::vector<size_t> send_counts, recv_counts;
-    for (const StridedBlock& block : send_blocks) send_counts.push_back(block.count());
-    for (const StridedBlock& block : recv_blocks) recv_counts.push_back(block.count());
-    const std::vector<size_t> send_displs = displacements_of(send_counts);
-    const std::vector<size_t> recv_displs = displacements_of(recv_counts);
-    const Stream stream = comm_device::compute_stream_of(handle_->device);
-    comm_device::DeviceScratch packed((send_displs.back() + send_counts.back()) * element,
-                                      handle_->device, stream, "all_to_all_w");
-    comm_device::DeviceScratch received((recv_displs.back() + recv_counts.back()) * element,
-                                        handle_->device, stream, "all_to_all_w");
-    DeviceBackend& backend = backend_for(Device::cuda(handle_->device));
-    auto move_block = [&](const StridedBlock& block, void* base, void* dense_base, bool pack) {
-      if (block.count() == 0) return;
-      const std::vector<int64_t> dense = contiguous_strides(block.shape);
-      const int ndim = static_cast<int>(block.shape.size());
-      StridedRef strided{static_cast<char*>(base) + block.offset * element, block.shape.data(),
-                         block.strides.data(), ndim};
-      StridedRef contiguous{dense_base, block.shape.data(), dense.data(), ndim};
-      backend.copy(pack ? contiguous : strided, pack ? strided : contiguous, element, stream);
-    };
-    for (size_t p = 0; p < send_blocks.size(); ++p)
-      move_block(send_blocks[p], const_cast<void*>(send_base),
-                 static_cast<char*>(packed.data()) + send_displs[p] * element, true);
-    all_to_all_v(packed.data(), send_counts, send_displs, received.data(), recv_counts, recv_displs,
-                 dtype);
-    for (size_t p = 0; p < recv_blocks.size(); ++p)
-      move_block(recv_blocks[p], recv_base,
-                 static_cast<char*>(received.data()) + recv_displs[p] * element, false);
+    comm_device::all_to_all_w_on_device(*this, handle_->device, send_base, send_blocks, recv_base,
+                                        recv_blocks, dtype);
   }
 
   void broadcast(void* buffer, size_t count, DType dtype, int root) override {
