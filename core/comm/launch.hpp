@@ -37,9 +37,8 @@ std::string backend_name(Backend backend);
 /// set. Throws InvalidArgument for a value that is not a non-negative integer.
 int local_rank_from_env();
 
-/// The device of the rank with local rank `local_rank`: default_rank_device of TESSERA_DEVICE,
-/// checked against the visible CUDA devices (one clear error for an index beyond them or for
-/// cuda without a GPU).
+/// The device of the rank with local rank `local_rank`: default_rank_device of TESSERA_DEVICE and
+/// the visible CUDA devices (InvalidArgument for an index beyond them or cuda without a GPU).
 Device launch_device(int local_rank);
 
 /// Runs `body` on every rank of the world, each with its RankContext installed: under `mpi` once

@@ -75,7 +75,7 @@ StagingPool::Lease::Lease(Lease&& other) noexcept
 
 StagingPool::Lease& StagingPool::Lease::operator=(Lease&& other) noexcept {
   if (this != &other) {
-    this->~Lease();
+    give_back();
     state_ = std::move(other.state_);
     data_ = std::exchange(other.data_, nullptr);
   }
@@ -83,6 +83,10 @@ StagingPool::Lease& StagingPool::Lease::operator=(Lease&& other) noexcept {
 }
 
 StagingPool::Lease::~Lease() {
+  give_back();
+}
+
+void StagingPool::Lease::give_back() noexcept {
   if (!state_ || !data_) return;
   std::lock_guard lock(state_->mu);
   for (auto& block : state_->blocks)

@@ -38,6 +38,7 @@ class StagingPool {
    private:
     friend class StagingPool;
     struct State;
+    void give_back() noexcept;
     std::shared_ptr<State> state_;
     void* data_ = nullptr;
   };
