@@ -4,6 +4,9 @@
 // (default 4096) MiB; past that, released blocks are freed.
 #include "core/host_allocator.hpp"
 
+#include "core/backend/backend.hpp"
+#include "core/errors.hpp"
+
 #include <bit>
 #include <cstdlib>
 #include <map>
@@ -36,6 +39,9 @@ struct Cache {
   std::mutex mu;
   std::map<size_t, std::vector<void*>> free_blocks;
   size_t held = 0;
+  size_t in_use = 0;
+  size_t peak_in_use = 0;
+  uint64_t raw_allocations = 0;
 };
 
 Cache& cache() {
@@ -45,16 +51,26 @@ Cache& cache() {
 
 }  // namespace
 
-void* host_allocate(size_t bytes) {
+namespace {
+
+void count_handed_out(Cache& c, size_t rounded) {
+  c.in_use += rounded;
+  c.peak_in_use = std::max(c.peak_in_use, c.in_use);
+}
+
+}  // namespace
+
+void* host_allocate(size_t bytes, const std::string& op) {
   const size_t rounded = size_class(std::max<size_t>(bytes, 1));
+  Cache& c = cache();
   if (rounded >= kCachedFrom) {
-    Cache& c = cache();
     std::lock_guard lock(c.mu);
     auto it = c.free_blocks.find(rounded);
     if (it != c.free_blocks.end() && !it->second.empty()) {
       void* block = it->second.back();
       it->second.pop_back();
       c.held -= rounded;
+      count_handed_out(c, rounded);
       return block;
     }
   }
@@ -62,14 +78,27 @@ void* host_allocate(size_t bytes) {
   if (!block) {
     host_cache_clear();  // give cached memory back and try once more
     block = std::aligned_alloc(64, rounded);
-    if (!block) throw std::bad_alloc();
+    if (!block) {
+      std::lock_guard lock(c.mu);
+      throw Error(op, fmt::format("out of memory on the host: asked {} bytes, {} in use by "
+                                  "tensors, {} cached (TESSERA_HOST_CACHE_MB)",
+                                  bytes, c.in_use, c.held));
+    }
   }
+  std::lock_guard lock(c.mu);
+  ++c.raw_allocations;
+  count_handed_out(c, rounded);
   return block;
 }
 
 void host_release(void* pointer, size_t bytes) noexcept {
   if (!pointer) return;
   const size_t rounded = size_class(std::max<size_t>(bytes, 1));
+  {
+    Cache& c = cache();
+    std::lock_guard lock(c.mu);
+    c.in_use -= std::min(c.in_use, rounded);
+  }
   if (rounded >= kCachedFrom) {
     Cache& c = cache();
     std::lock_guard lock(c.mu);
@@ -86,6 +115,18 @@ size_t host_cache_bytes() {
   Cache& c = cache();
   std::lock_guard lock(c.mu);
   return c.held;
+}
+
+AllocatorStats host_allocator_stats() {
+  Cache& c = cache();
+  std::lock_guard lock(c.mu);
+  AllocatorStats stats;
+  stats.in_use = c.in_use;
+  stats.peak_in_use = c.peak_in_use;
+  stats.cached = c.held;
+  stats.limit = cache_limit();
+  stats.raw_allocations = c.raw_allocations;
+  return stats;
 }
 
 void host_cache_clear() {

@@ -39,6 +39,8 @@ struct KernelContext {
   std::vector<ShardSpec> output_specs;  ///< layouts of the outputs
   std::vector<Box> output_boxes;        ///< global box of each local output
   std::vector<Box> owned_boxes;         ///< global box each input's rank owns (no halo)
+  Device device = Device::cpu();        ///< where the inputs live and the outputs must be made
+  Stream stream{};  ///< where a cuda kernel queues its work (never synchronizing the device)
 };
 
 struct OpDef;
@@ -87,6 +89,9 @@ struct OpDef {
   /// Optional split of the cpu kernel, used instead of `cpu` when an input has a halo and
   /// overlap is on (halo_overlap()).
   std::optional<OverlapKernel> cpu_overlap = std::nullopt;
+  /// The same for the cuda kernel: `interior` is queued on the compute stream while the halos
+  /// travel, `boundary` after halo_end has ordered the compute stream after them.
+  std::optional<OverlapKernel> cuda_overlap = std::nullopt;
 };
 
 /// Whether apply_op overlaps halo exchanges with ops' interior compute (ops with an
