@@ -86,8 +86,9 @@ ReducePlan reduce_plan(const std::vector<int64_t>& shape,
     for (int k = 0; k < operands; ++k) plan.reduced_stride[k][d] = summed.strides[k][i];
   }
 
-  // The split: a function of the two counts only.
-  if (plan.reduce_count <= kThreadReduceLimit || plan.outputs >= kThreadPerOutputFrom) {
+  // The split: a function of the two counts only (no outputs: nothing to split).
+  if (plan.outputs == 0 || plan.reduce_count <= kThreadReduceLimit ||
+      plan.outputs >= kThreadPerOutputFrom) {
     plan.strategy = ReduceStrategy::thread_per_output;
     plan.chunks = 1;
     plan.chunk_length = plan.reduce_count;
