@@ -130,8 +130,8 @@ ShardTensor ShardTensor::scatter(const Tensor& full, DeviceMesh mesh,
   const DType dtype = static_cast<DType>(header[1]);
   const ShardSpec spec = detail::make_agreed_spec(mesh, "scatter", global_shape,
                                                   std::move(placements), std::move(extents), dtype);
-  // The data moves in the root tensor's memory space (a device tensor: every rank's own
-  // device); each piece then lives on its rank's device.
+  // The data moves in the root tensor's memory space (for a device tensor: every rank's own
+  // device).
   const Device rank_device = current_rank_context().device();
   const Device wire_device =
       comm.rank() == root ? full.device() : (header[2] ? rank_device : Device::cpu());
@@ -157,7 +157,9 @@ ShardTensor ShardTensor::scatter(const Tensor& full, DeviceMesh mesh,
   Tensor local = Tensor::empty(spec.local_shape(mesh.coord()), dtype, wire_device);
   comm.scatter_v(packed.raw_data(), counts, local.raw_data(), counts[comm.rank()], dtype, root);
   if (!counts[comm.rank()]) local.fill(0);
-  const Device device = comm.rank() == root ? full.device() : rank_device;
+  // Pieces live on their rank's device; where that is the cpu, the root keeps its tensor's.
+  const Device device =
+      rank_device.is_cuda() ? rank_device : (comm.rank() == root ? full.device() : rank_device);
   return ShardTensor(local.to(device), std::move(mesh), spec);
 }
 

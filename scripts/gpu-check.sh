@@ -189,7 +189,7 @@ if want bench; then
     "$python" "$root/apps/bench/torch_conv_bench.py" --device cuda --dtype "$dtype" --json \
       >"$logs/torch-conv-$dtype.json" 2>"$logs/torch-conv-$dtype.log" || ok=0
   done
-  TESSERA_DEVICE=cuda "$tessera" bench comm --json >"$logs/bench-comm.json" 2>"$logs/bench-comm.log" || ok=0
+  "$tessera" bench comm --device cuda --json >"$logs/bench-comm.json" 2>"$logs/bench-comm.log" || ok=0
   if [ "$ok" = 1 ]; then record bench pass $((SECONDS - start)) "figures in bench-*.json"
   else record bench fail $((SECONDS - start)) "see bench-*.log"; fi
 fi
