@@ -58,6 +58,14 @@ ncclRedOp_t nccl_op(ReduceOp op, DType dtype) {
   return ncclSum;
 }
 
+/// Between polls: yield at first, then sleep a little (long transfers should not hold a core).
+void pause(uint64_t spin) {
+  if (spin < 1000)
+    std::this_thread::yield();
+  else
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+}
+
 /// True when `pointer` is host memory (null counts as device memory: a rank with nothing to move
 /// still joins the device path of its peers).
 bool on_host(const void* pointer) {
@@ -107,13 +115,14 @@ struct NcclHandle {
   ncclResult_t wait_ready(const char* name, const std::string& peers) {
     const auto deadline =
         Clock::now() + std::chrono::duration_cast<Clock::duration>(comm_timeout());
+    uint64_t spin = 0;
     while (true) {
       ncclResult_t state = ncclSuccess;
       ncclCommGetAsyncError(comm, &state);
       if (state != ncclInProgress) return state;
       if (Clock::now() >= deadline)
         throw abort_with(CommTimeout(current_comm_op(), timeout_message(name, rank, size, peers)));
-      std::this_thread::yield();
+      pause(spin++);
     }
   }
 
@@ -123,6 +132,7 @@ struct NcclHandle {
     done->record(stream);
     const auto deadline =
         Clock::now() + std::chrono::duration_cast<Clock::duration>(comm_timeout());
+    uint64_t spin = 0;
     while (true) {
       const bool finished = done->query();
       ncclResult_t state = ncclSuccess;
@@ -137,7 +147,7 @@ struct NcclHandle {
       if (finished) return;
       if (Clock::now() >= deadline)
         throw abort_with(CommTimeout(current_comm_op(), timeout_message(name, rank, size, peers)));
-      std::this_thread::yield();
+      pause(spin++);
     }
   }
 };
