@@ -5,7 +5,8 @@
 // two-pass reductions:
 //  - on cuda against the cpu op on the same data, in f32, f64, f16 and bf16 (bounds below);
 //  - sharded over 1, 2 and 4 local ranks sharing the GPU against one rank on the GPU;
-//  - two runs give bit-identical results (no atomics, a reduction order fixed by the shapes).
+//  - two runs give bit-identical results (no atomics, a reduction order fixed by the shapes);
+//  - forward and backward on device tensors move no byte through the host.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "core/autograd.hpp"
+#include "core/backend/transfer.hpp"
 #include "core/gpu_runtime.hpp"
 #include "core/op_registry.hpp"
 #include "core/runtime/rank_context.hpp"
@@ -356,6 +358,42 @@ TEST(BasicOpsGpu, TwoRunsAreBitIdentical) {
       }
     });
   }
+}
+
+TEST(BasicOpsGpu, ForwardAndBackwardMoveNothingThroughTheHost) {
+  SKIP_WITHOUT_GPU();
+  run_local_ranks(1, [&](std::shared_ptr<Comm> comm) {
+    DeviceMesh mesh(comm, {1});
+    const auto cases = op_cases();
+    for (size_t index = 0; index < cases.size(); ++index) {
+      const OpCase& c = cases[index];
+      CaseRng rng(testing::case_seed(73, 1, 0, static_cast<int>(index)));
+      std::vector<ShardTensor> inputs;
+      for (size_t i = 0; i < c.shapes.size(); ++i) {
+        const Tensor values =
+            random_values(c.shapes[i], DType::f32, rng, c.name.rfind("div", 0) == 0 && i == 1);
+        inputs.push_back(ShardTensor::distribute(values.to_dtype(DType::f32).to(kGpu), mesh,
+                                                 {Placement::replicate()}));
+        inputs.back().set_requires_grad();
+      }
+      std::vector<ShardTensor> probe_inputs;
+      for (const ShardTensor& input : inputs)
+        probe_inputs.push_back(ShardTensor(input.to_local(), input.mesh(), input.spec()));
+      const Shape y_shape = c.forward(probe_inputs).global_shape();
+      const ShardTensor gy = ShardTensor::distribute(
+          random_values(y_shape, DType::f32, rng, false).to_dtype(DType::f32).to(kGpu), mesh,
+          {Placement::replicate()});
+      synchronize(compute_stream_for(kGpu));
+      const TransferStats before = transfer_stats();
+      Tape tape;
+      const ShardTensor y = c.forward(inputs);
+      tape.backward(y, gy);
+      for (const ShardTensor& input : inputs) EXPECT_TRUE(tape.grad(input).has_value());
+      const TransferStats after = transfer_stats();
+      EXPECT_EQ(after.device_to_host_bytes, before.device_to_host_bytes) << c.name;
+      EXPECT_EQ(after.host_to_device_bytes, before.host_to_device_bytes) << c.name;
+    }
+  });
 }
 
 }  // namespace
