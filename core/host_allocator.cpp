@@ -4,15 +4,15 @@
 // (default 4096) MiB; past that, released blocks are freed.
 #include "core/host_allocator.hpp"
 
-#include "core/backend/backend.hpp"
-#include "core/errors.hpp"
-
 #include <bit>
 #include <cstdlib>
 #include <map>
 #include <mutex>
 #include <new>
 #include <vector>
+
+#include "core/backend/backend.hpp"
+#include "core/errors.hpp"
 
 namespace tessera {
 

@@ -147,8 +147,8 @@ ShardTensor ShardTensor::scatter(const Tensor& full, DeviceMesh mesh,
   Tensor packed;
   if (comm.rank() == root) {
     const std::vector<size_t> displs = displacements_of(counts);
-    packed = Tensor::empty({static_cast<int64_t>(displs.back() + counts.back())}, dtype,
-                           wire_device);
+    packed =
+        Tensor::empty({static_cast<int64_t>(displs.back() + counts.back())}, dtype, wire_device);
     for (int rank = 0; rank < comm.size(); ++rank)
       if (counts[rank])
         full.pack_box(spec.local_box_of_rank(rank),
@@ -205,8 +205,8 @@ Tensor ShardTensor::gather(int root) const {
   const std::vector<size_t> displs = displacements_of(counts);
   Tensor staging;
   if (comm.rank() == root)
-    staging = Tensor::empty({static_cast<int64_t>(displs.back() + counts.back())}, dtype(),
-                            device());
+    staging =
+        Tensor::empty({static_cast<int64_t>(displs.back() + counts.back())}, dtype(), device());
   comm.gather_v(local.raw_data(), counts[comm.rank()], staging.raw_data(), counts, dtype(), root);
   if (comm.rank() != root) return Tensor();
   Tensor full = Tensor::empty(spec.global_shape, dtype(), device());

@@ -237,9 +237,9 @@ void Tensor::unpack_box(const Box& box, const void* src) {
   Tensor view = view_box(box);
   const std::vector<int64_t> src_strides = contiguous_strides(view.shape_);
   if (view.numel() == 0) return;
-  backend_for(device_).copy(strided_ref(view),
-                            {const_cast<void*>(src), view.shape_.data(), src_strides.data(), ndim()},
-                            element_size(), compute_stream_for(device_));
+  backend_for(device_).copy(
+      strided_ref(view), {const_cast<void*>(src), view.shape_.data(), src_strides.data(), ndim()},
+      element_size(), compute_stream_for(device_));
 }
 
 void Tensor::fill(double value) {

@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "core/backend/backend.hpp"
 #include "core/box.hpp"
 #include "core/device.hpp"
 #include "core/dtype.hpp"
-#include "core/backend/backend.hpp"
 #include "core/runtime/rank_context.hpp"
 
 namespace tessera {

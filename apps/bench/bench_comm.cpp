@@ -105,8 +105,7 @@ void bench_size(std::shared_ptr<Comm> world, const DeviceMesh& mesh, size_t byte
                         DType::f32);
   });
   add_row("all_gather_v", comm_gather,
-          total_wrong(*world,
-                      count_wrong(host_floats(gathered).data<float>(), 0, rows, 0, kCols)),
+          total_wrong(*world, count_wrong(host_floats(gathered).data<float>(), 0, rows, 0, kCols)),
           0);
   double gather_baseline = comm_gather;
   if (bench::raw_mpi_available() && device.is_cpu()) {
@@ -126,8 +125,8 @@ void bench_size(std::shared_ptr<Comm> world, const DeviceMesh& mesh, size_t byte
     replicated = sharded.redistribute({Placement::replicate()});
   });
   add_row("redistribute S(0)->R", redistribute_gather,
-          total_wrong(*world, count_wrong(host_floats(replicated.to_local()).data<float>(), 0,
-                                          rows, 0, kCols)),
+          total_wrong(*world, count_wrong(host_floats(replicated.to_local()).data<float>(), 0, rows,
+                                          0, kCols)),
           gather_baseline);
 
   // --- Shard(0) -> Shard(1): all_to_all_v of the boxes that change owner.
@@ -154,8 +153,8 @@ void bench_size(std::shared_ptr<Comm> world, const DeviceMesh& mesh, size_t byte
     world->all_to_all_v(send_tensor.raw_data(), send_counts, send_displs, recv_tensor.raw_data(),
                         recv_counts, recv_displs, DType::f32);
   });
-  add_row("all_to_all_v", comm_all_to_all,
-          check_received(host_floats(recv_tensor).data<float>()), 0);
+  add_row("all_to_all_v", comm_all_to_all, check_received(host_floats(recv_tensor).data<float>()),
+          0);
   double all_to_all_baseline = comm_all_to_all;
   if (bench::raw_mpi_available() && device.is_cpu()) {
     const Tensor host_send = host_floats(send_tensor);
@@ -166,8 +165,8 @@ void bench_size(std::shared_ptr<Comm> world, const DeviceMesh& mesh, size_t byte
     const auto rcounts = to_int_counts(recv_counts), rdispls = to_int_counts(recv_displs);
     std::fill(recv_buffer.begin(), recv_buffer.end(), -1.0f);
     all_to_all_baseline = bench::time_iterations(*world, warmup, iterations, [&] {
-      bench::raw_all_to_all_v(send_buffer, scounts.data(), sdispls.data(),
-                              recv_buffer.data(), rcounts.data(), rdispls.data());
+      bench::raw_all_to_all_v(send_buffer, scounts.data(), sdispls.data(), recv_buffer.data(),
+                              rcounts.data(), rdispls.data());
     });
     add_row("raw MPI_Alltoallv", all_to_all_baseline, check_all_to_all(), 0);
   }
@@ -192,12 +191,10 @@ void run_comm_bench(std::shared_ptr<Comm> world, const CommBenchOptions& options
   for (size_t bytes = options.min_bytes; bytes <= options.max_bytes; bytes *= 4)
     bench_size(world, mesh, bytes, options, table);
   if (options.json && world->rank() == 0) {
-    nlohmann::json result{{"benchmark", "comm"},
-                          {"backend", world->backend()},
-                          {"ranks", world->size()},
-                          {"baseline", raw ? "raw_mpi" : "tessera_comm"},
-                          {"device", options.device},
-                          {"rows", table.json()}};
+    nlohmann::json result{
+        {"benchmark", "comm"},      {"backend", world->backend()},
+        {"ranks", world->size()},   {"baseline", raw ? "raw_mpi" : "tessera_comm"},
+        {"device", options.device}, {"rows", table.json()}};
     std::cout << result.dump(2) << "\n";
   }
 }

@@ -76,8 +76,7 @@ void select_device(const std::string& text) {
                                                "(TESSERA_WITH_CUDA=OFF)",
                                                text));
     const int count = gpu::device_count();
-    check_arg(count > 0, "device", "--device {}: no CUDA device is visible on this machine",
-              text);
+    check_arg(count > 0, "device", "--device {}: no CUDA device is visible on this machine", text);
     check_arg(text == "cuda" || device.index < count, "device",
               "--device {}: device index {} is beyond the {} visible CUDA device(s)", text,
               device.index, count);

@@ -40,7 +40,8 @@ nlohmann::json collect_info() {
   // Whether MPI takes device buffers is the library's answer after MPI_Init, so it is asked only
   // under a launcher (initializing MPI elsewhere may need one).
   if (mpi_compiled() && launched_by_mpi_launcher())
-    info["mpi_cuda_aware"] = mpi_cuda_aware() ? "yes" : "no (device buffers staged through pinned memory)";
+    info["mpi_cuda_aware"] =
+        mpi_cuda_aware() ? "yes" : "no (device buffers staged through pinned memory)";
   else
     info["mpi_cuda_aware"] = mpi_compiled() ? "asked at run time under mpiexec/srun" : "";
   info["cudnn"] = gpu::cudnn_version();

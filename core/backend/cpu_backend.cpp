@@ -103,12 +103,13 @@ class CpuBackend final : public DeviceBackend {
     dispatch_dtype(dtype, [&]<typename T>() {
       const T element = from_double<T>(value);
       T* out = static_cast<T*>(dst.data);
-      for_each_row(dst, nullptr, [&](int64_t offset, int64_t, int64_t count, int64_t step, int64_t) {
-        if (step == 1)
-          std::fill(out + offset, out + offset + count, element);
-        else
-          for (int64_t i = 0; i < count; ++i) out[offset + i * step] = element;
-      });
+      for_each_row(dst, nullptr,
+                   [&](int64_t offset, int64_t, int64_t count, int64_t step, int64_t) {
+                     if (step == 1)
+                       std::fill(out + offset, out + offset + count, element);
+                     else
+                       for (int64_t i = 0; i < count; ++i) out[offset + i * step] = element;
+                   });
     });
   }
 

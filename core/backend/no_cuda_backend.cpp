@@ -7,16 +7,15 @@ namespace tessera {
 namespace {
 
 [[noreturn]] void unavailable(const std::string& op) {
-  throw NotAvailable(op, "a cuda tensor, but this Tessera was built without CUDA "
-                         "(TESSERA_WITH_CUDA=OFF)");
+  throw NotAvailable(op,
+                     "a cuda tensor, but this Tessera was built without CUDA "
+                     "(TESSERA_WITH_CUDA=OFF)");
 }
 
 class NoCudaBackend final : public DeviceBackend {
  public:
   std::string name() const override { return "cuda"; }
-  void* allocate(size_t, Device, const Stream&, const std::string& op) override {
-    unavailable(op);
-  }
+  void* allocate(size_t, Device, const Stream&, const std::string& op) override { unavailable(op); }
   void release(void*, size_t, Device, const Stream&) noexcept override {}
   AllocatorStats allocator_stats(Device) const override { return {}; }
   void clear_cache(Device) override {}

@@ -12,8 +12,8 @@ namespace tessera {
 namespace {
 
 struct Counters {
-  std::atomic<uint64_t> host_to_device_bytes{0}, device_to_host_bytes{0},
-      device_to_device_bytes{0}, host_to_device_copies{0}, device_to_host_copies{0};
+  std::atomic<uint64_t> host_to_device_bytes{0}, device_to_host_bytes{0}, device_to_device_bytes{0},
+      host_to_device_copies{0}, device_to_host_copies{0};
 };
 
 Counters& counters() {

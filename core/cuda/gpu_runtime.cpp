@@ -91,9 +91,9 @@ void record_event(EventHandle event, StreamHandle stream, int device) {
 }
 
 void stream_wait_event(StreamHandle stream, EventHandle event, int device) {
-  TESSERA_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
-                                         static_cast<cudaEvent_t>(event), 0),
-                     device);
+  TESSERA_CUDA_CHECK(
+      cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0),
+      device);
 }
 
 bool event_done(EventHandle event, int device) {
@@ -155,9 +155,9 @@ void memory_info(int device, size_t* free_bytes, size_t* total_bytes) {
 
 void copy_bytes_async(void* dst, const void* src, size_t bytes, StreamHandle stream, int device) {
   if (!bytes) return;
-  TESSERA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault,
-                                     static_cast<cudaStream_t>(stream)),
-                     device);
+  TESSERA_CUDA_CHECK(
+      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)),
+      device);
 }
 
 void copy_bytes(void* dst, const void* src, size_t bytes) {
@@ -175,8 +175,7 @@ void copy_strided_async(void* dst, const int64_t* dst_strides, const void* src,
   check_arg(ndim <= kernels::kMaxStridedDims, "cuda",
             "strided copy of a {}-d tensor (at most {} dims)", ndim, kernels::kMaxStridedDims);
   TESSERA_CUDA_CHECK(kernels::launch_strided_copy(dst, dst_strides, src, src_strides, shape, ndim,
-                                                  element_size,
-                                                  static_cast<cudaStream_t>(stream)),
+                                                  element_size, static_cast<cudaStream_t>(stream)),
                      device);
 }
 

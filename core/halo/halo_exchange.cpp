@@ -129,8 +129,8 @@ Tensor halo_adjoint(const HaloPlan& plan, const Tensor& haloed_grad, Comm& comm,
   std::vector<P2POp> ops;
   for (const PeerMessage& message : incoming) {
     recv_buffers.push_back(message_buffer(message.elements, grad));
-    ops.push_back(P2POp::recv(recv_buffers.back().raw_data(), message.elements * element,
-                              message.peer, tag));
+    ops.push_back(
+        P2POp::recv(recv_buffers.back().raw_data(), message.elements * element, message.peer, tag));
   }
   for (const PeerMessage& message : outgoing) {
     Tensor buffer = message_buffer(message.elements, grad);

@@ -74,8 +74,8 @@ Device default_rank_device(const std::string& requested, int local_rank, int dev
             "TESSERA_DEVICE={} asks for a GPU, but no CUDA device is visible", requested);
   if (requested == "cuda") return Device::cuda(local_rank % device_count);
   check_arg(device.index < device_count, "device",
-            "TESSERA_DEVICE={}: device index {} is beyond the {} visible CUDA device(s)",
-            requested, device.index, device_count);
+            "TESSERA_DEVICE={}: device index {} is beyond the {} visible CUDA device(s)", requested,
+            device.index, device_count);
   return device;
 }
 

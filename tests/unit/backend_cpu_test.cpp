@@ -1,12 +1,11 @@
 // Unit tests of the cpu device backend (fill, accumulate, scale, convert, sum on strided views,
 // every dtype), the host allocator's statistics, the transfer counters and the choice of a
 // rank's default device. No Comm and no GPU.
-#include "core/backend/backend.hpp"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
 
+#include "core/backend/backend.hpp"
 #include "core/backend/transfer.hpp"
 #include "core/host_allocator.hpp"
 #include "core/runtime/rank_context.hpp"
@@ -58,8 +57,9 @@ TEST_P(CpuBackendOnEveryDType, AccumulateSumMaxMinOnTransposedSources) {
     cpu_backend().accumulate(strided_ref(out), transposed, dtype, op, Stream{});
     for (int64_t i = 0; i < 12; ++i) {
       const double x = at(a, i), y = bt[i];
-      double expected = op == ReduceOp::sum ? x + y : op == ReduceOp::max ? std::max(x, y)
-                                                                          : std::min(x, y);
+      double expected = op == ReduceOp::sum   ? x + y
+                        : op == ReduceOp::max ? std::max(x, y)
+                                              : std::min(x, y);
       if (dtype == DType::u8) expected = std::fmod(expected, 256);
       EXPECT_EQ(at(out, i), expected) << reduce_op_name(op) << " element " << i;
     }

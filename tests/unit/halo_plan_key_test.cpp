@@ -10,8 +10,8 @@ namespace {
 HaloPlanKey sample_key() {
   const ShardSpec spec =
       ShardSpec::make({10, 8}, {2, 1}, {Placement::shard(0), Placement::replicate()}, {{6, 4}, {}});
-  return HaloPlanKey{spec, grown_boxes(spec, {1, 0}, {1, 0}),
-                     {BoundaryMode::zero, BoundaryMode::periodic}, 1};
+  return HaloPlanKey{
+      spec, grown_boxes(spec, {1, 0}, {1, 0}), {BoundaryMode::zero, BoundaryMode::periodic}, 1};
 }
 
 TEST(HaloPlanKey, EqualKeysHashEqually) {
@@ -25,8 +25,8 @@ TEST(HaloPlanKey, EveryFieldChangesTheKeyAndItsHash) {
   changed[0].rank = 0;
   changed[1].boundary[1] = BoundaryMode::zero;
   changed[2].needed[0].hi[0] += 1;
-  changed[3].spec = ShardSpec::make({10, 8}, {2, 1}, {Placement::shard(0), Placement::replicate()},
-                                    {{5, 5}, {}});
+  changed[3].spec =
+      ShardSpec::make({10, 8}, {2, 1}, {Placement::shard(0), Placement::replicate()}, {{5, 5}, {}});
   changed[4].spec = ShardSpec::make({10, 8}, {2, 1}, {Placement::shard(1), Placement::replicate()});
   for (size_t i = 0; i < changed.size(); ++i) {
     EXPECT_FALSE(changed[i] == base) << "variant " << i;
