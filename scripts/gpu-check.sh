@@ -119,7 +119,6 @@ if want build; then
     tail -n 40 "$logs/build.log" "$logs/configure.log" 2>/dev/null
   fi
 fi
-[ -d "$build/.gpu-deps-env" ] || true
 [ -d "$root/.gpu-deps/root/usr" ] &&
   export LD_LIBRARY_PATH="$root/.gpu-deps/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
