@@ -4,12 +4,18 @@
 // (default 4096) MiB; past that, released blocks are freed.
 #include "core/host_allocator.hpp"
 
+#include <fmt/format.h>
+#include <unistd.h>
+
 #include <bit>
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <string>
 #include <new>
 #include <vector>
+
+#include "core/errors.hpp"
 
 namespace tessera {
 
@@ -43,9 +49,30 @@ Cache& cache() {
   return *instance;
 }
 
+[[noreturn]] void out_of_memory(const char* op, size_t bytes, const std::string& why) {
+  throw OutOfMemory(op, fmt::format("out of memory: asked {} bytes ({:.3g} GiB), {}", bytes,
+                                    double(bytes) / double(size_t{1} << 30), why));
+}
+
 }  // namespace
 
-void* host_allocate(size_t bytes) {
+size_t host_memory_limit() {
+  static const size_t limit = [] {
+    if (const char* text = std::getenv("TESSERA_HOST_MEMORY_LIMIT_MB"))
+      return size_t(std::strtoull(text, nullptr, 10)) << 20;
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page_size = ::sysconf(_SC_PAGE_SIZE);
+    if (pages <= 0 || page_size <= 0) return size_t{1} << 62;
+    return size_t(pages) * size_t(page_size);
+  }();
+  return limit;
+}
+
+void* host_allocate(size_t bytes, const char* op) {
+  if (bytes > host_memory_limit())
+    out_of_memory(op, bytes,
+                  fmt::format("more than the host memory limit of {} bytes (physical memory, or "
+                              "TESSERA_HOST_MEMORY_LIMIT_MB)",
+                              host_memory_limit()));
   const size_t rounded = size_class(std::max<size_t>(bytes, 1));
   if (rounded >= kCachedFrom) {
     Cache& c = cache();
@@ -62,7 +89,7 @@ void* host_allocate(size_t bytes) {
   if (!block) {
     host_cache_clear();  // give cached memory back and try once more
     block = std::aligned_alloc(64, rounded);
-    if (!block) throw std::bad_alloc();
+    if (!block) out_of_memory(op, bytes, "the system has no memory left for it");
   }
   return block;
 }

@@ -97,6 +97,7 @@ double conv_flops(const Shape& x_shape, int64_t kernel) {
 }
 
 void run_conv_bench(const ConvBenchOptions& options) {
+  parse_rank_counts(options.ranks, "--ranks");  // a bad list fails before any measurement
   nlohmann::json rows = nlohmann::json::array();
   const Backend backend = backend_from_env();
   // Under mpiexec every process runs this function; only world rank 0 reports.
@@ -113,7 +114,7 @@ void run_conv_bench(const ConvBenchOptions& options) {
               x_shape);
     const double flops = conv_flops(x_shape, options.kernel);
     Tensor reference;
-    for (int64_t ranks : parse_list(options.ranks)) {
+    for (int64_t ranks : parse_rank_counts(options.ranks, "--ranks")) {
       ConvFigures figures;
       const int threads = options.threads;
       launch(backend, static_cast<int>(ranks), [&](std::shared_ptr<Comm> world) {
@@ -167,12 +168,16 @@ void register_conv_bench(CLI::App& bench) {
       bench.add_subcommand("conv", "Sharded conv forward and forward+backward vs one rank");
   conv->add_option("--shape", options->shapes, "Input shapes N,C,spatial.. (repeatable)")
       ->capture_default_str();
-  conv->add_option("--kernel", options->kernel, "Kernel extent per spatial dim")
+  conv->add_option("--kernel", options->kernel, "Kernel extent per spatial dim (at least 1)")
+      ->check(integer_at_least(1))
       ->capture_default_str();
   conv->add_option("--ranks", options->ranks, "Rank counts to run, e.g. 1,2,4")
       ->capture_default_str();
-  conv->add_option("--threads", options->threads, "Compute threads per rank (0: cores / ranks)");
-  conv->add_option("--iterations", options->iterations, "Timed iterations")->capture_default_str();
+  conv->add_option("--threads", options->threads, "Compute threads per rank (0: cores / ranks)")
+      ->check(CLI::Range(0, 4096));
+  conv->add_option("--iterations", options->iterations, "Timed iterations (at least 1)")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
   conv->add_flag("--json", options->json, "Print JSON instead of the table");
   conv->callback([options] { run_conv_bench(*options); });
 }

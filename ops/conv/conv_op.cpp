@@ -13,6 +13,7 @@
 
 #include <algorithm>
 
+#include "core/checked_math.hpp"
 #include "core/halo/halo_exchange.hpp"
 #include "core/op_registry.hpp"
 #include "ops/conv/conv_kernels.hpp"
@@ -64,8 +65,12 @@ ConvDims resolve(const Shape& x, const Shape& w, const OpAttrs& attrs) {
         "conv", "stride {}, dilation {} and padding ({}, {}) must be positive / non-negative",
         dims.stride, dims.dilation, dims.pad_lo, dims.pad_hi);
     const int64_t length = x[2 + i], kernel = w[2 + i];
-    const int64_t span = dims.dilation[i] * (kernel - 1) + 1;
-    const int64_t padded = length + dims.pad_lo[i] + dims.pad_hi[i];
+    const int64_t span =
+        checked_add(checked_mul(dims.dilation[i], std::max<int64_t>(kernel - 1, 0), "conv",
+                                "dilation x (kernel extent - 1)"),
+                    1, "conv", "dilated kernel extent");
+    const int64_t padded = checked_add(checked_add(length, dims.pad_lo[i], "conv", "padded extent"),
+                                       dims.pad_hi[i], "conv", "padded extent");
     check_arg(span <= padded, "conv",
               "kernel extent {} (dilation {}) is larger than the padded input extent {} along "
               "spatial dim {}",
@@ -298,7 +303,9 @@ ShardTensor conv(const ShardTensor& x, const ShardTensor& w, const std::optional
   } else if (options.padding_name == "same") {
     for (int i = 0; i < spatial && i + 2 < static_cast<int>(w.global_shape().size()); ++i) {
       check_arg(stride[i] == 1, "conv", "padding 'same' needs stride 1, got stride {}", stride);
-      const int64_t total = dilation[i] * (w.global_shape()[2 + i] - 1);
+      const int64_t total =
+          checked_mul(dilation[i], std::max<int64_t>(w.global_shape()[2 + i] - 1, 0), "conv",
+                      "dilation x (kernel extent - 1)");
       lo[i] = total / 2;
       hi[i] = total - lo[i];
     }
