@@ -115,6 +115,7 @@ if(TESSERA_HAVE_HDF5 AND HDF5_IS_PARALLEL AND TESSERA_HAVE_MPI)
   # libraries in every program (each HDF5 call then fails inside MPI). Refuse it.
   set(hdf5_libraries ${HDF5_C_LIBRARIES} ${HDF5_C_INCLUDE_DIRS} ${HDF5_INCLUDE_DIRS})
   list(FILTER hdf5_libraries INCLUDE REGEX "hdf5")
+  list(REMOVE_DUPLICATES hdf5_libraries)
   tessera_mpi_flavor(hdf5_mpi_flavor "${hdf5_libraries}")
   if(hdf5_mpi_flavor AND TESSERA_MPI_FLAVOR AND NOT hdf5_mpi_flavor STREQUAL TESSERA_MPI_FLAVOR)
     message(FATAL_ERROR

@@ -30,8 +30,10 @@ esac
 launcher=()
 if command -v ccache > /dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
 if [ ! -f "$build_dir/build.ninja" ]; then
-  cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" \
-    "${configure[@]}"
+  # -O1 with line tables: readable stacks, and much quicker to compile than -O2 -g.
+  cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
+    "${launcher[@]}" "${configure[@]}"
 fi
 targets=()
 for target in ${TESSERA_SANITIZE_TARGETS:-}; do targets+=(--target "$target"); done

@@ -137,6 +137,14 @@ expect_error(["run-op", "conv", "--in", conv_in, "--out", path("sub")], ["is a d
              "run-op conv --out a directory")
 expect_error(["run-op", "conv", "--in", conv_in, "--out", path("missing/y.h5")],
              ["does not exist"], "run-op conv --out in a missing directory")
+# A directory this process may not write into (root passes permission bits, so use one that
+# refuses even root when there is one).
+unwritable = next((d for d in ("/proc/sys", "/sys/kernel") if os.path.isdir(d) and not os.access(d, os.W_OK)), None)
+if unwritable:
+    expect_error(["run-op", "conv", "--in", conv_in, "--out", os.path.join(unwritable, "y.h5")],
+                 ["[run-op]", "is not writable"], "run-op conv --out in an unwritable directory")
+    expect_error(["convert", f"{conv_in}:/x", os.path.join(unwritable, "y.h5")],
+                 ["[convert]", "is not writable"], "convert into an unwritable directory")
 expect_error(["convert", f"{conv_in}:/x", path("sub")], ["[convert]", "is a directory"],
              "convert to a directory")
 expect_error(["convert", f"{conv_in}:/x", path("missing/y.h5")], ["[convert]", "does not exist"],
