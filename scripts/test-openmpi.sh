@@ -5,7 +5,8 @@
 # is named explicitly (mpicxx.openmpi, mpiexec.openmpi, h5pcc.openmpi), nothing system-wide is
 # switched. Installs Open MPI and libhdf5-openmpi-dev first when missing.
 #   scripts/test-openmpi.sh [ctest arguments...]     e.g. scripts/test-openmpi.sh -L openmpi
-# TESSERA_OPENMPI_CONFIGURE adds cmake arguments (CUDA is off by default: this run is about MPI).
+# TESSERA_OPENMPI_CONFIGURE adds cmake arguments (CUDA is off by default: this run is about MPI);
+# TESSERA_OPENMPI_TARGETS (space-separated) builds only those targets.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build_dir=${TESSERA_OPENMPI_BUILD_DIR:-$root/build-openmpi}
@@ -28,7 +29,9 @@ if [ ! -f "$build_dir/build.ninja" ]; then
     -DHDF5_C_COMPILER_EXECUTABLE="$(command -v h5pcc.openmpi)" \
     ${TESSERA_OPENMPI_CONFIGURE:-}
 fi
-cmake --build "$build_dir" -j "$(nproc)"
+targets=()
+for target in ${TESSERA_OPENMPI_TARGETS:-}; do targets+=(--target "$target"); done
+cmake --build "$build_dir" -j "$(nproc)" "${targets[@]}"
 
 # Exactly one MPI library in the binaries: Open MPI's libmpi.so.40, never MPICH's libmpich.
 for binary in "$build_dir/tests/tessera_dist_tests" "$build_dir/apps/tessera"; do
