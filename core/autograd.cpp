@@ -27,13 +27,12 @@ ShardSpec gradient_layout(const ShardSpec& spec, const std::string& op) {
   return layout;
 }
 
-/// Scales a local tensor by `factor` (gradient of Partial(avg)).
+/// Scales a local tensor by `factor` (gradient of Partial(avg)), on its device.
 Tensor scaled(const Tensor& tensor, double factor) {
-  const Tensor source = tensor.to(Device::cpu()).to_dtype(DType::f64).contiguous();
-  Tensor result = Tensor::empty(source.shape(), DType::f64);
-  for (int64_t i = 0; i < source.numel(); ++i)
-    result.data<double>()[i] = source.data<double>()[i] * factor;
-  return result.to_dtype(tensor.dtype()).to(tensor.device());
+  Tensor result = tensor.clone();
+  backend_for(result.device())
+      .scale(strided_ref(result), result.dtype(), factor, compute_stream_for(result.device()));
+  return result;
 }
 
 const std::shared_ptr<const OpDef>& redistribute_op() {
@@ -80,18 +79,18 @@ ShardTensor add_same_shape(const ShardTensor& a, const ShardTensor& b) {
             b.global_shape());
   const ShardTensor moved =
       b.spec() == a.spec() ? b : b.redistribute(a.placements(), a.spec().extents);
-  Tensor sum = a.to_local().to(Device::cpu()).clone();
-  add_into(sum, moved.to_local().to(Device::cpu()));
-  return ShardTensor(sum.to(a.device()), a.mesh(), a.spec());
+  Tensor sum = a.to_local().clone();
+  add_into(sum, moved.to_local().to(a.device()));
+  return ShardTensor(sum, a.mesh(), a.spec());
 }
 
 void Tape::backward(const ShardTensor& loss) {
   check_arg(shape_numel(loss.global_shape()) == 1, "backward",
             "backward() needs a scalar loss, got global shape {}", loss.global_shape());
   const ShardSpec layout = gradient_layout(loss.spec(), "backward");
-  Tensor ones = Tensor::empty(layout.local_shape(loss.mesh().coord()), loss.dtype());
+  Tensor ones = Tensor::empty(layout.local_shape(loss.mesh().coord()), loss.dtype(), loss.device());
   ones.fill(1);
-  backward(loss, ShardTensor(ones.to(loss.device()), loss.mesh(), layout));
+  backward(loss, ShardTensor(ones, loss.mesh(), layout));
 }
 
 void Tape::backward(const ShardTensor& output, const ShardTensor& output_grad) {

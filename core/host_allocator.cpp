@@ -15,6 +15,7 @@
 #include <new>
 #include <vector>
 
+#include "core/backend/backend.hpp"
 #include "core/errors.hpp"
 
 namespace tessera {
@@ -42,6 +43,9 @@ struct Cache {
   std::mutex mu;
   std::map<size_t, std::vector<void*>> free_blocks;
   size_t held = 0;
+  size_t in_use = 0;
+  size_t peak_in_use = 0;
+  uint64_t raw_allocations = 0;
 };
 
 Cache& cache() {
@@ -49,7 +53,7 @@ Cache& cache() {
   return *instance;
 }
 
-[[noreturn]] void out_of_memory(const char* op, size_t bytes, const std::string& why) {
+[[noreturn]] void out_of_memory(const std::string& op, size_t bytes, const std::string& why) {
   throw OutOfMemory(op, fmt::format("out of memory: asked {} bytes ({:.3g} GiB), {}", bytes,
                                     double(bytes) / double(size_t{1} << 30), why));
 }
@@ -67,21 +71,31 @@ size_t host_memory_limit() {
   return limit;
 }
 
-void* host_allocate(size_t bytes, const char* op) {
+namespace {
+
+void count_handed_out(Cache& c, size_t rounded) {
+  c.in_use += rounded;
+  c.peak_in_use = std::max(c.peak_in_use, c.in_use);
+}
+
+}  // namespace
+
+void* host_allocate(size_t bytes, const std::string& op) {
   if (bytes > host_memory_limit())
     out_of_memory(op, bytes,
                   fmt::format("more than the host memory limit of {} bytes (physical memory, or "
                               "TESSERA_HOST_MEMORY_LIMIT_MB)",
                               host_memory_limit()));
   const size_t rounded = size_class(std::max<size_t>(bytes, 1));
+  Cache& c = cache();
   if (rounded >= kCachedFrom) {
-    Cache& c = cache();
     std::lock_guard lock(c.mu);
     auto it = c.free_blocks.find(rounded);
     if (it != c.free_blocks.end() && !it->second.empty()) {
       void* block = it->second.back();
       it->second.pop_back();
       c.held -= rounded;
+      count_handed_out(c, rounded);
       return block;
     }
   }
@@ -89,14 +103,28 @@ void* host_allocate(size_t bytes, const char* op) {
   if (!block) {
     host_cache_clear();  // give cached memory back and try once more
     block = std::aligned_alloc(64, rounded);
-    if (!block) out_of_memory(op, bytes, "the system has no memory left for it");
+    if (!block) {
+      std::lock_guard lock(c.mu);
+      out_of_memory(op, bytes,
+                    fmt::format("the system has no memory left for it ({} bytes in use by "
+                                "tensors, {} cached, TESSERA_HOST_CACHE_MB)",
+                                c.in_use, c.held));
+    }
   }
+  std::lock_guard lock(c.mu);
+  ++c.raw_allocations;
+  count_handed_out(c, rounded);
   return block;
 }
 
 void host_release(void* pointer, size_t bytes) noexcept {
   if (!pointer) return;
   const size_t rounded = size_class(std::max<size_t>(bytes, 1));
+  {
+    Cache& c = cache();
+    std::lock_guard lock(c.mu);
+    c.in_use -= std::min(c.in_use, rounded);
+  }
   if (rounded >= kCachedFrom) {
     Cache& c = cache();
     std::lock_guard lock(c.mu);
@@ -113,6 +141,18 @@ size_t host_cache_bytes() {
   Cache& c = cache();
   std::lock_guard lock(c.mu);
   return c.held;
+}
+
+AllocatorStats host_allocator_stats() {
+  Cache& c = cache();
+  std::lock_guard lock(c.mu);
+  AllocatorStats stats;
+  stats.in_use = c.in_use;
+  stats.peak_in_use = c.peak_in_use;
+  stats.cached = c.held;
+  stats.limit = cache_limit();
+  stats.raw_allocations = c.raw_allocations;
+  return stats;
 }
 
 void host_cache_clear() {

@@ -6,13 +6,16 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 namespace tessera {
 
+struct AllocatorStats;
+
 /// 64-byte aligned host memory of at least `bytes` (never null). Throws OutOfMemory tagged with
 /// `op`, "[op] out of memory: asked N bytes, ...", past host_memory_limit() or when the system
-/// has no memory left.
-void* host_allocate(size_t bytes, const char* op = "tensor");
+/// has no memory left (naming the bytes in use and cached).
+void* host_allocate(size_t bytes, const std::string& op = "tensor");
 /// The most bytes one host allocation may ask: TESSERA_HOST_MEMORY_LIMIT_MB MiB when set, else
 /// the machine's physical memory.
 size_t host_memory_limit();
@@ -22,5 +25,7 @@ void host_release(void* pointer, size_t bytes) noexcept;
 size_t host_cache_bytes();
 /// Frees every cached block.
 void host_cache_clear();
+/// Bytes in use, peak, cached, the cache limit and the system allocations so far.
+AllocatorStats host_allocator_stats();
 
 }  // namespace tessera

@@ -84,7 +84,9 @@ std::vector<ShardTensor> apply_fallback(const std::shared_ptr<const OpDef>& defi
   }
   const std::vector<Placement> replicated(mesh.ndim(), Placement::replicate());
   std::vector<ShardTensor> full;
-  KernelContext context{mesh, attrs, {}, {}, {}, {}};
+  KernelContext context{mesh, attrs, {}, {}, {}, {}, {}};
+  context.device = inputs.at(0).device();
+  context.stream = compute_stream_for(context.device);
   std::vector<Tensor> locals;
   for (const ShardTensor& input : inputs) {
     full.push_back(redistribute_recorded(
@@ -135,22 +137,35 @@ void register_op(OpDef op) {
 
 namespace {
 
-std::atomic<bool>& overlap_flag() {
-  static std::atomic<bool> flag = [] {
-    const char* value = std::getenv("TESSERA_HALO_OVERLAP");
-    return value != nullptr && std::string(value) == "1";
+/// The overlap switch of one device kind: TESSERA_HALO_OVERLAP=1 or 0 sets both at start-up;
+/// unset, cuda overlaps (strided views into the haloed buffer, no copies) and cpu does not.
+std::atomic<bool>& overlap_flag(Device::Kind kind) {
+  static std::atomic<bool> flags[2] = {false, true};
+  static const bool from_env = [] {
+    if (const char* value = std::getenv("TESSERA_HALO_OVERLAP")) {
+      const bool on = std::string(value) == "1";
+      flags[0].store(on);
+      flags[1].store(on);
+    }
+    return true;
   }();
-  return flag;
+  (void)from_env;
+  return flags[kind == Device::Kind::cuda ? 1 : 0];
 }
 
 }  // namespace
 
-bool halo_overlap() {
-  return overlap_flag().load();
+bool halo_overlap(Device::Kind kind) {
+  return overlap_flag(kind).load();
 }
 
 void set_halo_overlap(bool on) {
-  overlap_flag().store(on);
+  overlap_flag(Device::Kind::cpu).store(on);
+  overlap_flag(Device::Kind::cuda).store(on);
+}
+
+void set_halo_overlap(Device::Kind kind, bool on) {
+  overlap_flag(kind).store(on);
 }
 
 std::shared_ptr<const OpDef> find_op(const std::string& name) {
@@ -175,21 +190,7 @@ std::vector<std::string> registered_ops() {
 
 std::shared_ptr<const HaloPlan> cached_halo_plan(const ShardSpec& spec, const HaloNeed& need,
                                                  int rank) {
-  static std::mutex mu;
-  static std::map<std::string, std::shared_ptr<const HaloPlan>> cache;
-  std::string key = spec.str();
-  for (const Box& box : need.needed) key += box.str();
-  for (BoundaryMode mode : need.boundary) key += mode == BoundaryMode::zero ? 'z' : 'p';
-  key += fmt::format("@{}", rank);
-  {
-    std::lock_guard lock(mu);
-    if (auto it = cache.find(key); it != cache.end()) return it->second;
-  }
-  auto plan =
-      std::make_shared<const HaloPlan>(HaloPlan::build(spec, need.needed, need.boundary, rank));
-  std::lock_guard lock(mu);
-  if (cache.size() > 4096) cache.clear();
-  return cache.emplace(key, plan).first->second;
+  return cached_halo_plan(HaloPlanKey{spec, need.needed, need.boundary, rank});
 }
 
 std::vector<ShardTensor> apply_op(const std::string& name, const std::vector<ShardTensor>& inputs,
@@ -202,6 +203,10 @@ std::vector<ShardTensor> apply_op(const std::string& name, const std::vector<Sha
   for (const ShardTensor& input : inputs)
     check_arg(input.mesh().comm_ptr() == mesh.comm_ptr() && input.mesh().shape() == mesh.shape(),
               name, "inputs live on different meshes ({} and {})", mesh.str(), input.mesh().str());
+  for (const ShardTensor& input : inputs)
+    check_arg(input.device() == inputs[0].device(), name,
+              "inputs on different devices ({} and {}): move them to one device first",
+              inputs[0].device().str(), input.device().str());
   if (!op.rule) return apply_fallback(definition, inputs, attrs);
 
   std::vector<ShardSpec> specs;
@@ -228,7 +233,9 @@ std::vector<ShardTensor> apply_op(const std::string& name, const std::vector<Sha
                         ? inputs[i]
                         : redistribute_recorded(inputs[i], rule.inputs[i]));
   // 2. Halos: start every exchange, then finish them.
-  KernelContext context{mesh, attrs, rule.inputs, {}, rule.outputs, {}};
+  KernelContext context{mesh, attrs, rule.inputs, {}, rule.outputs, {}, {}};
+  context.device = inputs[0].device();
+  context.stream = compute_stream_for(context.device);
   std::vector<std::shared_ptr<const HaloPlan>> plans(inputs.size());
   std::vector<HaloExchange> exchanges;
   std::vector<size_t> exchanged;
@@ -253,17 +260,22 @@ std::vector<ShardTensor> apply_op(const std::string& name, const std::vector<Sha
   // Only worth it when halo cells come from other ranks (not just zero padding or self copies).
   const bool remote = std::any_of(plans.begin(), plans.end(),
                                   [](const auto& plan) { return plan && !plan->recvs().empty(); });
-  const bool overlap = op.cpu_overlap && remote && halo_overlap() &&
-                       std::all_of(inputs.begin(), inputs.end(), [](const ShardTensor& input) {
-                         return input.device().is_cpu();
-                       });
+  const auto all_on = [&inputs](Device::Kind kind) {
+    return std::all_of(inputs.begin(), inputs.end(),
+                       [kind](const ShardTensor& input) { return input.device().kind == kind; });
+  };
+  // The split of the inputs' device, if the op has one.
+  const OverlapKernel* split = nullptr;
+  if (all_on(Device::Kind::cpu) && op.cpu_overlap) split = &*op.cpu_overlap;
+  if (all_on(Device::Kind::cuda) && op.cuda_overlap) split = &*op.cuda_overlap;
+  const bool overlap = split != nullptr && remote && halo_overlap(context.device.kind);
   if (overlap) {
     for (size_t e = 0; e < exchanges.size(); ++e) locals[exchanged[e]] = exchanges[e].haloed();
-    results = op.cpu_overlap->interior(context, locals);
+    results = split->interior(context, locals);
   }
   for (size_t e = 0; e < exchanges.size(); ++e) locals[exchanged[e]] = halo_end(exchanges[e]);
   if (overlap)
-    op.cpu_overlap->boundary(context, locals, results);
+    split->boundary(context, locals, results);
   else
     results = kernel_for(op, inputs)(context, locals);
 

@@ -39,6 +39,8 @@ struct KernelContext {
   std::vector<ShardSpec> output_specs;  ///< layouts of the outputs
   std::vector<Box> output_boxes;        ///< global box of each local output
   std::vector<Box> owned_boxes;         ///< global box each input's rank owns (no halo)
+  Device device = Device::cpu();        ///< where the inputs live and the outputs must be made
+  Stream stream{};  ///< where a cuda kernel queues its work (never synchronizing the device)
 };
 
 struct OpDef;
@@ -85,18 +87,24 @@ struct OpDef {
   KernelFn cuda;        ///< kernel for cuda tensors (empty: not available on cuda)
   BackwardFn backward;  ///< empty: not differentiable
   /// Optional split of the cpu kernel, used instead of `cpu` when an input has a halo and
-  /// overlap is on (halo_overlap()).
+  /// overlap is on (halo_overlap(Device::Kind::cpu)).
   std::optional<OverlapKernel> cpu_overlap = std::nullopt;
+  /// The same for the cuda kernel: `interior` is queued on the compute stream while the halos
+  /// travel, `boundary` after halo_end has ordered the compute stream after them.
+  std::optional<OverlapKernel> cuda_overlap = std::nullopt;
 };
 
-/// Whether apply_op overlaps halo exchanges with ops' interior compute (ops with an
-/// OverlapKernel, when halo cells come from other ranks). Off by default (TESSERA_HALO_OVERLAP=1
-/// turns it on at start-up): the cpu conv kernels take contiguous tensors, so the split copies
-/// its input and output regions, which on one node costs more than the exchange it hides
-/// (docs/benchmarks.md).
-bool halo_overlap();
-/// Turns the overlap on or off for the whole process (e.g. to measure what it saves).
+/// Whether apply_op overlaps halo exchanges with ops' interior compute on tensors of `kind`
+/// (ops with an OverlapKernel, when halo cells come from other ranks). By default on for cuda
+/// (the split runs on strided views into the haloed buffer) and off for cpu: the cpu conv
+/// kernels take contiguous tensors, so the split copies its input and output regions, which on
+/// one node costs more than the exchange it hides (docs/benchmarks.md).
+/// TESSERA_HALO_OVERLAP=1 (or 0) turns both on (off) at start-up.
+bool halo_overlap(Device::Kind kind = Device::Kind::cpu);
+/// Turns the overlap on or off for every device kind (e.g. to measure what it saves).
 void set_halo_overlap(bool on);
+/// Turns the overlap on or off for tensors of one device kind.
+void set_halo_overlap(Device::Kind kind, bool on);
 
 /// Registers `op` (replacing one of the same name, built-in ones included). Thread-safe.
 void register_op(OpDef op);

@@ -22,9 +22,10 @@ namespace tessera {
 
 namespace {
 
-/// Uninitialised host bytes from the caching allocator (no zero-fill, reused across calls).
-Tensor staging_buffer(size_t bytes) {
-  return Tensor::empty({static_cast<int64_t>(bytes)}, DType::u8);
+/// Uninitialised bytes on `device` from its caching allocator (no zero-fill, reused across
+/// calls).
+Tensor staging_buffer(size_t bytes, Device device) {
+  return Tensor::empty({static_cast<int64_t>(bytes)}, DType::u8, device);
 }
 
 /// A block of no elements (the same on sender and receiver, whatever the empty box's shape).
@@ -66,7 +67,7 @@ Tensor reduce_scatter_partial(const Tensor& local, const DeviceMesh& mesh, int m
   if (blocks_contiguous_along(source.shape(), dim)) {
     packed = source;
   } else {
-    packed = Tensor::empty(source.shape(), source.dtype());
+    packed = Tensor::empty(source.shape(), source.dtype(), source.device());
     const std::vector<size_t> displs = displacements_of(counts);
     auto* out = static_cast<char*>(packed.raw_data());
     for (size_t c = 0; c < extents.size(); ++c) {
@@ -77,7 +78,7 @@ Tensor reduce_scatter_partial(const Tensor& local, const DeviceMesh& mesh, int m
   }
   Shape shape = source.shape();
   shape[dim] = extents[mesh.coord()[mesh_dim]];
-  Tensor result = Tensor::empty(shape, source.dtype());
+  Tensor result = Tensor::empty(shape, source.dtype(), source.device());
   comm->reduce_scatter_v(packed.raw_data(), result.raw_data(), counts, source.dtype(), op);
   return result;
 }
@@ -93,14 +94,15 @@ Tensor all_gather_shards(const Tensor& local, const DeviceMesh& mesh, const Shar
   const int64_t slab = shape_numel(out_shape) / std::max<int64_t>(out_shape[dim], 1);
   std::vector<size_t> counts(extents.size());
   for (size_t c = 0; c < extents.size(); ++c) counts[c] = static_cast<size_t>(extents[c] * slab);
-  Tensor result = Tensor::empty(out_shape, source.dtype());
+  Tensor result = Tensor::empty(out_shape, source.dtype(), source.device());
   if (blocks_contiguous_along(out_shape, dim)) {
     comm->all_gather_v(source.raw_data(), counts[mesh.coord()[mesh_dim]], result.raw_data(), counts,
                        source.dtype());
     return result;
   }
   const std::vector<size_t> displs = displacements_of(counts);
-  const Tensor staging = staging_buffer((displs.back() + counts.back()) * source.element_size());
+  const Tensor staging =
+      staging_buffer((displs.back() + counts.back()) * source.element_size(), source.device());
   comm->all_gather_v(source.raw_data(), counts[mesh.coord()[mesh_dim]], staging.raw_data(), counts,
                      source.dtype());
   const std::vector<int64_t> offsets = offsets_of(extents);
@@ -137,7 +139,7 @@ Tensor exchange_boxes(const Tensor& local, const DeviceMesh& mesh, const ShardSp
   const Box my_to = to.local_box(my_coord);
   const int peers = comm->size();
   const int me = comm->rank();
-  Tensor result = Tensor::empty(my_to.shape(), local.dtype());
+  Tensor result = Tensor::empty(my_to.shape(), local.dtype(), local.device());
   // Blocks are strided views of the source and result tensors: nothing is packed here.
   std::vector<StridedBlock> send_blocks(peers, empty_block()), recv_blocks(peers, empty_block());
   for (int peer = 0; peer < peers; ++peer) {
@@ -189,8 +191,8 @@ ShardTensor ShardTensor::redistribute(std::vector<Placement> placements,
       detail::make_agreed_spec(mesh_, "redistribute", spec_.global_shape, std::move(placements),
                                std::move(extents), dtype());
   if (target == spec_) return *this;
-  // Device tensors are staged through host memory.
-  Tensor local = local_.to(Device::cpu());
+  // Device tensors stay on their device: every buffer below is made on local_'s device.
+  Tensor local = local_;
   ShardSpec current = spec_;
 
   // 1. Reduce the Partial dims that do not stay the same Partial.
@@ -224,9 +226,9 @@ ShardTensor ShardTensor::redistribute(std::vector<Placement> placements,
     zero = zero || (movement.placements[m] != target.placements[m] &&
                     target.placements[m].reduce == ReduceOp::sum && mesh_.coord()[m] != 0);
   if (zero) {
-    local = Tensor::zeros(local.shape(), local.dtype());
+    local = Tensor::zeros(local.shape(), local.dtype(), local.device());
   }
-  return ShardTensor(local.to(device()), mesh_, target);
+  return ShardTensor(local, mesh_, target);
 }
 
 }  // namespace tessera

@@ -121,14 +121,20 @@ ShardTensor ShardTensor::scatter(const Tensor& full, DeviceMesh mesh,
   Comm& comm = mesh.comm();
   check_arg(root >= 0 && root < comm.size(), "scatter", "root {} outside a mesh of {} ranks", root,
             comm.size());
-  // Only the root knows the tensor: share its rank, dtype and shape (a few integers).
-  int64_t header[2] = {full.ndim(), static_cast<int64_t>(full.dtype())};
-  comm.broadcast(header, 2, DType::i64, root);
+  // Only the root knows the tensor: share its rank, dtype, shape and memory space (a few
+  // integers).
+  int64_t header[3] = {full.ndim(), static_cast<int64_t>(full.dtype()), full.device().is_cuda()};
+  comm.broadcast(header, 3, DType::i64, root);
   Shape global_shape = comm.rank() == root ? full.shape() : Shape(header[0]);
   comm.broadcast(global_shape.data(), global_shape.size(), DType::i64, root);
   const DType dtype = static_cast<DType>(header[1]);
   const ShardSpec spec = detail::make_agreed_spec(mesh, "scatter", global_shape,
                                                   std::move(placements), std::move(extents), dtype);
+  // The data moves in the root tensor's memory space (for a device tensor: every rank's own
+  // device).
+  const Device rank_device = current_rank_context().device();
+  const Device wire_device =
+      comm.rank() == root ? full.device() : (header[2] ? rank_device : Device::cpu());
 
   // Rank r receives its box, unless Partial(sum) makes it a zero rank.
   std::vector<size_t> counts(comm.size());
@@ -140,18 +146,20 @@ ShardTensor ShardTensor::scatter(const Tensor& full, DeviceMesh mesh,
   }
   Tensor packed;
   if (comm.rank() == root) {
-    const Tensor host = full.to(Device::cpu());
     const std::vector<size_t> displs = displacements_of(counts);
-    packed = Tensor::empty({static_cast<int64_t>(displs.back() + counts.back())}, dtype);
+    packed =
+        Tensor::empty({static_cast<int64_t>(displs.back() + counts.back())}, dtype, wire_device);
     for (int rank = 0; rank < comm.size(); ++rank)
       if (counts[rank])
-        host.pack_box(spec.local_box_of_rank(rank),
+        full.pack_box(spec.local_box_of_rank(rank),
                       static_cast<char*>(packed.raw_data()) + displs[rank] * dtype_size(dtype));
   }
-  Tensor local = Tensor::empty(spec.local_shape(mesh.coord()), dtype);
+  Tensor local = Tensor::empty(spec.local_shape(mesh.coord()), dtype, wire_device);
   comm.scatter_v(packed.raw_data(), counts, local.raw_data(), counts[comm.rank()], dtype, root);
   if (!counts[comm.rank()]) local.fill(0);
-  const Device device = comm.rank() == root ? full.device() : Device::cpu();
+  // Pieces live on their rank's device; where that is the cpu, the root keeps its tensor's.
+  const Device device =
+      rank_device.is_cuda() ? rank_device : (comm.rank() == root ? full.device() : rank_device);
   return ShardTensor(local.to(device), std::move(mesh), spec);
 }
 
@@ -191,20 +199,22 @@ Tensor ShardTensor::gather(int root) const {
       canonical = canonical && (spec.placements[m].is_shard() || coord[m] == 0);
     counts[rank] = canonical ? static_cast<size_t>(spec.local_box(coord).volume()) : 0;
   }
-  const Tensor local = source.local_.to(Device::cpu()).contiguous();
+  // The data stays in the pieces' memory space (device tensors gather on the root's device).
+  const Tensor local = source.local_.contiguous();
   const size_t element = dtype_size(dtype());
   const std::vector<size_t> displs = displacements_of(counts);
   Tensor staging;
   if (comm.rank() == root)
-    staging = Tensor::empty({static_cast<int64_t>(displs.back() + counts.back())}, dtype());
+    staging =
+        Tensor::empty({static_cast<int64_t>(displs.back() + counts.back())}, dtype(), device());
   comm.gather_v(local.raw_data(), counts[comm.rank()], staging.raw_data(), counts, dtype(), root);
   if (comm.rank() != root) return Tensor();
-  Tensor full = Tensor::empty(spec.global_shape, dtype());
+  Tensor full = Tensor::empty(spec.global_shape, dtype(), device());
   for (int rank = 0; rank < comm.size(); ++rank)
     if (counts[rank])
       full.unpack_box(spec.local_box_of_rank(rank),
                       static_cast<const char*>(staging.raw_data()) + displs[rank] * element);
-  return full.to(device());
+  return full;
 }
 
 }  // namespace tessera

@@ -28,6 +28,8 @@ class ShardTensor {
   /// Collective: `root` holds the full tensor (other ranks pass anything, e.g. Tensor()); each
   /// rank receives only its own shard (scatter_v). Partial(sum) puts the values on the ranks
   /// at coordinate 0 of the partial dims and zeros elsewhere; other partial ops copy them.
+  /// Each piece lands on its rank's device (TESSERA_DEVICE); with cpu ranks the root's piece
+  /// stays on the full tensor's device. A cuda tensor on the root moves device to device.
   static ShardTensor scatter(const Tensor& full, DeviceMesh mesh, std::vector<Placement> placements,
                              std::vector<std::vector<int64_t>> extents = {}, int root = 0);
   /// Collective: every rank holds the same full tensor and keeps its own shard (no data moves).

@@ -1,4 +1,6 @@
-// Tensor storage, views and copies. Device copies go through core/gpu_runtime.hpp.
+// Tensor storage, views and copies. Every element operation goes through the device's backend
+// (core/backend/backend.hpp) on the stream current for the device; host<->device copies go
+// through transfer_bytes, which counts them.
 #include "core/tensor.hpp"
 
 #include <fmt/format.h>
@@ -9,9 +11,8 @@
 #include <cstring>
 #include <new>
 
+#include "core/backend/transfer.hpp"
 #include "core/checked_math.hpp"
-#include "core/gpu_runtime.hpp"
-#include "core/host_allocator.hpp"
 
 namespace tessera {
 
@@ -28,21 +29,18 @@ Device Device::parse(const std::string& text) {
                                               text));
 }
 
-Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
+Storage::Storage(size_t bytes, Device device)
+    : bytes_(bytes), device_(device), stream_(compute_stream_for(device)) {
   if (bytes == 0) return;
-  if (device.is_cuda()) {
-    data_ = gpu::allocate(bytes, device.index);
-    return;
-  }
-  data_ = host_allocate(bytes);
+  data_ = backend_for(device).allocate(bytes, device, stream_, "tensor");
 }
 
 Storage::~Storage() {
-  if (!data_) return;
-  if (device_.is_cuda())
-    gpu::release(data_, device_.index);
-  else
-    host_release(data_, bytes_);
+  if (data_) backend_for(device_).release(data_, bytes_, device_, stream_);
+}
+
+StridedRef strided_ref(const Tensor& tensor) {
+  return {tensor.raw_data(), tensor.shape().data(), tensor.strides().data(), tensor.ndim()};
 }
 
 std::vector<int64_t> contiguous_strides(const Shape& shape) {
@@ -75,11 +73,7 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
   Tensor result = empty(shape, dtype, device);
-  if (result.nbytes() == 0) return result;
-  if (device.is_cuda())
-    gpu::zero_bytes(result.raw_data(), result.nbytes(), device.index);
-  else
-    std::memset(result.raw_data(), 0, result.nbytes());
+  result.fill(0);
   return result;
 }
 
@@ -148,25 +142,11 @@ Tensor Tensor::to(Device device) const {
 
 Tensor Tensor::to_dtype(DType dtype) const {
   if (dtype == dtype_) return *this;
-  check_arg(device_.is_cpu(), "tensor", "dtype conversion of a {} tensor: move it to cpu first",
-            device_.str());
   const Tensor source = contiguous();
-  Tensor result = empty(shape_, dtype);
-  const int64_t count = numel();
-  dispatch_dtype(dtype_, [&]<typename From>() {
-    dispatch_dtype(dtype, [&]<typename To>() {
-      const From* in = static_cast<const From*>(source.raw_data());
-      To* out = static_cast<To*>(result.raw_data());
-      for (int64_t i = 0; i < count; ++i) {
-        if constexpr (std::is_same_v<To, Half> || std::is_same_v<To, BFloat16>)
-          out[i] = To(static_cast<float>(in[i]));
-        else if constexpr (std::is_same_v<From, Half> || std::is_same_v<From, BFloat16>)
-          out[i] = static_cast<To>(static_cast<float>(in[i]));
-        else
-          out[i] = static_cast<To>(in[i]);
-      }
-    });
-  });
+  Tensor result = empty(shape_, dtype, device_);
+  if (numel() > 0)
+    backend_for(device_).convert(result.raw_data(), dtype, source.raw_data(), dtype_,
+                                 static_cast<size_t>(numel()), compute_stream_for(device_));
   return result;
 }
 
@@ -227,22 +207,18 @@ void Tensor::copy_from(const Tensor& source) {
             source.str(), str());
   if (numel() == 0) return;
   if (device_ == source.device_) {
-    if (device_.is_cpu())
-      copy_strided_host(raw_data(), strides_.data(), source.raw_data(), source.strides_.data(),
-                        shape_.data(), ndim(), element_size());
-    else
-      gpu::copy_strided(raw_data(), strides_.data(), source.raw_data(), source.strides_.data(),
-                        shape_.data(), ndim(), element_size(), device_.index);
+    backend_for(device_).copy(strided_ref(*this), strided_ref(source), element_size(),
+                              compute_stream_for(device_));
     return;
   }
   // Across devices: one contiguous transfer, then a strided copy on this side if needed.
   const Tensor packed = source.contiguous();
   if (is_contiguous()) {
-    gpu::copy_bytes(raw_data(), packed.raw_data(), nbytes());
+    transfer_bytes(raw_data(), device_, packed.raw_data(), source.device_, nbytes());
     return;
   }
   Tensor staged = empty(shape_, dtype_, device_);
-  gpu::copy_bytes(staged.raw_data(), packed.raw_data(), nbytes());
+  transfer_bytes(staged.raw_data(), device_, packed.raw_data(), source.device_, nbytes());
   copy_from(staged);
 }
 
@@ -250,39 +226,22 @@ void Tensor::pack_box(const Box& box, void* dst) const {
   const Tensor view = view_box(box);
   const std::vector<int64_t> dst_strides = contiguous_strides(view.shape_);
   if (view.numel() == 0) return;
-  if (device_.is_cpu())
-    copy_strided_host(dst, dst_strides.data(), view.raw_data(), view.strides_.data(),
-                      view.shape_.data(), ndim(), element_size());
-  else
-    gpu::copy_strided(dst, dst_strides.data(), view.raw_data(), view.strides_.data(),
-                      view.shape_.data(), ndim(), element_size(), device_.index);
+  backend_for(device_).copy({dst, view.shape_.data(), dst_strides.data(), ndim()},
+                            strided_ref(view), element_size(), compute_stream_for(device_));
 }
 
 void Tensor::unpack_box(const Box& box, const void* src) {
   Tensor view = view_box(box);
   const std::vector<int64_t> src_strides = contiguous_strides(view.shape_);
   if (view.numel() == 0) return;
-  if (device_.is_cpu())
-    copy_strided_host(view.raw_data(), view.strides_.data(), src, src_strides.data(),
-                      view.shape_.data(), ndim(), element_size());
-  else
-    gpu::copy_strided(view.raw_data(), view.strides_.data(), src, src_strides.data(),
-                      view.shape_.data(), ndim(), element_size(), device_.index);
+  backend_for(device_).copy(
+      strided_ref(view), {const_cast<void*>(src), view.shape_.data(), src_strides.data(), ndim()},
+      element_size(), compute_stream_for(device_));
 }
 
 void Tensor::fill(double value) {
   if (numel() == 0) return;
-  Tensor host = empty(shape_, dtype_);
-  dispatch_dtype(dtype_, [&]<typename T>() {
-    T element;
-    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
-      element = T(static_cast<float>(value));
-    else
-      element = static_cast<T>(value);
-    T* out = static_cast<T*>(host.raw_data());
-    for (int64_t i = 0; i < numel(); ++i) out[i] = element;
-  });
-  copy_from(host);
+  backend_for(device_).fill(strided_ref(*this), dtype_, value, compute_stream_for(device_));
 }
 
 double Tensor::item_as_double(const std::vector<int64_t>& index) const {

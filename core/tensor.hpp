@@ -8,13 +8,17 @@
 #include <string>
 #include <vector>
 
+#include "core/backend/backend.hpp"
 #include "core/box.hpp"
 #include "core/device.hpp"
 #include "core/dtype.hpp"
+#include "core/runtime/rank_context.hpp"
 
 namespace tessera {
 
-/// Owned memory block on one device.
+/// Owned memory block on one device, from that device's caching allocator. Device memory is
+/// stream-ordered: allocated for, and returned on, the stream that was current for the device
+/// when it was made.
 class Storage {
  public:
   /// Allocates `bytes` on `device` (uninitialised).
@@ -30,6 +34,7 @@ class Storage {
   void* data_ = nullptr;
   size_t bytes_ = 0;
   Device device_;
+  Stream stream_;  // where a device block is returned to the allocator
 };
 
 /// Row-major strides (in elements) of a contiguous tensor of `shape`.
@@ -79,14 +84,16 @@ class Tensor {
   Tensor clone() const;
   /// Deep copy onto `device` (this tensor itself when already there).
   Tensor to(Device device) const;
-  /// Copy with elements converted to `dtype` (cpu only; this tensor when dtype matches).
+  /// Copy with elements converted to `dtype` on the same device (this tensor when dtype matches).
   Tensor to_dtype(DType dtype) const;
 
   /// Copies `source` (same shape and dtype, any strides and device) into this tensor.
   void copy_from(const Tensor& source);
-  /// Copies the box `box` of this tensor into `dst` as contiguous row-major bytes.
+  /// Copies the box `box` of this tensor into `dst` (memory of this tensor's device) as
+  /// contiguous row-major bytes.
   void pack_box(const Box& box, void* dst) const;
-  /// Copies contiguous row-major bytes from `src` into the box `box` of this tensor.
+  /// Copies contiguous row-major bytes from `src` (memory of this tensor's device) into the box
+  /// `box` of this tensor.
   void unpack_box(const Box& box, const void* src);
   /// Sets every element to `value` (converted to the dtype).
   void fill(double value);
@@ -107,6 +114,9 @@ class Tensor {
   DType dtype_ = DType::f32;
   Device device_;
 };
+
+/// This tensor as the backends' argument (data pointer, shape, strides); valid while it lives.
+StridedRef strided_ref(const Tensor& tensor);
 
 /// N-d strided element copy on the host; strides are in elements.
 void copy_strided_host(void* dst, const int64_t* dst_strides, const void* src,

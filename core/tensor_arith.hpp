@@ -1,11 +1,11 @@
-// Elementwise arithmetic on host tensors that the core itself needs (gradient accumulation).
+// Elementwise arithmetic that the core itself needs (gradient accumulation), on any device.
 #pragma once
 
 #include "core/tensor.hpp"
 
 namespace tessera {
 
-/// dst += src elementwise (same shape and dtype; any strides; cpu tensors). dst may be a view.
+/// dst += src elementwise (same shape, dtype and device; any strides). dst may be a view.
 void add_into(Tensor dst, const Tensor& src);
 
 }  // namespace tessera

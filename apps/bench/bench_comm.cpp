@@ -23,6 +23,7 @@ struct CommBenchOptions {
   int ranks = 4;
   int iterations = 0;  // 0: chosen per size
   bool json = false;
+  std::string device = "cpu";  // where the buffers live (every rank's device)
 };
 
 /// Uneven split of n over parts with weights 2,1,2,1,... (or 1,2,1,2,... when `flipped`).
@@ -76,10 +77,17 @@ void bench_size(std::shared_ptr<Comm> world, const DeviceMesh& mesh, size_t byte
   const int warmup = std::max(2, iterations / 5);
   const double bus_factor = parts > 1 ? double(parts - 1) / parts : 1.0;
 
-  Tensor local = Tensor::empty({row_extents[me], kCols}, DType::f32);
+  const Device device = current_rank_context().device();
+  Tensor host_local = Tensor::empty({row_extents[me], kCols}, DType::f32);
   for (int64_t i = 0; i < row_extents[me]; ++i)
     for (int64_t j = 0; j < kCols; ++j)
-      local.data<float>()[i * kCols + j] = expected_value(row_offsets[me] + i, j);
+      host_local.data<float>()[i * kCols + j] = expected_value(row_offsets[me] + i, j);
+  const Tensor local = host_local.to(device);
+  // Buffers of the raw collectives on the rank's device; checks read host copies of them.
+  auto buffer = [&](size_t count) {
+    return Tensor::empty({static_cast<int64_t>(count)}, DType::f32, device);
+  };
+  auto host_floats = [](const Tensor& t) { return t.to(Device::cpu()); };
   const ShardTensor sharded =
       ShardTensor::from_local(local, mesh, {rows, kCols}, {Placement::shard(0)}, {row_extents});
   auto add_row = [&](const std::string& op, double seconds, int64_t wrong, double baseline) {
@@ -91,15 +99,17 @@ void bench_size(std::shared_ptr<Comm> world, const DeviceMesh& mesh, size_t byte
   // --- Shard(0) -> Replicate: all_gather_v.
   std::vector<size_t> gather_counts(parts);
   for (int p = 0; p < parts; ++p) gather_counts[p] = static_cast<size_t>(row_extents[p] * kCols);
-  std::vector<float> gathered(static_cast<size_t>(rows * kCols));
+  Tensor gathered = buffer(static_cast<size_t>(rows * kCols));
   const double comm_gather = bench::time_iterations(*world, warmup, iterations, [&] {
-    world->all_gather_v(local.raw_data(), gather_counts[me], gathered.data(), gather_counts,
+    world->all_gather_v(local.raw_data(), gather_counts[me], gathered.raw_data(), gather_counts,
                         DType::f32);
   });
   add_row("all_gather_v", comm_gather,
-          total_wrong(*world, count_wrong(gathered.data(), 0, rows, 0, kCols)), 0);
+          total_wrong(*world, count_wrong(host_floats(gathered).data<float>(), 0, rows, 0, kCols)),
+          0);
   double gather_baseline = comm_gather;
-  if (bench::raw_mpi_available()) {
+  if (bench::raw_mpi_available() && device.is_cpu()) {
+    std::vector<float> gathered(static_cast<size_t>(rows * kCols));
     const std::vector<int> counts = to_int_counts(gather_counts);
     const std::vector<int> displs = to_int_counts(displacements_of(gather_counts));
     std::fill(gathered.begin(), gathered.end(), -1.0f);
@@ -115,7 +125,8 @@ void bench_size(std::shared_ptr<Comm> world, const DeviceMesh& mesh, size_t byte
     replicated = sharded.redistribute({Placement::replicate()});
   });
   add_row("redistribute S(0)->R", redistribute_gather,
-          total_wrong(*world, count_wrong(replicated.to_local().data<float>(), 0, rows, 0, kCols)),
+          total_wrong(*world, count_wrong(host_floats(replicated.to_local()).data<float>(), 0, rows,
+                                          0, kCols)),
           gather_baseline);
 
   // --- Shard(0) -> Shard(1): all_to_all_v of the boxes that change owner.
@@ -126,31 +137,36 @@ void bench_size(std::shared_ptr<Comm> world, const DeviceMesh& mesh, size_t byte
   }
   const std::vector<size_t> send_displs = displacements_of(send_counts);
   const std::vector<size_t> recv_displs = displacements_of(recv_counts);
-  std::vector<float> send_buffer(send_displs.back() + send_counts.back());
-  std::vector<float> recv_buffer(recv_displs.back() + recv_counts.back());
+  Tensor send_tensor = buffer(send_displs.back() + send_counts.back());
+  Tensor recv_tensor = buffer(recv_displs.back() + recv_counts.back());
   for (int p = 0; p < parts; ++p)
     local.pack_box(Box{{0, col_offsets[p]}, {row_extents[me], col_offsets[p + 1]}},
-                   send_buffer.data() + send_displs[p]);
-  auto check_all_to_all = [&] {
+                   static_cast<float*>(send_tensor.raw_data()) + send_displs[p]);
+  auto check_received = [&](const float* received) {
     int64_t wrong = 0;
     for (int p = 0; p < parts; ++p)
-      wrong += count_wrong(recv_buffer.data() + recv_displs[p], row_offsets[p], row_extents[p],
+      wrong += count_wrong(received + recv_displs[p], row_offsets[p], row_extents[p],
                            col_offsets[me], col_extents[me]);
     return total_wrong(*world, wrong);
   };
   const double comm_all_to_all = bench::time_iterations(*world, warmup, iterations, [&] {
-    world->all_to_all_v(send_buffer.data(), send_counts, send_displs, recv_buffer.data(),
+    world->all_to_all_v(send_tensor.raw_data(), send_counts, send_displs, recv_tensor.raw_data(),
                         recv_counts, recv_displs, DType::f32);
   });
-  add_row("all_to_all_v", comm_all_to_all, check_all_to_all(), 0);
+  add_row("all_to_all_v", comm_all_to_all, check_received(host_floats(recv_tensor).data<float>()),
+          0);
   double all_to_all_baseline = comm_all_to_all;
-  if (bench::raw_mpi_available()) {
+  if (bench::raw_mpi_available() && device.is_cpu()) {
+    const Tensor host_send = host_floats(send_tensor);
+    const float* send_buffer = host_send.data<float>();
+    std::vector<float> recv_buffer(recv_displs.back() + recv_counts.back());
+    auto check_all_to_all = [&] { return check_received(recv_buffer.data()); };
     const auto scounts = to_int_counts(send_counts), sdispls = to_int_counts(send_displs);
     const auto rcounts = to_int_counts(recv_counts), rdispls = to_int_counts(recv_displs);
     std::fill(recv_buffer.begin(), recv_buffer.end(), -1.0f);
     all_to_all_baseline = bench::time_iterations(*world, warmup, iterations, [&] {
-      bench::raw_all_to_all_v(send_buffer.data(), scounts.data(), sdispls.data(),
-                              recv_buffer.data(), rcounts.data(), rdispls.data());
+      bench::raw_all_to_all_v(send_buffer, scounts.data(), sdispls.data(), recv_buffer.data(),
+                              rcounts.data(), rdispls.data());
     });
     add_row("raw MPI_Alltoallv", all_to_all_baseline, check_all_to_all(), 0);
   }
@@ -159,7 +175,7 @@ void bench_size(std::shared_ptr<Comm> world, const DeviceMesh& mesh, size_t byte
     transposed = sharded.redistribute({Placement::shard(1)}, {col_extents});
   });
   add_row("redistribute S(0)->S(1)", redistribute_all_to_all,
-          total_wrong(*world, count_wrong(transposed.to_local().data<float>(), 0, rows,
+          total_wrong(*world, count_wrong(host_floats(transposed.to_local()).data<float>(), 0, rows,
                                           col_offsets[me], col_extents[me])),
           all_to_all_baseline);
 }
@@ -168,17 +184,17 @@ void run_comm_bench(std::shared_ptr<Comm> world, const CommBenchOptions& options
   DeviceMesh mesh(world, {world->size()}, {"ranks"});
   const bool raw = bench::raw_mpi_available();
   bench::BenchTable table(
-      fmt::format("tessera bench comm: {} ranks, {} backend, baseline: {}", world->size(),
-                  world->backend(), raw ? "raw MPI collective" : "Tessera's own collective"),
+      fmt::format("tessera bench comm: {} ranks, {} backend, {} buffers, baseline: {}",
+                  world->size(), world->backend(), current_rank_context().device().str(),
+                  raw ? "raw MPI collective" : "Tessera's own collective"),
       !options.json, world->rank());
   for (size_t bytes = options.min_bytes; bytes <= options.max_bytes; bytes *= 4)
     bench_size(world, mesh, bytes, options, table);
   if (options.json && world->rank() == 0) {
-    nlohmann::json result{{"benchmark", "comm"},
-                          {"backend", world->backend()},
-                          {"ranks", world->size()},
-                          {"baseline", raw ? "raw_mpi" : "tessera_comm"},
-                          {"rows", table.json()}};
+    nlohmann::json result{
+        {"benchmark", "comm"},      {"backend", world->backend()},
+        {"ranks", world->size()},   {"baseline", raw ? "raw_mpi" : "tessera_comm"},
+        {"device", options.device}, {"rows", table.json()}};
     std::cout << result.dump(2) << "\n";
   }
 }
@@ -203,10 +219,15 @@ void register_bench(CLI::App& app) {
   comm->add_option("--iterations", options->iterations, "Timed iterations (0: by size)")
       ->check(CLI::Range(0, 1000000));
   comm->add_flag("--json", options->json, "Print JSON instead of the table");
+  comm->add_option("--device", options->device,
+                   "Where the buffers live: cpu, cuda (ranks round-robin over the GPUs) or "
+                   "cuda:N")
+      ->capture_default_str();
   comm->callback([options] {
     check_arg(options->min_bytes <= options->max_bytes, "bench",
               "--min-bytes {} is larger than --max-bytes {}", options->min_bytes,
               options->max_bytes);
+    select_device(options->device);
     launch(backend_from_env(), options->ranks,
            [&](std::shared_ptr<Comm> world) { run_comm_bench(world, *options); });
   });

@@ -3,20 +3,33 @@
 // first spatial dim, with GFLOP/s, the halo exchange's own time, and a correctness check of
 // the sharded output against the 1-rank output (#wrong). PyTorch's figures for the same shapes
 // come from apps/bench/torch_conv_bench.py.
+//
+// --device cuda runs cuDNN (f32 without TF32, or --dtype bf16/f16), timed with CUDA events on
+// each rank's compute stream (all local ranks share the visible GPUs round-robin), and adds the
+// achieved memory bandwidth: the bytes of x, w and y one pass reads and writes (forward: x + w +
+// y; forward+backward: that, plus backward data dy + w + dx, backward filter x + dy + dw and
+// backward bias dy) over its time. --no-comm times each rank's local conv on its haloed piece
+// alone (no halo exchange, no tape): the compute the sharded run cannot avoid.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <cmath>
+#include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <utility>
 
 #include "apps/bench/bench_table.hpp"
+#include "apps/bench/gpu_timer.hpp"
 #include "apps/tessera/cli_parse.hpp"
 #include "apps/tessera/commands.hpp"
 #include "core/compute_threads.hpp"
+#include "core/gpu_runtime.hpp"
 #include "core/halo/halo_exchange.hpp"
+#include "core/runtime/rank_context.hpp"
 #include "core/tessera.hpp"
+#include "ops/conv/conv_kernels.hpp"
 #include "ops/ops.hpp"
 
 namespace tessera::cli {
@@ -26,22 +39,100 @@ namespace {
 using bench::random_tensor;
 
 struct ConvBenchOptions {
-  std::vector<std::string> shapes{"1,16,512,512", "1,16,128,128,128"};
-  int64_t kernel = 3;
-  std::string ranks = "1,2";
-  int threads = 0;  // per rank; 0 = cores / ranks
+  std::vector<std::string> shapes;  // empty: the defaults of the device
+  int64_t kernel = 0;               // 0: 5 for conv1d, 3 otherwise
+  std::string ranks;                // empty: 1,2 on cpu, 1,4 on cuda
+  int threads = 0;                  // per rank; 0 = cores / ranks
   int iterations = 3;
   bool json = false;
+  std::string device = "cpu";
+  std::string dtype = "f32";
+  bool no_comm = false;
 };
+
+// The shapes of the GPU issue: conv1d k5, conv2d and conv3d k3, padding same, Cout = C.
+const std::vector<std::string> kCpuShapes{"1,16,512,512", "1,16,128,128,128"};
+const std::vector<std::string> kCudaShapes{"8,64,1048576", "1,32,2048,2048", "4,64,1024,1024",
+                                           "1,16,256,256,256", "2,32,128,128,128"};
+
+int64_t kernel_for(const ConvBenchOptions& options, const Shape& x_shape) {
+  if (options.kernel > 0) return options.kernel;
+  return x_shape.size() == 3 ? 5 : 3;
+}
+
+/// Where one rank's tensors live: cpu, or cuda:(rank % devices).
+Device rank_device(const std::string& device, int rank) {
+  if (device == "cpu") return Device::cpu();
+  const int count = gpu::device_count();
+  check_arg(count > 0, "bench", "--device {}: no CUDA device is visible", device);
+  const Device parsed = Device::parse(device);
+  return device == "cuda" ? Device::cuda(rank % count) : parsed;
+}
+
+/// A ShardTensor's local piece moved to `device` in `dtype` (same layout).
+ShardTensor placed(const ShardTensor& t, Device device, DType dtype) {
+  if (device.is_cpu() && dtype == t.to_local().dtype()) return t;
+  return ShardTensor(t.to_local().to_dtype(dtype).to(device), t.mesh(), t.spec());
+}
+
+/// Seconds per iteration of `body` on this rank: host clock on cpu, CUDA events on the rank's
+/// compute stream on cuda (one untimed warm-up run first: algorithms, plans, allocator).
+double time_on(Device device, int iterations, const std::function<void()>& body) {
+  body();
+  if (device.is_cpu()) {
+    const double start = now_seconds();
+    for (int i = 0; i < iterations; ++i) body();
+    return (now_seconds() - start) / iterations;
+  }
+  const Stream stream = compute_stream_for(device);
+  synchronize(stream);
+  bench::GpuTimer timer(stream);
+  timer.start();
+  for (int i = 0; i < iterations; ++i) body();
+  return timer.stop() / iterations;
+}
 
 struct ConvFigures {
   double forward = 0, forward_backward = 0, halo = 0;
-  Tensor y;  // full output (rank 0) for the check
+  Tensor y;  // full output (rank 0, cpu) for the check
 };
+
+/// --no-comm: each rank's local conv (forward; forward + backward data, filter and bias) on a
+/// piece of its share of the first spatial dim plus the halo, with no exchange and no tape.
+ConvFigures measure_local(std::shared_ptr<Comm> world, const Shape& x_shape, int64_t kernel,
+                          int iterations, Device device, DType dtype) {
+  const int64_t channels = x_shape[1];
+  const int spatial = static_cast<int>(x_shape.size()) - 2;
+  Shape piece = x_shape, w_shape{channels, channels};
+  piece[2] = default_split(x_shape[2], world->size())[world->rank()] + kernel - 1;
+  for (int i = 0; i < spatial; ++i) {
+    w_shape.push_back(kernel);
+    if (i > 0) piece[2 + i] += kernel - 1;
+  }
+  const Tensor x = random_tensor(piece, 11).to_dtype(dtype).to(device);
+  const Tensor w = random_tensor(w_shape, 12).to_dtype(dtype).to(device);
+  const Tensor b = random_tensor({channels}, 13).to_dtype(dtype).to(device);
+  const ops::ConvGeometry geometry{std::vector<int64_t>(spatial, 1),
+                                   std::vector<int64_t>(spatial, 1), 1};
+  Tensor y = ops::conv_forward(x, w, &b, geometry);
+  const Tensor gy = random_tensor(y.shape(), 14).to_dtype(dtype).to(device);
+  ConvFigures figures;
+  figures.forward = time_on(device, iterations, [&] { y = ops::conv_forward(x, w, &b, geometry); });
+  figures.forward_backward = time_on(device, iterations, [&] {
+    y = ops::conv_forward(x, w, &b, geometry);
+    ops::conv_backward_data(gy, w, x.shape(), geometry);
+    ops::conv_backward_weight(x, gy, w.shape(), geometry);
+    ops::conv_backward_bias(gy);
+  });
+  world->all_reduce(&figures.forward, &figures.forward, 1, DType::f64, ReduceOp::max);
+  world->all_reduce(&figures.forward_backward, &figures.forward_backward, 1, DType::f64,
+                    ReduceOp::max);
+  return figures;
+}
 
 /// Runs the benchmark of one shape on `world` (all ranks shard the first spatial dim).
 ConvFigures measure(std::shared_ptr<Comm> world, const Shape& x_shape, int64_t kernel,
-                    int iterations) {
+                    int iterations, Device device, DType dtype) {
   DeviceMesh mesh(world, {world->size()}, {"domain"});
   const int64_t channels = x_shape[1];
   const int spatial = static_cast<int>(x_shape.size()) - 2;
@@ -50,25 +141,25 @@ ConvFigures measure(std::shared_ptr<Comm> world, const Shape& x_shape, int64_t k
   const std::vector<Placement> sharded{Placement::shard(2)}, replicated{Placement::replicate()};
   // Only this rank's piece of x is generated from the global pattern (seeded by global index).
   const Tensor full_x = random_tensor(x_shape, 11);
-  ShardTensor x = ShardTensor::distribute(full_x, mesh, sharded);
-  ShardTensor w = ShardTensor::distribute(random_tensor(w_shape, 12), mesh, replicated);
-  ShardTensor b = ShardTensor::distribute(random_tensor({channels}, 13), mesh, replicated);
+  ShardTensor x = placed(ShardTensor::distribute(full_x, mesh, sharded), device, dtype);
+  ShardTensor w =
+      placed(ShardTensor::distribute(random_tensor(w_shape, 12), mesh, replicated), device, dtype);
+  ShardTensor b = placed(ShardTensor::distribute(random_tensor({channels}, 13), mesh, replicated),
+                         device, dtype);
   ops::ConvOptions same;
   same.padding_name = "same";
   ConvFigures figures;
-  auto timed = [&](auto&& body) {
-    body();  // warm-up: primitives, plans, allocator
+  auto timed = [&](const std::function<void()>& body) {
     world->barrier();
-    const double start = now_seconds();
-    for (int i = 0; i < iterations; ++i) body();
-    double seconds = (now_seconds() - start) / iterations;
+    double seconds = time_on(device, iterations, body);
     world->all_reduce(&seconds, &seconds, 1, DType::f64, ReduceOp::max);
     return seconds;
   };
   ShardTensor y = ops::conv(x, w, b, same);
   figures.forward = timed([&] { y = ops::conv(x, w, b, same); });
-  const ShardTensor gy = ShardTensor::distribute(random_tensor(y.global_shape(), 14), mesh,
-                                                 y.placements(), y.spec().extents);
+  const ShardTensor gy = placed(ShardTensor::distribute(random_tensor(y.global_shape(), 14), mesh,
+                                                        y.placements(), y.spec().extents),
+                                device, dtype);
   x.set_requires_grad();
   w.set_requires_grad();
   b.set_requires_grad();
@@ -86,7 +177,9 @@ ConvFigures measure(std::shared_ptr<Comm> world, const Shape& x_shape, int64_t k
     HaloExchange exchange = halo_begin(*plan, x.to_local(), mesh.comm());
     halo_end(exchange);
   });
-  figures.y = y.gather(0);
+  Tensor gathered = y.gather(0);
+  if (gathered.device().is_cuda()) synchronize(compute_stream_for(gathered.device()));
+  figures.y = gathered.numel() > 0 ? gathered.to(Device::cpu()).to_dtype(DType::f64) : gathered;
   return figures;
 }
 
@@ -96,41 +189,73 @@ double conv_flops(const Shape& x_shape, int64_t kernel) {
   return flops;
 }
 
-void run_conv_bench(const ConvBenchOptions& options) {
+/// Bytes of x, w and y one forward pass reads and writes, and one forward+backward pass.
+std::pair<double, double> conv_bytes(const Shape& x_shape, int64_t kernel, DType dtype) {
+  const double element = static_cast<double>(dtype_size(dtype));
+  const double x = static_cast<double>(shape_numel(x_shape)) * element;
+  const double w = static_cast<double>(x_shape[1] * x_shape[1]) *
+                   std::pow(static_cast<double>(kernel), static_cast<double>(x_shape.size() - 2)) *
+                   element;
+  const double y = x;  // padding same, Cout = C
+  return {x + w + y, 3 * (x + w + y) + y};
+}
+
+void run_conv_bench(const ConvBenchOptions& options_given) {
+  ConvBenchOptions options = options_given;
+  const bool cuda = options.device != "cpu";
+  if (options.shapes.empty()) options.shapes = cuda ? kCudaShapes : kCpuShapes;
+  if (options.ranks.empty()) options.ranks = cuda ? "1,4" : "1,2";
   parse_rank_counts(options.ranks, "--ranks");  // a bad list fails before any measurement
+  const DType dtype = dtype_from_name(options.dtype);
+  check_arg(dtype == DType::f32 || (cuda && (dtype == DType::bf16 || dtype == DType::f16)), "bench",
+            "--dtype {} on {} (cpu: f32; cuda: f32, bf16, f16)", options.dtype, options.device);
   nlohmann::json rows = nlohmann::json::array();
   const Backend backend = backend_from_env();
   // Under mpiexec every process runs this function; only world rank 0 reports.
   const bool reporter = backend != Backend::mpi || mpi_world()->rank() == 0;
   if (!options.json && reporter)
     fmt::print(
-        "# tessera bench conv: f32, padding same, Cout = C, sharded along the first spatial dim\n"
-        "# {:<22} {:>5} {:>7} {:>12} {:>9} {:>14} {:>9} {:>10} {:>7}\n",
-        "shape N,C,spatial", "ranks", "threads", "forward ms", "GFLOP/s", "fwd+bwd ms", "GFLOP/s",
-        "halo ms", "#wrong");
+        "# tessera bench conv: {} on {}, padding same, Cout = C, sharded along the first spatial "
+        "dim{}\n"
+        "# {:<22} {:>5} {:>7} {:>12} {:>9} {:>7} {:>14} {:>9} {:>7} {:>10} {:>7}\n",
+        options.dtype, options.device, options.no_comm ? ", local kernels only (--no-comm)" : "",
+        "shape N,C,spatial", "ranks", "threads", "forward ms", "GFLOP/s", "GB/s", "fwd+bwd ms",
+        "GFLOP/s", "GB/s", "halo ms", "#wrong");
   for (const std::string& shape_text : options.shapes) {
     const Shape x_shape = parse_list(shape_text);
     check_arg(x_shape.size() >= 3 && x_shape.size() <= 5, "bench", "shape {} is not N,C,spatial..",
               x_shape);
-    const double flops = conv_flops(x_shape, options.kernel);
+    const int64_t kernel = kernel_for(options, x_shape);
+    const double flops = conv_flops(x_shape, kernel);
+    const auto [forward_bytes, forward_backward_bytes] = conv_bytes(x_shape, kernel, dtype);
     Tensor reference;
     for (int64_t ranks : parse_rank_counts(options.ranks, "--ranks")) {
       ConvFigures figures;
       const int threads = options.threads;
       launch(backend, static_cast<int>(ranks), [&](std::shared_ptr<Comm> world) {
         if (threads > 0) set_compute_threads(threads);
-        ConvFigures mine = measure(world, x_shape, options.kernel, options.iterations);
+        const Device device = rank_device(options.device, world->rank());
+        ConvFigures mine =
+            options.no_comm
+                ? measure_local(world, x_shape, kernel, options.iterations, device, dtype)
+                : measure(world, x_shape, kernel, options.iterations, device, dtype);
         if (world->rank() == 0) figures = std::move(mine);
       });
       // The first configuration (normally 1 rank) is the reference output.
       int64_t wrong = 0;
-      if (reference.numel() == 0) {
-        reference = figures.y;
+      // Beyond f32's 1e-4 (different algorithms per piece), bf16/f16 outputs differ by their
+      // rounding of differently ordered sums: 1e-2 of the magnitude.
+      const double tolerance = dtype == DType::f32 ? 1e-4 : 1e-2;
+      if (options.no_comm || figures.y.numel() == 0) {
+        // no output to check
+      } else if (reference.numel() == 0) {
+        reference = figures.y.to_dtype(DType::f64);
       } else {
-        const float* a = figures.y.data<float>();
-        const float* r = reference.data<float>();
-        for (int64_t i = 0; i < reference.numel(); ++i)
-          wrong += std::fabs(a[i] - r[i]) > 1e-4f * (1 + std::fabs(r[i]));
+        const Tensor a = figures.y.to_dtype(DType::f64);
+        for (int64_t i = 0; i < reference.numel(); ++i) {
+          const double r = reference.data<double>()[i];
+          wrong += std::fabs(a.data<double>()[i] - r) > tolerance * (1 + std::fabs(r));
+        }
       }
       const int used_threads =
           threads > 0 ? threads
@@ -138,22 +263,32 @@ void run_conv_bench(const ConvBenchOptions& options) {
                                         static_cast<int>(ranks));
       const double backward_flops = 3 * flops;  // forward + backward data + backward weight
       if (!options.json && reporter)
-        fmt::print("  {:<22} {:>5} {:>7} {:>12.2f} {:>9.1f} {:>14.2f} {:>9.1f} {:>10.3f} {:>7}\n",
-                   shape_text, ranks, used_threads, figures.forward * 1e3,
-                   flops / figures.forward / 1e9, figures.forward_backward * 1e3,
-                   backward_flops / figures.forward_backward / 1e9, figures.halo * 1e3, wrong);
-      rows.push_back({{"shape", x_shape},
-                      {"kernel", options.kernel},
-                      {"ranks", ranks},
-                      {"threads_per_rank", used_threads},
-                      {"backend", backend_name(backend)},
-                      {"forward_ms", figures.forward * 1e3},
-                      {"forward_gflops", flops / figures.forward / 1e9},
-                      {"forward_backward_ms", figures.forward_backward * 1e3},
-                      {"forward_backward_gflops", backward_flops / figures.forward_backward / 1e9},
-                      {"halo_ms", figures.halo * 1e3},
-                      {"halo_overlapped", 0.0},
-                      {"wrong", wrong}});
+        fmt::print(
+            "  {:<22} {:>5} {:>7} {:>12.2f} {:>9.1f} {:>7.1f} {:>14.2f} {:>9.1f} {:>7.1f} "
+            "{:>10.3f} "
+            "{:>7}\n",
+            shape_text, ranks, used_threads, figures.forward * 1e3, flops / figures.forward / 1e9,
+            forward_bytes / figures.forward / 1e9, figures.forward_backward * 1e3,
+            backward_flops / figures.forward_backward / 1e9,
+            forward_backward_bytes / figures.forward_backward / 1e9, figures.halo * 1e3, wrong);
+      rows.push_back(
+          {{"shape", x_shape},
+           {"kernel", kernel},
+           {"device", options.device},
+           {"dtype", options.dtype},
+           {"comm", !options.no_comm},
+           {"ranks", ranks},
+           {"threads_per_rank", used_threads},
+           {"backend", backend_name(backend)},
+           {"forward_ms", figures.forward * 1e3},
+           {"forward_gflops", flops / figures.forward / 1e9},
+           {"forward_gbps", forward_bytes / figures.forward / 1e9},
+           {"forward_backward_ms", figures.forward_backward * 1e3},
+           {"forward_backward_gflops", backward_flops / figures.forward_backward / 1e9},
+           {"forward_backward_gbps", forward_backward_bytes / figures.forward_backward / 1e9},
+           {"halo_ms", figures.halo * 1e3},
+           {"halo_overlapped", 0.0},
+           {"wrong", wrong}});
     }
   }
   if (options.json)
@@ -166,13 +301,23 @@ void register_conv_bench(CLI::App& bench) {
   auto options = std::make_shared<ConvBenchOptions>();
   auto* conv =
       bench.add_subcommand("conv", "Sharded conv forward and forward+backward vs one rank");
-  conv->add_option("--shape", options->shapes, "Input shapes N,C,spatial.. (repeatable)")
+  conv->add_option("--shape", options->shapes,
+                   "Input shapes N,C,spatial.. (repeatable; default: 1,16,512,512 and "
+                   "1,16,128,128,128 on cpu, the GPU issue's five shapes on cuda)");
+  conv->add_option("--kernel", options->kernel,
+                   "Kernel extent per spatial dim, at least 1 (default: 5 for conv1d, 3 otherwise)")
+      ->check(integer_at_least(1));
+  conv->add_option("--ranks", options->ranks,
+                   "Rank counts to run, e.g. 1,2,4 (default: 1,2 on "
+                   "cpu, 1,4 on cuda)");
+  conv->add_option("--device", options->device,
+                   "cpu, cuda (ranks round-robin over the GPUs) or "
+                   "cuda:N")
       ->capture_default_str();
-  conv->add_option("--kernel", options->kernel, "Kernel extent per spatial dim (at least 1)")
-      ->check(integer_at_least(1))
+  conv->add_option("--dtype", options->dtype, "f32 (cpu, cuda: no TF32), bf16 or f16 (cuda)")
       ->capture_default_str();
-  conv->add_option("--ranks", options->ranks, "Rank counts to run, e.g. 1,2,4")
-      ->capture_default_str();
+  conv->add_flag("--no-comm", options->no_comm,
+                 "Time each rank's local conv on its haloed piece alone (no halo exchange)");
   conv->add_option("--threads", options->threads, "Compute threads per rank (0: cores / ranks)")
       ->check(CLI::Range(0, 4096));
   conv->add_option("--iterations", options->iterations, "Timed iterations (at least 1)")

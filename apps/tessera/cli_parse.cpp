@@ -3,11 +3,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <limits>
 #include <sstream>
 
 #include "core/comm/local_comm.hpp"
+#include "core/device.hpp"
 #include "core/errors.hpp"
+#include "core/gpu_runtime.hpp"
 #include "core/layout.hpp"
 
 namespace tessera::cli {
@@ -102,6 +105,22 @@ int MeshOptions::local_ranks() const {
             "use mpiexec)",
             mesh, size, kMaxLocalRanks);
   return static_cast<int>(size);
+}
+
+void select_device(const std::string& text) {
+  const Device device = Device::parse(text);
+  if (device.is_cuda()) {
+    if (!gpu::compiled())
+      throw NotAvailable("device", fmt::format("--device {}: this Tessera was built without CUDA "
+                                               "(TESSERA_WITH_CUDA=OFF)",
+                                               text));
+    const int count = gpu::device_count();
+    check_arg(count > 0, "device", "--device {}: no CUDA device is visible on this machine", text);
+    check_arg(text == "cuda" || device.index < count, "device",
+              "--device {}: device index {} is beyond the {} visible CUDA device(s)", text,
+              device.index, count);
+  }
+  ::setenv("TESSERA_DEVICE", text.c_str(), 1);
 }
 
 }  // namespace tessera::cli

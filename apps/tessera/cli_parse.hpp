@@ -20,6 +20,12 @@ std::string one_line(const std::string& text);
 /// Seconds since the steady clock's epoch, as a double.
 double now_seconds();
 
+/// --device: "cpu", "cuda" (each rank on cuda:(local rank % visible GPUs)) or "cuda:N". Checks
+/// that the device exists (one clear error otherwise: a build without CUDA, no GPU, an index
+/// beyond the visible ones) and makes it every rank's device (TESSERA_DEVICE) for the launch
+/// that follows.
+void select_device(const std::string& text);
+
 /// What every sharding command takes: --mesh, --shard-dims, --extents, --ranks.
 struct MeshOptions {
   std::string mesh = "1", shard_dims, extents;

@@ -29,9 +29,21 @@ nlohmann::json collect_info() {
   // Initializing MPI just to print its version would need a launcher on some systems; the
   // version string is available before MPI_Init.
   info["mpi"] = mpi_library_version();
+  std::vector<std::string> gpus;
+  for (int index = 0; index < gpu::device_count(); ++index)
+    gpus.push_back(fmt::format("cuda:{}: {}", index, gpu::device_description(index)));
   info["cuda"] = {{"compiled", gpu::compiled()},
                   {"runtime", gpu::runtime_version()},
-                  {"devices", gpu::device_count()}};
+                  {"driver", gpu::driver_version()},
+                  {"devices", gpu::device_count()},
+                  {"gpus", gpus}};
+  // Whether MPI takes device buffers is the library's answer after MPI_Init, so it is asked only
+  // under a launcher (initializing MPI elsewhere may need one).
+  if (mpi_compiled() && launched_by_mpi_launcher())
+    info["mpi_cuda_aware"] =
+        mpi_cuda_aware() ? "yes" : "no (device buffers staged through pinned memory)";
+  else
+    info["mpi_cuda_aware"] = mpi_compiled() ? "asked at run time under mpiexec/srun" : "";
   info["cudnn"] = gpu::cudnn_version();
   info["nccl"] = nccl_version();
   info["hdf5"] = {{"version", io::hdf5_version()}, {"parallel", io::hdf5_is_parallel()}};
@@ -61,8 +73,11 @@ void register_info(CLI::App& app) {
                fmt::join(info["backends"].get<std::vector<std::string>>(), ", "));
     fmt::print("  default backend {}\n", info["default_backend"].get<std::string>());
     fmt::print("  MPI             {}\n", or_none(info["mpi"]));
-    fmt::print("  CUDA            {} ({} device(s))\n", or_none(info["cuda"]["runtime"]),
-               info["cuda"]["devices"].get<int>());
+    fmt::print("  CUDA            {} (driver {}, {} device(s))\n", or_none(info["cuda"]["runtime"]),
+               or_none(info["cuda"]["driver"]), info["cuda"]["devices"].get<int>());
+    for (const auto& gpu : info["cuda"]["gpus"])
+      fmt::print("                  {}\n", gpu.get<std::string>());
+    fmt::print("  CUDA-aware MPI  {}\n", or_none(info["mpi_cuda_aware"]));
     fmt::print("  cuDNN           {}\n", or_none(info["cudnn"]));
     fmt::print("  NCCL            {}\n", or_none(info["nccl"]));
     fmt::print("  HDF5            {}{}\n", or_none(info["hdf5"]["version"]),

@@ -74,9 +74,6 @@ void run_conv(std::shared_ptr<Comm> world, const ConvRunOptions& options) {
   const DType dtype = dtype_from_name(options.dtype);
   if (dtype != DType::f32 && dtype != DType::f64)
     throw AgreedError("run-op", fmt::format("--dtype {} (conv runs in f32 or f64)", options.dtype));
-  if (Device::parse(options.device).is_cuda())
-    throw AgreedError(
-        "run-op", "--device cuda: this build has no CUDA convolution kernel yet; use --device cpu");
   const bool root = world->rank() == 0;
   check_run_op_files(*world, options.in, options.out);
 
@@ -158,9 +155,12 @@ void register_run_op(CLI::App& app) {
       ->capture_default_str();
   add_mesh_options(*conv, options->layout, "2");
   conv->add_flag("--backward", options->backward, "Also compute gx, gw (and gb) from gy");
-  conv->add_option("--device", options->device, "cpu or cuda")->capture_default_str();
+  conv->add_option("--device", options->device,
+                   "cpu, cuda (local ranks round-robin over the GPUs) or cuda:N")
+      ->capture_default_str();
   conv->add_option("--dtype", options->dtype, "f32 or f64")->capture_default_str();
   conv->callback([options] {
+    select_device(options->device);
     launch(backend_from_env(), options->layout.local_ranks(),
            [&](std::shared_ptr<Comm> world) { run_conv(world, *options); });
   });

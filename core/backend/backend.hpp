@@ -30,7 +30,8 @@ struct AllocatorStats {
   size_t peak_in_use = 0;  ///< largest in_use so far
   size_t cached = 0;       ///< released, kept for reuse
   size_t limit = 0;        ///< most bytes the cache keeps (0: no cache)
-  uint64_t raw_allocations = 0;  ///< calls that reached the system allocator (cudaMalloc/aligned_alloc)
+  uint64_t raw_allocations =
+      0;  ///< calls that reached the system allocator (cudaMalloc/aligned_alloc)
 };
 
 class DeviceBackend {
@@ -44,7 +45,8 @@ class DeviceBackend {
   virtual void* allocate(size_t bytes, Device device, const Stream& stream,
                          const std::string& op) = 0;
   /// Returns memory from allocate (same bytes, device and stream it was last used on).
-  virtual void release(void* pointer, size_t bytes, Device device, const Stream& stream) noexcept = 0;
+  virtual void release(void* pointer, size_t bytes, Device device,
+                       const Stream& stream) noexcept = 0;
   /// The allocator's statistics for `device`.
   virtual AllocatorStats allocator_stats(Device device) const = 0;
   /// Frees every cached block of `device`.

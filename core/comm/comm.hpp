@@ -70,7 +70,7 @@ class Comm {
   virtual int rank() const = 0;
   /// Number of ranks.
   virtual int size() const = 0;
-  /// "local" or "mpi".
+  /// "local", "mpi" or "nccl".
   virtual std::string backend() const = 0;
 
   /// Posts every send and receive of `ops` and returns without waiting; buffers must stay

@@ -1,41 +1,47 @@
-// Backend selection (see launch.hpp).
+// Backend selection, local ranks and rank devices (see launch.hpp).
 #include "core/comm/launch.hpp"
 
 #include <cstdlib>
 
 #include "core/comm/local_comm.hpp"
 #include "core/comm/mpi_comm.hpp"
+#include "core/comm/nccl_comm.hpp"
+#include "core/gpu_runtime.hpp"
+#include "core/runtime/rank_context.hpp"
 
 namespace tessera {
 
-bool launched_by_mpi_launcher() {
-  for (const char* variable : {"PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE",
-                               "MV2_COMM_WORLD_SIZE", "SLURM_STEP_ID"})
-    if (std::getenv(variable)) return true;
-  return false;
-}
-
 Backend backend_from_env() {
   const char* text = std::getenv("TESSERA_BACKEND");
-  const std::string choice = text ? text : "auto";
-  if (choice == "local") return Backend::local;
-  if (choice == "mpi") return Backend::mpi;
-  check_arg(choice == "auto" || choice.empty(), "backend",
-            "TESSERA_BACKEND='{}' (expected local, mpi or auto)", choice);
-  return launched_by_mpi_launcher() && mpi_compiled() ? Backend::mpi : Backend::local;
+  return parse_backend(text ? text : "auto", launched_by_mpi_launcher(), mpi_compiled(),
+                       nccl_compiled());
 }
 
-std::string backend_name(Backend backend) {
-  return backend == Backend::mpi ? "mpi" : "local";
+Device launch_device(int local_rank) {
+  const char* text = std::getenv("TESSERA_DEVICE");
+  const std::string requested = text ? text : "";
+  // A cpu run asks nothing of CUDA (no driver call).
+  if (requested.empty() || requested == "cpu") return Device::cpu();
+  return default_rank_device(requested, local_rank, gpu::device_count());
 }
 
 void launch(Backend backend, int local_ranks,
             const std::function<void(std::shared_ptr<Comm>)>& body) {
-  if (backend == Backend::mpi) {
-    body(mpi_world());
+  if (backend == Backend::local) {
+    run_local_ranks(local_ranks, body);
     return;
   }
-  run_local_ranks(local_ranks, body);
+  if (backend == Backend::nccl && !launched_by_mpi_launcher()) {
+    run_local_ranks(local_ranks, [&](std::shared_ptr<Comm> bootstrap) {
+      body(make_nccl_comm(std::move(bootstrap)));
+    });
+    return;
+  }
+  std::shared_ptr<Comm> world = mpi_world();
+  const Device device = launch_device(local_rank_from_env());
+  if (device.is_cuda()) gpu::set_device(device.index);
+  RankContextScope context(std::make_shared<RankContext>(device));
+  body(backend == Backend::nccl ? make_nccl_comm(world) : world);
 }
 
 }  // namespace tessera

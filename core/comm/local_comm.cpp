@@ -1,7 +1,10 @@
 // The local backend (see local_comm.hpp). Invariant of every collective: phase 1 publishes
 // this rank's buffers and waits for all ranks; each rank then reads what it needs from its
 // peers' buffers; phase 2 waits again so that no rank returns (and reuses a buffer) while
-// another still reads it.
+// another still reads it. With device buffers the publisher also records an event on its compute
+// stream (its buffers are ready once the work queued before the call is done); a reader's comm
+// stream waits on the events of the ranks it reads, copies, and the reader synchronizes that
+// stream before phase 2, so "phase 2 reached" still means "done reading".
 #include "core/comm/local_comm.hpp"
 
 #include <algorithm>
@@ -12,8 +15,13 @@
 #include <exception>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
+#include "core/backend/backend.hpp"
+#include "core/backend/transfer.hpp"
+#include "core/comm/comm_device.hpp"
+#include "core/comm/launch.hpp"
 #include "core/compute_threads.hpp"
 #include "core/tensor.hpp"
 
@@ -22,11 +30,22 @@ namespace tessera {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using comm_device::SharedEvent;
 constexpr auto poll_interval = std::chrono::milliseconds(50);
 constexpr int kSpinsBeforeSleep = 2000;
 
 void copy_bytes(void* dst, const void* src, size_t bytes) {
   if (bytes) std::memcpy(dst, src, bytes);
+}
+
+Device device_of_index(int device) {
+  return device < 0 ? Device::cpu() : Device::cuda(device);
+}
+
+/// Counts a copy that crosses between host and device or between two devices.
+void count_if_crossing(int dst_device, int src_device, size_t bytes) {
+  if (dst_device != src_device && bytes)
+    count_transfer(device_of_index(dst_device), device_of_index(src_device), bytes);
 }
 
 /// Launch-wide failure flag, shared by the world group and every group split from it.
@@ -57,6 +76,78 @@ struct Contribution {
   int key = 0;
   const char* name = "";
   std::span<const StridedBlock> blocks{};
+  int device = -1;  // device of this rank's buffers, -1 for host memory
+  std::shared_ptr<SharedEvent>
+      ready{};  // device buffers: recorded on the publisher's compute stream
+};
+
+/// One rank's reads in a collective. Copies between host buffers are memcpy, inline; a copy that
+/// touches device memory is queued on one stream (the comm stream of this rank's device, or of
+/// the peer's device when this rank's buffers are on the host) after the publisher's event.
+/// finish() waits for the queued copies; it must run before the closing rendezvous.
+class Reader {
+ public:
+  /// `own` is this rank's contribution (its device and ready event).
+  explicit Reader(const Contribution& own) : own_(own) {}
+
+  /// Copies `bytes` from `src`, a buffer of the rank that published `from`, to this rank's `dst`.
+  void copy(void* dst, const void* src, size_t bytes, const Contribution& from) {
+    if (bytes == 0) return;
+    if (own_.device < 0 && from.device < 0) {
+      std::memcpy(dst, src, bytes);
+      return;
+    }
+    const Stream& stream = device_stream(from);
+    gpu::copy_bytes_async(dst, src, bytes, stream.handle, stream.device.index);
+    count_if_crossing(own_.device, from.device, bytes);
+  }
+
+  /// Copies a strided block of `from` into one of this rank's (both host or both device).
+  void copy_strided(void* dst, const int64_t* dst_strides, const void* src,
+                    const int64_t* src_strides, const std::vector<int64_t>& shape, size_t element,
+                    const Contribution& from, int peer) {
+    if (own_.device < 0 && from.device < 0) {
+      copy_strided_host(dst, dst_strides, src, src_strides, shape.data(),
+                        static_cast<int>(shape.size()), element);
+      return;
+    }
+    if (own_.device < 0 || from.device < 0)
+      throw InvalidArgument(current_comm_op(),
+                            fmt::format("all_to_all_w: rank {}'s blocks are in {} memory, this "
+                                        "rank's in {}; strided exchanges need one memory space",
+                                        peer, from.device < 0 ? "host" : "device",
+                                        own_.device < 0 ? "host" : "device"));
+    const Stream& stream = device_stream(from);
+    gpu::copy_strided_async(dst, dst_strides, src, src_strides, shape.data(),
+                            static_cast<int>(shape.size()), element, stream.handle,
+                            stream.device.index);
+    count_if_crossing(own_.device, from.device, element * shape_numel(shape));
+  }
+
+  /// The stream this rank's device work runs on after waiting for `from`'s event (and, the first
+  /// time, for this rank's own compute work, which may still use the buffers it writes).
+  const Stream& device_stream(const Contribution& from) {
+    if (!stream_) {
+      stream_ = comm_device::comm_stream_for(own_.device >= 0 ? own_.device : from.device);
+      if (own_.ready) own_.ready->wait_on(*stream_);
+    }
+    if (from.ready && from.ready != own_.ready &&
+        std::find(waited_.begin(), waited_.end(), from.ready.get()) == waited_.end()) {
+      from.ready->wait_on(*stream_);
+      waited_.push_back(from.ready.get());
+    }
+    return *stream_;
+  }
+
+  /// Waits for every queued copy (no-op when everything ran inline).
+  void finish() {
+    if (stream_) synchronize(*stream_);
+  }
+
+ private:
+  const Contribution& own_;
+  std::optional<Stream> stream_;
+  std::vector<const SharedEvent*> waited_;
 };
 
 struct PendingSend {
@@ -64,7 +155,9 @@ struct PendingSend {
   size_t bytes;
   int source;
   int tag;
-  bool done = false;  // guarded by the group mutex
+  int device = -1;                       // device of `buffer`, -1 for host memory
+  std::shared_ptr<SharedEvent> ready{};  // device buffers: recorded on the sender's compute stream
+  bool done = false;                     // guarded by the group mutex
 };
 
 class LocalGroup {
@@ -171,6 +264,8 @@ class LocalBatch final : public P2PBatch {
                 "send/recv peer {} outside a communicator of size {}", op.peer, group_->size());
       if (op.kind == P2POp::Kind::send) {
         auto send = std::make_shared<PendingSend>(PendingSend{op.buffer, op.bytes, rank, op.tag});
+        send->device = comm_device::buffer_device(op.buffer);
+        if (send->device >= 0) send->ready = ready_event(send->device);
         sends_.push_back({send, op.peer});
         group_->post_send(op.peer, send);
       } else {
@@ -182,6 +277,7 @@ class LocalBatch final : public P2PBatch {
   void wait() override {
     const auto deadline =
         Clock::now() + std::chrono::duration_cast<Clock::duration>(comm_timeout());
+    std::optional<Stream> device_stream;  // the comm stream once a device copy was queued
     std::unique_lock lock(group_->mutex());
     while (true) {
       // Match every receive whose send has been posted; copy outside the lock.
@@ -202,8 +298,10 @@ class LocalBatch final : public P2PBatch {
                                         rank_, recv->op.bytes, recv->op.peer, recv->op.tag,
                                         send->source, send->bytes));
           }
-          copy_bytes(recv->op.buffer, send->buffer, send->bytes);
+          copy_message(recv->op.buffer, *send, device_stream);
         }
+        // A send is done once its bytes are in place: the sender may then reuse its buffer.
+        if (device_stream) synchronize(*device_stream);
         lock.lock();
         for (auto& [recv, send] : matched) {
           send->done = true;
@@ -217,7 +315,10 @@ class LocalBatch final : public P2PBatch {
         if (!recv.done) waiting.push_back(fmt::format("recv from rank {}", recv.op.peer));
       for (const auto& [send, peer] : sends_)
         if (!send->done) waiting.push_back(fmt::format("send to rank {}", peer));
-      if (waiting.empty()) return;
+      if (waiting.empty()) {
+        if (device_stream) order_after(compute_stream_for(device_stream->device), *device_stream);
+        return;
+      }
       group_->throw_if_aborted(rank_);
       if (Clock::now() >= deadline)
         throw CommTimeout(current_comm_op(),
@@ -233,6 +334,37 @@ class LocalBatch final : public P2PBatch {
     P2POp op;
     bool done;
   };
+
+  /// The event of this batch's sends from `device`, recorded on the compute stream once.
+  std::shared_ptr<SharedEvent> ready_event(int device) {
+    for (const auto& [event_device, event] : ready_events_)
+      if (event_device == device) return event;
+    auto event = std::make_shared<SharedEvent>(device);
+    event->record(comm_device::compute_stream_of(device));
+    ready_events_.emplace_back(device, event);
+    return event;
+  }
+
+  /// Copies a matched message into `buffer`: memcpy between host buffers, else on the comm stream
+  /// of the receiving device (or the sender's when receiving into host memory), after the
+  /// sender's event and this rank's own compute work.
+  void copy_message(void* buffer, const PendingSend& send, std::optional<Stream>& stream) {
+    if (send.bytes == 0) return;
+    const int device = comm_device::buffer_device(buffer);
+    if (device < 0 && send.device < 0) {
+      copy_bytes(buffer, send.buffer, send.bytes);
+      return;
+    }
+    if (!stream) {
+      stream = comm_device::comm_stream_for(device >= 0 ? device : send.device);
+      order_after(*stream, compute_stream_for(stream->device));
+    }
+    if (send.ready) send.ready->wait_on(*stream);
+    gpu::copy_bytes_async(buffer, send.buffer, send.bytes, stream->handle, stream->device.index);
+    count_if_crossing(device, send.device, send.bytes);
+  }
+
+  std::vector<std::pair<int, std::shared_ptr<SharedEvent>>> ready_events_;
   std::shared_ptr<LocalGroup> group_;
   int rank_;
   std::vector<std::pair<std::shared_ptr<PendingSend>, int>> sends_;
@@ -253,13 +385,27 @@ class LocalComm final : public Comm {
 
   void all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) override {
     const size_t bytes = count * dtype_size(dtype);
+    const Contribution mine = publish({.send = send, .recv = recv, .count = count});
+    if (mine.device >= 0) {
+      // Reduce into scratch on this rank's device; recv (maybe == send, which peers are reading)
+      // is written only after the closing rendezvous.
+      std::optional<comm_device::DeviceScratch> result;
+      collective("all_reduce", mine, [&](Reader& reader) {
+        for (int r = 0; r < size(); ++r) check_count("all_reduce", r, group_->slot(r).count, count);
+        result.emplace(bytes, mine.device, reader.device_stream(mine), "all_reduce");
+        reduce_on_device(reader, result->data(), 0, count, dtype, op, "all_reduce");
+      });
+      finish_on_device(recv, result->data(), bytes, mine.device);
+      return;
+    }
     std::vector<std::byte> result(bytes);
-    collective("all_reduce", {.send = send, .count = count}, [&] {
+    collective("all_reduce", mine, [&](Reader& reader) {
       for (int r = 0; r < size(); ++r) check_count("all_reduce", r, group_->slot(r).count, count);
       // Every rank reduces in rank order, so every rank gets bit-identical results.
-      copy_bytes(result.data(), group_->slot(0).send, bytes);
+      reader.copy(result.data(), group_->slot(0).send, bytes, group_->slot(0));
+      reader.finish();
       for (int r = 1; r < size(); ++r)
-        reduce_into(result.data(), group_->slot(r).send, count, dtype, op);
+        reduce_into(result.data(), host_view(reader, r, 0, bytes), count, dtype, op);
     });
     if (op == ReduceOp::avg) divide_by(result.data(), count, dtype, size());
     copy_bytes(recv, result.data(), bytes);
@@ -269,15 +415,16 @@ class LocalComm final : public Comm {
                     std::span<const size_t> recv_counts, DType dtype) override {
     check_counts_size("all_gather_v", recv_counts);
     const size_t element = dtype_size(dtype);
-    collective("all_gather_v", {.send = send, .count = send_count}, [&] {
-      size_t offset = 0;
-      for (int r = 0; r < size(); ++r) {
-        check_count("all_gather_v", r, group_->slot(r).count, recv_counts[r]);
-        copy_bytes(static_cast<char*>(recv) + offset * element, group_->slot(r).send,
-                   recv_counts[r] * element);
-        offset += recv_counts[r];
-      }
-    });
+    collective("all_gather_v", publish({.send = send, .recv = recv, .count = send_count}),
+               [&](Reader& reader) {
+                 size_t offset = 0;
+                 for (int r = 0; r < size(); ++r) {
+                   check_count("all_gather_v", r, group_->slot(r).count, recv_counts[r]);
+                   reader.copy(static_cast<char*>(recv) + offset * element, group_->slot(r).send,
+                               recv_counts[r] * element, group_->slot(r));
+                   offset += recv_counts[r];
+                 }
+               });
   }
 
   void reduce_scatter_v(const void* send, void* recv, std::span<const size_t> recv_counts,
@@ -287,16 +434,32 @@ class LocalComm final : public Comm {
     const size_t count = recv_counts[rank_];
     size_t offset = 0;
     for (int r = 0; r < rank_; ++r) offset += recv_counts[r];
-    std::vector<std::byte> result(count * element);
-    collective("reduce_scatter_v", {.send = send, .counts = recv_counts}, [&] {
+    const Contribution mine = publish({.send = send, .recv = recv, .counts = recv_counts});
+    auto check_counts = [&] {
       for (int r = 0; r < size(); ++r)
         check_count("reduce_scatter_v", r, group_->slot(r).counts[rank_], count);
-      copy_bytes(result.data(), static_cast<const char*>(group_->slot(0).send) + offset * element,
-                 count * element);
+    };
+    if (mine.device >= 0) {
+      std::optional<comm_device::DeviceScratch> result;
+      collective("reduce_scatter_v", mine, [&](Reader& reader) {
+        check_counts();
+        result.emplace(count * element, mine.device, reader.device_stream(mine),
+                       "reduce_scatter_v");
+        reduce_on_device(reader, result->data(), offset * element, count, dtype, op,
+                         "reduce_scatter_v");
+      });
+      finish_on_device(recv, result->data(), count * element, mine.device);
+      return;
+    }
+    std::vector<std::byte> result(count * element);
+    collective("reduce_scatter_v", mine, [&](Reader& reader) {
+      check_counts();
+      reader.copy(result.data(), static_cast<const char*>(group_->slot(0).send) + offset * element,
+                  count * element, group_->slot(0));
+      reader.finish();
       for (int r = 1; r < size(); ++r)
-        reduce_into(result.data(),
-                    static_cast<const char*>(group_->slot(r).send) + offset * element, count, dtype,
-                    op);
+        reduce_into(result.data(), host_view(reader, r, offset * element, count * element), count,
+                    dtype, op);
     });
     if (op == ReduceOp::avg) divide_by(result.data(), count, dtype, size());
     copy_bytes(recv, result.data(), count * element);
@@ -311,15 +474,17 @@ class LocalComm final : public Comm {
     check_counts_size("all_to_all_v", recv_counts);
     check_counts_size("all_to_all_v", recv_displs);
     const size_t element = dtype_size(dtype);
-    collective("all_to_all_v", {.send = send, .counts = send_counts, .displs = send_displs}, [&] {
-      for (int r = 0; r < size(); ++r) {
-        const Contribution& peer = group_->slot(r);
-        check_count("all_to_all_v", r, peer.counts[rank_], recv_counts[r]);
-        copy_bytes(static_cast<char*>(recv) + recv_displs[r] * element,
-                   static_cast<const char*>(peer.send) + peer.displs[rank_] * element,
-                   recv_counts[r] * element);
-      }
-    });
+    collective("all_to_all_v",
+               publish({.send = send, .recv = recv, .counts = send_counts, .displs = send_displs}),
+               [&](Reader& reader) {
+                 for (int r = 0; r < size(); ++r) {
+                   const Contribution& peer = group_->slot(r);
+                   check_count("all_to_all_v", r, peer.counts[rank_], recv_counts[r]);
+                   reader.copy(static_cast<char*>(recv) + recv_displs[r] * element,
+                               static_cast<const char*>(peer.send) + peer.displs[rank_] * element,
+                               recv_counts[r] * element, peer);
+                 }
+               });
   }
 
   void all_to_all_w(const void* send_base, std::span<const StridedBlock> send_blocks,
@@ -329,31 +494,35 @@ class LocalComm final : public Comm {
     check_counts_size("all_to_all_w", recv_blocks.size());
     const size_t element = dtype_size(dtype);
     // Each receiver copies straight from the sender's strided block into its own: one pass.
-    collective("all_to_all_w", {.send = send_base, .blocks = send_blocks}, [&] {
-      for (int r = 0; r < size(); ++r) {
-        const StridedBlock& source = group_->slot(r).blocks[rank_];
-        const StridedBlock& target = recv_blocks[r];
-        if (source.shape != target.shape)
-          throw CommError(current_comm_op(),
-                          fmt::format("all_to_all_w: rank {} expects a block of shape {} from rank "
-                                      "{}, which sends {}",
-                                      rank_, target.shape, r, source.shape));
-        if (target.count() == 0) continue;
-        copy_strided_host(static_cast<char*>(recv_base) + target.offset * element,
-                          target.strides.data(),
-                          static_cast<const char*>(group_->slot(r).send) + source.offset * element,
-                          source.strides.data(), target.shape.data(),
-                          static_cast<int>(target.shape.size()), element);
-      }
-    });
+    collective(
+        "all_to_all_w", publish({.send = send_base, .recv = recv_base, .blocks = send_blocks}),
+        [&](Reader& reader) {
+          for (int r = 0; r < size(); ++r) {
+            const StridedBlock& source = group_->slot(r).blocks[rank_];
+            const StridedBlock& target = recv_blocks[r];
+            if (source.shape != target.shape)
+              throw CommError(current_comm_op(),
+                              fmt::format("all_to_all_w: rank {} expects a block of shape {} from "
+                                          "rank {}, which sends {}",
+                                          rank_, target.shape, r, source.shape));
+            if (target.count() == 0) continue;
+            reader.copy_strided(
+                static_cast<char*>(recv_base) + target.offset * element, target.strides.data(),
+                static_cast<const char*>(group_->slot(r).send) + source.offset * element,
+                source.strides.data(), target.shape, element, group_->slot(r), r);
+          }
+        });
   }
 
   void broadcast(void* buffer, size_t count, DType dtype, int root) override {
     check_root("broadcast", root);
-    collective("broadcast", {.send = buffer, .count = count, .root = root}, [&] {
-      check_count("broadcast", root, group_->slot(root).count, count);
-      if (rank_ != root) copy_bytes(buffer, group_->slot(root).send, count * dtype_size(dtype));
-    });
+    collective("broadcast", publish({.send = buffer, .count = count, .root = root}),
+               [&](Reader& reader) {
+                 check_count("broadcast", root, group_->slot(root).count, count);
+                 if (rank_ != root)
+                   reader.copy(buffer, group_->slot(root).send, count * dtype_size(dtype),
+                               group_->slot(root));
+               });
   }
 
   void scatter_v(const void* send, std::span<const size_t> send_counts, void* recv,
@@ -361,14 +530,16 @@ class LocalComm final : public Comm {
     check_root("scatter_v", root);
     if (rank_ == root) check_counts_size("scatter_v", send_counts);
     const size_t element = dtype_size(dtype);
-    collective("scatter_v", {.send = send, .counts = send_counts, .root = root}, [&] {
-      const Contribution& source = group_->slot(root);
-      check_count("scatter_v", root, source.counts[rank_], recv_count);
-      size_t offset = 0;
-      for (int r = 0; r < rank_; ++r) offset += source.counts[r];
-      copy_bytes(recv, static_cast<const char*>(source.send) + offset * element,
-                 recv_count * element);
-    });
+    collective("scatter_v",
+               publish({.send = send, .recv = recv, .counts = send_counts, .root = root}),
+               [&](Reader& reader) {
+                 const Contribution& source = group_->slot(root);
+                 check_count("scatter_v", root, source.counts[rank_], recv_count);
+                 size_t offset = 0;
+                 for (int r = 0; r < rank_; ++r) offset += source.counts[r];
+                 reader.copy(recv, static_cast<const char*>(source.send) + offset * element,
+                             recv_count * element, source);
+               });
   }
 
   void gather_v(const void* send, size_t send_count, void* recv,
@@ -376,16 +547,17 @@ class LocalComm final : public Comm {
     check_root("gather_v", root);
     if (rank_ == root) check_counts_size("gather_v", recv_counts);
     const size_t element = dtype_size(dtype);
-    collective("gather_v", {.send = send, .count = send_count, .root = root}, [&] {
-      if (rank_ != root) return;
-      size_t offset = 0;
-      for (int r = 0; r < size(); ++r) {
-        check_count("gather_v", r, group_->slot(r).count, recv_counts[r]);
-        copy_bytes(static_cast<char*>(recv) + offset * element, group_->slot(r).send,
-                   recv_counts[r] * element);
-        offset += recv_counts[r];
-      }
-    });
+    collective("gather_v", publish({.send = send, .recv = recv, .count = send_count, .root = root}),
+               [&](Reader& reader) {
+                 if (rank_ != root) return;
+                 size_t offset = 0;
+                 for (int r = 0; r < size(); ++r) {
+                   check_count("gather_v", r, group_->slot(r).count, recv_counts[r]);
+                   reader.copy(static_cast<char*>(recv) + offset * element, group_->slot(r).send,
+                               recv_counts[r] * element, group_->slot(r));
+                   offset += recv_counts[r];
+                 }
+               });
   }
 
   void barrier() override { group_->arrive_and_wait(rank_, "barrier", nullptr); }
@@ -393,7 +565,7 @@ class LocalComm final : public Comm {
   std::shared_ptr<Comm> split(int color, int key) override {
     const uint64_t sequence = split_count_++;
     std::shared_ptr<Comm> result;
-    collective("split", {.color = color, .key = key}, [&] {
+    collective("split", {.color = color, .key = key}, [&](Reader&) {
       if (color < 0) return;
       std::vector<std::pair<int, int>> members;  // (key, parent rank)
       for (int r = 0; r < size(); ++r)
@@ -408,6 +580,21 @@ class LocalComm final : public Comm {
   }
 
  private:
+  /// `mine` with the device of its buffers and, for device buffers, the event that marks them
+  /// ready (recorded now on this rank's compute stream).
+  Contribution publish(Contribution mine) {
+    mine.device = comm_device::buffer_device(mine.send);
+    if (mine.device < 0) mine.device = comm_device::buffer_device(mine.recv);
+    if (mine.device < 0) return mine;
+    if (!ready_event_ || ready_device_ != mine.device) {
+      ready_event_ = std::make_shared<SharedEvent>(mine.device);
+      ready_device_ = mine.device;
+    }
+    ready_event_->record(comm_device::compute_stream_of(mine.device));
+    mine.ready = ready_event_;
+    return mine;
+  }
+
   template <typename Work>
   void collective(const char* name, Contribution mine, Work&& work) {
     mine.name = name;
@@ -422,14 +609,68 @@ class LocalComm final : public Comm {
       }
     }
     std::exception_ptr failure;
+    Reader reader(mine);
     try {
-      work();
+      work(reader);
+      // No rank leaves (and reuses its buffers) before every reader's copies are done.
+      reader.finish();
     } catch (...) {
       failure = std::current_exception();
       group_->launch()->abort("a collective's arguments disagree between ranks");
     }
     group_->arrive_and_wait(rank_, name, nullptr);
     if (failure) std::rethrow_exception(failure);
+  }
+
+  /// Rank `r`'s send bytes [offset, offset + bytes) readable on the host: its buffer itself, or
+  /// a host copy when it lives on a device.
+  const void* host_view(Reader& reader, int r, size_t offset, size_t bytes) {
+    const Contribution& peer = group_->slot(r);
+    const char* source = static_cast<const char*>(peer.send) + offset;
+    if (peer.device < 0) return source;
+    staging_.resize(bytes);
+    reader.copy(staging_.data(), source, bytes, peer);
+    reader.finish();
+    return staging_.data();
+  }
+
+  /// result = reduction in rank order of every rank's send bytes from `offset` (count elements),
+  /// on this rank's device and comm stream; avg is divided here.
+  void reduce_on_device(Reader& reader, void* result, size_t offset, size_t count, DType dtype,
+                        ReduceOp op, const char* name) {
+    const size_t bytes = count * dtype_size(dtype);
+    if (bytes == 0) return;
+    const Device device = Device::cuda(group_->slot(rank_).device);
+    const Contribution& first = group_->slot(0);
+    const Stream& stream = reader.device_stream(first);
+    reader.copy(result, static_cast<const char*>(first.send) + offset, bytes, first);
+    const int64_t shape[1] = {static_cast<int64_t>(count)};
+    const int64_t strides[1] = {1};
+    DeviceBackend& backend = backend_for(device);
+    std::optional<comm_device::DeviceScratch> staged;
+    for (int r = 1; r < size(); ++r) {
+      const Contribution& peer = group_->slot(r);
+      const void* operand = static_cast<const char*>(peer.send) + offset;
+      reader.device_stream(peer);  // orders the stream after the peer's event
+      if (peer.device != device.index) {
+        // Another device's (or the host's) data is first copied next to the result.
+        if (!staged) staged.emplace(bytes, device.index, stream, name);
+        reader.copy(staged->data(), operand, bytes, peer);
+        operand = staged->data();
+      }
+      backend.accumulate({result, shape, strides, 1},
+                         {const_cast<void*>(operand), shape, strides, 1}, dtype, op, stream);
+    }
+    if (op == ReduceOp::avg)
+      backend.scale({result, shape, strides, 1}, dtype, 1.0 / size(), stream);
+  }
+
+  /// After the closing rendezvous (no peer reads this rank's buffers any more): recv = result on
+  /// the comm stream, and the compute stream ordered after it.
+  void finish_on_device(void* recv, const void* result, size_t bytes, int device) {
+    const Stream stream = comm_device::comm_stream_for(device);
+    if (bytes) gpu::copy_bytes_async(recv, result, bytes, stream.handle, device);
+    order_after(comm_device::compute_stream_of(device), stream);
   }
 
   void check_count(const char* name, int peer, size_t theirs, size_t mine) const {
@@ -453,6 +694,9 @@ class LocalComm final : public Comm {
   std::shared_ptr<LocalGroup> group_;
   int rank_;
   uint64_t split_count_ = 0;
+  std::shared_ptr<SharedEvent> ready_event_;  // marks this rank's device buffers ready
+  int ready_device_ = -1;
+  std::vector<std::byte> staging_;  // host copies of device operands of host reductions
 };
 
 }  // namespace
@@ -460,6 +704,9 @@ class LocalComm final : public Comm {
 void run_local_ranks(int ranks, const std::function<void(std::shared_ptr<Comm>)>& body) {
   check_arg(ranks > 0 && ranks <= kMaxLocalRanks, "local",
             "cannot launch {} local ranks (expected 1 to {})", ranks, kMaxLocalRanks);
+  // Devices are chosen (and checked) here, so a bad TESSERA_DEVICE is one error, not one per rank.
+  std::vector<Device> devices;
+  for (int rank = 0; rank < ranks; ++rank) devices.push_back(launch_device(rank));
   auto launch = std::make_shared<LaunchState>();
   auto world = std::make_shared<LocalGroup>(ranks, launch);
   std::vector<std::exception_ptr> errors(ranks);
@@ -471,6 +718,8 @@ void run_local_ranks(int ranks, const std::function<void(std::shared_ptr<Comm>)>
     // The ranks share this process's cores: give each rank's kernels its share.
     set_compute_threads(std::max(1, cores / ranks));
     try {
+      if (devices[rank].is_cuda()) gpu::set_device(devices[rank].index);
+      RankContextScope context(std::make_shared<RankContext>(devices[rank]));
       body(std::make_shared<LocalComm>(world, rank));
     } catch (const PeerFailed&) {
       errors[rank] = std::current_exception();

@@ -3,6 +3,12 @@
 // reduce through user-defined MPI_Ops that compute in float. all_to_all_w keeps Comm's pack +
 // all_to_all_v + unpack: with MPICH 4.0, MPI_Ialltoallw over derived (hvector) datatypes
 // measured 1.1-1.6x slower than that on the `bench comm` S(0)->S(1) boxes.
+//
+// Device buffers: with a CUDA-aware MPI (mpi_cuda_aware()) MPI gets the device pointers once
+// the compute stream's work is done; otherwise every device buffer is staged through pinned host
+// blocks of a per-communicator pool (copies on the comm stream, counted with count_transfer) and
+// reductions of staged data run on the host as for host buffers. f16/bf16 reductions, whose
+// MPI_Ops run on the host, are always staged.
 #include "core/comm/mpi_comm.hpp"
 
 #include <mpi.h>
@@ -12,13 +18,118 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
+
+#include "core/backend/backend.hpp"
+#include "core/backend/transfer.hpp"
+#include "core/comm/comm_device.hpp"
+#include "core/comm/mpi_staging.hpp"
 
 namespace tessera {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using comm_device::buffer_device;
+
+/// The device of a call's buffers (-1: host): the first of `pointers` that is device memory.
+int device_of(std::initializer_list<const void*> pointers) {
+  for (const void* pointer : pointers)
+    if (const int device = buffer_device(pointer); device >= 0) return device;
+  return -1;
+}
+
+/// What MPI reads and writes for one call's buffers on cuda:`device` (or on the host, device -1:
+/// then the buffers themselves). Direct (CUDA-aware MPI): the device pointers, once the compute
+/// stream's work is done. Staged: pinned host blocks of `pool`, filled from the device before MPI
+/// runs (input) and copied back after (output), on the comm stream.
+class Staging {
+ public:
+  Staging(const std::shared_ptr<StagingPool>& pool, int device, bool direct)
+      : pool_(pool), device_(device), direct_(direct || device < 0) {
+    if (device_ < 0) return;
+    compute_ = comm_device::compute_stream_of(device_);
+    comm_ = comm_device::comm_stream_for(device_);
+    if (direct_) {
+      // MPI reads and writes device memory outside stream order.
+      synchronize(compute_);
+    } else {
+      order_after(comm_, compute_);
+    }
+  }
+
+  /// The pointer MPI reads `bytes` of input from.
+  const void* input(const void* data, size_t bytes) {
+    if (direct_ || bytes == 0) return data;
+    StagingPool::Lease lease = pool_->acquire(bytes);
+    gpu::copy_bytes_async(lease.data(), data, bytes, comm_.handle, device_);
+    count_transfer(Device::cpu(), Device::cuda(device_), bytes);
+    staged_.push_back({const_cast<void*>(data), bytes, false, std::move(lease)});
+    pending_input_ = true;
+    return staged_.back().lease.data();
+  }
+
+  /// The pointer MPI writes `bytes` of output to (in place: the host copy of the same input).
+  void* output(void* data, size_t bytes) {
+    if (direct_ || bytes == 0) return data;
+    for (Staged& staged : staged_) {
+      if (staged.data == data && staged.bytes >= bytes) {
+        staged.is_output = true;
+        return staged.lease.data();
+      }
+    }
+    staged_.push_back({data, bytes, true, pool_->acquire(bytes)});
+    return staged_.back().lease.data();
+  }
+
+  /// Call after input()/output() and before MPI: the host copies of the inputs are complete.
+  void before_mpi() {
+    if (pending_input_) synchronize(comm_);
+    pending_input_ = false;
+  }
+
+  /// Call after MPI completed: outputs copied back to the device; the compute stream is ordered
+  /// after them.
+  void after_mpi() {
+    if (direct_) return;
+    bool copied = false;
+    for (Staged& staged : staged_) {
+      if (!staged.is_output) continue;
+      gpu::copy_bytes_async(staged.data, staged.lease.data(), staged.bytes, comm_.handle, device_);
+      count_transfer(Device::cuda(device_), Device::cpu(), staged.bytes);
+      copied = true;
+    }
+    // The pinned blocks go back to the pool with this object: the copies must be done first.
+    if (copied) synchronize(comm_);
+    order_after(compute_, comm_);
+  }
+
+  bool staged() const { return !direct_; }
+  int device() const { return device_; }
+
+ private:
+  struct Staged {
+    void* data;
+    size_t bytes;
+    bool is_output;
+    StagingPool::Lease lease;
+  };
+  std::shared_ptr<StagingPool> pool_;
+  int device_;
+  bool direct_;
+  bool pending_input_ = false;
+  Stream compute_, comm_;
+  std::vector<Staged> staged_;
+};
+
+/// Largest end (displacement + count) of rank-blocked counts: the extent of a v buffer.
+size_t extent_of(std::span<const size_t> counts, std::span<const size_t> displs) {
+  size_t end = 0;
+  for (size_t i = 0; i < counts.size() && i < displs.size(); ++i)
+    if (counts[i]) end = std::max(end, displs[i] + counts[i]);
+  return end;
+}
 
 MPI_Datatype half_type = MPI_DATATYPE_NULL;
 MPI_Datatype bfloat16_type = MPI_DATATYPE_NULL;
@@ -122,23 +233,46 @@ void wait_requests(std::vector<MPI_Request>& requests, const char* name, int ran
 
 class MpiBatch final : public P2PBatch {
  public:
-  MpiBatch(MPI_Comm comm, int rank, int size, std::span<const P2POp> ops)
+  MpiBatch(MPI_Comm comm, int rank, int size, std::span<const P2POp> ops,
+           const std::shared_ptr<StagingPool>& pool, bool cuda_aware)
       : rank_(rank), size_(size) {
+    // Device buffers of the batch (one device per batch, as for every call) are staged first,
+    // so every send's host copy is complete before any message is posted.
+    std::vector<void*> buffers;
     for (const P2POp& op : ops) {
       check_arg(op.peer >= 0 && op.peer < size, current_comm_op(),
                 "send/recv peer {} outside a communicator of size {}", op.peer, size);
+      const int device = op.bytes ? buffer_device(op.buffer) : -1;
+      if (device >= 0 && !staging_) staging_.emplace(pool, device, cuda_aware);
+      if (device < 0 || !staging_ || staging_->device() != device)
+        buffers.push_back(op.buffer);
+      else if (op.kind == P2POp::Kind::send)
+        buffers.push_back(const_cast<void*>(staging_->input(op.buffer, op.bytes)));
+      else
+        buffers.push_back(staging_->output(op.buffer, op.bytes));
+    }
+    if (staging_) staging_->before_mpi();
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const P2POp& op = ops[i];
       MPI_Request request;
       const int bytes = to_int(op.bytes, "send_recv");
       if (op.kind == P2POp::Kind::send)
-        MPI_Isend(op.buffer, bytes, MPI_BYTE, op.peer, op.tag, comm, &request);
+        MPI_Isend(buffers[i], bytes, MPI_BYTE, op.peer, op.tag, comm, &request);
       else
-        MPI_Irecv(op.buffer, bytes, MPI_BYTE, op.peer, op.tag, comm, &request);
+        MPI_Irecv(buffers[i], bytes, MPI_BYTE, op.peer, op.tag, comm, &request);
       requests_.push_back(request);
       ops_.push_back(op);
     }
   }
 
   void wait() override {
+    wait_for_requests();
+    if (staging_) staging_->after_mpi();
+    staging_.reset();
+  }
+
+ private:
+  void wait_for_requests() {
     wait_requests(requests_, "send_recv", rank_, size_, [this] {
       std::vector<std::string> pending;
       for (size_t i = 0; i < ops_.size(); ++i) {
@@ -151,10 +285,10 @@ class MpiBatch final : public P2PBatch {
     });
   }
 
- private:
   int rank_, size_;
   std::vector<MPI_Request> requests_;
   std::vector<P2POp> ops_;
+  std::optional<Staging> staging_;
 };
 
 class MpiComm final : public Comm {
@@ -175,15 +309,21 @@ class MpiComm final : public Comm {
   MPI_Comm handle() const { return comm_; }
 
   std::unique_ptr<P2PBatch> start_send_recv(std::span<const P2POp> ops) override {
-    return std::make_unique<MpiBatch>(comm_, rank_, size_, ops);
+    return std::make_unique<MpiBatch>(comm_, rank_, size_, ops, pool(), mpi_cuda_aware());
   }
 
   void all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) override {
+    const size_t bytes = count * dtype_size(dtype);
+    Staging staging = stage(device_of({send, recv}), reduction_direct(dtype));
+    const void* mpi_send = staging.input(send, bytes);
+    void* mpi_recv = staging.output(recv, bytes);
+    staging.before_mpi();
     MPI_Request request;
-    MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, to_int(count, "all_reduce"),
+    MPI_Iallreduce(send == recv ? MPI_IN_PLACE : mpi_send, mpi_recv, to_int(count, "all_reduce"),
                    mpi_type(dtype), mpi_op(op, dtype), comm_, &request);
     wait_one(request, "all_reduce");
-    if (op == ReduceOp::avg) divide_by(recv, count, dtype, size_);
+    if (op == ReduceOp::avg) average(staging, mpi_recv, count, dtype);
+    staging.after_mpi();
   }
 
   void all_gather_v(const void* send, size_t send_count, void* recv,
@@ -191,21 +331,35 @@ class MpiComm final : public Comm {
     check_counts_size("all_gather_v", recv_counts);
     const std::vector<int> counts = to_ints(recv_counts, "all_gather_v");
     const std::vector<int> displs = int_displacements(recv_counts, "all_gather_v");
+    const size_t element = dtype_size(dtype);
+    Staging staging = stage(device_of({send, recv}));
+    const void* mpi_send = staging.input(send, send_count * element);
+    void* mpi_recv =
+        staging.output(recv, (displacements_of(recv_counts).back() + recv_counts.back()) * element);
+    staging.before_mpi();
     MPI_Request request;
-    MPI_Iallgatherv(send, to_int(send_count, "all_gather_v"), mpi_type(dtype), recv, counts.data(),
-                    displs.data(), mpi_type(dtype), comm_, &request);
+    MPI_Iallgatherv(mpi_send, to_int(send_count, "all_gather_v"), mpi_type(dtype), mpi_recv,
+                    counts.data(), displs.data(), mpi_type(dtype), comm_, &request);
     wait_one(request, "all_gather_v");
+    staging.after_mpi();
   }
 
   void reduce_scatter_v(const void* send, void* recv, std::span<const size_t> recv_counts,
                         DType dtype, ReduceOp op) override {
     check_counts_size("reduce_scatter_v", recv_counts);
     const std::vector<int> counts = to_ints(recv_counts, "reduce_scatter_v");
+    const size_t element = dtype_size(dtype);
+    Staging staging = stage(device_of({send, recv}), reduction_direct(dtype));
+    const void* mpi_send =
+        staging.input(send, (displacements_of(recv_counts).back() + recv_counts.back()) * element);
+    void* mpi_recv = staging.output(recv, recv_counts[rank_] * element);
+    staging.before_mpi();
     MPI_Request request;
-    MPI_Ireduce_scatter(send, recv, counts.data(), mpi_type(dtype), mpi_op(op, dtype), comm_,
-                        &request);
+    MPI_Ireduce_scatter(mpi_send, mpi_recv, counts.data(), mpi_type(dtype), mpi_op(op, dtype),
+                        comm_, &request);
     wait_one(request, "reduce_scatter_v");
-    if (op == ReduceOp::avg) divide_by(recv, recv_counts[rank_], dtype, size_);
+    if (op == ReduceOp::avg) average(staging, mpi_recv, recv_counts[rank_], dtype);
+    staging.after_mpi();
   }
 
   void all_to_all_v(const void* send, std::span<const size_t> send_counts,
@@ -218,44 +372,84 @@ class MpiComm final : public Comm {
     const auto sdispls = to_ints(send_displs, "all_to_all_v");
     const auto rcounts = to_ints(recv_counts, "all_to_all_v");
     const auto rdispls = to_ints(recv_displs, "all_to_all_v");
+    const size_t element = dtype_size(dtype);
+    Staging staging = stage(device_of({send, recv}));
+    const void* mpi_send = staging.input(send, extent_of(send_counts, send_displs) * element);
+    void* mpi_recv = staging.output(recv, extent_of(recv_counts, recv_displs) * element);
+    staging.before_mpi();
     MPI_Request request;
-    MPI_Ialltoallv(send, scounts.data(), sdispls.data(), mpi_type(dtype), recv, rcounts.data(),
-                   rdispls.data(), mpi_type(dtype), comm_, &request);
+    MPI_Ialltoallv(mpi_send, scounts.data(), sdispls.data(), mpi_type(dtype), mpi_recv,
+                   rcounts.data(), rdispls.data(), mpi_type(dtype), comm_, &request);
     wait_one(request, "all_to_all_v");
+    staging.after_mpi();
+  }
+
+  void all_to_all_w(const void* send_base, std::span<const StridedBlock> send_blocks,
+                    void* recv_base, std::span<const StridedBlock> recv_blocks,
+                    DType dtype) override {
+    const int device = device_of({send_base, recv_base});
+    if (device < 0)
+      return Comm::all_to_all_w(send_base, send_blocks, recv_base, recv_blocks, dtype);
+    check_counts_size("all_to_all_w", send_blocks.size());
+    check_counts_size("all_to_all_w", recv_blocks.size());
+    comm_device::all_to_all_w_on_device(*this, device, send_base, send_blocks, recv_base,
+                                        recv_blocks, dtype);
   }
 
   void broadcast(void* buffer, size_t count, DType dtype, int root) override {
+    const size_t bytes = count * dtype_size(dtype);
+    Staging staging = stage(device_of({buffer}));
+    void* mpi_buffer = rank_ == root ? const_cast<void*>(staging.input(buffer, bytes))
+                                     : staging.output(buffer, bytes);
+    staging.before_mpi();
     MPI_Request request;
-    MPI_Ibcast(buffer, to_int(count, "broadcast"), mpi_type(dtype), root, comm_, &request);
+    MPI_Ibcast(mpi_buffer, to_int(count, "broadcast"), mpi_type(dtype), root, comm_, &request);
     wait_one(request, "broadcast");
+    staging.after_mpi();
   }
 
   void scatter_v(const void* send, std::span<const size_t> send_counts, void* recv,
                  size_t recv_count, DType dtype, int root) override {
     std::vector<int> counts, displs;
+    const size_t element = dtype_size(dtype);
+    Staging staging = stage(device_of({recv, rank_ == root ? send : nullptr}));
+    const void* mpi_send = send;
     if (rank_ == root) {
       check_counts_size("scatter_v", send_counts);
       counts = to_ints(send_counts, "scatter_v");
       displs = int_displacements(send_counts, "scatter_v");
+      mpi_send = staging.input(
+          send, (displacements_of(send_counts).back() + send_counts.back()) * element);
     }
+    void* mpi_recv = staging.output(recv, recv_count * element);
+    staging.before_mpi();
     MPI_Request request;
-    MPI_Iscatterv(send, counts.data(), displs.data(), mpi_type(dtype), recv,
+    MPI_Iscatterv(mpi_send, counts.data(), displs.data(), mpi_type(dtype), mpi_recv,
                   to_int(recv_count, "scatter_v"), mpi_type(dtype), root, comm_, &request);
     wait_one(request, "scatter_v");
+    staging.after_mpi();
   }
 
   void gather_v(const void* send, size_t send_count, void* recv,
                 std::span<const size_t> recv_counts, DType dtype, int root) override {
     std::vector<int> counts, displs;
+    const size_t element = dtype_size(dtype);
+    Staging staging = stage(device_of({send, rank_ == root ? recv : nullptr}));
+    const void* mpi_send = staging.input(send, send_count * element);
+    void* mpi_recv = recv;
     if (rank_ == root) {
       check_counts_size("gather_v", recv_counts);
       counts = to_ints(recv_counts, "gather_v");
       displs = int_displacements(recv_counts, "gather_v");
+      mpi_recv = staging.output(
+          recv, (displacements_of(recv_counts).back() + recv_counts.back()) * element);
     }
+    staging.before_mpi();
     MPI_Request request;
-    MPI_Igatherv(send, to_int(send_count, "gather_v"), mpi_type(dtype), recv, counts.data(),
+    MPI_Igatherv(mpi_send, to_int(send_count, "gather_v"), mpi_type(dtype), mpi_recv, counts.data(),
                  displs.data(), mpi_type(dtype), root, comm_, &request);
     wait_one(request, "gather_v");
+    staging.after_mpi();
   }
 
   void barrier() override {
@@ -272,6 +466,38 @@ class MpiComm final : public Comm {
   }
 
  private:
+  /// The pinned staging pool of this communicator (created on first use).
+  const std::shared_ptr<StagingPool>& pool() {
+    if (!pool_) pool_ = std::make_shared<StagingPool>(gpu::allocate_pinned, gpu::release_pinned);
+    return pool_;
+  }
+
+  /// The staging of one call's buffers on `device` (-1: host, nothing staged); `direct` is
+  /// whether device pointers may go to MPI as they are.
+  Staging stage(int device, bool direct = mpi_cuda_aware()) {
+    return Staging(device < 0 ? nullptr : pool(), device, direct);
+  }
+
+  /// Device pointers of a reduction may go to MPI directly when it is CUDA-aware and the op is
+  /// MPI's own (the f16/bf16 ops are host functions).
+  static bool reduction_direct(DType dtype) {
+    return mpi_cuda_aware() && dtype != DType::f16 && dtype != DType::bf16;
+  }
+
+  /// Finishes an avg: divides the sum on the host, or on the device when MPI wrote it there.
+  void average(const Staging& staging, void* data, size_t count, DType dtype) {
+    if (staging.device() < 0 || staging.staged()) {
+      divide_by(data, count, dtype, size_);
+      return;
+    }
+    if (count == 0) return;
+    const int64_t shape[1] = {static_cast<int64_t>(count)};
+    const int64_t strides[1] = {1};
+    const Stream stream = comm_device::compute_stream_of(staging.device());
+    backend_for(Device::cuda(staging.device()))
+        .scale({data, shape, strides, 1}, dtype, 1.0 / size_, stream);
+  }
+
   void wait_one(MPI_Request& request, const char* name) {
     std::vector<MPI_Request> requests{request};
     wait_requests(requests, name, rank_, size_, [] {
@@ -281,8 +507,11 @@ class MpiComm final : public Comm {
     });
   }
   void check_counts_size(const char* name, std::span<const size_t> counts) const {
-    check_arg(counts.size() == static_cast<size_t>(size_), current_comm_op(),
-              "{}: {} counts given for a communicator of size {}", name, counts.size(), size_);
+    check_counts_size(name, counts.size());
+  }
+  void check_counts_size(const char* name, size_t given) const {
+    check_arg(given == static_cast<size_t>(size_), current_comm_op(),
+              "{}: {} counts given for a communicator of size {}", name, given, size_);
   }
   static std::vector<int> int_displacements(std::span<const size_t> counts, const char* name) {
     std::vector<size_t> displs = displacements_of(counts);
@@ -292,6 +521,7 @@ class MpiComm final : public Comm {
   MPI_Comm comm_;
   bool owned_;
   int rank_ = 0, size_ = 1;
+  std::shared_ptr<StagingPool> pool_;
 };
 
 }  // namespace
@@ -332,6 +562,15 @@ bool mpi_initialized() {
   int initialized = 0;
   MPI_Initialized(&initialized);
   return initialized != 0;
+}
+
+bool mpi_cuda_aware() {
+  // Decided once, after MPI_Init (the library's answer is only valid then).
+  static const bool aware = [] {
+    ensure_initialized();
+    return choose_mpi_cuda_aware(std::getenv("TESSERA_MPI_CUDA_AWARE"), mpi_library_cuda_support());
+  }();
+  return aware;
 }
 
 }  // namespace tessera

@@ -23,5 +23,12 @@ std::string mpi_library_version();
 bool mpi_handle_of(const Comm& comm, void* handle);
 /// True once MPI_Init has run in this process.
 bool mpi_initialized();
+/// The MPI library's own answer to "are you CUDA-aware?" (MPIX_Query_cuda_support, valid after
+/// MPI_Init): 1 yes, 0 no, -1 when the library has no way to tell (or without MPI).
+int mpi_library_cuda_support();
+/// Whether the mpi backend hands device buffers to MPI directly (CUDA-aware) or stages them
+/// through pinned host memory: choose_mpi_cuda_aware of TESSERA_MPI_CUDA_AWARE and the library's
+/// answer (false without MPI).
+bool mpi_cuda_aware();
 
 }  // namespace tessera

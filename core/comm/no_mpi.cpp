@@ -31,4 +31,12 @@ bool mpi_initialized() {
   return false;
 }
 
+int mpi_library_cuda_support() {
+  return -1;
+}
+
+bool mpi_cuda_aware() {
+  return false;
+}
+
 }  // namespace tessera

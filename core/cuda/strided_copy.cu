@@ -61,6 +61,7 @@ cudaError_t launch_strided_copy(void* dst, const int64_t* dst_strides, const voi
     case 2: launch<uint16_t>(dst, src, layout, count, stream); break;
     case 4: launch<uint32_t>(dst, src, layout, count, stream); break;
     case 8: launch<uint64_t>(dst, src, layout, count, stream); break;
+    case 16: launch<uint4>(dst, src, layout, count, stream); break;  // vectorized rows
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();

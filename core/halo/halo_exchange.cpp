@@ -1,5 +1,7 @@
 // Halo exchange (see halo_exchange.hpp). One message per peer carries all of that peer's
-// boxes packed back to back, in the plan's order on both sides.
+// boxes packed back to back, in the plan's order on both sides. Everything stays on the owned
+// piece's device: message buffers, packing and unpacking go through the device's backend on
+// the rank's compute stream, and Comm orders its copies after them (core/comm/comm.hpp).
 #include "core/halo/halo_exchange.hpp"
 
 #include <map>
@@ -10,26 +12,32 @@ namespace tessera {
 
 namespace {
 
-/// Bytes of every transfer, grouped per peer: (peer, [transfer indices], total bytes).
+/// Elements of every transfer, grouped per peer: (peer, [transfer indices], total elements).
 struct PeerMessage {
   int peer;
   std::vector<size_t> transfers;
-  size_t bytes = 0;
+  int64_t elements = 0;
 };
 
-std::vector<PeerMessage> group_by_peer(const std::vector<HaloTransfer>& transfers, size_t element) {
+std::vector<PeerMessage> group_by_peer(const std::vector<HaloTransfer>& transfers) {
   std::vector<PeerMessage> messages;
   for (size_t i = 0; i < transfers.size(); ++i) {
     if (messages.empty() || messages.back().peer != transfers[i].peer)
       messages.push_back({transfers[i].peer, {}, 0});
     messages.back().transfers.push_back(i);
-    messages.back().bytes += static_cast<size_t>(transfers[i].owned_box.volume()) * element;
+    messages.back().elements += transfers[i].owned_box.volume();
   }
   return messages;
 }
 
-Tensor byte_buffer(size_t bytes) {
-  return Tensor::empty({static_cast<int64_t>(bytes)}, DType::u8);
+/// A message buffer of `elements` elements on `like`'s device.
+Tensor message_buffer(int64_t elements, const Tensor& like) {
+  return Tensor::empty({elements}, like.dtype(), like.device());
+}
+
+/// The `box`-shaped piece of a message buffer starting at element `offset` (a view).
+Tensor piece_of(const Tensor& buffer, int64_t offset, const Box& box) {
+  return buffer.slice(0, offset, offset + box.volume()).reshape(box.shape());
 }
 
 }  // namespace
@@ -56,25 +64,25 @@ HaloExchange halo_begin(const HaloPlan& plan, const Tensor& owned, Comm& comm, i
   exchange.in_flight_ = std::make_unique<HaloExchange::InFlight>();
   auto& state = *exchange.in_flight_;
   state.plan = &plan;
-  const Tensor source = owned.to(Device::cpu());
-  exchange.haloed_ = Tensor::empty(plan.haloed_shape(), owned.dtype());
+  const Tensor& source = owned;
+  exchange.haloed_ = Tensor::empty(plan.haloed_shape(), owned.dtype(), owned.device());
 
   std::vector<P2POp> ops;
-  state.incoming = group_by_peer(plan.recvs(), element);
+  state.incoming = group_by_peer(plan.recvs());
   for (const PeerMessage& message : state.incoming) {
-    state.recv_buffers.push_back(byte_buffer(message.bytes));
-    ops.push_back(
-        P2POp::recv(state.recv_buffers.back().raw_data(), message.bytes, message.peer, tag));
+    state.recv_buffers.push_back(message_buffer(message.elements, owned));
+    ops.push_back(P2POp::recv(state.recv_buffers.back().raw_data(), message.elements * element,
+                              message.peer, tag));
   }
-  for (const PeerMessage& message : group_by_peer(plan.sends(), element)) {
-    Tensor buffer = byte_buffer(message.bytes);
+  for (const PeerMessage& message : group_by_peer(plan.sends())) {
+    Tensor buffer = message_buffer(message.elements, owned);
     auto* out = static_cast<char*>(buffer.raw_data());
     for (size_t index : message.transfers) {
       const Box& box = plan.sends()[index].owned_box;
       source.pack_box(box, out);
       out += static_cast<size_t>(box.volume()) * element;
     }
-    ops.push_back(P2POp::send(buffer.raw_data(), message.bytes, message.peer, tag));
+    ops.push_back(P2POp::send(buffer.raw_data(), message.elements * element, message.peer, tag));
     state.send_buffers.push_back(std::move(buffer));
   }
   state.batch = comm.start_send_recv(ops);
@@ -90,13 +98,12 @@ Tensor HaloExchange::finish() {
   if (!in_flight_) return haloed_;
   auto& state = *in_flight_;
   state.batch->wait();
-  const size_t element = haloed_.element_size();
   for (size_t m = 0; m < state.incoming.size(); ++m) {
-    const auto* in = static_cast<const char*>(state.recv_buffers[m].raw_data());
+    int64_t offset = 0;
     for (size_t index : state.incoming[m].transfers) {
       const Box& box = state.plan->recvs()[index].haloed_box;
-      haloed_.unpack_box(box, in);
-      in += static_cast<size_t>(box.volume()) * element;
+      haloed_.view_box(box).copy_from(piece_of(state.recv_buffers[m], offset, box));
+      offset += box.volume();
     }
   }
   in_flight_.reset();
@@ -111,28 +118,29 @@ Tensor halo_adjoint(const HaloPlan& plan, const Tensor& haloed_grad, Comm& comm,
   check_arg(haloed_grad.shape() == plan.haloed_shape(), "halo",
             "haloed gradient of shape {} on rank {}, the plan says {}", haloed_grad.shape(),
             plan.rank(), plan.haloed_shape());
-  const Tensor grad = haloed_grad.to(Device::cpu());
+  const Tensor& grad = haloed_grad;
   const size_t element = grad.element_size();
   const Box owned_global = plan.spec().local_box_of_rank(plan.rank());
-  Tensor owned_grad = Tensor::zeros(owned_global.shape(), grad.dtype());
+  Tensor owned_grad = Tensor::zeros(owned_global.shape(), grad.dtype(), grad.device());
   // Reverse roles: what was received goes back to its owner; what was sent comes back.
-  std::vector<PeerMessage> outgoing = group_by_peer(plan.recvs(), element);
-  std::vector<PeerMessage> incoming = group_by_peer(plan.sends(), element);
+  std::vector<PeerMessage> outgoing = group_by_peer(plan.recvs());
+  std::vector<PeerMessage> incoming = group_by_peer(plan.sends());
   std::vector<Tensor> send_buffers, recv_buffers;
   std::vector<P2POp> ops;
   for (const PeerMessage& message : incoming) {
-    recv_buffers.push_back(byte_buffer(message.bytes));
-    ops.push_back(P2POp::recv(recv_buffers.back().raw_data(), message.bytes, message.peer, tag));
+    recv_buffers.push_back(message_buffer(message.elements, grad));
+    ops.push_back(
+        P2POp::recv(recv_buffers.back().raw_data(), message.elements * element, message.peer, tag));
   }
   for (const PeerMessage& message : outgoing) {
-    Tensor buffer = byte_buffer(message.bytes);
+    Tensor buffer = message_buffer(message.elements, grad);
     auto* out = static_cast<char*>(buffer.raw_data());
     for (size_t index : message.transfers) {
       const Box& box = plan.recvs()[index].haloed_box;
       grad.pack_box(box, out);
       out += static_cast<size_t>(box.volume()) * element;
     }
-    ops.push_back(P2POp::send(buffer.raw_data(), message.bytes, message.peer, tag));
+    ops.push_back(P2POp::send(buffer.raw_data(), message.elements * element, message.peer, tag));
     send_buffers.push_back(std::move(buffer));
   }
   auto batch = comm.start_send_recv(ops);
@@ -140,16 +148,14 @@ Tensor halo_adjoint(const HaloPlan& plan, const Tensor& haloed_grad, Comm& comm,
     add_into(owned_grad.view_box(copy.owned_box), grad.view_box(copy.haloed_box));
   batch->wait();
   for (size_t m = 0; m < incoming.size(); ++m) {
-    const auto* in = static_cast<const char*>(recv_buffers[m].raw_data());
+    int64_t offset = 0;
     for (size_t index : incoming[m].transfers) {
       const Box& box = plan.sends()[index].owned_box;
-      const Tensor piece = Tensor::empty(box.shape(), grad.dtype());
-      std::memcpy(piece.raw_data(), in, piece.nbytes());
-      add_into(owned_grad.view_box(box), piece);
-      in += piece.nbytes();
+      add_into(owned_grad.view_box(box), piece_of(recv_buffers[m], offset, box));
+      offset += box.volume();
     }
   }
-  return owned_grad.to(haloed_grad.device());
+  return owned_grad;
 }
 
 }  // namespace tessera

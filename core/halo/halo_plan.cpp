@@ -15,6 +15,7 @@
 #include <array>
 #include <map>
 #include <mutex>
+#include <unordered_map>
 
 #include "core/errors.hpp"
 
@@ -177,25 +178,67 @@ std::vector<Box> grown_boxes(const ShardSpec& spec, const std::vector<int64_t>& 
   return boxes;
 }
 
-std::shared_ptr<const HaloPlan> cached_halo_plan(const ShardSpec& spec,
-                                                 const std::vector<int64_t>& lo,
-                                                 const std::vector<int64_t>& hi,
-                                                 const std::vector<BoundaryMode>& boundary,
-                                                 int rank) {
+namespace {
+
+void hash_into(size_t& seed, uint64_t value) {
+  // 64-bit mix (splitmix64 finalizer) folded into the running seed.
+  value += 0x9E3779B97F4A7C15ull;
+  value = (value ^ (value >> 30)) * 0xBF58476D1CE4E5B9ull;
+  value = (value ^ (value >> 27)) * 0x94D049BB133111EBull;
+  seed ^= static_cast<size_t>(value ^ (value >> 31)) + (seed << 6) + (seed >> 2);
+}
+
+template <typename Range>
+void hash_range(size_t& seed, const Range& values) {
+  hash_into(seed, values.size());
+  for (const auto& value : values) hash_into(seed, static_cast<uint64_t>(value));
+}
+
+struct KeyHash {
+  size_t operator()(const HaloPlanKey& key) const { return hash_of(key); }
+};
+
+}  // namespace
+
+size_t hash_of(const HaloPlanKey& key) {
+  size_t seed = 0;
+  hash_range(seed, key.spec.global_shape);
+  hash_range(seed, key.spec.mesh_shape);
+  for (const Placement& placement : key.spec.placements) {
+    hash_into(seed, static_cast<uint64_t>(placement.kind));
+    hash_into(seed, static_cast<uint64_t>(placement.dim));
+    hash_into(seed, static_cast<uint64_t>(placement.reduce));
+  }
+  for (const auto& extents : key.spec.extents) hash_range(seed, extents);
+  for (const Box& box : key.needed) {
+    hash_range(seed, box.lo);
+    hash_range(seed, box.hi);
+  }
+  for (BoundaryMode mode : key.boundary) hash_into(seed, static_cast<uint64_t>(mode));
+  hash_into(seed, static_cast<uint64_t>(key.rank));
+  return seed;
+}
+
+std::shared_ptr<const HaloPlan> cached_halo_plan(const HaloPlanKey& key) {
   static std::mutex mu;
-  static std::map<std::string, std::shared_ptr<const HaloPlan>> cache;
-  std::vector<int> modes;
-  for (BoundaryMode mode : boundary) modes.push_back(static_cast<int>(mode));
-  const std::string key = fmt::format("{}|{}|{}|{}|{}", spec.str(), lo, hi, modes, rank);
+  static std::unordered_map<HaloPlanKey, std::shared_ptr<const HaloPlan>, KeyHash> cache;
   {
     std::lock_guard lock(mu);
     if (auto it = cache.find(key); it != cache.end()) return it->second;
   }
   auto plan = std::make_shared<const HaloPlan>(
-      HaloPlan::build(spec, grown_boxes(spec, lo, hi), boundary, rank));
+      HaloPlan::build(key.spec, key.needed, key.boundary, key.rank));
   std::lock_guard lock(mu);
   if (cache.size() > 4096) cache.clear();  // layouts churn rarely; bound the memory anyway
   return cache.emplace(key, plan).first->second;
+}
+
+std::shared_ptr<const HaloPlan> cached_halo_plan(const ShardSpec& spec,
+                                                 const std::vector<int64_t>& lo,
+                                                 const std::vector<int64_t>& hi,
+                                                 const std::vector<BoundaryMode>& boundary,
+                                                 int rank) {
+  return cached_halo_plan(HaloPlanKey{spec, grown_boxes(spec, lo, hi), boundary, rank});
 }
 
 }  // namespace tessera

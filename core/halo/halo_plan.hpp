@@ -70,7 +70,23 @@ class HaloPlan {
 std::vector<Box> grown_boxes(const ShardSpec& spec, const std::vector<int64_t>& lo,
                              const std::vector<int64_t>& hi);
 
-/// The plan of `rank` for boxes grown by (lo, hi), from a process-wide cache (thread-safe).
+/// What identifies a halo plan: the layout, every rank's needed box, the boundary modes and the
+/// rank. The key of the one process-wide plan cache.
+struct HaloPlanKey {
+  ShardSpec spec;
+  std::vector<Box> needed;
+  std::vector<BoundaryMode> boundary;
+  int rank = 0;
+  bool operator==(const HaloPlanKey&) const = default;
+};
+
+/// A hash of every field of `key` (equal keys hash equally).
+size_t hash_of(const HaloPlanKey& key);
+
+/// The plan of `key`, from the process-wide cache (built on first use; thread-safe).
+std::shared_ptr<const HaloPlan> cached_halo_plan(const HaloPlanKey& key);
+
+/// The plan of `rank` for boxes grown by (lo, hi), from the process-wide cache.
 std::shared_ptr<const HaloPlan> cached_halo_plan(const ShardSpec& spec,
                                                  const std::vector<int64_t>& lo,
                                                  const std::vector<int64_t>& hi,

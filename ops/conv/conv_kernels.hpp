@@ -1,6 +1,7 @@
-// Local (single-rank, unsharded) convolution kernels for conv1d/2d/3d on cpu tensors: forward,
-// backward data, backward weight and backward bias of a "valid" (unpadded) convolution. The
-// sharded conv op pads and exchanges halos itself, then calls these on the haloed local piece.
+// Local (single-rank, unsharded) convolution kernels for conv1d/2d/3d: forward, backward data,
+// backward weight and backward bias of a "valid" (unpadded) convolution, on cpu tensors (the
+// reference or oneDNN) and on cuda tensors (cuDNN). The sharded conv op pads and exchanges halos
+// itself, then calls these on the haloed local piece.
 #pragma once
 
 #include <cstdint>
@@ -10,9 +11,11 @@
 
 namespace tessera::ops {
 
-/// Which implementation runs a conv: automatic (oneDNN for f32 when compiled in, else the
-/// reference), the plain C++ reference, or oneDNN (f32 only; throws when not compiled in).
-enum class ConvBackend : uint8_t { automatic, reference, onednn };
+/// Which implementation runs a conv: automatic (cpu tensors: oneDNN for f32 when compiled in,
+/// else the reference; cuda tensors: cuDNN), the plain C++ reference (cpu, f32/f64), oneDNN (cpu,
+/// f32 only) or cuDNN (cuda: f32, f64, f16, bf16). Asking for one that was not compiled in
+/// throws NotAvailable.
+enum class ConvBackend : uint8_t { automatic, reference, onednn, cudnn };
 
 /// Stride, dilation (one entry per spatial dim: 1, 2 or 3 of them; empty means all 1) and groups.
 struct ConvGeometry {
@@ -30,6 +33,13 @@ Shape conv_output_shape(const Shape& x_shape, const Shape& w_shape, const ConvGe
 Tensor conv_forward(const Tensor& x, const Tensor& w, const Tensor* bias,
                     const ConvGeometry& geometry, ConvBackend backend = ConvBackend::automatic);
 
+/// Writes the valid conv of x with w (+ bias) into `y`, which may be a view (e.g. a box of a
+/// larger output): on cuda in place with no copy (cuDNN reads and writes strided operands), on
+/// cpu through a contiguous result copied into `y`.
+void conv_forward_into(const Tensor& x, const Tensor& w, const Tensor* bias,
+                       const ConvGeometry& geometry, Tensor& y,
+                       ConvBackend backend = ConvBackend::automatic);
+
 /// dx with shape x_shape from dy (positions no output reads get 0).
 Tensor conv_backward_data(const Tensor& dy, const Tensor& w, const Shape& x_shape,
                           const ConvGeometry& geometry,
@@ -45,5 +55,11 @@ Tensor conv_backward_bias(const Tensor& dy);
 
 /// True when the oneDNN path was compiled in.
 bool conv_onednn_available();
+
+/// Whether f32 convs on cuda may use TF32 tensor cores (about 10 mantissa bits per product).
+/// Off unless TESSERA_ALLOW_TF32=1 at start-up or set_conv_allow_tf32(true).
+bool conv_allow_tf32();
+/// Allows or forbids TF32 in f32 cuda convs from now on (algorithms are cached per setting).
+void set_conv_allow_tf32(bool allow);
 
 }  // namespace tessera::ops

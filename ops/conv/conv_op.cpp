@@ -5,7 +5,8 @@
 // input clamp(o*s, 0, L-1); a rank owning outputs [a, b) needs inputs [a*s - lo,
 // (b-1)*s - lo + d*(K-1) + 1), which the halo plan fills (zeros or a periodic wrap past the
 // global edges). The local kernel then runs a valid (unpadded) convolution on the haloed
-// piece, so sharded and unsharded calls run the same code.
+// piece, so sharded and unsharded calls run the same code. The same kernels serve cpu and cuda
+// tensors (conv_kernels.hpp dispatches on the device: reference/oneDNN or cuDNN).
 #include "ops/conv/conv_op.hpp"
 
 #include <fmt/format.h>
@@ -170,7 +171,8 @@ ConvGeometry geometry_of(const OpAttrs& attrs, const Shape& x, const Shape& w) {
   return ConvGeometry{dims.stride, dims.dilation, dims.groups};
 }
 
-std::vector<Tensor> conv_cpu(const KernelContext& context, const std::vector<Tensor>& inputs) {
+/// The local kernel of both devices (cpu: reference or oneDNN; cuda: cuDNN on the compute stream).
+std::vector<Tensor> conv_local(const KernelContext& context, const std::vector<Tensor>& inputs) {
   const ConvGeometry geometry = geometry_of(context.attrs, context.input_specs[0].global_shape,
                                             context.input_specs[1].global_shape);
   const Tensor* bias = inputs.size() == 3 ? &inputs[2] : nullptr;
@@ -183,6 +185,9 @@ std::vector<Tensor> conv_cpu(const KernelContext& context, const std::vector<Ten
 // spatial dim) reads input H.lo + j*s .. H.lo + j*s + (k-1)*d. Outputs whose whole window lies
 // in the rank's owned box W are "interior": computable before any halo cell has landed. The rest
 // of the output box is covered by at most two slabs per spatial dim, computed afterwards.
+// On cuda every region is a strided view of the haloed input and of the output, which cuDNN
+// reads and writes in place, queued on the compute stream (the interior while the halos travel
+// on the comm stream); on cpu each region is copied out and back.
 
 /// The interior outputs, as a box in local output coordinates (possibly empty).
 Box interior_outputs(const KernelContext& context, const ConvGeometry& geometry,
@@ -218,7 +223,8 @@ void conv_region(const Tensor& x, const Tensor& w, const Tensor* bias, const Con
     input.hi[dim] = (region.hi[dim] - 1) * geometry.stride[i] +
                     geometry.dilation[i] * (w.shape(static_cast<int>(dim)) - 1) + 1;
   }
-  y.view_box(region).copy_from(conv_forward(x.view_box(input).contiguous(), w, bias, geometry));
+  Tensor y_region = y.view_box(region);
+  conv_forward_into(x.view_box(input), w, bias, geometry, y_region);
 }
 
 /// `whole` minus `inner` (inner within whole, possibly empty) as disjoint boxes: per spatial dim
@@ -248,7 +254,7 @@ std::vector<Tensor> conv_interior(const KernelContext& context, const std::vecto
   const ConvGeometry geometry = geometry_of(context.attrs, context.input_specs[0].global_shape,
                                             context.input_specs[1].global_shape);
   const Tensor* bias = inputs.size() == 3 ? &inputs[2] : nullptr;
-  Tensor y = Tensor::empty(context.output_boxes[0].shape(), inputs[0].dtype());
+  Tensor y = Tensor::empty(context.output_boxes[0].shape(), inputs[0].dtype(), inputs[0].device());
   conv_region(inputs[0], inputs[1], bias, geometry,
               interior_outputs(context, geometry, inputs[1].shape()), y);
   return {y};
@@ -295,8 +301,8 @@ std::vector<std::optional<ShardTensor>> conv_backward(
 }  // namespace
 
 void register_conv_op() {
-  register_op(OpDef{"conv", conv_rule, conv_cpu, nullptr, conv_backward,
-                    OverlapKernel{conv_interior, conv_boundary}});
+  const OverlapKernel overlap{conv_interior, conv_boundary};
+  register_op(OpDef{"conv", conv_rule, conv_local, conv_local, conv_backward, overlap, overlap});
 }
 
 ShardTensor conv(const ShardTensor& x, const ShardTensor& w, const std::optional<ShardTensor>& b,

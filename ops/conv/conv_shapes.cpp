@@ -1,12 +1,17 @@
 // Public conv entry points: argument validation, output shapes, empty problems, and the choice
-// between the reference and oneDNN backends. The backends assume everything checked here.
+// between the reference and oneDNN backends (cpu tensors) and cuDNN (cuda tensors). The backends
+// assume everything checked here.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <string>
 #include <string_view>
 #include <type_traits>
 
+#include "ops/conv/conv_cudnn.hpp"
+#include "ops/conv/conv_cudnn_key.hpp"
 #include "ops/conv/conv_kernels.hpp"
 #include "ops/conv/conv_onednn.hpp"
 #include "ops/conv/conv_problem.hpp"
@@ -94,11 +99,18 @@ ConvProblem make_problem(const Shape& x_shape, const Shape& w_shape, const ConvG
   return problem;
 }
 
+// cpu convs run f32 and f64; cuda (cuDNN) convs also f16 and bf16.
 void check_tensor(const Tensor& tensor, std::string_view name) {
-  check_arg(tensor.device().is_cpu(), kOp, "expected cpu tensors, got {} on {}", name,
-            tensor.device().str());
-  check_arg(tensor.dtype() == DType::f32 || tensor.dtype() == DType::f64, kOp,
-            "expected f32 or f64 tensors, got {} of dtype {}", name, dtype_name(tensor.dtype()));
+  const DType dtype = tensor.dtype();
+  if (tensor.device().is_cuda()) {
+    check_arg(
+        dtype == DType::f32 || dtype == DType::f64 || dtype == DType::f16 || dtype == DType::bf16,
+        kOp, "expected f32, f64, f16 or bf16 cuda tensors, got {} of dtype {}", name,
+        dtype_name(dtype));
+    return;
+  }
+  check_arg(dtype == DType::f32 || dtype == DType::f64, kOp,
+            "expected f32 or f64 cpu tensors, got {} of dtype {}", name, dtype_name(dtype));
 }
 
 void check_same_dtype(const Tensor& a, std::string_view a_name, const Tensor& b,
@@ -107,6 +119,36 @@ void check_same_dtype(const Tensor& a, std::string_view a_name, const Tensor& b,
   check_tensor(b, b_name);
   check_arg(a.dtype() == b.dtype(), kOp, "{} is {} but {} is {}", a_name, dtype_name(a.dtype()),
             b_name, dtype_name(b.dtype()));
+  check_arg(a.device() == b.device(), kOp, "{} is on {} but {} is on {}", a_name, a.device().str(),
+            b_name, b.device().str());
+}
+
+// True when `backend` resolves to cuDNN for tensors on `device`; throws when the backend cannot
+// run tensors of that device.
+bool use_cudnn(ConvBackend backend, Device device) {
+  if (device.is_cpu()) {
+    check_arg(backend != ConvBackend::cudnn, kOp,
+              "backend cudnn runs cuda tensors, got cpu tensors");
+    return false;
+  }
+  check_arg(backend == ConvBackend::automatic || backend == ConvBackend::cudnn, kOp,
+            "backend {} runs cpu tensors, got tensors on {}",
+            backend == ConvBackend::reference ? "reference" : "onednn", device.str());
+  return true;
+}
+
+// The cuDNN operand of weights: packed row-major strides when the tensor is contiguous (its
+// own strides may differ along unit dims), else a contiguous copy's.
+ConvOperand weight_operand(const Tensor& w, Tensor& keep_alive) {
+  keep_alive = w.contiguous();
+  ConvOperand operand = conv_operand(keep_alive);
+  operand.strides = contiguous_strides(keep_alive.shape());
+  return operand;
+}
+
+std::atomic<bool>& allow_tf32_flag() {
+  static std::atomic<bool> flag = allow_tf32_from_env(std::getenv("TESSERA_ALLOW_TF32"));
+  return flag;
 }
 
 void check_output_gradient(const Tensor& dy, const ConvProblem& problem) {
@@ -120,7 +162,8 @@ void check_output_gradient(const Tensor& dy, const ConvProblem& problem) {
 // cannot run this dtype or was not compiled in.
 bool use_onednn(ConvBackend backend, DType dtype) {
   switch (backend) {
-    case ConvBackend::reference: return false;
+    case ConvBackend::reference:
+    case ConvBackend::cudnn: return false;
     case ConvBackend::automatic: return dtype == DType::f32 && conv_onednn_available();
     case ConvBackend::onednn:
       if (!conv_onednn_available())
@@ -171,6 +214,11 @@ Tensor conv_forward(const Tensor& x, const Tensor& w, const Tensor* bias,
               "bias has shape {}, expected ({}) (one entry per output channel)",
               shape_text(bias->shape()), problem.out_channels);
   }
+  if (use_cudnn(backend, x.device())) {
+    Tensor y = Tensor::empty(problem.y_shape(), problem.dtype, x.device());
+    conv_forward_into(x, w, bias, geometry, y, ConvBackend::cudnn);
+    return y;
+  }
   const bool onednn = use_onednn(backend, problem.dtype);
 
   Tensor y = Tensor::empty(problem.y_shape(), problem.dtype);
@@ -190,11 +238,33 @@ Tensor conv_forward(const Tensor& x, const Tensor& w, const Tensor* bias,
   return y;
 }
 
+void conv_forward_into(const Tensor& x, const Tensor& w, const Tensor* bias,
+                       const ConvGeometry& geometry, Tensor& y, ConvBackend backend) {
+  check_same_dtype(x, "x", y, "y");
+  if (!use_cudnn(backend, x.device())) {
+    y.copy_from(conv_forward(x, w, bias, geometry, backend));
+    return;
+  }
+  check_same_dtype(x, "x", w, "w");
+  if (bias != nullptr) check_same_dtype(x, "x", *bias, "bias");
+  Tensor packed_weights;
+  const ConvOperand bias_operand = bias != nullptr ? conv_operand(*bias) : ConvOperand{};
+  conv_forward_cudnn(conv_operand(x), weight_operand(w, packed_weights),
+                     bias != nullptr ? &bias_operand : nullptr, geometry, conv_operand(y));
+}
+
 Tensor conv_backward_data(const Tensor& dy, const Tensor& w, const Shape& x_shape,
                           const ConvGeometry& geometry, ConvBackend backend) {
   check_same_dtype(dy, "dy", w, "w");
   const ConvProblem problem = make_problem(x_shape, w.shape(), geometry, dy.dtype());
   check_output_gradient(dy, problem);
+  if (use_cudnn(backend, dy.device())) {
+    Tensor dx = Tensor::empty(x_shape, problem.dtype, dy.device());
+    Tensor packed_weights;
+    conv_backward_data_cudnn(conv_operand(dy), weight_operand(w, packed_weights), geometry,
+                             conv_operand(dx));
+    return dx;
+  }
   const bool onednn = use_onednn(backend, problem.dtype);
 
   if (dy.numel() == 0 || w.numel() == 0) return Tensor::zeros(x_shape, problem.dtype);
@@ -214,6 +284,13 @@ Tensor conv_backward_weight(const Tensor& x, const Tensor& dy, const Shape& w_sh
   check_same_dtype(x, "x", dy, "dy");
   const ConvProblem problem = make_problem(x.shape(), w_shape, geometry, x.dtype());
   check_output_gradient(dy, problem);
+  if (use_cudnn(backend, x.device())) {
+    Tensor dw = Tensor::empty(w_shape, problem.dtype, x.device());
+    conv_backward_filter_cudnn(
+        conv_operand(x), conv_operand(dy), geometry,
+        {dw.raw_data(), w_shape, contiguous_strides(w_shape), dw.dtype(), dw.device()});
+    return dw;
+  }
   const bool onednn = use_onednn(backend, problem.dtype);
 
   if (dy.numel() == 0 || x.numel() == 0) return Tensor::zeros(w_shape, problem.dtype);
@@ -234,6 +311,11 @@ Tensor conv_backward_bias(const Tensor& dy) {
             "expected a 3-, 4- or 5-d dy for conv1d/2d/3d, got shape {}", shape_text(dy.shape()));
   const int64_t batch = dy.shape(0);
   const int64_t channels = dy.shape(1);
+  if (dy.device().is_cuda()) {
+    Tensor db = Tensor::empty({channels}, dy.dtype(), dy.device());
+    conv_backward_bias_cudnn(conv_operand(dy), conv_operand(db));
+    return db;
+  }
   Tensor db = Tensor::zeros({channels}, dy.dtype());
   if (dy.numel() == 0) return db;
   const Tensor dy_values = dy.contiguous();
@@ -254,6 +336,14 @@ Tensor conv_backward_bias(const Tensor& dy) {
     }
   });
   return db;
+}
+
+bool conv_allow_tf32() {
+  return allow_tf32_flag().load();
+}
+
+void set_conv_allow_tf32(bool allow) {
+  allow_tf32_flag().store(allow);
 }
 
 }  // namespace tessera::ops

@@ -3,6 +3,8 @@
 
 #include <fmt/ranges.h>
 
+#include "ops/pointwise/elementwise_plan.hpp"
+
 namespace tessera::ops {
 
 int broadcast_offset(const Shape& a_global, const Shape& b_shape, int64_t align,
@@ -23,14 +25,9 @@ namespace {
 /// Strides (elements) and start offset that view b as a tensor over a_box.
 void broadcast_view(const Tensor& b, const Box& a_box, int offset, std::vector<int64_t>& strides,
                     int64_t& start) {
-  const int a_ndim = static_cast<int>(a_box.ndim());
-  strides.assign(a_ndim, 0);
-  start = 0;
-  for (int j = 0; j < b.ndim(); ++j) {
-    if (b.shape(j) == 1) continue;
-    strides[offset + j] = b.strides()[j];
-    start += a_box.lo[offset + j] * b.strides()[j];
-  }
+  OperandView view = broadcast_operand_view(b.shape(), b.strides(), a_box.lo, offset);
+  strides = std::move(view.strides);
+  start = view.start;
 }
 }  // namespace
 

@@ -5,11 +5,16 @@
 // A binary op of two tensors of one global shape moves b to a's layout; a broadcast operand b
 // is replicated and each rank uses the slice matching its local box. Gradients of a broadcast
 // operand are local sums over each rank's box: Partial(sum) along mesh dims that shard a.
+//
+// Devices: cpu kernels and backward compute through map_elements/zip_elements on the host; on
+// cuda the same ops run the kernels of pointwise_cuda.hpp on the rank's compute stream (the
+// backward fused: one pass over the saved tensors and g).
 #include <fmt/format.h>
 
 #include "core/autograd.hpp"
 #include "ops/op_helpers.hpp"
 #include "ops/pointwise/broadcast.hpp"
+#include "ops/pointwise/pointwise_cuda.hpp"
 #include "ops/pointwise/pointwise_math.hpp"
 
 namespace tessera::ops {
@@ -29,21 +34,34 @@ void register_unary(const UnaryMath& math) {
     return std::vector<Tensor>{
         map_elements(inputs[0], [&](double x) { return math.forward(x, a); })};
   };
+  op.cuda = [&math](const KernelContext& context, const std::vector<Tensor>& inputs) {
+    const double a = context.attrs.has("factor") ? context.attrs.get_double("factor") : 1.0;
+    return std::vector<Tensor>{unary_forward_cuda(math.name, inputs[0], a, context.stream)};
+  };
   op.backward = [&math](const OpRecord& record,
                         const std::vector<std::optional<ShardTensor>>& grads)
       -> std::vector<std::optional<ShardTensor>> {
     const double a = record.attrs.has("factor") ? record.attrs.get_double("factor") : 1.0;
     if (math.linear) {  // dx = f'(.) g in g's own layout
       const ShardTensor& g = *grads[0];
-      return {ShardTensor(
-          map_elements(g.to_local(), [&](double v) { return math.derivative(0, 0, a) * v; }),
-          g.mesh(), g.spec())};
+      const Tensor& g_local = g.to_local();
+      const Tensor dx =
+          g_local.device().is_cuda()
+              ? unary_backward_cuda(math.name, g_local, g_local, g_local, a,
+                                    compute_stream_for(g_local.device()))
+              : map_elements(g_local, [&](double v) { return math.derivative(0, 0, a) * v; });
+      return {ShardTensor(dx, g.mesh(), g.spec())};
     }
     const ShardTensor& x = record.inputs[0];
     const ShardTensor g = grads[0]->redistribute(x.placements(), x.spec().extents);
+    const Tensor& x_local = x.to_local();
     const Tensor& y = record.outputs[0].to_local();
-    const Tensor xy = zip_elements(
-        x.to_local(), y, [&](double xv, double yv) { return math.derivative(xv, yv, a); });
+    if (x_local.device().is_cuda())
+      return {ShardTensor(unary_backward_cuda(math.name, x_local, y, g.to_local(), a,
+                                              compute_stream_for(x_local.device())),
+                          x.mesh(), x.spec())};
+    const Tensor xy =
+        zip_elements(x_local, y, [&](double xv, double yv) { return math.derivative(xv, yv, a); });
     return {ShardTensor(zip_elements(xy, g.to_local(), [](double d, double gv) { return d * gv; }),
                         x.mesh(), x.spec())};
   };
@@ -53,6 +71,15 @@ void register_unary(const UnaryMath& math) {
 /// Offset of b's dims inside a, from the attrs ("align": -1 = numpy right alignment).
 int operand_offset(const Shape& a, const Shape& b, const OpAttrs& attrs, const std::string& op) {
   return a == b && !attrs.has("align") ? 0 : broadcast_offset(a, b, attrs.get_int("align", -1), op);
+}
+
+/// b seen over a's local box (the global box `a_box`): through stride 0 along broadcast dims,
+/// or b itself when the operands share one shape.
+OperandView operand_view(const Tensor& a, const Tensor& b, bool broadcast, const Box& a_box,
+                         int offset, const std::string& op) {
+  if (broadcast) return broadcast_operand_view(b.shape(), b.strides(), a_box.lo, offset);
+  check_arg(a.shape() == b.shape(), op, "elementwise {} and {}", a.str(), b.str());
+  return OperandView{b.strides(), 0};
 }
 
 void register_binary(const BinaryMath& math, const std::string& name, int64_t default_align) {
@@ -94,6 +121,19 @@ void register_binary(const BinaryMath& math, const std::string& name, int64_t de
       b = expand_to_box(b, context.input_boxes[0], operand_offset(a_global, b_global, attrs, name));
     return std::vector<Tensor>{zip_elements(a, b, math.forward)};
   };
+  op.cuda = [name, attrs_with_align](const KernelContext& context,
+                                     const std::vector<Tensor>& inputs) {
+    const Tensor& a = inputs[0];
+    const Tensor& b = inputs[1];
+    const OpAttrs attrs = attrs_with_align(context.attrs);
+    const Shape& a_global = context.input_specs[0].global_shape;
+    const Shape& b_global = context.input_specs[1].global_shape;
+    const bool broadcast = !(a_global == b_global && !attrs.has("align"));
+    const int offset = broadcast ? operand_offset(a_global, b_global, attrs, name) : 0;
+    return std::vector<Tensor>{binary_forward_cuda(
+        name, a, b, operand_view(a, b, broadcast, context.input_boxes[0], offset, name),
+        context.stream)};
+  };
   op.backward = [&math, name, attrs_with_align](
                     const OpRecord& record, const std::vector<std::optional<ShardTensor>>& grads)
       -> std::vector<std::optional<ShardTensor>> {
@@ -109,8 +149,21 @@ void register_binary(const BinaryMath& math, const std::string& name, int64_t de
     const int offset =
         broadcast ? operand_offset(a.global_shape(), b.global_shape(), attrs, name) : 0;
     const Box box = a.local_box();
-    const Tensor b_local = broadcast ? expand_to_box(b.to_local(), box, offset) : b.to_local();
     const Tensor& a_local = a.to_local();
+    if (a_local.device().is_cuda()) {
+      const Stream stream = compute_stream_for(a_local.device());
+      const Tensor& b_raw = b.to_local();
+      auto [grad_a, grad_b_local] = binary_backward_cuda(
+          name, a_local, b_raw, operand_view(a_local, b_raw, broadcast, box, offset, name),
+          g.to_local(), stream);
+      ShardTensor grad_a_sharded(grad_a, a.mesh(), g.spec());
+      if (!broadcast) return {grad_a_sharded, ShardTensor(grad_b_local, b.mesh(), g.spec())};
+      return {
+          grad_a_sharded,
+          ShardTensor(reduce_to_operand_cuda(grad_b_local, b.global_shape(), box, offset, stream),
+                      b.mesh(), partial_over_sharding(a.spec(), b.global_shape()))};
+    }
+    const Tensor b_local = broadcast ? expand_to_box(b.to_local(), box, offset) : b.to_local();
     auto times_grad = [&](double (*partial)(double, double)) {
       const Tensor derivative = zip_elements(a_local, b_local, partial);
       return zip_elements(derivative, g.to_local(), [](double d, double gv) { return d * gv; });

@@ -1,12 +1,17 @@
 // Reductions sum and mean over any tensor dims, and the mse loss. A reduced dim that is sharded
 // gives Partial(sum): each rank sums its own elements; mean divides every partial sum by the
 // GLOBAL count, so the reduction of the partials is exact on uneven and empty shards.
+//
+// Devices: the cpu kernels sum in f64 on the host; the cuda kernels (reduce_cuda.hpp) sum
+// deterministically on the rank's compute stream, accumulating in float (f16, bf16, f32) or
+// double (f64), and the gradients are fused broadcasts on the device.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <algorithm>
 
 #include "ops/op_helpers.hpp"
+#include "ops/reduce/reduce_cuda.hpp"
 
 namespace tessera::ops {
 
@@ -126,6 +131,13 @@ void register_reduction(const std::string& name, bool mean) {
     Tensor sums = local_sum(inputs[0], dims, scale);
     return std::vector<Tensor>{sums.contiguous().reshape(context.output_boxes[0].shape())};
   };
+  op.cuda = [name, mean](const KernelContext& context, const std::vector<Tensor>& inputs) {
+    const Shape& global = context.input_specs[0].global_shape;
+    const std::vector<int64_t> dims = reduced_dims(global, context.attrs, name);
+    const double scale = mean ? 1.0 / count_of(global, dims) : 1.0;
+    const Tensor sums = sum_cuda(inputs[0], dims, scale, context.stream, name);
+    return std::vector<Tensor>{sums.reshape(context.output_boxes[0].shape())};
+  };
   op.backward = [name, mean](const OpRecord& record,
                              const std::vector<std::optional<ShardTensor>>& grads)
       -> std::vector<std::optional<ShardTensor>> {
@@ -139,7 +151,12 @@ void register_reduction(const std::string& name, bool mean) {
     for (int64_t d : dims) keep[d] = 1;
     const Tensor g_local = g.to_local().contiguous().reshape(keep);
     const ShardSpec x_layout = without_partial(x.spec());
-    return {ShardTensor(broadcast_back(g_local, x.to_local().shape(), scale), x.mesh(), x_layout)};
+    const Shape& x_shape = x.to_local().shape();
+    const Tensor dx = g_local.device().is_cuda()
+                          ? broadcast_back_cuda(g_local, x_shape, scale,
+                                                compute_stream_for(g_local.device()), name)
+                          : broadcast_back(g_local, x_shape, scale);
+    return {ShardTensor(dx, x.mesh(), x_layout)};
   };
   register_op(std::move(op));
 }
@@ -166,17 +183,25 @@ void register_mse_loss() {
     for (size_t d = 0; d < all.size(); ++d) all[d] = static_cast<int64_t>(d);
     return std::vector<Tensor>{local_sum(squared, all, 1.0 / count).reshape({})};
   };
+  op.cuda = [](const KernelContext& context, const std::vector<Tensor>& inputs) {
+    const double count = static_cast<double>(shape_numel(context.input_specs[0].global_shape));
+    return std::vector<Tensor>{
+        squared_difference_sum_cuda(inputs[0], inputs[1], 1.0 / count, context.stream)};
+  };
   op.backward = [](const OpRecord& record, const std::vector<std::optional<ShardTensor>>& grads)
       -> std::vector<std::optional<ShardTensor>> {
     const ShardTensor& a = record.inputs[0];
     const ShardTensor& b = record.inputs[1];
     const ShardSpec g_layout = without_partial(record.outputs[0].spec());
-    const double g = grads[0]
-                         ->redistribute(g_layout.placements)
-                         .to_local()
-                         .to_dtype(DType::f64)
-                         .data<double>()[0];
-    const double factor = 2.0 * g / static_cast<double>(shape_numel(a.global_shape()));
+    const Tensor g_local = grads[0]->redistribute(g_layout.placements).to_local();
+    const double count = static_cast<double>(shape_numel(a.global_shape()));
+    if (g_local.device().is_cuda()) {  // g stays on the device: the kernel reads it there
+      auto [da, db] = mse_backward_cuda(a.to_local(), b.to_local(), g_local, 2.0 / count,
+                                        compute_stream_for(g_local.device()));
+      return {ShardTensor(da, a.mesh(), a.spec()), ShardTensor(db, b.mesh(), b.spec())};
+    }
+    const double g = g_local.to_dtype(DType::f64).data<double>()[0];
+    const double factor = 2.0 * g / count;
     const Tensor da = zip_elements(a.to_local(), b.to_local(),
                                    [factor](double x, double y) { return factor * (x - y); });
     const Tensor db = map_elements(da, [](double v) { return -v; });

@@ -1,0 +1,54 @@
+// cuDNN conv kernels for cuda operands: forward, backward data, backward filter and backward
+// bias of a valid (unpadded) conv1d/2d/3d, in f32 (no TF32 unless allowed), f64, f16 and bf16
+// (both accumulating in f32), channels-first or channels-last, with groups, stride and
+// dilation. Operands may have any strides (a box of a larger buffer included), so the sharded
+// conv runs the interior and the boundary slabs of a haloed piece without copies.
+//
+// Implemented by conv_cudnn.cpp on cuDNN 9's legacy convolution API, or by no_cudnn_conv.cpp
+// (NotAvailable) when Tessera is built without cuDNN. Work is queued on the compute stream of
+// the operands' device (compute_stream_for): the calls return before the GPU is done.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "core/device.hpp"
+#include "core/tensor.hpp"
+#include "ops/conv/conv_kernels.hpp"
+
+namespace tessera::ops {
+
+/// A device array as a cuDNN conv reads or writes it: an activation [N, C, spatial..] or
+/// weights [Cout, Cin/g, k..], in that index order whatever the memory order; strides in
+/// elements.
+struct ConvOperand {
+  void* data = nullptr;
+  Shape shape;
+  std::vector<int64_t> strides;
+  DType dtype = DType::f32;
+  Device device;
+};
+
+/// The operand of `tensor` (its first element, shape and strides; views included).
+ConvOperand conv_operand(const Tensor& tensor);
+
+/// True when the cuDNN path was compiled in.
+bool conv_cudnn_available();
+
+/// y = valid conv of x with w (+ bias[Cout]), written into y (which may be a box of a larger
+/// output). x, y: any strides; w: packed [Cout, Cin/g, k..] or packed channels-last.
+void conv_forward_cudnn(const ConvOperand& x, const ConvOperand& w, const ConvOperand* bias,
+                        const ConvGeometry& geometry, const ConvOperand& y);
+/// dx = adjoint of the forward conv in x, applied to dy (positions no output reads get 0).
+void conv_backward_data_cudnn(const ConvOperand& dy, const ConvOperand& w,
+                              const ConvGeometry& geometry, const ConvOperand& dx);
+/// dw = adjoint of the forward conv in w, applied to dy.
+void conv_backward_filter_cudnn(const ConvOperand& x, const ConvOperand& dy,
+                                const ConvGeometry& geometry, const ConvOperand& dw);
+/// db[Cout] = sum of dy over N and all spatial positions.
+void conv_backward_bias_cudnn(const ConvOperand& dy, const ConvOperand& db);
+
+/// Number of (shape, direction, ...) keys whose algorithm has been measured and cached.
+size_t conv_cudnn_cached_algorithms();
+
+}  // namespace tessera::ops
