@@ -42,12 +42,6 @@ class CommError : public Error {
   using Error::Error;
 };
 
-/// An allocation this machine cannot satisfy: "[op] out of memory: asked N bytes, ...".
-class OutOfMemory : public Error {
- public:
-  using Error::Error;
-};
-
 /// A feature that was not compiled in (no CUDA, no HDF5, ...).
 class NotAvailable : public Error {
  public:

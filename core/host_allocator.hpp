@@ -8,7 +8,15 @@
 #include <cstddef>
 #include <string>
 
+#include "core/errors.hpp"
+
 namespace tessera {
+
+/// An allocation this machine cannot satisfy: "[op] out of memory: asked N bytes, ...".
+class OutOfMemory : public Error {
+ public:
+  using Error::Error;
+};
 
 struct AllocatorStats;
 
