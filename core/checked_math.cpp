@@ -15,8 +15,8 @@ namespace {
 /// "[op] <what> <value> = <approximate> exceeds the limit of <limit>".
 [[noreturn]] void too_large(std::string_view op, std::string_view what, const std::string& value,
                             double approximate, int64_t limit) {
-  throw InvalidArgument(std::string(op), fmt::format("{} {} = {:.4g} exceeds the limit of {}",
-                                                     what, value, approximate, limit));
+  throw InvalidArgument(std::string(op), fmt::format("{} {} = {:.4g} exceeds the limit of {}", what,
+                                                     value, approximate, limit));
 }
 
 }  // namespace

@@ -11,8 +11,8 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
-#include <string>
 #include <new>
+#include <string>
 #include <vector>
 
 #include "core/backend/backend.hpp"

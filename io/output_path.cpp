@@ -35,8 +35,8 @@ void check_output_is_not_input(const std::string& op, const std::string& input,
   std::error_code input_error, output_error, error;
   const fs::path input_path = fs::weakly_canonical(input, input_error);
   const fs::path output_path = fs::weakly_canonical(output, output_error);
-  const bool same_path = input == output || (!input_error && !output_error && input_path ==
-                                                                                  output_path);
+  const bool same_path =
+      input == output || (!input_error && !output_error && input_path == output_path);
   const bool same_inode = fs::exists(input, error) && fs::exists(output, error) &&
                           fs::equivalent(input, output, error) && !error;
   check_arg(!same_path && !same_inode, op,

@@ -178,16 +178,14 @@ void run_convert(std::shared_ptr<Comm> world, const ConvertOptions& options) {
   // Floats into an integer dtype: read as f64 and refuse values the integer type cannot hold
   // (NaN, infinities, out of range), which a plain conversion would silently saturate.
   const std::optional<DType> file_dtype = io::dataset_info(in_file, in_dataset).dtype;
-  const bool float_to_integer =
-      as && !is_floating(*as) && file_dtype && is_floating(*file_dtype);
+  const bool float_to_integer = as && !is_floating(*as) && file_dtype && is_floating(*file_dtype);
   const std::optional<DType> read_as = float_to_integer ? std::optional(DType::f64) : as;
   world->barrier();
   const double start = now_seconds();
-  ShardTensor tensor =
-      options.mode == "root"
-          ? io::scatter(in_file, in_dataset, mesh, placements, extents, 0, size_t{256} << 20,
-                        read_as)
-          : io::read_sharded(in_file, in_dataset, mesh, placements, extents, read_as);
+  ShardTensor tensor = options.mode == "root" ? io::scatter(in_file, in_dataset, mesh, placements,
+                                                            extents, 0, size_t{256} << 20, read_as)
+                                              : io::read_sharded(in_file, in_dataset, mesh,
+                                                                 placements, extents, read_as);
   if (float_to_integer) {
     const Tensor local = tensor.to_local().contiguous();
     int32_t unrepresentable = representable_count(local, *as) != local.numel() ? 1 : 0;

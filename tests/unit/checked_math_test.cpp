@@ -75,7 +75,9 @@ TEST(CheckedMath, NumelOfHugeShapesThrowsNamingTheShape) {
                 checked_numel(std::vector<int64_t>{4294967296, 4294967296, 4}, "demo");
               }),
               HasSubstr("more than the limit"));
-  EXPECT_THAT(invalid_argument_of([] { checked_numel(std::vector<int64_t>{3, -1}, "op"); }),
+  EXPECT_THAT(invalid_argument_of([] {
+                checked_numel(std::vector<int64_t>{3, -1}, "op");
+              }),
               HasSubstr("negative extent"));
 }
 
@@ -83,11 +85,11 @@ TEST(CheckedMath, BytesPastTheLimitThrow) {
   EXPECT_EQ(checked_bytes(10, 8, "op"), size_t{80});
   EXPECT_THAT(invalid_argument_of([] { checked_bytes(int64_t{1} << 62, 4, "op", "f32 tensor"); }),
               HasSubstr("[op] f32 tensor: 4611686018427387904 elements x 4 bytes"));
-  EXPECT_THAT(invalid_argument_of([] {
-                checked_tensor_bytes(std::vector<int64_t>{2147483648, 2147483648, 1}, 4, "f32",
-                                     "tensor");
-              }),
-              HasSubstr("[tensor] f32 tensor [2147483648, 2147483648, 1]"));
+  EXPECT_THAT(
+      invalid_argument_of([] {
+        checked_tensor_bytes(std::vector<int64_t>{2147483648, 2147483648, 1}, 4, "f32", "tensor");
+      }),
+      HasSubstr("[tensor] f32 tensor [2147483648, 2147483648, 1]"));
 }
 
 TEST(CheckedMathTensor, EmptyRefusesShapesWhoseSizeOverflows) {
@@ -100,7 +102,9 @@ TEST(CheckedMathTensor, EmptyRefusesShapesWhoseSizeOverflows) {
     EXPECT_THAT(invalid_argument_of([&] { Tensor::empty(shape, DType::f32); }),
                 HasSubstr("[tensor]"))
         << fmt::format("{}", shape);
-  EXPECT_THAT(invalid_argument_of([] { shape_numel({int64_t{1} << 40, int64_t{1} << 40}); }),
+  EXPECT_THAT(invalid_argument_of([] {
+                shape_numel({int64_t{1} << 40, int64_t{1} << 40});
+              }),
               HasSubstr("more than the limit"));
 }
 
