@@ -65,19 +65,67 @@ set(mpi_found FALSE)
 if(NOT TESSERA_WITH_MPI STREQUAL "OFF")
   # The C API through the CXX component (consumers need not enable C); no C++ bindings.
   set(MPI_CXX_SKIP_MPICXX ON)
+  set(MPI_DETERMINE_LIBRARY_VERSION ON)  # MPI_CXX_LIBRARY_VERSION_STRING names the MPI
   find_package(MPI COMPONENTS CXX)
   set(mpi_found ${MPI_CXX_FOUND})
 endif()
 tessera_resolve(MPI mpi_found)
 
+# tessera_mpi_flavor(<out> <text>): openmpi, mpich or "" from a version string or library paths.
+function(tessera_mpi_flavor out text)
+  string(TOLOWER "${text}" lower)
+  if(lower MATCHES "open mpi|openmpi|openrte")
+    set(${out} openmpi PARENT_SCOPE)
+  elseif(lower MATCHES "mpich|mvapich|intel\\(r\\) mpi")
+    set(${out} mpich PARENT_SCOPE)
+  else()
+    set(${out} "" PARENT_SCOPE)
+  endif()
+endfunction()
+
+# The MPI in use (the one MPI_CXX_COMPILER / mpicxx belongs to): its flavor picks the parallel
+# HDF5 built for it (Debian installs one per MPI: h5pcc.mpich, h5pcc.openmpi), whatever the
+# system default (update-alternatives) points at.
+set(TESSERA_MPI_FLAVOR "")
+if(TESSERA_HAVE_MPI)
+  if(MPI_CXX_LIBRARY_VERSION_STRING)
+    tessera_mpi_flavor(TESSERA_MPI_FLAVOR "${MPI_CXX_LIBRARY_VERSION_STRING}")
+  endif()
+  if(NOT TESSERA_MPI_FLAVOR)
+    tessera_mpi_flavor(TESSERA_MPI_FLAVOR "${MPI_CXX_LIBRARIES};${MPI_CXX_INCLUDE_DIRS}")
+  endif()
+endif()
+
 set(hdf5_found FALSE)
 set(TESSERA_HAVE_PARALLEL_HDF5 0)
 if(NOT TESSERA_WITH_HDF5 STREQUAL "OFF")
+  if(TESSERA_MPI_FLAVOR AND NOT HDF5_C_COMPILER_EXECUTABLE)
+    find_program(tessera_h5pcc_for_mpi NAMES h5pcc.${TESSERA_MPI_FLAVOR})
+    if(tessera_h5pcc_for_mpi)
+      set(HDF5_C_COMPILER_EXECUTABLE ${tessera_h5pcc_for_mpi} CACHE FILEPATH
+          "HDF5 C compiler wrapper (the parallel HDF5 of the MPI in use)")
+    endif()
+  endif()
   find_package(HDF5 COMPONENTS C)
   set(hdf5_found ${HDF5_FOUND})
 endif()
 tessera_resolve(HDF5 hdf5_found)
 if(TESSERA_HAVE_HDF5 AND HDF5_IS_PARALLEL AND TESSERA_HAVE_MPI)
+  # A parallel HDF5 links its own MPI: one built for another MPI than Tessera's puts two MPI
+  # libraries in every program (each HDF5 call then fails inside MPI). Refuse it.
+  set(hdf5_libraries ${HDF5_C_LIBRARIES} ${HDF5_C_INCLUDE_DIRS} ${HDF5_INCLUDE_DIRS})
+  list(FILTER hdf5_libraries INCLUDE REGEX "hdf5")
+  list(REMOVE_DUPLICATES hdf5_libraries)
+  tessera_mpi_flavor(hdf5_mpi_flavor "${hdf5_libraries}")
+  if(hdf5_mpi_flavor AND TESSERA_MPI_FLAVOR AND NOT hdf5_mpi_flavor STREQUAL TESSERA_MPI_FLAVOR)
+    message(FATAL_ERROR
+      "The parallel HDF5 found (${hdf5_libraries}) is built for ${hdf5_mpi_flavor}, but Tessera "
+      "builds with ${TESSERA_MPI_FLAVOR} (${MPI_CXX_COMPILER}); mixing them aborts every HDF5 "
+      "call under mpiexec. Install the HDF5 of ${TESSERA_MPI_FLAVOR} (Debian: "
+      "libhdf5-${TESSERA_MPI_FLAVOR}-dev; scripts/install-deps.sh with "
+      "TESSERA_MPI=${TESSERA_MPI_FLAVOR}) and point -DHDF5_C_COMPILER_EXECUTABLE at its h5pcc, "
+      "or configure with -DTESSERA_WITH_HDF5=OFF.")
+  endif()
   set(TESSERA_HAVE_PARALLEL_HDF5 1)
 endif()
 

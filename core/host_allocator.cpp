@@ -4,11 +4,15 @@
 // (default 4096) MiB; past that, released blocks are freed.
 #include "core/host_allocator.hpp"
 
+#include <fmt/format.h>
+#include <unistd.h>
+
 #include <bit>
 #include <cstdlib>
 #include <map>
 #include <mutex>
 #include <new>
+#include <string>
 #include <vector>
 
 #include "core/backend/backend.hpp"
@@ -49,7 +53,23 @@ Cache& cache() {
   return *instance;
 }
 
+[[noreturn]] void out_of_memory(const std::string& op, size_t bytes, const std::string& why) {
+  throw OutOfMemory(op, fmt::format("out of memory: asked {} bytes ({:.3g} GiB), {}", bytes,
+                                    double(bytes) / double(size_t{1} << 30), why));
+}
+
 }  // namespace
+
+size_t host_memory_limit() {
+  static const size_t limit = [] {
+    if (const char* text = std::getenv("TESSERA_HOST_MEMORY_LIMIT_MB"))
+      return size_t(std::strtoull(text, nullptr, 10)) << 20;
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page_size = ::sysconf(_SC_PAGE_SIZE);
+    if (pages <= 0 || page_size <= 0) return size_t{1} << 62;
+    return size_t(pages) * size_t(page_size);
+  }();
+  return limit;
+}
 
 namespace {
 
@@ -61,6 +81,11 @@ void count_handed_out(Cache& c, size_t rounded) {
 }  // namespace
 
 void* host_allocate(size_t bytes, const std::string& op) {
+  if (bytes > host_memory_limit())
+    out_of_memory(op, bytes,
+                  fmt::format("more than the host memory limit of {} bytes (physical memory, or "
+                              "TESSERA_HOST_MEMORY_LIMIT_MB)",
+                              host_memory_limit()));
   const size_t rounded = size_class(std::max<size_t>(bytes, 1));
   Cache& c = cache();
   if (rounded >= kCachedFrom) {
@@ -80,9 +105,10 @@ void* host_allocate(size_t bytes, const std::string& op) {
     block = std::aligned_alloc(64, rounded);
     if (!block) {
       std::lock_guard lock(c.mu);
-      throw Error(op, fmt::format("out of memory on the host: asked {} bytes, {} in use by "
-                                  "tensors, {} cached (TESSERA_HOST_CACHE_MB)",
-                                  bytes, c.in_use, c.held));
+      out_of_memory(op, bytes,
+                    fmt::format("the system has no memory left for it ({} bytes in use by "
+                                "tensors, {} cached, TESSERA_HOST_CACHE_MB)",
+                                c.in_use, c.held));
     }
   }
   std::lock_guard lock(c.mu);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "core/checked_math.hpp"
 #include "core/errors.hpp"
 
 namespace tessera {
@@ -124,7 +125,7 @@ ShardSpec ShardSpec::make(Shape global_shape, std::vector<int> mesh_shape,
     for (int64_t extent : extents[m]) {
       check_arg(extent >= 0, op, "extents {} of tensor dim {} contain a negative value", extents[m],
                 dim);
-      total += extent;
+      total = checked_add(total, extent, op, "sum of extents");  // no wrap-around to a match
     }
     check_arg(total == global_shape[dim], op,
               "extents {} of tensor dim {} sum to {}, expected the global extent {}", extents[m],

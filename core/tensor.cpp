@@ -12,6 +12,7 @@
 #include <new>
 
 #include "core/backend/transfer.hpp"
+#include "core/checked_math.hpp"
 
 namespace tessera {
 
@@ -49,11 +50,7 @@ std::vector<int64_t> contiguous_strides(const Shape& shape) {
   return strides;
 }
 
-int64_t shape_numel(const Shape& shape) {
-  int64_t count = 1;
-  for (int64_t extent : shape) count *= extent;
-  return count;
-}
+int64_t shape_numel(const Shape& shape) { return checked_numel(shape, "tensor"); }
 
 Tensor::Tensor() : Tensor(nullptr, Shape{0}, {1}, 0, DType::f32) {}
 
@@ -70,7 +67,7 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t extent : shape)
     check_arg(extent >= 0, "tensor", "shape {} has a negative extent", shape);
   auto storage = std::make_shared<Storage>(
-      static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), device);
+      checked_tensor_bytes(shape, dtype_size(dtype), dtype_name(dtype), "tensor"), device);
   return Tensor(std::move(storage), shape, contiguous_strides(shape), 0, dtype);
 }
 

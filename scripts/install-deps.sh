@@ -1,13 +1,25 @@
 #!/usr/bin/env bash
 # Installs the Debian packages Tessera builds and tests with, skipping any already present.
 # Safe to run repeatedly; needs root (or sudo) only when something is missing.
+# TESSERA_MPI=mpich (default) or openmpi picks the MPI and the parallel HDF5 built for it
+# (libhdf5-mpich-dev or libhdf5-openmpi-dev: an HDF5 built for another MPI cannot be used).
+# Adding a second MPI keeps the system's default MPI (update-alternatives) as it was.
 set -euo pipefail
+
+mpi=${TESSERA_MPI:-mpich}
+case $mpi in
+  mpich) mpi_packages=(mpich libmpich-dev libhdf5-mpich-dev) ;;
+  openmpi) mpi_packages=(openmpi-bin libopenmpi-dev libhdf5-openmpi-dev) ;;
+  *)
+    echo "[install-deps] TESSERA_MPI=$mpi: expected mpich or openmpi" >&2
+    exit 2
+    ;;
+esac
 
 packages=(
   build-essential cmake ninja-build pkg-config git
   libgtest-dev libgmock-dev
-  mpich libmpich-dev
-  libhdf5-mpich-dev hdf5-tools
+  "${mpi_packages[@]}" hdf5-tools
   libdnnl-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev
   python3 python3-numpy python3-h5py
@@ -29,5 +41,11 @@ echo "[install-deps] installing: ${missing[*]}"
 sudo_cmd=()
 if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
 export DEBIAN_FRONTEND=noninteractive
+# The MPI and HDF5 defaults (mpicc, mpiexec, h5pcc, ...) chosen before, restored afterwards: a
+# newly installed MPI would otherwise take them over in "auto" mode.
+alternatives=$(update-alternatives --get-selections 2>/dev/null | grep -E '^(mpi|mpirun|mpi-[^ ]*|h5pcc|hdf5\.pc) ' || true)
 "${sudo_cmd[@]}" apt-get update -qq
 "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+while read -r name _ target; do
+  [ -n "$name" ] && "${sudo_cmd[@]}" update-alternatives --set "$name" "$target" > /dev/null
+done <<< "$alternatives"

@@ -208,17 +208,25 @@ void register_bench(CLI::App& app) {
   auto* comm = bench->add_subcommand(
       "comm", "all_gather_v, all_to_all_v and redistribute beside the raw MPI collectives");
   comm->add_option("--min-bytes", options->min_bytes, "Smallest global tensor (bytes)")
+      ->check(integer_at_least(1))
       ->capture_default_str();
   comm->add_option("--max-bytes", options->max_bytes, "Largest global tensor (bytes)")
+      ->check(integer_at_least(1))
       ->capture_default_str();
-  comm->add_option("--ranks", options->ranks, "Local ranks without mpiexec")->capture_default_str();
-  comm->add_option("--iterations", options->iterations, "Timed iterations (0: by size)");
+  comm->add_option("--ranks", options->ranks, "Local ranks without mpiexec")
+      ->check(CLI::Range(1, kMaxLocalRanks))
+      ->capture_default_str();
+  comm->add_option("--iterations", options->iterations, "Timed iterations (0: by size)")
+      ->check(CLI::Range(0, 1000000));
   comm->add_flag("--json", options->json, "Print JSON instead of the table");
   comm->add_option("--device", options->device,
                    "Where the buffers live: cpu, cuda (ranks round-robin over the GPUs) or "
                    "cuda:N")
       ->capture_default_str();
   comm->callback([options] {
+    check_arg(options->min_bytes <= options->max_bytes, "bench",
+              "--min-bytes {} is larger than --max-bytes {}", options->min_bytes,
+              options->max_bytes);
     select_device(options->device);
     launch(backend_from_env(), options->ranks,
            [&](std::shared_ptr<Comm> world) { run_comm_bench(world, *options); });

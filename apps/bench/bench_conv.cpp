@@ -205,6 +205,7 @@ void run_conv_bench(const ConvBenchOptions& options_given) {
   const bool cuda = options.device != "cpu";
   if (options.shapes.empty()) options.shapes = cuda ? kCudaShapes : kCpuShapes;
   if (options.ranks.empty()) options.ranks = cuda ? "1,4" : "1,2";
+  parse_rank_counts(options.ranks, "--ranks");  // a bad list fails before any measurement
   const DType dtype = dtype_from_name(options.dtype);
   check_arg(dtype == DType::f32 || (cuda && (dtype == DType::bf16 || dtype == DType::f16)), "bench",
             "--dtype {} on {} (cpu: f32; cuda: f32, bf16, f16)", options.dtype, options.device);
@@ -228,7 +229,7 @@ void run_conv_bench(const ConvBenchOptions& options_given) {
     const double flops = conv_flops(x_shape, kernel);
     const auto [forward_bytes, forward_backward_bytes] = conv_bytes(x_shape, kernel, dtype);
     Tensor reference;
-    for (int64_t ranks : parse_list(options.ranks)) {
+    for (int64_t ranks : parse_rank_counts(options.ranks, "--ranks")) {
       ConvFigures figures;
       const int threads = options.threads;
       launch(backend, static_cast<int>(ranks), [&](std::shared_ptr<Comm> world) {
@@ -304,7 +305,8 @@ void register_conv_bench(CLI::App& bench) {
                    "Input shapes N,C,spatial.. (repeatable; default: 1,16,512,512 and "
                    "1,16,128,128,128 on cpu, the GPU issue's five shapes on cuda)");
   conv->add_option("--kernel", options->kernel,
-                   "Kernel extent per spatial dim (default: 5 for conv1d, 3 otherwise)");
+                   "Kernel extent per spatial dim, at least 1 (default: 5 for conv1d, 3 otherwise)")
+      ->check(integer_at_least(1));
   conv->add_option("--ranks", options->ranks,
                    "Rank counts to run, e.g. 1,2,4 (default: 1,2 on "
                    "cpu, 1,4 on cuda)");
@@ -316,8 +318,11 @@ void register_conv_bench(CLI::App& bench) {
       ->capture_default_str();
   conv->add_flag("--no-comm", options->no_comm,
                  "Time each rank's local conv on its haloed piece alone (no halo exchange)");
-  conv->add_option("--threads", options->threads, "Compute threads per rank (0: cores / ranks)");
-  conv->add_option("--iterations", options->iterations, "Timed iterations")->capture_default_str();
+  conv->add_option("--threads", options->threads, "Compute threads per rank (0: cores / ranks)")
+      ->check(CLI::Range(0, 4096));
+  conv->add_option("--iterations", options->iterations, "Timed iterations (at least 1)")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
   conv->add_flag("--json", options->json, "Print JSON instead of the table");
   conv->callback([options] { run_conv_bench(*options); });
 }

@@ -215,6 +215,7 @@ void run_world(const IoBenchOptions& options, IoBench& bench, std::shared_ptr<Co
 }
 
 void run_io_bench(const IoBenchOptions& options) {
+  const std::vector<int> rank_counts = parse_rank_counts(options.ranks, "--ranks");  // first
   const int64_t rows = std::max<int64_t>(1, static_cast<int64_t>(options.bytes >> 20));
   const Shape shape{rows, 512, 512};
   const Backend backend = backend_from_env();
@@ -264,8 +265,8 @@ void run_io_bench(const IoBenchOptions& options) {
   prepare();
   bench.header("local");
   plain_read(nullptr);
-  for (int64_t ranks : parse_list(options.ranks))
-    launch(Backend::local, static_cast<int>(ranks), [&](std::shared_ptr<Comm> world) {
+  for (int ranks : rank_counts)
+    launch(Backend::local, ranks, [&](std::shared_ptr<Comm> world) {
       run_world(options, bench, world, /*processes_are_ranks=*/false, rows);
     });
   bench.print_json("local");
@@ -278,10 +279,13 @@ void register_io_bench(CLI::App& bench) {
   auto options = std::make_shared<IoBenchOptions>();
   auto* io_command = bench.add_subcommand(
       "io", "Root scatter/write and per-rank reads/writes vs one plain read, with peak memory");
-  io_command->add_option("--bytes", options->bytes, "Dataset size in bytes")->capture_default_str();
+  io_command->add_option("--bytes", options->bytes, "Dataset size in bytes")
+      ->check(integer_at_least(1))
+      ->capture_default_str();
   io_command->add_option("--ranks", options->ranks, "Local rank counts, e.g. 1,2,4 (not mpiexec)")
       ->capture_default_str();
   io_command->add_option("--staging", options->staging, "Root staging budget (bytes)")
+      ->check(integer_at_least(1))
       ->capture_default_str();
   io_command->add_option("--file", options->file, "Scratch file")->capture_default_str();
   io_command

@@ -163,6 +163,7 @@ KernelFigures measure_kernels(const Shape& shape, int64_t kernel, DType dtype, i
 }
 
 void run_na_bench(const NaBenchOptions& options) {
+  parse_rank_counts(options.ranks, "--ranks");  // a bad list fails before any measurement
   if (options.device != "cpu")
     throw NotAvailable("bench", fmt::format("no {} kernel of neighborhood attention exists yet; "
                                             "only --device cpu can be measured",
@@ -187,7 +188,7 @@ void run_na_bench(const NaBenchOptions& options) {
     const double flops = na_flops(shape, kernel);
     const double backward_flops = 3.5 * flops;  // forward + backward (2.5x the forward)
     Tensor reference;
-    for (int64_t ranks : parse_list(options.ranks)) {
+    for (int64_t ranks : parse_rank_counts(options.ranks, "--ranks")) {
       NaFigures figures;
       const int threads = options.threads;
       launch(backend, static_cast<int>(ranks), [&](std::shared_ptr<Comm> world) {
@@ -278,18 +279,30 @@ void register_na_bench(CLI::App& bench) {
       "na", "Neighborhood attention forward and forward+backward: 1 rank, P ranks, reference");
   na->add_option("--device", options->device, "cpu (cuda: no kernel yet)")->capture_default_str();
   na->add_option("--dtype", options->dtype, "f32, f64, f16 or bf16")->capture_default_str();
-  na->add_option("--batch", options->batch, "Batch size B")->capture_default_str();
-  na->add_option("--size", options->size, "Tokens per spatial axis (X = Y)")->capture_default_str();
-  na->add_option("--heads", options->heads, "Heads")->capture_default_str();
-  na->add_option("--dim", options->dim, "Head dim D")->capture_default_str();
+  na->add_option("--batch", options->batch, "Batch size B")
+      ->check(integer_at_least(1))
+      ->capture_default_str();
+  na->add_option("--size", options->size, "Tokens per spatial axis (X = Y)")
+      ->check(integer_at_least(1))
+      ->capture_default_str();
+  na->add_option("--heads", options->heads, "Heads")
+      ->check(integer_at_least(1))
+      ->capture_default_str();
+  na->add_option("--dim", options->dim, "Head dim D")
+      ->check(integer_at_least(1))
+      ->capture_default_str();
   na->add_option("--kernel", options->kernels, "Kernel sizes to run, e.g. 7,13")
       ->capture_default_str();
   na->add_option("--ranks", options->ranks, "Rank counts to run, e.g. 1,2,4")
       ->capture_default_str();
-  na->add_option("--threads", options->threads, "Compute threads per rank (0: cores / ranks)");
-  na->add_option("--iterations", options->iterations, "Timed iterations")->capture_default_str();
+  na->add_option("--threads", options->threads, "Compute threads per rank (0: cores / ranks)")
+      ->check(CLI::Range(0, 4096));
+  na->add_option("--iterations", options->iterations, "Timed iterations (at least 1)")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
   na->add_option("--reference-size", options->reference_size,
                  "Tokens per axis of the fast-vs-reference kernel table (0: skip)")
+      ->check(integer_at_least(0))
       ->capture_default_str();
   na->add_flag("--json", options->json, "Print JSON instead of the tables");
   na->callback([options] { run_na_bench(*options); });

@@ -104,11 +104,17 @@ void register_generate(CLI::App& app) {
   auto* gray_scott =
       generate_command->add_subcommand("gray-scott", "3-d Gray-Scott reaction-diffusion snapshots");
   gray_scott->add_option("--out", options->out, "Output HDF5 file")->capture_default_str();
-  gray_scott->add_option("--size", options->size, "Grid extent per dim")->capture_default_str();
-  gray_scott->add_option("--snapshots", options->snapshots, "Snapshots")->capture_default_str();
+  gray_scott->add_option("--size", options->size, "Grid extent per dim")
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}))
+      ->capture_default_str();
+  gray_scott->add_option("--snapshots", options->snapshots, "Snapshots")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
   gray_scott->add_option("--steps-between", options->steps_between, "Time steps between snapshots")
+      ->check(integer_at_least(0))
       ->capture_default_str();
   gray_scott->add_option("--seed", options->seed, "Seed of the initial cubes")
+      ->check(integer_at_least(0))
       ->capture_default_str();
   gray_scott->callback([options] { generate(*options); });
 }

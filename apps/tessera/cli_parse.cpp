@@ -1,10 +1,13 @@
 // Parsing of the CLI's shared argument formats.
 #include "apps/tessera/cli_parse.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
 
+#include "core/comm/local_comm.hpp"
 #include "core/device.hpp"
 #include "core/errors.hpp"
 #include "core/gpu_runtime.hpp"
@@ -38,11 +41,16 @@ int64_t parse_integer(const std::string& text, const std::string& context) {
 }  // namespace
 
 std::vector<int> parse_mesh(const std::string& text) {
+  constexpr int64_t kMaxMeshRanks = std::numeric_limits<int>::max();
   std::vector<int> shape;
+  int64_t ranks = 1;
   for (const std::string& part : split_on(text, 'x')) {
     const int64_t extent = parse_integer(part, text);
     check_arg(extent > 0, "cli", "mesh '{}' has a non-positive dim", text);
-    shape.push_back(static_cast<int>(extent));
+    shape.push_back(static_cast<int>(std::min<int64_t>(extent, kMaxMeshRanks + 1)));
+    ranks = std::min(ranks * std::min<int64_t>(extent, kMaxMeshRanks + 1), kMaxMeshRanks + 1);
+    check_arg(ranks <= kMaxMeshRanks, "cli", "mesh '{}' has more than {} ranks", text,
+              kMaxMeshRanks);
   }
   check_arg(!shape.empty(), "cli", "empty mesh '{}' (expected e.g. 2x2)", text);
   return shape;
@@ -60,12 +68,43 @@ std::vector<std::vector<int64_t>> parse_extents(const std::string& text) {
   return groups;
 }
 
+std::vector<int> parse_rank_counts(const std::string& text, const std::string& option) {
+  std::vector<int> counts;
+  for (const std::string& part : split_on(text, ',')) {
+    const int64_t count = parse_integer(part, text);
+    check_arg(count >= 1 && count <= kMaxLocalRanks, "cli",
+              "{} {}: each local rank count must be 1 to {}", option, text, kMaxLocalRanks);
+    counts.push_back(static_cast<int>(count));
+  }
+  check_arg(!counts.empty(), "cli", "{} is empty (expected rank counts, e.g. 1,2,4)", option);
+  return counts;
+}
+
+std::string one_line(const std::string& text) {
+  std::string line;
+  for (char c : text) {
+    if (c == '\n') {
+      if (!line.empty()) line += "; ";
+    } else {
+      line += c;
+    }
+  }
+  while (line.size() >= 2 && line.ends_with("; ")) line.resize(line.size() - 2);
+  return line;
+}
+
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 int MeshOptions::local_ranks() const {
-  return ranks > 0 ? ranks : mesh_size(parse_mesh(mesh));
+  if (ranks > 0) return ranks;
+  const int64_t size = mesh_size(parse_mesh(mesh));
+  check_arg(size <= kMaxLocalRanks, "cli",
+            "--mesh {} has {} ranks; without mpiexec at most {} local ranks run (give --ranks or "
+            "use mpiexec)",
+            mesh, size, kMaxLocalRanks);
+  return static_cast<int>(size);
 }
 
 void select_device(const std::string& text) {

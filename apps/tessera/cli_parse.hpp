@@ -13,6 +13,10 @@ std::vector<int> parse_mesh(const std::string& text);
 std::vector<int64_t> parse_list(const std::string& text);
 /// "3,5;4,4" -> {{3, 5}, {4, 4}} (one group per mesh dim).
 std::vector<std::vector<int64_t>> parse_extents(const std::string& text);
+/// Local rank counts "1,2,4" (each 1 to kMaxLocalRanks); errors name `option`.
+std::vector<int> parse_rank_counts(const std::string& text, const std::string& option);
+/// `text` on one line: newlines become "; " (for CLI11's multi-line messages).
+std::string one_line(const std::string& text);
 /// Seconds since the steady clock's epoch, as a double.
 double now_seconds();
 
@@ -26,7 +30,8 @@ void select_device(const std::string& text);
 struct MeshOptions {
   std::string mesh = "1", shard_dims, extents;
   int ranks = 0;
-  /// The local ranks to run without mpiexec: --ranks, or else the mesh size.
+  /// The local ranks to run without mpiexec: --ranks, or else the mesh size (1 to
+  /// kMaxLocalRanks, else InvalidArgument).
   int local_ranks() const;
 };
 

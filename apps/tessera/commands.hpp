@@ -5,8 +5,25 @@
 #include <string>
 
 #include "apps/tessera/cli_parse.hpp"
+#include "core/comm/local_comm.hpp"
 
 namespace tessera::cli {
+
+/// CLI11 check: an integer of at least `minimum` (whole text), e.g. "expected an integer >= 1,
+/// got 0"; negative values for unsigned options fail here, before CLI11 converts them.
+inline CLI::Validator integer_at_least(long long minimum) {
+  return CLI::Validator(
+      [minimum](std::string& text) -> std::string {
+        try {
+          size_t used = 0;
+          const long long value = std::stoll(text, &used);
+          if (used == text.size() && value >= minimum) return "";
+        } catch (const std::exception&) {
+        }
+        return "expected an integer >= " + std::to_string(minimum) + ", got " + text;
+      },
+      ">=" + std::to_string(minimum));
+}
 
 /// Adds --mesh, --shard-dims (described with `shard_dims_example`, e.g. "1,2"), --extents and
 /// --ranks to `command`.
@@ -16,8 +33,11 @@ inline void add_mesh_options(CLI::App& command, MeshOptions& options,
   command.add_option("--shard-dims", options.shard_dims,
                      "Tensor dim sharded by each mesh dim, e.g. " + shard_dims_example);
   command.add_option("--extents", options.extents, "Shard extents per mesh dim, e.g. \"3,5;4,4\"");
-  command.add_option("--ranks", options.ranks,
-                     "Local ranks without mpiexec (default: the mesh size)");
+  command
+      .add_option("--ranks", options.ranks,
+                  "Local ranks without mpiexec, 1 to " + std::to_string(kMaxLocalRanks) +
+                      " (default: the mesh size)")
+      ->check(CLI::Range(1, kMaxLocalRanks));
 }
 
 /// `tessera info [--json]`: version, compiled-in backends and library versions.

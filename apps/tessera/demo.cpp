@@ -16,6 +16,8 @@
 
 #include "apps/tessera/cli_parse.hpp"
 #include "apps/tessera/commands.hpp"
+#include "core/checked_math.hpp"
+#include "core/host_allocator.hpp"
 #include "core/tessera.hpp"
 #include "io/hdf5/h5_file.hpp"
 #include "ops/ops.hpp"
@@ -35,6 +37,9 @@ bool report_differences(const std::vector<std::string>& names, const std::vector
   }
   return worst < tolerance;
 }
+
+/// The smallest extent per dim of --shape the demo's steps work with.
+constexpr int64_t kMinDemoExtent = 5;
 
 struct DemoOptions {
   std::string shape = "48,40,36";
@@ -319,13 +324,25 @@ void register_demo(CLI::App& app) {
       "Scatter a 3-d field over a 2x2 mesh, redistribute it through several layouts, "
       "gather it back and verify it");
   command->add_option("--shape", options->shape, "Global field shape x,y,z")->capture_default_str();
-  command->add_option("--ranks", options->ranks, "Local ranks (threads) without mpiexec")
+  command
+      ->add_option("--ranks", options->ranks,
+                   "Local ranks (threads) without mpiexec (the demo's 2x2 mesh needs 4)")
+      ->check(CLI::Range(1, kMaxLocalRanks))
       ->capture_default_str();
   command->add_option("--data", options->data, "Sample data file (tessera generate gray-scott)")
       ->capture_default_str();
   command->callback([options] {
     const Shape shape = parse_list(options->shape);
     check_arg(shape.size() == 3, "demo", "--shape needs 3 extents, got '{}'", options->shape);
+    const size_t bytes = checked_tensor_bytes(shape, sizeof(float), "f32", "demo");
+    if (bytes > host_memory_limit())
+      throw OutOfMemory("demo", fmt::format("out of memory: --shape {} needs {} bytes for the f32 "
+                                            "field, more than the host memory limit of {} bytes",
+                                            options->shape, bytes, host_memory_limit()));
+    // The layout tour moves 5 rows to one rank and the conv network runs on half the field.
+    for (int64_t extent : shape)
+      check_arg(extent >= kMinDemoExtent, "demo", "--shape {}: each extent must be at least {}",
+                options->shape, kMinDemoExtent);
     launch(backend_from_env(), options->ranks, [&](std::shared_ptr<Comm> world) {
       run_layout_tour(world, shape);
       run_conv_network(world, {shape[0] / 2, shape[1] / 2, shape[2] / 2}, options->data);

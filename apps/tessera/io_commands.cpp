@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <mutex>
@@ -14,6 +15,7 @@
 #include "core/tessera.hpp"
 #include "io/hdf5/h5_file.hpp"
 #include "io/hdf5/sharded_io.hpp"
+#include "io/output_path.hpp"
 
 namespace tessera::cli {
 
@@ -123,6 +125,23 @@ struct ConvertOptions {
   bool verify = false;
 };
 
+/// How many values of the f64 tensor `values` the integer dtype `dtype` holds exactly up to
+/// truncation of the fraction (finite and within its range).
+int64_t representable_count(const Tensor& values, DType dtype) {
+  double low = 0, high = 0;  // representable values lie in [low, high)
+  switch (dtype) {
+    case DType::i32: low = -0x1p31, high = 0x1p31; break;
+    case DType::i64: low = -0x1p63, high = 0x1p63; break;
+    case DType::u8: low = 0, high = 256; break;
+    default: return values.numel();
+  }
+  const double* data = values.data<double>();
+  int64_t count = 0;
+  for (int64_t i = 0; i < values.numel(); ++i)
+    count += data[i] >= low && data[i] < high;  // false for NaN and the infinities
+  return count;
+}
+
 void run_convert(std::shared_ptr<Comm> world, const ConvertOptions& options) {
   const std::string op = "convert";
   const auto [in_file, in_dataset] = split_target(op, options.source);
@@ -134,6 +153,16 @@ void run_convert(std::shared_ptr<Comm> world, const ConvertOptions& options) {
     throw AgreedError(op,
                       fmt::format("{}:{} is both the input and the output", in_file, in_dataset));
   check_mode(op, options.mode);
+  // Rank 0 checks that the output can be written before anything is read.
+  std::optional<std::string> unwritable;
+  if (world->rank() == 0) {
+    try {
+      io::check_output_path(op, out_file);
+    } catch (const Error& error) {
+      unwritable = std::string(error.what()).substr(op.size() + 3);  // without "[convert] "
+    }
+  }
+  agree_on_error(*world, op, unwritable);
   std::optional<DType> as;
   if (!options.dtype.empty()) as = dtype_from_name(options.dtype);
   io::WriteOptions storage;
@@ -146,12 +175,28 @@ void run_convert(std::shared_ptr<Comm> world, const ConvertOptions& options) {
   DeviceMesh mesh(world, parse_mesh(options.layout.mesh));
   const auto [placements, extents] =
       parse_layout(op, mesh, options.layout.shard_dims, options.layout.extents);
+  // Floats into an integer dtype: read as f64 and refuse values the integer type cannot hold
+  // (NaN, infinities, out of range), which a plain conversion would silently saturate.
+  const std::optional<DType> file_dtype = io::dataset_info(in_file, in_dataset).dtype;
+  const bool float_to_integer = as && !is_floating(*as) && file_dtype && is_floating(*file_dtype);
+  const std::optional<DType> read_as = float_to_integer ? std::optional(DType::f64) : as;
   world->barrier();
   const double start = now_seconds();
-  const ShardTensor tensor =
-      options.mode == "root"
-          ? io::scatter(in_file, in_dataset, mesh, placements, extents, 0, size_t{256} << 20, as)
-          : io::read_sharded(in_file, in_dataset, mesh, placements, extents, as);
+  ShardTensor tensor = options.mode == "root" ? io::scatter(in_file, in_dataset, mesh, placements,
+                                                            extents, 0, size_t{256} << 20, read_as)
+                                              : io::read_sharded(in_file, in_dataset, mesh,
+                                                                 placements, extents, read_as);
+  if (float_to_integer) {
+    const Tensor local = tensor.to_local().contiguous();
+    int32_t unrepresentable = representable_count(local, *as) != local.numel() ? 1 : 0;
+    world->all_reduce(&unrepresentable, &unrepresentable, 1, DType::i32, ReduceOp::max);
+    if (unrepresentable)
+      throw AgreedError(op, fmt::format("{}:{} holds NaN, infinite or out-of-range values that "
+                                        "--dtype {} cannot represent; convert to a float dtype "
+                                        "(f32, f64, f16, bf16) instead",
+                                        in_file, in_dataset, options.dtype));
+    tensor = ShardTensor(local.to_dtype(*as), tensor.mesh(), tensor.spec());
+  }
   if (options.mode == "root")
     io::gather_write(tensor, out_file, out_dataset, 0, size_t{256} << 20, storage);
   else
@@ -239,7 +284,8 @@ void register_io_commands(CLI::App& app) {
                       "Element type written: f32, f64, f16, bf16, i32, i64, u8 (default: kept)");
   convert->add_option("--chunks", convert_options->chunks,
                       "Chunk extents, e.g. 1,64,64 (auto: chosen for --gzip/--checksum)");
-  convert->add_option("--gzip", convert_options->gzip, "gzip level 0..9 (chunked)");
+  convert->add_option("--gzip", convert_options->gzip, "gzip level 0..9 (chunked)")
+      ->check(CLI::Range(0, 9));
   convert->add_flag("--checksum", convert_options->checksum, "Fletcher-32 checksum per chunk");
   add_mesh_options(*convert, convert_options->layout, "0,1");
   convert

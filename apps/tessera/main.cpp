@@ -1,8 +1,11 @@
-// The tessera command-line tool. Errors print one line and exit with code 2; an error that
-// not every rank raised ends the whole MPI job, so no rank is left waiting.
+// The tessera command-line tool. Errors print one line, "tessera: error: [op] ...", and exit
+// with code 2 (CLI11's own parse errors too, tagged [cli]); an error that not every rank raised
+// ends the whole MPI job, so no rank is left waiting.
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <new>
+#include <string>
 
 #include "apps/tessera/commands.hpp"
 #include "core/agree.hpp"
@@ -22,8 +25,10 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
-    const int code = app.exit(error);
-    return code == 0 ? 0 : 2;
+    if (error.get_exit_code() == 0) return app.exit(error);  // --help, --version
+    std::fprintf(stderr, "tessera: error: [cli] %s (see --help)\n",
+                 tessera::cli::one_line(error.what()).c_str());
+    return 2;
   } catch (const tessera::AgreedError& error) {
     // Every rank raised it: one line from the first rank is enough.
     if (!tessera::mpi_initialized() || tessera::mpi_world()->rank() == 0)
@@ -31,6 +36,10 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const tessera::Error& error) {
     std::fprintf(stderr, "tessera: error: %s\n", error.what());
+    if (tessera::mpi_initialized()) tessera::mpi_abort(2);
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "tessera: error: [tessera] out of memory (an allocation failed)\n");
     if (tessera::mpi_initialized()) tessera::mpi_abort(2);
     return 2;
   } catch (const std::exception& error) {

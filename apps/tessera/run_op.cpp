@@ -41,6 +41,9 @@ ConvInputs read_inputs(const ConvRunOptions& options, DType dtype) {
               "{} has no dataset '{}' (conv needs x [N, C, spatial..] and w [Cout, C/groups, k..])",
               options.in, name);
   inputs.x = io::read_dataset(options.in, "x", dtype);
+  check_arg(inputs.x.ndim() >= 3 && inputs.x.ndim() <= 5, "run-op",
+            "x has shape {}; conv needs x [N, C, spatial..] with 1 to 3 spatial dims",
+            inputs.x.shape());
   inputs.w = io::read_dataset(options.in, "w", dtype);
   inputs.has_bias = io::has_dataset(options.in, "b");
   if (inputs.has_bias) inputs.b = io::read_dataset(options.in, "b", dtype);
@@ -72,6 +75,7 @@ void run_conv(std::shared_ptr<Comm> world, const ConvRunOptions& options) {
   if (dtype != DType::f32 && dtype != DType::f64)
     throw AgreedError("run-op", fmt::format("--dtype {} (conv runs in f32 or f64)", options.dtype));
   const bool root = world->rank() == 0;
+  check_run_op_files(*world, options.in, options.out);
 
   ConvInputs inputs;
   read_on_root(*world, [&] { inputs = read_inputs(options, dtype); });
@@ -135,14 +139,18 @@ void register_run_op(CLI::App& app) {
       "conv", "Sharded conv1d/2d/3d (by the rank of x), forward and backward");
   conv->add_option("--in", options->in, "Input file with x, w, optional b, and gy for --backward")
       ->required();
-  conv->add_option("--out", options->out, "Output file: y (and gx, gw, gb)")->required();
+  conv->add_option("--out", options->out,
+                   "Output file: y (and gx, gw, gb); not the --in file, which it would replace")
+      ->required();
   conv->add_option("--stride", options->stride, "Stride per spatial dim, e.g. 2,2")
       ->capture_default_str();
   conv->add_option("--padding", options->padding, "Padding per dim (a,b), same or valid")
       ->capture_default_str();
   conv->add_option("--dilation", options->dilation, "Dilation per spatial dim")
       ->capture_default_str();
-  conv->add_option("--groups", options->groups, "Groups")->capture_default_str();
+  conv->add_option("--groups", options->groups, "Groups (at least 1)")
+      ->check(integer_at_least(1))
+      ->capture_default_str();
   conv->add_option("--padding-mode", options->padding_mode, "zeros or circular")
       ->capture_default_str();
   add_mesh_options(*conv, options->layout, "2");

@@ -10,6 +10,7 @@
 
 #include "apps/tessera/cli_parse.hpp"
 #include "io/hdf5/h5_file.hpp"
+#include "io/output_path.hpp"
 
 namespace tessera::cli {
 
@@ -44,8 +45,15 @@ RunOpLayout run_op_layout(const DeviceMesh& mesh, const std::string& shard_dims_
                                             shard_dims, shard_dims.size(), mesh.ndim()));
   RunOpLayout layout;
   for (int64_t dim : shard_dims) {
+    if ((dim < 0 || dim >= ndim) && shard_dims_text.empty())
+      throw AgreedError("run-op", fmt::format("the {}-d input has too few dims for a {}-d mesh "
+                                              "(the default shards its dims {}); give --shard-dims",
+                                              ndim, mesh.ndim(), shard_dims));
     if (dim < 0 || dim >= ndim)
-      throw AgreedError("run-op", fmt::format("--shard-dims: dim {} of a {}-d input", dim, ndim));
+      throw AgreedError("run-op",
+                        fmt::format("--shard-dims {}: dim {} is not a dim of the {}-d input "
+                                    "(expected 0 to {})",
+                                    shard_dims_text, dim, ndim, ndim - 1));
     layout.placements.push_back(mesh.size(static_cast<int>(layout.placements.size())) == 1
                                     ? Placement::replicate()
                                     : Placement::shard(static_cast<int>(dim)));
@@ -59,6 +67,17 @@ RunOpLayout run_op_layout(const DeviceMesh& mesh, const std::string& shard_dims_
   return layout;
 }
 
+void check_run_op_files(Comm& world, const std::string& in, const std::string& out) {
+  std::optional<std::string> problem;
+  try {
+    io::check_output_is_not_input("run-op", in, out);
+    if (world.rank() == 0) io::check_output_path("run-op", out);  // rank 0 writes it
+  } catch (const Error& error) {
+    problem = untagged(error);
+  }
+  agree_on_error(world, "run-op", problem);
+}
+
 ShardTensor replicate_from_root(const Tensor& full, const DeviceMesh& mesh) {
   return ShardTensor::scatter(full, mesh,
                               std::vector<Placement>(mesh.ndim(), Placement::replicate()));
@@ -66,6 +85,7 @@ ShardTensor replicate_from_root(const Tensor& full, const DeviceMesh& mesh) {
 
 void write_outputs(const std::string& file,
                    const std::vector<std::pair<std::string, Tensor>>& datasets) {
+  io::check_output_path("run-op", file);
   const std::string temporary = fmt::format("{}.tmp-{}", file, static_cast<long>(::getpid()));
   try {
     bool first = true;

@@ -30,11 +30,16 @@ struct RunOpLayout {
 RunOpLayout run_op_layout(const DeviceMesh& mesh, const std::string& shard_dims,
                           const std::string& extents, int64_t ndim, int64_t default_end);
 
+/// Collective: an AgreedError on every rank when --out names the --in file (by path or inode),
+/// which writing the output would destroy, or a path rank 0 cannot write (io::check_output_path).
+void check_run_op_files(Comm& world, const std::string& in, const std::string& out);
+
 /// Collective: a tensor only rank 0 holds, as a replicated ShardTensor.
 ShardTensor replicate_from_root(const Tensor& full, const DeviceMesh& mesh);
 
 /// Writes `datasets` as the only contents of `file`, atomically: into a temporary file that is
-/// renamed over `file` once complete (removed on failure, so no partial output is left).
+/// renamed over `file` once complete (removed on failure, so no partial output is left). A path
+/// that cannot be written (a directory, a missing or read-only directory) is refused first.
 void write_outputs(const std::string& file,
                    const std::vector<std::pair<std::string, Tensor>>& datasets);
 

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cmath>
 #include <filesystem>
 
 #include "apps/tessera/cli_parse.hpp"
@@ -77,6 +78,7 @@ void run_na(std::shared_ptr<Comm> world, const NaRunOptions& options) {
                       "--device cuda: no CUDA kernel for na yet (this build runs na on the cpu); "
                       "use --device cpu");
   const bool root = world->rank() == 0;
+  check_run_op_files(*world, options.in, options.out);
 
   NaInputs inputs;
   read_on_root(*world, [&] { inputs = read_inputs(options, dtype); });
@@ -147,20 +149,36 @@ void run_na(std::shared_ptr<Comm> world, const NaRunOptions& options) {
 }  // namespace
 
 void register_run_op_na(CLI::App& run_op) {
+  // CLI11 reads "nan" and "inf" as doubles; a logit scale must be finite.
+  const CLI::Validator finite_number(
+      [](std::string& text) -> std::string {
+        try {
+          size_t used = 0;
+          const double value = std::stod(text, &used);
+          if (used == text.size() && std::isfinite(value)) return "";
+        } catch (const std::exception&) {
+        }
+        return "expected a finite number, got " + text;
+      },
+      "FINITE");
   auto options = std::make_shared<NaRunOptions>();
   auto* na = run_op.add_subcommand(
       "na", "Sharded neighborhood attention 1d/2d/3d (by the rank of q), forward and backward");
   na->add_option("--in", options->in,
                  "Input file with q, k, v, optional rpb, and go for --backward")
       ->required();
-  na->add_option("--out", options->out, "Output file: o, lse (and gq, gk, gv, grpb)")->required();
+  na->add_option("--out", options->out,
+                 "Output file: o, lse (and gq, gk, gv, grpb); not the --in file, which it would "
+                 "replace")
+      ->required();
   na->add_option("--kernel-size", options->kernel_size, "Kernel size per spatial axis, e.g. 7,7")
       ->required();
   na->add_option("--dilation", options->dilation, "Dilation per spatial axis")
       ->capture_default_str();
   na->add_option("--causal", options->causal, "Causal flag (0 or 1) per spatial axis")
       ->capture_default_str();
-  na->add_option("--scale", options->scale, "Logit scale (default D^-0.5)");
+  na->add_option("--scale", options->scale, "Logit scale, a finite number (default D^-0.5)")
+      ->check(finite_number);
   add_mesh_options(*na, options->layout, "1,2");
   na->add_flag("--backward", options->backward, "Also compute gq, gk, gv (and grpb) from go");
   na->add_option("--device", options->device, "cpu or cuda")->capture_default_str();

@@ -702,14 +702,17 @@ class LocalComm final : public Comm {
 }  // namespace
 
 void run_local_ranks(int ranks, const std::function<void(std::shared_ptr<Comm>)>& body) {
-  check_arg(ranks > 0, "local", "cannot launch {} local ranks", ranks);
+  check_arg(ranks > 0 && ranks <= kMaxLocalRanks, "local",
+            "cannot launch {} local ranks (expected 1 to {})", ranks, kMaxLocalRanks);
   // Devices are chosen (and checked) here, so a bad TESSERA_DEVICE is one error, not one per rank.
   std::vector<Device> devices;
   for (int rank = 0; rank < ranks; ++rank) devices.push_back(launch_device(rank));
   auto launch = std::make_shared<LaunchState>();
   auto world = std::make_shared<LocalGroup>(ranks, launch);
   std::vector<std::exception_ptr> errors(ranks);
-  std::vector<bool> peer_failed(ranks, false);
+  // One byte per rank (not vector<bool>, whose bits share words): each rank thread writes only
+  // its own entry, read after the joins.
+  std::vector<char> peer_failed(ranks, 0);
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   auto run_rank = [&](int rank) {
     // The ranks share this process's cores: give each rank's kernels its share.
@@ -720,7 +723,7 @@ void run_local_ranks(int ranks, const std::function<void(std::shared_ptr<Comm>)>
       body(std::make_shared<LocalComm>(world, rank));
     } catch (const PeerFailed&) {
       errors[rank] = std::current_exception();
-      peer_failed[rank] = true;
+      peer_failed[rank] = 1;
     } catch (const std::exception& error) {
       errors[rank] = std::current_exception();
       launch->abort(fmt::format("rank {} failed: {}", rank, error.what()));

@@ -19,10 +19,14 @@ class PeerFailed : public CommError {
   using CommError::CommError;
 };
 
-/// Runs `body` on `ranks` threads, each given its own world Comm of the local backend and its
-/// RankContext on launch_device(thread index), and joins them. If any rank throws, the others'
-/// waits fail promptly with PeerFailed, and the error of the lowest rank that failed on its own is
-/// rethrown.
+/// The most local ranks (threads) one launch may run: more would oversubscribe any machine
+/// Tessera targets by far, so a larger count is refused as a mistake.
+inline constexpr int kMaxLocalRanks = 256;
+
+/// Runs `body` on `ranks` (1 to kMaxLocalRanks) threads, each given its own world Comm of the
+/// local backend and its RankContext on launch_device(thread index), and joins them. If any rank
+/// throws, the others' waits fail promptly with PeerFailed, and the error of the lowest rank that
+/// failed on its own is rethrown.
 void run_local_ranks(int ranks, const std::function<void(std::shared_ptr<Comm>)>& body);
 
 }  // namespace tessera

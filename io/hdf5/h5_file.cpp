@@ -18,6 +18,8 @@
 #include <new>
 #include <utility>
 
+#include "core/checked_math.hpp"
+#include "core/host_allocator.hpp"
 #include "io/hdf5/h5_handle.hpp"
 #include "io/hdf5/h5_transfer.hpp"
 
@@ -415,7 +417,20 @@ Shape dataspace_shape(hid_t space, const Where& where) {
   std::vector<hsize_t> dims(static_cast<size_t>(rank));
   if (rank > 0 && H5Sget_simple_extent_dims(space, dims.data(), nullptr) < 0)
     fail_hdf5(where, "cannot read the dataset extents");
-  return Shape(dims.begin(), dims.end());
+  // A damaged file can declare any extents: refuse what no tensor could hold before any size is
+  // computed from them.
+  for (hsize_t extent : dims)
+    if (extent > static_cast<hsize_t>(kMaxTensorSize))
+      fail(where, fmt::format("expected dataset extents of at most {}, found shape ({})",
+                              kMaxTensorSize, fmt::join(dims, ", ")));
+  Shape shape(dims.begin(), dims.end());
+  try {
+    checked_numel(shape, "hdf5", "dataset shape");
+  } catch (const InvalidArgument&) {
+    fail(where, fmt::format("expected a dataset shape of at most {} elements, found shape ({})",
+                            kMaxTensorSize, fmt::join(shape, ", ")));
+  }
+  return shape;
 }
 
 Shape dataset_shape(hid_t dataset, const Where& where) {
@@ -629,19 +644,20 @@ void check_box(const Box& box, const Shape& shape, const Where& where) {
 }
 
 /// An uninitialised cpu tensor for a read; a shape too large to hold (say, from damaged metadata
-/// of a file without checksums) is an IoError, not a bad_alloc.
+/// of a file without checksums) is an IoError raised before anything is allocated.
 Tensor allocate_for_read(const Shape& shape, DType dtype, const Where& where) {
   uint64_t bytes = dtype_size(dtype);
   for (int64_t extent : shape)
     if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(extent), &bytes))
       bytes = std::numeric_limits<uint64_t>::max();
   try {
-    if (bytes > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) throw std::bad_alloc();
+    if (bytes > host_memory_limit())
+      throw OutOfMemory("hdf5", "more than the host memory limit");
     return Tensor::empty(shape, dtype);
-  } catch (const std::bad_alloc&) {
-    fail(where, fmt::format("expected a selection that fits in memory, found shape ({}) of {} "
-                            "({} bytes)",
-                            fmt::join(shape, ", "), dtype_name(dtype), bytes));
+  } catch (const Error&) {
+    fail(where, fmt::format("expected a selection that fits in memory (at most {} bytes), found "
+                            "shape ({}) of {} ({} bytes)",
+                            host_memory_limit(), fmt::join(shape, ", "), dtype_name(dtype), bytes));
   }
 }
 

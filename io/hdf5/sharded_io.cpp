@@ -15,6 +15,7 @@
 #include "core/shard_tensor_detail.hpp"
 #include "io/hdf5/h5_file.hpp"
 #include "io/hdf5/sharded_io_detail.hpp"
+#include "io/output_path.hpp"
 
 namespace tessera::io {
 
@@ -339,7 +340,9 @@ std::string prepare_temporary(const std::string& op, Comm& comm, const std::stri
   std::optional<std::string> problem;
   if (comm.rank() == root) {
     try {
-      std::filesystem::remove(temporary);
+      check_output_path(op, file);
+      std::error_code stale;
+      std::filesystem::remove(temporary, stale);  // a leftover of an earlier run with this pid
       // Other objects of an existing file are kept (a copy); a file holding nothing but the dataset
       // being replaced is started afresh instead (copying it would only add unused space).
       if (std::filesystem::exists(file) && !holds_only_dataset(file, dataset))

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 
+#include "core/checked_math.hpp"
 #include "core/halo/halo_exchange.hpp"
 #include "core/op_registry.hpp"
 #include "ops/conv/conv_kernels.hpp"
@@ -65,8 +66,12 @@ ConvDims resolve(const Shape& x, const Shape& w, const OpAttrs& attrs) {
         "conv", "stride {}, dilation {} and padding ({}, {}) must be positive / non-negative",
         dims.stride, dims.dilation, dims.pad_lo, dims.pad_hi);
     const int64_t length = x[2 + i], kernel = w[2 + i];
-    const int64_t span = dims.dilation[i] * (kernel - 1) + 1;
-    const int64_t padded = length + dims.pad_lo[i] + dims.pad_hi[i];
+    const int64_t span =
+        checked_add(checked_mul(dims.dilation[i], std::max<int64_t>(kernel - 1, 0), "conv",
+                                "dilation x (kernel extent - 1)"),
+                    1, "conv", "dilated kernel extent");
+    const int64_t padded = checked_add(checked_add(length, dims.pad_lo[i], "conv", "padded extent"),
+                                       dims.pad_hi[i], "conv", "padded extent");
     check_arg(span <= padded, "conv",
               "kernel extent {} (dilation {}) is larger than the padded input extent {} along "
               "spatial dim {}",
@@ -87,8 +92,21 @@ std::vector<int64_t> output_extents(const std::vector<int64_t>& input_extents, i
                                     int64_t outputs, int64_t stride) {
   const std::vector<int64_t> offsets = offsets_of(input_extents);
   std::vector<int64_t> counts(input_extents.size(), 0);
-  for (int64_t o = 0; o < outputs; ++o)
-    ++counts[owner_of(std::clamp<int64_t>(o * stride, 0, length - 1), input_extents)];
+  if (length <= 0) {
+    for (int64_t o = 0; o < outputs; ++o)
+      ++counts[owner_of(std::clamp<int64_t>(o * stride, 0, length - 1), input_extents)];
+    return counts;
+  }
+  // In closed form (outputs can be huge with a huge padding): a non-empty part owning inputs
+  // [a, b) gets the outputs o with a <= o*stride < b; those past the input (o*stride >= length)
+  // go to the owner of the last input.
+  auto first_output_at = [&](int64_t index) {  // the first o with o*stride >= index
+    return std::min(outputs, index / stride + (index % stride != 0 ? 1 : 0));
+  };
+  for (size_t p = 0; p < input_extents.size(); ++p)
+    if (input_extents[p] > 0)
+      counts[p] = first_output_at(offsets[p + 1]) - first_output_at(offsets[p]);
+  counts[owner_of(length - 1, input_extents)] += outputs - first_output_at(length);
   return counts;
 }
 
@@ -304,7 +322,9 @@ ShardTensor conv(const ShardTensor& x, const ShardTensor& w, const std::optional
   } else if (options.padding_name == "same") {
     for (int i = 0; i < spatial && i + 2 < static_cast<int>(w.global_shape().size()); ++i) {
       check_arg(stride[i] == 1, "conv", "padding 'same' needs stride 1, got stride {}", stride);
-      const int64_t total = dilation[i] * (w.global_shape()[2 + i] - 1);
+      const int64_t total =
+          checked_mul(dilation[i], std::max<int64_t>(w.global_shape()[2 + i] - 1, 0), "conv",
+                      "dilation x (kernel extent - 1)");
       lo[i] = total / 2;
       hi[i] = total - lo[i];
     }

@@ -11,6 +11,9 @@ import shlex
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from run_op_check_support import single_error_line  # noqa: E402
+
 tessera, fixtures = sys.argv[1], sys.argv[2]
 launch = shlex.split(os.environ.get("TESSERA_LAUNCH", ""))
 sample = os.path.join(fixtures, "h5py", "sample.h5")
@@ -45,9 +48,8 @@ for args, what in [([f"{sample}:/f32_3d", "--mesh", "2x2", "--shard-dims", "0,1"
                    ([f"{sample}:/missing", "--mesh", "2x2", "--shard-dims", "0,1"], "missing dataset"),
                    ([f"{sample}:/group", "--mesh", "2x2", "--shard-dims", "0,1"], "a group, not a dataset")]:
     result = subprocess.run(launch + [tessera, "scatter"] + args, capture_output=True, text=True, timeout=300)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    check(result.returncode == 2 and len(lines) == 1 and lines[0].startswith("tessera: error: ["),
-          f"{what}: exit {result.returncode}, {lines}")
+    ok, lines = single_error_line(result.stderr, bool(launch))
+    check(result.returncode == 2 and ok, f"{what}: exit {result.returncode}, {lines}")
 
 # The committed sample data is what the documented generator makes.
 import tempfile
@@ -80,8 +82,8 @@ with tempfile.TemporaryDirectory() as scratch:
             print(result.stdout + result.stderr)
     result = subprocess.run(launch + [tessera, "convert", f"{out}:/c_root_f32", out + ":/c_root_f32"],
                             capture_output=True, text=True, timeout=300)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    check(result.returncode == 2 and len(lines) == 1 and "both the input and the output" in lines[0],
+    ok, lines = single_error_line(result.stderr, bool(launch))
+    check(result.returncode == 2 and ok and "both the input and the output" in lines[0],
           f"convert onto itself: exit {result.returncode}, {lines}")
     check(not [name for name in os.listdir(scratch) if ".tmp-" in name], "convert leaves no temporary file")
 

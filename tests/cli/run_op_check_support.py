@@ -33,7 +33,18 @@ def run_cli(command, expect_code):
     return result
 
 
+def single_error_line(stderr, launched):
+    """(ok, lines): ok when the non-empty stderr lines are one "tessera: error: [op] ..." line,
+    followed (only under a launcher, `launched`) by the launcher's own text, such as Open MPI's
+    "Primary job terminated normally, but 1 process returned a non-zero exit code" block."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    ours = [line for line in lines if line.startswith("tessera")]
+    ok = (len(ours) == 1 and bool(lines) and lines[0] == ours[0]
+          and ours[0].startswith("tessera: error: [") and (launched or len(lines) == 1))
+    return ok, lines
+
+
 def error_lines(result):
-    """(ok, lines): the non-empty stderr lines, ok when there is exactly one tessera error line."""
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    return len(lines) == 1 and lines[0].startswith("tessera: error: ["), lines
+    """(ok, lines): the non-empty stderr lines, ok when there is exactly one tessera error line
+    (then only launcher text, when TESSERA_LAUNCH names a launcher)."""
+    return single_error_line(result.stderr, bool(os.environ.get("TESSERA_LAUNCH", "").strip()))

@@ -162,5 +162,41 @@ TEST(LocalBackendTimeout, MissingRankRaisesCommTimeoutNamingOpRankAndPeer) {
   EXPECT_LT(elapsed, 10.0);
 }
 
+TEST(LocalBackendErrors, RealErrorOfTheLastRankSurvivesConcurrentPeerFailures) {
+  // Every other rank fails with PeerFailed at about the same time, each recording it from its
+  // own thread; the error rethrown must be the last rank's own (a lost record would rethrow a
+  // PeerFailed of a lower rank instead). ThreadSanitizer reports a race on those records here.
+  if (testing::mpi_backend()) GTEST_SKIP() << "the local backend's launch only";
+  constexpr int kRanks = 16;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    std::optional<std::string> message;
+    try {
+      run_local_ranks(kRanks, [](std::shared_ptr<Comm> comm) {
+        if (comm->rank() == kRanks - 1) throw InvalidArgument("real_failure", "the real error");
+        comm->barrier();
+      });
+    } catch (const PeerFailed& error) {
+      FAIL() << "a secondary PeerFailed replaced the real error: " << error.what();
+    } catch (const InvalidArgument& error) {
+      message = error.what();
+    }
+    ASSERT_TRUE(message.has_value());
+    EXPECT_EQ(*message, "[real_failure] the real error");
+  }
+}
+
+TEST(LocalBackendErrors, RanksOutsideOneToTheLimitAreRefused) {
+  if (testing::mpi_backend()) GTEST_SKIP() << "the local backend's launch only";
+  for (int ranks : {0, -3, kMaxLocalRanks + 1, 1000}) {
+    try {
+      run_local_ranks(ranks, [](std::shared_ptr<Comm>) { FAIL() << "a rank ran"; });
+      ADD_FAILURE() << ranks << " local ranks were accepted";
+    } catch (const InvalidArgument& error) {
+      EXPECT_THAT(error.what(), HasSubstr(fmt::format("cannot launch {} local ranks", ranks)));
+      EXPECT_THAT(error.what(), HasSubstr(fmt::format("expected 1 to {}", kMaxLocalRanks)));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tessera
