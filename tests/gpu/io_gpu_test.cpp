@@ -16,6 +16,7 @@
 #include "io/hdf5/checkpoint.hpp"
 #include "io/hdf5/h5_file.hpp"
 #include "io/hdf5/sharded_io.hpp"
+#include "tests/common/scoped_env.hpp"
 #include "tests/dist/harness.hpp"
 #include "tests/dist/io_test_support.hpp"
 
@@ -27,24 +28,7 @@ namespace {
   GTEST_SKIP() << "no CUDA device is visible (gpu::device_count() == 0): IO of device tensors " \
                   "needs a GPU"
 
-/// Sets an environment variable while alive, restoring the old value.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_)
-      setenv(name_, old_->c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using testing::ScopedEnv;
 
 Tensor pattern(const Shape& shape) {
   Tensor tensor = Tensor::empty(shape, DType::f32);
