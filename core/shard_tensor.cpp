@@ -8,6 +8,7 @@
 #include <atomic>
 
 #include "core/agree.hpp"
+#include "core/autograd.hpp"
 #include "core/shard_tensor_detail.hpp"
 
 namespace tessera {
@@ -176,12 +177,14 @@ ShardTensor ShardTensor::distribute(const Tensor& replicated, DeviceMesh mesh,
 }
 
 Tensor ShardTensor::full_tensor() const {
+  NoGrad plain_values;  // a plain Tensor: nothing for a tape to record
   std::vector<Placement> replicated(mesh_.ndim(), Placement::replicate());
   return redistribute(replicated).to_local();
 }
 
 Tensor ShardTensor::gather(int root) const {
   CommOpScope scope("gather");
+  NoGrad plain_values;
   Comm& comm = mesh_.comm();
   check_arg(root >= 0 && root < comm.size(), "gather", "root {} outside a mesh of {} ranks", root,
             comm.size());

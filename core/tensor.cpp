@@ -61,6 +61,7 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, Shape shape, std::vector<int64_
                int64_t offset, DType dtype)
     : storage_(std::move(storage)),
       shape_(std::move(shape)),
+      numel_(shape_numel(shape_)),
       strides_(std::move(strides)),
       offset_(offset),
       dtype_(dtype),
