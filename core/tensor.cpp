@@ -11,6 +11,7 @@
 #include <cstring>
 #include <new>
 
+#include "core/backend/strided_plan.hpp"
 #include "core/backend/transfer.hpp"
 #include "core/checked_math.hpp"
 
@@ -50,7 +51,9 @@ std::vector<int64_t> contiguous_strides(const Shape& shape) {
   return strides;
 }
 
-int64_t shape_numel(const Shape& shape) { return checked_numel(shape, "tensor"); }
+int64_t shape_numel(const Shape& shape) {
+  return checked_numel(shape, "tensor");
+}
 
 Tensor::Tensor() : Tensor(nullptr, Shape{0}, {1}, 0, DType::f32) {}
 
@@ -156,23 +159,13 @@ Tensor Tensor::to_dtype(DType dtype) const {
 void copy_strided_host(void* dst, const int64_t* dst_strides, const void* src,
                        const int64_t* src_strides, const int64_t* shape, int ndim,
                        size_t element_size) {
-  // Drop unit dims and merge neighbours that are contiguous in both tensors, so the common
-  // cases become a few long memcpy calls.
-  std::vector<int64_t> extent, dstride, sstride;
-  for (int d = 0; d < ndim; ++d) {
-    if (shape[d] == 0) return;
-    if (shape[d] == 1) continue;
-    if (!extent.empty() && dstride.back() == dst_strides[d] * shape[d] &&
-        sstride.back() == src_strides[d] * shape[d]) {
-      extent.back() *= shape[d];
-      dstride.back() = dst_strides[d];
-      sstride.back() = src_strides[d];
-      continue;
-    }
-    extent.push_back(shape[d]);
-    dstride.push_back(dst_strides[d]);
-    sstride.push_back(src_strides[d]);
-  }
+  // Unit dims dropped and neighbours contiguous in both tensors merged, so the common cases
+  // become a few long memcpy calls.
+  const MergedDims merged = merge_strided_dims(shape, ndim, dst_strides, src_strides);
+  if (merged.count == 0) return;
+  const std::vector<int64_t>& extent = merged.extent;
+  const std::vector<int64_t>& dstride = merged.dst_strides;
+  const std::vector<int64_t>& sstride = merged.src_strides;
   auto* out = static_cast<char*>(dst);
   const auto* in = static_cast<const char*>(src);
   const int dims = static_cast<int>(extent.size());

@@ -141,6 +141,13 @@ if want test; then
   else
     record test fail $((SECONDS - start)) "$(grep -E 'tests passed|tests failed' "$logs/gpu-tests.log" | tail -n 1)"
   fi
+  # The main job on the GPU: layouts, the conv network step and attention, checked vs one rank.
+  start=$SECONDS
+  if "$build/apps/tessera" demo --device cuda >"$logs/demo-cuda.log" 2>&1; then
+    record demo-cuda pass $((SECONDS - start)) "$(grep -c ': yes' "$logs/demo-cuda.log") checks yes"
+  else
+    record demo-cuda fail $((SECONDS - start)) "$(tail -n 1 "$logs/demo-cuda.log")"
+  fi
   if [ "$full_suite" = 1 ]; then
     start=$SECONDS
     if ctest --test-dir "$build" -LE gpu --output-on-failure -j 8 >"$logs/full-suite.log" 2>&1; then

@@ -18,6 +18,8 @@
 #include "apps/tessera/commands.hpp"
 #include "core/checked_math.hpp"
 #include "core/host_allocator.hpp"
+#include "core/op_registry.hpp"
+#include "core/runtime/rank_context.hpp"
 #include "core/tessera.hpp"
 #include "io/hdf5/h5_file.hpp"
 #include "ops/ops.hpp"
@@ -45,7 +47,19 @@ struct DemoOptions {
   std::string shape = "48,40,36";
   int ranks = 4;
   std::string data = TESSERA_SAMPLE_DATA;  // data/gray_scott.h5 of the source tree
+  std::string device = "cpu";
 };
+
+/// The calling rank's device.
+Device rank_device() {
+  return current_rank_context().device();
+}
+
+/// Seconds now, after the rank's queued device work is done (device steps are asynchronous).
+double settled_seconds() {
+  synchronize(current_rank_context().compute());
+  return now_seconds();
+}
 
 /// A smooth field with fine detail, so any misplaced element changes the bits.
 Tensor generate_field(const Shape& shape) {
@@ -79,8 +93,9 @@ void run_layout_tour(std::shared_ptr<Comm> world, const Shape& shape) {
   const bool root = world->rank() == 0;
   const Tensor original = root ? generate_field(shape) : Tensor();
   if (root) {
-    fmt::print("tessera demo: field {} f32 ({:.1f} MiB) on a 2x2 mesh (x, y), {} backend\n", shape,
-               shape_numel(shape) * 4.0 / (1 << 20), world->backend());
+    fmt::print(
+        "tessera demo: field {} f32 ({:.1f} MiB) on a 2x2 mesh (x, y), {} backend, pieces on {}\n",
+        shape, shape_numel(shape) * 4.0 / (1 << 20), world->backend(), rank_device().str());
     fmt::print("  {:<34} {:<62} {:>10}\n", "step", "layout", "time (ms)");
   }
   auto report = [&](const std::string& step, const ShardTensor& tensor, double seconds) {
@@ -91,9 +106,9 @@ void run_layout_tour(std::shared_ptr<Comm> world, const Shape& shape) {
   };
   auto timed = [&](auto&& step) {
     world->barrier();
-    const double start = now_seconds();
+    const double start = settled_seconds();
     ShardTensor result = step();
-    return std::make_pair(std::move(result), now_seconds() - start);
+    return std::make_pair(std::move(result), settled_seconds() - start);
   };
 
   const std::vector<std::vector<int64_t>> uneven{uneven_split(shape[0], 2),
@@ -123,9 +138,9 @@ void run_layout_tour(std::shared_ptr<Comm> world, const Shape& shape) {
   report("-> S(0),S(1) original uneven", f, t5);
 
   world->barrier();
-  const double start = now_seconds();
+  const double start = settled_seconds();
   const Tensor gathered = f.gather(0);
-  const double gather_time = now_seconds() - start;
+  const double gather_time = settled_seconds() - start;
   int32_t ok = root ? static_cast<int32_t>(bitwise_equal(gathered, original)) : 1;
   world->all_reduce(&ok, &ok, 1, DType::i32, ReduceOp::min);
   if (root) {
@@ -163,7 +178,7 @@ StepResult conv_network_step(const DeviceMesh& mesh, const std::vector<Placement
   same.padding_name = "same";
   Tape tape;
   mesh.comm().barrier();
-  double start = now_seconds();
+  double start = settled_seconds();
   ShardTensor x = ShardTensor::distribute(data[0], mesh, placements, extents);
   ShardTensor target = ShardTensor::distribute(data[5], mesh, placements, extents);
   std::vector<ShardTensor> params;
@@ -173,15 +188,15 @@ StepResult conv_network_step(const DeviceMesh& mesh, const std::vector<Placement
   for (ShardTensor& param : params) param.set_requires_grad();
   const ShardTensor hidden = ops::gelu(ops::conv(x, params[0], params[1], same));
   const ShardTensor loss = ops::mse_loss(ops::conv(hidden, params[2], params[3], same), target);
-  const Tensor loss_value = loss.full_tensor();
+  const Tensor loss_value = loss.full_tensor().to(Device::cpu());
   StepResult result;
-  result.forward_seconds = now_seconds() - start;
+  result.forward_seconds = settled_seconds() - start;
   mesh.comm().barrier();
-  start = now_seconds();
+  start = settled_seconds();
   tape.backward(loss);
   result.grads.push_back(tape.grad(x)->full_tensor());
   for (const ShardTensor& param : params) result.grads.push_back(tape.grad(param)->full_tensor());
-  result.backward_seconds = now_seconds() - start;
+  result.backward_seconds = settled_seconds() - start;
   result.loss = loss_value.item_as_double({});
   for (double* seconds : {&result.forward_seconds, &result.backward_seconds})
     mesh.comm().all_reduce(seconds, seconds, 1, DType::f64, ReduceOp::max);
@@ -214,12 +229,13 @@ void run_conv_network(std::shared_ptr<Comm> world, Shape field, const std::strin
   if (snapshots)
     field = {snapshots->first.shape(2), snapshots->first.shape(3), snapshots->first.shape(4)};
   const Shape x_shape{1, channels, field[0], field[1], field[2]};
-  const std::vector<Tensor> data{snapshots ? snapshots->first : generated(x_shape, 1, 1.0),
-                                 generated({hidden, channels, 3, 3, 3}, 2, 0.2),
-                                 generated({hidden}, 3, 0.1),
-                                 generated({channels, hidden, 3, 3, 3}, 4, 0.2),
-                                 generated({channels}, 5, 0.1),
-                                 snapshots ? snapshots->second : generated(x_shape, 6, 0.5)};
+  std::vector<Tensor> data{snapshots ? snapshots->first : generated(x_shape, 1, 1.0),
+                           generated({hidden, channels, 3, 3, 3}, 2, 0.2),
+                           generated({hidden}, 3, 0.1),
+                           generated({channels, hidden, 3, 3, 3}, 4, 0.2),
+                           generated({channels}, 5, 0.1),
+                           snapshots ? snapshots->second : generated(x_shape, 6, 0.5)};
+  for (Tensor& tensor : data) tensor = tensor.to(rank_device());
   const std::vector<std::vector<int64_t>> extents{uneven_split(field[0], 2),
                                                   uneven_split(field[1], 2)};
   // Each step runs twice; the second is timed (the first creates oneDNN primitives and plans).
@@ -235,8 +251,8 @@ void run_conv_network(std::shared_ptr<Comm> world, Shape field, const std::strin
       conv_network_step(single, {Placement::replicate(), Placement::replicate()}, {}, data);
   fmt::print(
       "\nconv network step: conv3d({0}->8, k3) -> gelu -> conv3d(8->{0}, k3) -> mse, x [1, {0}, "
-      "{1}] f32\n",
-      channels, fmt::join(field, ", "));
+      "{1}] f32 on {2}\n",
+      channels, fmt::join(field, ", "), rank_device().str());
   fmt::print("  input: {}\n",
              snapshots ? fmt::format("{} snapshots 2 -> 3 (u, v of a Gray-Scott run)", data_file)
                        : std::string("generated (sample data not readable)"));
@@ -265,7 +281,7 @@ NaStep na_step(const DeviceMesh& mesh, const std::vector<Placement>& placements,
                const std::vector<std::vector<int64_t>>& extents, const std::vector<Tensor>& data) {
   const std::vector<Placement> replicated(mesh.ndim(), Placement::replicate());
   mesh.comm().barrier();
-  const double start = now_seconds();
+  const double start = settled_seconds();
   Tape tape;
   std::vector<ShardTensor> qkv;
   for (size_t i = 0; i < 3; ++i)
@@ -282,7 +298,7 @@ NaStep na_step(const DeviceMesh& mesh, const std::vector<Placement>& placements,
   step.results = {result.output.full_tensor(), result.lse.full_tensor()};
   for (const ShardTensor& input : qkv) step.results.push_back(tape.grad(input)->full_tensor());
   step.results.push_back(tape.grad(*options.rpb)->full_tensor());
-  step.seconds = now_seconds() - start;
+  step.seconds = settled_seconds() - start;
   mesh.comm().all_reduce(&step.seconds, &step.seconds, 1, DType::f64, ReduceOp::max);
   return step;
 }
@@ -290,9 +306,14 @@ NaStep na_step(const DeviceMesh& mesh, const std::vector<Placement>& placements,
 void run_neighborhood_attention(std::shared_ptr<Comm> world) {
   DeviceMesh mesh(world, {2, 2}, {"x", "y"});
   const Shape shape{1, 30, 26, 2, 8};  // [B, X, Y, heads, D]
-  const std::vector<Tensor> data{generated(shape, 11, 1.0), generated(shape, 12, 1.0),
-                                 generated(shape, 13, 1.0), generated({2, 13, 13}, 14, 0.5),
-                                 generated(shape, 15, 1.0)};
+  std::vector<Tensor> data{generated(shape, 11, 1.0), generated(shape, 12, 1.0),
+                           generated(shape, 13, 1.0), generated({2, 13, 13}, 14, 0.5),
+                           generated(shape, 15, 1.0)};
+  // On a device whose neighborhood attention kernels are not built in, this part runs on cpu.
+  const Device device = rank_device();
+  const bool on_device = device.is_cpu() || static_cast<bool>(find_op("na")->cuda);
+  if (on_device)
+    for (Tensor& tensor : data) tensor = tensor.to(device);
   const std::vector<std::vector<int64_t>> extents{uneven_split(shape[1], 2),
                                                   uneven_split(shape[2], 2)};
   const NaStep sharded = na_step(mesh, {Placement::shard(1), Placement::shard(2)}, extents, data);
@@ -302,8 +323,9 @@ void run_neighborhood_attention(std::shared_ptr<Comm> world) {
   const NaStep reference =
       na_step(single, {Placement::replicate(), Placement::replicate()}, {}, data);
   fmt::print(
-      "\nneighborhood attention 2-d: q, k, v {} f32, window 7x7, dilation (1, 2), with rpb\n",
-      shape);
+      "\nneighborhood attention 2-d: q, k, v {} f32, window 7x7, dilation (1, 2), with rpb, on "
+      "{}\n",
+      shape, on_device ? device.str() : "cpu (no cuda kernel in this build)");
   fmt::print("  sharded over 2x2 (extents {} x {}): forward + backward {:.1f} ms\n", extents[0],
              extents[1], sharded.seconds * 1e3);
   fmt::print("  one rank:                          forward + backward {:.1f} ms\n",
@@ -331,6 +353,11 @@ void register_demo(CLI::App& app) {
       ->capture_default_str();
   command->add_option("--data", options->data, "Sample data file (tessera generate gray-scott)")
       ->capture_default_str();
+  command
+      ->add_option("--device", options->device,
+                   "Where each rank's pieces live: cpu, cuda (ranks round-robin over the GPUs) "
+                   "or cuda:N")
+      ->capture_default_str();
   command->callback([options] {
     const Shape shape = parse_list(options->shape);
     check_arg(shape.size() == 3, "demo", "--shape needs 3 extents, got '{}'", options->shape);
@@ -343,6 +370,7 @@ void register_demo(CLI::App& app) {
     for (int64_t extent : shape)
       check_arg(extent >= kMinDemoExtent, "demo", "--shape {}: each extent must be at least {}",
                 options->shape, kMinDemoExtent);
+    select_device(options->device);
     launch(backend_from_env(), options->ranks, [&](std::shared_ptr<Comm> world) {
       run_layout_tour(world, shape);
       run_conv_network(world, {shape[0] / 2, shape[1] / 2, shape[2] / 2}, options->data);

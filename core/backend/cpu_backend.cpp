@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/backend/backend.hpp"
+#include "core/backend/strided_plan.hpp"
 #include "core/host_allocator.hpp"
 #include "core/tensor.hpp"
 
@@ -33,22 +34,12 @@ T from_double(double value) {
 /// a pair of strided arrays of one shape (offsets and steps in elements).
 template <typename Body>
 void for_each_row(const StridedRef& dst, const StridedRef* src, Body&& body) {
-  std::vector<int64_t> extent, dstride, sstride;
-  for (int d = 0; d < dst.ndim; ++d) {
-    if (dst.shape[d] == 0) return;
-    if (dst.shape[d] == 1) continue;
-    const int64_t s = src ? src->strides[d] : 0;
-    if (!extent.empty() && dstride.back() == dst.strides[d] * dst.shape[d] &&
-        sstride.back() == s * dst.shape[d]) {
-      extent.back() *= dst.shape[d];
-      dstride.back() = dst.strides[d];
-      sstride.back() = s;
-      continue;
-    }
-    extent.push_back(dst.shape[d]);
-    dstride.push_back(dst.strides[d]);
-    sstride.push_back(s);
-  }
+  const MergedDims merged =
+      merge_strided_dims(dst.shape, dst.ndim, dst.strides, src ? src->strides : nullptr);
+  if (merged.count == 0) return;
+  const std::vector<int64_t>& extent = merged.extent;
+  const std::vector<int64_t>& dstride = merged.dst_strides;
+  const std::vector<int64_t>& sstride = merged.src_strides;
   if (extent.empty()) return body(int64_t{0}, int64_t{0}, int64_t{1}, int64_t{1}, int64_t{1});
   const int dims = static_cast<int>(extent.size());
   std::vector<int64_t> index(dims, 0);

@@ -8,40 +8,44 @@
 
 namespace tessera {
 
+MergedDims merge_strided_dims(const int64_t* shape, int ndim, const int64_t* dst_strides,
+                              const int64_t* src_strides) {
+  MergedDims merged;
+  merged.count = 1;
+  for (int d = 0; d < ndim; ++d) merged.count *= shape[d];
+  if (merged.count == 0) return merged;
+  // Walk from the outermost dim inwards: a dim continues the previous (outer) merged dim when
+  // that dim's stride is this dim's stride times this dim's extent in every operand.
+  for (int d = 0; d < ndim; ++d) {
+    if (shape[d] == 1) continue;
+    const int64_t dst = dst_strides[d], src = src_strides ? src_strides[d] : 0;
+    if (!merged.extent.empty() && merged.dst_strides.back() == dst * shape[d] &&
+        merged.src_strides.back() == src * shape[d]) {
+      merged.extent.back() *= shape[d];
+      merged.dst_strides.back() = dst;
+      merged.src_strides.back() = src;
+      continue;
+    }
+    merged.extent.push_back(shape[d]);
+    merged.dst_strides.push_back(dst);
+    merged.src_strides.push_back(src);
+  }
+  return merged;
+}
+
 StridedPlan merge_dims(const int64_t* shape, int ndim, const int64_t* dst_strides,
                        const int64_t* src_strides, const std::string& op) {
+  const MergedDims merged = merge_strided_dims(shape, ndim, dst_strides, src_strides);
   StridedPlan plan;
-  plan.count = 1;
-  for (int d = 0; d < ndim; ++d) plan.count *= shape[d];
-  if (plan.count == 0) return plan;
-  // Walk from the innermost dim outwards, growing the current merged dim while the next outer
-  // dim continues it in every operand.
-  struct Dim {
-    int64_t extent, dst_stride, src_stride;
-  };
-  std::vector<Dim> merged;  // innermost first
-  for (int d = ndim - 1; d >= 0; --d) {
-    if (shape[d] == 1) continue;
-    const Dim dim{shape[d], dst_strides[d], src_strides ? src_strides[d] : 0};
-    if (!merged.empty()) {
-      Dim& inner = merged.back();
-      if (dim.dst_stride == inner.dst_stride * inner.extent &&
-          dim.src_stride == inner.src_stride * inner.extent) {
-        inner.extent *= dim.extent;
-        continue;
-      }
-    }
-    merged.push_back(dim);
-  }
-  check_arg(static_cast<int>(merged.size()) <= kMaxKernelDims, op,
+  plan.count = merged.count;
+  check_arg(merged.extent.size() <= static_cast<size_t>(kMaxKernelDims), op,
             "a strided device operation over {} dims that cannot be merged (at most {})",
-            merged.size(), kMaxKernelDims);
-  plan.ndim = static_cast<int>(merged.size());
+            merged.extent.size(), kMaxKernelDims);
+  plan.ndim = static_cast<int>(merged.extent.size());
   for (int d = 0; d < plan.ndim; ++d) {
-    const Dim& dim = merged[plan.ndim - 1 - d];
-    plan.shape[d] = dim.extent;
-    plan.dst_strides[d] = dim.dst_stride;
-    plan.src_strides[d] = dim.src_stride;
+    plan.shape[d] = merged.extent[d];
+    plan.dst_strides[d] = merged.dst_strides[d];
+    plan.src_strides[d] = merged.src_strides[d];
   }
   return plan;
 }

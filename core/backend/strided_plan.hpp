@@ -8,8 +8,24 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace tessera {
+
+/// An N-d strided operation on one or two operands with unit dims dropped and neighbouring dims
+/// merged where the outer stride equals the inner stride times the inner extent in every
+/// operand (outermost first, strides in elements). `count` is the element count: 0 when an
+/// extent is 0 (then no dims are kept), 1 with no dims for a single element.
+struct MergedDims {
+  int64_t count = 0;
+  std::vector<int64_t> extent, dst_strides, src_strides;
+};
+
+/// The merged dims of `shape` over dst (and src unless `src_strides` is null: its strides are
+/// then 0). The one merging rule of every strided loop, host (copy_strided_host, the cpu
+/// backend) and device (merge_dims).
+MergedDims merge_strided_dims(const int64_t* shape, int ndim, const int64_t* dst_strides,
+                              const int64_t* src_strides);
 
 /// Most dims an elementwise device kernel handles (after merging).
 constexpr int kMaxKernelDims = 8;

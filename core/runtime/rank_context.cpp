@@ -79,13 +79,32 @@ Device default_rank_device(const std::string& requested, int local_rank, int dev
   return device;
 }
 
+namespace {
+
+/// The calling thread's ordering event on `device`, created on first use and reused: a stream
+/// wait captures the event's most recent record at the time of the wait call, so the event may be
+/// recorded again right after (no event is created or destroyed per order_after).
+gpu::EventHandle ordering_event(int device) {
+  struct Events {
+    std::map<int, gpu::EventHandle> by_device;
+    ~Events() {
+      for (const auto& [index, event] : by_device) gpu::destroy_event(event, index);
+    }
+  };
+  thread_local Events events;
+  gpu::EventHandle& event = events.by_device[device];
+  if (event == nullptr) event = gpu::create_event(device);
+  return event;
+}
+
+}  // namespace
+
 void order_after(const Stream& waiter, const Stream& producer) {
   if (waiter.is_cpu() || producer.is_cpu() || waiter.handle == producer.handle) return;
   const int device = producer.device.index;
-  gpu::EventHandle event = gpu::create_event(device);
+  gpu::EventHandle event = ordering_event(device);
   gpu::record_event(event, producer.handle, device);
   gpu::stream_wait_event(waiter.handle, event, waiter.device.index);
-  gpu::destroy_event(event, device);  // released once the wait is satisfied
 }
 
 void synchronize(const Stream& stream) {

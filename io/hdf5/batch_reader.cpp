@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "core/agree.hpp"
+#include "core/runtime/rank_context.hpp"
 #include "core/shard_tensor_detail.hpp"
 #include "io/hdf5/h5_file.hpp"
 #include "io/hdf5/sharded_io_detail.hpp"
@@ -257,7 +258,10 @@ ShardTensor BatchReader::next() {
     state.consume_next = state.advance(slot.position);
     if (state.options.read_ahead == 0) state.produce_next = state.consume_next;
   }
-  return ShardTensor(std::move(slot.local), state.mesh, state.spec_of(rows));
+  // Read ahead on the host; the batch goes to the rank's device here, once.
+  const Device device = current_rank_context().device();
+  Tensor local = device.is_cpu() ? std::move(slot.local) : slot.local.to(device);
+  return ShardTensor(std::move(local), state.mesh, state.spec_of(rows));
 }
 
 BatchPosition BatchReader::position() const {

@@ -22,6 +22,7 @@
 #include "core/host_allocator.hpp"
 #include "io/hdf5/h5_handle.hpp"
 #include "io/hdf5/h5_transfer.hpp"
+#include "io/host_staging.hpp"
 
 namespace tessera::io {
 namespace {
@@ -651,8 +652,7 @@ Tensor allocate_for_read(const Shape& shape, DType dtype, const Where& where) {
     if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(extent), &bytes))
       bytes = std::numeric_limits<uint64_t>::max();
   try {
-    if (bytes > host_memory_limit())
-      throw OutOfMemory("hdf5", "more than the host memory limit");
+    if (bytes > host_memory_limit()) throw OutOfMemory("hdf5", "more than the host memory limit");
     return Tensor::empty(shape, dtype);
   } catch (const Error&) {
     fail(where, fmt::format("expected a selection that fits in memory (at most {} bytes), found "
@@ -680,28 +680,113 @@ H5Handle select_box(hid_t file_space, const Box& box, const Where& where) {
   return memory_space;
 }
 
-/// Reads `box` (the whole dataset when null) of an open dataset into a new contiguous tensor.
+/// One H5Dread or H5Dwrite between `host` and the box `file_box` of a dataset whose dataspace
+/// (`file_space`) has `file_shape`; with no box this rank takes part selecting nothing (collective
+/// transfers). Returns HDF5's status.
+herr_t move_slab(bool write, hid_t dataset, hid_t file_space, const Shape& file_shape,
+                 const std::optional<Box>& file_box, hid_t memory_type, hid_t transfer, void* host,
+                 const Where& where) {
+  H5Handle memory_space;
+  if (!file_shape.empty()) {
+    memory_space =
+        select_box(file_space, file_box ? *file_box : Box{file_shape, file_shape}, where);
+  } else if (!file_box) {
+    // A scalar dataset: a rank that moves nothing selects nothing.
+    memory_space = space_handle(H5Screate(H5S_SCALAR));
+    if (!memory_space.valid() || H5Sselect_none(memory_space.get()) < 0 ||
+        H5Sselect_none(file_space) < 0)
+      fail_hdf5(where, "cannot select nothing");
+  }
+  const hid_t memory_space_id = memory_space.valid() ? memory_space.get() : H5S_ALL;
+  const hid_t file_space_id = memory_space.valid() ? file_space : H5S_ALL;
+  return write ? H5Dwrite(dataset, memory_type, memory_space_id, file_space_id, transfer, host)
+               : H5Dread(dataset, memory_type, memory_space_id, file_space_id, transfer, host);
+}
+
+/// The slabs `box` moves in (boxes of the tensor, io/host_staging.hpp) for a tensor on `device`.
+std::vector<Box> slabs_for(const Box& box, DType dtype, Device device) {
+  return contiguous_slabs(box.shape(), dtype_size(dtype), io_slab_bytes(device));
+}
+
+/// `slab` (coordinates of a tensor holding `box`) in dataset coordinates.
+Box shifted(const Box& slab, const Box& box) {
+  Box global = slab;
+  for (size_t d = 0; d < global.ndim(); ++d) {
+    global.lo[d] += box.lo[d];
+    global.hi[d] += box.lo[d];
+  }
+  return global;
+}
+
+/// Reads `box` (the whole dataset when null) of an open dataset into a new contiguous tensor on
+/// `device`, slab by slab through host staging (one slab for a cpu tensor unless
+/// TESSERA_IO_SLAB_BYTES is set).
 Tensor read_open_dataset(hid_t dataset, const Where& where, const Box* box, std::optional<DType> as,
-                         const detail::Transfer& how = {}) {
+                         const detail::Transfer& how = {}, Device device = Device::cpu()) {
   H5Handle file_space = space_handle(H5Dget_space(dataset));
   if (!file_space.valid()) fail_hdf5(where, "cannot read the dataspace (corrupted file?)");
   const Shape shape = dataspace_shape(file_space.get(), where);
   const DType dtype = read_dtype(dataset_element_type(dataset, where), as, where);
   if (box != nullptr) check_box(*box, shape, where);
-  Tensor result = allocate_for_read(box != nullptr ? box->shape() : shape, dtype, where);
+  const Box whole{Shape(shape.size(), 0), shape};
+  const Box& selected = box != nullptr ? *box : whole;
+  Tensor result = device.is_cpu() ? allocate_for_read(selected.shape(), dtype, where)
+                                  : Tensor::empty(selected.shape(), dtype, device);
   if (result.numel() == 0 && !how.collective) return result;
 
-  H5Handle memory_space;
-  if (box != nullptr && !shape.empty()) memory_space = select_box(file_space.get(), *box, where);
   const H5Handle memory_type = hdf5_type(dtype, /*in_memory=*/true, where);
-  const hid_t memory_space_id = memory_space.valid() ? memory_space.get() : H5S_ALL;
-  const hid_t file_space_id = memory_space.valid() ? file_space.get() : H5S_ALL;
-  if (H5Dread(dataset, memory_type.get(), memory_space_id, file_space_id, how.transfer,
-              result.raw_data()) < 0)
+  const std::vector<Box> slabs =
+      result.numel() == 0 ? std::vector<Box>{} : slabs_for(selected, dtype, device);
+  std::vector<ByteRange> ranges;
+  for (const Box& slab : slabs)
+    ranges.push_back(byte_range_of(slab, result.shape(), dtype_size(dtype)));
+  auto fail_read = [&](const Box& slab) {
     fail_hdf5(where, fmt::format("expected to read {} elements as {}, found data HDF5 cannot read "
                                  "(truncated or corrupted file?)",
-                                 result.numel(), dtype_name(dtype)));
+                                 slab.volume(), dtype_name(dtype)));
+  };
+  stream_from_host(
+      result, ranges,
+      [&](size_t k, void* host) {
+        if (move_slab(false, dataset, file_space.get(), shape, shifted(slabs[k], selected),
+                      memory_type.get(), how.transfer, host, where) < 0)
+          fail_read(slabs[k]);
+      },
+      "hdf5");
+  // Collective transfers: as many calls as the rank with the most slabs makes.
+  for (size_t k = slabs.size(); how.collective && k < how.calls; ++k)
+    if (move_slab(false, dataset, file_space.get(), shape, std::nullopt, memory_type.get(),
+                  how.transfer, nullptr, where) < 0)
+      fail_read(Box{});
   return result;
+}
+
+/// Writes `tensor` (of `box`'s shape, any device) into `box` of an open dataset, slab by slab
+/// through host staging; with `write_nothing` (collective transfers) this rank only takes part.
+void write_open_dataset(hid_t dataset, hid_t file_space, const Shape& shape, const Box& box,
+                        const Tensor& tensor, const detail::Transfer& how, bool write_nothing,
+                        const Where& where) {
+  const std::vector<Box> slabs = write_nothing || tensor.numel() == 0
+                                     ? std::vector<Box>{}
+                                     : slabs_for(box, tensor.dtype(), tensor.device());
+  const H5Handle memory_type = hdf5_type(tensor.dtype(), /*in_memory=*/true, where);
+  std::vector<ByteRange> ranges;
+  for (const Box& slab : slabs)
+    ranges.push_back(byte_range_of(slab, tensor.shape(), tensor.element_size()));
+  stream_to_host(
+      tensor, ranges,
+      [&](size_t k, const void* host) {
+        const Box written = shifted(slabs[k], box);
+        if (move_slab(true, dataset, file_space, shape, written, memory_type.get(), how.transfer,
+                      const_cast<void*>(host), where) < 0)
+          fail_hdf5(where, fmt::format("cannot write {} elements of {} into box {}",
+                                       slabs[k].volume(), tensor.str(), written.str()));
+      },
+      "hdf5");
+  for (size_t k = slabs.size(); how.collective && k < how.calls; ++k)
+    if (move_slab(true, dataset, file_space, shape, std::nullopt, memory_type.get(), how.transfer,
+                  nullptr, where) < 0)
+      fail_hdf5(where, "cannot take part in a collective write");
 }
 
 /// Chunk extents for `shape`: the requested ones clamped to the shape (HDF5 refuses chunks larger
@@ -872,28 +957,29 @@ DatasetInfo dataset_info(const std::string& file, const std::string& dataset) {
   return describe_dataset(object.get(), where);
 }
 
-Tensor read_dataset(const std::string& file, const std::string& dataset, std::optional<DType> as) {
+Tensor read_dataset(const std::string& file, const std::string& dataset, std::optional<DType> as,
+                    Device device) {
   Hdf5Call call;
   const std::vector<std::string> components = path_components(file, dataset);
   const Where where{file, join_path(components, components.size())};
   H5Handle handle = open_for_read(where);
   H5Handle object = open_dataset(handle.get(), where, components);
-  return read_open_dataset(object.get(), where, nullptr, as);
+  return read_open_dataset(object.get(), where, nullptr, as, {}, device);
 }
 
 Tensor read_hyperslab(const std::string& file, const std::string& dataset, const Box& box,
-                      std::optional<DType> as) {
-  return detail::read_hyperslab(file, dataset, box, as, {});
+                      std::optional<DType> as, Device device) {
+  return detail::read_hyperslab(file, dataset, box, as, {}, device);
 }
 
 Tensor detail::read_hyperslab(const std::string& file, const std::string& dataset, const Box& box,
-                              std::optional<DType> as, const Transfer& how) {
+                              std::optional<DType> as, const Transfer& how, Device device) {
   Hdf5Call call;
   const std::vector<std::string> components = path_components(file, dataset);
   const Where where{file, join_path(components, components.size())};
   H5Handle handle = open_for_read(where, how.file_access);
   H5Handle object = open_dataset(handle.get(), where, components);
-  return read_open_dataset(object.get(), where, &box, as, how);
+  return read_open_dataset(object.get(), where, &box, as, how, device);
 }
 
 void write_dataset(const std::string& file, const std::string& dataset, const Tensor& tensor,
@@ -902,16 +988,15 @@ void write_dataset(const std::string& file, const std::string& dataset, const Te
   const std::vector<std::string> components = path_components(file, dataset);
   const Where where{file, join_path(components, components.size())};
   check_write_options(tensor.ndim(), tensor.str(), options, where);
-  const Tensor host = tensor.to(Device::cpu()).contiguous();
 
   H5Handle handle = open_for_write(where, options.truncate_file);
-  H5Handle object = create_open_dataset(handle.get(), where, components, host.shape(), host.dtype(),
-                                        options, host.str());
-  if (host.numel() > 0) {
-    const H5Handle memory_type = hdf5_type(host.dtype(), /*in_memory=*/true, where);
-    if (H5Dwrite(object.get(), memory_type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, host.raw_data()) <
-        0)
-      fail_hdf5(where, fmt::format("cannot write {}", host.str()));
+  H5Handle object = create_open_dataset(handle.get(), where, components, tensor.shape(),
+                                        tensor.dtype(), options, tensor.str());
+  if (tensor.numel() > 0) {
+    H5Handle file_space = space_handle(H5Dget_space(object.get()));
+    if (!file_space.valid()) fail_hdf5(where, "cannot read the dataspace");
+    write_open_dataset(object.get(), file_space.get(), tensor.shape(),
+                       Box{Shape(tensor.ndim(), 0), tensor.shape()}, tensor, {}, false, where);
   }
   if (object.close() < 0) fail_hdf5(where, "cannot close the dataset");
   if (handle.close() < 0) fail_hdf5(where, "cannot flush and close the file (disk full?)");
@@ -958,26 +1043,8 @@ void detail::write_hyperslab(const std::string& file, const std::string& dataset
   if (!write_nothing && tensor.shape() != box.shape())
     fail(where, fmt::format("expected a tensor of shape ({}) for box {}, found {}",
                             fmt::join(box.shape(), ", "), box.str(), tensor.str()));
-  const Tensor host = write_nothing ? Tensor::empty(Shape(shape.size(), 0), tensor.dtype())
-                                    : tensor.to(Device::cpu()).contiguous();
-  if (host.numel() > 0 || how.collective) {
-    H5Handle memory_space;
-    if (!shape.empty()) {
-      memory_space = select_box(file_space.get(), written, where);
-    } else if (write_nothing) {
-      // A scalar dataset: ranks that write nothing select nothing.
-      memory_space = space_handle(H5Screate(H5S_SCALAR));
-      if (!memory_space.valid() || H5Sselect_none(memory_space.get()) < 0 ||
-          H5Sselect_none(file_space.get()) < 0)
-        fail_hdf5(where, "cannot select nothing");
-    }
-    const H5Handle memory_type = hdf5_type(host.dtype(), /*in_memory=*/true, where);
-    const hid_t memory_space_id = memory_space.valid() ? memory_space.get() : H5S_ALL;
-    const hid_t file_space_id = memory_space.valid() ? file_space.get() : H5S_ALL;
-    if (H5Dwrite(object.get(), memory_type.get(), memory_space_id, file_space_id, how.transfer,
-                 host.raw_data()) < 0)
-      fail_hdf5(where, fmt::format("cannot write {} into box {}", host.str(), written.str()));
-  }
+  write_open_dataset(object.get(), file_space.get(), shape, written, tensor, how, write_nothing,
+                     where);
   file_space.close();
   if (object.close() < 0) fail_hdf5(where, "cannot close the dataset");
   if (handle.close() < 0) fail_hdf5(where, "cannot flush and close the file (disk full?)");

@@ -70,16 +70,20 @@ std::vector<DatasetInfo> list_datasets(const std::string& file);
 /// The metadata of one dataset of `file`.
 DatasetInfo dataset_info(const std::string& file, const std::string& dataset);
 
-/// The whole dataset as a contiguous cpu tensor; with `as`, HDF5 converts the elements on read.
+/// The whole dataset as a contiguous tensor on `device`; with `as`, HDF5 converts the elements on
+/// read. A cuda tensor is filled through pinned host slabs (io/host_staging.hpp), never through a
+/// whole host copy.
 Tensor read_dataset(const std::string& file, const std::string& dataset,
-                    std::optional<DType> as = std::nullopt);
+                    std::optional<DType> as = std::nullopt, Device device = Device::cpu());
 
-/// The index box `box` of the dataset (box within the dataset's shape) as a contiguous cpu tensor.
+/// The index box `box` of the dataset (box within the dataset's shape) as a contiguous tensor on
+/// `device` (cuda: through pinned host slabs).
 Tensor read_hyperslab(const std::string& file, const std::string& dataset, const Box& box,
-                      std::optional<DType> as = std::nullopt);
+                      std::optional<DType> as = std::nullopt, Device device = Device::cpu());
 
-/// Writes `tensor` as `dataset`, creating the file and intermediate groups as needed and
-/// replacing an existing dataset of that name.
+/// Writes `tensor` (any device: a cuda tensor crosses to the host in pinned slabs) as `dataset`,
+/// creating the file and intermediate groups as needed and replacing an existing dataset of that
+/// name.
 void write_dataset(const std::string& file, const std::string& dataset, const Tensor& tensor,
                    const WriteOptions& options = {});
 
@@ -88,8 +92,9 @@ void write_dataset(const std::string& file, const std::string& dataset, const Te
 void create_dataset(const std::string& file, const std::string& dataset, const Shape& shape,
                     DType dtype, const WriteOptions& options = {});
 
-/// Writes `tensor` (of shape box.shape()) into the index box `box` of an existing dataset of an
-/// existing file; HDF5 converts the elements to the dataset's numeric element type.
+/// Writes `tensor` (of shape box.shape(), any device: cuda through pinned slabs) into the index
+/// box `box` of an existing dataset of an existing file; HDF5 converts the elements to the
+/// dataset's numeric element type.
 void write_hyperslab(const std::string& file, const std::string& dataset, const Box& box,
                      const Tensor& tensor);
 

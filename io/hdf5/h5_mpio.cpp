@@ -45,15 +45,19 @@ bool collective_io_available(const Comm& comm) {
 }
 
 Tensor collective_read(const Comm& comm, const std::string& file, const std::string& dataset,
-                       const Box& box, DType dtype) {
+                       const Box& box, DType dtype, Device device, size_t calls) {
   const MpioLists lists(comm, file, /*for_write=*/false);
-  return read_hyperslab(file, dataset, box, dtype, lists.how());
+  Transfer how = lists.how();
+  how.calls = calls;
+  return read_hyperslab(file, dataset, box, dtype, how, device);
 }
 
 void collective_write(const Comm& comm, const std::string& file, const std::string& dataset,
-                      const Box& box, const Tensor& tensor, bool write_nothing) {
+                      const Box& box, const Tensor& tensor, bool write_nothing, size_t calls) {
   const MpioLists lists(comm, file, /*for_write=*/true);
-  write_hyperslab(file, dataset, box, tensor, lists.how(), write_nothing);
+  Transfer how = lists.how();
+  how.calls = calls;
+  write_hyperslab(file, dataset, box, tensor, how, write_nothing);
 }
 
 }  // namespace tessera::io::detail

@@ -20,11 +20,14 @@ struct Transfer {
   /// Every rank of the file's communicator takes part in each H5Dread/H5Dwrite, even with an
   /// empty box (it then selects nothing) or, on write, with `write_nothing` set.
   bool collective = false;
+  /// Collective transfers: the H5Dread/H5Dwrite calls every rank makes, at least as many as the
+  /// slabs (io/host_staging.hpp) of any rank's box; a rank past its own slabs selects nothing.
+  size_t calls = 1;
 };
 
-/// read_hyperslab of h5_file.hpp through `how`.
+/// read_hyperslab of h5_file.hpp through `how`, into a tensor on `device`.
 Tensor read_hyperslab(const std::string& file, const std::string& dataset, const Box& box,
-                      std::optional<DType> as, const Transfer& how);
+                      std::optional<DType> as, const Transfer& how, Device device);
 
 /// write_hyperslab of h5_file.hpp through `how`; with `write_nothing` this rank joins a
 /// collective write with an empty selection (`tensor` is then ignored).

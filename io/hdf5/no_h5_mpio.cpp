@@ -9,12 +9,13 @@ bool collective_io_available(const Comm&) {
   return false;
 }
 
-Tensor collective_read(const Comm&, const std::string&, const std::string&, const Box&, DType) {
+Tensor collective_read(const Comm&, const std::string&, const std::string&, const Box&, DType,
+                       Device, size_t) {
   throw NotAvailable("hdf5", "collective MPI-IO needs Tessera built with a parallel HDF5 and MPI");
 }
 
 void collective_write(const Comm&, const std::string&, const std::string&, const Box&,
-                      const Tensor&, bool) {
+                      const Tensor&, bool, size_t) {
   throw NotAvailable("hdf5", "collective MPI-IO needs Tessera built with a parallel HDF5 and MPI");
 }
 

@@ -36,12 +36,12 @@ DatasetInfo dataset_info(const std::string& file, const std::string&) {
   not_available(file, "describe a dataset of");
 }
 
-Tensor read_dataset(const std::string& file, const std::string&, std::optional<DType>) {
+Tensor read_dataset(const std::string& file, const std::string&, std::optional<DType>, Device) {
   not_available(file, "read a dataset of");
 }
 
 Tensor read_hyperslab(const std::string& file, const std::string&, const Box&,
-                      std::optional<DType>) {
+                      std::optional<DType>, Device) {
   not_available(file, "read a hyperslab of");
 }
 

@@ -12,9 +12,11 @@
 #include <utility>
 
 #include "core/agree.hpp"
+#include "core/runtime/rank_context.hpp"
 #include "core/shard_tensor_detail.hpp"
 #include "io/hdf5/h5_file.hpp"
 #include "io/hdf5/sharded_io_detail.hpp"
+#include "io/host_staging.hpp"
 #include "io/output_path.hpp"
 
 namespace tessera::io {
@@ -80,24 +82,42 @@ std::vector<Piece> pieces_of(const ShardSpec& spec, int size, size_t element, si
   return pieces;
 }
 
-/// Receives (or sends) every slab of this rank's own box from (to) `root`, in one batch.
+/// Receives (or sends) every slab of this rank's own box from (to) `root`: in one batch from a
+/// cpu tensor's own storage; for a cuda tensor one slab at a time through pinned host staging
+/// (io/host_staging.hpp), the device copy of the next slab overlapping the message of this one.
 void move_own_slabs(Comm& comm, const Tensor& local, const Box& box, size_t staging_bytes, int root,
                     P2POp::Kind kind) {
   const size_t element = dtype_size(local.dtype());
   const std::vector<Box> slabs = slabs_of(box, element, staging_bytes);
   if (slabs.empty()) return;
-  std::vector<P2POp> ops;
-  char* base = static_cast<char*>(local.raw_data());
-  for (size_t k = 0; k < slabs.size(); ++k) {
+  std::vector<ByteRange> ranges;
+  for (const Box& slab : slabs) {
     const size_t offset =
-        box.ndim() == 0 ? 0
-                        : static_cast<size_t>(slabs[k].lo[0] - box.lo[0]) * row_bytes(box, element);
-    const size_t bytes = static_cast<size_t>(slabs[k].volume()) * element;
-    const int tag = static_cast<int>(k % kTagModulus);
-    ops.push_back(kind == P2POp::Kind::send ? P2POp::send(base + offset, bytes, root, tag)
-                                            : P2POp::recv(base + offset, bytes, root, tag));
+        box.ndim() == 0 ? 0 : static_cast<size_t>(slab.lo[0] - box.lo[0]) * row_bytes(box, element);
+    ranges.push_back({offset, static_cast<size_t>(slab.volume()) * element});
   }
-  comm.send_recv(ops);
+  auto op_of = [&](size_t k, void* host) {
+    const int tag = static_cast<int>(k % kTagModulus);
+    return kind == P2POp::Kind::send ? P2POp::send(host, ranges[k].bytes, root, tag)
+                                     : P2POp::recv(host, ranges[k].bytes, root, tag);
+  };
+  if (local.device().is_cpu()) {
+    std::vector<P2POp> ops;
+    char* base = static_cast<char*>(local.raw_data());
+    for (size_t k = 0; k < ranges.size(); ++k) ops.push_back(op_of(k, base + ranges[k].offset));
+    comm.send_recv(ops);
+  } else if (kind == P2POp::Kind::send) {
+    stream_to_host(
+        local, ranges,
+        [&](size_t k, const void* host) {
+          comm.send_recv(std::vector{op_of(k, const_cast<void*>(host))});
+        },
+        current_comm_op());
+  } else {
+    stream_from_host(
+        local, ranges, [&](size_t k, void* host) { comm.send_recv(std::vector{op_of(k, host)}); },
+        current_comm_op());
+  }
 }
 
 /// True when `rank` holds the copy of its box that is written: of the ranks holding the same box
@@ -175,7 +195,7 @@ std::optional<std::string> detail::stream_to_root(const ShardTensor& source,
   auto canonical = [&](int rank) { return holds_written_copy(spec, mesh, rank); };
   const DType dtype = source.dtype();
   const size_t element = dtype_size(dtype);
-  const Tensor local = source.to_local().to(Device::cpu()).contiguous();
+  const Tensor local = source.to_local().contiguous();  // any device: IO stages it in slabs
   std::optional<std::string> problem;
   if (comm.rank() != root) {
     if (canonical(comm.rank()))
@@ -225,6 +245,16 @@ std::optional<std::string> detail::stream_to_root(const ShardTensor& source,
   return problem;
 }
 
+size_t detail::agreed_slab_calls(Comm& comm, const Box& box, DType dtype, Device device,
+                                 bool moves) {
+  int64_t calls =
+      moves ? static_cast<int64_t>(
+                  contiguous_slabs(box.shape(), dtype_size(dtype), io_slab_bytes(device)).size())
+            : 0;
+  comm.all_reduce(&calls, &calls, 1, DType::i64, ReduceOp::max);
+  return static_cast<size_t>(std::max<int64_t>(calls, 1));
+}
+
 bool collective_io_available(const DeviceMesh& mesh) {
   return detail::collective_io_available(mesh.comm());
 }
@@ -242,12 +272,16 @@ ShardTensor read_sharded(const std::string& file, const std::string& dataset,
   std::optional<std::string> problem;
   Tensor local;
   const Box box = spec.local_box(mesh.coord());
+  const Device device = current_rank_context().device();
+  // A dataset without elements has no storage to read collectively (every rank knows).
+  const bool together =
+      collective && detail::collective_io_available(mesh.comm()) && shape_numel(header.shape) != 0;
+  const size_t calls =
+      together ? detail::agreed_slab_calls(mesh.comm(), box, header.dtype, device, true) : 0;
   try {
-    // A dataset without elements has no storage to read collectively (every rank knows).
-    local =
-        collective && detail::collective_io_available(mesh.comm()) && shape_numel(header.shape) != 0
-            ? detail::collective_read(mesh.comm(), file, dataset, box, header.dtype)
-            : read_hyperslab(file, dataset, box, header.dtype);
+    local = together ? detail::collective_read(mesh.comm(), file, dataset, box, header.dtype,
+                                               device, calls)
+                     : read_hyperslab(file, dataset, box, header.dtype, device);
   } catch (const std::exception& error) {
     problem = fmt::format("rank {}: {}", mesh.rank(), reason_of(error));
   }
@@ -268,24 +302,25 @@ ShardTensor scatter(const std::string& file, const std::string& dataset, const D
   const DType dtype = header.dtype;
   const size_t element = dtype_size(dtype);
   const Box own_box = spec.local_box(mesh.coord());
+  const Device device = current_rank_context().device();
   Tensor local;  // the root reads its own box straight into a tensor of its own
   std::optional<std::string> problem;
 
   if (comm.rank() != root) {
-    local = Tensor::empty(own_box.shape(), dtype);
+    local = Tensor::empty(own_box.shape(), dtype, device);
     move_own_slabs(comm, local, own_box, header.staging_bytes, root, P2POp::Kind::recv);
   } else {
     // Reads one box; after the first failure, sends zeros so that every receive completes and
     // the error is agreed at the end instead of leaving receivers waiting.
-    auto read_box = [&](const Box& box) {
+    auto read_box = [&](const Box& box, Device into = Device::cpu()) {
       if (!problem) {
         try {
-          return read_hyperslab(file, dataset, box, dtype);
+          return read_hyperslab(file, dataset, box, dtype, into);
         } catch (const std::exception& error) {
           problem = reason_of(error);
         }
       }
-      return Tensor::zeros(box.shape(), dtype);
+      return Tensor::zeros(box.shape(), dtype, into);
     };
     const std::vector<Piece> pieces = pieces_of(spec, comm.size(), element, header.staging_bytes,
                                                 [&](int rank) { return rank != root; });
@@ -314,13 +349,13 @@ ShardTensor scatter(const std::string& file, const std::string& dataset, const D
       std::unique_ptr<P2PBatch> in_flight = comm.start_send_recv(ops);
       auto following = read_batch();
       if (following.empty() && !own_read) {
-        local = read_box(own_box);
+        local = read_box(own_box, device);
         own_read = true;
       }
       in_flight->wait();
       batch = std::move(following);
     }
-    if (!own_read) local = read_box(own_box);
+    if (!own_read) local = read_box(own_box, device);
   }
   agree_on_error(comm, op, problem);
   return ShardTensor(std::move(local), mesh, std::move(spec));
@@ -420,12 +455,14 @@ void write_sharded(const ShardTensor& tensor, const std::string& file, const std
   const std::string temporary = prepare_temporary(op, comm, file, dataset, source, 0, storage);
   const bool writes =
       holds_written_copy(source.spec(), mesh, comm.rank()) && !source.local_box().empty();
-  const Tensor local = source.to_local().to(Device::cpu()).contiguous();
+  const Tensor local = source.to_local().contiguous();  // any device: IO stages it in slabs
   std::optional<std::string> problem;
   if (collective && detail::collective_io_available(comm) &&
       shape_numel(source.global_shape()) != 0) {
+    const size_t calls =
+        detail::agreed_slab_calls(comm, source.local_box(), local.dtype(), local.device(), writes);
     try {
-      detail::collective_write(comm, temporary, dataset, source.local_box(), local, !writes);
+      detail::collective_write(comm, temporary, dataset, source.local_box(), local, !writes, calls);
     } catch (const std::exception& error) {
       problem = fmt::format("rank {}: {}", comm.rank(), reason_of(error));
     }

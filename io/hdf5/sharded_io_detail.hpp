@@ -55,16 +55,21 @@ void finish_temporary(const std::string& op, Comm& comm, const std::string& temp
 bool collective_io_available(const Comm& comm);
 
 /// Collective over `comm` (every rank calls, in the same order): this rank's `box` of `dataset`
-/// (an empty box takes part with an empty selection), read through MPI-IO with a collective
-/// transfer. Throws IoError like read_hyperslab.
+/// (an empty box takes part with an empty selection), read through MPI-IO with collective
+/// transfers into a tensor on `device` (cuda: in pinned slabs). Every rank makes `calls` transfers
+/// (the most slabs of any rank: agreed_slab_calls). Throws IoError like read_hyperslab.
 Tensor collective_read(const Comm& comm, const std::string& file, const std::string& dataset,
-                       const Box& box, DType dtype);
+                       const Box& box, DType dtype, Device device, size_t calls);
 
-/// Collective over `comm`: writes `tensor` into `box` of the existing `dataset` through MPI-IO
-/// with a collective transfer; ranks with `write_nothing` (replicas) take part with an empty
-/// selection.
+/// Collective over `comm`: writes `tensor` (any device) into `box` of the existing `dataset`
+/// through MPI-IO with `calls` collective transfers (agreed_slab_calls); ranks with
+/// `write_nothing` (replicas) take part with empty selections.
 void collective_write(const Comm& comm, const std::string& file, const std::string& dataset,
-                      const Box& box, const Tensor& tensor, bool write_nothing);
+                      const Box& box, const Tensor& tensor, bool write_nothing, size_t calls);
+
+/// Collective: the most HDF5 transfers any rank of `comm` needs for its `box` of `dtype` on
+/// `device` (0 for a rank that moves nothing), at least 1.
+size_t agreed_slab_calls(Comm& comm, const Box& box, DType dtype, Device device, bool moves);
 
 std::optional<std::string> stream_to_root(const ShardTensor& source, const std::string& file,
                                           const std::string& dataset, int root,

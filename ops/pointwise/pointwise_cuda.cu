@@ -4,6 +4,7 @@
 // every function below and every element type. Each kernel reads its inputs once and writes
 // all of its outputs (the backward kernels fuse the derivative with the product by g).
 #include <cstdint>
+#include <type_traits>
 
 #include "ops/cuda_elements.cuh"
 #include "ops/pointwise/pointwise_cuda.cuh"
@@ -308,93 +309,72 @@ cudaError_t binary_backward_of(ElementType type, const ElementwiseLayout& layout
   });
 }
 
+/// fn(std::integral_constant<Kind, K>{}) for the K among `Kinds` equal to `kind`;
+/// cudaErrorInvalidValue when none is.
+template <typename Kind, Kind... Kinds, typename Fn>
+cudaError_t with_kind(Kind kind, Fn&& fn) {
+  cudaError_t result = cudaErrorInvalidValue;
+  (void)((kind == Kinds ? (result = fn(std::integral_constant<Kind, Kinds>{}), true) : false) ||
+         ...);
+  return result;
+}
+
+template <typename Fn>
+cudaError_t with_unary_kind(UnaryKind kind, Fn&& fn) {
+  return with_kind<UnaryKind, UnaryKind::relu, UnaryKind::gelu, UnaryKind::silu, UnaryKind::tanh,
+                   UnaryKind::exp, UnaryKind::scale>(kind, fn);
+}
+
+template <typename Fn>
+cudaError_t with_binary_kind(BinaryKind kind, Fn&& fn) {
+  return with_kind<BinaryKind, BinaryKind::add, BinaryKind::sub, BinaryKind::mul, BinaryKind::div>(
+      kind, fn);
+}
+
 }  // namespace
 
 cudaError_t launch_unary(UnaryKind kind, ElementType type, const ElementwiseLayout& layout,
                          int vector_width, const void* x, void* y, double factor,
                          cudaStream_t stream) {
-  switch (kind) {
-    case UnaryKind::relu:
-      return unary_of<UnaryKind::relu>(type, layout, vector_width, x, y, factor, stream);
-    case UnaryKind::gelu:
-      return unary_of<UnaryKind::gelu>(type, layout, vector_width, x, y, factor, stream);
-    case UnaryKind::silu:
-      return unary_of<UnaryKind::silu>(type, layout, vector_width, x, y, factor, stream);
-    case UnaryKind::tanh:
-      return unary_of<UnaryKind::tanh>(type, layout, vector_width, x, y, factor, stream);
-    case UnaryKind::exp:
-      return unary_of<UnaryKind::exp>(type, layout, vector_width, x, y, factor, stream);
-    case UnaryKind::scale:
-      return unary_of<UnaryKind::scale>(type, layout, vector_width, x, y, factor, stream);
-  }
-  return cudaErrorInvalidValue;
+  return with_unary_kind(kind, [&](auto k) {
+    return unary_of<decltype(k)::value>(type, layout, vector_width, x, y, factor, stream);
+  });
 }
 
 cudaError_t launch_unary_backward(UnaryKind kind, ElementType type, const ElementwiseLayout& layout,
                                   int vector_width, const void* saved, const void* g, void* dx,
                                   double factor, cudaStream_t stream) {
-  switch (kind) {
-    case UnaryKind::relu:
-      return unary_backward_of<UnaryKind::relu>(type, layout, vector_width, saved, g, dx, factor,
-                                                stream);
-    case UnaryKind::gelu:
-      return unary_backward_of<UnaryKind::gelu>(type, layout, vector_width, saved, g, dx, factor,
-                                                stream);
-    case UnaryKind::silu:
-      return unary_backward_of<UnaryKind::silu>(type, layout, vector_width, saved, g, dx, factor,
-                                                stream);
-    case UnaryKind::tanh:
-      return unary_backward_of<UnaryKind::tanh>(type, layout, vector_width, saved, g, dx, factor,
-                                                stream);
-    case UnaryKind::exp:
-      return unary_backward_of<UnaryKind::exp>(type, layout, vector_width, saved, g, dx, factor,
-                                               stream);
-    case UnaryKind::scale: {
-      // dx = factor * g: only g is read (operand 1 of the layout).
-      ElementwiseLayout g_layout = layout;
-      for (int d = 0; d < layout.ndim; ++d) g_layout.stride[0][d] = layout.stride[1][d];
-      g_layout.operands = 1;
-      return launch_scaled_copy(type, g_layout, vector_width, g, dx, factor, stream);
-    }
+  if (kind == UnaryKind::scale) {
+    // dx = factor * g: only g is read (operand 1 of the layout).
+    ElementwiseLayout g_layout = layout;
+    for (int d = 0; d < layout.ndim; ++d) g_layout.stride[0][d] = layout.stride[1][d];
+    g_layout.operands = 1;
+    return launch_scaled_copy(type, g_layout, vector_width, g, dx, factor, stream);
   }
-  return cudaErrorInvalidValue;
+  // The other kinds read the saved tensor and g (no kernel is made for scale here).
+  return with_kind<UnaryKind, UnaryKind::relu, UnaryKind::gelu, UnaryKind::silu, UnaryKind::tanh,
+                   UnaryKind::exp>(kind, [&](auto k) {
+    return unary_backward_of<decltype(k)::value>(type, layout, vector_width, saved, g, dx, factor,
+                                                 stream);
+  });
 }
 
 cudaError_t launch_binary(BinaryKind kind, ElementType type, const ElementwiseLayout& layout,
                           int vector_width, const void* a, const void* b, void* out,
                           cudaStream_t stream) {
-  switch (kind) {
-    case BinaryKind::add:
-      return binary_of<BinaryKind::add>(type, layout, vector_width, a, b, out, stream);
-    case BinaryKind::sub:
-      return binary_of<BinaryKind::sub>(type, layout, vector_width, a, b, out, stream);
-    case BinaryKind::mul:
-      return binary_of<BinaryKind::mul>(type, layout, vector_width, a, b, out, stream);
-    case BinaryKind::div:
-      return binary_of<BinaryKind::div>(type, layout, vector_width, a, b, out, stream);
-  }
-  return cudaErrorInvalidValue;
+  return with_binary_kind(kind, [&](auto k) {
+    return binary_of<decltype(k)::value>(type, layout, vector_width, a, b, out, stream);
+  });
 }
 
 cudaError_t launch_binary_backward(BinaryKind kind, ElementType type,
                                    const ElementwiseLayout& layout, int vector_width, const void* a,
                                    const void* b, const void* g, void* da, void* db,
                                    cudaStream_t stream) {
-  switch (kind) {
-    case BinaryKind::add:
-      return binary_backward_of<BinaryKind::add>(type, layout, vector_width, a, b, g, da, db,
-                                                 stream);
-    case BinaryKind::sub:
-      return binary_backward_of<BinaryKind::sub>(type, layout, vector_width, a, b, g, da, db,
-                                                 stream);
-    case BinaryKind::mul:
-      return binary_backward_of<BinaryKind::mul>(type, layout, vector_width, a, b, g, da, db,
-                                                 stream);
-    case BinaryKind::div:
-      return binary_backward_of<BinaryKind::div>(type, layout, vector_width, a, b, g, da, db,
-                                                 stream);
-  }
-  return cudaErrorInvalidValue;
+  return with_binary_kind(kind, [&](auto k) {
+    return binary_backward_of<decltype(k)::value>(type, layout, vector_width, a, b, g, da, db,
+                                                  stream);
+  });
 }
 
 cudaError_t launch_scaled_copy(ElementType type, const ElementwiseLayout& layout, int vector_width,

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <optional>
 
+#include "tests/common/scoped_env.hpp"
 #include "tests/dist/harness.hpp"
 #include "tests/dist/shard_cases.hpp"
 
@@ -114,24 +115,7 @@ TEST(ErrorModel, RanksPassingDifferentExtentsToRedistributeAllThrowAgreedError) 
   });
 }
 
-/// Sets an environment variable for the lifetime of the object, then restores it.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_)
-      setenv(name_, old_->c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using testing::ScopedEnv;
 
 TEST(LocalBackendTimeout, MissingRankRaisesCommTimeoutNamingOpRankAndPeer) {
   if (testing::mpi_backend()) GTEST_SKIP() << "the local backend's watchdog only";

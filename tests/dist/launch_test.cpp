@@ -13,32 +13,13 @@
 #include "core/comm/nccl_comm.hpp"
 #include "core/gpu_runtime.hpp"
 #include "core/runtime/rank_context.hpp"
+#include "tests/common/scoped_env.hpp"
 #include "tests/dist/harness.hpp"
 
 namespace tessera {
 namespace {
 
-/// Sets (or unsets) an environment variable while alive, restoring the old value.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value)
-      setenv(name, value, 1);
-    else
-      unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (old_)
-      setenv(name_, old_->c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using testing::ScopedEnv;
 
 TEST(LocalBackendLaunch, EveryRankRunsWithItsOwnCpuRankContextByDefault) {
   ScopedEnv device("TESSERA_DEVICE", nullptr);

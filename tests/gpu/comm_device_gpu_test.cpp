@@ -21,6 +21,7 @@
 #include "core/comm/nccl_comm.hpp"
 #include "core/gpu_runtime.hpp"
 #include "core/runtime/rank_context.hpp"
+#include "tests/common/scoped_env.hpp"
 #include "tests/dist/harness.hpp"
 #include "tests/dist/typed_buffer.hpp"
 
@@ -34,24 +35,7 @@ using testing::TypedBuffer;
   GTEST_SKIP() << "no CUDA device is visible (gpu::device_count() == 0): the device-buffer " \
                   "Comm tests need a GPU"
 
-/// Sets an environment variable while alive, restoring the old value.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_)
-      setenv(name_, old_->c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using testing::ScopedEnv;
 
 size_t byte_size(const TypedBuffer& buffer) {
   return std::max<size_t>(buffer.count() * dtype_size(buffer.dtype()), 1);

@@ -87,6 +87,29 @@ TEST(MergeDims, TooManyUnmergeableDimsIsAnError) {
                InvalidArgument);
 }
 
+TEST(MergeStridedDims, HostLoopsSeeTheSameMergedDimsWithoutALimit) {
+  // A [2, 3, 8, 5] box of a [4, 6, 8, 10] tensor copied into a dense tensor: dims 1 and 2 merge
+  // (contiguous in both), dim 0 and the inner dim stay.
+  const int64_t shape[] = {2, 3, 8, 5};
+  const int64_t src[] = {480, 80, 10, 1}, dst[] = {120, 40, 5, 1};
+  const MergedDims merged = merge_strided_dims(shape, 4, dst, src);
+  EXPECT_EQ(merged.count, 240);
+  EXPECT_EQ(merged.extent, (std::vector<int64_t>{2, 24, 5}));
+  EXPECT_EQ(merged.dst_strides, (std::vector<int64_t>{120, 5, 1}));
+  EXPECT_EQ(merged.src_strides, (std::vector<int64_t>{480, 10, 1}));
+  // More unmergeable dims than a device kernel takes: fine on the host.
+  std::vector<int64_t> many(12, 2), strides(12);
+  for (int d = 0; d < 12; ++d) strides[d] = int64_t{1} << (2 * (11 - d));
+  EXPECT_EQ(merge_strided_dims(many.data(), 12, strides.data(), nullptr).extent.size(), 12u);
+  // No source: its strides are 0 (the dense dst is one run). An empty array keeps no dims.
+  const MergedDims single = merge_strided_dims(shape, 4, dst, nullptr);
+  EXPECT_EQ(single.extent, (std::vector<int64_t>{240}));
+  EXPECT_EQ(single.src_strides, (std::vector<int64_t>{0}));
+  const int64_t empty[] = {3, 0, 2};
+  EXPECT_EQ(merge_strided_dims(empty, 3, src, src).count, 0);
+  EXPECT_TRUE(merge_strided_dims(empty, 3, src, src).extent.empty());
+}
+
 TEST(CopyWordBytes, WidestWordThatDividesRowsStridesAndAddresses) {
   const int64_t shape[] = {8, 32};
   const int64_t dst_strides[] = {64, 1};
