@@ -28,9 +28,9 @@ ShardSpec make_agreed_spec(const DeviceMesh& mesh, const std::string& op, const 
     const std::string text = error.what();
     problem = text.substr(text.find("] ") + 2);
   }
-  agree_on_error(mesh.comm(), op, problem);
-  agree_on_description(mesh.comm(), op, "layout",
-                       fmt::format("{} {}", dtype_name(dtype), spec->str()));
+  agree_on_error_and_description(mesh.comm(), op, problem, "layout", [&] {
+    return fmt::format("{} {}", dtype_name(dtype), spec->str());
+  });
   return *spec;
 }
 
