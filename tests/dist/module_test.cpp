@@ -93,6 +93,37 @@ TEST(Modules, SeededModelsTrainTheSameOnOneRankAndOnA2x2Mesh) {
     for (size_t i = 0; i < reference.size(); ++i)
       EXPECT_NEAR(sharded[i], reference[i], 1e-10 * std::fabs(reference[i])) << "step " << i;
     EXPECT_LT(reference.back(), reference.front());
+    // Data parallel x domain: the batch split over "dp" (uneven: 3 + 1 samples), space over
+    // "domain". The loss is a mean over the global batch and grid, so the parameter gradients'
+    // partial sums over both mesh dims reduce to the one-rank gradient.
+    const Shape batch_shape{4, 2, 10, 7};
+    testing::CaseRng batch_rng(13);
+    const Tensor xb = testing::integer_tensor(batch_shape, DType::f64, batch_rng, -4, 4);
+    const Tensor tb = testing::integer_tensor(batch_shape, DType::f64, batch_rng, -4, 4);
+    auto run_batch = [&](const DeviceMesh& on, const std::vector<Placement>& placements,
+                         const std::vector<std::vector<int64_t>>& extents) {
+      auto net = make_net(on, 5);
+      optim::AdamW adam(net->parameters(), {.lr = 0.01});
+      const ShardTensor x = ShardTensor::distribute(xb, on, placements, extents);
+      const ShardTensor target = ShardTensor::distribute(tb, on, placements, extents);
+      std::vector<double> losses;
+      for (int step = 0; step < 5; ++step) {
+        adam.zero_grad();
+        Tape tape;
+        const ShardTensor loss = ops::mse_loss(net->forward(x), target);
+        losses.push_back(loss.full_tensor().item_as_double({}));
+        tape.backward(loss);
+        adam.step();
+      }
+      return losses;
+    };
+    const std::vector<double> one =
+        run_batch(single, {Placement::replicate(), Placement::replicate()}, {});
+    DeviceMesh dp_domain(comm, {2, 2}, {"dp", "domain"});
+    const std::vector<double> both =
+        run_batch(dp_domain, {Placement::shard(0), Placement::shard(2)}, {{3, 1}, {4, 6}});
+    for (size_t i = 0; i < one.size(); ++i)
+      EXPECT_NEAR(both[i], one[i], 1e-10 * std::fabs(one[i])) << "dp x domain, step " << i;
   });
 }
 
