@@ -115,7 +115,7 @@ std::map<std::string, ShardTensor> Optimizer::state_dict() const {
   return state;
 }
 
-void Optimizer::load_state_dict(const std::map<std::string, ShardTensor>& state) {
+void Optimizer::check_state_dict(const std::map<std::string, ShardTensor>& state) const {
   const std::vector<std::string> names = buffer_names();
   for (const auto& [key, tensor] : state) {
     if (key == "step") continue;
@@ -142,6 +142,10 @@ void Optimizer::load_state_dict(const std::map<std::string, ShardTensor>& state)
         dtype_name(tensor.dtype()), parameter.global_shape(), dtype_name(parameter.dtype()));
   }
   check_arg(state.count("step") == 1, name_, "state has no 'step'");
+}
+
+void Optimizer::load_state_dict(const std::map<std::string, ShardTensor>& state) {
+  check_state_dict(state);
   const Tensor step = state.at("step").full_tensor();
   steps_ = static_cast<int64_t>(step.to(Device::cpu()).item_as_double({}));
   for (auto& buffers : state_) buffers.clear();

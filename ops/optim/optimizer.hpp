@@ -46,6 +46,8 @@ class Optimizer {
   /// parameter's layout). Unknown or missing keys and shape mismatches raise one error naming
   /// the key.
   void load_state_dict(const std::map<std::string, ShardTensor>& state);
+  /// The checks of load_state_dict alone (nothing is written).
+  void check_state_dict(const std::map<std::string, ShardTensor>& state) const;
 
  protected:
   /// The state buffer `buffer` of parameter `index` (created zero-filled, like the parameter,

@@ -1,0 +1,65 @@
+// Training checkpoints (ops/nn/checkpoint.hpp).
+#include "ops/nn/checkpoint.hpp"
+
+#include "io/hdf5/checkpoint.hpp"
+
+namespace tessera::nn {
+
+namespace {
+
+constexpr const char* kModel = "model/";
+constexpr const char* kOptim = "optim/";
+constexpr const char* kRun = "run/";
+
+const DeviceMesh& mesh_of(const Module& module, const std::string& op) {
+  const auto parameters = module.named_parameters();
+  check_arg(!parameters.empty(), op, "the module has no parameters");
+  return parameters.front().second.tensor().mesh();
+}
+
+bool starts_with(const std::string& text, const std::string& prefix) {
+  return text.compare(0, prefix.size(), prefix) == 0;
+}
+
+}  // namespace
+
+void save_training_checkpoint(const std::string& file, const Module& module,
+                              const optim::Optimizer& optimizer,
+                              const std::map<std::string, int64_t>& counters) {
+  const DeviceMesh& mesh = mesh_of(module, "save_training_checkpoint");
+  std::vector<std::pair<std::string, ShardTensor>> tensors;
+  for (const auto& [name, value] : module.state_dict()) tensors.emplace_back(kModel + name, value);
+  for (const auto& [key, value] : optimizer.state_dict()) tensors.emplace_back(kOptim + key, value);
+  const std::vector<Placement> replicated(mesh.ndim(), Placement::replicate());
+  for (const auto& [name, value] : counters)
+    tensors.emplace_back(kRun + name, ShardTensor::distribute(Tensor::from_values<int64_t>(
+                                                                  {}, std::vector<int64_t>{value}),
+                                                              mesh, replicated));
+  io::save_checkpoint(file, tensors);
+}
+
+std::map<std::string, int64_t> load_training_checkpoint(const std::string& file, Module& module,
+                                                        optim::Optimizer& optimizer) {
+  const DeviceMesh& mesh = mesh_of(module, "load_training_checkpoint");
+  std::map<std::string, ShardTensor> model, state;
+  std::map<std::string, int64_t> counters;
+  for (const auto& [name, tensor] : io::load_checkpoint(file, mesh)) {
+    if (starts_with(name, kModel)) {
+      model.emplace(name.substr(std::string(kModel).size()), tensor);
+    } else if (starts_with(name, kOptim)) {
+      state.emplace(name.substr(std::string(kOptim).size()), tensor);
+    } else {
+      check_arg(starts_with(name, kRun) && tensor.global_shape().empty(),
+                "load_training_checkpoint", "'{}' in '{}' is not part of a training checkpoint",
+                name, file);
+      counters[name.substr(std::string(kRun).size())] =
+          static_cast<int64_t>(tensor.full_tensor().to(Device::cpu()).item_as_double({}));
+    }
+  }
+  optimizer.check_state_dict(state);  // both check every key before either writes
+  module.load_state_dict(model);
+  optimizer.load_state_dict(state);
+  return counters;
+}
+
+}  // namespace tessera::nn

@@ -1,0 +1,31 @@
+// Training checkpoints: a Module's parameters, an optimizer's state and the run's counters (step,
+// RNG seed, data position: any named integers) in one sharded, atomic checkpoint file
+// (io::save_checkpoint), loadable onto any mesh and layout: the values are read onto the mesh of
+// the module's first parameter and moved to each parameter's (and state buffer's) layout, so a
+// run saved on 2x2 ranks continues on one rank or on another decomposition with the same losses.
+//
+// File layout: "model/<parameter path>", "optim/<state key>" and "run/<counter>" (0-d i64)
+// datasets, each with the attributes of docs/io.md ("Checkpoints").
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "ops/nn/module.hpp"
+#include "ops/optim/optimizer.hpp"
+
+namespace tessera::nn {
+
+/// Collective over the module's mesh: writes the checkpoint (replacing `file` atomically).
+void save_training_checkpoint(const std::string& file, const Module& module,
+                              const optim::Optimizer& optimizer,
+                              const std::map<std::string, int64_t>& counters = {});
+
+/// Collective: restores the module's parameters and the optimizer's state from `file` and returns
+/// the counters. A file that lacks a parameter or state buffer, or holds unknown ones, raises one
+/// error naming the key on every rank, before any value is written.
+std::map<std::string, int64_t> load_training_checkpoint(const std::string& file, Module& module,
+                                                        optim::Optimizer& optimizer);
+
+}  // namespace tessera::nn
