@@ -48,6 +48,11 @@ void register_demo(CLI::App& app);
 void register_run_op(CLI::App& app);
 /// `tessera run-op na` (registered under `run-op` by register_run_op).
 void register_run_op_na(CLI::App& run_op);
+/// `tessera run-op OP` for every registered op with a signature and no command of its own
+/// (registered under `run-op` by register_run_op).
+void register_run_op_generic(CLI::App& run_op);
+/// `tessera ops [--json]`: the registered ops, their signatures, devices and gradients.
+void register_ops_list(CLI::App& app);
 /// `tessera inspect FILE.h5` and `tessera scatter FILE.h5:/dataset`.
 void register_io_commands(CLI::App& app);
 /// `tessera generate gray-scott`: the sample data generator.

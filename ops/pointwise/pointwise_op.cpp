@@ -16,14 +16,33 @@
 #include "ops/pointwise/broadcast.hpp"
 #include "ops/pointwise/pointwise_cuda.hpp"
 #include "ops/pointwise/pointwise_math.hpp"
+#include "ops/pointwise/pointwise_ops.hpp"
 
 namespace tessera::ops {
 
 namespace {
 
+/// One line per unary op, for `tessera ops`.
+std::string unary_summary(const std::string& name) {
+  if (name == "relu") return "Elementwise max(x, 0)";
+  if (name == "gelu") return "Elementwise GELU (exact, erf form)";
+  if (name == "silu") return "Elementwise x * sigmoid(x)";
+  if (name == "tanh") return "Elementwise tanh";
+  if (name == "exp") return "Elementwise exp";
+  if (name == "scale") return "Elementwise factor * x (keeps Partial layouts)";
+  return "Elementwise " + name;
+}
+
 void register_unary(const UnaryMath& math) {
-  OpDef op;
-  op.name = math.name;
+  std::vector<OpAttr> attrs;
+  if (std::string(math.name) == "scale")
+    attrs.push_back(
+        {.name = "factor", .type = AttrType::float_scalar, .required = true, .doc = "the factor"});
+  OpDef op{.name = math.name,
+           .summary = unary_summary(math.name),
+           .inputs = {{.name = "x"}},
+           .outputs = {"y"},
+           .attrs = std::move(attrs)};
   op.rule = [&math](const std::vector<ShardSpec>& inputs, const OpAttrs&) {
     const ShardSpec layout = math.linear ? inputs[0] : without_partial(inputs[0]);
     return OpRule{{layout}, {std::nullopt}, {layout}};
@@ -82,9 +101,24 @@ OperandView operand_view(const Tensor& a, const Tensor& b, bool broadcast, const
   return OperandView{b.strides(), 0};
 }
 
+/// One line per binary op, for `tessera ops`.
+std::string binary_summary(const std::string& name) {
+  if (name == "bias_add") return "x[N, C, ...] + b[C] (b replicated, aligned with dim 1)";
+  const char* symbol = name == "add" ? "+" : name == "sub" ? "-" : name == "mul" ? "*" : "/";
+  return fmt::format("a {} b (b of a's shape, or broadcast numpy-style)", symbol);
+}
+
 void register_binary(const BinaryMath& math, const std::string& name, int64_t default_align) {
-  OpDef op;
-  op.name = name;
+  const bool bias = name == "bias_add";
+  OpDef op{.name = name,
+           .summary = binary_summary(name),
+           .inputs = {{.name = bias ? "x" : "a"}, {.name = "b"}},
+           .outputs = {"y"},
+           .attrs = {{.name = "align",
+                      .type = AttrType::int_scalar,
+                      .default_value = default_align,
+                      .doc = "the dim of the first input that b's first dim lines up with (-1: "
+                             "numpy's right alignment)"}}};
   auto attrs_with_align = [default_align](OpAttrs attrs) {
     if (default_align >= 0 && !attrs.has("align")) attrs.set("align", default_align);
     return attrs;
@@ -184,6 +218,40 @@ void register_pointwise_ops() {
   for (const BinaryMath& math : binary_math) register_binary(math, math.name, -1);
   // bias_add(x[N, C, ...], b[C]): add with b aligned to dim 1.
   register_binary(binary_math[0], "bias_add", 1);
+}
+
+ShardTensor relu(const ShardTensor& x) {
+  return apply_op("relu", {x})[0];
+}
+ShardTensor gelu(const ShardTensor& x) {
+  return apply_op("gelu", {x})[0];
+}
+ShardTensor silu(const ShardTensor& x) {
+  return apply_op("silu", {x})[0];
+}
+ShardTensor tanh(const ShardTensor& x) {
+  return apply_op("tanh", {x})[0];
+}
+ShardTensor exp(const ShardTensor& x) {
+  return apply_op("exp", {x})[0];
+}
+ShardTensor scale(const ShardTensor& x, double factor) {
+  return apply_op("scale", {x}, OpAttrs().set("factor", factor))[0];
+}
+ShardTensor add(const ShardTensor& a, const ShardTensor& b) {
+  return apply_op("add", {a, b})[0];
+}
+ShardTensor sub(const ShardTensor& a, const ShardTensor& b) {
+  return apply_op("sub", {a, b})[0];
+}
+ShardTensor mul(const ShardTensor& a, const ShardTensor& b) {
+  return apply_op("mul", {a, b})[0];
+}
+ShardTensor div(const ShardTensor& a, const ShardTensor& b) {
+  return apply_op("div", {a, b})[0];
+}
+ShardTensor bias_add(const ShardTensor& x, const ShardTensor& b) {
+  return apply_op("bias_add", {x, b})[0];
 }
 
 }  // namespace tessera::ops

@@ -12,6 +12,7 @@
 
 #include "ops/op_helpers.hpp"
 #include "ops/reduce/reduce_cuda.hpp"
+#include "ops/reduce/reduce_ops.hpp"
 
 namespace tessera::ops {
 
@@ -111,8 +112,19 @@ double count_of(const Shape& global, const std::vector<int64_t>& dims) {
 }
 
 void register_reduction(const std::string& name, bool mean) {
-  OpDef op;
-  op.name = name;
+  OpDef op{.name = name,
+           .summary = mean ? "Mean over dims (all when unset); exact on uneven shards"
+                           : "Sum over dims (all when unset); sharded reduced dims give "
+                             "Partial(sum)",
+           .inputs = {{.name = "x"}},
+           .outputs = {"y"},
+           .attrs = {{.name = "dims",
+                      .type = AttrType::int_list,
+                      .doc = "the dims reduced (negative count from the end); unset: every dim"},
+                     {.name = "keepdim",
+                      .type = AttrType::boolean,
+                      .default_value = int64_t{0},
+                      .doc = "keep reduced dims with extent 1"}}};
   op.rule = [name](const std::vector<ShardSpec>& inputs, const OpAttrs& attrs) {
     const std::vector<int64_t> dims = reduced_dims(inputs[0].global_shape, attrs, name);
     // Partial(sum) inputs stay partial (the reduction is linear); other partial ops reduce first.
@@ -162,8 +174,10 @@ void register_reduction(const std::string& name, bool mean) {
 }
 
 void register_mse_loss() {
-  OpDef op;
-  op.name = "mse_loss";
+  OpDef op{.name = "mse_loss",
+           .summary = "mean((a - b)^2) over every element: a scalar",
+           .inputs = {{.name = "a"}, {.name = "b"}},
+           .outputs = {"y"}};
   op.rule = [](const std::vector<ShardSpec>& inputs, const OpAttrs&) {
     check_arg(inputs.size() == 2 && inputs[0].global_shape == inputs[1].global_shape, "mse_loss",
               "needs two inputs of one shape, got {} and {}", inputs[0].global_shape,
@@ -216,6 +230,26 @@ void register_reduce_ops() {
   register_reduction("sum", false);
   register_reduction("mean", true);
   register_mse_loss();
+}
+
+namespace {
+ShardTensor reduction(const char* name, const ShardTensor& x, const std::vector<int64_t>& dims,
+                      bool keepdim) {
+  OpAttrs attrs;
+  if (!dims.empty()) attrs.set("dims", dims);
+  attrs.set("keepdim", int64_t{keepdim});
+  return apply_op(name, {x}, attrs)[0];
+}
+}  // namespace
+
+ShardTensor sum(const ShardTensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  return reduction("sum", x, dims, keepdim);
+}
+ShardTensor mean(const ShardTensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  return reduction("mean", x, dims, keepdim);
+}
+ShardTensor mse_loss(const ShardTensor& a, const ShardTensor& b) {
+  return apply_op("mse_loss", {a, b})[0];
 }
 
 }  // namespace tessera::ops
