@@ -44,7 +44,8 @@ inline void add_mesh_options(CLI::App& command, MeshOptions& options,
 void register_info(CLI::App& app);
 /// `tessera demo`: the main job (scatter, redistribute through layouts, gather, verify).
 void register_demo(CLI::App& app);
-/// `tessera run-op conv` (and `run-op na`): a sharded op on data from an HDF5 file.
+/// `tessera run-op conv` (and `run-op na`, and `run-op OP` for every other op with a
+/// signature): a sharded op on data from an HDF5 file.
 void register_run_op(CLI::App& app);
 /// `tessera run-op na` (registered under `run-op` by register_run_op).
 void register_run_op_na(CLI::App& run_op);

@@ -130,6 +130,9 @@ void run_generic(std::shared_ptr<Comm> world, const std::string& name,
     throw AgreedError(name, fmt::format("--device {}: {} has no cuda kernel (devices: {}); use "
                                         "--device cpu",
                                         options.device, name, fmt::join(op.devices(), ", ")));
+  if (options.backward && !op.backward)
+    throw AgreedError(name, fmt::format("--backward: {} is not differentiable (it has no backward)",
+                                        name));
   const OpAttrs attrs = agreed(name, [&] { return parse_attrs(name, op.attrs, options.attrs); });
   check_run_op_files(*world, options.in, options.out);
   const InputSurvey survey = survey_inputs(*world, op, options);
@@ -138,9 +141,13 @@ void run_generic(std::shared_ptr<Comm> world, const std::string& name,
   // replicated.
   const Shape& first = survey.shapes[0];
   const int64_t ndim = static_cast<int64_t>(first.size());
-  const auto [placements, extents] =
-      run_op_layout(mesh, options.layout.shard_dims, options.layout.extents, ndim, ndim);
   const std::vector<Placement> replicated(mesh.ndim(), Placement::replicate());
+  // One rank with no layout asked for: everything replicated (a scalar input included).
+  const bool single = mesh_size(mesh_shape) == 1 && options.layout.shard_dims.empty() &&
+                      options.layout.extents.empty();
+  const auto [placements, extents] =
+      single ? RunOpLayout{replicated, {}}
+             : run_op_layout(mesh, options.layout.shard_dims, options.layout.extents, ndim, ndim);
 
   const double start = now_seconds();
   Tape tape;
@@ -172,10 +179,14 @@ void run_generic(std::shared_ptr<Comm> world, const std::string& name,
       // The gradient's shape must be the output's (checked on rank 0, agreed everywhere).
       std::optional<std::string> mismatch;
       if (world->rank() == 0) {
-        const Shape shape = io::dataset_info(options.in, grad_name).shape;
-        if (shape != y.global_shape())
-          mismatch = fmt::format("{} has shape {} but output '{}' has shape {}", grad_name, shape,
-                                 op.outputs[o], y.global_shape());
+        try {
+          const Shape shape = io::dataset_info(options.in, grad_name).shape;
+          if (shape != y.global_shape())
+            mismatch = fmt::format("{} has shape {} but output '{}' has shape {}", grad_name,
+                                   shape, op.outputs[o], y.global_shape());
+        } catch (const Error& error) {
+          mismatch = untagged(error);
+        }
       }
       agree_on_error(*world, name, mismatch);
       const ShardTensor gy = io::scatter(options.in, grad_name, mesh, layout.placements,
