@@ -131,8 +131,8 @@ void run_generic(std::shared_ptr<Comm> world, const std::string& name,
                                         "--device cpu",
                                         options.device, name, fmt::join(op.devices(), ", ")));
   if (options.backward && !op.backward)
-    throw AgreedError(name, fmt::format("--backward: {} is not differentiable (it has no backward)",
-                                        name));
+    throw AgreedError(
+        name, fmt::format("--backward: {} is not differentiable (it has no backward)", name));
   const OpAttrs attrs = agreed(name, [&] { return parse_attrs(name, op.attrs, options.attrs); });
   check_run_op_files(*world, options.in, options.out);
   const InputSurvey survey = survey_inputs(*world, op, options);
@@ -182,8 +182,8 @@ void run_generic(std::shared_ptr<Comm> world, const std::string& name,
         try {
           const Shape shape = io::dataset_info(options.in, grad_name).shape;
           if (shape != y.global_shape())
-            mismatch = fmt::format("{} has shape {} but output '{}' has shape {}", grad_name,
-                                   shape, op.outputs[o], y.global_shape());
+            mismatch = fmt::format("{} has shape {} but output '{}' has shape {}", grad_name, shape,
+                                   op.outputs[o], y.global_shape());
         } catch (const Error& error) {
           mismatch = untagged(error);
         }

@@ -38,27 +38,22 @@ void register_unary(const UnaryMath& math) {
   if (std::string(math.name) == "scale")
     attrs.push_back(
         {.name = "factor", .type = AttrType::float_scalar, .required = true, .doc = "the factor"});
-  OpDef op{.name = math.name,
-           .summary = unary_summary(math.name),
-           .inputs = {{.name = "x"}},
-           .outputs = {"y"},
-           .attrs = std::move(attrs)};
-  op.rule = [&math](const std::vector<ShardSpec>& inputs, const OpAttrs&) {
+  RuleFn rule = [&math](const std::vector<ShardSpec>& inputs, const OpAttrs&) {
     const ShardSpec layout = math.linear ? inputs[0] : without_partial(inputs[0]);
     return OpRule{{layout}, {std::nullopt}, {layout}};
   };
-  op.cpu = [&math](const KernelContext& context, const std::vector<Tensor>& inputs) {
+  KernelFn cpu = [&math](const KernelContext& context, const std::vector<Tensor>& inputs) {
     require_floating_cpu(inputs[0], math.name);
     const double a = context.attrs.has("factor") ? context.attrs.get_double("factor") : 1.0;
     return std::vector<Tensor>{
         map_elements(inputs[0], [&](double x) { return math.forward(x, a); })};
   };
-  op.cuda = [&math](const KernelContext& context, const std::vector<Tensor>& inputs) {
+  KernelFn cuda = [&math](const KernelContext& context, const std::vector<Tensor>& inputs) {
     const double a = context.attrs.has("factor") ? context.attrs.get_double("factor") : 1.0;
     return std::vector<Tensor>{unary_forward_cuda(math.name, inputs[0], a, context.stream)};
   };
-  op.backward = [&math](const OpRecord& record,
-                        const std::vector<std::optional<ShardTensor>>& grads)
+  BackwardFn backward = [&math](const OpRecord& record,
+                                const std::vector<std::optional<ShardTensor>>& grads)
       -> std::vector<std::optional<ShardTensor>> {
     const double a = record.attrs.has("factor") ? record.attrs.get_double("factor") : 1.0;
     if (math.linear) {  // dx = f'(.) g in g's own layout
@@ -84,7 +79,15 @@ void register_unary(const UnaryMath& math) {
     return {ShardTensor(zip_elements(xy, g.to_local(), [](double d, double gv) { return d * gv; }),
                         x.mesh(), x.spec())};
   };
-  register_op(std::move(op));
+  register_op(OpDef{.name = math.name,
+                    .summary = unary_summary(math.name),
+                    .inputs = {{.name = "x"}},
+                    .outputs = {"y"},
+                    .attrs = std::move(attrs),
+                    .rule = std::move(rule),
+                    .cpu = std::move(cpu),
+                    .cuda = std::move(cuda),
+                    .backward = std::move(backward)});
 }
 
 /// Offset of b's dims inside a, from the attrs ("align": -1 = numpy right alignment).
@@ -110,21 +113,12 @@ std::string binary_summary(const std::string& name) {
 
 void register_binary(const BinaryMath& math, const std::string& name, int64_t default_align) {
   const bool bias = name == "bias_add";
-  OpDef op{.name = name,
-           .summary = binary_summary(name),
-           .inputs = {{.name = bias ? "x" : "a"}, {.name = "b"}},
-           .outputs = {"y"},
-           .attrs = {{.name = "align",
-                      .type = AttrType::int_scalar,
-                      .default_value = default_align,
-                      .doc = "the dim of the first input that b's first dim lines up with (-1: "
-                             "numpy's right alignment)"}}};
   auto attrs_with_align = [default_align](OpAttrs attrs) {
     if (default_align >= 0 && !attrs.has("align")) attrs.set("align", default_align);
     return attrs;
   };
-  op.rule = [&math, name, attrs_with_align](const std::vector<ShardSpec>& inputs,
-                                            const OpAttrs& given) {
+  RuleFn rule = [&math, name, attrs_with_align](const std::vector<ShardSpec>& inputs,
+                                                const OpAttrs& given) {
     check_arg(inputs.size() == 2, name, "expects 2 inputs, got {}", inputs.size());
     const OpAttrs attrs = attrs_with_align(given);
     const ShardSpec& a = inputs[0];
@@ -141,8 +135,8 @@ void register_binary(const BinaryMath& math, const std::string& name, int64_t de
                         std::vector<Placement>(b.mesh_shape.size(), Placement::replicate()));
     return OpRule{{layout, replicated}, {std::nullopt, std::nullopt}, {layout}};
   };
-  op.cpu = [&math, name, attrs_with_align](const KernelContext& context,
-                                           const std::vector<Tensor>& inputs) {
+  KernelFn cpu = [&math, name, attrs_with_align](const KernelContext& context,
+                                                 const std::vector<Tensor>& inputs) {
     require_floating_cpu(inputs[0], name);
     const Tensor& a = inputs[0];
     Tensor b = inputs[1];
@@ -155,8 +149,8 @@ void register_binary(const BinaryMath& math, const std::string& name, int64_t de
       b = expand_to_box(b, context.input_boxes[0], operand_offset(a_global, b_global, attrs, name));
     return std::vector<Tensor>{zip_elements(a, b, math.forward)};
   };
-  op.cuda = [name, attrs_with_align](const KernelContext& context,
-                                     const std::vector<Tensor>& inputs) {
+  KernelFn cuda = [name, attrs_with_align](const KernelContext& context,
+                                           const std::vector<Tensor>& inputs) {
     const Tensor& a = inputs[0];
     const Tensor& b = inputs[1];
     const OpAttrs attrs = attrs_with_align(context.attrs);
@@ -168,8 +162,9 @@ void register_binary(const BinaryMath& math, const std::string& name, int64_t de
         name, a, b, operand_view(a, b, broadcast, context.input_boxes[0], offset, name),
         context.stream)};
   };
-  op.backward = [&math, name, attrs_with_align](
-                    const OpRecord& record, const std::vector<std::optional<ShardTensor>>& grads)
+  BackwardFn backward = [&math, name, attrs_with_align](
+                            const OpRecord& record,
+                            const std::vector<std::optional<ShardTensor>>& grads)
       -> std::vector<std::optional<ShardTensor>> {
     const OpAttrs attrs = attrs_with_align(record.attrs);
     const ShardTensor& a = record.inputs[0];
@@ -208,7 +203,20 @@ void register_binary(const BinaryMath& math, const std::string& name, int64_t de
     return {grad_a, ShardTensor(reduce_to_operand(grad_b_local, b.global_shape(), box, offset),
                                 b.mesh(), partial_over_sharding(a.spec(), b.global_shape()))};
   };
-  register_op(std::move(op));
+  register_op(
+      OpDef{.name = name,
+            .summary = binary_summary(name),
+            .inputs = {{.name = bias ? "x" : "a"}, {.name = "b"}},
+            .outputs = {"y"},
+            .attrs = {{.name = "align",
+                       .type = AttrType::int_scalar,
+                       .default_value = default_align,
+                       .doc = "the dim of the first input that b's first dim lines up with (-1: "
+                              "numpy's right alignment)"}},
+            .rule = std::move(rule),
+            .cpu = std::move(cpu),
+            .cuda = std::move(cuda),
+            .backward = std::move(backward)});
 }
 
 }  // namespace
