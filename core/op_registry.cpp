@@ -18,7 +18,7 @@
 
 namespace tessera {
 
-void register_builtin_ops();  // ops/ops.cpp
+void register_builtin_ops();  // generated ops/builtin_ops.cpp (ops/CMakeLists.txt)
 
 namespace {
 
@@ -143,8 +143,10 @@ void register_op(OpDef op) {
   for (const OpAttr& attr : op.attrs) {
     check_arg(!(attr.required && attr.default_value), op.name,
               "attribute '{}' is required and has a default", attr.name);
-    if (attr.default_value)
-      check_attrs(op.name, op.attrs, OpAttrs().set(attr.name, *attr.default_value));
+    check_arg(!attr.default_value || attr_value_fits(*attr.default_value, attr.type), op.name,
+              "the default {} of attribute '{}' is not a {}",
+              attr.default_value ? attr_value_text(*attr.default_value) : "", attr.name,
+              attr_type_name(attr.type));
   }
   Registry& r = registry();
   std::lock_guard lock(r.mu);

@@ -49,8 +49,20 @@ std::optional<double> number_of(const std::string& text) {
   return value;
 }
 
-/// Whether `value` is stored as `type` wants (an int for a float too).
-bool holds_type(const AttrValue& value, AttrType type) {
+}  // namespace
+
+const char* attr_type_name(AttrType type) {
+  switch (type) {
+    case AttrType::int_scalar: return "int";
+    case AttrType::int_list: return "int list";
+    case AttrType::float_scalar: return "float";
+    case AttrType::boolean: return "bool";
+    case AttrType::string: return "string";
+  }
+  return "?";
+}
+
+bool attr_value_fits(const AttrValue& value, AttrType type) {
   switch (type) {
     case AttrType::int_scalar: return std::holds_alternative<int64_t>(value);
     case AttrType::boolean: {
@@ -63,19 +75,6 @@ bool holds_type(const AttrValue& value, AttrType type) {
     case AttrType::string: return std::holds_alternative<std::string>(value);
   }
   return false;
-}
-
-}  // namespace
-
-const char* attr_type_name(AttrType type) {
-  switch (type) {
-    case AttrType::int_scalar: return "int";
-    case AttrType::int_list: return "int list";
-    case AttrType::float_scalar: return "float";
-    case AttrType::boolean: return "bool";
-    case AttrType::string: return "string";
-  }
-  return "?";
 }
 
 std::string attr_value_text(const AttrValue& value) {
@@ -149,7 +148,7 @@ void check_attrs(const std::string& op, const std::vector<OpAttr>& attrs, const 
     const OpAttr* attr = find_attr(attrs, name);
     check_arg(attr != nullptr, op, "unknown attribute '{}' (attributes of {}: {})", name, op,
               declared_names(attrs));
-    check_arg(holds_type(value, attr->type), op, "attribute '{}' = {}: expected {} {}", name,
+    check_arg(attr_value_fits(value, attr->type), op, "attribute '{}' = {}: expected {} {}", name,
               attr_value_text(value),
               attr->type == AttrType::int_scalar || attr->type == AttrType::int_list ? "an" : "a",
               attr->type == AttrType::boolean ? "bool (0 or 1)" : attr_type_name(attr->type));

@@ -36,6 +36,10 @@ struct OpAttr {
   std::string doc{};  ///< one line: what it is, and what unset means when there is no default
 };
 
+/// Whether `value` is stored as an attribute of `type` is (an int for a float too; 0 or 1 for a
+/// bool).
+bool attr_value_fits(const AttrValue& value, AttrType type);
+
 /// `value` as a tool writes it: "3", "1,2", "0.5", "zeros" (lists comma-separated).
 std::string attr_value_text(const AttrValue& value);
 

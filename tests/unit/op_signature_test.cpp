@@ -53,7 +53,7 @@ TEST(OpSignature, EveryBuiltinOpIsRegisteredWithACompleteSignature) {
                 attr.default_value.has_value() || attr.doc.find("unset") != std::string::npos)
           << "required, with a default, or saying what unset means";
       if (attr.default_value) {
-        EXPECT_NO_THROW(check_attrs(name, op.attrs, OpAttrs().set(attr.name, *attr.default_value)));
+        EXPECT_TRUE(attr_value_fits(*attr.default_value, attr.type));
       }
     }
   }
@@ -163,6 +163,40 @@ TEST(OpSignature, ApplyOpRefusesAttributesOutsideTheSignatureOnEveryRank) {
     EXPECT_NO_THROW(apply_op("scale", {x}, OpAttrs().set("factor", int64_t{2})));
     EXPECT_NO_THROW(apply_op("sum", {x}, OpAttrs().set("dims", std::vector<int64_t>{1})));
   });
+}
+
+TEST(OpSignature, AnOpWithRequiredAndDefaultedAttributesRegistersAndChecksCalls) {
+  register_op(OpDef{
+      .name = "test_signature_pool",
+      .summary = "identity with a pool-like signature",
+      .inputs = {{.name = "x"}},
+      .outputs = {"y"},
+      .attrs = {{.name = "kernel_size", .type = AttrType::int_list, .required = true, .doc = "k"},
+                {.name = "ceil_mode",
+                 .type = AttrType::boolean,
+                 .default_value = int64_t{0},
+                 .doc = "round up"}},
+      .cpu = [](const KernelContext&, const std::vector<Tensor>& inputs) { return inputs; }});
+  const OpDef& op = *find_op("test_signature_pool");
+  EXPECT_NO_THROW(
+      check_attrs(op.name, op.attrs, OpAttrs().set("kernel_size", std::vector<int64_t>{2})));
+  const std::string message =
+      error_of([&] { check_attrs(op.name, op.attrs, OpAttrs().set("ceil_mode", int64_t{1})); });
+  EXPECT_NE(message.find("[test_signature_pool] missing required attribute 'kernel_size'"),
+            std::string::npos)
+      << message;
+  const std::string bad_default = error_of([] {
+    register_op(OpDef{.name = "test_bad_default",
+                      .inputs = {{.name = "x"}},
+                      .outputs = {"y"},
+                      .attrs = {{.name = "p",
+                                 .type = AttrType::float_scalar,
+                                 .default_value = std::string("half"),
+                                 .doc = "d"}}});
+  });
+  EXPECT_NE(bad_default.find("[test_bad_default] the default half of attribute 'p' is not a float"),
+            std::string::npos)
+      << bad_default;
 }
 
 TEST(OpSignature, RegisterOpRefusesAnOptionalInputBeforeARequiredOne) {
