@@ -3,6 +3,7 @@
 // some ranks waiting in a collective that the failing rank never reaches.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -28,5 +29,12 @@ namespace tessera {
 /// otherwise every rank throws AgreedError naming two ranks that differ and what they passed.
 void agree_on_description(Comm& comm, const std::string& op, const std::string& what,
                           const std::string& description);
+
+/// Collective: agree_on_error, then agree_on_description of `description()` (not called on a
+/// rank that passes an error), in one small all_reduce when every rank passes.
+void agree_on_error_and_description(Comm& comm, const std::string& op,
+                                    const std::optional<std::string>& error,
+                                    const std::string& what,
+                                    const std::function<std::string()>& description);
 
 }  // namespace tessera

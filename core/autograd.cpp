@@ -3,7 +3,9 @@
 
 #include <fmt/format.h>
 
+#include <mutex>
 #include <set>
+#include <utility>
 
 #include "core/tensor_arith.hpp"
 
@@ -12,6 +14,30 @@ namespace tessera {
 namespace {
 
 thread_local Tape* active_tape = nullptr;
+thread_local int no_grad_depth = 0;
+
+/// Hooks by leaf id, process-wide (ranks of the local backend are threads).
+struct HookRegistry {
+  std::mutex mutex;
+  uint64_t next_token = 1;
+  std::map<uint64_t, std::vector<std::pair<uint64_t, GradHook>>> hooks;
+};
+
+HookRegistry& hook_registry() {
+  static HookRegistry* registry = new HookRegistry;  // never destroyed: handles may outlive exit
+  return *registry;
+}
+
+/// The hooks registered for `leaf` now (copied: a hook may register or drop hooks).
+std::vector<GradHook> hooks_of(uint64_t leaf) {
+  HookRegistry& registry = hook_registry();
+  std::lock_guard lock(registry.mutex);
+  std::vector<GradHook> found;
+  auto it = registry.hooks.find(leaf);
+  if (it != registry.hooks.end())
+    for (const auto& [token, hook] : it->second) found.push_back(hook);
+  return found;
+}
 
 /// The layout of a gradient whose value is replicated where `spec` holds partial values: the
 /// gradient of every partial term of a sum is the gradient of the sum.
@@ -65,12 +91,18 @@ Tape::~Tape() {
   active_tape = previous_;
 }
 Tape* Tape::active() {
-  return active_tape;
+  return no_grad_depth > 0 ? nullptr : active_tape;
 }
 
 void Tape::record(OpRecord record) {
+  check_arg(!released_, record.op ? record.op->name : "backward",
+            "recording on a tape whose saved tensors a backward pass released (use a new Tape "
+            "per step, or backward with retain_graph)");
   for (const ShardTensor& input : record.inputs)
-    if (input.requires_grad() && !produced_.count(input.id())) leaves_.emplace(input.id(), input);
+    if (input.requires_grad() && !produced_.count(input.id())) {
+      leaves_.emplace(input.id(), input);
+      first_use_.emplace(input.id(), records_.size());
+    }
   for (const ShardTensor& output : record.outputs) produced_.insert(output.id());
   records_.push_back(std::move(record));
 }
@@ -85,17 +117,20 @@ ShardTensor add_same_shape(const ShardTensor& a, const ShardTensor& b) {
   return ShardTensor(sum, a.mesh(), a.spec());
 }
 
-void Tape::backward(const ShardTensor& loss) {
+void Tape::backward(const ShardTensor& loss, bool retain_graph) {
   check_arg(shape_numel(loss.global_shape()) == 1, "backward",
             "backward() needs a scalar loss, got global shape {}", loss.global_shape());
   const ShardSpec layout = gradient_layout(loss.spec(), "backward");
   Tensor ones = Tensor::empty(layout.local_shape(loss.mesh().coord()), loss.dtype(), loss.device());
   ones.fill(1);
-  backward(loss, ShardTensor(ones, loss.mesh(), layout));
+  backward(loss, ShardTensor(ones, loss.mesh(), layout), retain_graph);
 }
 
-void Tape::backward(const ShardTensor& output, const ShardTensor& output_grad) {
+void Tape::backward(const ShardTensor& output, const ShardTensor& output_grad, bool retain_graph) {
   CommOpScope scope("backward");
+  check_arg(!released_, "backward",
+            "a second backward pass through a tape whose saved tensors the first one released "
+            "(pass retain_graph = true to the first)");
   check_arg(output_grad.global_shape() == output.global_shape(), "backward",
             "gradient of global shape {} for an output of shape {}", output_grad.global_shape(),
             output.global_shape());
@@ -110,8 +145,30 @@ void Tape::backward(const ShardTensor& output, const ShardTensor& output_grad) {
     else
       it->second = add_same_shape(it->second, grad);
   };
+  // Leaves whose gradient is final once the record at each index has run backward.
+  std::map<size_t, std::vector<uint64_t>> final_after;
+  for (const auto& [id, index] : first_use_) final_after[index].push_back(id);
+  // Gives a leaf its gradient in its own layout (pending partial sums reduce here, once) and
+  // runs its hooks.
+  auto finalize = [&](uint64_t id) {
+    auto it = pending.find(id);
+    if (it == pending.end()) return;
+    const ShardTensor& leaf = leaves_.at(id);
+    const ShardSpec layout = gradient_layout(leaf.spec(), "backward");
+    ShardTensor grad = it->second.spec() == layout
+                           ? it->second
+                           : it->second.redistribute(layout.placements, layout.extents);
+    pending.erase(it);
+    auto existing = grads_.find(id);
+    if (existing == grads_.end())
+      grads_.emplace(id, grad);
+    else
+      existing->second = add_same_shape(existing->second, grad);
+    for (const GradHook& hook : hooks_of(id)) hook(grad);
+  };
   try {
-    for (auto record = records_.rbegin(); record != records_.rend(); ++record) {
+    for (size_t index = records_.size(); index-- > 0;) {
+      OpRecord* record = &records_[index];
       std::vector<std::optional<ShardTensor>> output_grads;
       bool any = false;
       for (const ShardTensor& output : record->outputs) {
@@ -124,35 +181,32 @@ void Tape::backward(const ShardTensor& output, const ShardTensor& output_grad) {
         pending.erase(it);
         any = true;
       }
-      if (!any) continue;
-      CommOpScope op_scope(record->op->name + " backward");
-      const auto input_grads = record->op->backward(*record, output_grads);
-      check_arg(input_grads.size() == record->inputs.size(), record->op->name,
-                "backward returned {} gradients for {} inputs", input_grads.size(),
-                record->inputs.size());
-      for (size_t i = 0; i < input_grads.size(); ++i)
-        if (input_grads[i] && record->inputs[i].requires_grad())
-          accumulate(record->inputs[i], *input_grads[i]);
-    }
-    // Leaves get their gradient in their own layout; pending partial sums reduce here, once.
-    for (const auto& [id, leaf] : leaves_) {
-      auto it = pending.find(id);
-      if (it == pending.end()) continue;
-      const ShardSpec layout = gradient_layout(leaf.spec(), "backward");
-      ShardTensor grad = it->second.spec() == layout
-                             ? it->second
-                             : it->second.redistribute(layout.placements, layout.extents);
-      auto existing = grads_.find(id);
-      if (existing == grads_.end())
-        grads_.emplace(id, grad);
-      else
-        existing->second = add_same_shape(existing->second, grad);
+      if (any) {
+        CommOpScope op_scope(record->op->name + " backward");
+        const auto input_grads = record->op->backward(*record, output_grads);
+        check_arg(input_grads.size() == record->inputs.size(), record->op->name,
+                  "backward returned {} gradients for {} inputs", input_grads.size(),
+                  record->inputs.size());
+        for (size_t i = 0; i < input_grads.size(); ++i)
+          if (input_grads[i] && record->inputs[i].requires_grad())
+            accumulate(record->inputs[i], *input_grads[i]);
+      }
+      // This record will not be read again: its saved tensors go now.
+      if (!retain_graph) {
+        record->inputs.clear();
+        record->kernel_inputs.clear();
+        record->plans.clear();
+        record->outputs.clear();
+      }
+      if (auto final = final_after.find(index); final != final_after.end())
+        for (uint64_t id : final->second) finalize(id);
     }
   } catch (...) {
     active_tape = previous;
     throw;
   }
   active_tape = previous;
+  if (!retain_graph) released_ = true;
 }
 
 std::optional<ShardTensor> Tape::grad(const ShardTensor& leaf) const {
@@ -161,15 +215,49 @@ std::optional<ShardTensor> Tape::grad(const ShardTensor& leaf) const {
   return it->second;
 }
 
-ShardTensor redistribute_recorded(const ShardTensor& x, const ShardSpec& target) {
-  if (target == x.spec()) return x;
-  ShardTensor y = x.redistribute(target.placements, target.extents);
+void record_redistribute(const ShardTensor& x, ShardTensor& y) {
   Tape* tape = Tape::active();
-  if (tape && x.requires_grad()) {
-    y.set_requires_grad(true);
-    tape->record(OpRecord{redistribute_op(), {}, {}, {x}, {}, {}, {y}});
+  if (!tape || !x.requires_grad()) return;
+  y.set_requires_grad(true);
+  tape->record(OpRecord{redistribute_op(), {}, {}, {x}, {}, {}, {y}});
+}
+
+NoGrad::NoGrad() {
+  ++no_grad_depth;
+}
+
+NoGrad::~NoGrad() {
+  --no_grad_depth;
+}
+
+GradHookHandle register_grad_hook(uint64_t leaf, GradHook hook) {
+  HookRegistry& registry = hook_registry();
+  std::lock_guard lock(registry.mutex);
+  const uint64_t token = registry.next_token++;
+  registry.hooks[leaf].emplace_back(token, std::move(hook));
+  return GradHookHandle(leaf, token);
+}
+
+GradHookHandle::~GradHookHandle() {
+  if (token_ == 0) return;
+  HookRegistry& registry = hook_registry();
+  std::lock_guard lock(registry.mutex);
+  auto it = registry.hooks.find(leaf_);
+  if (it == registry.hooks.end()) return;
+  std::erase_if(it->second, [&](const auto& entry) { return entry.first == token_; });
+  if (it->second.empty()) registry.hooks.erase(it);
+}
+
+GradHookHandle::GradHookHandle(GradHookHandle&& other) noexcept
+    : leaf_(other.leaf_), token_(std::exchange(other.token_, 0)) {}
+
+GradHookHandle& GradHookHandle::operator=(GradHookHandle&& other) noexcept {
+  if (this != &other) {
+    GradHookHandle dropped(std::move(*this));
+    leaf_ = other.leaf_;
+    token_ = std::exchange(other.token_, 0);
   }
-  return y;
+  return *this;
 }
 
 }  // namespace tessera

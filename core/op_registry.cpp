@@ -89,8 +89,7 @@ std::vector<ShardTensor> apply_fallback(const std::shared_ptr<const OpDef>& defi
   context.stream = compute_stream_for(context.device);
   std::vector<Tensor> locals;
   for (const ShardTensor& input : inputs) {
-    full.push_back(redistribute_recorded(
-        input, ShardSpec::make(input.global_shape(), mesh.shape(), replicated)));
+    full.push_back(input.redistribute(replicated));
     context.input_specs.push_back(full.back().spec());
     context.input_boxes.push_back(Box::of_shape(input.global_shape()));
     locals.push_back(full.back().to_local());
@@ -120,7 +119,7 @@ std::vector<ShardTensor> apply_fallback(const std::shared_ptr<const OpDef>& defi
     const ShardSpec target = ShardSpec::make(output.global_shape(), mesh.shape(),
                                              without_partial_placements(inputs[0].placements()),
                                              inputs[0].spec().extents);
-    outputs.push_back(redistribute_recorded(output, target));
+    outputs.push_back(output.redistribute(target.placements, target.extents));
   }
   return outputs;
 }
@@ -264,9 +263,10 @@ std::vector<ShardTensor> apply_op(const std::string& name, const std::vector<Sha
   // 1. Inputs in the layouts the rule asks for (recorded, so gradients flow back).
   std::vector<ShardTensor> ready;
   for (size_t i = 0; i < inputs.size(); ++i)
-    ready.push_back(inputs[i].spec() == rule.inputs[i]
-                        ? inputs[i]
-                        : redistribute_recorded(inputs[i], rule.inputs[i]));
+    ready.push_back(
+        inputs[i].spec() == rule.inputs[i]
+            ? inputs[i]
+            : inputs[i].redistribute(rule.inputs[i].placements, rule.inputs[i].extents));
   // 2. Halos: start every exchange, then finish them.
   KernelContext context{mesh, attrs, rule.inputs, {}, rule.outputs, {}, {}};
   context.device = inputs[0].device();

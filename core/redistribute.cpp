@@ -15,6 +15,7 @@
 
 #include <algorithm>
 
+#include "core/autograd.hpp"
 #include "core/shard_tensor.hpp"
 #include "core/shard_tensor_detail.hpp"
 
@@ -228,7 +229,9 @@ ShardTensor ShardTensor::redistribute(std::vector<Placement> placements,
   if (zero) {
     local = Tensor::zeros(local.shape(), local.dtype(), local.device());
   }
-  return ShardTensor(local, mesh_, target);
+  ShardTensor result(local, mesh_, target);
+  record_redistribute(*this, result);  // differentiable whenever a tape records
+  return result;
 }
 
 }  // namespace tessera

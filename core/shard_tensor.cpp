@@ -8,6 +8,7 @@
 #include <atomic>
 
 #include "core/agree.hpp"
+#include "core/autograd.hpp"
 #include "core/shard_tensor_detail.hpp"
 
 namespace tessera {
@@ -27,9 +28,9 @@ ShardSpec make_agreed_spec(const DeviceMesh& mesh, const std::string& op, const 
     const std::string text = error.what();
     problem = text.substr(text.find("] ") + 2);
   }
-  agree_on_error(mesh.comm(), op, problem);
-  agree_on_description(mesh.comm(), op, "layout",
-                       fmt::format("{} {}", dtype_name(dtype), spec->str()));
+  agree_on_error_and_description(mesh.comm(), op, problem, "layout", [&] {
+    return fmt::format("{} {}", dtype_name(dtype), spec->str());
+  });
   return *spec;
 }
 
@@ -176,12 +177,14 @@ ShardTensor ShardTensor::distribute(const Tensor& replicated, DeviceMesh mesh,
 }
 
 Tensor ShardTensor::full_tensor() const {
+  NoGrad plain_values;  // a plain Tensor: nothing for a tape to record
   std::vector<Placement> replicated(mesh_.ndim(), Placement::replicate());
   return redistribute(replicated).to_local();
 }
 
 Tensor ShardTensor::gather(int root) const {
   CommOpScope scope("gather");
+  NoGrad plain_values;
   Comm& comm = mesh_.comm();
   check_arg(root >= 0 && root < comm.size(), "gather", "root {} outside a mesh of {} ranks", root,
             comm.size());

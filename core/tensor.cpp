@@ -61,6 +61,7 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, Shape shape, std::vector<int64_
                int64_t offset, DType dtype)
     : storage_(std::move(storage)),
       shape_(std::move(shape)),
+      numel_(shape_numel(shape_)),
       strides_(std::move(strides)),
       offset_(offset),
       dtype_(dtype),
@@ -106,13 +107,16 @@ Tensor Tensor::slice(int dim, int64_t start, int64_t stop) const {
 }
 
 Tensor Tensor::view_box(const Box& box) const {
-  check_arg(static_cast<int>(box.ndim()) == ndim(), "tensor", "{}-d box {} on a {}-d tensor",
-            box.ndim(), box.str(), ndim());
+  // The messages are formatted only on failure: views are made on every copy path.
+  if (static_cast<int>(box.ndim()) != ndim())
+    throw InvalidArgument(
+        "tensor", fmt::format("{}-d box {} on a {}-d tensor", box.ndim(), box.str(), ndim()));
   int64_t offset = offset_;
   Shape shape(ndim());
   for (int d = 0; d < ndim(); ++d) {
-    check_arg(0 <= box.lo[d] && box.lo[d] <= box.hi[d] && box.hi[d] <= shape_[d], "tensor",
-              "box {} is outside the tensor shape {}", box.str(), shape_);
+    if (!(0 <= box.lo[d] && box.lo[d] <= box.hi[d] && box.hi[d] <= shape_[d]))
+      throw InvalidArgument(
+          "tensor", fmt::format("box {} is outside the tensor shape {}", box.str(), shape_));
     offset += box.lo[d] * strides_[d];
     shape[d] = box.hi[d] - box.lo[d];
   }
@@ -196,8 +200,8 @@ void copy_strided_host(void* dst, const int64_t* dst_strides, const void* src,
 }
 
 void Tensor::copy_from(const Tensor& source) {
-  check_arg(source.shape_ == shape_ && source.dtype_ == dtype_, "tensor", "copy of {} into {}",
-            source.str(), str());
+  if (source.shape_ != shape_ || source.dtype_ != dtype_)  // formatted only on failure
+    throw InvalidArgument("tensor", fmt::format("copy of {} into {}", source.str(), str()));
   if (numel() == 0) return;
   if (device_ == source.device_) {
     backend_for(device_).copy(strided_ref(*this), strided_ref(source), element_size(),

@@ -61,7 +61,8 @@ class Tensor {
   int ndim() const { return static_cast<int>(shape_.size()); }
   DType dtype() const { return dtype_; }
   Device device() const { return device_; }
-  int64_t numel() const { return shape_numel(shape_); }
+  /// Elements (computed once, checked against overflow, when the tensor is made).
+  int64_t numel() const { return numel_; }
   size_t element_size() const { return dtype_size(dtype_); }
   size_t nbytes() const { return static_cast<size_t>(numel()) * element_size(); }
   /// True when the elements are laid out row-major with no gaps.
@@ -109,6 +110,7 @@ class Tensor {
 
   std::shared_ptr<Storage> storage_;
   Shape shape_;
+  int64_t numel_ = 0;  // shape_numel(shape_)
   std::vector<int64_t> strides_;
   int64_t offset_ = 0;  // in elements, from the start of storage_
   DType dtype_ = DType::f32;

@@ -18,5 +18,6 @@
 #include "core/layout.hpp"
 #include "core/op_attrs.hpp"
 #include "core/op_registry.hpp"
+#include "core/parameter.hpp"
 #include "core/shard_tensor.hpp"
 #include "core/tensor.hpp"

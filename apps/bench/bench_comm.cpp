@@ -1,12 +1,15 @@
 // `tessera bench comm`: all_gather_v, all_to_all_v and ShardTensor.redistribute (S(0)->R and
-// S(0)->S(1)) on uneven extents over a size sweep, beside the raw MPI collective moving the same
-// bytes (under mpiexec) or Tessera's own collective (local backend). The global tensor is
-// [rows, 256] f32; rank r's share of a split is proportional to 2 for even r and 1 for odd r.
+// S(0)->S(1)) on uneven extents over a size sweep, beside the raw MPI code moving the same bytes
+// (under mpiexec: MPI_Allgatherv, MPI_Alltoallv, and the hand-written pack + MPI_Alltoallv +
+// unpack that S(0)->S(1) is judged against) or Tessera's own collective (local backend). The
+// global tensor is [rows, 256] f32; rank r's share of a split is proportional to 2 for even r
+// and 1 for odd r.
 #include <fmt/format.h>
 
-#include <iostream>
+#include <functional>
+#include <nlohmann/json.hpp>
 
-#include "apps/bench/bench_table.hpp"
+#include "apps/bench/bench_harness.hpp"
 #include "apps/bench/mpi_baseline.hpp"
 #include "apps/tessera/commands.hpp"
 #include "core/tessera.hpp"
@@ -60,6 +63,23 @@ std::vector<int> to_int_counts(const std::vector<size_t>& counts) {
   return std::vector<int>(counts.begin(), counts.end());
 }
 
+/// Adds a row of `op` taking `seconds` per iteration on the `bytes` global tensor; `baseline`
+/// (0: none) is the seconds of the row named `baseline_op` it is judged against.
+void add_row(bench::BenchTable& table, const std::string& op, size_t bytes, double bus_factor,
+             double seconds, int64_t wrong, double baseline = 0,
+             const std::string& baseline_op = "") {
+  const double algbw = static_cast<double>(bytes) / seconds / 1e9;
+  nlohmann::json row{{"op", op},
+                     {"bytes", bytes},
+                     {"time_us", seconds * 1e6},
+                     {"algbw_GBps", algbw},
+                     {"busbw_GBps", algbw * bus_factor},
+                     {"wrong", wrong},
+                     {"vs_baseline", baseline > 0 ? seconds / baseline : 0.0}};
+  if (baseline > 0) row["baseline_op"] = baseline_op;
+  table.add(std::move(row));
+}
+
 void bench_size(std::shared_ptr<Comm> world, const DeviceMesh& mesh, size_t bytes,
                 const CommBenchOptions& options, bench::BenchTable& table) {
   const int parts = world->size();
@@ -78,6 +98,13 @@ void bench_size(std::shared_ptr<Comm> world, const DeviceMesh& mesh, size_t byte
   const double bus_factor = parts > 1 ? double(parts - 1) / parts : 1.0;
 
   const Device device = current_rank_context().device();
+  auto timed = [&](const std::function<void()>& body) {
+    return bench::time_collective(*world, device, warmup, iterations, body);
+  };
+  auto row = [&](const std::string& op, double seconds, int64_t wrong, double baseline = 0,
+                 const std::string& baseline_op = "") {
+    add_row(table, op, global_bytes, bus_factor, seconds, wrong, baseline, baseline_op);
+  };
   Tensor host_local = Tensor::empty({row_extents[me], kCols}, DType::f32);
   for (int64_t i = 0; i < row_extents[me]; ++i)
     for (int64_t j = 0; j < kCols; ++j)
@@ -90,44 +117,40 @@ void bench_size(std::shared_ptr<Comm> world, const DeviceMesh& mesh, size_t byte
   auto host_floats = [](const Tensor& t) { return t.to(Device::cpu()); };
   const ShardTensor sharded =
       ShardTensor::from_local(local, mesh, {rows, kCols}, {Placement::shard(0)}, {row_extents});
-  auto add_row = [&](const std::string& op, double seconds, int64_t wrong, double baseline) {
-    const double algbw = global_bytes / seconds / 1e9;
-    table.add({op, global_bytes, seconds * 1e6, algbw, algbw * bus_factor, wrong,
-               baseline > 0 ? seconds / baseline : 0.0});
-  };
+  const bool raw = bench::raw_mpi_available() && device.is_cpu();
 
   // --- Shard(0) -> Replicate: all_gather_v.
   std::vector<size_t> gather_counts(parts);
   for (int p = 0; p < parts; ++p) gather_counts[p] = static_cast<size_t>(row_extents[p] * kCols);
   Tensor gathered = buffer(static_cast<size_t>(rows * kCols));
-  const double comm_gather = bench::time_iterations(*world, warmup, iterations, [&] {
+  const double comm_gather = timed([&] {
     world->all_gather_v(local.raw_data(), gather_counts[me], gathered.raw_data(), gather_counts,
                         DType::f32);
   });
-  add_row("all_gather_v", comm_gather,
-          total_wrong(*world, count_wrong(host_floats(gathered).data<float>(), 0, rows, 0, kCols)),
-          0);
+  row("all_gather_v", comm_gather,
+      total_wrong(*world, count_wrong(host_floats(gathered).data<float>(), 0, rows, 0, kCols)));
   double gather_baseline = comm_gather;
-  if (bench::raw_mpi_available() && device.is_cpu()) {
+  std::string gather_baseline_op = "all_gather_v";
+  if (raw) {
     std::vector<float> gathered(static_cast<size_t>(rows * kCols));
     const std::vector<int> counts = to_int_counts(gather_counts);
     const std::vector<int> displs = to_int_counts(displacements_of(gather_counts));
     std::fill(gathered.begin(), gathered.end(), -1.0f);
-    gather_baseline = bench::time_iterations(*world, warmup, iterations, [&] {
+    gather_baseline = timed([&] {
       bench::raw_all_gather_v(local.data<float>(), counts[me], gathered.data(), counts.data(),
                               displs.data());
     });
-    add_row("raw MPI_Allgatherv", gather_baseline,
-            total_wrong(*world, count_wrong(gathered.data(), 0, rows, 0, kCols)), 0);
+    gather_baseline_op = "raw MPI_Allgatherv";
+    row(gather_baseline_op, gather_baseline,
+        total_wrong(*world, count_wrong(gathered.data(), 0, rows, 0, kCols)));
   }
   ShardTensor replicated = sharded;
-  const double redistribute_gather = bench::time_iterations(*world, warmup, iterations, [&] {
-    replicated = sharded.redistribute({Placement::replicate()});
-  });
-  add_row("redistribute S(0)->R", redistribute_gather,
-          total_wrong(*world, count_wrong(host_floats(replicated.to_local()).data<float>(), 0, rows,
-                                          0, kCols)),
-          gather_baseline);
+  const double redistribute_gather =
+      timed([&] { replicated = sharded.redistribute({Placement::replicate()}); });
+  row("redistribute S(0)->R", redistribute_gather,
+      total_wrong(*world,
+                  count_wrong(host_floats(replicated.to_local()).data<float>(), 0, rows, 0, kCols)),
+      gather_baseline, gather_baseline_op);
 
   // --- Shard(0) -> Shard(1): all_to_all_v of the boxes that change owner.
   std::vector<size_t> send_counts(parts), recv_counts(parts);
@@ -149,54 +172,71 @@ void bench_size(std::shared_ptr<Comm> world, const DeviceMesh& mesh, size_t byte
                            col_offsets[me], col_extents[me]);
     return total_wrong(*world, wrong);
   };
-  const double comm_all_to_all = bench::time_iterations(*world, warmup, iterations, [&] {
+  // The S(1) result [rows, cols_me] on this rank.
+  auto check_transposed = [&](const float* values) {
+    return total_wrong(*world, count_wrong(values, 0, rows, col_offsets[me], col_extents[me]));
+  };
+  const double comm_all_to_all = timed([&] {
     world->all_to_all_v(send_tensor.raw_data(), send_counts, send_displs, recv_tensor.raw_data(),
                         recv_counts, recv_displs, DType::f32);
   });
-  add_row("all_to_all_v", comm_all_to_all, check_received(host_floats(recv_tensor).data<float>()),
-          0);
+  row("all_to_all_v", comm_all_to_all, check_received(host_floats(recv_tensor).data<float>()));
   double all_to_all_baseline = comm_all_to_all;
-  if (bench::raw_mpi_available() && device.is_cpu()) {
+  std::string all_to_all_baseline_op = "all_to_all_v";
+  if (raw) {
+    // The bare collective on pre-packed buffers, for reference.
     const Tensor host_send = host_floats(send_tensor);
     const float* send_buffer = host_send.data<float>();
-    std::vector<float> recv_buffer(recv_displs.back() + recv_counts.back());
-    auto check_all_to_all = [&] { return check_received(recv_buffer.data()); };
+    std::vector<float> recv_buffer(recv_displs.back() + recv_counts.back(), -1.0f);
     const auto scounts = to_int_counts(send_counts), sdispls = to_int_counts(send_displs);
     const auto rcounts = to_int_counts(recv_counts), rdispls = to_int_counts(recv_displs);
-    std::fill(recv_buffer.begin(), recv_buffer.end(), -1.0f);
-    all_to_all_baseline = bench::time_iterations(*world, warmup, iterations, [&] {
+    const double raw_all_to_all = timed([&] {
       bench::raw_all_to_all_v(send_buffer, scounts.data(), sdispls.data(), recv_buffer.data(),
                               rcounts.data(), rdispls.data());
     });
-    add_row("raw MPI_Alltoallv", all_to_all_baseline, check_all_to_all(), 0);
+    row("raw MPI_Alltoallv", raw_all_to_all, check_received(recv_buffer.data()));
+    // The baseline: the same bytes from the [rows_me, 256] piece to the [rows, cols_me] piece
+    // by hand, buffers made once outside the timed loop.
+    bench::RawTranspose transpose = bench::make_raw_transpose(me, row_offsets, col_offsets);
+    all_to_all_baseline =
+        timed([&] { bench::raw_pack_all_to_all_unpack(local.data<float>(), transpose); });
+    all_to_all_baseline_op = "pack+MPI_Alltoallv+unpack";
+    row(all_to_all_baseline_op, all_to_all_baseline, check_transposed(transpose.result.data()));
   }
   ShardTensor transposed = sharded;
-  const double redistribute_all_to_all = bench::time_iterations(*world, warmup, iterations, [&] {
-    transposed = sharded.redistribute({Placement::shard(1)}, {col_extents});
-  });
-  add_row("redistribute S(0)->S(1)", redistribute_all_to_all,
-          total_wrong(*world, count_wrong(host_floats(transposed.to_local()).data<float>(), 0, rows,
-                                          col_offsets[me], col_extents[me])),
-          all_to_all_baseline);
+  const double redistribute_all_to_all =
+      timed([&] { transposed = sharded.redistribute({Placement::shard(1)}, {col_extents}); });
+  row("redistribute S(0)->S(1)", redistribute_all_to_all,
+      check_transposed(host_floats(transposed.to_local()).data<float>()), all_to_all_baseline,
+      all_to_all_baseline_op);
 }
 
 void run_comm_bench(std::shared_ptr<Comm> world, const CommBenchOptions& options) {
   DeviceMesh mesh(world, {world->size()}, {"ranks"});
   const bool raw = bench::raw_mpi_available();
-  bench::BenchTable table(
-      fmt::format("tessera bench comm: {} ranks, {} backend, {} buffers, baseline: {}",
-                  world->size(), world->backend(), current_rank_context().device().str(),
-                  raw ? "raw MPI collective" : "Tessera's own collective"),
-      !options.json, world->rank());
+  bench::BenchReport report("comm", options.json,
+                            bench::is_reporter(backend_from_env(), world.get()));
+  report.set("backend", world->backend());
+  report.set("ranks", world->size());
+  report.set("baseline", raw ? "raw_mpi" : "tessera_comm");
+  report.set("device", options.device);
+  bench::BenchTable& table = report.table(
+      "rows",
+      fmt::format(
+          "tessera bench comm: {} ranks, {} backend, {} buffers, baseline: {}", world->size(),
+          world->backend(), current_rank_context().device().str(),
+          raw ? "raw MPI (S(0)->S(1): pack+MPI_Alltoallv+unpack)" : "Tessera's own collective"),
+      {{"op", "op", "", 28},
+       {"bytes", "size", "B", 12},
+       {"time_us", "time", "us", 12, 1},
+       {"algbw_GBps", "algbw", "GB/s", 10, 2},
+       {"busbw_GBps", "busbw", "GB/s", 10, 2},
+       {"wrong", "#wrong", "", 8},
+       {"vs_baseline", "vs raw", "", 9, -1,
+        [](const nlohmann::json& row) { return bench::ratio_text(row, "vs_baseline"); }}});
   for (size_t bytes = options.min_bytes; bytes <= options.max_bytes; bytes *= 4)
     bench_size(world, mesh, bytes, options, table);
-  if (options.json && world->rank() == 0) {
-    nlohmann::json result{
-        {"benchmark", "comm"},      {"backend", world->backend()},
-        {"ranks", world->size()},   {"baseline", raw ? "raw_mpi" : "tessera_comm"},
-        {"device", options.device}, {"rows", table.json()}};
-    std::cout << result.dump(2) << "\n";
-  }
+  report.finish();
 }
 
 }  // namespace
@@ -206,7 +246,7 @@ void register_bench(CLI::App& app) {
   bench->require_subcommand(1);
   auto options = std::make_shared<CommBenchOptions>();
   auto* comm = bench->add_subcommand(
-      "comm", "all_gather_v, all_to_all_v and redistribute beside the raw MPI collectives");
+      "comm", "all_gather_v, all_to_all_v and redistribute beside the raw MPI code");
   comm->add_option("--min-bytes", options->min_bytes, "Smallest global tensor (bytes)")
       ->check(integer_at_least(1))
       ->capture_default_str();

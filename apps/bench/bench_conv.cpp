@@ -15,13 +15,11 @@
 
 #include <cmath>
 #include <functional>
-#include <iostream>
 #include <nlohmann/json.hpp>
 #include <thread>
 #include <utility>
 
-#include "apps/bench/bench_table.hpp"
-#include "apps/bench/gpu_timer.hpp"
+#include "apps/bench/bench_harness.hpp"
 #include "apps/tessera/cli_parse.hpp"
 #include "apps/tessera/commands.hpp"
 #include "core/compute_threads.hpp"
@@ -75,23 +73,6 @@ ShardTensor placed(const ShardTensor& t, Device device, DType dtype) {
   return ShardTensor(t.to_local().to_dtype(dtype).to(device), t.mesh(), t.spec());
 }
 
-/// Seconds per iteration of `body` on this rank: host clock on cpu, CUDA events on the rank's
-/// compute stream on cuda (one untimed warm-up run first: algorithms, plans, allocator).
-double time_on(Device device, int iterations, const std::function<void()>& body) {
-  body();
-  if (device.is_cpu()) {
-    const double start = now_seconds();
-    for (int i = 0; i < iterations; ++i) body();
-    return (now_seconds() - start) / iterations;
-  }
-  const Stream stream = compute_stream_for(device);
-  synchronize(stream);
-  bench::GpuTimer timer(stream);
-  timer.start();
-  for (int i = 0; i < iterations; ++i) body();
-  return timer.stop() / iterations;
-}
-
 struct ConvFigures {
   double forward = 0, forward_backward = 0, halo = 0;
   Tensor y;  // full output (rank 0, cpu) for the check
@@ -116,17 +97,18 @@ ConvFigures measure_local(std::shared_ptr<Comm> world, const Shape& x_shape, int
                                    std::vector<int64_t>(spatial, 1), 1};
   Tensor y = ops::conv_forward(x, w, &b, geometry);
   const Tensor gy = random_tensor(y.shape(), 14).to_dtype(dtype).to(device);
+  // One untimed run first: algorithms, plans, allocator.
+  auto timed = [&](const std::function<void()>& body) {
+    return bench::time_collective(*world, device, 1, iterations, body);
+  };
   ConvFigures figures;
-  figures.forward = time_on(device, iterations, [&] { y = ops::conv_forward(x, w, &b, geometry); });
-  figures.forward_backward = time_on(device, iterations, [&] {
+  figures.forward = timed([&] { y = ops::conv_forward(x, w, &b, geometry); });
+  figures.forward_backward = timed([&] {
     y = ops::conv_forward(x, w, &b, geometry);
     ops::conv_backward_data(gy, w, x.shape(), geometry);
     ops::conv_backward_weight(x, gy, w.shape(), geometry);
     ops::conv_backward_bias(gy);
   });
-  world->all_reduce(&figures.forward, &figures.forward, 1, DType::f64, ReduceOp::max);
-  world->all_reduce(&figures.forward_backward, &figures.forward_backward, 1, DType::f64,
-                    ReduceOp::max);
   return figures;
 }
 
@@ -149,11 +131,9 @@ ConvFigures measure(std::shared_ptr<Comm> world, const Shape& x_shape, int64_t k
   ops::ConvOptions same;
   same.padding_name = "same";
   ConvFigures figures;
+  // One untimed run first: algorithms, plans, allocator.
   auto timed = [&](const std::function<void()>& body) {
-    world->barrier();
-    double seconds = time_on(device, iterations, body);
-    world->all_reduce(&seconds, &seconds, 1, DType::f64, ReduceOp::max);
-    return seconds;
+    return bench::time_collective(*world, device, 1, iterations, body);
   };
   ShardTensor y = ops::conv(x, w, b, same);
   figures.forward = timed([&] { y = ops::conv(x, w, b, same); });
@@ -209,18 +189,30 @@ void run_conv_bench(const ConvBenchOptions& options_given) {
   const DType dtype = dtype_from_name(options.dtype);
   check_arg(dtype == DType::f32 || (cuda && (dtype == DType::bf16 || dtype == DType::f16)), "bench",
             "--dtype {} on {} (cpu: f32; cuda: f32, bf16, f16)", options.dtype, options.device);
-  nlohmann::json rows = nlohmann::json::array();
   const Backend backend = backend_from_env();
-  // Under mpiexec every process runs this function; only world rank 0 reports.
-  const bool reporter = backend != Backend::mpi || mpi_world()->rank() == 0;
-  if (!options.json && reporter)
-    fmt::print(
-        "# tessera bench conv: {} on {}, padding same, Cout = C, sharded along the first spatial "
-        "dim{}\n"
-        "# {:<22} {:>5} {:>7} {:>12} {:>9} {:>7} {:>14} {:>9} {:>7} {:>10} {:>7}\n",
-        options.dtype, options.device, options.no_comm ? ", local kernels only (--no-comm)" : "",
-        "shape N,C,spatial", "ranks", "threads", "forward ms", "GFLOP/s", "GB/s", "fwd+bwd ms",
-        "GFLOP/s", "GB/s", "halo ms", "#wrong");
+  // Under mpiexec every process runs this function; only the reporter prints.
+  bench::BenchReport report("conv", options.json, bench::is_reporter(backend));
+  report.set("device", options.device);
+  report.set("dtype", options.dtype);
+  report.set("comm", !options.no_comm);
+  report.set("backend", backend_name(backend));
+  bench::BenchTable& table = report.table(
+      "rows",
+      fmt::format("tessera bench conv: {} on {}, padding same, Cout = C, sharded along the first "
+                  "spatial dim{}",
+                  options.dtype, options.device,
+                  options.no_comm ? ", local kernels only (--no-comm)" : ""),
+      {{"shape", "shape", "N,C,spatial", 22},
+       {"ranks", "ranks", "", 5},
+       {"threads_per_rank", "threads", "", 7},
+       {"forward_ms", "forward", "ms", 12, 2},
+       {"forward_gflops", "forward", "GFLOP/s", 9, 1},
+       {"forward_gbps", "forward", "GB/s", 7, 1},
+       {"forward_backward_ms", "fwd+bwd", "ms", 12, 2},
+       {"forward_backward_gflops", "fwd+bwd", "GFLOP/s", 9, 1},
+       {"forward_backward_gbps", "fwd+bwd", "GB/s", 7, 1},
+       {"halo_ms", "halo", "ms", 10, 3},
+       {"wrong", "#wrong", "", 7}});
   for (const std::string& shape_text : options.shapes) {
     const Shape x_shape = parse_list(shape_text);
     check_arg(x_shape.size() >= 3 && x_shape.size() <= 5, "bench", "shape {} is not N,C,spatial..",
@@ -262,37 +254,26 @@ void run_conv_bench(const ConvBenchOptions& options_given) {
                       : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
                                         static_cast<int>(ranks));
       const double backward_flops = 3 * flops;  // forward + backward data + backward weight
-      if (!options.json && reporter)
-        fmt::print(
-            "  {:<22} {:>5} {:>7} {:>12.2f} {:>9.1f} {:>7.1f} {:>14.2f} {:>9.1f} {:>7.1f} "
-            "{:>10.3f} "
-            "{:>7}\n",
-            shape_text, ranks, used_threads, figures.forward * 1e3, flops / figures.forward / 1e9,
-            forward_bytes / figures.forward / 1e9, figures.forward_backward * 1e3,
-            backward_flops / figures.forward_backward / 1e9,
-            forward_backward_bytes / figures.forward_backward / 1e9, figures.halo * 1e3, wrong);
-      rows.push_back(
-          {{"shape", x_shape},
-           {"kernel", kernel},
-           {"device", options.device},
-           {"dtype", options.dtype},
-           {"comm", !options.no_comm},
-           {"ranks", ranks},
-           {"threads_per_rank", used_threads},
-           {"backend", backend_name(backend)},
-           {"forward_ms", figures.forward * 1e3},
-           {"forward_gflops", flops / figures.forward / 1e9},
-           {"forward_gbps", forward_bytes / figures.forward / 1e9},
-           {"forward_backward_ms", figures.forward_backward * 1e3},
-           {"forward_backward_gflops", backward_flops / figures.forward_backward / 1e9},
-           {"forward_backward_gbps", forward_backward_bytes / figures.forward_backward / 1e9},
-           {"halo_ms", figures.halo * 1e3},
-           {"halo_overlapped", 0.0},
-           {"wrong", wrong}});
+      table.add({{"shape", x_shape},
+                 {"kernel", kernel},
+                 {"device", options.device},
+                 {"dtype", options.dtype},
+                 {"comm", !options.no_comm},
+                 {"ranks", ranks},
+                 {"threads_per_rank", used_threads},
+                 {"backend", backend_name(backend)},
+                 {"forward_ms", figures.forward * 1e3},
+                 {"forward_gflops", flops / figures.forward / 1e9},
+                 {"forward_gbps", forward_bytes / figures.forward / 1e9},
+                 {"forward_backward_ms", figures.forward_backward * 1e3},
+                 {"forward_backward_gflops", backward_flops / figures.forward_backward / 1e9},
+                 {"forward_backward_gbps", forward_backward_bytes / figures.forward_backward / 1e9},
+                 {"halo_ms", figures.halo * 1e3},
+                 {"halo_overlapped", 0.0},
+                 {"wrong", wrong}});
     }
   }
-  if (options.json)
-    std::cout << nlohmann::json{{"benchmark", "conv"}, {"rows", rows}}.dump(2) << "\n";
+  report.finish();
 }
 
 }  // namespace

@@ -18,9 +18,9 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "apps/bench/bench_harness.hpp"
 #include "apps/tessera/cli_parse.hpp"
 #include "apps/tessera/commands.hpp"
 #include "core/host_allocator.hpp"
@@ -77,59 +77,62 @@ struct Measured {
   double others_mib = 0;  // largest peak growth of another rank's process (0 with one rank)
 };
 
+/// The report of one run: the table, printed by the reporter as rows come, and the JSON document.
 class IoBench {
  public:
-  IoBench(const IoBenchOptions& options, int64_t rows) : options_(options), rows_(rows) {}
+  IoBench(const IoBenchOptions& options, int64_t rows, Backend backend)
+      : options_(options), rows_(rows), report_("io", options.json, bench::is_reporter(backend)) {
+    report_.set("backend", backend_name(backend));
+    report_.set("staging_MiB", options.staging >> 20);
+  }
 
-  void header(const std::string& backend) const {
-    if (options_.json) return;
-    fmt::print(
-        "# tessera bench io: {} f32 [{}, 512, 512] ({:.2f} GiB), staging {} MiB, {} backend\n"
-        "# {:<36} {:>5} {:>9} {:>8} {:>10} {:>11} {:>12}\n",
-        options_.file, rows_, gib(), options_.staging >> 20, backend, "op", "ranks", "ms", "GiB/s",
-        "root MiB", "other MiB", "root budget");
+  /// Starts the table (prints its header).
+  void header() {
+    table_ = &report_.table(
+        "rows",
+        fmt::format("tessera bench io: {} f32 [{}, 512, 512] ({:.2f} GiB), staging {} MiB, {} "
+                    "backend",
+                    options_.file, rows_, gib(), options_.staging >> 20,
+                    report_.document()["backend"].get<std::string>()),
+        {{"op", "op", "", 36},
+         {"ranks", "ranks", "", 5},
+         {"ms", "time", "ms", 9, 1},
+         {"GiBps", "rate", "GiB/s", 8, 2},
+         {"root_peak_MiB", "root", "MiB", 10, 0},
+         {"other_peak_MiB", "other", "MiB", 11, 0},
+         {"root_budget_MiB", "root budget", "MiB", 12, -1, [](const nlohmann::json& row) {
+            if (!row.contains("root_budget_MiB")) return std::string("-");
+            return fmt::format("{:.0f} {}", row["root_budget_MiB"].get<double>(),
+                               row["root_within_budget"].get<bool>() ? "ok" : "OVER");
+          }}});
   }
 
   /// Adds one row; `root_budget_mib` (<= 0: none) is what rank 0 may hold by design.
   void report(const std::string& what, int ranks, const Measured& measured,
               double root_budget_mib) {
-    const double rate = gib() / measured.seconds;
-    if (!options_.json)
-      fmt::print("  {:<36} {:>5} {:>9.1f} {:>8.2f} {:>10.0f} {:>11.0f} {:>12}\n", what, ranks,
-                 measured.seconds * 1e3, rate, measured.root_mib, measured.others_mib,
-                 root_budget_mib > 0
-                     ? fmt::format("{:.0f} {}", root_budget_mib,
-                                   measured.root_mib <= root_budget_mib ? "ok" : "OVER")
-                     : std::string("-"));
     nlohmann::json row{{"op", what},
                        {"ranks", ranks},
                        {"ms", measured.seconds * 1e3},
-                       {"GiBps", rate},
+                       {"GiBps", gib() / measured.seconds},
                        {"root_peak_MiB", measured.root_mib},
                        {"other_peak_MiB", measured.others_mib}};
     if (root_budget_mib > 0) {
       row["root_budget_MiB"] = root_budget_mib;
       row["root_within_budget"] = measured.root_mib <= root_budget_mib;
     }
-    table_.push_back(std::move(row));
+    table_->add(std::move(row));
   }
 
-  void print_json(const std::string& backend) const {
-    if (options_.json)
-      std::cout << nlohmann::json{{"benchmark", "io"},
-                                  {"backend", backend},
-                                  {"rows", table_},
-                                  {"staging_MiB", options_.staging >> 20}}
-                       .dump(2)
-                << "\n";
-  }
+  /// Prints the JSON document (reporter with --json).
+  void finish() const { report_.finish(); }
 
   double gib() const { return static_cast<double>(rows_) / 1024.0; }
 
  private:
   const IoBenchOptions& options_;
   int64_t rows_;
-  nlohmann::json table_ = nlohmann::json::array();
+  bench::BenchReport report_;
+  bench::BenchTable* table_ = nullptr;
 };
 
 /// Collective: runs `body` twice on every rank of `world`; the first pass measures memory, the
@@ -156,12 +159,7 @@ Measured measure(Comm& world, bool processes_are_ranks, const std::function<void
     for (size_t r = 1; r < all.size(); ++r)
       measured.others_mib = std::max(measured.others_mib, all[r]);
   release();
-  world.barrier();
-  const double start = now_seconds();
-  body();
-  double seconds = now_seconds() - start;
-  world.all_reduce(&seconds, &seconds, 1, DType::f64, ReduceOp::max);
-  measured.seconds = seconds;
+  measured.seconds = bench::time_collective(world, Device::cpu(), 0, 1, body);
   return measured;
 }
 
@@ -228,7 +226,7 @@ void run_io_bench(const IoBenchOptions& options) {
       io::write_dataset(options.file, "data", values, {.truncate_file = true});
     }
   };
-  IoBench bench(options, rows);
+  IoBench bench(options, rows, backend);
   auto plain_read = [&](Comm* world) {
     // One process reads everything; under mpiexec only rank 0, the others wait.
     Measured measured;
@@ -238,9 +236,8 @@ void run_io_bench(const IoBenchOptions& options) {
         const Tensor all = io::read_dataset(options.file, "data");
         measured.root_mib = static_cast<double>(memory.growth()) / (1 << 20);
       }
-      const double start = now_seconds();
-      const Tensor all = io::read_dataset(options.file, "data");
-      measured.seconds = now_seconds() - start;
+      measured.seconds = bench::time_rank(
+          Device::cpu(), 0, 1, [&] { const Tensor all = io::read_dataset(options.file, "data"); });
       bench.report("plain read (one process)", 1, measured, 0);
     }
     if (world != nullptr) world->barrier();
@@ -250,26 +247,26 @@ void run_io_bench(const IoBenchOptions& options) {
     launch(Backend::mpi, 1, [&](std::shared_ptr<Comm> world) {
       if (world->rank() == 0) {
         prepare();
-        bench.header("mpi");
+        bench.header();
       }
       world->barrier();
       plain_read(world.get());
       run_world(options, bench, world, /*processes_are_ranks=*/true, rows);
       if (world->rank() == 0) {
-        bench.print_json("mpi");
+        bench.finish();
         if (!options.keep) std::filesystem::remove(options.file);
       }
     });
     return;
   }
   prepare();
-  bench.header("local");
+  bench.header();
   plain_read(nullptr);
   for (int ranks : rank_counts)
     launch(Backend::local, ranks, [&](std::shared_ptr<Comm> world) {
       run_world(options, bench, world, /*processes_are_ranks=*/false, rows);
     });
-  bench.print_json("local");
+  bench.finish();
   if (!options.keep) std::filesystem::remove(options.file);
 }
 

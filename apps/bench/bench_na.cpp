@@ -9,11 +9,11 @@
 #include <fmt/ranges.h>
 
 #include <cmath>
-#include <iostream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "apps/bench/bench_table.hpp"
+#include "apps/bench/bench_harness.hpp"
 #include "apps/tessera/cli_parse.hpp"
 #include "apps/tessera/commands.hpp"
 #include "core/compute_threads.hpp"
@@ -73,14 +73,9 @@ NaFigures measure(std::shared_ptr<Comm> world, const Shape& shape, int64_t kerne
   ShardTensor v = ShardTensor::distribute(random_tensor(shape, 23, dtype), mesh, sharded);
   ops::NaOptions options;
   options.kernel_size = {kernel};
-  auto timed = [&](auto&& body) {
-    body();  // warm-up: plans, allocator
-    world->barrier();
-    const double start = now_seconds();
-    for (int i = 0; i < iterations; ++i) body();
-    double seconds = (now_seconds() - start) / iterations;
-    world->all_reduce(&seconds, &seconds, 1, DType::f64, ReduceOp::max);
-    return seconds;
+  // One untimed run first: plans, allocator.
+  auto timed = [&](const std::function<void()>& body) {
+    return bench::time_collective(*world, Device::cpu(), 1, iterations, body);
   };
   NaFigures figures;
   ops::NaResult result = ops::neighborhood_attention(q, k, v, options);
@@ -136,11 +131,8 @@ KernelFigures measure_kernels(const Shape& shape, int64_t kernel, DType dtype, i
                                  1.0 / std::sqrt(static_cast<double>(shape.back()))};
   const ops::NaPieces whole{{0, 0}, {0, 0}};
   // The reference runs once (after a warm-up), the fast kernels `iterations` times.
-  auto timed = [&](int runs, auto&& body) {
-    body();
-    const double start = now_seconds();
-    for (int i = 0; i < runs; ++i) body();
-    return (now_seconds() - start) / runs;
+  auto timed = [&](int runs, const std::function<void()>& body) {
+    return bench::time_rank(Device::cpu(), 1, runs, body);
   };
   KernelFigures figures;
   ops::NaForward exact, fast;
@@ -171,17 +163,26 @@ void run_na_bench(const NaBenchOptions& options) {
   const DType dtype = dtype_from_name(options.dtype);
   check_arg(is_floating(dtype), "bench", "--dtype {} is not a floating dtype", options.dtype);
   const Backend backend = backend_from_env();
-  const bool reporter = backend != Backend::mpi || mpi_world()->rank() == 0;
+  const bool reporter = bench::is_reporter(backend);
   const Shape shape{options.batch, options.size, options.size, options.heads, options.dim};
-  nlohmann::json rows = nlohmann::json::array(), kernel_rows = nlohmann::json::array();
-  if (!options.json && reporter)
-    fmt::print(
-        "# tessera bench na: {}, 2-d [B, X, Y, heads, D], non-causal, dilation 1, sharded over "
-        "X and Y\n"
-        "# {:<18} {:>3} {:>6} {:>7} {:>12} {:>9} {:>14} {:>9} {:>7}\n",
-        dtype_name(dtype), "shape", "k", "ranks", "threads", "forward ms", "GFLOP/s", "fwd+bwd ms",
-        "GFLOP/s", "#wrong");
-  const std::string shape_text = fmt::format("{}", fmt::join(shape, ","));
+  bench::BenchReport report("na", options.json, reporter);
+  report.set("dtype", dtype_name(dtype));
+  report.set("backend", backend_name(backend));
+  report.set("kernels", nlohmann::json::array());  // the kernels table's rows, when it runs
+  bench::BenchTable& table = report.table(
+      "rows",
+      fmt::format("tessera bench na: {}, 2-d [B, X, Y, heads, D], non-causal, dilation 1, sharded "
+                  "over X and Y",
+                  dtype_name(dtype)),
+      {{"shape", "shape", "", 18},
+       {"kernel", "k", "", 3},
+       {"ranks", "ranks", "", 6},
+       {"threads_per_rank", "threads", "", 7},
+       {"forward_ms", "forward", "ms", 12, 2},
+       {"forward_gflops", "forward", "GFLOP/s", 9, 1},
+       {"forward_backward_ms", "fwd+bwd", "ms", 14, 2},
+       {"forward_backward_gflops", "fwd+bwd", "GFLOP/s", 9, 1},
+       {"wrong", "#wrong", "", 7}});
   for (int64_t kernel : parse_list(options.kernels)) {
     check_arg(kernel >= 1 && kernel <= options.size, "bench", "kernel {} does not fit size {}",
               kernel, options.size);
@@ -206,22 +207,17 @@ void run_na_bench(const NaBenchOptions& options) {
           threads > 0 ? threads
                       : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
                                         static_cast<int>(ranks));
-      if (!options.json && reporter)
-        fmt::print("  {:<18} {:>3} {:>6} {:>7} {:>12.2f} {:>9.1f} {:>14.2f} {:>9.1f} {:>7}\n",
-                   shape_text, kernel, ranks, used_threads, figures.forward * 1e3,
-                   flops / figures.forward / 1e9, figures.forward_backward * 1e3,
-                   backward_flops / figures.forward_backward / 1e9, wrong);
-      rows.push_back({{"shape", shape},
-                      {"kernel", kernel},
-                      {"dtype", dtype_name(dtype)},
-                      {"ranks", ranks},
-                      {"threads_per_rank", used_threads},
-                      {"backend", backend_name(backend)},
-                      {"forward_ms", figures.forward * 1e3},
-                      {"forward_gflops", flops / figures.forward / 1e9},
-                      {"forward_backward_ms", figures.forward_backward * 1e3},
-                      {"forward_backward_gflops", backward_flops / figures.forward_backward / 1e9},
-                      {"wrong", wrong}});
+      table.add({{"shape", shape},
+                 {"kernel", kernel},
+                 {"dtype", dtype_name(dtype)},
+                 {"ranks", ranks},
+                 {"threads_per_rank", used_threads},
+                 {"backend", backend_name(backend)},
+                 {"forward_ms", figures.forward * 1e3},
+                 {"forward_gflops", flops / figures.forward / 1e9},
+                 {"forward_backward_ms", figures.forward_backward * 1e3},
+                 {"forward_backward_gflops", backward_flops / figures.forward_backward / 1e9},
+                 {"wrong", wrong}});
     }
   }
   // Kernels alone, fast vs reference, on a size the reference finishes in seconds.
@@ -233,42 +229,44 @@ void run_na_bench(const NaBenchOptions& options) {
     const int threads = options.threads > 0
                             ? options.threads
                             : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-    const std::string small_text = fmt::format("{}", fmt::join(small, ","));
-    if (!options.json)
-      fmt::print(
-          "# kernels alone (1 rank, fast on {} thread(s), reference single-threaded in f64)\n"
-          "# {:<18} {:>3} {:>13} {:>9} {:>8} {:>13} {:>9} {:>8} {:>7}\n",
-          threads, "shape", "k", "ref fwd ms", "fast ms", "speedup", "ref f+b ms", "fast ms",
-          "speedup", "#wrong");
+    auto speedup = [](const char* reference, const char* fast) {
+      return [=](const nlohmann::json& row) {
+        return fmt::format("{:.0f}x", row[reference].get<double>() / row[fast].get<double>());
+      };
+    };
+    bench::BenchTable& kernels = report.table(
+        "kernels",
+        fmt::format("kernels alone (1 rank, fast on {} thread(s), reference single-threaded in "
+                    "f64)",
+                    threads),
+        {{"shape", "shape", "", 18},
+         {"kernel", "k", "", 3},
+         {"reference_forward_ms", "ref fwd", "ms", 13, 1},
+         {"fast_forward_ms", "fast fwd", "ms", 9, 2},
+         {"", "speedup", "", 8, -1, speedup("reference_forward_ms", "fast_forward_ms")},
+         {"reference_forward_backward_ms", "ref f+b", "ms", 13, 1},
+         {"fast_forward_backward_ms", "fast f+b", "ms", 9, 2},
+         {"", "speedup", "", 8, -1,
+          speedup("reference_forward_backward_ms", "fast_forward_backward_ms")},
+         {"wrong", "#wrong", "", 7}});
     for (int64_t kernel : parse_list(options.kernels)) {
       if (kernel > options.reference_size) continue;
       const KernelFigures f = measure_kernels(small, kernel, dtype, threads, options.iterations);
-      if (!options.json)
-        fmt::print(
-            "  {:<18} {:>3} {:>13.1f} {:>9.2f} {:>7.0f}x {:>13.1f} {:>9.2f} {:>7.0f}x {:>7}\n",
-            small_text, kernel, f.reference_forward * 1e3, f.fast_forward * 1e3,
-            f.reference_forward / f.fast_forward, f.reference_forward_backward * 1e3,
-            f.fast_forward_backward * 1e3, f.reference_forward_backward / f.fast_forward_backward,
-            f.wrong);
       const double flops = na_flops(small, kernel);
-      kernel_rows.push_back(
-          {{"shape", small},
-           {"kernel", kernel},
-           {"dtype", dtype_name(dtype)},
-           {"threads", threads},
-           {"reference_forward_ms", f.reference_forward * 1e3},
-           {"fast_forward_ms", f.fast_forward * 1e3},
-           {"fast_forward_gflops", flops / f.fast_forward / 1e9},
-           {"reference_forward_backward_ms", f.reference_forward_backward * 1e3},
-           {"fast_forward_backward_ms", f.fast_forward_backward * 1e3},
-           {"fast_forward_backward_gflops", 3.5 * flops / f.fast_forward_backward / 1e9},
-           {"wrong", f.wrong}});
+      kernels.add({{"shape", small},
+                   {"kernel", kernel},
+                   {"dtype", dtype_name(dtype)},
+                   {"threads", threads},
+                   {"reference_forward_ms", f.reference_forward * 1e3},
+                   {"fast_forward_ms", f.fast_forward * 1e3},
+                   {"fast_forward_gflops", flops / f.fast_forward / 1e9},
+                   {"reference_forward_backward_ms", f.reference_forward_backward * 1e3},
+                   {"fast_forward_backward_ms", f.fast_forward_backward * 1e3},
+                   {"fast_forward_backward_gflops", 3.5 * flops / f.fast_forward_backward / 1e9},
+                   {"wrong", f.wrong}});
     }
   }
-  if (options.json && reporter)
-    std::cout << nlohmann::json{{"benchmark", "na"}, {"rows", rows}, {"kernels", kernel_rows}}.dump(
-                     2)
-              << "\n";
+  report.finish();
 }
 
 }  // namespace

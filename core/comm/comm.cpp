@@ -2,7 +2,10 @@
 #include "core/comm/comm.hpp"
 
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <type_traits>
 
 #include "core/tensor.hpp"
@@ -45,30 +48,96 @@ size_t StridedBlock::count() const {
   return static_cast<size_t>(shape_numel(shape));
 }
 
+namespace {
+
+/// True when `block` is one dense run of memory (row-major over its non-unit dims).
+bool is_dense(const StridedBlock& block) {
+  int64_t expected = 1;
+  for (size_t d = block.shape.size(); d-- > 0;) {
+    if (block.shape[d] == 1) continue;
+    if (block.strides[d] != expected) return false;
+    expected *= block.shape[d];
+  }
+  return true;
+}
+
+/// The element displacements of `blocks` from their base when every non-empty block is dense
+/// and ends below INT_MAX elements, so all_to_all_v can move it in place; nullopt otherwise.
+std::optional<std::vector<size_t>> in_place_displacements(std::span<const StridedBlock> blocks) {
+  std::vector<size_t> displs(blocks.size(), 0);
+  for (size_t p = 0; p < blocks.size(); ++p) {
+    const size_t count = blocks[p].count();
+    if (count == 0) continue;
+    if (!is_dense(blocks[p]) || blocks[p].offset < 0 ||
+        static_cast<size_t>(blocks[p].offset) + count > static_cast<size_t>(INT_MAX))
+      return std::nullopt;
+    displs[p] = static_cast<size_t>(blocks[p].offset);
+  }
+  return displs;
+}
+
+/// The bytes [first, last) that `counts` elements at `displs` span from `base`.
+std::pair<const char*, const char*> byte_span(const void* base, std::span<const size_t> counts,
+                                              std::span<const size_t> displs, size_t element) {
+  size_t lo = SIZE_MAX, hi = 0;
+  for (size_t p = 0; p < counts.size(); ++p) {
+    if (counts[p] == 0) continue;
+    lo = std::min(lo, displs[p]);
+    hi = std::max(hi, displs[p] + counts[p]);
+  }
+  const auto* bytes = static_cast<const char*>(base);
+  if (hi == 0) return {bytes, bytes};
+  return {bytes + lo * element, bytes + hi * element};
+}
+
+}  // namespace
+
 void Comm::all_to_all_w(const void* send_base, std::span<const StridedBlock> send_blocks,
                         void* recv_base, std::span<const StridedBlock> recv_blocks, DType dtype) {
   const size_t element = dtype_size(dtype);
   std::vector<size_t> send_counts, recv_counts;
   for (const StridedBlock& block : send_blocks) send_counts.push_back(block.count());
   for (const StridedBlock& block : recv_blocks) recv_counts.push_back(block.count());
-  const std::vector<size_t> send_displs = displacements_of(send_counts);
-  const std::vector<size_t> recv_displs = displacements_of(recv_counts);
-  Tensor send_buffer = Tensor::empty(
-      {static_cast<int64_t>((send_displs.back() + send_counts.back()) * element)}, DType::u8);
-  Tensor recv_buffer = Tensor::empty(
-      {static_cast<int64_t>((recv_displs.back() + recv_counts.back()) * element)}, DType::u8);
-  auto* packed = static_cast<char*>(send_buffer.raw_data());
-  for (size_t p = 0; p < send_blocks.size(); ++p) {
-    const StridedBlock& block = send_blocks[p];
-    const std::vector<int64_t> dense = contiguous_strides(block.shape);
-    if (send_counts[p])
-      copy_strided_host(packed + send_displs[p] * element, dense.data(),
-                        static_cast<const char*>(send_base) + block.offset * element,
-                        block.strides.data(), block.shape.data(),
-                        static_cast<int>(block.shape.size()), element);
+  // Dense blocks move in place (no staging buffer, no copy); the others are packed into, or
+  // unpacked from, a staging buffer in rank order.
+  std::optional<std::vector<size_t>> send_in_place = in_place_displacements(send_blocks);
+  const std::optional<std::vector<size_t>> recv_in_place = in_place_displacements(recv_blocks);
+  if (send_in_place && recv_in_place) {
+    // MPI may not read and write the same memory in one call: pack the sends when they overlap.
+    const auto send_span = byte_span(send_base, send_counts, *send_in_place, element);
+    const auto recv_span = byte_span(recv_base, recv_counts, *recv_in_place, element);
+    if (send_span.first < recv_span.second && recv_span.first < send_span.second)
+      send_in_place.reset();
   }
-  all_to_all_v(send_buffer.raw_data(), send_counts, send_displs, recv_buffer.raw_data(),
-               recv_counts, recv_displs, dtype);
+  const std::vector<size_t> send_displs =
+      send_in_place ? *send_in_place : displacements_of(send_counts);
+  const std::vector<size_t> recv_displs =
+      recv_in_place ? *recv_in_place : displacements_of(recv_counts);
+  Tensor send_buffer, recv_buffer;
+  const void* send = send_base;
+  void* recv = recv_base;
+  if (!send_in_place) {
+    send_buffer = Tensor::empty(
+        {static_cast<int64_t>((send_displs.back() + send_counts.back()) * element)}, DType::u8);
+    auto* packed = static_cast<char*>(send_buffer.raw_data());
+    for (size_t p = 0; p < send_blocks.size(); ++p) {
+      const StridedBlock& block = send_blocks[p];
+      const std::vector<int64_t> dense = contiguous_strides(block.shape);
+      if (send_counts[p])
+        copy_strided_host(packed + send_displs[p] * element, dense.data(),
+                          static_cast<const char*>(send_base) + block.offset * element,
+                          block.strides.data(), block.shape.data(),
+                          static_cast<int>(block.shape.size()), element);
+    }
+    send = packed;
+  }
+  if (!recv_in_place) {
+    recv_buffer = Tensor::empty(
+        {static_cast<int64_t>((recv_displs.back() + recv_counts.back()) * element)}, DType::u8);
+    recv = recv_buffer.raw_data();
+  }
+  all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, dtype);
+  if (recv_in_place) return;
   const auto* received = static_cast<const char*>(recv_buffer.raw_data());
   for (size_t p = 0; p < recv_blocks.size(); ++p) {
     const StridedBlock& block = recv_blocks[p];

@@ -95,7 +95,7 @@ class Comm {
                             std::span<const size_t> recv_displs, DType dtype) = 0;
   /// all_to_all_v over strided blocks: rank r sends send_blocks[p] (relative to send_base) to
   /// each p, which stores it into recv_blocks[r] of its recv_base; paired blocks have the same
-  /// shape. The base class packs, calls all_to_all_v and
+  /// shape. The base class packs (dense blocks move in place), calls all_to_all_v and
   /// unpacks; backends override it to move the blocks without staging copies.
   virtual void all_to_all_w(const void* send_base, std::span<const StridedBlock> send_blocks,
                             void* recv_base, std::span<const StridedBlock> recv_blocks,

@@ -1,8 +1,9 @@
 // The mpi backend: every operation is posted non-blocking (MPI-3 collectives) and completed
 // by a polling wait that enforces TESSERA_COMM_TIMEOUT. f16/bf16 move as 16-bit words and
 // reduce through user-defined MPI_Ops that compute in float. all_to_all_w keeps Comm's pack +
-// all_to_all_v + unpack: with MPICH 4.0, MPI_Ialltoallw over derived (hvector) datatypes
-// measured 1.1-1.6x slower than that on the `bench comm` S(0)->S(1) boxes.
+// all_to_all_v + unpack (dense blocks move in place): with MPICH 4.0, MPI_Ialltoallw over
+// derived (hvector) datatypes measured 1.1-1.6x slower than that on the `bench comm` S(0)->S(1)
+// boxes.
 //
 // Device buffers: with a CUDA-aware MPI (mpi_cuda_aware()) MPI gets the device pointers once
 // the compute stream's work is done; otherwise every device buffer is staged through pinned host

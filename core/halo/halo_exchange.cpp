@@ -4,6 +4,7 @@
 // the rank's compute stream, and Comm orders its copies after them (core/comm/comm.hpp).
 #include "core/halo/halo_exchange.hpp"
 
+#include <algorithm>
 #include <map>
 
 #include "core/tensor_arith.hpp"
@@ -121,7 +122,17 @@ Tensor halo_adjoint(const HaloPlan& plan, const Tensor& haloed_grad, Comm& comm,
   const Tensor& grad = haloed_grad;
   const size_t element = grad.element_size();
   const Box owned_global = plan.spec().local_box_of_rank(plan.rank());
-  Tensor owned_grad = Tensor::zeros(owned_global.shape(), grad.dtype(), grad.device());
+  // The self copy of the whole owned piece (the interior of the haloed tensor, present whenever
+  // the piece is not empty) is the first contribution to every element: copied, not added to
+  // zeros. The other contributions (wraps, halos from peers) are added to it.
+  const Box whole = Box::of_shape(owned_global.shape());
+  const auto& self_copies = plan.self_copies();
+  const auto interior =
+      std::find_if(self_copies.begin(), self_copies.end(),
+                   [&](const HaloTransfer& copy) { return copy.owned_box == whole; });
+  Tensor owned_grad = interior == self_copies.end()
+                          ? Tensor::zeros(owned_global.shape(), grad.dtype(), grad.device())
+                          : grad.view_box(interior->haloed_box).clone();
   // Reverse roles: what was received goes back to its owner; what was sent comes back.
   std::vector<PeerMessage> outgoing = group_by_peer(plan.recvs());
   std::vector<PeerMessage> incoming = group_by_peer(plan.sends());
@@ -144,8 +155,9 @@ Tensor halo_adjoint(const HaloPlan& plan, const Tensor& haloed_grad, Comm& comm,
     send_buffers.push_back(std::move(buffer));
   }
   auto batch = comm.start_send_recv(ops);
-  for (const HaloTransfer& copy : plan.self_copies())
-    add_into(owned_grad.view_box(copy.owned_box), grad.view_box(copy.haloed_box));
+  for (auto copy = self_copies.begin(); copy != self_copies.end(); ++copy)
+    if (copy != interior)
+      add_into(owned_grad.view_box(copy->owned_box), grad.view_box(copy->haloed_box));
   batch->wait();
   for (size_t m = 0; m < incoming.size(); ++m) {
     int64_t offset = 0;

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "core/agree.hpp"
+#include "core/autograd.hpp"
 #include "core/runtime/rank_context.hpp"
 #include "core/shard_tensor_detail.hpp"
 #include "io/hdf5/h5_file.hpp"
@@ -179,6 +180,7 @@ detail::Header detail::agreed_header(const DeviceMesh& mesh, const std::string& 
 
 ShardTensor detail::without_partial(const ShardTensor& tensor) {
   if (!tensor.spec().has_partial()) return tensor;
+  NoGrad written_values;  // values on their way to a file: nothing for a tape to record
   std::vector<Placement> reduced = tensor.placements();
   for (Placement& placement : reduced)
     if (placement.is_partial()) placement = Placement::replicate();

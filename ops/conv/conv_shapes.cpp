@@ -9,7 +9,10 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
+#include "core/compute_threads.hpp"
+#include "core/parallel_for.hpp"
 #include "ops/conv/conv_cudnn.hpp"
 #include "ops/conv/conv_cudnn_key.hpp"
 #include "ops/conv/conv_kernels.hpp"
@@ -320,17 +323,29 @@ Tensor conv_backward_bias(const Tensor& dy) {
   if (dy.numel() == 0) return db;
   const Tensor dy_values = dy.contiguous();
   const int64_t plane = dy.numel() / (batch * channels);
-  // Sums run in double for both dtypes: a bias gradient adds up N * |O| terms per channel.
+  // Sums run in double for both dtypes: a bias gradient adds up N * |O| terms per channel. Each
+  // (n, c) plane is summed on its own (8 interleaved partial sums, in parallel over planes), then
+  // the planes of a channel in n order: the same result whatever the thread count.
+  std::vector<double> plane_sums(static_cast<size_t>(batch * channels));
   dispatch_dtype(dy.dtype(), [&]<typename T>() {
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
       const T* in = dy_values.data<T>();
+      parallel_for(batch * channels, compute_threads(), [&](int64_t begin, int64_t end, int) {
+        for (int64_t p = begin; p < end; ++p) {
+          const T* row = in + p * plane;
+          double partial[8] = {};
+          int64_t i = 0;
+          for (; i + 8 <= plane; i += 8)
+            for (int lane = 0; lane < 8; ++lane) partial[lane] += row[i + lane];
+          for (; i < plane; ++i) partial[i % 8] += row[i];
+          plane_sums[p] = ((partial[0] + partial[1]) + (partial[2] + partial[3])) +
+                          ((partial[4] + partial[5]) + (partial[6] + partial[7]));
+        }
+      });
       T* out = db.data<T>();
       for (int64_t c = 0; c < channels; ++c) {
         double sum = 0.0;
-        for (int64_t n = 0; n < batch; ++n) {
-          const T* row = in + (n * channels + c) * plane;
-          for (int64_t i = 0; i < plane; ++i) sum += row[i];
-        }
+        for (int64_t n = 0; n < batch; ++n) sum += plane_sums[n * channels + c];
         out[c] = static_cast<T>(sum);
       }
     }

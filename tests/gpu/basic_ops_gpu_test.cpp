@@ -153,8 +153,8 @@ std::vector<Tensor> run_case(const OpCase& c, const DeviceMesh& mesh,
   }
   ShardTensor y = c.forward(inputs);
   // Partial sums are reduced first, so the output gradient can be laid out like the output.
-  if (y.spec() != without_partial(y.spec()))
-    y = redistribute_recorded(y, without_partial(y.spec()));
+  if (const ShardSpec target = without_partial(y.spec()); y.spec() != target)
+    y = y.redistribute(target.placements, target.extents);
   const ShardTensor gys =
       placed(ShardTensor::distribute(gy, mesh, y.placements(), y.spec().extents));
   tape.backward(y, gys);

@@ -1,0 +1,54 @@
+// Layers over the sharded ops (Modules, ops/nn/module.hpp). Weights are initialized like
+// PyTorch's defaults (Conv: kaiming_uniform with a = sqrt(5), i.e. uniform in +-1/sqrt(fan_in),
+// and the bias in the same range) from a seed, on the full tensor, so every layout of every mesh
+// starts from the same values; parameters are replicated on the mesh they are made on.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ops/conv/conv_op.hpp"
+#include "ops/nn/module.hpp"
+
+namespace tessera::nn {
+
+struct ConvConfig {
+  int spatial_dims = 2;  ///< 1, 2 or 3 (conv1d/2d/3d)
+  int64_t in_channels = 1;
+  int64_t out_channels = 1;
+  int64_t kernel = 3;  ///< extent along every spatial dim
+  bool bias = true;
+  DType dtype = DType::f32;
+  ops::ConvOptions options = same_padding();  ///< stride, dilation, padding, groups, mode
+
+  static ops::ConvOptions same_padding() {
+    ops::ConvOptions same;
+    same.padding_name = "same";
+    return same;
+  }
+};
+
+/// torch.nn.Conv1d/2d/3d: weight [out, in/groups, k...] and bias [out], replicated on `mesh`.
+class Conv : public Module {
+ public:
+  Conv(const DeviceMesh& mesh, ConvConfig config, uint64_t seed);
+  ShardTensor forward(const ShardTensor& x) override;
+  const Parameter& weight() const { return weight_; }
+  const Parameter& bias() const { return bias_; }
+
+ private:
+  ConvConfig config_;
+  Parameter weight_, bias_;
+};
+
+/// Elementwise activations: "relu", "gelu", "silu" or "tanh".
+class Activation : public Module {
+ public:
+  explicit Activation(std::string kind);
+  ShardTensor forward(const ShardTensor& x) override;
+
+ private:
+  std::string kind_;
+};
+
+}  // namespace tessera::nn

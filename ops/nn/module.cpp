@@ -1,0 +1,109 @@
+// Modules (ops/nn/module.hpp).
+#include "ops/nn/module.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <set>
+
+namespace tessera::nn {
+
+ShardTensor Module::forward(const ShardTensor&) {
+  throw InvalidArgument("module", "this module has no forward()");
+}
+
+void Module::check_new_name(const std::string& name) const {
+  check_arg(!name.empty() && name.find('.') == std::string::npos, "module",
+            "name '{}' (expected a non-empty name without '.')", name);
+  const bool taken = std::any_of(parameters_.begin(), parameters_.end(),
+                                 [&](const auto& entry) { return entry.first == name; }) ||
+                     std::any_of(children_.begin(), children_.end(),
+                                 [&](const auto& entry) { return entry.first == name; });
+  check_arg(!taken, "module", "name '{}' is registered twice", name);
+}
+
+Parameter Module::add_parameter(const std::string& name, ShardTensor value) {
+  check_new_name(name);
+  Parameter parameter(std::move(value), name);
+  parameters_.emplace_back(name, parameter);
+  return parameter;
+}
+
+void Module::add_child(const std::string& name, std::shared_ptr<Module> module) {
+  check_new_name(name);
+  check_arg(module != nullptr, "module", "child '{}' is null", name);
+  children_.emplace_back(name, std::move(module));
+}
+
+void Module::collect(const std::string& prefix,
+                     std::vector<std::pair<std::string, Parameter>>& out) const {
+  for (const auto& [name, parameter] : parameters_) out.emplace_back(prefix + name, parameter);
+  for (const auto& [name, child] : children_) child->collect(prefix + name + ".", out);
+}
+
+std::vector<std::pair<std::string, Parameter>> Module::named_parameters() const {
+  std::vector<std::pair<std::string, Parameter>> out;
+  collect("", out);
+  return out;
+}
+
+std::vector<Parameter> Module::parameters() const {
+  std::vector<Parameter> out;
+  for (auto& [name, parameter] : named_parameters()) out.push_back(parameter);
+  return out;
+}
+
+std::map<std::string, ShardTensor> Module::state_dict() const {
+  std::map<std::string, ShardTensor> state;
+  for (const auto& [name, parameter] : named_parameters()) state.emplace(name, parameter.tensor());
+  return state;
+}
+
+void Module::load_state_dict(const std::map<std::string, ShardTensor>& state) {
+  const auto named = named_parameters();
+  std::set<std::string> expected;
+  for (const auto& [name, parameter] : named) {
+    expected.insert(name);
+    auto found = state.find(name);
+    check_arg(found != state.end(), "load_state_dict", "state has no '{}'", name);
+    const ShardTensor& value = parameter.tensor();
+    check_arg(found->second.global_shape() == value.global_shape() &&
+                  found->second.dtype() == value.dtype(),
+              "load_state_dict", "'{}' has global shape {} {}, the parameter {} {}", name,
+              found->second.global_shape(), dtype_name(found->second.dtype()), value.global_shape(),
+              dtype_name(value.dtype()));
+  }
+  for (const auto& [name, value] : state)
+    check_arg(expected.count(name) == 1, "load_state_dict", "state key '{}' is not a parameter",
+              name);
+  NoGrad no_grad;
+  for (const auto& [name, parameter] : named) {
+    const ShardTensor& value = parameter.tensor();
+    const ShardTensor moved = state.at(name).redistribute(value.placements(), value.spec().extents);
+    Parameter target = parameter;
+    target.assign_local(moved.to_local());
+  }
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (const auto& [name, child] : children_) child->train(on);
+}
+
+void Module::zero_grad() {
+  for (auto& [name, parameter] : named_parameters()) parameter.zero_grad();
+}
+
+Sequential& Sequential::append(std::shared_ptr<Module> module) {
+  add_module(std::to_string(layers_.size()), module);
+  layers_.push_back(std::move(module));
+  return *this;
+}
+
+ShardTensor Sequential::forward(const ShardTensor& x) {
+  ShardTensor y = x;
+  for (const auto& layer : layers_) y = layer->forward(y);
+  return y;
+}
+
+}  // namespace tessera::nn

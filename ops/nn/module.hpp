@@ -1,0 +1,89 @@
+// Modules: the C++ way to write a sharded model. A Module owns Parameters and child Modules under
+// names; parameters()/named_parameters() walk them in registration order with dotted paths
+// ("encoder.conv1.weight"), state_dict()/load_state_dict() save and restore them (any layout in,
+// the module's layout kept), train()/eval() set the mode of the whole tree. Layers (ops/nn/
+// layers.hpp) are Modules over the sharded ops, so a model written with them runs on any mesh.
+//
+//   struct Net : nn::Module {
+//     std::shared_ptr<nn::Conv> conv1, conv2;
+//     Net(const DeviceMesh& mesh, uint64_t seed) {
+//       conv1 = add_module("conv1", std::make_shared<nn::Conv>(mesh, 2, 8, 3, seed));
+//       conv2 = add_module("conv2", std::make_shared<nn::Conv>(mesh, 8, 2, 3, seed + 1));
+//     }
+//     ShardTensor forward(const ShardTensor& x) override {
+//       return conv2->forward(ops::gelu(conv1->forward(x)));
+//     }
+//   };
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/parameter.hpp"
+
+namespace tessera::nn {
+
+class Module {
+ public:
+  virtual ~Module() = default;
+  Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  /// The module's computation (modules without one, like containers of parameters, throw).
+  virtual ShardTensor forward(const ShardTensor& x);
+
+  /// Every parameter of the tree, depth first in registration order.
+  std::vector<Parameter> parameters() const;
+  /// The same with dotted paths.
+  std::vector<std::pair<std::string, Parameter>> named_parameters() const;
+  /// Values of every parameter by dotted path (sharing storage with the parameters).
+  std::map<std::string, ShardTensor> state_dict() const;
+  /// Collective: copies `state` into the parameters (each value any layout of the parameter's
+  /// global shape and dtype, moved to the parameter's layout). A missing or unknown key or a
+  /// shape or dtype mismatch raises one error naming the key, before any value is written.
+  void load_state_dict(const std::map<std::string, ShardTensor>& state);
+  /// Sets training mode on the whole tree (eval: train(false)).
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool training() const { return training_; }
+  /// Drops every parameter's gradient.
+  void zero_grad();
+
+ protected:
+  /// Registers a parameter under `name` (unique among this module's parameters and children).
+  Parameter add_parameter(const std::string& name, ShardTensor value);
+  /// Registers a child module under `name`; returns it.
+  template <typename M>
+  std::shared_ptr<M> add_module(const std::string& name, std::shared_ptr<M> module) {
+    add_child(name, module);
+    return module;
+  }
+
+ private:
+  void add_child(const std::string& name, std::shared_ptr<Module> module);
+  void check_new_name(const std::string& name) const;
+  void collect(const std::string& prefix,
+               std::vector<std::pair<std::string, Parameter>>& out) const;
+
+  std::vector<std::pair<std::string, Parameter>> parameters_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  bool training_ = true;
+};
+
+/// Runs its children in order.
+class Sequential : public Module {
+ public:
+  Sequential() = default;
+  /// Appends `module` under the name "<index>" (as torch.nn.Sequential does).
+  Sequential& append(std::shared_ptr<Module> module);
+  ShardTensor forward(const ShardTensor& x) override;
+
+ private:
+  std::vector<std::shared_ptr<Module>> layers_;
+};
+
+}  // namespace tessera::nn
