@@ -13,6 +13,8 @@ endforeach()
 install(FILES ${PROJECT_SOURCE_DIR}/core/tessera.hpp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tessera)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/generated/core/config.hpp
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tessera/core)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/generated/ops/op_families.hpp
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tessera/ops)
 
 install(EXPORT TesseraTargets NAMESPACE tessera:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/Tessera)
 configure_package_config_file(cmake/TesseraConfig.cmake.in

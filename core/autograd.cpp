@@ -63,8 +63,9 @@ Tensor scaled(const Tensor& tensor, double factor) {
 
 const std::shared_ptr<const OpDef>& redistribute_op() {
   static const auto op = std::make_shared<const OpDef>(OpDef{
-      "redistribute", nullptr, nullptr, nullptr,
-      [](const OpRecord& record, const std::vector<std::optional<ShardTensor>>& grads)
+      .name = "redistribute",
+      .summary = "A layout change recorded for autograd (not registered)",
+      .backward = [](const OpRecord& record, const std::vector<std::optional<ShardTensor>>& grads)
           -> std::vector<std::optional<ShardTensor>> {
         if (!grads[0]) return {std::nullopt};
         const ShardSpec& source = record.inputs[0].spec();

@@ -29,6 +29,8 @@ class OpAttrs {
   /// Getters with a default for unset attributes.
   int64_t get_int(const std::string& name, int64_t fallback) const;
   std::string get_string(const std::string& name, const std::string& fallback) const;
+  /// Every set attribute, by name.
+  const std::map<std::string, AttrValue>& values() const { return values_; }
   /// "stride=[2, 2] groups=1 ..." (stable order; used in cache keys and messages).
   std::string str() const;
 

@@ -18,7 +18,7 @@
 
 namespace tessera {
 
-void register_builtin_ops();  // ops/ops.cpp
+void register_builtin_ops();  // generated ops/builtin_ops.cpp (ops/CMakeLists.txt)
 
 namespace {
 
@@ -126,8 +126,27 @@ std::vector<ShardTensor> apply_fallback(const std::shared_ptr<const OpDef>& defi
 
 }  // namespace
 
+std::vector<std::string> OpDef::devices() const {
+  std::vector<std::string> kinds;
+  if (cpu) kinds.emplace_back("cpu");
+  if (cuda) kinds.emplace_back("cuda");
+  return kinds;
+}
+
 void register_op(OpDef op) {
   check_arg(!op.name.empty(), "ops", "an op needs a name");
+  for (size_t i = 1; i < op.inputs.size(); ++i)
+    check_arg(!op.inputs[i - 1].optional || op.inputs[i].optional, op.name,
+              "optional input '{}' comes before required input '{}' (optional inputs come last)",
+              op.inputs[i - 1].name, op.inputs[i].name);
+  for (const OpAttr& attr : op.attrs) {
+    check_arg(!(attr.required && attr.default_value), op.name,
+              "attribute '{}' is required and has a default", attr.name);
+    check_arg(!attr.default_value || attr_value_fits(*attr.default_value, attr.type), op.name,
+              "the default {} of attribute '{}' is not a {}",
+              attr.default_value ? attr_value_text(*attr.default_value) : "", attr.name,
+              attr_type_name(attr.type));
+  }
   Registry& r = registry();
   std::lock_guard lock(r.mu);
   const std::string name = op.name;
@@ -206,6 +225,22 @@ std::vector<ShardTensor> apply_op(const std::string& name, const std::vector<Sha
     check_arg(input.device() == inputs[0].device(), name,
               "inputs on different devices ({} and {}): move them to one device first",
               inputs[0].device().str(), input.device().str());
+  if (op.has_signature()) {
+    // Attributes and the input count are the same on every rank: an agreed error.
+    size_t required = 0;
+    for (const OpInput& input : op.inputs) required += !input.optional;
+    if (inputs.size() < required || inputs.size() > op.inputs.size())
+      throw AgreedError(
+          name,
+          fmt::format("{} inputs, expected {}{}", inputs.size(), required,
+                      required == op.inputs.size() ? "" : fmt::format(" to {}", op.inputs.size())));
+    try {
+      check_attrs(name, op.attrs, attrs);
+    } catch (const InvalidArgument& error) {
+      const std::string text = error.what();
+      throw AgreedError(name, text.substr(text.find("] ") + 2));
+    }
+  }
   if (!op.rule) return apply_fallback(definition, inputs, attrs);
 
   std::vector<ShardSpec> specs;

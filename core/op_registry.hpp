@@ -12,6 +12,7 @@
 
 #include "core/halo/halo_plan.hpp"
 #include "core/op_attrs.hpp"
+#include "core/op_schema.hpp"
 #include "core/shard_tensor.hpp"
 
 namespace tessera {
@@ -79,19 +80,34 @@ struct OverlapKernel {
       boundary;
 };
 
-/// A registered op.
+/// A registered op. Built with designated initializers, e.g.
+///   OpDef{.name = "laplacian7", .summary = "...", .inputs = {{.name = "u"}},
+///         .outputs = {"y"}, .attrs = {...}, .rule = rule, .cpu = kernel, .backward = backward}
+/// The signature (summary, inputs, outputs, attrs) is what `tessera ops` lists and `tessera
+/// run-op` reads and writes by; an op that declares its inputs has declared its signature, and
+/// apply_op then refuses attributes it does not declare, of the wrong type, or missing when
+/// required (an op without declared inputs takes any attributes).
 struct OpDef {
-  std::string name;
-  RuleFn rule;          ///< empty: fallback (replicate the inputs, run, re-shard), logged once
-  KernelFn cpu;         ///< kernel for cpu tensors
-  KernelFn cuda;        ///< kernel for cuda tensors (empty: not available on cuda)
-  BackwardFn backward;  ///< empty: not differentiable
+  std::string name{};
+  std::string summary{};          ///< one line
+  std::vector<OpInput> inputs{};  ///< positional; optional ones last
+  std::vector<std::string> outputs{};
+  std::vector<OpAttr> attrs{};
+  RuleFn rule{};          ///< empty: fallback (replicate the inputs, run, re-shard), logged once
+  KernelFn cpu{};         ///< kernel for cpu tensors
+  KernelFn cuda{};        ///< kernel for cuda tensors (empty: not available on cuda)
+  BackwardFn backward{};  ///< empty: not differentiable
   /// Optional split of the cpu kernel, used instead of `cpu` when an input has a halo and
   /// overlap is on (halo_overlap(Device::Kind::cpu)).
   std::optional<OverlapKernel> cpu_overlap = std::nullopt;
   /// The same for the cuda kernel: `interior` is queued on the compute stream while the halos
   /// travel, `boundary` after halo_end has ordered the compute stream after them.
   std::optional<OverlapKernel> cuda_overlap = std::nullopt;
+
+  /// Whether the op declares its signature (inputs).
+  bool has_signature() const { return !inputs.empty(); }
+  /// "cpu", "cuda": the devices it has kernels for.
+  std::vector<std::string> devices() const;
 };
 
 /// Whether apply_op overlaps halo exchanges with ops' interior compute on tensors of `kind`

@@ -1,41 +1,5 @@
-// The built-in sharded ops as plain functions (each is apply_op of a registered op).
+// The built-in sharded ops as plain functions (each is apply_op of a registered op): one header
+// per op family (ops/<family>/...), all included here through the generated ops/op_families.hpp.
 #pragma once
 
-#include <optional>
-#include <vector>
-
-#include "ops/attention/na_op.hpp"
-#include "ops/conv/conv_op.hpp"
-
-namespace tessera::ops {
-
-/// Elementwise max(x, 0).
-ShardTensor relu(const ShardTensor& x);
-/// Elementwise GELU (exact, erf form).
-ShardTensor gelu(const ShardTensor& x);
-/// Elementwise x * sigmoid(x).
-ShardTensor silu(const ShardTensor& x);
-/// Elementwise tanh.
-ShardTensor tanh(const ShardTensor& x);
-/// Elementwise exp.
-ShardTensor exp(const ShardTensor& x);
-/// Elementwise factor * x (keeps Partial layouts).
-ShardTensor scale(const ShardTensor& x, double factor);
-/// a + b (b of a's shape, or replicated and broadcast numpy-style).
-ShardTensor add(const ShardTensor& a, const ShardTensor& b);
-/// a - b (as add).
-ShardTensor sub(const ShardTensor& a, const ShardTensor& b);
-/// a * b (as add).
-ShardTensor mul(const ShardTensor& a, const ShardTensor& b);
-/// a / b (as add).
-ShardTensor div(const ShardTensor& a, const ShardTensor& b);
-/// x[N, C, ...] + b[C] (b replicated, aligned with the channel dim).
-ShardTensor bias_add(const ShardTensor& x, const ShardTensor& b);
-/// Sum over `dims` (all when empty); sharded reduced dims give Partial(sum).
-ShardTensor sum(const ShardTensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
-/// Mean over `dims` (all when empty); exact on uneven shards.
-ShardTensor mean(const ShardTensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
-/// mean((a - b)^2) over every element: a scalar.
-ShardTensor mse_loss(const ShardTensor& a, const ShardTensor& b);
-
-}  // namespace tessera::ops
+#include "ops/op_families.hpp"

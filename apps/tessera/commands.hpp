@@ -44,10 +44,16 @@ inline void add_mesh_options(CLI::App& command, MeshOptions& options,
 void register_info(CLI::App& app);
 /// `tessera demo`: the main job (scatter, redistribute through layouts, gather, verify).
 void register_demo(CLI::App& app);
-/// `tessera run-op conv` (and `run-op na`): a sharded op on data from an HDF5 file.
+/// `tessera run-op conv` (and `run-op na`, and `run-op OP` for every other op with a
+/// signature): a sharded op on data from an HDF5 file.
 void register_run_op(CLI::App& app);
 /// `tessera run-op na` (registered under `run-op` by register_run_op).
 void register_run_op_na(CLI::App& run_op);
+/// `tessera run-op OP` for every registered op with a signature and no command of its own
+/// (registered under `run-op` by register_run_op).
+void register_run_op_generic(CLI::App& run_op);
+/// `tessera ops [--json]`: the registered ops, their signatures, devices and gradients.
+void register_ops_list(CLI::App& app);
 /// `tessera inspect FILE.h5` and `tessera scatter FILE.h5:/dataset`.
 void register_io_commands(CLI::App& app);
 /// `tessera generate gray-scott`: the sample data generator.

@@ -164,7 +164,8 @@ void register_run_op(CLI::App& app) {
     launch(backend_from_env(), options->layout.local_ranks(),
            [&](std::shared_ptr<Comm> world) { run_conv(world, *options); });
   });
-  register_run_op_na(*run_op);  // run_op_na.cpp
+  register_run_op_na(*run_op);       // run_op_na.cpp
+  register_run_op_generic(*run_op);  // run_op_generic.cpp: every other op
 }
 
 }  // namespace tessera::cli

@@ -192,8 +192,26 @@ std::vector<std::optional<ShardTensor>> na_backward_op(
 
 }  // namespace
 
-void register_na_op() {
-  register_op(OpDef{"na", na_rule, na_cpu, nullptr, na_backward_op});
+void register_attention_ops() {
+  const auto per_axis = [](const char* name, const char* doc) {
+    return OpAttr{.name = name, .type = AttrType::int_list, .required = true, .doc = doc};
+  };
+  register_op(OpDef{
+      .name = "na",
+      .summary = "Neighborhood attention 1d/2d/3d (by the rank of q) of q, k, v [B, X(, Y(, Z)), "
+                 "heads, D]",
+      .inputs = {{.name = "q"}, {.name = "k"}, {.name = "v"}, {.name = "rpb", .optional = true}},
+      .outputs = {"o", "lse"},
+      .attrs = {per_axis("kernel_size", "window size per spatial axis"),
+                per_axis("dilation", "dilation per spatial axis"),
+                per_axis("causal", "0 or 1 per spatial axis"),
+                {.name = "scale",
+                 .type = AttrType::float_scalar,
+                 .required = true,
+                 .doc = "logits are scale * q.k (ops::neighborhood_attention passes D^-0.5)"}},
+      .rule = na_rule,
+      .cpu = na_cpu,
+      .backward = na_backward_op});
 }
 
 NaResult neighborhood_attention(const ShardTensor& q, const ShardTensor& k, const ShardTensor& v,

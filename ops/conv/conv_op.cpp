@@ -66,10 +66,9 @@ ConvDims resolve(const Shape& x, const Shape& w, const OpAttrs& attrs) {
         "conv", "stride {}, dilation {} and padding ({}, {}) must be positive / non-negative",
         dims.stride, dims.dilation, dims.pad_lo, dims.pad_hi);
     const int64_t length = x[2 + i], kernel = w[2 + i];
-    const int64_t span =
-        checked_add(checked_mul(dims.dilation[i], std::max<int64_t>(kernel - 1, 0), "conv",
-                                "dilation x (kernel extent - 1)"),
-                    1, "conv", "dilated kernel extent");
+    const int64_t span = checked_add(checked_mul(dims.dilation[i], std::max<int64_t>(kernel - 1, 0),
+                                                 "conv", "dilation x (kernel extent - 1)"),
+                                     1, "conv", "dilated kernel extent");
     const int64_t padded = checked_add(checked_add(length, dims.pad_lo[i], "conv", "padded extent"),
                                        dims.pad_hi[i], "conv", "padded extent");
     check_arg(span <= padded, "conv",
@@ -300,9 +299,38 @@ std::vector<std::optional<ShardTensor>> conv_backward(
 
 }  // namespace
 
-void register_conv_op() {
+void register_conv_ops() {
   const OverlapKernel overlap{conv_interior, conv_boundary};
-  register_op(OpDef{"conv", conv_rule, conv_local, conv_local, conv_backward, overlap, overlap});
+  const auto per_dim = [](const char* name, int64_t value, const char* doc) {
+    return OpAttr{.name = name,
+                  .type = AttrType::int_list,
+                  .default_value = std::vector<int64_t>{value},
+                  .doc = doc};
+  };
+  register_op(OpDef{
+      .name = "conv",
+      .summary = "conv1d/2d/3d (by the rank of x) of x [N, C, spatial..] with w [Cout, C/groups, "
+                 "k..] (+ b [Cout])",
+      .inputs = {{.name = "x"}, {.name = "w"}, {.name = "b", .optional = true}},
+      .outputs = {"y"},
+      .attrs = {per_dim("stride", 1, "per spatial dim, or one for all"),
+                per_dim("dilation", 1, "per spatial dim, or one for all"),
+                per_dim("pad_lo", 0, "padding before each spatial dim, or one for all"),
+                per_dim("pad_hi", 0, "padding after each spatial dim, or one for all"),
+                {.name = "groups",
+                 .type = AttrType::int_scalar,
+                 .default_value = int64_t{1},
+                 .doc = "channel groups"},
+                {.name = "padding_mode",
+                 .type = AttrType::string,
+                 .default_value = std::string("zeros"),
+                 .doc = "zeros or circular"}},
+      .rule = conv_rule,
+      .cpu = conv_local,
+      .cuda = conv_local,
+      .backward = conv_backward,
+      .cpu_overlap = overlap,
+      .cuda_overlap = overlap});
 }
 
 ShardTensor conv(const ShardTensor& x, const ShardTensor& w, const std::optional<ShardTensor>& b,

@@ -16,30 +16,44 @@
 #include "ops/pointwise/broadcast.hpp"
 #include "ops/pointwise/pointwise_cuda.hpp"
 #include "ops/pointwise/pointwise_math.hpp"
+#include "ops/pointwise/pointwise_ops.hpp"
 
 namespace tessera::ops {
 
 namespace {
 
+/// One line per unary op, for `tessera ops`.
+std::string unary_summary(const std::string& name) {
+  if (name == "relu") return "Elementwise max(x, 0)";
+  if (name == "gelu") return "Elementwise GELU (exact, erf form)";
+  if (name == "silu") return "Elementwise x * sigmoid(x)";
+  if (name == "tanh") return "Elementwise tanh";
+  if (name == "exp") return "Elementwise exp";
+  if (name == "scale") return "Elementwise factor * x (keeps Partial layouts)";
+  return "Elementwise " + name;
+}
+
 void register_unary(const UnaryMath& math) {
-  OpDef op;
-  op.name = math.name;
-  op.rule = [&math](const std::vector<ShardSpec>& inputs, const OpAttrs&) {
+  std::vector<OpAttr> attrs;
+  if (std::string(math.name) == "scale")
+    attrs.push_back(
+        {.name = "factor", .type = AttrType::float_scalar, .required = true, .doc = "the factor"});
+  RuleFn rule = [&math](const std::vector<ShardSpec>& inputs, const OpAttrs&) {
     const ShardSpec layout = math.linear ? inputs[0] : without_partial(inputs[0]);
     return OpRule{{layout}, {std::nullopt}, {layout}};
   };
-  op.cpu = [&math](const KernelContext& context, const std::vector<Tensor>& inputs) {
+  KernelFn cpu = [&math](const KernelContext& context, const std::vector<Tensor>& inputs) {
     require_floating_cpu(inputs[0], math.name);
     const double a = context.attrs.has("factor") ? context.attrs.get_double("factor") : 1.0;
     return std::vector<Tensor>{
         map_elements(inputs[0], [&](double x) { return math.forward(x, a); })};
   };
-  op.cuda = [&math](const KernelContext& context, const std::vector<Tensor>& inputs) {
+  KernelFn cuda = [&math](const KernelContext& context, const std::vector<Tensor>& inputs) {
     const double a = context.attrs.has("factor") ? context.attrs.get_double("factor") : 1.0;
     return std::vector<Tensor>{unary_forward_cuda(math.name, inputs[0], a, context.stream)};
   };
-  op.backward = [&math](const OpRecord& record,
-                        const std::vector<std::optional<ShardTensor>>& grads)
+  BackwardFn backward = [&math](const OpRecord& record,
+                                const std::vector<std::optional<ShardTensor>>& grads)
       -> std::vector<std::optional<ShardTensor>> {
     const double a = record.attrs.has("factor") ? record.attrs.get_double("factor") : 1.0;
     if (math.linear) {  // dx = f'(.) g in g's own layout
@@ -65,7 +79,15 @@ void register_unary(const UnaryMath& math) {
     return {ShardTensor(zip_elements(xy, g.to_local(), [](double d, double gv) { return d * gv; }),
                         x.mesh(), x.spec())};
   };
-  register_op(std::move(op));
+  register_op(OpDef{.name = math.name,
+                    .summary = unary_summary(math.name),
+                    .inputs = {{.name = "x"}},
+                    .outputs = {"y"},
+                    .attrs = std::move(attrs),
+                    .rule = std::move(rule),
+                    .cpu = std::move(cpu),
+                    .cuda = std::move(cuda),
+                    .backward = std::move(backward)});
 }
 
 /// Offset of b's dims inside a, from the attrs ("align": -1 = numpy right alignment).
@@ -82,15 +104,21 @@ OperandView operand_view(const Tensor& a, const Tensor& b, bool broadcast, const
   return OperandView{b.strides(), 0};
 }
 
+/// One line per binary op, for `tessera ops`.
+std::string binary_summary(const std::string& name) {
+  if (name == "bias_add") return "x[N, C, ...] + b[C] (b replicated, aligned with dim 1)";
+  const char* symbol = name == "add" ? "+" : name == "sub" ? "-" : name == "mul" ? "*" : "/";
+  return fmt::format("a {} b (b of a's shape, or broadcast numpy-style)", symbol);
+}
+
 void register_binary(const BinaryMath& math, const std::string& name, int64_t default_align) {
-  OpDef op;
-  op.name = name;
+  const bool bias = name == "bias_add";
   auto attrs_with_align = [default_align](OpAttrs attrs) {
     if (default_align >= 0 && !attrs.has("align")) attrs.set("align", default_align);
     return attrs;
   };
-  op.rule = [&math, name, attrs_with_align](const std::vector<ShardSpec>& inputs,
-                                            const OpAttrs& given) {
+  RuleFn rule = [&math, name, attrs_with_align](const std::vector<ShardSpec>& inputs,
+                                                const OpAttrs& given) {
     check_arg(inputs.size() == 2, name, "expects 2 inputs, got {}", inputs.size());
     const OpAttrs attrs = attrs_with_align(given);
     const ShardSpec& a = inputs[0];
@@ -107,8 +135,8 @@ void register_binary(const BinaryMath& math, const std::string& name, int64_t de
                         std::vector<Placement>(b.mesh_shape.size(), Placement::replicate()));
     return OpRule{{layout, replicated}, {std::nullopt, std::nullopt}, {layout}};
   };
-  op.cpu = [&math, name, attrs_with_align](const KernelContext& context,
-                                           const std::vector<Tensor>& inputs) {
+  KernelFn cpu = [&math, name, attrs_with_align](const KernelContext& context,
+                                                 const std::vector<Tensor>& inputs) {
     require_floating_cpu(inputs[0], name);
     const Tensor& a = inputs[0];
     Tensor b = inputs[1];
@@ -121,8 +149,8 @@ void register_binary(const BinaryMath& math, const std::string& name, int64_t de
       b = expand_to_box(b, context.input_boxes[0], operand_offset(a_global, b_global, attrs, name));
     return std::vector<Tensor>{zip_elements(a, b, math.forward)};
   };
-  op.cuda = [name, attrs_with_align](const KernelContext& context,
-                                     const std::vector<Tensor>& inputs) {
+  KernelFn cuda = [name, attrs_with_align](const KernelContext& context,
+                                           const std::vector<Tensor>& inputs) {
     const Tensor& a = inputs[0];
     const Tensor& b = inputs[1];
     const OpAttrs attrs = attrs_with_align(context.attrs);
@@ -134,8 +162,9 @@ void register_binary(const BinaryMath& math, const std::string& name, int64_t de
         name, a, b, operand_view(a, b, broadcast, context.input_boxes[0], offset, name),
         context.stream)};
   };
-  op.backward = [&math, name, attrs_with_align](
-                    const OpRecord& record, const std::vector<std::optional<ShardTensor>>& grads)
+  BackwardFn backward = [&math, name, attrs_with_align](
+                            const OpRecord& record,
+                            const std::vector<std::optional<ShardTensor>>& grads)
       -> std::vector<std::optional<ShardTensor>> {
     const OpAttrs attrs = attrs_with_align(record.attrs);
     const ShardTensor& a = record.inputs[0];
@@ -174,7 +203,20 @@ void register_binary(const BinaryMath& math, const std::string& name, int64_t de
     return {grad_a, ShardTensor(reduce_to_operand(grad_b_local, b.global_shape(), box, offset),
                                 b.mesh(), partial_over_sharding(a.spec(), b.global_shape()))};
   };
-  register_op(std::move(op));
+  register_op(
+      OpDef{.name = name,
+            .summary = binary_summary(name),
+            .inputs = {{.name = bias ? "x" : "a"}, {.name = "b"}},
+            .outputs = {"y"},
+            .attrs = {{.name = "align",
+                       .type = AttrType::int_scalar,
+                       .default_value = default_align,
+                       .doc = "the dim of the first input that b's first dim lines up with (-1: "
+                              "numpy's right alignment)"}},
+            .rule = std::move(rule),
+            .cpu = std::move(cpu),
+            .cuda = std::move(cuda),
+            .backward = std::move(backward)});
 }
 
 }  // namespace
@@ -184,6 +226,40 @@ void register_pointwise_ops() {
   for (const BinaryMath& math : binary_math) register_binary(math, math.name, -1);
   // bias_add(x[N, C, ...], b[C]): add with b aligned to dim 1.
   register_binary(binary_math[0], "bias_add", 1);
+}
+
+ShardTensor relu(const ShardTensor& x) {
+  return apply_op("relu", {x})[0];
+}
+ShardTensor gelu(const ShardTensor& x) {
+  return apply_op("gelu", {x})[0];
+}
+ShardTensor silu(const ShardTensor& x) {
+  return apply_op("silu", {x})[0];
+}
+ShardTensor tanh(const ShardTensor& x) {
+  return apply_op("tanh", {x})[0];
+}
+ShardTensor exp(const ShardTensor& x) {
+  return apply_op("exp", {x})[0];
+}
+ShardTensor scale(const ShardTensor& x, double factor) {
+  return apply_op("scale", {x}, OpAttrs().set("factor", factor))[0];
+}
+ShardTensor add(const ShardTensor& a, const ShardTensor& b) {
+  return apply_op("add", {a, b})[0];
+}
+ShardTensor sub(const ShardTensor& a, const ShardTensor& b) {
+  return apply_op("sub", {a, b})[0];
+}
+ShardTensor mul(const ShardTensor& a, const ShardTensor& b) {
+  return apply_op("mul", {a, b})[0];
+}
+ShardTensor div(const ShardTensor& a, const ShardTensor& b) {
+  return apply_op("div", {a, b})[0];
+}
+ShardTensor bias_add(const ShardTensor& x, const ShardTensor& b) {
+  return apply_op("bias_add", {x, b})[0];
 }
 
 }  // namespace tessera::ops

@@ -12,6 +12,7 @@
 
 #include "ops/op_helpers.hpp"
 #include "ops/reduce/reduce_cuda.hpp"
+#include "ops/reduce/reduce_ops.hpp"
 
 namespace tessera::ops {
 
@@ -111,9 +112,7 @@ double count_of(const Shape& global, const std::vector<int64_t>& dims) {
 }
 
 void register_reduction(const std::string& name, bool mean) {
-  OpDef op;
-  op.name = name;
-  op.rule = [name](const std::vector<ShardSpec>& inputs, const OpAttrs& attrs) {
+  RuleFn rule = [name](const std::vector<ShardSpec>& inputs, const OpAttrs& attrs) {
     const std::vector<int64_t> dims = reduced_dims(inputs[0].global_shape, attrs, name);
     // Partial(sum) inputs stay partial (the reduction is linear); other partial ops reduce first.
     ShardSpec layout = inputs[0];
@@ -123,7 +122,7 @@ void register_reduction(const std::string& name, bool mean) {
     return OpRule{
         {layout}, {std::nullopt}, {reduced_layout(layout, dims, attrs.get_int("keepdim", 0) != 0)}};
   };
-  op.cpu = [name, mean](const KernelContext& context, const std::vector<Tensor>& inputs) {
+  KernelFn cpu = [name, mean](const KernelContext& context, const std::vector<Tensor>& inputs) {
     require_floating_cpu(inputs[0], name);
     const Shape& global = context.input_specs[0].global_shape;
     const std::vector<int64_t> dims = reduced_dims(global, context.attrs, name);
@@ -131,15 +130,15 @@ void register_reduction(const std::string& name, bool mean) {
     Tensor sums = local_sum(inputs[0], dims, scale);
     return std::vector<Tensor>{sums.contiguous().reshape(context.output_boxes[0].shape())};
   };
-  op.cuda = [name, mean](const KernelContext& context, const std::vector<Tensor>& inputs) {
+  KernelFn cuda = [name, mean](const KernelContext& context, const std::vector<Tensor>& inputs) {
     const Shape& global = context.input_specs[0].global_shape;
     const std::vector<int64_t> dims = reduced_dims(global, context.attrs, name);
     const double scale = mean ? 1.0 / count_of(global, dims) : 1.0;
     const Tensor sums = sum_cuda(inputs[0], dims, scale, context.stream, name);
     return std::vector<Tensor>{sums.reshape(context.output_boxes[0].shape())};
   };
-  op.backward = [name, mean](const OpRecord& record,
-                             const std::vector<std::optional<ShardTensor>>& grads)
+  BackwardFn backward = [name, mean](const OpRecord& record,
+                                     const std::vector<std::optional<ShardTensor>>& grads)
       -> std::vector<std::optional<ShardTensor>> {
     const ShardTensor& x = record.inputs[0];
     const std::vector<int64_t> dims = reduced_dims(x.global_shape(), record.attrs, name);
@@ -158,13 +157,28 @@ void register_reduction(const std::string& name, bool mean) {
                           : broadcast_back(g_local, x_shape, scale);
     return {ShardTensor(dx, x.mesh(), x_layout)};
   };
-  register_op(std::move(op));
+  register_op(
+      OpDef{.name = name,
+            .summary = mean ? "Mean over dims (all when unset); exact on uneven shards"
+                            : "Sum over dims (all when unset); sharded reduced dims give "
+                              "Partial(sum)",
+            .inputs = {{.name = "x"}},
+            .outputs = {"y"},
+            .attrs = {{.name = "dims",
+                       .type = AttrType::int_list,
+                       .doc = "the dims reduced (negative count from the end); unset: every dim"},
+                      {.name = "keepdim",
+                       .type = AttrType::boolean,
+                       .default_value = int64_t{0},
+                       .doc = "keep reduced dims with extent 1"}},
+            .rule = std::move(rule),
+            .cpu = std::move(cpu),
+            .cuda = std::move(cuda),
+            .backward = std::move(backward)});
 }
 
 void register_mse_loss() {
-  OpDef op;
-  op.name = "mse_loss";
-  op.rule = [](const std::vector<ShardSpec>& inputs, const OpAttrs&) {
+  RuleFn rule = [](const std::vector<ShardSpec>& inputs, const OpAttrs&) {
     check_arg(inputs.size() == 2 && inputs[0].global_shape == inputs[1].global_shape, "mse_loss",
               "needs two inputs of one shape, got {} and {}", inputs[0].global_shape,
               inputs.size() > 1 ? inputs[1].global_shape : Shape{});
@@ -174,7 +188,7 @@ void register_mse_loss() {
     return OpRule{
         {layout, layout}, {std::nullopt, std::nullopt}, {reduced_layout(layout, all, false)}};
   };
-  op.cpu = [](const KernelContext& context, const std::vector<Tensor>& inputs) {
+  KernelFn cpu = [](const KernelContext& context, const std::vector<Tensor>& inputs) {
     require_floating_cpu(inputs[0], "mse_loss");
     const double count = static_cast<double>(shape_numel(context.input_specs[0].global_shape));
     const Tensor squared =
@@ -183,12 +197,13 @@ void register_mse_loss() {
     for (size_t d = 0; d < all.size(); ++d) all[d] = static_cast<int64_t>(d);
     return std::vector<Tensor>{local_sum(squared, all, 1.0 / count).reshape({})};
   };
-  op.cuda = [](const KernelContext& context, const std::vector<Tensor>& inputs) {
+  KernelFn cuda = [](const KernelContext& context, const std::vector<Tensor>& inputs) {
     const double count = static_cast<double>(shape_numel(context.input_specs[0].global_shape));
     return std::vector<Tensor>{
         squared_difference_sum_cuda(inputs[0], inputs[1], 1.0 / count, context.stream)};
   };
-  op.backward = [](const OpRecord& record, const std::vector<std::optional<ShardTensor>>& grads)
+  BackwardFn backward = [](const OpRecord& record,
+                           const std::vector<std::optional<ShardTensor>>& grads)
       -> std::vector<std::optional<ShardTensor>> {
     const ShardTensor& a = record.inputs[0];
     const ShardTensor& b = record.inputs[1];
@@ -207,7 +222,14 @@ void register_mse_loss() {
     const Tensor db = map_elements(da, [](double v) { return -v; });
     return {ShardTensor(da, a.mesh(), a.spec()), ShardTensor(db, b.mesh(), b.spec())};
   };
-  register_op(std::move(op));
+  register_op(OpDef{.name = "mse_loss",
+                    .summary = "mean((a - b)^2) over every element: a scalar",
+                    .inputs = {{.name = "a"}, {.name = "b"}},
+                    .outputs = {"y"},
+                    .rule = std::move(rule),
+                    .cpu = std::move(cpu),
+                    .cuda = std::move(cuda),
+                    .backward = std::move(backward)});
 }
 
 }  // namespace
@@ -216,6 +238,26 @@ void register_reduce_ops() {
   register_reduction("sum", false);
   register_reduction("mean", true);
   register_mse_loss();
+}
+
+namespace {
+ShardTensor reduction(const char* name, const ShardTensor& x, const std::vector<int64_t>& dims,
+                      bool keepdim) {
+  OpAttrs attrs;
+  if (!dims.empty()) attrs.set("dims", dims);
+  attrs.set("keepdim", int64_t{keepdim});
+  return apply_op(name, {x}, attrs)[0];
+}
+}  // namespace
+
+ShardTensor sum(const ShardTensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  return reduction("sum", x, dims, keepdim);
+}
+ShardTensor mean(const ShardTensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  return reduction("mean", x, dims, keepdim);
+}
+ShardTensor mse_loss(const ShardTensor& a, const ShardTensor& b) {
+  return apply_op("mse_loss", {a, b})[0];
 }
 
 }  // namespace tessera::ops

@@ -201,16 +201,17 @@ Tensor reverse_rows(const Tensor& input) {
 }
 
 TEST(OpRegistry, AnOpWithoutARuleRunsReplicatedReshardsAndDifferentiates) {
-  register_op(OpDef{"test_reverse_rows", nullptr,
-                    [](const KernelContext&, const std::vector<Tensor>& inputs) {
-                      return std::vector<Tensor>{reverse_rows(inputs[0])};
-                    },
-                    nullptr,
-                    [](const OpRecord& record, const std::vector<std::optional<ShardTensor>>& grads)
-                        -> std::vector<std::optional<ShardTensor>> {
-                      const ShardTensor g = grads[0]->redistribute(record.outputs[0].placements());
-                      return {ShardTensor(reverse_rows(g.to_local()), g.mesh(), g.spec())};
-                    }});
+  register_op(OpDef{
+      .name = "test_reverse_rows",
+      .cpu =
+          [](const KernelContext&, const std::vector<Tensor>& inputs) {
+            return std::vector<Tensor>{reverse_rows(inputs[0])};
+          },
+      .backward = [](const OpRecord& record, const std::vector<std::optional<ShardTensor>>& grads)
+          -> std::vector<std::optional<ShardTensor>> {
+        const ShardTensor g = grads[0]->redistribute(record.outputs[0].placements());
+        return {ShardTensor(reverse_rows(g.to_local()), g.mesh(), g.spec())};
+      }});
   testing::run_world(3, [](std::shared_ptr<Comm> comm) {
     DeviceMesh mesh(comm, {3});
     Tensor values = Tensor::empty({6, 2}, DType::f64);

@@ -101,7 +101,17 @@ std::pair<Tensor, Tensor> run(const DeviceMesh& mesh, const std::vector<Placemen
 }  // namespace
 
 int main() {
-  register_op(OpDef{"laplacian7", laplacian_rule, laplacian_cpu, nullptr, laplacian_backward});
+  register_op(OpDef{.name = "laplacian7",
+                    .summary = "7-point Laplacian of a 3-d field",
+                    .inputs = {{.name = "u"}},
+                    .outputs = {"y"},
+                    .attrs = {{.name = "boundary",
+                               .type = AttrType::string,
+                               .default_value = std::string("zero"),
+                               .doc = "zero or periodic"}},
+                    .rule = laplacian_rule,
+                    .cpu = laplacian_cpu,
+                    .backward = laplacian_backward});
   const Shape shape{9, 7, 5};
   Tensor field = Tensor::empty(shape, DType::f64);
   for (int64_t i = 0; i < field.numel(); ++i)
