@@ -26,6 +26,21 @@ std::shared_ptr<nn::Sequential> make_net(const DeviceMesh& mesh, uint64_t seed) 
   return net;
 }
 
+/// Losses of `count` steps of `optimizer` on mse_loss(net(x), target).
+std::vector<double> train_steps(nn::Module& net, optim::Optimizer& optimizer, const ShardTensor& x,
+                                const ShardTensor& target, int count) {
+  std::vector<double> losses;
+  for (int step = 0; step < count; ++step) {
+    optimizer.zero_grad();
+    Tape tape;
+    const ShardTensor loss = ops::mse_loss(net.forward(x), target);
+    losses.push_back(loss.full_tensor().item_as_double({}));
+    tape.backward(loss);
+    optimizer.step();
+  }
+  return losses;
+}
+
 TEST(Modules, NamedParametersStateDictAndErrors) {
   testing::run_world(2, [](std::shared_ptr<Comm> comm) {
     DeviceMesh mesh(comm, {2});
@@ -70,18 +85,8 @@ TEST(Modules, SeededModelsTrainTheSameOnOneRankAndOnA2x2Mesh) {
                    const std::vector<std::vector<int64_t>>& extents) {
       auto net = make_net(mesh, 3);
       optim::Sgd sgd(net->parameters(), {.lr = 0.05, .momentum = 0.9});
-      const ShardTensor x = ShardTensor::distribute(x_full, mesh, placements, extents);
-      const ShardTensor target = ShardTensor::distribute(target_full, mesh, placements, extents);
-      std::vector<double> losses;
-      for (int step = 0; step < 5; ++step) {
-        sgd.zero_grad();
-        Tape tape;
-        const ShardTensor loss = ops::mse_loss(net->forward(x), target);
-        losses.push_back(loss.full_tensor().item_as_double({}));
-        tape.backward(loss);
-        sgd.step();
-      }
-      return losses;
+      return train_steps(*net, sgd, ShardTensor::distribute(x_full, mesh, placements, extents),
+                         ShardTensor::distribute(target_full, mesh, placements, extents), 5);
     };
     DeviceMesh single(comm->split(comm->rank(), 0), {1, 1});
     const std::vector<double> reference =
@@ -104,18 +109,8 @@ TEST(Modules, SeededModelsTrainTheSameOnOneRankAndOnA2x2Mesh) {
                          const std::vector<std::vector<int64_t>>& extents) {
       auto net = make_net(on, 5);
       optim::AdamW adam(net->parameters(), {.lr = 0.01});
-      const ShardTensor x = ShardTensor::distribute(xb, on, placements, extents);
-      const ShardTensor target = ShardTensor::distribute(tb, on, placements, extents);
-      std::vector<double> losses;
-      for (int step = 0; step < 5; ++step) {
-        adam.zero_grad();
-        Tape tape;
-        const ShardTensor loss = ops::mse_loss(net->forward(x), target);
-        losses.push_back(loss.full_tensor().item_as_double({}));
-        tape.backward(loss);
-        adam.step();
-      }
-      return losses;
+      return train_steps(*net, adam, ShardTensor::distribute(xb, on, placements, extents),
+                         ShardTensor::distribute(tb, on, placements, extents), 5);
     };
     const std::vector<double> one =
         run_batch(single, {Placement::replicate(), Placement::replicate()}, {});
