@@ -43,10 +43,8 @@ supp=$root/scripts/sanitize
 # Halt on the first finding with a stack; leaks are checked at exit (ASan) with the third-party
 # suppressions. MPICH's UCX intercepts mmap through hooks that the sanitizers' own interceptors
 # break; UCX_MEM_MMAP_HOOK_MODE=none turns the hooks off (Open MPI ignores it).
-# fast_unwind_on_malloc=0: the frame-pointer unwinder stops inside libraries built without frame
-# pointers (MPICH's UCX transports), leaving leak stacks that end in "<unknown module>" which no
-# suppression can name; the full unwinder reaches the library's own frames.
-export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:halt_on_error=1:detect_stack_use_after_return=0:fast_unwind_on_malloc=0}
+# Tests launched with mpiexec also get fast_unwind_on_malloc=0 (tests/CMakeLists.txt): see there.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:halt_on_error=1:detect_stack_use_after_return=0}
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$supp/lsan.supp:print_suppressions=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$supp/tsan.supp}
