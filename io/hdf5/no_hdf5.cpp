@@ -40,8 +40,8 @@ Tensor read_dataset(const std::string& file, const std::string&, std::optional<D
   not_available(file, "read a dataset of");
 }
 
-Tensor read_hyperslab(const std::string& file, const std::string&, const Box&,
-                      std::optional<DType>, Device) {
+Tensor read_hyperslab(const std::string& file, const std::string&, const Box&, std::optional<DType>,
+                      Device) {
   not_available(file, "read a hyperslab of");
 }
 

@@ -12,6 +12,7 @@
 #include "ops/optim/optimizer.hpp"
 #include "tests/dist/harness.hpp"
 #include "tests/dist/shard_cases.hpp"
+#include "tests/dist/training_support.hpp"
 
 namespace tessera {
 namespace {
@@ -26,20 +27,7 @@ std::shared_ptr<nn::Sequential> make_net(const DeviceMesh& mesh, uint64_t seed) 
   return net;
 }
 
-/// Losses of `count` steps of `optimizer` on mse_loss(net(x), target).
-std::vector<double> train_steps(nn::Module& net, optim::Optimizer& optimizer, const ShardTensor& x,
-                                const ShardTensor& target, int count) {
-  std::vector<double> losses;
-  for (int step = 0; step < count; ++step) {
-    optimizer.zero_grad();
-    Tape tape;
-    const ShardTensor loss = ops::mse_loss(net.forward(x), target);
-    losses.push_back(loss.full_tensor().item_as_double({}));
-    tape.backward(loss);
-    optimizer.step();
-  }
-  return losses;
-}
+using testing::train_steps;
 
 TEST(Modules, NamedParametersStateDictAndErrors) {
   testing::run_world(2, [](std::shared_ptr<Comm> comm) {

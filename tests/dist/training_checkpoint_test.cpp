@@ -14,6 +14,7 @@
 #include "tests/dist/harness.hpp"
 #include "tests/dist/io_test_support.hpp"
 #include "tests/dist/shard_cases.hpp"
+#include "tests/dist/training_support.hpp"
 
 namespace tessera {
 namespace {
@@ -28,7 +29,7 @@ std::shared_ptr<nn::Sequential> make_net(const DeviceMesh& mesh) {
   return net;
 }
 
-/// Steps [first, last) of AdamW on (x, target) laid out as given; the losses.
+/// Losses of `count` steps of `optimizer` on the test data laid out as given.
 std::vector<double> steps(nn::Module& net, optim::Optimizer& optimizer, const DeviceMesh& mesh,
                           const std::vector<Placement>& placements,
                           const std::vector<std::vector<int64_t>>& extents, int count) {
@@ -38,16 +39,7 @@ std::vector<double> steps(nn::Module& net, optim::Optimizer& optimizer, const De
       testing::integer_tensor(shape, DType::f64, rng, -4, 4), mesh, placements, extents);
   const ShardTensor target = ShardTensor::distribute(
       testing::integer_tensor(shape, DType::f64, rng, -4, 4), mesh, placements, extents);
-  std::vector<double> losses;
-  for (int step = 0; step < count; ++step) {
-    optimizer.zero_grad();
-    Tape tape;
-    const ShardTensor loss = ops::mse_loss(net.forward(x), target);
-    losses.push_back(loss.full_tensor().item_as_double({}));
-    tape.backward(loss);
-    optimizer.step();
-  }
-  return losses;
+  return testing::train_steps(net, optimizer, x, target, count);
 }
 
 TEST(TrainingCheckpoint, ResumesOnAnotherLayoutWithTheSameLosses) {

@@ -21,6 +21,7 @@
 #include "core/runtime/rank_context.hpp"
 #include "ops/op_helpers.hpp"
 #include "ops/ops.hpp"
+#include "tests/common/roundoff.hpp"
 #include "tests/dist/harness.hpp"
 #include "tests/dist/shard_cases.hpp"
 
@@ -102,15 +103,7 @@ std::vector<OpCase> op_cases() {
   return cases;
 }
 
-/// Unit roundoff of a storage dtype.
-double unit_roundoff(DType dtype) {
-  switch (dtype) {
-    case DType::f16: return std::ldexp(1.0, -11);
-    case DType::bf16: return std::ldexp(1.0, -8);
-    case DType::f32: return std::ldexp(1.0, -24);
-    default: return std::ldexp(1.0, -53);
-  }
-}
+using testing::unit_roundoff;
 
 /// Unit roundoff of the type the kernels compute and accumulate in.
 double accumulation_roundoff(DType dtype) {

@@ -23,6 +23,7 @@
 #include "ops/conv/conv_kernels.hpp"
 #include "ops/ops.hpp"
 #include "tests/common/fixtures.hpp"
+#include "tests/common/roundoff.hpp"
 #include "tests/dist/conv_cases.hpp"
 #include "tests/dist/harness.hpp"
 #include "tests/dist/shard_cases.hpp"
@@ -145,15 +146,7 @@ double max_abs(const Tensor& t) {
   return scale;
 }
 
-/// Unit roundoff of a storage dtype.
-double unit_roundoff(DType dtype) {
-  switch (dtype) {
-    case DType::f16: return std::ldexp(1.0, -11);
-    case DType::bf16: return std::ldexp(1.0, -8);
-    case DType::f32: return std::ldexp(1.0, -24);
-    default: return std::ldexp(1.0, -53);
-  }
-}
+using testing::unit_roundoff;
 
 /// Elementwise error bound of a conv computed from inputs rounded to `dtype` (f16/bf16), with
 /// products and sums in f32 and the result rounded to `dtype`, against the exact result:
