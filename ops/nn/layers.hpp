@@ -1,7 +1,8 @@
 // Layers over the sharded ops (Modules, ops/nn/module.hpp). Weights are initialized like
 // PyTorch's defaults (Conv: kaiming_uniform with a = sqrt(5), i.e. uniform in +-1/sqrt(fan_in),
 // and the bias in the same range) from a seed, on the full tensor, so every layout of every mesh
-// starts from the same values; parameters are replicated on the mesh they are made on.
+// starts from the same values; parameters are replicated on the mesh they are made on, on the
+// calling rank's device.
 #pragma once
 
 #include <cstdint>
