@@ -1,0 +1,290 @@
+// Sharded pooling: for a seeded sweep of random cases (max_pool and avg_pool, 1/2/3-d, kernels
+// 1..4, strides below, equal to and above the kernel, padding up to half the kernel, dilation,
+// ceil_mode, count_include_pad, divisor_override; 1-d..3-d meshes of 1..8 ranks sharding spatial,
+// batch and channel dims with uneven, empty and thinner-than-the-halo shards), the sharded
+// forward and dx (through the autograd tape) equal the same code run unsharded on one rank; dx
+// matches central finite differences (avg_pool, and max_pool with no ties); bad attributes
+// throw one error tagged with the op.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "core/autograd.hpp"
+#include "ops/ops.hpp"
+#include "tests/dist/harness.hpp"
+#include "tests/dist/shard_cases.hpp"
+
+namespace tessera {
+namespace {
+
+using testing::CaseRng;
+
+/// One pooling: the op, the shape of x, options and how x is sharded over a mesh.
+struct PoolCase {
+  bool max = true;
+  Shape x_shape;
+  ops::PoolOptions options;
+  std::vector<Placement> placements;
+  std::vector<std::vector<int64_t>> extents;
+
+  std::string str() const {
+    std::vector<std::string> names;
+    for (const Placement& placement : placements) names.push_back(placement.str());
+    return fmt::format(
+        "{} x {} kernel {} stride {} padding {} dilation {} ceil {} include_pad {} divisor {} "
+        "placements [{}] extents {}",
+        max ? "max_pool" : "avg_pool", x_shape, options.kernel_size, options.stride,
+        options.padding, options.dilation, options.ceil_mode, options.count_include_pad,
+        options.divisor_override, fmt::join(names, ", "), extents);
+  }
+};
+
+ShardTensor pool(const PoolCase& c, const ShardTensor& x) {
+  return c.max ? ops::max_pool(x, c.options) : ops::avg_pool(x, c.options);
+}
+
+/// A random pooling on a mesh of `mesh_shape` (see the file comment).
+PoolCase random_pool_case(const std::vector<int>& mesh_shape, CaseRng& rng) {
+  PoolCase c;
+  c.max = rng.chance(0.5);
+  const int spatial = static_cast<int>(rng.uniform(1, 3));
+  c.x_shape = {rng.uniform(1, 2), rng.uniform(1, 3)};
+  c.options.kernel_size.clear();
+  c.options.padding.clear();
+  c.options.dilation.clear();
+  const bool default_stride = rng.chance(0.25);
+  for (int i = 0; i < spatial; ++i) {
+    const int64_t kernel = rng.uniform(1, spatial == 3 ? 3 : 4);
+    const int64_t stride = rng.uniform(1, spatial == 3 ? 3 : 4);
+    const int64_t padding = rng.uniform(0, kernel / 2);
+    const int64_t dilation = c.max ? rng.uniform(1, 3) : 1;
+    const int64_t span = dilation * (kernel - 1) + 1;
+    const int64_t length =
+        std::max<int64_t>({rng.uniform(1, spatial == 3 ? 7 : 13), span - 2 * padding, 1});
+    c.x_shape.push_back(length);
+    c.options.kernel_size.push_back(kernel);
+    if (!default_stride) c.options.stride.push_back(stride);
+    c.options.padding.push_back(padding);
+    c.options.dilation.push_back(dilation);
+  }
+  c.options.ceil_mode = rng.chance(0.5);
+  c.options.count_include_pad = rng.chance(0.5);
+  if (!c.max && rng.chance(0.2)) c.options.divisor_override = rng.uniform(1, 7);
+  // Mesh dims shard distinct dims (spatial mostly, batch or channel sometimes) or replicate.
+  std::vector<bool> used(c.x_shape.size(), false);
+  for (size_t m = 0; m < mesh_shape.size(); ++m) {
+    const int dim = rng.chance(0.25) ? static_cast<int>(rng.uniform(0, 1))
+                                     : static_cast<int>(rng.uniform(2, 1 + spatial));
+    if (used[dim] || rng.chance(0.1)) {
+      c.placements.push_back(Placement::replicate());
+      c.extents.emplace_back();
+      continue;
+    }
+    used[dim] = true;
+    c.placements.push_back(Placement::shard(dim));
+    c.extents.push_back(rng.chance(0.3)
+                            ? default_split(c.x_shape[dim], mesh_shape[m])
+                            : testing::random_extents(c.x_shape[dim], mesh_shape[m], rng));
+  }
+  return c;
+}
+
+/// Forward and dx on `mesh` (full tensors), x sharded as the case says or replicated.
+std::vector<Tensor> run_case(const PoolCase& c, const DeviceMesh& mesh, const Tensor& x,
+                             const Tensor& gy, bool sharded) {
+  Tape tape;
+  ShardTensor xs = sharded
+                       ? ShardTensor::distribute(x, mesh, c.placements, c.extents)
+                       : ShardTensor::distribute(
+                             x, mesh, std::vector<Placement>(mesh.ndim(), Placement::replicate()));
+  xs.set_requires_grad();
+  const ShardTensor y = pool(c, xs);
+  // loss = sum(y * gy), so d loss / dy = gy.
+  const ShardTensor gys = ShardTensor::distribute(gy, mesh, y.placements(), y.spec().extents);
+  tape.backward(ops::sum(ops::mul(y, gys)));
+  EXPECT_EQ(tape.grad(xs)->spec(), xs.spec()) << "dx comes back in x's layout";
+  return {y.full_tensor(), tape.grad(xs)->full_tensor()};
+}
+
+/// Random values: small integers (many tied maxima) or distinct multiples of 1/64.
+Tensor random_input(const Shape& shape, CaseRng& rng) {
+  if (rng.chance(0.5)) return testing::integer_tensor(shape, DType::f64, rng, -3, 3);
+  Tensor x = testing::integer_tensor(shape, DType::f64, rng, -200, 200);
+  double* data = x.data<double>();
+  for (int64_t i = 0; i < x.numel(); ++i) data[i] /= 64.0;
+  return x;
+}
+
+/// Whether a and b (f64, one shape) hold infinities at the same places with the same signs; both
+/// get zeros there, so that the finite rest can be compared (a max_pool window with no real cell
+/// is -inf, as in PyTorch).
+bool zero_matching_infinities(Tensor& a, Tensor& b) {
+  a = a.contiguous().clone();
+  b = b.contiguous().clone();
+  bool same = a.shape() == b.shape();
+  for (int64_t i = 0; same && i < a.numel(); ++i) {
+    double& left = a.data<double>()[i];
+    double& right = b.data<double>()[i];
+    if (std::isinf(left) || std::isinf(right)) {
+      same = left == right;
+      left = right = 0.0;
+    }
+  }
+  return same;
+}
+
+TEST(PoolSharded, RandomCasesMatchUnshardedForwardAndGradient) {
+  int total_cases = 0;
+  testing::run_every_world([&](std::shared_ptr<Comm> comm) {
+    const auto meshes = testing::mesh_factorizations(comm->size());
+    // The unsharded reference runs the same code on a one-rank mesh of this rank alone.
+    auto self = comm->split(comm->rank(), 0);
+    DeviceMesh single(self, {1});
+    int cases = 0;
+    for (size_t mesh_index = 0; mesh_index < meshes.size(); ++mesh_index) {
+      DeviceMesh mesh(comm, meshes[mesh_index]);
+      for (int index = 0; index < testing::cases_per_mesh(comm->size(), 40); ++index, ++cases) {
+        CaseRng rng(testing::case_seed(61, comm->size(), static_cast<int>(mesh_index), index));
+        const PoolCase c = random_pool_case(mesh.shape(), rng);
+        const Tensor x = random_input(c.x_shape, rng);
+        const ShardTensor probe =
+            pool(c, ShardTensor::distribute(x, single, {Placement::replicate()}));
+        const Tensor gy = testing::integer_tensor(probe.global_shape(), DType::f64, rng, -3, 3);
+        auto expected = run_case(c, single, x, gy, false);
+        auto actual = run_case(c, mesh, x, gy, true);
+        const char* names[] = {"y", "dx"};
+        for (size_t i = 0; i < expected.size(); ++i)
+          EXPECT_TRUE(zero_matching_infinities(actual[i], expected[i]) &&
+                      testing::relative_error(actual[i], expected[i]) <= 1e-12)
+              << names[i] << " case " << index << " mesh " << testing::shape_str(mesh.shape())
+              << " " << c.str();
+      }
+    }
+    if (comm->rank() == 0) total_cases += cases;
+  });
+  if (!testing::mpi_backend()) {
+    EXPECT_GE(total_cases, 200);
+  }
+}
+
+/// sum(pool(x) * gy) for the full x, on `mesh` with x laid out as the case says.
+double loss_of(const PoolCase& c, const DeviceMesh& mesh, const Tensor& x, const Tensor& gy) {
+  const ShardTensor y = pool(c, ShardTensor::distribute(x, mesh, c.placements, c.extents));
+  const Tensor full = y.full_tensor().contiguous();
+  double loss = 0.0;
+  for (int64_t i = 0; i < full.numel(); ++i) loss += full.data<double>()[i] * gy.data<double>()[i];
+  return loss;
+}
+
+// Central differences of sum(pool(x) * gy) against dx on 2 ranks (x sharded along the last
+// spatial dim, uneven): avg_pool everywhere, max_pool on distinct values spaced far wider than
+// the step (no ties, so the maximum never changes hands).
+TEST(PoolSharded, GradientMatchesCentralFiniteDifferences) {
+  testing::run_world(2, [&](std::shared_ptr<Comm> comm) {
+    DeviceMesh mesh(comm, {2});
+    int checked = 0;
+    for (int index = 0; index < 12; ++index) {
+      CaseRng rng(testing::case_seed(62, 2, 0, index));
+      PoolCase c;
+      c.max = index % 2 == 0;
+      const int spatial = 1 + (index / 2) % 3;
+      c.x_shape = {2, 2};
+      c.options.kernel_size.clear();
+      c.options.padding.clear();
+      c.options.dilation.clear();
+      for (int i = 0; i < spatial; ++i) {
+        const int64_t kernel = rng.uniform(2, 3);
+        c.x_shape.push_back(spatial == 3 ? 4 : 7);
+        c.options.kernel_size.push_back(kernel);
+        c.options.stride.push_back(rng.uniform(1, 3));
+        c.options.padding.push_back(rng.uniform(0, 1));
+        c.options.dilation.push_back(c.max ? rng.uniform(1, 2) : 1);
+      }
+      c.options.ceil_mode = index % 4 < 2;
+      c.options.count_include_pad = index % 3 != 0;
+      const int last = static_cast<int>(c.x_shape.size()) - 1;
+      c.placements = {Placement::shard(last)};
+      c.extents = {{c.x_shape[last] - 2, 2}};
+      // Distinct values: a random permutation of 0..n-1, scaled.
+      const int64_t count = shape_numel(c.x_shape);
+      std::vector<double> values(count);
+      std::iota(values.begin(), values.end(), 0.0);
+      std::mt19937_64 shuffle(static_cast<uint64_t>(index) + 5);
+      std::shuffle(values.begin(), values.end(), shuffle);
+      Tensor x = Tensor::empty(c.x_shape, DType::f64);
+      for (int64_t i = 0; i < count; ++i) x.data<double>()[i] = values[i] * 0.01 - 0.3;
+      const ShardTensor probe = pool(c, ShardTensor::distribute(x, mesh, c.placements, c.extents));
+      const Tensor gy = testing::integer_tensor(probe.global_shape(), DType::f64, rng, -3, 3);
+      const Tensor dx = run_case(c, mesh, x, gy, true)[1].contiguous();
+      const double step = 1e-6;
+      double worst = 0.0;
+      for (int64_t i = 0; i < count; ++i) {
+        Tensor plus = x.clone(), minus = x.clone();
+        plus.data<double>()[i] += step;
+        minus.data<double>()[i] -= step;
+        const double numeric =
+            (loss_of(c, mesh, plus, gy) - loss_of(c, mesh, minus, gy)) / (2 * step);
+        worst = std::max(worst, std::fabs(numeric - dx.data<double>()[i]));
+      }
+      EXPECT_LT(worst, 1e-6) << c.str();
+      ++checked;
+    }
+    EXPECT_EQ(checked, 12);
+  });
+}
+
+std::string error_of(bool max, const Shape& shape, const ops::PoolOptions& options) {
+  std::string message;
+  testing::run_world(1, [&](std::shared_ptr<Comm> comm) {
+    DeviceMesh mesh(comm, {1});
+    const ShardTensor x =
+        ShardTensor::distribute(Tensor::zeros(shape, DType::f64), mesh, {Placement::replicate()});
+    try {
+      max ? ops::max_pool(x, options) : ops::avg_pool(x, options);
+    } catch (const InvalidArgument& error) {
+      message = error.what();
+    }
+  });
+  return message;
+}
+
+TEST(PoolSharded, BadAttributesThrowOneErrorNamingTheOpAndTheAttribute) {
+  using ::testing::HasSubstr;
+  using ::testing::StartsWith;
+  auto options = [](std::vector<int64_t> kernel, std::vector<int64_t> stride,
+                    std::vector<int64_t> padding, std::vector<int64_t> dilation) {
+    ops::PoolOptions result;
+    result.kernel_size = std::move(kernel);
+    result.stride = std::move(stride);
+    result.padding = std::move(padding);
+    result.dilation = std::move(dilation);
+    return result;
+  };
+  EXPECT_THAT(error_of(true, {1, 1, 8}, options({3}, {}, {2}, {1})),
+              AllOf(StartsWith("[max_pool]"), HasSubstr("'padding'")));
+  EXPECT_THAT(error_of(true, {1, 1, 8}, options({0}, {}, {0}, {1})),
+              AllOf(StartsWith("[max_pool]"), HasSubstr("'kernel_size'")));
+  EXPECT_THAT(error_of(true, {1, 1, 8}, options({2}, {0}, {0}, {1})),
+              AllOf(StartsWith("[max_pool]"), HasSubstr("'stride'")));
+  EXPECT_THAT(error_of(true, {1, 1, 8}, options({2}, {}, {0}, {0})),
+              AllOf(StartsWith("[max_pool]"), HasSubstr("'dilation'")));
+  EXPECT_THAT(error_of(true, {1, 1, 8, 8}, options({2, 2, 2}, {}, {0}, {1})),
+              AllOf(StartsWith("[max_pool]"), HasSubstr("'kernel_size'")));
+  EXPECT_THAT(error_of(true, {1, 1, 3}, options({3}, {}, {0}, {2})),
+              AllOf(StartsWith("[max_pool]"), HasSubstr("too small")));
+  EXPECT_THAT(error_of(true, {1, 8}, options({2}, {}, {0}, {1})),
+              AllOf(StartsWith("[max_pool]"), HasSubstr("[N, C, spatial..]")));
+  EXPECT_THAT(error_of(false, {1, 1, 8}, options({2}, {}, {0}, {2})),
+              AllOf(StartsWith("[avg_pool]"), HasSubstr("dilation")));
+  ops::PoolOptions negative = options({2}, {}, {0}, {1});
+  negative.divisor_override = -1;
+  EXPECT_THAT(error_of(false, {1, 1, 8}, negative),
+              AllOf(StartsWith("[avg_pool]"), HasSubstr("'divisor_override'")));
+}
+
+}  // namespace
+}  // namespace tessera
