@@ -16,82 +16,16 @@
 #include "core/autograd.hpp"
 #include "ops/ops.hpp"
 #include "tests/dist/harness.hpp"
+#include "tests/dist/pool_cases.hpp"
 #include "tests/dist/shard_cases.hpp"
 
 namespace tessera {
 namespace {
 
 using testing::CaseRng;
-
-/// One pooling: the op, the shape of x, options and how x is sharded over a mesh.
-struct PoolCase {
-  bool max = true;
-  Shape x_shape;
-  ops::PoolOptions options;
-  std::vector<Placement> placements;
-  std::vector<std::vector<int64_t>> extents;
-
-  std::string str() const {
-    std::vector<std::string> names;
-    for (const Placement& placement : placements) names.push_back(placement.str());
-    return fmt::format(
-        "{} x {} kernel {} stride {} padding {} dilation {} ceil {} include_pad {} divisor {} "
-        "placements [{}] extents {}",
-        max ? "max_pool" : "avg_pool", x_shape, options.kernel_size, options.stride,
-        options.padding, options.dilation, options.ceil_mode, options.count_include_pad,
-        options.divisor_override, fmt::join(names, ", "), extents);
-  }
-};
-
-ShardTensor pool(const PoolCase& c, const ShardTensor& x) {
-  return c.max ? ops::max_pool(x, c.options) : ops::avg_pool(x, c.options);
-}
-
-/// A random pooling on a mesh of `mesh_shape` (see the file comment).
-PoolCase random_pool_case(const std::vector<int>& mesh_shape, CaseRng& rng) {
-  PoolCase c;
-  c.max = rng.chance(0.5);
-  const int spatial = static_cast<int>(rng.uniform(1, 3));
-  c.x_shape = {rng.uniform(1, 2), rng.uniform(1, 3)};
-  c.options.kernel_size.clear();
-  c.options.padding.clear();
-  c.options.dilation.clear();
-  const bool default_stride = rng.chance(0.25);
-  for (int i = 0; i < spatial; ++i) {
-    const int64_t kernel = rng.uniform(1, spatial == 3 ? 3 : 4);
-    const int64_t stride = rng.uniform(1, spatial == 3 ? 3 : 4);
-    const int64_t padding = rng.uniform(0, kernel / 2);
-    const int64_t dilation = c.max ? rng.uniform(1, 3) : 1;
-    const int64_t span = dilation * (kernel - 1) + 1;
-    const int64_t length =
-        std::max<int64_t>({rng.uniform(1, spatial == 3 ? 7 : 13), span - 2 * padding, 1});
-    c.x_shape.push_back(length);
-    c.options.kernel_size.push_back(kernel);
-    if (!default_stride) c.options.stride.push_back(stride);
-    c.options.padding.push_back(padding);
-    c.options.dilation.push_back(dilation);
-  }
-  c.options.ceil_mode = rng.chance(0.5);
-  c.options.count_include_pad = rng.chance(0.5);
-  if (!c.max && rng.chance(0.2)) c.options.divisor_override = rng.uniform(1, 7);
-  // Mesh dims shard distinct dims (spatial mostly, batch or channel sometimes) or replicate.
-  std::vector<bool> used(c.x_shape.size(), false);
-  for (size_t m = 0; m < mesh_shape.size(); ++m) {
-    const int dim = rng.chance(0.25) ? static_cast<int>(rng.uniform(0, 1))
-                                     : static_cast<int>(rng.uniform(2, 1 + spatial));
-    if (used[dim] || rng.chance(0.1)) {
-      c.placements.push_back(Placement::replicate());
-      c.extents.emplace_back();
-      continue;
-    }
-    used[dim] = true;
-    c.placements.push_back(Placement::shard(dim));
-    c.extents.push_back(rng.chance(0.3)
-                            ? default_split(c.x_shape[dim], mesh_shape[m])
-                            : testing::random_extents(c.x_shape[dim], mesh_shape[m], rng));
-  }
-  return c;
-}
+using testing::PoolCase;
+using testing::random_input;
+using testing::random_pool_case;
 
 /// Forward and dx on `mesh` (full tensors), x sharded as the case says or replicated.
 std::vector<Tensor> run_case(const PoolCase& c, const DeviceMesh& mesh, const Tensor& x,
@@ -102,21 +36,12 @@ std::vector<Tensor> run_case(const PoolCase& c, const DeviceMesh& mesh, const Te
                        : ShardTensor::distribute(
                              x, mesh, std::vector<Placement>(mesh.ndim(), Placement::replicate()));
   xs.set_requires_grad();
-  const ShardTensor y = pool(c, xs);
+  const ShardTensor y = testing::pool(c, xs);
   // loss = sum(y * gy), so d loss / dy = gy.
   const ShardTensor gys = ShardTensor::distribute(gy, mesh, y.placements(), y.spec().extents);
   tape.backward(ops::sum(ops::mul(y, gys)));
   EXPECT_EQ(tape.grad(xs)->spec(), xs.spec()) << "dx comes back in x's layout";
   return {y.full_tensor(), tape.grad(xs)->full_tensor()};
-}
-
-/// Random values: small integers (many tied maxima) or distinct multiples of 1/64.
-Tensor random_input(const Shape& shape, CaseRng& rng) {
-  if (rng.chance(0.5)) return testing::integer_tensor(shape, DType::f64, rng, -3, 3);
-  Tensor x = testing::integer_tensor(shape, DType::f64, rng, -200, 200);
-  double* data = x.data<double>();
-  for (int64_t i = 0; i < x.numel(); ++i) data[i] /= 64.0;
-  return x;
 }
 
 /// Whether a and b (f64, one shape) hold infinities at the same places with the same signs; both
@@ -152,7 +77,7 @@ TEST(PoolSharded, RandomCasesMatchUnshardedForwardAndGradient) {
         const PoolCase c = random_pool_case(mesh.shape(), rng);
         const Tensor x = random_input(c.x_shape, rng);
         const ShardTensor probe =
-            pool(c, ShardTensor::distribute(x, single, {Placement::replicate()}));
+            testing::pool(c, ShardTensor::distribute(x, single, {Placement::replicate()}));
         const Tensor gy = testing::integer_tensor(probe.global_shape(), DType::f64, rng, -3, 3);
         auto expected = run_case(c, single, x, gy, false);
         auto actual = run_case(c, mesh, x, gy, true);
@@ -173,7 +98,7 @@ TEST(PoolSharded, RandomCasesMatchUnshardedForwardAndGradient) {
 
 /// sum(pool(x) * gy) for the full x, on `mesh` with x laid out as the case says.
 double loss_of(const PoolCase& c, const DeviceMesh& mesh, const Tensor& x, const Tensor& gy) {
-  const ShardTensor y = pool(c, ShardTensor::distribute(x, mesh, c.placements, c.extents));
+  const ShardTensor y = testing::pool(c, ShardTensor::distribute(x, mesh, c.placements, c.extents));
   const Tensor full = y.full_tensor().contiguous();
   double loss = 0.0;
   for (int64_t i = 0; i < full.numel(); ++i) loss += full.data<double>()[i] * gy.data<double>()[i];
@@ -217,7 +142,8 @@ TEST(PoolSharded, GradientMatchesCentralFiniteDifferences) {
       std::shuffle(values.begin(), values.end(), shuffle);
       Tensor x = Tensor::empty(c.x_shape, DType::f64);
       for (int64_t i = 0; i < count; ++i) x.data<double>()[i] = values[i] * 0.01 - 0.3;
-      const ShardTensor probe = pool(c, ShardTensor::distribute(x, mesh, c.placements, c.extents));
+      const ShardTensor probe =
+          testing::pool(c, ShardTensor::distribute(x, mesh, c.placements, c.extents));
       const Tensor gy = testing::integer_tensor(probe.global_shape(), DType::f64, rng, -3, 3);
       const Tensor dx = run_case(c, mesh, x, gy, true)[1].contiguous();
       const double step = 1e-6;
