@@ -96,6 +96,33 @@ TEST(PoolSharded, RandomCasesMatchUnshardedForwardAndGradient) {
   }
 }
 
+// f32, f16 and bf16 (computed in float) against f64 on 2 ranks, sharded: the inputs are exact in
+// every dtype, so max_pool's forward is exact and the rest is within the dtype's roundoff.
+TEST(PoolSharded, LowPrecisionDtypesMatchF64WithinTheirRoundoff) {
+  testing::run_world(2, [&](std::shared_ptr<Comm> comm) {
+    DeviceMesh mesh(comm, {2});
+    for (int index = 0; index < 40; ++index) {
+      CaseRng rng(testing::case_seed(64, 2, 0, index));
+      const PoolCase c = random_pool_case(mesh.shape(), rng);
+      const Tensor x = random_input(c.x_shape, rng);
+      const ShardTensor probe =
+          testing::pool(c, ShardTensor::distribute(x, mesh, c.placements, c.extents));
+      const Tensor gy = testing::integer_tensor(probe.global_shape(), DType::f64, rng, -3, 3);
+      const auto reference = run_case(c, mesh, x, gy, true);
+      for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+        const auto low = run_case(c, mesh, x.to_dtype(dtype), gy.to_dtype(dtype), true);
+        const double bound = dtype == DType::f32 ? 1e-6 : dtype == DType::f16 ? 4e-3 : 3e-2;
+        for (size_t i = 0; i < low.size(); ++i) {
+          Tensor actual = low[i].to_dtype(DType::f64), expected = reference[i];
+          EXPECT_TRUE(zero_matching_infinities(actual, expected) &&
+                      testing::relative_error(actual, expected) <= (c.max && i == 0 ? 0 : bound))
+              << (i == 0 ? "y " : "dx ") << dtype_name(dtype) << " " << c.str();
+        }
+      }
+    }
+  });
+}
+
 /// sum(pool(x) * gy) for the full x, on `mesh` with x laid out as the case says.
 double loss_of(const PoolCase& c, const DeviceMesh& mesh, const Tensor& x, const Tensor& gy) {
   const ShardTensor y = testing::pool(c, ShardTensor::distribute(x, mesh, c.placements, c.extents));
