@@ -3,7 +3,9 @@
 // Along a spatial dim with input extent L, kernel K, stride s, dilation d and padding p, output
 // o reads inputs o*s - p + j*d, j < K; cells outside [0, L) are padding. Output o is owned by the
 // rank owning input clamp(o*s, 0, L-1) (as conv); a rank owning outputs [a, b) needs inputs
-// [a*s - p, (b-1)*s - p + d*(K-1) + 1), which the halo plan fills (zeros past the global edges).
+// [a*s - p, (b-1)*s - p + d*(K-1) + 1), which the halo plan fills (zeros past the global edges;
+// no halo at all when that range is every rank's own piece, as with stride = kernel, no padding
+// and shards on window borders).
 // The kernels are told the global box of their haloed piece and the global extent, so they treat
 // every cell outside [0, L) as padding and one kernel serves sharded and unsharded calls. The
 // channel and batch dims may stay sharded: pooling works on each (n, c) plane alone.
@@ -134,6 +136,7 @@ OpRule pool_rule(PoolKind kind, const std::vector<ShardSpec>& inputs, const OpAt
   // the kernel treats as padding).
   HaloNeed need;
   need.boundary.assign(x.global_shape.size(), BoundaryMode::zero);
+  bool own_piece_only = true;  // every rank reads exactly its own piece (stride = kernel, ...)
   for (int rank = 0; rank < mesh_size(x.mesh_shape); ++rank) {
     Box box = x.local_box_of_rank(rank);
     const Box out_box = y.local_box_of_rank(rank);
@@ -144,9 +147,11 @@ OpRule pool_rule(PoolKind kind, const std::vector<ShardSpec>& inputs, const OpAt
                                          dims.dilation[i] * (dims.kernel[i] - 1) + 1
                                    : box.lo[2 + i];
     }
+    own_piece_only = own_piece_only && box == x.local_box_of_rank(rank);
     need.needed.push_back(box);
   }
-  rule.halos.push_back(need);
+  // Without a halo the kernel reads the owned piece as it is (no haloed copy).
+  rule.halos.push_back(own_piece_only ? std::nullopt : std::optional<HaloNeed>(need));
   return rule;
 }
 
@@ -198,8 +203,9 @@ BackwardFn backward_of(PoolKind kind) {
     const ShardTensor g =
         grads[0]->spec() == y ? *grads[0] : grads[0]->redistribute(y.placements, y.extents);
     const Tensor& x_haloed = record.kernel_inputs[0];
+    const HaloPlan* plan = record.plans[0].get();  // null: the kernel read the owned piece
     const PoolWindows windows =
-        windows_of(kind, record.attrs, x.global_shape(), record.plans[0]->needed_box(),
+        windows_of(kind, record.attrs, x.global_shape(), plan ? plan->needed_box() : x.local_box(),
                    record.outputs[0].local_box());
     const Tensor g_local = g.to_local();
     const Tensor dx_haloed =
@@ -207,7 +213,7 @@ BackwardFn backward_of(PoolKind kind) {
             ? pool_backward_cuda(windows, x_haloed, g_local, compute_stream_for(x_haloed.device()))
             : pool_backward_cpu(windows, x_haloed, g_local);
     // Gradient that landed on halo cells goes back to their owners and is added there.
-    const Tensor dx = halo_adjoint(*record.plans[0], dx_haloed, x.mesh().comm());
+    const Tensor dx = plan ? halo_adjoint(*plan, dx_haloed, x.mesh().comm()) : dx_haloed;
     std::vector<std::optional<ShardTensor>> result;
     result.emplace_back(ShardTensor(dx, x.mesh(), x.spec()));
     return result;
