@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-# Acceptance check of the generic `tessera run-op max_pool` / `run-op avg_pool`: every PyTorch
+# Acceptance check of `tessera ops --json` for the pooling ops and of the generic `tessera run-op
+# max_pool` / `run-op avg_pool`: every PyTorch
 # fixture case (tests/fixtures/pool) is written into an input HDF5 file (x, gy), run forward and
 # --backward with its attributes as --attr NAME=VALUE on 4 ranks (local ranks, or under a
 # launcher given in TESSERA_LAUNCH, e.g. "mpiexec -n 4": a 2x2 mesh over the last two spatial
@@ -7,7 +8,9 @@
 # PyTorch's values and each other. Bad attributes exit with code 2, print one line naming the op
 # and the attribute, and leave no output.
 # Usage: run_op_pool_check.py TESSERA_BINARY FIXTURE_DIR SCRATCH_DIR
+import json
 import os
+import subprocess
 import sys
 
 import h5py
@@ -51,6 +54,19 @@ def attrs_of(case):
                   f"divisor_override={case['divisor_override']}"]
     return sum((["--attr", a] for a in attrs), [])
 
+
+# --- tessera ops --json lists both with their signatures ------------------------------------------
+listing = subprocess.run([tessera, "ops", "--json"], capture_output=True, text=True, timeout=60)
+ops = {op["name"]: op for op in json.loads(listing.stdout)["ops"]} if listing.returncode == 0 else {}
+for op, attrs in [("max_pool", ["kernel_size", "stride", "padding", "dilation", "ceil_mode"]),
+                  ("avg_pool", ["kernel_size", "stride", "padding", "ceil_mode",
+                                "count_include_pad", "divisor_override"])]:
+    entry = ops.get(op, {})
+    report(entry.get("devices") == ["cpu", "cuda"] and entry.get("differentiable") is True
+           and [i["name"] for i in entry.get("inputs", [])] == ["x"] and entry.get("outputs") == ["y"]
+           and [a["name"] for a in entry.get("attrs", [])] == attrs
+           and entry["attrs"][0]["required"] is True,
+           f"ops --json lists {op}: x -> y, attributes {attrs}, kernel_size required, cpu and cuda")
 
 for case in manifest["cases"]:
     name, op, x_shape = case["name"], case["op"], case["x_shape"]
