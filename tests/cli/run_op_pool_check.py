@@ -1,12 +1,11 @@
 #!/usr/bin/python3
 # Acceptance check of `tessera ops --json` for the pooling ops and of the generic `tessera run-op
-# max_pool` / `run-op avg_pool`: every PyTorch
-# fixture case (tests/fixtures/pool) is written into an input HDF5 file (x, gy), run forward and
-# --backward with its attributes as --attr NAME=VALUE on 4 ranks (local ranks, or under a
-# launcher given in TESSERA_LAUNCH, e.g. "mpiexec -n 4": a 2x2 mesh over the last two spatial
-# dims, or 4 ranks over a 1-d signal, uneven with an empty shard) and on 1 rank; y and gx equal
-# PyTorch's values and each other. Bad attributes exit with code 2, print one line naming the op
-# and the attribute, and leave no output.
+# max_pool` / `run-op avg_pool`: every PyTorch fixture case (tests/fixtures/pool) is written into
+# an input HDF5 file (x, gy), run forward and --backward with its attributes as --attr NAME=VALUE
+# on 4 ranks (local ranks, or under a launcher given in TESSERA_LAUNCH, e.g. "mpiexec -n 4": a 2x2
+# mesh over the last two spatial dims, or 4 ranks over a 1-d signal, uneven with an empty shard)
+# and on 1 rank; y and gx equal PyTorch's values and each other. Bad attributes exit with code 2,
+# print one line naming the op and the attribute, and leave no output.
 # Usage: run_op_pool_check.py TESSERA_BINARY FIXTURE_DIR SCRATCH_DIR
 import json
 import os
