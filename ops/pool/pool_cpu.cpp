@@ -68,15 +68,31 @@ void for_each_window(const PoolWindows& windows,
   }
 }
 
+/// Whether a window holds no real cell.
+bool empty_window(const PoolRange& r0, const PoolRange& r1, const PoolRange& r2) {
+  return r0.hi <= r0.lo || r1.hi <= r1.lo || r2.hi <= r2.lo;
+}
+
+/// The input index of the first real cell of a window (PyTorch's argmax when every real cell is
+/// -inf), or -1 when the window holds no real cell.
+int64_t first_real_cell(const PoolWindows& windows, const PoolRange& r0, const PoolRange& r1,
+                        const PoolRange& r2, int64_t s0, int64_t s1, int64_t s2) {
+  if (empty_window(r0, r1, r2)) return -1;
+  const PoolDim* dims = windows.dims;
+  return ((s0 + r0.lo * dims[0].dilation) * dims[1].in + s1 + r1.lo * dims[1].dilation) *
+             dims[2].in +
+         s2 + r2.lo * dims[2].dilation;
+}
+
 /// The input index of the maximum of a window (first maximum in window order, the last NaN when
-/// there is one), or -1 when the window holds no real cell.
+/// there is one, the first real cell when all are -inf), or -1 when the window holds no real cell.
 template <typename T, typename C>
 int64_t window_argmax(const PoolWindows& windows, const T* plane, const PoolRange& r0,
                       const PoolRange& r1, const PoolRange& r2, int64_t s0, int64_t s1,
                       int64_t s2) {
   const PoolDim* dims = windows.dims;
   C best = -std::numeric_limits<C>::infinity();
-  int64_t arg = -1;
+  int64_t arg = first_real_cell(windows, r0, r1, r2, s0, s1, s2);
   for (int64_t t0 = r0.lo; t0 < r0.hi; ++t0) {
     const int64_t i0 = s0 + t0 * dims[0].dilation;
     for (int64_t t1 = r1.lo; t1 < r1.hi; ++t1) {
@@ -94,16 +110,32 @@ int64_t window_argmax(const PoolWindows& windows, const T* plane, const PoolRang
   return arg;
 }
 
+/// window_argmax given the window's maximum `y` (the forward's output): the first cell equal to
+/// it (the forward keeps the first of equal maxima), or the last NaN when y is NaN.
+template <typename T, typename C>
+int64_t window_argmax_of(const PoolWindows& windows, const T* plane, C y, const PoolRange& r0,
+                         const PoolRange& r1, const PoolRange& r2, int64_t s0, int64_t s1,
+                         int64_t s2) {
+  if (y != y) return window_argmax<T, C>(windows, plane, r0, r1, r2, s0, s1, s2);
+  const PoolDim* dims = windows.dims;
+  for (int64_t t0 = r0.lo; t0 < r0.hi; ++t0) {
+    const int64_t i0 = s0 + t0 * dims[0].dilation;
+    for (int64_t t1 = r1.lo; t1 < r1.hi; ++t1) {
+      const int64_t row = (i0 * dims[1].in + s1 + t1 * dims[1].dilation) * dims[2].in + s2;
+      for (int64_t t2 = r2.lo; t2 < r2.hi; ++t2)
+        if (static_cast<C>(plane[row + t2 * dims[2].dilation]) == y)
+          return row + t2 * dims[2].dilation;
+    }
+  }
+  return -1;
+}
+
 /// avg's divisor of a window with real cells r0 x r1 x r2.
 double avg_divisor(const PoolWindows& windows, const PoolRange& r0, const PoolRange& r1,
                    const PoolRange& r2) {
   if (windows.divisor_override != 0) return static_cast<double>(windows.divisor_override);
   if (windows.count_include_pad) return static_cast<double>(r0.padded * r1.padded * r2.padded);
   return static_cast<double>((r0.hi - r0.lo) * (r1.hi - r1.lo) * (r2.hi - r2.lo));
-}
-
-bool empty_window(const PoolRange& r0, const PoolRange& r1, const PoolRange& r2) {
-  return r0.hi <= r0.lo || r1.hi <= r1.lo || r2.hi <= r2.lo;
 }
 
 }  // namespace
@@ -157,10 +189,15 @@ Tensor pool_forward_cpu(const PoolWindows& windows, const Tensor& x, const Shape
   return y;
 }
 
-Tensor pool_backward_cpu(const PoolWindows& windows, const Tensor& x, const Tensor& gy) {
+Tensor pool_backward_cpu(const PoolWindows& windows, const Tensor& x, const Tensor& y,
+                         const Tensor& gy) {
   check_arg(x.device().is_cpu() && gy.device().is_cpu() && gy.dtype() == x.dtype(),
             op_name(windows), "cpu kernel got {} and {}", x.str(), gy.str());
   const Tensor input = x.contiguous(), grad = gy.contiguous();
+  const Tensor output = y.contiguous();
+  if (windows.kind == PoolKind::max)
+    check_arg(output.shape() == grad.shape() && output.dtype() == input.dtype(), op_name(windows),
+              "backward got the output {} for the gradient {}", output.str(), grad.str());
   Tensor dx = Tensor::zeros(input.shape(), input.dtype());
   const int64_t in_plane = windows.in_plane(), out_plane = windows.out_plane();
   if (grad.numel() == 0 || dx.numel() == 0) return dx;
@@ -177,11 +214,12 @@ Tensor pool_backward_cpu(const PoolWindows& windows, const Tensor& x, const Tens
         const T* plane = in + p * in_plane;
         const T* g_plane = g + p * out_plane;
         if (windows.kind == PoolKind::max) {
+          const T* y_plane = static_cast<const T*>(output.raw_data()) + p * out_plane;
           for_each_window(windows, ranges,
                           [&](int64_t o, const PoolRange& r0, const PoolRange& r1,
                               const PoolRange& r2, int64_t s0, int64_t s1, int64_t s2) {
-                            const int64_t arg =
-                                window_argmax<T, C>(windows, plane, r0, r1, r2, s0, s1, s2);
+                            const int64_t arg = window_argmax_of<T, C>(
+                                windows, plane, static_cast<C>(y_plane[o]), r0, r1, r2, s0, s1, s2);
                             if (arg >= 0) acc[arg] += static_cast<C>(g_plane[o]);
                           });
         } else {

@@ -12,7 +12,9 @@ namespace tessera::ops {
 Tensor pool_forward_cpu(const kernels::PoolWindows& windows, const Tensor& x, const Shape& y_shape);
 
 /// dx (x's shape): gy routed to each window's argmax (max; the first maximum in window order, the
-/// last NaN when there is one) or spread as gy / divisor over its real cells (avg).
-Tensor pool_backward_cpu(const kernels::PoolWindows& windows, const Tensor& x, const Tensor& gy);
+/// last NaN when there is one, found from the forward's output y) or spread as gy / divisor over
+/// its real cells (avg; y unused).
+Tensor pool_backward_cpu(const kernels::PoolWindows& windows, const Tensor& x, const Tensor& y,
+                         const Tensor& gy);
 
 }  // namespace tessera::ops

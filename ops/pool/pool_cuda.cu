@@ -14,7 +14,8 @@ namespace tessera::ops::kernels {
 namespace {
 
 /// The local input index of the maximum of output `o`'s window in plane `plane` (first maximum in
-/// window order, the last NaN when there is one), -1 when no cell of the window is real.
+/// window order, the last NaN when there is one, the first real cell when all are -inf), -1 when
+/// no cell of the window is real.
 template <typename T>
 __device__ int64_t window_argmax(const PoolWindows& w, const T* plane, int64_t j0, int64_t j1,
                                  int64_t j2) {
@@ -25,7 +26,13 @@ __device__ int64_t window_argmax(const PoolWindows& w, const T* plane, int64_t j
   const int64_t s1 = w.dims[1].first + j1 * w.dims[1].stride;
   const int64_t s2 = w.dims[2].first + j2 * w.dims[2].stride;
   C best = -std::numeric_limits<C>::infinity();
-  int64_t arg = -1;
+  // The first real cell (PyTorch's argmax when every real cell is -inf), or none.
+  int64_t arg =
+      r0.hi <= r0.lo || r1.hi <= r1.lo || r2.hi <= r2.lo
+          ? -1
+          : ((s0 + r0.lo * w.dims[0].dilation) * w.dims[1].in + s1 + r1.lo * w.dims[1].dilation) *
+                    w.dims[2].in +
+                s2 + r2.lo * w.dims[2].dilation;
   for (int64_t t0 = r0.lo; t0 < r0.hi; ++t0) {
     const int64_t i0 = s0 + t0 * w.dims[0].dilation;
     for (int64_t t1 = r1.lo; t1 < r1.hi; ++t1) {

@@ -211,7 +211,7 @@ BackwardFn backward_of(PoolKind kind) {
     const Tensor dx_haloed =
         x_haloed.device().is_cuda()
             ? pool_backward_cuda(windows, x_haloed, g_local, compute_stream_for(x_haloed.device()))
-            : pool_backward_cpu(windows, x_haloed, g_local);
+            : pool_backward_cpu(windows, x_haloed, record.outputs[0].to_local(), g_local);
     // Gradient that landed on halo cells goes back to their owners and is added there.
     const Tensor dx = plan ? halo_adjoint(*plan, dx_haloed, x.mesh().comm()) : dx_haloed;
     std::vector<std::optional<ShardTensor>> result;

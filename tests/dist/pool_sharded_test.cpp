@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -121,6 +122,57 @@ TEST(PoolSharded, LowPrecisionDtypesMatchF64WithinTheirRoundoff) {
       }
     }
   });
+}
+
+// Ties, NaN and -inf as torch.nn.functional.max_pool1d (1.13) treats them, on 1 rank and sharded
+// over 2 (values and gradients below are PyTorch's, gy = 1, 2, 3, ...): the first maximum in
+// window order wins a tie, the last NaN wins over everything, and a window whose real cells are
+// all -inf sends its gradient to its first real cell.
+TEST(PoolSharded, MaxPoolTiesNaNAndInfinityFollowPyTorch) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  struct Case {
+    std::vector<double> x;
+    int64_t kernel, padding;
+    std::vector<double> y, gx;
+  };
+  const std::vector<Case> cases{
+      {{1, 3, 3, 2}, 3, 0, {3, 3}, {0, 3, 0, 0}},
+      {{1, nan, 3, nan, 2, 0}, 3, 1, {nan, nan, nan, nan, nan, 2}, {0, 3, 0, 12, 6, 0}},
+      {{-inf, -inf, 5, -inf, -inf, -inf},
+       2,
+       1,
+       {-inf, -inf, 5, 5, -inf, -inf, -inf},
+       {3, 0, 7, 5, 6, 7}}};
+  for (int world : {1, 2}) {
+    testing::run_world(world, [&](std::shared_ptr<Comm> comm) {
+      DeviceMesh mesh(comm, {world});
+      for (const Case& c : cases) {
+        const int64_t length = static_cast<int64_t>(c.x.size());
+        PoolCase pool_case;
+        pool_case.x_shape = {1, 1, length};
+        pool_case.options =
+            ops::PoolOptions{.kernel_size = {c.kernel}, .stride = {1}, .padding = {c.padding}};
+        pool_case.placements = {Placement::shard(2)};
+        pool_case.extents = {world == 1 ? std::vector<int64_t>{length}
+                                        : std::vector<int64_t>{length / 2, length - length / 2}};
+        const Tensor x = Tensor::from_values<double>({1, 1, length}, c.x);
+        const int64_t outputs = static_cast<int64_t>(c.y.size());
+        std::vector<double> g(outputs);
+        for (int64_t i = 0; i < outputs; ++i) g[i] = static_cast<double>(i + 1);
+        const auto result =
+            run_case(pool_case, mesh, x, Tensor::from_values<double>({1, 1, outputs}, g), true);
+        const Tensor y = result[0].contiguous(), gx = result[1].contiguous();
+        for (int64_t i = 0; i < outputs; ++i) {
+          const double value = y.data<double>()[i];
+          EXPECT_TRUE(std::isnan(c.y[i]) ? std::isnan(value) : value == c.y[i])
+              << "y[" << i << "] = " << value << " on " << world << " rank(s)";
+        }
+        for (int64_t i = 0; i < length; ++i)
+          EXPECT_EQ(gx.data<double>()[i], c.gx[i]) << "gx[" << i << "] on " << world << " rank(s)";
+      }
+    });
+  }
 }
 
 /// sum(pool(x) * gy) for the full x, on `mesh` with x laid out as the case says.
