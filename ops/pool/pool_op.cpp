@@ -3,12 +3,12 @@
 // Along a spatial dim with input extent L, kernel K, stride s, dilation d and padding p, output
 // o reads inputs o*s - p + j*d, j < K; cells outside [0, L) are padding. Output o is owned by the
 // rank owning input clamp(o*s, 0, L-1) (as conv); a rank owning outputs [a, b) needs inputs
-// [a*s - p, (b-1)*s - p + d*(K-1) + 1), which the halo plan fills (zeros past the global edges;
-// no halo at all when that range is every rank's own piece, as with stride = kernel, no padding
-// and shards on window borders).
-// The kernels are told the global box of their haloed piece and the global extent, so they treat
-// every cell outside [0, L) as padding and one kernel serves sharded and unsharded calls. The
-// channel and batch dims may stay sharded: pooling works on each (n, c) plane alone.
+// [a*s - p, (b-1)*s - p + d*(K-1) + 1) cut to [0, L), which the halo plan fills (no halo at all
+// when that is every rank's own piece, as with stride = kernel, no padding and shards on window
+// borders). The kernels are told the global box of their haloed piece and the global extent, so
+// windows may start before or end past the piece: every cell outside [0, L) is padding (as is any
+// zero-filled cell a plan puts past a global edge), and one kernel serves sharded and unsharded
+// calls. The channel and batch dims may stay sharded: pooling works on each (n, c) plane alone.
 #include "ops/pool/pool_op.hpp"
 
 #include <fmt/format.h>
@@ -132,8 +132,7 @@ OpRule pool_rule(PoolKind kind, const std::vector<ShardSpec>& inputs, const OpAt
   const ShardSpec y = ShardSpec::make(out_shape, x.mesh_shape, x.placements, out_extents, op);
   rule.outputs.push_back(y);
 
-  // Halo of x: the input range every rank's outputs read (past the global edges: zeros, which
-  // the kernel treats as padding).
+  // Halo of x: the input range every rank's outputs read, cut to the tensor.
   HaloNeed need;
   need.boundary.assign(x.global_shape.size(), BoundaryMode::zero);
   bool own_piece_only = true;  // every rank reads exactly its own piece (stride = kernel, ...)
@@ -142,10 +141,13 @@ OpRule pool_rule(PoolKind kind, const std::vector<ShardSpec>& inputs, const OpAt
     const Box out_box = y.local_box_of_rank(rank);
     for (int i = 0; i < dims.spatial; ++i) {
       const int64_t first = out_box.lo[2 + i], last = out_box.hi[2 + i];
-      box.lo[2 + i] = first * dims.stride[i] - dims.padding[i];
-      box.hi[2 + i] = last > first ? (last - 1) * dims.stride[i] - dims.padding[i] +
-                                         dims.dilation[i] * (dims.kernel[i] - 1) + 1
-                                   : box.lo[2 + i];
+      const int64_t lo = first * dims.stride[i] - dims.padding[i];
+      const int64_t hi = last > first ? (last - 1) * dims.stride[i] - dims.padding[i] +
+                                            dims.dilation[i] * (dims.kernel[i] - 1) + 1
+                                      : lo;
+      // Cut to the tensor: what lies beyond is padding, which the kernel knows from the extent.
+      box.lo[2 + i] = std::clamp<int64_t>(lo, 0, dims.input[i]);
+      box.hi[2 + i] = std::clamp<int64_t>(hi, box.lo[2 + i], dims.input[i]);
     }
     own_piece_only = own_piece_only && box == x.local_box_of_rank(rank);
     need.needed.push_back(box);
