@@ -121,30 +121,6 @@ std::pair<int64_t, int64_t> input_window(const ConvDims& dims, int i, int64_t fi
   return {lo, hi};
 }
 
-/// Outputs owned by each part of a split of the input: output o goes to the owner of input
-/// clamp(o*stride, 0, L-1).
-std::vector<int64_t> output_extents(const std::vector<int64_t>& input_extents, int64_t length,
-                                    int64_t outputs, int64_t stride) {
-  const std::vector<int64_t> offsets = offsets_of(input_extents);
-  std::vector<int64_t> counts(input_extents.size(), 0);
-  if (length <= 0) {
-    for (int64_t o = 0; o < outputs; ++o)
-      ++counts[owner_of(std::clamp<int64_t>(o * stride, 0, length - 1), input_extents)];
-    return counts;
-  }
-  // In closed form (outputs can be huge with a huge padding): a non-empty part owning inputs
-  // [a, b) gets the outputs o with a <= o*stride < b; those past the input (o*stride >= length)
-  // go to the owner of the last input.
-  auto first_output_at = [&](int64_t index) {  // the first o with o*stride >= index
-    return std::min(outputs, index / stride + (index % stride != 0 ? 1 : 0));
-  };
-  for (size_t p = 0; p < input_extents.size(); ++p)
-    if (input_extents[p] > 0)
-      counts[p] = first_output_at(offsets[p + 1]) - first_output_at(offsets[p]);
-  counts[owner_of(length - 1, input_extents)] += outputs - first_output_at(length);
-  return counts;
-}
-
 OpRule conv_rule(const std::vector<ShardSpec>& inputs, const OpAttrs& attrs) {
   check_arg(inputs.size() == 2 || inputs.size() == 3, "conv", "expects inputs x, w[, b], got {}",
             inputs.size());
@@ -173,8 +149,8 @@ OpRule conv_rule(const std::vector<ShardSpec>& inputs, const OpAttrs& attrs) {
     if (!x.placements[m].is_shard()) continue;
     const int dim = x.placements[m].dim;
     out_extents[m] = dim == 0 ? x.extents[m]
-                              : output_extents(x.extents[m], dims.input[dim - 2],
-                                               dims.output[dim - 2], dims.stride[dim - 2]);
+                              : strided_output_extents(x.extents[m], dims.input[dim - 2],
+                                                       dims.output[dim - 2], dims.stride[dim - 2]);
   }
   const ShardSpec y = ShardSpec::make(out_shape, x.mesh_shape, x.placements, out_extents, "conv");
   rule.outputs.push_back(y);

@@ -56,6 +56,18 @@ ShardTensor Conv::forward(const ShardTensor& x) {
                    config_.options);
 }
 
+MaxPool::MaxPool(ops::PoolOptions options) : options_(std::move(options)) {}
+
+ShardTensor MaxPool::forward(const ShardTensor& x) {
+  return ops::max_pool(x, options_);
+}
+
+AvgPool::AvgPool(ops::PoolOptions options) : options_(std::move(options)) {}
+
+ShardTensor AvgPool::forward(const ShardTensor& x) {
+  return ops::avg_pool(x, options_);
+}
+
 Activation::Activation(std::string kind) : kind_(std::move(kind)) {
   check_arg(kind_ == "relu" || kind_ == "gelu" || kind_ == "silu" || kind_ == "tanh", "activation",
             "'{}' (expected relu, gelu, silu or tanh)", kind_);

@@ -10,6 +10,7 @@
 
 #include "ops/conv/conv_op.hpp"
 #include "ops/nn/module.hpp"
+#include "ops/pool/pool_op.hpp"
 
 namespace tessera::nn {
 
@@ -40,6 +41,26 @@ class Conv : public Module {
  private:
   ConvConfig config_;
   Parameter weight_, bias_;
+};
+
+/// torch.nn.MaxPool1d/2d/3d (by the rank of the input): no parameters.
+class MaxPool : public Module {
+ public:
+  explicit MaxPool(ops::PoolOptions options);
+  ShardTensor forward(const ShardTensor& x) override;
+
+ private:
+  ops::PoolOptions options_;
+};
+
+/// torch.nn.AvgPool1d/2d/3d (by the rank of the input): no parameters.
+class AvgPool : public Module {
+ public:
+  explicit AvgPool(ops::PoolOptions options);
+  ShardTensor forward(const ShardTensor& x) override;
+
+ private:
+  ops::PoolOptions options_;
 };
 
 /// Elementwise activations: "relu", "gelu", "silu" or "tanh".
