@@ -16,6 +16,7 @@
 #include "core/compute_threads.hpp"
 #include "core/host_allocator.hpp"
 #include "core/tessera.hpp"
+#include "core/trace.hpp"
 #include "ops/nn/data_parallel.hpp"
 #include "ops/nn/layers.hpp"
 #include "ops/ops.hpp"
@@ -83,6 +84,7 @@ StepFigures measure(std::shared_ptr<Comm> world, const TrainBenchOptions& option
   StepFigures figures;
   double exposed = 0;
   auto step = [&] {
+    trace::Span span("step", "train step");
     optimizer.zero_grad();
     Tape tape;
     const ShardTensor loss = ops::mse_loss(net.forward(x), target);
@@ -186,6 +188,7 @@ void register_train_bench(CLI::App& bench) {
       ->capture_default_str();
   train->add_option("--threads", options->threads, "Compute threads per rank (0: cores / ranks)")
       ->check(CLI::Range(0, 4096));
+  add_trace_option(*train);
   train->add_flag("--json", options->json, "Print JSON instead of the table");
   train->callback([options] { run_train_bench(*options); });
 }

@@ -25,6 +25,7 @@
 #include "core/op_registry.hpp"
 #include "core/runtime/rank_context.hpp"
 #include "core/tessera.hpp"
+#include "core/trace.hpp"
 #include "io/hdf5/h5_file.hpp"
 #include "ops/nn/data_parallel.hpp"
 #include "ops/nn/layers.hpp"
@@ -370,6 +371,7 @@ TrainingRun train_net(const DeviceMesh& mesh, const std::vector<Placement>& plac
   mesh.comm().barrier();
   const double start = settled_seconds();
   for (int step = 0; step < steps; ++step) {
+    trace::Span span("step", fmt::format("train step {}", step));
     optimizer.zero_grad();
     Tape tape;
     const ShardTensor loss = ops::mse_loss(net.forward(x), target);
@@ -461,6 +463,7 @@ void register_demo(CLI::App& app) {
                    "Local ranks (threads) without mpiexec (the demo's 2x2 mesh needs 4)")
       ->check(CLI::Range(1, kMaxLocalRanks))
       ->capture_default_str();
+  add_trace_option(*command);
   command->add_option("--data", options->data, "Sample data file (tessera generate gray-scott)")
       ->capture_default_str();
   command

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "core/tensor_arith.hpp"
+#include "core/trace.hpp"
 
 namespace tessera {
 
@@ -72,6 +73,7 @@ bool needs_no_halo(const HaloPlan& plan) {
 }  // namespace
 
 HaloExchange halo_begin(const HaloPlan& plan, const Tensor& owned, Comm& comm, int tag) {
+  trace::Span span("halo", "halo_begin");
   const Box owned_global = plan.spec().local_box_of_rank(plan.rank());
   check_arg(owned.shape() == owned_global.shape(), "halo",
             "owned piece of shape {} on rank {}, the layout says {}", owned.shape(), plan.rank(),
@@ -118,6 +120,7 @@ HaloExchange halo_begin(const HaloPlan& plan, const Tensor& owned, Comm& comm, i
 
 Tensor HaloExchange::finish() {
   if (!in_flight_) return haloed_;
+  trace::Span span("halo", "halo_end");
   auto& state = *in_flight_;
   state.batch->wait();
   for (size_t m = 0; m < state.incoming.size(); ++m) {
@@ -137,6 +140,7 @@ Tensor halo_end(HaloExchange& exchange) {
 }
 
 Tensor halo_adjoint(const HaloPlan& plan, const Tensor& haloed_grad, Comm& comm, int tag) {
+  trace::Span span("halo", "halo_adjoint");
   check_arg(haloed_grad.shape() == plan.haloed_shape(), "halo",
             "haloed gradient of shape {} on rank {}, the plan says {}", haloed_grad.shape(),
             plan.rank(), plan.haloed_shape());

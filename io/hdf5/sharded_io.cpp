@@ -19,6 +19,7 @@
 #include "io/hdf5/sharded_io_detail.hpp"
 #include "io/host_staging.hpp"
 #include "io/output_path.hpp"
+#include "core/trace.hpp"
 
 namespace tessera::io {
 
@@ -266,6 +267,9 @@ ShardTensor read_sharded(const std::string& file, const std::string& dataset,
                          std::vector<std::vector<int64_t>> extents, std::optional<DType> as,
                          bool collective) {
   const std::string op = "read_sharded";
+  trace::Span span("io", op);
+  span.arg("file", file);
+  span.arg("dataset", dataset);
   CommOpScope scope(op);
   const detail::Header header =
       detail::agreed_header(mesh, op, file, dataset, placements, as, 0, 0);
@@ -295,6 +299,9 @@ ShardTensor scatter(const std::string& file, const std::string& dataset, const D
                     std::vector<Placement> placements, std::vector<std::vector<int64_t>> extents,
                     int root, size_t staging_bytes, std::optional<DType> as) {
   const std::string op = "scatter";
+  trace::Span span("io", op);
+  span.arg("file", file);
+  span.arg("dataset", dataset);
   CommOpScope scope(op);
   Comm& comm = mesh.comm();
   const detail::Header header =
@@ -429,6 +436,9 @@ void detail::finish_temporary(const std::string& op, Comm& comm, const std::stri
 void gather_write(const ShardTensor& tensor, const std::string& file, const std::string& dataset,
                   int root, size_t staging_bytes, const WriteOptions& storage) {
   const std::string op = "gather_write";
+  trace::Span span("io", op);
+  span.arg("file", file);
+  span.arg("dataset", dataset);
   CommOpScope scope(op);
   const DeviceMesh& mesh = tensor.mesh();
   Comm& comm = mesh.comm();
@@ -450,6 +460,9 @@ void gather_write(const ShardTensor& tensor, const std::string& file, const std:
 void write_sharded(const ShardTensor& tensor, const std::string& file, const std::string& dataset,
                    bool collective, const WriteOptions& storage) {
   const std::string op = "write_sharded";
+  trace::Span span("io", op);
+  span.arg("file", file);
+  span.arg("dataset", dataset);
   CommOpScope scope(op);
   const DeviceMesh& mesh = tensor.mesh();
   Comm& comm = mesh.comm();

@@ -12,6 +12,7 @@
 #include "core/parallel_for.hpp"
 #include "ops/optim/optimizer_cuda.hpp"
 #include "ops/optim/update_rules.hpp"
+#include "core/trace.hpp"
 
 namespace tessera::optim {
 
@@ -177,6 +178,7 @@ std::vector<std::string> Sgd::buffer_names() const {
 }
 
 void Sgd::step() {
+  trace::Span span("optimizer", name_);
   ++steps_;
   for (size_t index = 0; index < parameters_.size(); ++index) {
     const Parameter& parameter = parameters_[index];
@@ -236,6 +238,7 @@ std::vector<std::string> Adam::buffer_names() const {
 }
 
 void Adam::step() {
+  trace::Span span("optimizer", name_);
   ++steps_;
   const double bias_correction1 = 1 - std::pow(options_.beta1, static_cast<double>(steps_));
   const double bias_correction2 = 1 - std::pow(options_.beta2, static_cast<double>(steps_));
