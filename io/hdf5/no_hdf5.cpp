@@ -98,6 +98,11 @@ void write_sharded(const ShardTensor&, const std::string& file, const std::strin
   not_available(file, "write a sharded dataset to");
 }
 
+void write_sharded_at(const ShardTensor&, const std::string& file, const std::string&,
+                      const std::vector<int64_t>&, bool) {
+  not_available(file, "write a sharded dataset to");
+}
+
 // The constructor always throws, so no other member is ever reached on an object.
 struct BatchReader::State {};
 
