@@ -84,7 +84,9 @@ void step_cells_cpu(const Tensor& u, const Tensor& v, const Tensor& u_next, cons
   const T* pv = v.data<T>();
   T* pun = u_next.data<T>();
   T* pvn = v_next.data<T>();
-  parallel_for(rows, compute_threads(), [&](int64_t begin, int64_t end, int) {
+  // Thin shell slabs run on the calling thread: a parallel region costs more than they do.
+  const int threads = cells.volume() >= (int64_t{1} << 16) ? compute_threads() : 1;
+  parallel_for(rows, threads, [&](int64_t begin, int64_t end, int) {
     for (int64_t row = begin; row < end; ++row) {
       const int64_t i = cells.lo[0] + row / rows_y, j = cells.lo[1] + row % rows_y;
       const int64_t at = (i + 1) * sx + (j + 1) * sy + cells.lo[2] + 1;
