@@ -172,30 +172,30 @@ InitialCubes initial_cubes(const Shape& size, uint64_t seed) {
 
 Tensor initial_field(const GrayScottConfig& config, int species, const Box& box) {
   const InitialCubes cubes = initial_cubes(config.size, config.seed);
-  Tensor field = Tensor::empty(box.shape(), config.dtype);
-  const double outside = species == 0 ? 1.0 : 0.0, inside = species == 0 ? 0.5 : 0.25;
-  // Per dim and cube: whether each index of the box lies within half of the centre.
-  auto near = [&](int dim, int64_t index, int64_t centre) {
-    const int64_t extent = config.size[dim];
-    const int64_t distance = ((index - centre) % extent + extent) % extent;
-    return std::min(distance, extent - distance) <= cubes.half;
-  };
-  const Shape shape = box.shape();
-  int64_t flat = 0;
-  for (int64_t x = box.lo[0]; x < box.hi[0]; ++x)
-    for (int64_t y = box.lo[1]; y < box.hi[1]; ++y)
-      for (int64_t z = box.lo[2]; z < box.hi[2]; ++z, ++flat) {
-        bool in_cube = false;
-        for (const auto& centre : cubes.centres)
-          in_cube =
-              in_cube || (near(0, x, centre[0]) && near(1, y, centre[1]) && near(2, z, centre[2]));
-        const double value = in_cube ? inside : outside;
-        if (config.dtype == DType::f32)
-          field.data<float>()[flat] = static_cast<float>(value);
-        else
-          field.data<double>()[flat] = value;
+  const size_t count = cubes.centres.size();
+  // near[d][c][i]: index box.lo[d] + i of dim d lies within half of cube c's centre.
+  std::array<std::vector<std::vector<char>>, 3> near;
+  for (int d = 0; d < 3; ++d) {
+    const int64_t extent = config.size[d];
+    near[d].assign(count, std::vector<char>(static_cast<size_t>(box.extent(d)), 0));
+    for (size_t c = 0; c < count; ++c)
+      for (int64_t i = 0; i < box.extent(d); ++i) {
+        const int64_t distance = ((box.lo[d] + i - cubes.centres[c][d]) % extent + extent) % extent;
+        near[d][c][i] = std::min(distance, extent - distance) <= cubes.half;
       }
-  return field;
+  }
+  const double outside = species == 0 ? 1.0 : 0.0, inside = species == 0 ? 0.5 : 0.25;
+  std::vector<double> values(static_cast<size_t>(box.volume()), outside);
+  const int64_t ny = box.extent(1), nz = box.extent(2);
+  for (int64_t x = 0; x < box.extent(0); ++x)
+    for (int64_t y = 0; y < ny; ++y)
+      for (size_t c = 0; c < count; ++c) {
+        if (!near[0][c][x] || !near[1][c][y]) continue;
+        double* row = values.data() + (x * ny + y) * nz;
+        for (int64_t z = 0; z < nz; ++z)
+          if (near[2][c][z]) row[z] = inside;
+      }
+  return Tensor::from_values<double>(box.shape(), values).to_dtype(config.dtype);
 }
 
 void step_cells(const Tensor& u, const Tensor& v, const Tensor& u_next, const Tensor& v_next,
