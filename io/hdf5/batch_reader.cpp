@@ -125,8 +125,7 @@ struct BatchReader::State {
         Box slab = box;
         slab.lo[0] = chosen[row];
         slab.hi[0] = chosen[row] + run;
-        const Tensor piece = reader->read(slab, header.dtype);
-        std::memcpy(out + (row - box.lo[0]) * row_bytes, piece.raw_data(), run * row_bytes);
+        reader->read_into(slab, header.dtype, out + (row - box.lo[0]) * row_bytes);
         row += run;
       }
     } catch (const std::exception& error) {

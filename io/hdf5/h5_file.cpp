@@ -1103,8 +1103,10 @@ bool has_dataset(const std::string& file, const std::string& dataset) {
 
 struct DatasetReader::State {
   Where where;
-  H5Handle file, dataset;
+  H5Handle file, dataset, file_space;
   Shape shape;
+  ElementType element;
+  std::map<DType, H5Handle> memory_types;  ///< per dtype read, made on first use
 };
 
 DatasetReader::DatasetReader(const std::string& file, const std::string& dataset)
@@ -1114,7 +1116,11 @@ DatasetReader::DatasetReader(const std::string& file, const std::string& dataset
   state_->where = Where{file, join_path(components, components.size())};
   state_->file = open_for_read(state_->where);
   state_->dataset = open_dataset(state_->file.get(), state_->where, components);
-  state_->shape = dataset_shape(state_->dataset.get(), state_->where);
+  state_->file_space = space_handle(H5Dget_space(state_->dataset.get()));
+  if (!state_->file_space.valid())
+    fail_hdf5(state_->where, "cannot read the dataspace (corrupted file?)");
+  state_->shape = dataspace_shape(state_->file_space.get(), state_->where);
+  state_->element = dataset_element_type(state_->dataset.get(), state_->where);
 }
 
 DatasetReader::~DatasetReader() {
@@ -1140,8 +1146,32 @@ const Shape& DatasetReader::shape() const {
 }
 
 Tensor DatasetReader::read(const Box& box, std::optional<DType> as) const {
+  DType dtype;
+  {
+    Hdf5Call call;
+    dtype = read_dtype(state_->element, as, state_->where);
+    check_box(box, state_->shape, state_->where);
+  }
+  Tensor result = Tensor::empty(box.shape(), dtype);
+  read_into(box, dtype, result.raw_data());
+  return result;
+}
+
+void DatasetReader::read_into(const Box& box, DType as, void* out) const {
   Hdf5Call call;
-  return read_open_dataset(state_->dataset.get(), state_->where, &box, as, {}, Device::cpu());
+  State& state = *state_;
+  const DType dtype = read_dtype(state.element, as, state.where);
+  check_box(box, state.shape, state.where);
+  if (box.empty()) return;
+  auto type = state.memory_types.find(dtype);
+  if (type == state.memory_types.end())
+    type =
+        state.memory_types.emplace(dtype, hdf5_type(dtype, /*in_memory=*/true, state.where)).first;
+  if (move_slab(false, state.dataset.get(), state.file_space.get(), state.shape, box,
+                type->second.get(), H5P_DEFAULT, out, state.where) < 0)
+    fail_hdf5(state.where, fmt::format("expected to read box {} as {}, found data HDF5 cannot "
+                                       "read (truncated or corrupted file?)",
+                                       box.str(), dtype_name(dtype)));
 }
 
 int64_t file_open_count() {

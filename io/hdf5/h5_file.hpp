@@ -128,6 +128,9 @@ class DatasetReader {
   const Shape& shape() const;
   /// The index box `box` of the dataset as a contiguous cpu tensor (elements converted to `as`).
   Tensor read(const Box& box, std::optional<DType> as = std::nullopt) const;
+  /// Reads the index box `box` as `as` straight into `out` (box.volume() contiguous elements of
+  /// `as`, row-major): one H5Dread, no staging copy.
+  void read_into(const Box& box, DType as, void* out) const;
 
  private:
   struct State;

@@ -118,6 +118,9 @@ const Shape& DatasetReader::shape() const {
 Tensor DatasetReader::read(const Box&, std::optional<DType>) const {
   not_available("", "read a dataset");
 }
+void DatasetReader::read_into(const Box&, DType, void*) const {
+  not_available("", "read a dataset");
+}
 
 int64_t file_open_count() {
   return 0;
