@@ -21,6 +21,7 @@ struct HookRegistry {
   std::mutex mutex;
   uint64_t next_token = 1;
   std::map<uint64_t, std::vector<std::pair<uint64_t, GradHook>>> hooks;
+  std::map<uint64_t, std::pair<uint64_t, GradHook>> sinks;  // at most one per leaf
 };
 
 HookRegistry& hook_registry() {
@@ -37,6 +38,14 @@ std::vector<GradHook> hooks_of(uint64_t leaf) {
   if (it != registry.hooks.end())
     for (const auto& [token, hook] : it->second) found.push_back(hook);
   return found;
+}
+
+/// The sink that takes over `leaf`'s gradient, or null.
+GradHook sink_of(uint64_t leaf) {
+  HookRegistry& registry = hook_registry();
+  std::lock_guard lock(registry.mutex);
+  auto it = registry.sinks.find(leaf);
+  return it == registry.sinks.end() ? GradHook() : it->second.second;
 }
 
 /// The layout of a gradient whose value is replicated where `spec` holds partial values: the
@@ -153,6 +162,12 @@ void Tape::backward(const ShardTensor& output, const ShardTensor& output_grad, b
   auto finalize = [&](uint64_t id) {
     auto it = pending.find(id);
     if (it == pending.end()) return;
+    if (GradHook sink = sink_of(id)) {  // a reducer takes the unreduced gradient
+      const ShardTensor grad = it->second;
+      pending.erase(it);
+      sink(grad);
+      return;
+    }
     const ShardTensor& leaf = leaves_.at(id);
     const ShardSpec layout = gradient_layout(leaf.spec(), "backward");
     ShardTensor grad = it->second.spec() == layout
@@ -238,10 +253,25 @@ GradHookHandle register_grad_hook(uint64_t leaf, GradHook hook) {
   return GradHookHandle(leaf, token);
 }
 
+GradHookHandle set_grad_sink(uint64_t leaf, GradHook sink) {
+  HookRegistry& registry = hook_registry();
+  std::lock_guard lock(registry.mutex);
+  check_arg(!registry.sinks.contains(leaf), "autograd",
+            "leaf {} already has a gradient sink (one reducer per parameter)", leaf);
+  const uint64_t token = registry.next_token++;
+  registry.sinks.emplace(leaf, std::make_pair(token, std::move(sink)));
+  return GradHookHandle(leaf, token);
+}
+
 GradHookHandle::~GradHookHandle() {
   if (token_ == 0) return;
   HookRegistry& registry = hook_registry();
   std::lock_guard lock(registry.mutex);
+  if (auto sink = registry.sinks.find(leaf_);
+      sink != registry.sinks.end() && sink->second.first == token_) {
+    registry.sinks.erase(sink);
+    return;
+  }
   auto it = registry.hooks.find(leaf_);
   if (it == registry.hooks.end()) return;
   std::erase_if(it->second, [&](const auto& entry) { return entry.first == token_; });

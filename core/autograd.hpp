@@ -90,6 +90,13 @@ class GradHookHandle {
 /// thread) while the returned handle lives.
 [[nodiscard]] GradHookHandle register_grad_hook(uint64_t leaf, GradHook hook);
 
+/// Takes over the gradient of the leaf whose id is `leaf` (every later backward pass, any tape
+/// and thread) while the returned handle lives: the tape hands the leaf's final gradient to `sink`
+/// as it stands, Partial sums NOT reduced, instead of reducing it, keeping it (Tape::grad) and
+/// running the leaf's hooks. Data-parallel reducers use this to reduce many gradients in one
+/// bucketed collective. At most one sink per leaf.
+[[nodiscard]] GradHookHandle set_grad_sink(uint64_t leaf, GradHook sink);
+
 /// Records `y = x.redistribute(...)` on the active tape when x requires a gradient (marking y as
 /// requiring one); its backward moves the gradient back to x's layout. Called by redistribute.
 void record_redistribute(const ShardTensor& x, ShardTensor& y);

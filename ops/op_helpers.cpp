@@ -1,6 +1,8 @@
 // Helpers shared by the built-in ops.
 #include "ops/op_helpers.hpp"
 
+#include <algorithm>
+
 namespace tessera::ops {
 
 ShardSpec without_partial(const ShardSpec& spec) {
@@ -16,6 +18,28 @@ ShardSpec partial_over_sharding(const ShardSpec& activation, const Shape& param_
     placements.push_back(placement.is_shard() ? Placement::partial(ReduceOp::sum)
                                               : Placement::replicate());
   return ShardSpec::make(param_shape, activation.mesh_shape, placements);
+}
+
+std::vector<int64_t> strided_output_extents(const std::vector<int64_t>& input_extents,
+                                            int64_t length, int64_t outputs, int64_t stride) {
+  const std::vector<int64_t> offsets = offsets_of(input_extents);
+  std::vector<int64_t> counts(input_extents.size(), 0);
+  if (length <= 0) {
+    for (int64_t o = 0; o < outputs; ++o)
+      ++counts[owner_of(std::clamp<int64_t>(o * stride, 0, length - 1), input_extents)];
+    return counts;
+  }
+  // In closed form (outputs can be huge with a huge padding): a non-empty part owning inputs
+  // [a, b) gets the outputs o with a <= o*stride < b; those past the input (o*stride >= length)
+  // go to the owner of the last input.
+  auto first_output_at = [&](int64_t index) {  // the first o with o*stride >= index
+    return std::min(outputs, index / stride + (index % stride != 0 ? 1 : 0));
+  };
+  for (size_t p = 0; p < input_extents.size(); ++p)
+    if (input_extents[p] > 0)
+      counts[p] = first_output_at(offsets[p + 1]) - first_output_at(offsets[p]);
+  counts[owner_of(length - 1, input_extents)] += outputs - first_output_at(length);
+  return counts;
 }
 
 void require_floating_cpu(const Tensor& tensor, const std::string& op) {

@@ -17,6 +17,11 @@ ShardSpec without_partial(const ShardSpec& spec);
 /// saw different elements), Replicate along the others.
 ShardSpec partial_over_sharding(const ShardSpec& activation, const Shape& param_shape);
 
+/// Outputs owned by each part of a split of a strided op's input (conv, pooling): output o goes to
+/// the part owning input clamp(o*stride, 0, length-1); `input_extents` are the parts' extents.
+std::vector<int64_t> strided_output_extents(const std::vector<int64_t>& input_extents,
+                                            int64_t length, int64_t outputs, int64_t stride);
+
 /// Applies `fn(double) -> double` to every element of a floating cpu tensor (any strides);
 /// returns a contiguous tensor of the same dtype. f16/bf16 compute in float.
 template <typename Fn>

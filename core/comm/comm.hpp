@@ -62,6 +62,15 @@ class P2PBatch {
   virtual void wait() = 0;
 };
 
+/// A collective started by start_all_reduce; wait() completes it. Destroying one that was not
+/// waited for waits (errors then are dropped: call wait()).
+class PendingCollective {
+ public:
+  virtual ~PendingCollective() = default;
+  /// Blocks until the collective is complete on this rank (or the timeout expires).
+  virtual void wait() = 0;
+};
+
 class Comm {
  public:
   virtual ~Comm() = default;
@@ -81,6 +90,12 @@ class Comm {
 
   /// recv[i] = reduce over ranks of send[i]; send == recv is allowed. avg divides the sum.
   virtual void all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) = 0;
+  /// Starts all_reduce and returns: the reduction proceeds while this rank computes (mpi:
+  /// MPI_Iallreduce on host buffers); the other backends run it before returning. Buffers must
+  /// stay valid until wait(); every rank starts the same collectives in the same order.
+  virtual std::unique_ptr<PendingCollective> start_all_reduce(const void* send, void* recv,
+                                                              size_t count, DType dtype,
+                                                              ReduceOp op);
   /// Concatenates every rank's `send` (recv_counts[r] elements from rank r) in rank order.
   virtual void all_gather_v(const void* send, size_t send_count, void* recv,
                             std::span<const size_t> recv_counts, DType dtype) = 0;

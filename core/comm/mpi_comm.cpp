@@ -292,6 +292,34 @@ class MpiBatch final : public P2PBatch {
   std::optional<Staging> staging_;
 };
 
+/// An MPI_Iallreduce in flight; MPI progresses it whenever this rank is in MPI (halo waits of
+/// the ops computed meanwhile included).
+class MpiPendingCollective final : public PendingCollective {
+ public:
+  MpiPendingCollective(MPI_Request request, const char* name, int rank, int size)
+      : request_(request), name_(name), rank_(rank), size_(size) {}
+  ~MpiPendingCollective() override {
+    if (request_ == MPI_REQUEST_NULL) return;
+    try {
+      wait();
+    } catch (...) {  // MPI must not be left writing into freed buffers; the error is lost
+    }
+  }
+  void wait() override {
+    std::vector<MPI_Request> requests{request_};
+    request_ = MPI_REQUEST_NULL;
+    wait_requests(requests, name_, rank_, size_, [] {
+      return std::string("the other ranks of the communicator (MPI does not say which has not "
+                         "joined)");
+    });
+  }
+
+ private:
+  MPI_Request request_;
+  const char* name_;
+  int rank_, size_;
+};
+
 class MpiComm final : public Comm {
  public:
   MpiComm(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
@@ -325,6 +353,17 @@ class MpiComm final : public Comm {
     wait_one(request, "all_reduce");
     if (op == ReduceOp::avg) average(staging, mpi_recv, count, dtype);
     staging.after_mpi();
+  }
+
+  std::unique_ptr<PendingCollective> start_all_reduce(const void* send, void* recv, size_t count,
+                                                      DType dtype, ReduceOp op) override {
+    // Staged device buffers and avg (a division after the sum) complete before returning.
+    if (op == ReduceOp::avg || device_of({send, recv}) >= 0)
+      return Comm::start_all_reduce(send, recv, count, dtype, op);
+    MPI_Request request;
+    MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, to_int(count, "all_reduce"),
+                   mpi_type(dtype), mpi_op(op, dtype), comm_, &request);
+    return std::make_unique<MpiPendingCollective>(request, "all_reduce", rank_, size_);
   }
 
   void all_gather_v(const void* send, size_t send_count, void* recv,

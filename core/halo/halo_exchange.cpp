@@ -55,6 +55,22 @@ HaloExchange::HaloExchange(HaloExchange&&) noexcept = default;
 HaloExchange& HaloExchange::operator=(HaloExchange&&) noexcept = default;
 HaloExchange::~HaloExchange() = default;
 
+namespace {
+
+/// True when the haloed tensor of `plan` is exactly this rank's owned piece: no message, no
+/// zero box, one self copy of the whole piece.
+bool needs_no_halo(const HaloPlan& plan) {
+  if (!plan.sends().empty() || !plan.recvs().empty() || !plan.zero_boxes().empty() ||
+      plan.self_copies().size() != 1)
+    return false;
+  const HaloTransfer& copy = plan.self_copies().front();
+  const Shape haloed = plan.haloed_shape();
+  return copy.haloed_box == Box::of_shape(haloed) && copy.owned_box == Box::of_shape(haloed) &&
+         plan.spec().local_box_of_rank(plan.rank()).shape() == haloed;
+}
+
+}  // namespace
+
 /// Posts the exchange of `plan` reading the owned piece from `source` into `haloed`; with
 /// `in_place`, `source` is the interior of `haloed` itself and the interior copy is skipped.
 HaloExchange start_exchange(const HaloPlan& plan, const Tensor& source, Tensor haloed,
@@ -102,6 +118,11 @@ HaloExchange halo_begin(const HaloPlan& plan, const Tensor& owned, Comm& comm, i
   check_arg(owned.shape() == owned_global.shape(), "halo",
             "owned piece of shape {} on rank {}, the layout says {}", owned.shape(), plan.rank(),
             owned_global.shape());
+  if (needs_no_halo(plan)) {  // the haloed tensor is the owned piece: nothing to copy or send
+    HaloExchange exchange;
+    exchange.haloed_ = owned;
+    return exchange;
+  }
   return start_exchange(plan, owned,
                         Tensor::empty(plan.haloed_shape(), owned.dtype(), owned.device()),
                         /*in_place=*/false, comm, tag);
@@ -139,6 +160,7 @@ Tensor halo_adjoint(const HaloPlan& plan, const Tensor& haloed_grad, Comm& comm,
   check_arg(haloed_grad.shape() == plan.haloed_shape(), "halo",
             "haloed gradient of shape {} on rank {}, the plan says {}", haloed_grad.shape(),
             plan.rank(), plan.haloed_shape());
+  if (needs_no_halo(plan)) return haloed_grad;  // every cell is owned here, once
   const Tensor& grad = haloed_grad;
   const size_t element = grad.element_size();
   const Box owned_global = plan.spec().local_box_of_rank(plan.rank());

@@ -25,6 +25,7 @@ class HaloExchange {
   Tensor finish();
 
  private:
+  friend HaloExchange halo_begin(const HaloPlan&, const Tensor&, Comm&, int);
   friend HaloExchange start_exchange(const HaloPlan&, const Tensor&, Tensor, bool, Comm&, int);
   HaloExchange() = default;
   struct InFlight;
@@ -34,7 +35,9 @@ class HaloExchange {
 
 /// Starts the exchange of `plan` for this rank's owned piece `owned` over the mesh
 /// communicator `comm` (ranks are mesh ranks). Messages use `tag`. `plan` must outlive the
-/// exchange.
+/// exchange. When the plan needs nothing beyond the owned piece (one rank with virtual padding,
+/// or a piece whose ops read no neighbour), the haloed tensor IS `owned` (shared storage, not a
+/// copy): kernels read it and never write it.
 HaloExchange halo_begin(const HaloPlan& plan, const Tensor& owned, Comm& comm, int tag = 0);
 
 /// Starts the exchange of `plan` in place: `haloed` (of plan.haloed_shape()) already holds this
@@ -48,7 +51,8 @@ HaloExchange halo_begin_in_place(const HaloPlan& plan, const Tensor& haloed, Com
 Tensor halo_end(HaloExchange& exchange);
 
 /// Backward of the exchange: from the gradient of the haloed tensor, the gradient of the owned
-/// piece (halo cells' gradient is sent to their owners and added there).
+/// piece (halo cells' gradient is sent to their owners and added there). When the plan needs no
+/// halo, that is `haloed_grad` itself (shared, not copied).
 Tensor halo_adjoint(const HaloPlan& plan, const Tensor& haloed_grad, Comm& comm, int tag = 0);
 
 }  // namespace tessera

@@ -233,7 +233,9 @@ struct ConvCall {
     key.x = cudnn_tensor_dims(x.shape, x.strides, kOp);
     key.y = cudnn_tensor_dims(y.shape, y.strides, kOp);
     key.w = cudnn_filter_dims(w.shape, w.strides, kOp);
-    key.params = cudnn_conv_params(spatial, geometry.stride, geometry.dilation, kOp);
+    // The dispatcher hands cuDNN only padding that is the same on both sides (pad_lo == pad_hi).
+    key.params =
+        cudnn_conv_params(spatial, geometry.stride, geometry.dilation, kOp, geometry.pad_lo);
     key.groups = static_cast<int>(geometry.groups);
     what = fmt::format("{} (x {}, w {}, y {})", describe(key), operand_text(x), operand_text(w),
                        operand_text(y));

@@ -1,5 +1,5 @@
 // cuDNN conv kernels for cuda operands: forward, backward data, backward filter and backward
-// bias of a valid (unpadded) conv1d/2d/3d, in f32 (no TF32 unless allowed), f64, f16 and bf16
+// bias of a conv1d/2d/3d (zero padding the same on both sides of each dim, taken by cuDNN), in f32 (no TF32 unless allowed), f64, f16 and bf16
 // (both accumulating in f32), channels-first or channels-last, with groups, stride and
 // dilation. Operands may have any strides (a box of a larger buffer included), so the sharded
 // conv runs the interior and the boundary slabs of a haloed piece without copies.
@@ -35,7 +35,7 @@ ConvOperand conv_operand(const Tensor& tensor);
 /// True when the cuDNN path was compiled in.
 bool conv_cudnn_available();
 
-/// y = valid conv of x with w (+ bias[Cout]), written into y (which may be a box of a larger
+/// y = conv of x with w (+ bias[Cout]), written into y (which may be a box of a larger
 /// output). x, y: any strides; w: packed [Cout, Cin/g, k..] or packed channels-last.
 void conv_forward_cudnn(const ConvOperand& x, const ConvOperand& w, const ConvOperand* bias,
                         const ConvGeometry& geometry, const ConvOperand& y);

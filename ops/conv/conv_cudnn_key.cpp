@@ -109,7 +109,8 @@ CudnnFilterDims cudnn_filter_dims(const Shape& shape, const std::vector<int64_t>
 }
 
 CudnnConvParams cudnn_conv_params(int spatial_dims, const std::vector<int64_t>& stride,
-                                  const std::vector<int64_t>& dilation, const std::string& op) {
+                                  const std::vector<int64_t>& dilation, const std::string& op,
+                                  const std::vector<int64_t>& padding) {
   check_arg(spatial_dims >= 1 && spatial_dims <= 3 &&
                 (stride.empty() || static_cast<int>(stride.size()) == spatial_dims) &&
                 (dilation.empty() || static_cast<int>(dilation.size()) == spatial_dims),
@@ -124,6 +125,13 @@ CudnnConvParams cudnn_conv_params(int spatial_dims, const std::vector<int64_t>& 
               "stride {} and dilation {} must be positive ints", stride, dilation);
     params.stride[first + d] = static_cast<int>(s);
     params.dilation[first + d] = static_cast<int>(l);
+  }
+  check_arg(padding.empty() || static_cast<int>(padding.size()) == spatial_dims, op,
+            "conv{}d with padding {}", spatial_dims, padding);
+  for (size_t d = 0; d < padding.size(); ++d) {
+    check_arg(padding[d] >= 0 && padding[d] <= INT_MAX, op,
+              "padding {} must be non-negative ints", padding);
+    params.padding[first + d] = static_cast<int>(padding[d]);
   }
   return params;
 }

@@ -75,10 +75,12 @@ CudnnTensorDims cudnn_tensor_dims(const Shape& shape, const std::vector<int64_t>
 CudnnFilterDims cudnn_filter_dims(const Shape& shape, const std::vector<int64_t>& strides,
                                   const std::string& op);
 
-/// The convolution descriptor's arrays for `spatial_dims` (1, 2 or 3) dims of stride and
-/// dilation (one entry per dim); conv1d gets stride and dilation 1 along the unit height.
+/// The convolution descriptor's arrays for `spatial_dims` (1, 2 or 3) dims of stride, dilation
+/// and (symmetric) zero padding, one entry per dim (empty padding: none); conv1d gets stride and
+/// dilation 1 and no padding along the unit height.
 CudnnConvParams cudnn_conv_params(int spatial_dims, const std::vector<int64_t>& stride,
-                                  const std::vector<int64_t>& dilation, const std::string& op);
+                                  const std::vector<int64_t>& dilation, const std::string& op,
+                                  const std::vector<int64_t>& padding = {});
 
 /// Row-major strides of `shape` stored channels-last: [N, spatial.., C] in memory, returned in
 /// the order of `shape` ([N, C, spatial..]).

@@ -1,7 +1,9 @@
 // Local (single-rank, unsharded) convolution kernels for conv1d/2d/3d: forward, backward data,
-// backward weight and backward bias of a "valid" (unpadded) convolution, on cpu tensors (the
-// reference or oneDNN) and on cuda tensors (cuDNN). The sharded conv op pads and exchanges halos
-// itself, then calls these on the haloed local piece.
+// backward weight and backward bias of a convolution with optional zero padding on each side, on
+// cpu tensors (the reference or oneDNN) and on cuda tensors (cuDNN). The sharded conv op exchanges
+// halos itself, then calls these on the haloed local piece with the zero padding its piece has at
+// the global edges (so the padded cells are never written into memory where a backend takes the
+// padding itself: oneDNN always, cuDNN when it is the same on both sides).
 #pragma once
 
 #include <cstdint>
@@ -17,23 +19,26 @@ namespace tessera::ops {
 /// throws NotAvailable.
 enum class ConvBackend : uint8_t { automatic, reference, onednn, cudnn };
 
-/// Stride, dilation (one entry per spatial dim: 1, 2 or 3 of them; empty means all 1) and groups.
+/// Stride, dilation (one entry per spatial dim: 1, 2 or 3 of them; empty means all 1), groups,
+/// and the zero padding before and after each spatial dim (empty means none).
 struct ConvGeometry {
   std::vector<int64_t> stride;    // per spatial dim, >= 1
   std::vector<int64_t> dilation;  // per spatial dim, >= 1
   int64_t groups = 1;
+  std::vector<int64_t> pad_lo{};  // per spatial dim, >= 0
+  std::vector<int64_t> pad_hi{};  // per spatial dim, >= 0
 };
 
-/// Output spatial extents of a valid conv: floor((S - d*(K-1) - 1)/s) + 1, or 0 when
-/// S < d*(K-1)+1; returned as the full output shape [N, Cout, O..].
+/// Output spatial extents of a conv: floor((S + lo + hi - d*(K-1) - 1)/s) + 1, or 0 when
+/// S + lo + hi < d*(K-1)+1; returned as the full output shape [N, Cout, O..].
 Shape conv_output_shape(const Shape& x_shape, const Shape& w_shape, const ConvGeometry& geometry);
 
-/// y[N,Cout,O..] = valid conv of x[N,Cin,S..] with w[Cout,Cin/groups,K..]
+/// y[N,Cout,O..] = conv of the zero-padded x[N,Cin,S..] with w[Cout,Cin/groups,K..]
 /// (+ bias[Cout] if bias != nullptr).
 Tensor conv_forward(const Tensor& x, const Tensor& w, const Tensor* bias,
                     const ConvGeometry& geometry, ConvBackend backend = ConvBackend::automatic);
 
-/// Writes the valid conv of x with w (+ bias) into `y`, which may be a view (e.g. a box of a
+/// Writes the conv of x with w (+ bias) into `y`, which may be a view (e.g. a box of a
 /// larger output): on cuda in place with no copy (cuDNN reads and writes strided operands), on
 /// cpu through a contiguous result copied into `y`.
 void conv_forward_into(const Tensor& x, const Tensor& w, const Tensor* bias,

@@ -42,9 +42,9 @@ const char* direction_name(Direction direction) {
 }
 
 // oneDNN's view of one problem: tensor dims (weights with a leading group dim when groups > 1),
-// strides, dilations in oneDNN's convention (ours - 1) and zero padding.
+// strides, dilations in oneDNN's convention (ours - 1) and the zero padding on each side.
 struct DnnlDims {
-  memory::dims src, weights, dst, strides, dilates, padding;
+  memory::dims src, weights, dst, strides, dilates, padding_l, padding_r;
   int spatial_dims = 3;
   bool grouped = false;
 
@@ -61,7 +61,8 @@ struct DnnlDims {
     for (int slot = 3 - spatial_dims; slot < 3; ++slot) {
       strides.push_back(problem.stride[slot]);
       dilates.push_back(problem.dilation[slot] - 1);
-      padding.push_back(0);
+      padding_l.push_back(problem.pad_lo[slot]);
+      padding_r.push_back(problem.pad_hi[slot]);
     }
   }
 
@@ -83,7 +84,7 @@ memory::desc f32_desc(const memory::dims& dims, Tag tag) {
 struct PrimitiveKey {
   Direction direction;
   bool has_bias;
-  memory::dims src, weights, dst, strides, dilates;
+  memory::dims src, weights, dst, strides, dilates, padding_l, padding_r;
   bool operator==(const PrimitiveKey&) const = default;
 };
 
@@ -94,7 +95,8 @@ struct PrimitiveKeyHash {
       hash ^= std::hash<int64_t>{}(value) + 0x9e3779b97f4a7c15ULL + (hash << 6) + (hash >> 2);
     };
     for (const memory::dims* dims :
-         {&key.src, &key.weights, &key.dst, &key.strides, &key.dilates}) {
+         {&key.src, &key.weights, &key.dst, &key.strides, &key.dilates, &key.padding_l,
+          &key.padding_r}) {
       mix(static_cast<int64_t>(dims->size()));
       for (int64_t value : *dims) mix(value);
     }
@@ -144,9 +146,9 @@ Operand make_operand(const dnnl::engine& engine, int arg, const memory::desc& pl
 CachedConv create_forward(const dnnl::engine& engine, const DnnlDims& dims, bool has_bias) {
   const memory::desc bias_desc = has_bias ? f32_desc({dims.dst[1]}, Tag::x) : memory::desc();
   const dnnl::convolution_forward::desc desc(
-      dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+      dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
       f32_desc(dims.src, Tag::any), f32_desc(dims.weights, Tag::any), bias_desc,
-      f32_desc(dims.dst, Tag::any), dims.strides, dims.dilates, dims.padding, dims.padding);
+      f32_desc(dims.dst, Tag::any), dims.strides, dims.dilates, dims.padding_l, dims.padding_r);
   const dnnl::convolution_forward::primitive_desc pd(desc, engine);
   CachedConv cached{dnnl::convolution_forward(pd), {}, {}};
   cached.inputs.push_back(make_operand(
@@ -167,7 +169,7 @@ dnnl::convolution_forward::primitive_desc forward_hint(const dnnl::engine& engin
   const dnnl::convolution_forward::desc desc(
       dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
       f32_desc(dims.src, Tag::any), f32_desc(dims.weights, Tag::any), f32_desc(dims.dst, Tag::any),
-      dims.strides, dims.dilates, dims.padding, dims.padding);
+      dims.strides, dims.dilates, dims.padding_l, dims.padding_r);
   return dnnl::convolution_forward::primitive_desc(desc, engine);
 }
 
@@ -175,7 +177,7 @@ CachedConv create_backward_data(const dnnl::engine& engine, const DnnlDims& dims
   const dnnl::convolution_backward_data::desc desc(
       dnnl::algorithm::convolution_direct, f32_desc(dims.src, Tag::any),
       f32_desc(dims.weights, Tag::any), f32_desc(dims.dst, Tag::any), dims.strides, dims.dilates,
-      dims.padding, dims.padding);
+      dims.padding_l, dims.padding_r);
   const dnnl::convolution_backward_data::primitive_desc pd(desc, engine,
                                                            forward_hint(engine, dims));
   CachedConv cached{dnnl::convolution_backward_data(pd), {}, {}};
@@ -195,7 +197,7 @@ CachedConv create_backward_weight(const dnnl::engine& engine, const DnnlDims& di
   const dnnl::convolution_backward_weights::desc desc(
       dnnl::algorithm::convolution_direct, f32_desc(dims.src, Tag::any),
       f32_desc(dims.weights, Tag::any), memory::desc(), f32_desc(dims.dst, Tag::any), dims.strides,
-      dims.dilates, dims.padding, dims.padding);
+      dims.dilates, dims.padding_l, dims.padding_r);
   const dnnl::convolution_backward_weights::primitive_desc pd(desc, engine,
                                                               forward_hint(engine, dims));
   CachedConv cached{dnnl::convolution_backward_weights(pd), {}, {}};
@@ -212,8 +214,8 @@ CachedConv create_backward_weight(const dnnl::engine& engine, const DnnlDims& di
 
 const CachedConv& cached_conv(ThreadContext& context, Direction direction, const DnnlDims& dims,
                               bool has_bias) {
-  PrimitiveKey key{direction, has_bias,     dims.src,    dims.weights,
-                   dims.dst,  dims.strides, dims.dilates};
+  PrimitiveKey key{direction,    has_bias,     dims.src,       dims.weights,  dims.dst,
+                   dims.strides, dims.dilates, dims.padding_l, dims.padding_r};
   if (auto found = context.cache.find(key); found != context.cache.end()) return found->second;
   CachedConv created =
       direction == Direction::forward         ? create_forward(context.engine, dims, has_bias)
@@ -289,11 +291,12 @@ void run_conv(Direction direction, const ConvProblem& problem,
   } catch (const dnnl::error& error) {
     throw NotAvailable(
         "conv", fmt::format("oneDNN conv{}d {} failed for input ({}), weight ({}), stride ({}), "
-                            "dilation ({}), groups {}: {}",
+                            "dilation ({}), padding ({}) / ({}), groups {}: {}",
                             problem.spatial_dims, direction_name(direction),
                             fmt::join(problem.x_shape(), ","), fmt::join(problem.w_shape(), ","),
-                            fmt::join(dims.strides, ","), fmt::join(dilation, ","), problem.groups,
-                            error.what()));
+                            fmt::join(dims.strides, ","), fmt::join(dilation, ","),
+                            fmt::join(dims.padding_l, ","), fmt::join(dims.padding_r, ","),
+                            problem.groups, error.what()));
   }
 }
 

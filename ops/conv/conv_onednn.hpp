@@ -9,7 +9,8 @@ namespace tessera::ops {
 
 // Same preconditions as the reference kernels (conv_reference.hpp), and problem.dtype is f32.
 
-/// y = valid conv of x with w (+ bias when bias != nullptr).
+/// y = conv of x (zero-padded as the problem says; oneDNN takes the padding itself) with w
+/// (+ bias when bias != nullptr).
 void conv_forward_onednn(const ConvProblem& problem, const Tensor& x, const Tensor& w,
                          const Tensor* bias, Tensor& y);
 /// dx = adjoint of the forward conv in x, applied to dy.

@@ -2,10 +2,12 @@
 //
 // Along a spatial dim with input extent L, kernel K, stride s, dilation d and padding (lo, hi),
 // output o reads input indices o*s - lo + j*d, j < K. Output o is owned by the rank that owns
-// input clamp(o*s, 0, L-1); a rank owning outputs [a, b) needs inputs [a*s - lo,
-// (b-1)*s - lo + d*(K-1) + 1), which the halo plan fills (zeros or a periodic wrap past the
-// global edges). The local kernel then runs a valid (unpadded) convolution on the haloed
-// piece, so sharded and unsharded calls run the same code. The same kernels serve cpu and cuda
+// input clamp(o*s, 0, L-1); a rank owning outputs [a, b) reads the window [a*s - lo,
+// (b-1)*s - lo + d*(K-1) + 1). With circular padding the halo plan fills all of it (wrapping
+// past the global edges). With zero padding the window is cut to [0, L): the halo plan fills
+// the part inside the tensor and the part outside stays virtual, handed to the local kernel as
+// its padding (oneDNN and cuDNN take it without the zeros ever being written; one rank copies
+// nothing at all). So sharded and unsharded calls run the same code. The same kernels serve cpu and cuda
 // tensors (conv_kernels.hpp dispatches on the device: reference/oneDNN or cuDNN).
 #include "ops/conv/conv_op.hpp"
 
@@ -85,28 +87,38 @@ ConvDims resolve(const Shape& x, const Shape& w, const OpAttrs& attrs) {
   return dims;
 }
 
-/// Outputs owned by each part of a split of the input: output o goes to the owner of input
-/// clamp(o*stride, 0, L-1).
-std::vector<int64_t> output_extents(const std::vector<int64_t>& input_extents, int64_t length,
-                                    int64_t outputs, int64_t stride) {
-  const std::vector<int64_t> offsets = offsets_of(input_extents);
-  std::vector<int64_t> counts(input_extents.size(), 0);
-  if (length <= 0) {
-    for (int64_t o = 0; o < outputs; ++o)
-      ++counts[owner_of(std::clamp<int64_t>(o * stride, 0, length - 1), input_extents)];
-    return counts;
+/// A window [lo, hi) of input indices cut to [0, extent): the part inside and the zero padding
+/// the cut-off parts become. A window wholly outside keeps nothing (an empty range) and is all
+/// padding.
+struct ClippedWindow {
+  int64_t lo = 0, hi = 0;          // the part inside [0, extent)
+  int64_t pad_lo = 0, pad_hi = 0;  // padding before and after it
+};
+
+ClippedWindow clip_window(int64_t lo, int64_t hi, int64_t extent) {
+  ClippedWindow window;
+  window.lo = std::clamp<int64_t>(lo, 0, extent);
+  window.hi = std::clamp<int64_t>(hi, window.lo, extent);
+  if (hi <= lo) {  // no output reads anything: an empty range, no padding
+    window.hi = window.lo;
+    return window;
   }
-  // In closed form (outputs can be huge with a huge padding): a non-empty part owning inputs
-  // [a, b) gets the outputs o with a <= o*stride < b; those past the input (o*stride >= length)
-  // go to the owner of the last input.
-  auto first_output_at = [&](int64_t index) {  // the first o with o*stride >= index
-    return std::min(outputs, index / stride + (index % stride != 0 ? 1 : 0));
-  };
-  for (size_t p = 0; p < input_extents.size(); ++p)
-    if (input_extents[p] > 0)
-      counts[p] = first_output_at(offsets[p + 1]) - first_output_at(offsets[p]);
-  counts[owner_of(length - 1, input_extents)] += outputs - first_output_at(length);
-  return counts;
+  if (window.lo == window.hi) {  // wholly outside: all padding
+    window.pad_hi = hi - lo;
+    return window;
+  }
+  window.pad_lo = window.lo - lo;
+  window.pad_hi = hi - window.hi;
+  return window;
+}
+
+/// The input window [lo, hi) that outputs [first, last) read along spatial dim i (unclipped).
+std::pair<int64_t, int64_t> input_window(const ConvDims& dims, int i, int64_t first, int64_t last) {
+  const int64_t lo = first * dims.stride[i] - dims.pad_lo[i];
+  const int64_t hi = last > first ? (last - 1) * dims.stride[i] - dims.pad_lo[i] +
+                                        dims.dilation[i] * (dims.kernel[i] - 1) + 1
+                                  : lo;
+  return {lo, hi};
 }
 
 OpRule conv_rule(const std::vector<ShardSpec>& inputs, const OpAttrs& attrs) {
@@ -137,13 +149,14 @@ OpRule conv_rule(const std::vector<ShardSpec>& inputs, const OpAttrs& attrs) {
     if (!x.placements[m].is_shard()) continue;
     const int dim = x.placements[m].dim;
     out_extents[m] = dim == 0 ? x.extents[m]
-                              : output_extents(x.extents[m], dims.input[dim - 2],
-                                               dims.output[dim - 2], dims.stride[dim - 2]);
+                              : strided_output_extents(x.extents[m], dims.input[dim - 2],
+                                                       dims.output[dim - 2], dims.stride[dim - 2]);
   }
   const ShardSpec y = ShardSpec::make(out_shape, x.mesh_shape, x.placements, out_extents, "conv");
   rule.outputs.push_back(y);
 
-  // Halo of x: every rank's outputs, mapped back to the input range they read.
+  // Halo of x: every rank's outputs, mapped back to the input range they read (cut to the
+  // tensor with zero padding: the rest is the kernel's padding).
   HaloNeed need;
   need.boundary.assign(x.global_shape.size(), BoundaryMode::zero);
   for (int i = 0; i < dims.spatial; ++i)
@@ -152,11 +165,14 @@ OpRule conv_rule(const std::vector<ShardSpec>& inputs, const OpAttrs& attrs) {
     Box box = x.local_box_of_rank(rank);
     const Box out_box = y.local_box_of_rank(rank);
     for (int i = 0; i < dims.spatial; ++i) {
-      const int64_t first = out_box.lo[2 + i], last = out_box.hi[2 + i];
-      box.lo[2 + i] = first * dims.stride[i] - dims.pad_lo[i];
-      box.hi[2 + i] = last > first ? (last - 1) * dims.stride[i] - dims.pad_lo[i] +
-                                         dims.dilation[i] * (dims.kernel[i] - 1) + 1
-                                   : box.lo[2 + i];
+      auto [lo, hi] = input_window(dims, i, out_box.lo[2 + i], out_box.hi[2 + i]);
+      if (!dims.circular) {
+        const ClippedWindow clipped = clip_window(lo, hi, dims.input[i]);
+        lo = clipped.lo;
+        hi = clipped.hi;
+      }
+      box.lo[2 + i] = lo;
+      box.hi[2 + i] = hi;
     }
     need.needed.push_back(box);
   }
@@ -165,25 +181,48 @@ OpRule conv_rule(const std::vector<ShardSpec>& inputs, const OpAttrs& attrs) {
   return rule;
 }
 
-ConvGeometry geometry_of(const OpAttrs& attrs, const Shape& x, const Shape& w) {
+/// The local conv of the haloed piece (global box `haloed`) computing the outputs `out` (global
+/// box): stride, dilation, groups, and the zero padding the rule cut off the piece's window.
+ConvGeometry local_geometry(const OpAttrs& attrs, const Shape& x, const Shape& w, const Box& haloed,
+                            const Box& out) {
   const ConvDims dims = resolve(x, w, attrs);
-  return ConvGeometry{dims.stride, dims.dilation, dims.groups};
+  ConvGeometry geometry{dims.stride, dims.dilation, dims.groups, {}, {}};
+  if (dims.circular) return geometry;
+  geometry.pad_lo.assign(dims.spatial, 0);
+  geometry.pad_hi.assign(dims.spatial, 0);
+  for (int i = 0; i < dims.spatial; ++i) {
+    const auto [lo, hi] = input_window(dims, i, out.lo[2 + i], out.hi[2 + i]);
+    const ClippedWindow clipped = clip_window(lo, hi, dims.input[i]);
+    check_arg(clipped.lo == haloed.lo[2 + i] && clipped.hi == haloed.hi[2 + i], "conv",
+              "haloed input [{}, {}) along spatial dim {}, the rule needs [{}, {})",
+              haloed.lo[2 + i], haloed.hi[2 + i], i, clipped.lo, clipped.hi);
+    geometry.pad_lo[i] = clipped.pad_lo;
+    geometry.pad_hi[i] = clipped.pad_hi;
+  }
+  return geometry;
+}
+
+/// local_geometry of a kernel call.
+ConvGeometry local_geometry(const KernelContext& context) {
+  return local_geometry(context.attrs, context.input_specs[0].global_shape,
+                        context.input_specs[1].global_shape, context.input_boxes[0],
+                        context.output_boxes[0]);
 }
 
 /// The local kernel of both devices (cpu: reference or oneDNN; cuda: cuDNN on the compute stream).
 std::vector<Tensor> conv_local(const KernelContext& context, const std::vector<Tensor>& inputs) {
-  const ConvGeometry geometry = geometry_of(context.attrs, context.input_specs[0].global_shape,
-                                            context.input_specs[1].global_shape);
+  const ConvGeometry geometry = local_geometry(context);
   const Tensor* bias = inputs.size() == 3 ? &inputs[2] : nullptr;
   return {conv_forward(inputs[0], inputs[1], bias, geometry)};
 }
 
 // ---- overlap of the forward with the halo exchange ----
 //
-// In the haloed input (global box H = context.input_boxes[0]) output j (local index along a
-// spatial dim) reads input H.lo + j*s .. H.lo + j*s + (k-1)*d. Outputs whose whole window lies
-// in the rank's owned box W are "interior": computable before any halo cell has landed. The rest
-// of the output box is covered by at most two slabs per spatial dim, computed afterwards.
+// In the haloed input (global box H = context.input_boxes[0], with local padding p before it)
+// output j (local index along a spatial dim) reads input H.lo - p + j*s .. H.lo - p + j*s +
+// (k-1)*d. Outputs whose whole window lies in the rank's owned box W are "interior": computable
+// before any halo cell has landed. The rest of the output box is covered by at most two slabs
+// per spatial dim, computed afterwards (each with the part of the padding its windows reach).
 // On cuda every region is a strided view of the haloed input and of the output, which cuDNN
 // reads and writes in place, queued on the compute stream (the interior while the halos travel
 // on the comm stream); on cpu each region is copied out and back.
@@ -199,8 +238,11 @@ Box interior_outputs(const KernelContext& context, const ConvGeometry& geometry,
     const size_t dim = i + 2;
     const int64_t stride = geometry.stride[i];
     const int64_t reach = geometry.dilation[i] * (w_shape[dim] - 1);
-    const int64_t first = owned.lo[dim] - haloed.lo[dim];         // first owned input, local
-    const int64_t last = owned.hi[dim] - haloed.lo[dim] - reach;  // one past the last start
+    const int64_t pad = geometry.pad_lo.empty() ? 0 : geometry.pad_lo[i];
+    // In window-start coordinates (output j starts at j*s): the first owned input, and one past
+    // the last start whose window ends inside the owned box.
+    const int64_t first = owned.lo[dim] - haloed.lo[dim] + pad;
+    const int64_t last = owned.hi[dim] - haloed.lo[dim] + pad - reach;
     interior.lo[dim] =
         std::clamp<int64_t>(first <= 0 ? 0 : (first + stride - 1) / stride, 0, out[dim]);
     interior.hi[dim] =
@@ -209,21 +251,32 @@ Box interior_outputs(const KernelContext& context, const ConvGeometry& geometry,
   return interior;
 }
 
-/// Computes the outputs in `region` (local output coordinates) into `y`.
+/// Computes the outputs in `region` (local output coordinates) into `y`, from the haloed piece
+/// `x` conv'd with `geometry` (its local padding): the region's window of x, with the part of
+/// the padding that window reaches.
 void conv_region(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvGeometry& geometry,
                  const Box& region, Tensor& y) {
   if (region.empty()) return;
   Box input{Shape(x.ndim(), 0), x.shape()};
   input.lo[0] = region.lo[0];
   input.hi[0] = region.hi[0];
+  ConvGeometry region_geometry = geometry;
   for (size_t i = 0; i + 2 < region.lo.size(); ++i) {
     const size_t dim = i + 2;
-    input.lo[dim] = region.lo[dim] * geometry.stride[i];
-    input.hi[dim] = (region.hi[dim] - 1) * geometry.stride[i] +
-                    geometry.dilation[i] * (w.shape(static_cast<int>(dim)) - 1) + 1;
+    const int64_t pad = geometry.pad_lo.empty() ? 0 : geometry.pad_lo[i];
+    const int64_t lo = region.lo[dim] * geometry.stride[i] - pad;
+    const int64_t hi = (region.hi[dim] - 1) * geometry.stride[i] - pad +
+                       geometry.dilation[i] * (w.shape(static_cast<int>(dim)) - 1) + 1;
+    const ClippedWindow clipped = clip_window(lo, hi, x.shape(static_cast<int>(dim)));
+    input.lo[dim] = clipped.lo;
+    input.hi[dim] = clipped.hi;
+    if (!region_geometry.pad_lo.empty()) {
+      region_geometry.pad_lo[i] = clipped.pad_lo;
+      region_geometry.pad_hi[i] = clipped.pad_hi;
+    }
   }
   Tensor y_region = y.view_box(region);
-  conv_forward_into(x.view_box(input), w, bias, geometry, y_region);
+  conv_forward_into(x.view_box(input), w, bias, region_geometry, y_region);
 }
 
 /// `whole` minus `inner` (inner within whole, possibly empty) as disjoint boxes: per spatial dim
@@ -250,8 +303,7 @@ std::vector<Box> boxes_around(const Box& whole, const Box& inner) {
 }
 
 std::vector<Tensor> conv_interior(const KernelContext& context, const std::vector<Tensor>& inputs) {
-  const ConvGeometry geometry = geometry_of(context.attrs, context.input_specs[0].global_shape,
-                                            context.input_specs[1].global_shape);
+  const ConvGeometry geometry = local_geometry(context);
   const Tensor* bias = inputs.size() == 3 ? &inputs[2] : nullptr;
   Tensor y = Tensor::empty(context.output_boxes[0].shape(), inputs[0].dtype(), inputs[0].device());
   conv_region(inputs[0], inputs[1], bias, geometry,
@@ -261,8 +313,7 @@ std::vector<Tensor> conv_interior(const KernelContext& context, const std::vecto
 
 void conv_boundary(const KernelContext& context, const std::vector<Tensor>& inputs,
                    std::vector<Tensor>& outputs) {
-  const ConvGeometry geometry = geometry_of(context.attrs, context.input_specs[0].global_shape,
-                                            context.input_specs[1].global_shape);
+  const ConvGeometry geometry = local_geometry(context);
   const Tensor* bias = inputs.size() == 3 ? &inputs[2] : nullptr;
   const Shape out = context.output_boxes[0].shape();
   const Box whole{Shape(out.size(), 0), out};
@@ -275,8 +326,10 @@ std::vector<std::optional<ShardTensor>> conv_backward(
     const OpRecord& record, const std::vector<std::optional<ShardTensor>>& grads) {
   const ShardTensor& x = record.inputs[0];
   const ShardTensor& w = record.inputs[1];
-  const ConvGeometry geometry = geometry_of(record.attrs, x.global_shape(), w.global_shape());
   const ShardSpec& y = record.outputs[0].spec();
+  const ConvGeometry geometry =
+      local_geometry(record.attrs, x.global_shape(), w.global_shape(),
+                     record.plans[0]->needed_box(), record.outputs[0].local_box());
   const ShardTensor g =
       grads[0]->spec() == y ? *grads[0] : grads[0]->redistribute(y.placements, y.extents);
   const Tensor& x_haloed = record.kernel_inputs[0];

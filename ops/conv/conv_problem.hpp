@@ -1,4 +1,4 @@
-// ConvProblem: one validated valid (unpadded) convolution, in the form every conv backend
+// ConvProblem: one validated convolution (zero padding on each side allowed), in the form every conv backend
 // consumes. Built only by the dispatcher in conv_shapes.cpp, so backends may assume it is valid.
 #pragma once
 
@@ -10,7 +10,7 @@
 
 namespace tessera::ops {
 
-/// Extents of one validated valid conv. The spatial arrays always hold (depth, height, width):
+/// Extents of one validated conv. The spatial arrays always hold (depth, height, width):
 /// a conv1d or conv2d has its missing leading dims set to 1, so a backend may treat every conv
 /// as a conv3d, while `spatial_dims` keeps the user's rank for shapes and messages.
 struct ConvProblem {
@@ -24,12 +24,20 @@ struct ConvProblem {
   std::array<int64_t, 3> output{1, 1, 1};
   std::array<int64_t, 3> stride{1, 1, 1};
   std::array<int64_t, 3> dilation{1, 1, 1};
+  std::array<int64_t, 3> pad_lo{0, 0, 0};  // zero padding before each spatial dim
+  std::array<int64_t, 3> pad_hi{0, 0, 0};  // and after it
   DType dtype = DType::f32;
 
   /// Input channels each group reads (Cin / groups).
   int64_t in_channels_per_group() const { return in_channels / groups; }
   /// Output channels each group writes (Cout / groups).
   int64_t out_channels_per_group() const { return out_channels / groups; }
+  /// True when some spatial dim is padded.
+  bool padded() const {
+    for (int d = 0; d < 3; ++d)
+      if (pad_lo[d] != 0 || pad_hi[d] != 0) return true;
+    return false;
+  }
   /// [N, Cin, S..] in the user's rank.
   Shape x_shape() const { return with_spatial({batch, in_channels}, input); }
   /// [Cout, Cin/groups, K..] in the user's rank.

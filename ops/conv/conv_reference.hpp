@@ -9,7 +9,8 @@ namespace tessera::ops {
 
 // Preconditions of every function here: `problem` came from the dispatcher, no extent of it is
 // zero, all tensors are contiguous cpu tensors of problem.dtype with the problem's shapes, and
-// the output tensor is allocated (its contents are ignored and fully overwritten).
+// the output tensor is allocated (its contents are ignored and fully overwritten), and the
+// problem is unpadded (the dispatcher writes a padded input out for the reference).
 
 /// y = valid conv of x with w (+ bias when bias != nullptr).
 void conv_forward_reference(const ConvProblem& problem, const Tensor& x, const Tensor& w,

@@ -5,12 +5,14 @@
 #include <fmt/ranges.h>
 
 #include <atomic>
+#include <climits>
 #include <cstdlib>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <vector>
 
+#include "core/checked_math.hpp"
 #include "core/compute_threads.hpp"
 #include "core/parallel_for.hpp"
 #include "ops/conv/conv_cudnn.hpp"
@@ -38,8 +40,8 @@ int spatial_dims_of(const ConvGeometry& geometry, const Shape& x_shape) {
   return static_cast<int>(x_shape.size()) - 2;
 }
 
-// Validates shapes and geometry of a valid conv of x_shape with w_shape and returns the problem.
-// An input smaller than the dilated kernel is legal: its output extent is 0.
+// Validates shapes and geometry of a conv of x_shape with w_shape and returns the problem. An
+// input (padded) smaller than the dilated kernel is legal: its output extent is 0.
 ConvProblem make_problem(const Shape& x_shape, const Shape& w_shape, const ConvGeometry& geometry,
                          DType dtype) {
   const int dims = spatial_dims_of(geometry, x_shape);
@@ -54,6 +56,9 @@ ConvProblem make_problem(const Shape& x_shape, const Shape& w_shape, const ConvG
   check_arg(geometry.dilation.empty() || static_cast<int>(geometry.dilation.size()) == dims, kOp,
             "dilation has {} entries, expected {} (one per spatial dim)", geometry.dilation.size(),
             dims);
+  for (const std::vector<int64_t>* pad : {&geometry.pad_lo, &geometry.pad_hi})
+    check_arg(pad->empty() || static_cast<int>(pad->size()) == dims, kOp,
+              "padding has {} entries, expected {} (one per spatial dim)", pad->size(), dims);
   check_arg(static_cast<int>(x_shape.size()) == dims + 2, kOp,
             "expected a {}-d input for conv{}d, got shape {}", dims + 2, dims, shape_text(x_shape));
   check_arg(static_cast<int>(w_shape.size()) == dims + 2, kOp,
@@ -92,12 +97,21 @@ ConvProblem make_problem(const Shape& x_shape, const Shape& w_shape, const ConvG
     check_arg(dilation >= 1, kOp, "dilation {} along spatial dim {} must be >= 1", dilation, d);
     check_arg(kernel >= 1, kOp, "kernel extent {} along spatial dim {} must be >= 1 (weight {})",
               kernel, d, shape_text(w_shape));
-    const int64_t span = dilation * (kernel - 1) + 1;  // input positions one output reads
+    const int64_t lo = geometry.pad_lo.empty() ? 0 : geometry.pad_lo[d];
+    const int64_t hi = geometry.pad_hi.empty() ? 0 : geometry.pad_hi[d];
+    check_arg(lo >= 0 && hi >= 0, kOp, "padding ({}, {}) along spatial dim {} must be >= 0", lo,
+              hi, d);
+    const int64_t span = checked_add(checked_mul(dilation, kernel - 1, kOp, "dilated kernel"), 1,
+                                     kOp, "dilated kernel");  // input positions one output reads
+    const int64_t padded =
+        checked_add(checked_add(input, lo, kOp, "padded input"), hi, kOp, "padded input");
     problem.stride[slot] = stride;
     problem.dilation[slot] = dilation;
     problem.kernel[slot] = kernel;
     problem.input[slot] = input;
-    problem.output[slot] = input < span ? 0 : (input - span) / stride + 1;
+    problem.pad_lo[slot] = lo;
+    problem.pad_hi[slot] = hi;
+    problem.output[slot] = padded < span ? 0 : (padded - span) / stride + 1;
   }
   return problem;
 }
@@ -201,6 +215,54 @@ void fill_with_bias(Tensor& y, const Tensor* bias) {
   });
 }
 
+// Whether the backend that runs `problem` on `device` takes its padding itself: oneDNN does
+// (unless an input extent is 0), cuDNN when both sides of every dim are padded alike; the
+// reference never does. Otherwise the dispatcher writes the padded input out first.
+bool pads_natively(const ConvProblem& problem, bool onednn, Device device) {
+  if (!problem.padded()) return true;
+  if (device.is_cuda()) {
+    for (int d = 0; d < 3; ++d)
+      if (problem.pad_lo[d] != problem.pad_hi[d] || problem.pad_lo[d] > INT_MAX) return false;
+    return true;
+  }
+  if (!onednn) return false;
+  for (int d = 0; d < 3; ++d)
+    if (problem.input[d] == 0) return false;
+  return true;
+}
+
+// The geometry without its padding.
+ConvGeometry unpadded(ConvGeometry geometry) {
+  geometry.pad_lo.clear();
+  geometry.pad_hi.clear();
+  return geometry;
+}
+
+// Where x lies within its zero-padded copy: the box of x's shape shifted by the low padding.
+Box unpadded_box(const Shape& x_shape, const ConvGeometry& geometry) {
+  Box box = Box::of_shape(x_shape);
+  for (size_t d = 0; d < geometry.pad_lo.size(); ++d) {
+    box.lo[2 + d] += geometry.pad_lo[d];
+    box.hi[2 + d] += geometry.pad_lo[d];
+  }
+  return box;
+}
+
+// The shape of x zero-padded by the geometry's padding.
+Shape padded_shape(const Shape& x_shape, const ConvGeometry& geometry) {
+  Shape shape = x_shape;
+  for (size_t d = 0; d < geometry.pad_lo.size(); ++d) shape[2 + d] += geometry.pad_lo[d];
+  for (size_t d = 0; d < geometry.pad_hi.size(); ++d) shape[2 + d] += geometry.pad_hi[d];
+  return shape;
+}
+
+// x written into a zeroed tensor of its padded shape (on x's device).
+Tensor zero_padded(const Tensor& x, const ConvGeometry& geometry) {
+  Tensor padded = Tensor::zeros(padded_shape(x.shape(), geometry), x.dtype(), x.device());
+  padded.view_box(unpadded_box(x.shape(), geometry)).copy_from(x);
+  return padded;
+}
+
 }  // namespace
 
 Shape conv_output_shape(const Shape& x_shape, const Shape& w_shape, const ConvGeometry& geometry) {
@@ -223,6 +285,8 @@ Tensor conv_forward(const Tensor& x, const Tensor& w, const Tensor* bias,
     return y;
   }
   const bool onednn = use_onednn(backend, problem.dtype);
+  if (!pads_natively(problem, onednn, x.device()))
+    return conv_forward(zero_padded(x, geometry), w, bias, unpadded(geometry), backend);
 
   Tensor y = Tensor::empty(problem.y_shape(), problem.dtype);
   if (y.numel() == 0) return y;
@@ -250,6 +314,10 @@ void conv_forward_into(const Tensor& x, const Tensor& w, const Tensor* bias,
   }
   check_same_dtype(x, "x", w, "w");
   if (bias != nullptr) check_same_dtype(x, "x", *bias, "bias");
+  if (!pads_natively(make_problem(x.shape(), w.shape(), geometry, x.dtype()), false, x.device())) {
+    conv_forward_into(zero_padded(x, geometry), w, bias, unpadded(geometry), y, backend);
+    return;
+  }
   Tensor packed_weights;
   const ConvOperand bias_operand = bias != nullptr ? conv_operand(*bias) : ConvOperand{};
   conv_forward_cudnn(conv_operand(x), weight_operand(w, packed_weights),
@@ -261,7 +329,14 @@ Tensor conv_backward_data(const Tensor& dy, const Tensor& w, const Shape& x_shap
   check_same_dtype(dy, "dy", w, "w");
   const ConvProblem problem = make_problem(x_shape, w.shape(), geometry, dy.dtype());
   check_output_gradient(dy, problem);
-  if (use_cudnn(backend, dy.device())) {
+  const bool cudnn = use_cudnn(backend, dy.device());
+  if (!pads_natively(problem, !cudnn && use_onednn(backend, problem.dtype), dy.device())) {
+    // The gradient of the padded input, cut to x's cells.
+    const Tensor padded_dx = conv_backward_data(dy, w, padded_shape(x_shape, geometry),
+                                                unpadded(geometry), backend);
+    return padded_dx.view_box(unpadded_box(x_shape, geometry)).contiguous();
+  }
+  if (cudnn) {
     Tensor dx = Tensor::empty(x_shape, problem.dtype, dy.device());
     Tensor packed_weights;
     conv_backward_data_cudnn(conv_operand(dy), weight_operand(w, packed_weights), geometry,
@@ -287,7 +362,11 @@ Tensor conv_backward_weight(const Tensor& x, const Tensor& dy, const Shape& w_sh
   check_same_dtype(x, "x", dy, "dy");
   const ConvProblem problem = make_problem(x.shape(), w_shape, geometry, x.dtype());
   check_output_gradient(dy, problem);
-  if (use_cudnn(backend, x.device())) {
+  const bool cudnn = use_cudnn(backend, x.device());
+  if (!pads_natively(problem, !cudnn && use_onednn(backend, problem.dtype), x.device()))
+    return conv_backward_weight(zero_padded(x, geometry), dy, w_shape, unpadded(geometry),
+                                backend);
+  if (cudnn) {
     Tensor dw = Tensor::empty(w_shape, problem.dtype, x.device());
     conv_backward_filter_cudnn(
         conv_operand(x), conv_operand(dy), geometry,

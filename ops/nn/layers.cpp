@@ -4,6 +4,7 @@
 #include <cmath>
 #include <random>
 
+#include "core/runtime/rank_context.hpp"
 #include "ops/ops.hpp"
 
 namespace tessera::nn {
@@ -34,13 +35,16 @@ Conv::Conv(const DeviceMesh& mesh, ConvConfig config, uint64_t seed) : config_(c
   const double bound = 1.0 / std::sqrt(fan_in);
   std::mt19937_64 generator(seed);
   const std::vector<Placement> replicated(mesh.ndim(), Placement::replicate());
+  // Made on the calling rank's device, like every other result.
+  const Device device = current_rank_context().device();
   weight_ = add_parameter(
-      "weight",
-      ShardTensor::distribute(uniform(w_shape, bound, generator, config.dtype), mesh, replicated));
+      "weight", ShardTensor::distribute(uniform(w_shape, bound, generator, config.dtype).to(device),
+                                        mesh, replicated));
   if (config.bias)
-    bias_ = add_parameter("bias", ShardTensor::distribute(uniform({config.out_channels}, bound,
-                                                                  generator, config.dtype),
-                                                          mesh, replicated));
+    bias_ = add_parameter(
+        "bias", ShardTensor::distribute(
+                    uniform({config.out_channels}, bound, generator, config.dtype).to(device), mesh,
+                    replicated));
 }
 
 ShardTensor Conv::forward(const ShardTensor& x) {
@@ -50,6 +54,18 @@ ShardTensor Conv::forward(const ShardTensor& x) {
   return ops::conv(x, weight_.tensor(),
                    bias_.defined() ? std::optional<ShardTensor>(bias_.tensor()) : std::nullopt,
                    config_.options);
+}
+
+MaxPool::MaxPool(ops::PoolOptions options) : options_(std::move(options)) {}
+
+ShardTensor MaxPool::forward(const ShardTensor& x) {
+  return ops::max_pool(x, options_);
+}
+
+AvgPool::AvgPool(ops::PoolOptions options) : options_(std::move(options)) {}
+
+ShardTensor AvgPool::forward(const ShardTensor& x) {
+  return ops::avg_pool(x, options_);
 }
 
 Activation::Activation(std::string kind) : kind_(std::move(kind)) {

@@ -1,7 +1,8 @@
 // Layers over the sharded ops (Modules, ops/nn/module.hpp). Weights are initialized like
 // PyTorch's defaults (Conv: kaiming_uniform with a = sqrt(5), i.e. uniform in +-1/sqrt(fan_in),
 // and the bias in the same range) from a seed, on the full tensor, so every layout of every mesh
-// starts from the same values; parameters are replicated on the mesh they are made on.
+// starts from the same values; parameters are replicated on the mesh they are made on, on the
+// calling rank's device.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 
 #include "ops/conv/conv_op.hpp"
 #include "ops/nn/module.hpp"
+#include "ops/pool/pool_op.hpp"
 
 namespace tessera::nn {
 
@@ -39,6 +41,26 @@ class Conv : public Module {
  private:
   ConvConfig config_;
   Parameter weight_, bias_;
+};
+
+/// torch.nn.MaxPool1d/2d/3d (by the rank of the input): no parameters.
+class MaxPool : public Module {
+ public:
+  explicit MaxPool(ops::PoolOptions options);
+  ShardTensor forward(const ShardTensor& x) override;
+
+ private:
+  ops::PoolOptions options_;
+};
+
+/// torch.nn.AvgPool1d/2d/3d (by the rank of the input): no parameters.
+class AvgPool : public Module {
+ public:
+  explicit AvgPool(ops::PoolOptions options);
+  ShardTensor forward(const ShardTensor& x) override;
+
+ private:
+  ops::PoolOptions options_;
 };
 
 /// Elementwise activations: "relu", "gelu", "silu" or "tanh".

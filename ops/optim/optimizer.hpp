@@ -91,7 +91,7 @@ struct AdamOptions {
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
-  std::optional<double> weight_decay;  ///< default: 0 for Adam, 1e-2 for AdamW (PyTorch's)
+  std::optional<double> weight_decay{};  ///< default: 0 for Adam, 1e-2 for AdamW (PyTorch's)
   bool amsgrad = false;
   bool maximize = false;
 };

@@ -1,7 +1,7 @@
 // Modules (ops/nn): dotted parameter paths in registration order, state_dict round trips across
 // layouts, refused state with one error naming the key, seeded initialization identical on every
 // mesh (so a model's forward equals one rank's), PyTorch's default init range, and a few steps of
-// training a Sequential conv net on a 2x2 mesh equal to one rank.
+// training a Sequential conv net (with and without pooling layers) on a 2x2 mesh equal to one rank.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -28,6 +28,19 @@ std::shared_ptr<nn::Sequential> make_net(const DeviceMesh& mesh, uint64_t seed) 
 }
 
 using testing::train_steps;
+
+/// conv, MaxPool (2x2, stride 2), conv, AvgPool (3x3, stride 1, padding 1, count_include_pad off).
+std::shared_ptr<nn::Sequential> make_pool_net(const DeviceMesh& mesh, uint64_t seed) {
+  auto net = std::make_shared<nn::Sequential>();
+  net->append(std::make_shared<nn::Conv>(
+      mesh, nn::ConvConfig{.in_channels = 2, .out_channels = 4, .dtype = DType::f64}, seed));
+  net->append(std::make_shared<nn::MaxPool>(ops::PoolOptions{.kernel_size = {2}}));
+  net->append(std::make_shared<nn::Conv>(
+      mesh, nn::ConvConfig{.in_channels = 4, .out_channels = 2, .dtype = DType::f64}, seed + 1));
+  net->append(std::make_shared<nn::AvgPool>(ops::PoolOptions{
+      .kernel_size = {3}, .stride = {1}, .padding = {1}, .count_include_pad = false}));
+  return net;
+}
 
 TEST(Modules, NamedParametersStateDictAndErrors) {
   testing::run_world(2, [](std::shared_ptr<Comm> comm) {
@@ -107,6 +120,36 @@ TEST(Modules, SeededModelsTrainTheSameOnOneRankAndOnA2x2Mesh) {
         run_batch(dp_domain, {Placement::shard(0), Placement::shard(2)}, {{3, 1}, {4, 6}});
     for (size_t i = 0; i < one.size(); ++i)
       EXPECT_NEAR(both[i], one[i], 1e-10 * std::fabs(one[i])) << "dp x domain, step " << i;
+  });
+}
+
+TEST(Modules, PoolingNetTrainsTheSameOnOneRankAndOnA2x2Mesh) {
+  testing::run_world(4, [](std::shared_ptr<Comm> comm) {
+    testing::CaseRng rng(14);
+    const Tensor x_full = testing::integer_tensor({1, 2, 11, 8}, DType::f64, rng, -4, 4);
+    const Tensor target_full = testing::integer_tensor({1, 2, 5, 4}, DType::f64, rng, -4, 4);
+    auto run = [&](const DeviceMesh& mesh, const std::vector<Placement>& placements,
+                   const std::vector<std::vector<int64_t>>& extents) {
+      auto net = make_pool_net(mesh, 3);
+      EXPECT_EQ(net->parameters().size(), 4u) << "pooling layers have no parameters";
+      const ShardTensor x = ShardTensor::distribute(x_full, mesh, placements, extents);
+      const ShardTensor probe = net->forward(x);
+      EXPECT_EQ(probe.global_shape(), target_full.shape());
+      optim::Sgd sgd(net->parameters(), {.lr = 0.05, .momentum = 0.9});
+      return train_steps(
+          *net, sgd, x,
+          ShardTensor::distribute(target_full, mesh, probe.placements(), probe.spec().extents), 5);
+    };
+    DeviceMesh single(comm->split(comm->rank(), 0), {1, 1});
+    const std::vector<double> reference =
+        run(single, {Placement::replicate(), Placement::replicate()}, {});
+    DeviceMesh mesh(comm, {2, 2});
+    const std::vector<double> sharded =
+        run(mesh, {Placement::shard(2), Placement::shard(3)}, {{6, 5}, {1, 7}});
+    ASSERT_EQ(sharded.size(), reference.size());
+    for (size_t i = 0; i < reference.size(); ++i)
+      EXPECT_NEAR(sharded[i], reference[i], 1e-10 * std::fabs(reference[i])) << "step " << i;
+    EXPECT_LT(reference.back(), reference.front());
   });
 }
 

@@ -307,6 +307,70 @@ TEST(ConvKernels, OnednnMatchesReferenceOnRandomCases) {
   }
 }
 
+// Padding given to the kernels equals a conv of the input zero-padded by hand: oneDNN takes it
+// itself, the reference through the dispatcher's padded copy; asymmetric padding, padding past
+// the kernel, and inputs of extent 0 (all padding) included.
+TEST(ConvKernels, PaddingEqualsConvOfTheZeroPaddedInput) {
+  std::mt19937_64 rng(14);
+  auto pick = [&rng](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  int all_padding = 0;
+  for (ConvCase conv : random_cases(300, 4)) {
+    ConvGeometry padded = conv.geometry();
+    for (size_t d = 0; d < conv.input.size(); ++d) {
+      if (pick(0, 5) == 0) conv.input[d] = 0;
+      padded.pad_lo.push_back(pick(0, 3));
+      padded.pad_hi.push_back(pick(0, 3));
+    }
+    SCOPED_TRACE(fmt::format("{} padding {} / {}", conv.str(), padded.pad_lo, padded.pad_hi));
+    // The padded input written out, and where x sits in it.
+    Shape big = conv.x_shape();
+    Box inside = Box::of_shape(big);
+    for (size_t d = 0; d < conv.input.size(); ++d) {
+      big[2 + d] += padded.pad_lo[d] + padded.pad_hi[d];
+      inside.lo[2 + d] += padded.pad_lo[d];
+      inside.hi[2 + d] += padded.pad_lo[d];
+      all_padding += conv.input[d] == 0 ? 1 : 0;
+    }
+    ConvCase big_conv = conv;
+    big_conv.input.assign(big.begin() + 2, big.end());
+    const Shape y_shape = big_conv.y_shape();
+    ASSERT_EQ(conv_output_shape(conv.x_shape(), conv.w_shape(), padded), y_shape);
+    std::vector<DType> dtypes{DType::f64};
+    if (conv_onednn_available()) dtypes.push_back(DType::f32);
+    for (DType dtype : dtypes) {
+      const double tolerance = dtype == DType::f64 ? 1e-12 : 1e-4;
+      const Tensor x = to_tensor(random_array(conv.x_shape(), rng), dtype);
+      const Tensor w = to_tensor(random_array(conv.w_shape(), rng), dtype);
+      const Tensor b = to_tensor(random_array({conv.out_channels}, rng), dtype);
+      const Tensor g = to_tensor(random_array(y_shape, rng), dtype);
+      const Tensor* bias = conv.has_bias ? &b : nullptr;
+      Tensor x_big = Tensor::zeros(big, dtype);
+      x_big.view_box(inside).copy_from(x);
+      const ConvGeometry plain = conv.geometry();
+      const ConvBackend backend =
+          dtype == DType::f32 ? ConvBackend::onednn : ConvBackend::reference;
+      expect_close(to_array(conv_forward(x, w, bias, padded, backend)),
+                   to_array(conv_forward(x_big, w, bias, plain, ConvBackend::reference)),
+                   tolerance, "forward");
+      Tensor y_into = Tensor::empty(y_shape, dtype);
+      conv_forward_into(x, w, bias, padded, y_into, backend);
+      expect_close(to_array(y_into),
+                   to_array(conv_forward(x_big, w, bias, plain, ConvBackend::reference)),
+                   tolerance, "forward into");
+      const Tensor dx_big = conv_backward_data(g, w, big, plain, ConvBackend::reference);
+      expect_close(to_array(conv_backward_data(g, w, conv.x_shape(), padded, backend)),
+                   to_array(dx_big.view_box(inside).contiguous()), tolerance, "backward data");
+      expect_close(to_array(conv_backward_weight(x, g, conv.w_shape(), padded, backend)),
+                   to_array(conv_backward_weight(x_big, g, conv.w_shape(), plain,
+                                                 ConvBackend::reference)),
+                   tolerance, "backward weight");
+    }
+  }
+  EXPECT_GT(all_padding, 10) << "the cases should include inputs that are all padding";
+}
+
 TEST(ConvKernels, StridedInputsGiveTheSameResultAsContiguousOnes) {
   std::mt19937_64 rng(14);
   ConvCase conv;
@@ -436,6 +500,17 @@ void expect_error(Call&& call, const std::string& message) {
   } catch (const ErrorType& error) {
     EXPECT_EQ(std::string(error.what()), message);
   }
+}
+
+TEST(ConvKernels, RejectsNegativeOrMisshapedPadding) {
+  const Tensor x = Tensor::zeros({1, 1, 5}, DType::f64);
+  const Tensor w = Tensor::zeros({1, 1, 3}, DType::f64);
+  expect_error<InvalidArgument>(
+      [&] { conv_forward(x, w, nullptr, {{1}, {1}, 1, {-1}, {0}}); },
+      "[conv] padding (-1, 0) along spatial dim 0 must be >= 0");
+  expect_error<InvalidArgument>(
+      [&] { conv_forward(x, w, nullptr, {{1}, {1}, 1, {1, 1}, {1, 1}}); },
+      "[conv] padding has 2 entries, expected 1 (one per spatial dim)");
 }
 
 TEST(ConvKernels, RejectsBadArgumentsWithMessagesNamingTheValues) {

@@ -17,9 +17,9 @@
 namespace tessera {
 namespace {
 
-const std::vector<std::string> kBuiltins{"conv",     "na",    "relu", "gelu",    "silu", "tanh",
-                                         "exp",      "scale", "add",  "sub",     "mul",  "div",
-                                         "bias_add", "sum",   "mean", "mse_loss"};
+const std::vector<std::string> kBuiltins{
+    "conv", "na",  "relu", "gelu",     "silu", "tanh", "exp",      "scale",    "add",
+    "sub",  "mul", "div",  "bias_add", "sum",  "mean", "mse_loss", "max_pool", "avg_pool"};
 
 /// Runs `body` and returns the message of the InvalidArgument it throws ("" when none).
 template <typename Body>

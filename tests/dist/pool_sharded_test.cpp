@@ -1,0 +1,297 @@
+// Sharded pooling: for a seeded sweep of random cases (max_pool and avg_pool, 1/2/3-d, kernels
+// 1..4, strides below, equal to and above the kernel, padding up to half the kernel, dilation,
+// ceil_mode, count_include_pad, divisor_override; 1-d..3-d meshes of 1..8 ranks sharding spatial,
+// batch and channel dims with uneven, empty and thinner-than-the-halo shards), the sharded
+// forward and dx (through the autograd tape) equal the same code run unsharded on one rank; dx
+// matches central finite differences (avg_pool, and max_pool with no ties); bad attributes
+// throw one error tagged with the op.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <random>
+
+#include "core/autograd.hpp"
+#include "ops/ops.hpp"
+#include "tests/dist/harness.hpp"
+#include "tests/dist/pool_cases.hpp"
+#include "tests/dist/shard_cases.hpp"
+
+namespace tessera {
+namespace {
+
+using testing::CaseRng;
+using testing::PoolCase;
+using testing::random_input;
+using testing::random_pool_case;
+
+/// Forward and dx on `mesh` (full tensors), x sharded as the case says or replicated.
+std::vector<Tensor> run_case(const PoolCase& c, const DeviceMesh& mesh, const Tensor& x,
+                             const Tensor& gy, bool sharded) {
+  Tape tape;
+  ShardTensor xs = sharded
+                       ? ShardTensor::distribute(x, mesh, c.placements, c.extents)
+                       : ShardTensor::distribute(
+                             x, mesh, std::vector<Placement>(mesh.ndim(), Placement::replicate()));
+  xs.set_requires_grad();
+  const ShardTensor y = testing::pool(c, xs);
+  // loss = sum(y * gy), so d loss / dy = gy.
+  const ShardTensor gys = ShardTensor::distribute(gy, mesh, y.placements(), y.spec().extents);
+  tape.backward(ops::sum(ops::mul(y, gys)));
+  EXPECT_EQ(tape.grad(xs)->spec(), xs.spec()) << "dx comes back in x's layout";
+  return {y.full_tensor(), tape.grad(xs)->full_tensor()};
+}
+
+/// Whether a and b (f64, one shape) hold infinities at the same places with the same signs; both
+/// get zeros there, so that the finite rest can be compared (a max_pool window with no real cell
+/// is -inf, as in PyTorch).
+bool zero_matching_infinities(Tensor& a, Tensor& b) {
+  a = a.contiguous().clone();
+  b = b.contiguous().clone();
+  bool same = a.shape() == b.shape();
+  for (int64_t i = 0; same && i < a.numel(); ++i) {
+    double& left = a.data<double>()[i];
+    double& right = b.data<double>()[i];
+    if (std::isinf(left) || std::isinf(right)) {
+      same = left == right;
+      left = right = 0.0;
+    }
+  }
+  return same;
+}
+
+TEST(PoolSharded, RandomCasesMatchUnshardedForwardAndGradient) {
+  int total_cases = 0;
+  testing::run_every_world([&](std::shared_ptr<Comm> comm) {
+    const auto meshes = testing::mesh_factorizations(comm->size());
+    // The unsharded reference runs the same code on a one-rank mesh of this rank alone.
+    auto self = comm->split(comm->rank(), 0);
+    DeviceMesh single(self, {1});
+    int cases = 0;
+    for (size_t mesh_index = 0; mesh_index < meshes.size(); ++mesh_index) {
+      DeviceMesh mesh(comm, meshes[mesh_index]);
+      for (int index = 0; index < testing::cases_per_mesh(comm->size(), 40); ++index, ++cases) {
+        CaseRng rng(testing::case_seed(61, comm->size(), static_cast<int>(mesh_index), index));
+        const PoolCase c = random_pool_case(mesh.shape(), rng);
+        const Tensor x = random_input(c.x_shape, rng);
+        const ShardTensor probe =
+            testing::pool(c, ShardTensor::distribute(x, single, {Placement::replicate()}));
+        const Tensor gy = testing::integer_tensor(probe.global_shape(), DType::f64, rng, -3, 3);
+        auto expected = run_case(c, single, x, gy, false);
+        auto actual = run_case(c, mesh, x, gy, true);
+        const char* names[] = {"y", "dx"};
+        for (size_t i = 0; i < expected.size(); ++i)
+          EXPECT_TRUE(zero_matching_infinities(actual[i], expected[i]) &&
+                      testing::relative_error(actual[i], expected[i]) <= 1e-12)
+              << names[i] << " case " << index << " mesh " << testing::shape_str(mesh.shape())
+              << " " << c.str();
+      }
+    }
+    if (comm->rank() == 0) total_cases += cases;
+  });
+  if (!testing::mpi_backend()) {
+    EXPECT_GE(total_cases, 200);
+  }
+}
+
+// f32, f16 and bf16 (computed in float) against f64 on 2 ranks, sharded: the inputs are exact in
+// every dtype, so max_pool's forward is exact and the rest is within the dtype's roundoff.
+TEST(PoolSharded, LowPrecisionDtypesMatchF64WithinTheirRoundoff) {
+  testing::run_world(2, [&](std::shared_ptr<Comm> comm) {
+    DeviceMesh mesh(comm, {2});
+    for (int index = 0; index < 40; ++index) {
+      CaseRng rng(testing::case_seed(64, 2, 0, index));
+      const PoolCase c = random_pool_case(mesh.shape(), rng);
+      const Tensor x = random_input(c.x_shape, rng);
+      const ShardTensor probe =
+          testing::pool(c, ShardTensor::distribute(x, mesh, c.placements, c.extents));
+      const Tensor gy = testing::integer_tensor(probe.global_shape(), DType::f64, rng, -3, 3);
+      const auto reference = run_case(c, mesh, x, gy, true);
+      for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+        const auto low = run_case(c, mesh, x.to_dtype(dtype), gy.to_dtype(dtype), true);
+        const double bound = dtype == DType::f32 ? 1e-6 : dtype == DType::f16 ? 4e-3 : 3e-2;
+        for (size_t i = 0; i < low.size(); ++i) {
+          Tensor actual = low[i].to_dtype(DType::f64), expected = reference[i];
+          EXPECT_TRUE(zero_matching_infinities(actual, expected) &&
+                      testing::relative_error(actual, expected) <= (c.max && i == 0 ? 0 : bound))
+              << (i == 0 ? "y " : "dx ") << dtype_name(dtype) << " " << c.str();
+        }
+      }
+    }
+  });
+}
+
+// Ties, NaN and -inf as torch.nn.functional.max_pool1d (1.13) treats them, on 1 rank and sharded
+// over 2 (values and gradients below are PyTorch's, gy = 1, 2, 3, ...): the first maximum in
+// window order wins a tie, the last NaN wins over everything, and a window whose real cells are
+// all -inf sends its gradient to its first real cell.
+TEST(PoolSharded, MaxPoolTiesNaNAndInfinityFollowPyTorch) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  struct Case {
+    std::vector<double> x;
+    int64_t kernel, padding;
+    std::vector<double> y, gx;
+  };
+  const std::vector<Case> cases{
+      {{1, 3, 3, 2}, 3, 0, {3, 3}, {0, 3, 0, 0}},
+      {{1, nan, 3, nan, 2, 0}, 3, 1, {nan, nan, nan, nan, nan, 2}, {0, 3, 0, 12, 6, 0}},
+      {{-inf, -inf, 5, -inf, -inf, -inf},
+       2,
+       1,
+       {-inf, -inf, 5, 5, -inf, -inf, -inf},
+       {3, 0, 7, 5, 6, 7}}};
+  for (int world : {1, 2}) {
+    testing::run_world(world, [&](std::shared_ptr<Comm> comm) {
+      DeviceMesh mesh(comm, {world});
+      for (const Case& c : cases) {
+        const int64_t length = static_cast<int64_t>(c.x.size());
+        PoolCase pool_case;
+        pool_case.x_shape = {1, 1, length};
+        pool_case.options =
+            ops::PoolOptions{.kernel_size = {c.kernel}, .stride = {1}, .padding = {c.padding}};
+        pool_case.placements = {Placement::shard(2)};
+        pool_case.extents = {world == 1 ? std::vector<int64_t>{length}
+                                        : std::vector<int64_t>{length / 2, length - length / 2}};
+        const Tensor x = Tensor::from_values<double>({1, 1, length}, c.x);
+        const int64_t outputs = static_cast<int64_t>(c.y.size());
+        std::vector<double> g(outputs);
+        for (int64_t i = 0; i < outputs; ++i) g[i] = static_cast<double>(i + 1);
+        const auto result =
+            run_case(pool_case, mesh, x, Tensor::from_values<double>({1, 1, outputs}, g), true);
+        const Tensor y = result[0].contiguous(), gx = result[1].contiguous();
+        for (int64_t i = 0; i < outputs; ++i) {
+          const double value = y.data<double>()[i];
+          EXPECT_TRUE(std::isnan(c.y[i]) ? std::isnan(value) : value == c.y[i])
+              << "y[" << i << "] = " << value << " on " << world << " rank(s)";
+        }
+        for (int64_t i = 0; i < length; ++i)
+          EXPECT_EQ(gx.data<double>()[i], c.gx[i]) << "gx[" << i << "] on " << world << " rank(s)";
+      }
+    });
+  }
+}
+
+/// sum(pool(x) * gy) for the full x, on `mesh` with x laid out as the case says.
+double loss_of(const PoolCase& c, const DeviceMesh& mesh, const Tensor& x, const Tensor& gy) {
+  const ShardTensor y = testing::pool(c, ShardTensor::distribute(x, mesh, c.placements, c.extents));
+  const Tensor full = y.full_tensor().contiguous();
+  double loss = 0.0;
+  for (int64_t i = 0; i < full.numel(); ++i) loss += full.data<double>()[i] * gy.data<double>()[i];
+  return loss;
+}
+
+// Central differences of sum(pool(x) * gy) against dx on 2 ranks (x sharded along the last
+// spatial dim, uneven): avg_pool everywhere, max_pool on distinct values spaced far wider than
+// the step (no ties, so the maximum never changes hands).
+TEST(PoolSharded, GradientMatchesCentralFiniteDifferences) {
+  testing::run_world(2, [&](std::shared_ptr<Comm> comm) {
+    DeviceMesh mesh(comm, {2});
+    int checked = 0;
+    for (int index = 0; index < 12; ++index) {
+      CaseRng rng(testing::case_seed(62, 2, 0, index));
+      PoolCase c;
+      c.max = index % 2 == 0;
+      const int spatial = 1 + (index / 2) % 3;
+      c.x_shape = {2, 2};
+      c.options.kernel_size.clear();
+      c.options.padding.clear();
+      c.options.dilation.clear();
+      for (int i = 0; i < spatial; ++i) {
+        const int64_t kernel = rng.uniform(2, 3);
+        c.x_shape.push_back(spatial == 3 ? 4 : 7);
+        c.options.kernel_size.push_back(kernel);
+        c.options.stride.push_back(rng.uniform(1, 3));
+        c.options.padding.push_back(rng.uniform(0, 1));
+        c.options.dilation.push_back(c.max ? rng.uniform(1, 2) : 1);
+      }
+      c.options.ceil_mode = index % 4 < 2;
+      c.options.count_include_pad = index % 3 != 0;
+      const int last = static_cast<int>(c.x_shape.size()) - 1;
+      c.placements = {Placement::shard(last)};
+      c.extents = {{c.x_shape[last] - 2, 2}};
+      // Distinct values: a random permutation of 0..n-1, scaled.
+      const int64_t count = shape_numel(c.x_shape);
+      std::vector<double> values(count);
+      std::iota(values.begin(), values.end(), 0.0);
+      std::mt19937_64 shuffle(static_cast<uint64_t>(index) + 5);
+      std::shuffle(values.begin(), values.end(), shuffle);
+      Tensor x = Tensor::empty(c.x_shape, DType::f64);
+      for (int64_t i = 0; i < count; ++i) x.data<double>()[i] = values[i] * 0.01 - 0.3;
+      const ShardTensor probe =
+          testing::pool(c, ShardTensor::distribute(x, mesh, c.placements, c.extents));
+      const Tensor gy = testing::integer_tensor(probe.global_shape(), DType::f64, rng, -3, 3);
+      const Tensor dx = run_case(c, mesh, x, gy, true)[1].contiguous();
+      const double step = 1e-6;
+      double worst = 0.0;
+      for (int64_t i = 0; i < count; ++i) {
+        Tensor plus = x.clone(), minus = x.clone();
+        plus.data<double>()[i] += step;
+        minus.data<double>()[i] -= step;
+        const double numeric =
+            (loss_of(c, mesh, plus, gy) - loss_of(c, mesh, minus, gy)) / (2 * step);
+        worst = std::max(worst, std::fabs(numeric - dx.data<double>()[i]));
+      }
+      EXPECT_LT(worst, 1e-6) << c.str();
+      ++checked;
+    }
+    EXPECT_EQ(checked, 12);
+  });
+}
+
+std::string error_of(bool max, const Shape& shape, const ops::PoolOptions& options) {
+  std::string message;
+  // One rank, or under mpiexec the launched world (every rank throws the same error).
+  const int world = testing::mpi_backend() ? mpi_world()->size() : 1;
+  testing::run_world(world, [&](std::shared_ptr<Comm> comm) {
+    DeviceMesh mesh(comm, {world});
+    const ShardTensor x =
+        ShardTensor::distribute(Tensor::zeros(shape, DType::f64), mesh, {Placement::replicate()});
+    try {
+      max ? ops::max_pool(x, options) : ops::avg_pool(x, options);
+    } catch (const InvalidArgument& error) {
+      message = error.what();
+    }
+  });
+  return message;
+}
+
+TEST(PoolSharded, BadAttributesThrowOneErrorNamingTheOpAndTheAttribute) {
+  using ::testing::HasSubstr;
+  using ::testing::StartsWith;
+  auto options = [](std::vector<int64_t> kernel, std::vector<int64_t> stride,
+                    std::vector<int64_t> padding, std::vector<int64_t> dilation) {
+    ops::PoolOptions result;
+    result.kernel_size = std::move(kernel);
+    result.stride = std::move(stride);
+    result.padding = std::move(padding);
+    result.dilation = std::move(dilation);
+    return result;
+  };
+  EXPECT_THAT(error_of(true, {1, 1, 8}, options({3}, {}, {2}, {1})),
+              AllOf(StartsWith("[max_pool]"), HasSubstr("'padding'")));
+  EXPECT_THAT(error_of(true, {1, 1, 8}, options({0}, {}, {0}, {1})),
+              AllOf(StartsWith("[max_pool]"), HasSubstr("'kernel_size'")));
+  EXPECT_THAT(error_of(true, {1, 1, 8}, options({2}, {0}, {0}, {1})),
+              AllOf(StartsWith("[max_pool]"), HasSubstr("'stride'")));
+  EXPECT_THAT(error_of(true, {1, 1, 8}, options({2}, {}, {0}, {0})),
+              AllOf(StartsWith("[max_pool]"), HasSubstr("'dilation'")));
+  EXPECT_THAT(error_of(true, {1, 1, 8, 8}, options({2, 2, 2}, {}, {0}, {1})),
+              AllOf(StartsWith("[max_pool]"), HasSubstr("'kernel_size'")));
+  EXPECT_THAT(error_of(true, {1, 1, 3}, options({3}, {}, {0}, {2})),
+              AllOf(StartsWith("[max_pool]"), HasSubstr("too small")));
+  EXPECT_THAT(error_of(true, {1, 8}, options({2}, {}, {0}, {1})),
+              AllOf(StartsWith("[max_pool]"), HasSubstr("[N, C, spatial..]")));
+  EXPECT_THAT(error_of(false, {1, 1, 8}, options({2}, {}, {0}, {2})),
+              AllOf(StartsWith("[avg_pool]"), HasSubstr("dilation")));
+  ops::PoolOptions negative = options({2}, {}, {0}, {1});
+  negative.divisor_override = -1;
+  EXPECT_THAT(error_of(false, {1, 1, 8}, negative),
+              AllOf(StartsWith("[avg_pool]"), HasSubstr("'divisor_override'")));
+}
+
+}  // namespace
+}  // namespace tessera
