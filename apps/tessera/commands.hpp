@@ -72,4 +72,7 @@ void register_io_bench(CLI::App& bench);
 /// `tessera bench na` (registered under `bench` by register_bench).
 void register_na_bench(CLI::App& bench);
 
+/// `tessera bench train` (registered under `bench` by register_bench).
+void register_train_bench(CLI::App& bench);
+
 }  // namespace tessera::cli

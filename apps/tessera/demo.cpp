@@ -387,12 +387,6 @@ TrainingRun train_net(const DeviceMesh& mesh, const std::vector<Placement>& plac
 
 void run_training(std::shared_ptr<Comm> world, Shape field, const std::string& data_file) {
   constexpr int kSteps = 30;
-  if (rank_device().is_cuda()) {  // the same on every rank
-    if (world->rank() == 0)
-      fmt::print("\ntraining: skipped on cuda (the optimizers update cpu parameters only so "
-                 "far)\n");
-    return;
-  }
   DeviceMesh mesh(world, {2, 2}, {"dp", "x"});
   // A batch of two samples: snapshots 1 and 2 as inputs, 2 and 3 as targets.
   const auto first = read_snapshots(data_file, 1);
