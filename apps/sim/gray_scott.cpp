@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "apps/sim/gray_scott_cell.hpp"
 #include "apps/sim/gray_scott_cuda.hpp"
 #include "core/compute_threads.hpp"
 #include "core/parallel_for.hpp"
@@ -34,48 +35,18 @@ double seconds_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-/// The parameters in the field's dtype, F + k added in that dtype.
-template <class T>
-struct Coefficients {
-  T du, dv, feed, fk, dt;
-  explicit Coefficients(const GrayScottParams& p)
-      : du(static_cast<T>(p.du)),
-        dv(static_cast<T>(p.dv)),
-        feed(static_cast<T>(p.feed)),
-        fk(static_cast<T>(p.feed) + static_cast<T>(p.kill)),
-        dt(static_cast<T>(p.dt)) {}
-};
-
 /// One row segment of `n` cells along z: u, v, un, vn point at its first cell in haloed arrays
 /// with strides sx (x) and sy (y); z neighbours are adjacent.
 template <class T>
 void step_row(const T* __restrict u, const T* __restrict v, T* __restrict un, T* __restrict vn,
-              int64_t n, int64_t sx, int64_t sy, const Coefficients<T>& c) {
-  const T one = 1, six = 6;
-  for (int64_t k = 0; k < n; ++k) {
-    const T uc = u[k], vc = v[k];
-    T lu = u[k - sx] + u[k + sx];
-    lu = lu + u[k - sy];
-    lu = lu + u[k + sy];
-    lu = lu + u[k - 1];
-    lu = lu + u[k + 1];
-    lu = lu - six * uc;
-    T lv = v[k - sx] + v[k + sx];
-    lv = lv + v[k - sy];
-    lv = lv + v[k + sy];
-    lv = lv + v[k - 1];
-    lv = lv + v[k + 1];
-    lv = lv - six * vc;
-    const T uvv = uc * vc * vc;
-    un[k] = uc + c.dt * ((c.du * lu - uvv) + c.feed * (one - uc));
-    vn[k] = vc + c.dt * ((c.dv * lv + uvv) - c.fk * vc);
-  }
+              int64_t n, int64_t sx, int64_t sy, const CellCoefficients<T>& c) {
+  for (int64_t k = 0; k < n; ++k) gray_scott_cell(u, v, un, vn, k, sx, sy, c);
 }
 
 template <class T>
 void step_cells_cpu(const Tensor& u, const Tensor& v, const Tensor& u_next, const Tensor& v_next,
                     const Box& cells, const GrayScottParams& params) {
-  const Coefficients<T> c(params);
+  const CellCoefficients<T> c(params.du, params.dv, params.feed, params.kill, params.dt);
   const int64_t sy = u.shape(2), sx = u.shape(1) * sy;
   const int64_t rows_y = cells.extent(1), n = cells.extent(2);
   const int64_t rows = cells.extent(0) * rows_y;

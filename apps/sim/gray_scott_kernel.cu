@@ -2,6 +2,7 @@
 // in the scheme's order. Compiled with --fmad=false (apps/sim/CMakeLists.txt) so that no
 // multiply-add is fused and the results equal the cpu step's bit for bit.
 #include "apps/sim/gray_scott_kernel.cuh"
+#include "apps/sim/gray_scott_cell.hpp"
 
 namespace tessera::sim::kernels {
 
@@ -16,25 +17,8 @@ __global__ void gray_scott_step(const T* __restrict__ u, const T* __restrict__ v
   if (index >= cells) return;
   const int64_t k = index % nz, j = (index / nz) % ny, i = index / (nz * ny);
   const int64_t at = (lo_x + i + 1) * sx + (lo_y + j + 1) * sy + lo_z + k + 1;
-  const T du = static_cast<T>(p.du), dv = static_cast<T>(p.dv), feed = static_cast<T>(p.feed);
-  const T fk = feed + static_cast<T>(p.kill), dt = static_cast<T>(p.dt);
-  const T one = 1, six = 6;
-  const T uc = u[at], vc = v[at];
-  T lu = u[at - sx] + u[at + sx];
-  lu = lu + u[at - sy];
-  lu = lu + u[at + sy];
-  lu = lu + u[at - 1];
-  lu = lu + u[at + 1];
-  lu = lu - six * uc;
-  T lv = v[at - sx] + v[at + sx];
-  lv = lv + v[at - sy];
-  lv = lv + v[at + sy];
-  lv = lv + v[at - 1];
-  lv = lv + v[at + 1];
-  lv = lv - six * vc;
-  const T uvv = uc * vc * vc;
-  u_next[at] = uc + dt * ((du * lu - uvv) + feed * (one - uc));
-  v_next[at] = vc + dt * ((dv * lv + uvv) - fk * vc);
+  const CellCoefficients<T> c(p.du, p.dv, p.feed, p.kill, p.dt);
+  gray_scott_cell(u, v, u_next, v_next, at, sx, sy, c);
 }
 
 }  // namespace

@@ -198,14 +198,17 @@ void expect_close(const RunResult& got, const RunResult& expected, const std::st
           << what << " parameter " << p << " element " << i;
 }
 
+/// The optimizers of the layout tests: SGD with momentum and weight decay, and AdamW.
+std::unique_ptr<optim::Optimizer> sgd(const std::vector<Parameter>& parameters) {
+  return std::make_unique<optim::Sgd>(
+      parameters, optim::SgdOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3});
+}
+
+std::unique_ptr<optim::Optimizer> adamw(const std::vector<Parameter>& parameters) {
+  return std::make_unique<optim::AdamW>(parameters, optim::AdamOptions{.lr = 0.01});
+}
+
 TEST(Training, SgdAndAdamWStepsEqualOneRankOnUnevenDomainDecompositions) {
-  auto sgd = [](const std::vector<Parameter>& parameters) {
-    return std::make_unique<optim::Sgd>(
-        parameters, optim::SgdOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3});
-  };
-  auto adamw = [](const std::vector<Parameter>& parameters) {
-    return std::make_unique<optim::AdamW>(parameters, optim::AdamOptions{.lr = 0.01});
-  };
   for (int world : {2, 4}) {
     testing::run_world(world, [&](std::shared_ptr<Comm> comm) {
       // The reference: this rank alone (a communicator of itself, under every backend).
@@ -234,13 +237,6 @@ TEST(Training, SgdAndAdamWStepsEqualOneRankOnUnevenDomainDecompositions) {
 // reduced by the bucketed reducer (one bucket per parameter, or all in one; overlapped with
 // backward or not): the same losses and parameters as one rank, replicas bit-identical.
 TEST(Training, DataParallelReducerEqualsOneRankForEveryBucketing) {
-  auto sgd = [](const std::vector<Parameter>& parameters) {
-    return std::make_unique<optim::Sgd>(
-        parameters, optim::SgdOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3});
-  };
-  auto adamw = [](const std::vector<Parameter>& parameters) {
-    return std::make_unique<optim::AdamW>(parameters, optim::AdamOptions{.lr = 0.01});
-  };
   for (int world : {2, 4}) {
     testing::run_world(world, [&](std::shared_ptr<Comm> comm) {
       DeviceMesh single(comm->split(comm->rank(), 0), {1});
