@@ -120,10 +120,9 @@ BatchNorm::BatchNorm(const DeviceMesh& mesh, int64_t channels, double eps, doubl
 }
 
 ShardTensor BatchNorm::forward(const ShardTensor& x) {
-  const ops::BatchNormResult result =
-      ops::batch_norm(x, buffer("running_mean"), buffer("running_var"), optional_of(weight_),
-                      optional_of(bias_),
-                      {.training = training(), .momentum = momentum_, .eps = eps_});
+  const ops::BatchNormResult result = ops::batch_norm(
+      x, buffer("running_mean"), buffer("running_var"), optional_of(weight_), optional_of(bias_),
+      {.training = training(), .momentum = momentum_, .eps = eps_});
   if (training()) {
     // New values outside any autograd record (buffers are state, not part of the graph).
     for (const auto& [name, value] : {std::pair{"running_mean", *result.running_mean},

@@ -49,9 +49,8 @@ const ShardTensor& Module::buffer(const std::string& name) const {
 void Module::set_buffer(const std::string& name, ShardTensor value) {
   ShardTensor& target = buffers_[buffer_index(name)].second;
   check_arg(value.global_shape() == target.global_shape() && value.dtype() == target.dtype(),
-            "module", "buffer '{}' of global shape {} {} set to {} {}", name,
-            target.global_shape(), dtype_name(target.dtype()), value.global_shape(),
-            dtype_name(value.dtype()));
+            "module", "buffer '{}' of global shape {} {} set to {} {}", name, target.global_shape(),
+            dtype_name(target.dtype()), value.global_shape(), dtype_name(value.dtype()));
   target = std::move(value);
 }
 
@@ -143,7 +142,8 @@ void Module::load_state_dict(const std::map<std::string, ShardTensor>& state) {
     const std::string local_name = name.substr(name.rfind('.') + 1);
     const ShardTensor& value = owner->buffer(local_name);
     const ShardTensor moved = state.at(name).redistribute(value.placements(), value.spec().extents);
-    owner->set_buffer(local_name, ShardTensor(moved.to_local().clone(), value.mesh(), value.spec()));
+    owner->set_buffer(local_name,
+                      ShardTensor(moved.to_local().clone(), value.mesh(), value.spec()));
   }
 }
 

@@ -23,8 +23,8 @@ using kernels::NormGeometry;
 
 /// Elements per unit of work.
 constexpr int64_t kChunk = 8192;
-/// Independent accumulators of a sum.
-constexpr int kLanes = 8;
+/// Independent f64 accumulators of a sum (a power of 2).
+constexpr int kLanes = 16;
 
 const char* op_name(const NormGeometry& g) {
   switch (g.kind) {
@@ -51,7 +51,7 @@ void dispatch_norm(DType dtype, const char* op, Fn&& fn) {
 
 /// An element widened to double.
 template <typename T>
-inline double widen(T value) {
+[[gnu::always_inline]] inline double widen(T value) {
   if constexpr (std::is_same_v<T, double> || std::is_same_v<T, float>)
     return static_cast<double>(value);
   else
@@ -63,45 +63,174 @@ int64_t chunks_of(const NormGeometry& g) {
   return g.length > 0 ? (g.length + kChunk - 1) / kChunk : 0;
 }
 
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define TESSERA_NORM_MULTI_ISA 1
+#define TESSERA_NORM_INLINE [[gnu::always_inline]] inline
+#define TESSERA_NORM_TARGET_V4 __attribute__((target("arch=x86-64-v4,prefer-vector-width=512")))
+#define TESSERA_NORM_TARGET_V3 __attribute__((target("arch=x86-64-v3")))
+#else
+#define TESSERA_NORM_MULTI_ISA 0
+#define TESSERA_NORM_INLINE inline
+#define TESSERA_NORM_TARGET_V4
+#define TESSERA_NORM_TARGET_V3
+#endif
+
 /// The sum of the lanes in a fixed order.
-inline double fold(const double* lanes) {
-  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
-         ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+TESSERA_NORM_INLINE double fold(const double* lanes) {
+  double half[kLanes / 2];
+  for (int l = 0; l < kLanes / 2; ++l) half[l] = lanes[l] + lanes[l + kLanes / 2];
+  for (int width = kLanes / 4; width >= 1; width /= 2)
+    for (int l = 0; l < width; ++l) half[l] += half[l + width];
+  return half[0];
 }
 
-/// Sum of f(i) over [0, count) in eight lanes.
-template <typename F>
-inline double lane_sum(int64_t count, F&& f) {
+/// mean and M2 of the n elements at p (two passes, f64 lanes).
+template <typename T>
+TESSERA_NORM_INLINE void chunk_moments(const T* p, int64_t n, double& mean, double& m2) {
   double lanes[kLanes] = {};
   int64_t i = 0;
-  for (; i + kLanes <= count; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) lanes[l] += f(i + l);
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) lanes[l] += widen(p[i + l]);
   double tail = 0;
-  for (; i < count; ++i) tail += f(i);
-  return fold(lanes) + tail;
+  for (int64_t j = i; j < n; ++j) tail += widen(p[j]);
+  mean = (fold(lanes) + tail) / static_cast<double>(n);
+  for (int l = 0; l < kLanes; ++l) lanes[l] = 0;
+  for (i = 0; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) {
+      const double d = widen(p[i + l]) - mean;
+      lanes[l] += d * d;
+    }
+  tail = 0;
+  for (int64_t j = i; j < n; ++j) {
+    const double d = widen(p[j]) - mean;
+    tail += d * d;
+  }
+  m2 = fold(lanes) + tail;
 }
 
-/// Two sums of (f(i), g(i)) over [0, count) in eight lanes each.
-template <typename F>
-inline void lane_sum2(int64_t count, F&& f, double& first, double& second) {
+/// first = sum of dy * w, second = sum of dy * w * xhat over n elements (w per element, or none).
+template <typename T>
+TESSERA_NORM_INLINE void chunk_sums(const T* p, const T* d, const double* w, int64_t n, double mean,
+                                    double rstd, double& first, double& second) {
   double a[kLanes] = {}, b[kLanes] = {};
   int64_t i = 0;
-  for (; i + kLanes <= count; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) {
-      double u, v;
-      f(i + l, u, v);
-      a[l] += u;
-      b[l] += v;
-    }
+  if (w) {
+    for (; i + kLanes <= n; i += kLanes)
+      for (int l = 0; l < kLanes; ++l) {
+        const double g = widen(d[i + l]) * w[i + l];
+        a[l] += g;
+        b[l] += g * ((widen(p[i + l]) - mean) * rstd);
+      }
+  } else {
+    for (; i + kLanes <= n; i += kLanes)
+      for (int l = 0; l < kLanes; ++l) {
+        const double g = widen(d[i + l]);
+        a[l] += g;
+        b[l] += g * ((widen(p[i + l]) - mean) * rstd);
+      }
+  }
   double ta = 0, tb = 0;
-  for (; i < count; ++i) {
-    double u, v;
-    f(i, u, v);
-    ta += u;
-    tb += v;
+  for (; i < n; ++i) {
+    const double g = widen(d[i]) * (w ? w[i] : 1.0);
+    ta += g;
+    tb += g * ((widen(p[i]) - mean) * rstd);
   }
   first = fold(a) + ta;
   second = fold(b) + tb;
+}
+
+/// q = (p - mean) * scale + shift, or with per-element w, b (either may be null):
+/// q = (p - mean) * rstd * w + b.
+template <typename T, typename C>
+TESSERA_NORM_INLINE void chunk_forward(const T* p, T* q, int64_t n, C mean, C rstd, C scale,
+                                       C shift, const C* w, const C* b) {
+  if (!w && !b) {
+    for (int64_t i = 0; i < n; ++i) q[i] = T((static_cast<C>(p[i]) - mean) * scale + shift);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    C value = (static_cast<C>(p[i]) - mean) * rstd;
+    if (w) value *= w[i];
+    if (b) value += b[i];
+    q[i] = T(value);
+  }
+}
+
+/// q = rstd * (dy * scale (or * w per element) - mean_dxhat - xhat * mean_dxhat_xhat).
+template <typename T, typename C>
+TESSERA_NORM_INLINE void chunk_dx(const T* p, const T* d, T* q, int64_t n, C mean, C rstd, C scale,
+                                  const C* w, C mean_dxhat, C mean_dxhat_xhat) {
+  if (!w) {
+    for (int64_t i = 0; i < n; ++i) {
+      const C xhat = (static_cast<C>(p[i]) - mean) * rstd;
+      q[i] = T(rstd * (static_cast<C>(d[i]) * scale - mean_dxhat - xhat * mean_dxhat_xhat));
+    }
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const C xhat = (static_cast<C>(p[i]) - mean) * rstd;
+    q[i] = T(rstd * (static_cast<C>(d[i]) * w[i] - mean_dxhat - xhat * mean_dxhat_xhat));
+  }
+}
+
+/// The chunk kernels compiled for one instruction set.
+template <typename T, typename C>
+struct ChunkKernels {
+  void (*moments)(const T*, int64_t, double&, double&);
+  void (*sums)(const T*, const T*, const double*, int64_t, double, double, double&, double&);
+  void (*forward)(const T*, T*, int64_t, C, C, C, C, const C*, const C*);
+  void (*dx)(const T*, const T*, T*, int64_t, C, C, C, const C*, C, C);
+};
+
+#define TESSERA_NORM_CHUNKS(SUFFIX, TARGET)                                                   \
+  template <typename T, typename C>                                                           \
+  struct Chunks##SUFFIX {                                                                     \
+    TARGET static void moments(const T* p, int64_t n, double& mean, double& m2) {             \
+      chunk_moments<T>(p, n, mean, m2);                                                       \
+    }                                                                                         \
+    TARGET static void sums(const T* p, const T* d, const double* w, int64_t n, double mean,  \
+                            double rstd, double& first, double& second) {                     \
+      chunk_sums<T>(p, d, w, n, mean, rstd, first, second);                                   \
+    }                                                                                         \
+    TARGET static void forward(const T* p, T* q, int64_t n, C mean, C rstd, C scale, C shift, \
+                               const C* w, const C* b) {                                      \
+      chunk_forward<T, C>(p, q, n, mean, rstd, scale, shift, w, b);                           \
+    }                                                                                         \
+    TARGET static void dx(const T* p, const T* d, T* q, int64_t n, C mean, C rstd, C scale,   \
+                          const C* w, C mean_dxhat, C mean_dxhat_xhat) {                      \
+      chunk_dx<T, C>(p, d, q, n, mean, rstd, scale, w, mean_dxhat, mean_dxhat_xhat);          \
+    }                                                                                         \
+    static ChunkKernels<T, C> set() { return {&moments, &sums, &forward, &dx}; }              \
+  };
+TESSERA_NORM_CHUNKS(Base, )
+#if TESSERA_NORM_MULTI_ISA
+TESSERA_NORM_CHUNKS(V3, TESSERA_NORM_TARGET_V3)
+TESSERA_NORM_CHUNKS(V4, TESSERA_NORM_TARGET_V4)
+#endif
+
+/// The chunk kernels for this cpu: x86-64-v4, -v3 or the baseline.
+template <typename T, typename C>
+ChunkKernels<T, C> chunk_kernels() {
+#if TESSERA_NORM_MULTI_ISA
+  static const int level = [] {
+    __builtin_cpu_init();
+    const bool v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");
+    const bool v4 = v3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                    __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+                    __builtin_cpu_supports("avx512cd");
+    return v4 ? 4 : v3 ? 3 : 0;
+  }();
+  if (level == 4) return ChunksV4<T, C>::set();
+  if (level == 3) return ChunksV3<T, C>::set();
+#endif
+  return ChunksBase<T, C>::set();
+}
+
+/// `values` as the computation type.
+template <typename C>
+std::vector<C> as_compute(const std::vector<double>& values) {
+  return std::vector<C>(values.begin(), values.end());
 }
 
 /// Calls body(unit, plane, lo, hi) for every unit of the piece, in parallel.
@@ -116,6 +245,11 @@ void for_units(const NormGeometry& g, Body&& body) {
       body(u, plane, lo, std::min(g.length, lo + kChunk));
     }
   });
+}
+
+/// Threads for combining the units into slots: one (no parallel region) unless there are many.
+int combine_threads(const NormGeometry& g) {
+  return g.planes() * chunks_of(g) > (int64_t{1} << 16) ? compute_threads() : 1;
 }
 
 /// Calls visit(plane) for every plane of slot `slot`, in plane order.
@@ -162,22 +296,15 @@ Tensor norm_moments_cpu(const NormGeometry& g, const Tensor& x) {
   std::vector<double> units(static_cast<size_t>(3 * g.planes() * chunks));
   dispatch_norm(input.dtype(), op_name(g), [&]<typename T, typename C>() {
     const T* data = static_cast<const T*>(input.raw_data());
+    const ChunkKernels<T, C> kernels = chunk_kernels<T, C>();
     for_units(g, [&](int64_t u, int64_t plane, int64_t lo, int64_t hi) {
-      const T* p = data + plane * g.length + lo;
-      const int64_t count = hi - lo;
-      const double mean = lane_sum(count, [&](int64_t i) { return widen(p[i]); }) / count;
-      const double m2 = lane_sum(count, [&](int64_t i) {
-        const double d = widen(p[i]) - mean;
-        return d * d;
-      });
-      units[3 * u] = static_cast<double>(count);
-      units[3 * u + 1] = mean;
-      units[3 * u + 2] = m2;
+      units[3 * u] = static_cast<double>(hi - lo);
+      kernels.moments(data + plane * g.length + lo, hi - lo, units[3 * u + 1], units[3 * u + 2]);
     });
   });
   Tensor moments = Tensor::zeros({g.slots, 3}, DType::f64);
   double* out = moments.data<double>();
-  parallel_for(g.slots, compute_threads(), [&](int64_t begin, int64_t end, int) {
+  parallel_for(g.slots, combine_threads(g), [&](int64_t begin, int64_t end, int) {
     for (int64_t s = begin; s < end; ++s) {
       double count = 0, mean = 0, m2 = 0;
       for_slot_planes(g, s, [&](int64_t plane) {
@@ -256,23 +383,20 @@ Tensor norm_forward_cpu(const NormGeometry& g, const Tensor& x, const Tensor& st
   dispatch_norm(input.dtype(), op_name(g), [&]<typename T, typename C>() {
     const T* in = static_cast<const T*>(input.raw_data());
     T* out = static_cast<T*>(y.raw_data());
+    const ChunkKernels<T, C> kernels = chunk_kernels<T, C>();
+    const std::vector<C> w_c = as_compute<C>(weight), b_c = as_compute<C>(bias);
     for_units(g, [&](int64_t, int64_t plane, int64_t lo, int64_t hi) {
       const int64_t slot = g.slot_of(plane);
       const C mean = static_cast<C>(s[4 * slot]), rstd = static_cast<C>(s[4 * slot + 1]);
-      const T* p = in + plane * g.length;
-      T* q = out + plane * g.length;
+      const T* p = in + plane * g.length + lo;
+      T* q = out + plane * g.length + lo;
       if (!g.per_element_affine) {
         const int64_t c = g.channel_of(plane);
-        const C scale = rstd * (w ? static_cast<C>(weight[c]) : C(1));
-        const C shift = b ? static_cast<C>(bias[c]) : C(0);
-        for (int64_t i = lo; i < hi; ++i) q[i] = T((static_cast<C>(p[i]) - mean) * scale + shift);
+        const C scale = rstd * (w ? w_c[c] : C(1));
+        kernels.forward(p, q, hi - lo, mean, rstd, scale, b ? b_c[c] : C(0), nullptr, nullptr);
       } else {
-        for (int64_t i = lo; i < hi; ++i) {
-          C value = (static_cast<C>(p[i]) - mean) * rstd;
-          if (w) value *= static_cast<C>(weight[i]);
-          if (b) value += static_cast<C>(bias[i]);
-          q[i] = T(value);
-        }
+        kernels.forward(p, q, hi - lo, mean, rstd, rstd, C(0), w ? w_c.data() + lo : nullptr,
+                        b ? b_c.data() + lo : nullptr);
       }
     });
   });
@@ -296,36 +420,20 @@ Tensor norm_backward_sums_cpu(const NormGeometry& g, const Tensor& x, const Tens
   dispatch_norm(input.dtype(), op_name(g), [&]<typename T, typename C>() {
     const T* in = static_cast<const T*>(input.raw_data());
     const T* gy = static_cast<const T*>(grad.raw_data());
+    const ChunkKernels<T, C> kernels = chunk_kernels<T, C>();
+    const bool per_element = g.per_element_affine && w;
     for_units(g, [&](int64_t u, int64_t plane, int64_t lo, int64_t hi) {
       const int64_t slot = g.slot_of(plane);
-      const double mean = s[4 * slot], rstd = s[4 * slot + 1];
-      const T* p = in + plane * g.length + lo;
-      const T* d = gy + plane * g.length + lo;
-      if (!g.per_element_affine || !w) {
-        lane_sum2(
-            hi - lo,
-            [&](int64_t i, double& a, double& b) {
-              a = widen(d[i]);
-              b = a * ((widen(p[i]) - mean) * rstd);
-            },
-            units[2 * u], units[2 * u + 1]);
-      } else {
-        const double* wp = weight.data() + lo;
-        lane_sum2(
-            hi - lo,
-            [&](int64_t i, double& a, double& b) {
-              a = widen(d[i]) * wp[i];
-              b = a * ((widen(p[i]) - mean) * rstd);
-            },
-            units[2 * u], units[2 * u + 1]);
-      }
+      kernels.sums(in + plane * g.length + lo, gy + plane * g.length + lo,
+                   per_element ? weight.data() + lo : nullptr, hi - lo, s[4 * slot],
+                   s[4 * slot + 1], units[2 * u], units[2 * u + 1]);
     });
   });
   // Slot sums over the slot's planes and chunks in order.
   Tensor sums = Tensor::zeros({g.slots, 2}, DType::f64);
   double* out = sums.data<double>();
   const bool scaled = !g.per_element_affine && w;
-  parallel_for(g.slots, compute_threads(), [&](int64_t begin, int64_t end, int) {
+  parallel_for(g.slots, combine_threads(g), [&](int64_t begin, int64_t end, int) {
     for (int64_t slot = begin; slot < end; ++slot) {
       double first = 0, second = 0;
       for_slot_planes(g, slot, [&](int64_t plane) {
@@ -399,7 +507,8 @@ Tensor norm_backward_dx_cpu(const NormGeometry& g, const Tensor& x, const Tensor
   check_piece(g, x);
   const Tensor input = x.contiguous(), grad = dy.contiguous();
   const Tensor stats = statistics.contiguous();
-  const std::optional<Tensor> total = sums ? std::optional<Tensor>(sums->contiguous()) : std::nullopt;
+  const std::optional<Tensor> total =
+      sums ? std::optional<Tensor>(sums->contiguous()) : std::nullopt;
   const std::vector<double> weight = w ? values_of(*w) : std::vector<double>{};
   const double* s = stats.data<double>();
   Tensor dx = Tensor::empty(input.shape(), input.dtype());
@@ -407,6 +516,8 @@ Tensor norm_backward_dx_cpu(const NormGeometry& g, const Tensor& x, const Tensor
     const T* in = static_cast<const T*>(input.raw_data());
     const T* gy = static_cast<const T*>(grad.raw_data());
     T* out = static_cast<T*>(dx.raw_data());
+    const ChunkKernels<T, C> kernels = chunk_kernels<T, C>();
+    const std::vector<C> w_c = as_compute<C>(weight);
     for_units(g, [&](int64_t, int64_t plane, int64_t lo, int64_t hi) {
       const int64_t slot = g.slot_of(plane);
       const C mean = static_cast<C>(s[4 * slot]), rstd = static_cast<C>(s[4 * slot + 1]);
@@ -417,21 +528,15 @@ Tensor norm_backward_dx_cpu(const NormGeometry& g, const Tensor& x, const Tensor
         mean_dxhat = static_cast<C>(t[0] / count);
         mean_dxhat_xhat = static_cast<C>(t[1] / count);
       }
-      const T* p = in + plane * g.length;
-      const T* d = gy + plane * g.length;
-      T* q = out + plane * g.length;
+      const T* p = in + plane * g.length + lo;
+      const T* d = gy + plane * g.length + lo;
+      T* q = out + plane * g.length + lo;
       if (!g.per_element_affine) {
-        const C scale = w ? static_cast<C>(weight[g.channel_of(plane)]) : C(1);
-        for (int64_t i = lo; i < hi; ++i) {
-          const C xhat = (static_cast<C>(p[i]) - mean) * rstd;
-          q[i] = T(rstd * (static_cast<C>(d[i]) * scale - mean_dxhat - xhat * mean_dxhat_xhat));
-        }
+        const C scale = w ? w_c[g.channel_of(plane)] : C(1);
+        kernels.dx(p, d, q, hi - lo, mean, rstd, scale, nullptr, mean_dxhat, mean_dxhat_xhat);
       } else {
-        for (int64_t i = lo; i < hi; ++i) {
-          const C xhat = (static_cast<C>(p[i]) - mean) * rstd;
-          const C dxhat = w ? static_cast<C>(d[i]) * static_cast<C>(weight[i]) : static_cast<C>(d[i]);
-          q[i] = T(rstd * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat));
-        }
+        kernels.dx(p, d, q, hi - lo, mean, rstd, C(1), w ? w_c.data() + lo : nullptr, mean_dxhat,
+                   mean_dxhat_xhat);
       }
     });
   });

@@ -1,9 +1,10 @@
 // The cuda bodies of the normalizations (see norm_kernels.hpp): operand checks, then the launches
 // of norm_cuda.cu on the stream. Results are new contiguous tensors on the input's device.
+#include "ops/norm/norm_cuda.cuh"
+
 #include <string>
 
 #include "ops/cuda_support.hpp"
-#include "ops/norm/norm_cuda.cuh"
 #include "ops/norm/norm_kernels.hpp"
 
 namespace tessera::ops {
@@ -32,7 +33,8 @@ const void* data_or_null(const std::optional<Tensor>& tensor) {
 }
 
 /// Contiguous copies of the optional operands, checked against x.
-std::optional<Tensor> operand(const std::optional<Tensor>& tensor, const Tensor& x, const char* op) {
+std::optional<Tensor> operand(const std::optional<Tensor>& tensor, const Tensor& x,
+                              const char* op) {
   if (!tensor) return std::nullopt;
   require_cuda_operands({&x, &*tensor}, op);
   return tensor->contiguous();
@@ -84,9 +86,9 @@ std::pair<Tensor, Tensor> norm_update_running_cuda(const Tensor& statistics,
   Tensor new_mean = Tensor::empty(mean.shape(), mean.dtype(), mean.device());
   Tensor new_var = Tensor::empty(var.shape(), var.dtype(), var.device());
   check_launch(kernels::launch_norm_update_running(
-                   element_type(mean.dtype(), "batch_norm"), stats.data<double>(),
-                   mean.raw_data(), var.raw_data(), mean.numel(), momentum, new_mean.raw_data(),
-                   new_var.raw_data(), stream_handle(stream)),
+                   element_type(mean.dtype(), "batch_norm"), stats.data<double>(), mean.raw_data(),
+                   var.raw_data(), mean.numel(), momentum, new_mean.raw_data(), new_var.raw_data(),
+                   stream_handle(stream)),
                "batch_norm", mean.device(), "running statistics update");
   return {new_mean, new_var};
 }
@@ -100,10 +102,9 @@ Tensor norm_forward_cuda(const kernels::NormGeometry& g, const Tensor& x, const 
   const Tensor stats = f64_on(statistics, x.device(), op);
   const std::optional<Tensor> weight = operand(w, x, op), bias = operand(b, x, op);
   Tensor y = Tensor::empty(input.shape(), input.dtype(), input.device());
-  check_launch(kernels::launch_norm_forward(g, element_type(x.dtype(), op), input.raw_data(),
-                                            stats.data<double>(), data_or_null(weight),
-                                            data_or_null(bias), y.raw_data(),
-                                            stream_handle(stream)),
+  check_launch(kernels::launch_norm_forward(
+                   g, element_type(x.dtype(), op), input.raw_data(), stats.data<double>(),
+                   data_or_null(weight), data_or_null(bias), y.raw_data(), stream_handle(stream)),
                op, x.device(), "norm forward");
   return y;
 }
@@ -121,12 +122,12 @@ Tensor norm_backward_sums_cuda(const kernels::NormGeometry& g, const Tensor& x, 
   const Shape param{g.per_element_affine ? g.length : g.channels};
   if (want_dw) grads.dw = Tensor::empty(param, x.dtype(), x.device());
   if (want_db) grads.db = Tensor::empty(param, x.dtype(), x.device());
-  check_launch(kernels::launch_norm_backward_sums(
-                   g, element_type(x.dtype(), op), input.raw_data(), grad.raw_data(),
-                   stats.data<double>(), data_or_null(weight), sums.data<double>(),
-                   grads.dw ? grads.dw->raw_data() : nullptr,
-                   grads.db ? grads.db->raw_data() : nullptr, stream_handle(stream)),
-               op, x.device(), "norm backward sums");
+  check_launch(
+      kernels::launch_norm_backward_sums(
+          g, element_type(x.dtype(), op), input.raw_data(), grad.raw_data(), stats.data<double>(),
+          data_or_null(weight), sums.data<double>(), grads.dw ? grads.dw->raw_data() : nullptr,
+          grads.db ? grads.db->raw_data() : nullptr, stream_handle(stream)),
+      op, x.device(), "norm backward sums");
   return sums;
 }
 

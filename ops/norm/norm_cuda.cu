@@ -39,8 +39,8 @@ __global__ void moments_kernel(NormGeometry g, const T* x, double* moments) {
   __shared__ double buffer[kBlockThreads];
   const int64_t slot = blockIdx.x;
   const SlotPlanes planes = slot_planes(g, slot);
-  const double count = static_cast<double>((planes.n_hi - planes.n_lo) *
-                                           (planes.c_hi - planes.c_lo) * g.length);
+  const double count =
+      static_cast<double>((planes.n_hi - planes.n_lo) * (planes.c_hi - planes.c_lo) * g.length);
   double sum = 0;
   for_slot_planes(g, slot, [&](int64_t plane) {
     const T* p = x + plane * g.length;
@@ -80,8 +80,8 @@ __global__ void statistics_kernel(const double* gathered, int64_t ranks, int64_t
 }
 
 template <typename T>
-__global__ void running_statistics_kernel(const T* mean, const T* var, int64_t channels,
-                                          double eps, double* statistics) {
+__global__ void running_statistics_kernel(const T* mean, const T* var, int64_t channels, double eps,
+                                          double* statistics) {
   const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (c >= channels) return;
   statistics[4 * c] = static_cast<double>(to_compute(mean[c]));
@@ -98,10 +98,10 @@ __global__ void update_running_kernel(const double* statistics, const T* mean, c
   if (c >= channels) return;
   const double count = statistics[4 * c + 2];
   const double unbiased = count > 1 ? statistics[4 * c + 3] / (count - 1) : 0.0;
-  new_mean[c] = from_compute<T>(static_cast<C>((1 - momentum) * to_compute(mean[c]) +
-                                               momentum * statistics[4 * c]));
-  new_var[c] = from_compute<T>(
-      static_cast<C>((1 - momentum) * to_compute(var[c]) + momentum * unbiased));
+  new_mean[c] = from_compute<T>(
+      static_cast<C>((1 - momentum) * to_compute(mean[c]) + momentum * statistics[4 * c]));
+  new_var[c] =
+      from_compute<T>(static_cast<C>((1 - momentum) * to_compute(var[c]) + momentum * unbiased));
 }
 
 template <typename T>
@@ -206,8 +206,8 @@ __global__ void sum_ranks_kernel(const double* gathered, int64_t ranks, int64_t 
 
 template <typename T>
 __global__ void backward_dx_kernel(NormGeometry g, const T* x, const T* dy,
-                                   const double* statistics, const double* sums, const T* w,
-                                   T* dx, int64_t count) {
+                                   const double* statistics, const double* sums, const T* w, T* dx,
+                                   int64_t count) {
   using C = Compute<T>;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < count;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -257,11 +257,11 @@ cudaError_t launch_norm_moments(const NormGeometry& g, ElementType type, const v
   });
 }
 
-cudaError_t launch_norm_statistics(const double* gathered, int64_t ranks, int64_t slots,
-                                   double eps, double* statistics, cudaStream_t stream) {
+cudaError_t launch_norm_statistics(const double* gathered, int64_t ranks, int64_t slots, double eps,
+                                   double* statistics, cudaStream_t stream) {
   if (slots == 0) return cudaSuccess;
   statistics_kernel<<<grid_for(slots), kBlockThreads, 0, stream>>>(gathered, ranks, slots, eps,
-                                                                    statistics);
+                                                                   statistics);
   return cudaGetLastError();
 }
 
@@ -277,10 +277,9 @@ cudaError_t launch_norm_running_statistics(ElementType type, const void* mean, c
   });
 }
 
-cudaError_t launch_norm_update_running(ElementType type, const double* statistics,
-                                       const void* mean, const void* var, int64_t channels,
-                                       double momentum, void* new_mean, void* new_var,
-                                       cudaStream_t stream) {
+cudaError_t launch_norm_update_running(ElementType type, const double* statistics, const void* mean,
+                                       const void* var, int64_t channels, double momentum,
+                                       void* new_mean, void* new_var, cudaStream_t stream) {
   if (channels == 0) return cudaSuccess;
   return dispatch(type, [&](auto zero) {
     using T = decltype(zero);
@@ -299,8 +298,8 @@ cudaError_t launch_norm_forward(const NormGeometry& g, ElementType type, const v
   return dispatch(type, [&](auto zero) {
     using T = decltype(zero);
     forward_kernel<T><<<grid_for(count), kBlockThreads, 0, stream>>>(
-        g, static_cast<const T*>(x), statistics, static_cast<const T*>(w),
-        static_cast<const T*>(b), static_cast<T*>(y), count);
+        g, static_cast<const T*>(x), statistics, static_cast<const T*>(w), static_cast<const T*>(b),
+        static_cast<T*>(y), count);
     return cudaGetLastError();
   });
 }
@@ -332,8 +331,8 @@ cudaError_t launch_norm_backward_sums(const NormGeometry& g, ElementType type, c
   });
 }
 
-cudaError_t launch_norm_sum_ranks(const double* gathered, int64_t ranks, int64_t count,
-                                  double* out, cudaStream_t stream) {
+cudaError_t launch_norm_sum_ranks(const double* gathered, int64_t ranks, int64_t count, double* out,
+                                  cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
   sum_ranks_kernel<<<grid_for(count), kBlockThreads, 0, stream>>>(gathered, ranks, count, out);
   return cudaGetLastError();

@@ -20,8 +20,8 @@ cudaError_t launch_norm_moments(const NormGeometry& g, ElementType type, const v
                                 double* moments, cudaStream_t stream);
 
 /// statistics [slots, 4] from gathered [ranks, slots, 3], combined in rank order.
-cudaError_t launch_norm_statistics(const double* gathered, int64_t ranks, int64_t slots,
-                                   double eps, double* statistics, cudaStream_t stream);
+cudaError_t launch_norm_statistics(const double* gathered, int64_t ranks, int64_t slots, double eps,
+                                   double* statistics, cudaStream_t stream);
 
 /// statistics [channels, 4] from the running mean and variance (elements of `type`).
 cudaError_t launch_norm_running_statistics(ElementType type, const void* mean, const void* var,
@@ -29,10 +29,9 @@ cudaError_t launch_norm_running_statistics(ElementType type, const void* mean, c
                                            cudaStream_t stream);
 
 /// The running statistics after a training step (momentum; the variance unbiased).
-cudaError_t launch_norm_update_running(ElementType type, const double* statistics,
-                                       const void* mean, const void* var, int64_t channels,
-                                       double momentum, void* new_mean, void* new_var,
-                                       cudaStream_t stream);
+cudaError_t launch_norm_update_running(ElementType type, const double* statistics, const void* mean,
+                                       const void* var, int64_t channels, double momentum,
+                                       void* new_mean, void* new_var, cudaStream_t stream);
 
 /// y = (x - mean) * rstd * w + b; w, b may be null.
 cudaError_t launch_norm_forward(const NormGeometry& g, ElementType type, const void* x,
@@ -46,8 +45,8 @@ cudaError_t launch_norm_backward_sums(const NormGeometry& g, ElementType type, c
                                       double* sums, void* dw, void* db, cudaStream_t stream);
 
 /// out[i] = sum over r in order of gathered[r * count + i].
-cudaError_t launch_norm_sum_ranks(const double* gathered, int64_t ranks, int64_t count,
-                                  double* out, cudaStream_t stream);
+cudaError_t launch_norm_sum_ranks(const double* gathered, int64_t ranks, int64_t count, double* out,
+                                  cudaStream_t stream);
 
 /// dx from dy with the global sums (null: constant statistics, dx = rstd * dxhat).
 cudaError_t launch_norm_backward_dx(const NormGeometry& g, ElementType type, const void* x,

@@ -21,14 +21,14 @@ enum class NormKind : int { group, batch, instance, layer };
 /// One local piece and its statistics slots.
 struct NormGeometry {
   NormKind kind = NormKind::group;
-  int64_t batch = 0;              ///< outer planes' count (n)
-  int64_t channels = 1;           ///< planes per n
-  int64_t length = 0;             ///< elements per plane
-  int64_t slots = 0;              ///< statistics slots
-  int64_t slot_stride = 0;        ///< slots per n (0: every n shares the slots)
-  int64_t slot_offset = 0;        ///< added to the local channel before dividing
-  int64_t channels_per_slot = 1;  ///< channels (after slot_offset) per slot
-  int64_t channel_offset = 0;     ///< global channel of local channel 0 (the index into w, b)
+  int64_t batch = 0;                ///< outer planes' count (n)
+  int64_t channels = 1;             ///< planes per n
+  int64_t length = 0;               ///< elements per plane
+  int64_t slots = 0;                ///< statistics slots
+  int64_t slot_stride = 0;          ///< slots per n (0: every n shares the slots)
+  int64_t slot_offset = 0;          ///< added to the local channel before dividing
+  int64_t channels_per_slot = 1;    ///< channels (after slot_offset) per slot
+  int64_t channel_offset = 0;       ///< global channel of local channel 0 (the index into w, b)
   bool per_element_affine = false;  ///< layer_norm: w, b index the position within a plane
   double eps = 1e-5;
 
@@ -41,9 +41,7 @@ struct NormGeometry {
     return (plane / channels) * slot_stride + (plane % channels + slot_offset) / channels_per_slot;
   }
   /// The index into w and b of plane `plane` (per-plane affine).
-  constexpr int64_t channel_of(int64_t plane) const {
-    return plane % channels + channel_offset;
-  }
+  constexpr int64_t channel_of(int64_t plane) const { return plane % channels + channel_offset; }
 };
 
 /// The planes of one slot: n in [n_lo, n_hi) x local channels [c_lo, c_hi).

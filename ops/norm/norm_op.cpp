@@ -104,8 +104,10 @@ NormAttrs resolve(NormKind kind, const Shape& x, const OpAttrs& attrs) {
   if (kind == NormKind::batch) {
     result.training = attrs.get_int("training", 1) != 0;
     result.momentum = get_float(attrs, "momentum", 0.1);
-    check_arg(std::isfinite(result.momentum), op, "attribute 'momentum' = {}: expected a finite "
-              "value", result.momentum);
+    check_arg(std::isfinite(result.momentum), op,
+              "attribute 'momentum' = {}: expected a finite "
+              "value",
+              result.momentum);
     int64_t per_channel = x[0];
     for (int64_t d = 2; d < rank; ++d) per_channel *= x[d];
     check_arg(!result.training || per_channel != 1, op,
@@ -135,8 +137,7 @@ bool reduced_dim(NormKind kind, const Shape& x, const NormAttrs& attrs, int dim)
 std::vector<int> statistics_mesh_dims(NormKind kind, const ShardSpec& x, const NormAttrs& attrs) {
   std::vector<int> dims;
   for (size_t m = 0; m < x.placements.size(); ++m)
-    if (x.placements[m].is_shard() &&
-        reduced_dim(kind, x.global_shape, attrs, x.placements[m].dim))
+    if (x.placements[m].is_shard() && reduced_dim(kind, x.global_shape, attrs, x.placements[m].dim))
       dims.push_back(static_cast<int>(m));
   return dims;
 }
@@ -247,8 +248,8 @@ struct NormCall {
 
 NormCall call_of(NormKind kind, const OpAttrs& attrs, const ShardSpec& x, const Box& box,
                  size_t inputs, Device device, Stream stream) {
-  NormCall call{kind, resolve(kind, x.global_shape, attrs), inputs_of(kind, inputs), {}, {},
-                device, stream};
+  NormCall call{
+      kind, resolve(kind, x.global_shape, attrs), inputs_of(kind, inputs), {}, {}, device, stream};
   call.g = geometry_of(kind, x.global_shape, call.attrs, box);
   call.mesh_dims = statistics_mesh_dims(kind, x, call.attrs);
   return call;
@@ -290,9 +291,9 @@ std::optional<Tensor> input_at(const std::vector<Tensor>& inputs, int index) {
 
 KernelFn kernel_of(NormKind kind) {
   return [kind](const KernelContext& context, const std::vector<Tensor>& inputs) {
-    const NormCall call = call_of(kind, context.attrs, context.input_specs[0],
-                                  context.input_boxes[0], inputs.size(), context.device,
-                                  context.stream);
+    const NormCall call =
+        call_of(kind, context.attrs, context.input_specs[0], context.input_boxes[0], inputs.size(),
+                context.device, context.stream);
     const bool cuda = call.device.is_cuda();
     const Tensor x = inputs[0].contiguous();
     const Tensor statistics = statistics_of(call, context.mesh, x, inputs);
@@ -481,8 +482,8 @@ ShardTensor group_norm(const ShardTensor& x, int64_t groups, const std::optional
 
 BatchNormResult batch_norm(const ShardTensor& x, const std::optional<ShardTensor>& running_mean,
                            const std::optional<ShardTensor>& running_var,
-                           const std::optional<ShardTensor>& w,
-                           const std::optional<ShardTensor>& b, const BatchNormOptions& options) {
+                           const std::optional<ShardTensor>& w, const std::optional<ShardTensor>& b,
+                           const BatchNormOptions& options) {
   check_arg(running_mean.has_value() == running_var.has_value(), "batch_norm",
             "running_mean and running_var are given together or not at all");
   OpAttrs attrs = eps_attrs(options.eps);
@@ -501,9 +502,8 @@ BatchNormResult batch_norm(const ShardTensor& x, const std::optional<ShardTensor
     const std::vector<Placement> replicated(x.mesh().ndim(), Placement::replicate());
     Tensor ones = Tensor::zeros(channels, x.dtype(), x.device());
     ones.fill(1.0);
-    inputs.push_back(
-        ShardTensor::from_local(Tensor::zeros(channels, x.dtype(), x.device()), x.mesh(),
-                                replicated));
+    inputs.push_back(ShardTensor::from_local(Tensor::zeros(channels, x.dtype(), x.device()),
+                                             x.mesh(), replicated));
     inputs.push_back(ShardTensor::from_local(ones, x.mesh(), replicated));
   }
   inputs = with_optional(std::move(inputs), w, b, "batch_norm");

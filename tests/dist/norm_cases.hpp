@@ -63,9 +63,9 @@ inline std::vector<ShardTensor> norm(const NormCase& c, const ShardTensor& x,
   if (c.op == "group_norm") return {ops::group_norm(x, c.groups, w, b, c.eps)};
   if (c.op == "instance_norm") return {ops::instance_norm(x, w, b, c.eps)};
   if (c.op == "layer_norm") return {ops::layer_norm(x, c.normalized_ndim, w, b, c.eps)};
-  const ops::BatchNormResult result = ops::batch_norm(
-      x, running_mean, running_var, w, b, {.training = c.training, .momentum = c.momentum,
-                                           .eps = c.eps});
+  const ops::BatchNormResult result =
+      ops::batch_norm(x, running_mean, running_var, w, b,
+                      {.training = c.training, .momentum = c.momentum, .eps = c.eps});
   std::vector<ShardTensor> outputs{result.y};
   if (result.running_mean) {
     outputs.push_back(*result.running_mean);

@@ -66,14 +66,14 @@ TEST(NormFixtures, ShardedNormalizationsMatchPyTorchForwardAndGradient) {
                                                  c.placements, c.extents);
         xs.set_requires_grad();
         const std::optional<ShardTensor> w = param("w", true), b = param("b", true);
-        const auto outputs = testing::norm(c, xs, w, b, param("running_mean", false),
-                                           param("running_var", false));
-        const ShardTensor gys = ShardTensor::distribute(read_fixture(files["gy"], c.x_shape), mesh,
-                                                        outputs[0].placements(),
-                                                        outputs[0].spec().extents);
+        const auto outputs =
+            testing::norm(c, xs, w, b, param("running_mean", false), param("running_var", false));
+        const ShardTensor gys =
+            ShardTensor::distribute(read_fixture(files["gy"], c.x_shape), mesh,
+                                    outputs[0].placements(), outputs[0].spec().extents);
         tape.backward(ops::sum(ops::mul(outputs[0], gys)));
-        const std::string where = fmt::format("{} on {} rank(s)", std::string(fixture["name"]),
-                                              world);
+        const std::string where =
+            fmt::format("{} on {} rank(s)", std::string(fixture["name"]), world);
         EXPECT_LT(max_abs_diff(outputs[0].full_tensor(), read_fixture(files["y"], c.x_shape)),
                   1e-10)
             << where;

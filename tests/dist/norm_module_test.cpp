@@ -22,8 +22,7 @@ Tensor random_x(const Shape& shape, uint64_t seed) {
 
 /// Two training forwards and one eval forward of a BatchNorm on `mesh` (x sharded along the last
 /// dim as `extents` say): the eval output and the running statistics after.
-std::vector<Tensor> batch_norm_steps(const DeviceMesh& mesh,
-                                     const std::vector<int64_t>& extents) {
+std::vector<Tensor> batch_norm_steps(const DeviceMesh& mesh, const std::vector<int64_t>& extents) {
   nn::BatchNorm bn(mesh, 3, 1e-5, 0.2, true, DType::f64);
   const Shape shape{4, 3, 6};
   std::vector<Tensor> results;
@@ -89,8 +88,8 @@ TEST(NormModules, BatchNormUpdatesItsBuffersLikeTheOpAndUsesThemInEval) {
 TEST(NormModules, GroupInstanceAndLayerNormEqualTheirOps) {
   testing::run_world(2, [](std::shared_ptr<Comm> comm) {
     DeviceMesh mesh(comm, {2});
-    const ShardTensor x = ShardTensor::distribute(random_x({2, 4, 5, 6}, 3), mesh,
-                                                  {Placement::shard(3)}, {{5, 1}});
+    const ShardTensor x =
+        ShardTensor::distribute(random_x({2, 4, 5, 6}, 3), mesh, {Placement::shard(3)}, {{5, 1}});
     nn::GroupNorm group(mesh, 2, 4, 1e-5, true, DType::f64);
     nn::InstanceNorm instance(mesh, 4, 1e-5, false, DType::f64);
     nn::LayerNorm layer(mesh, {5, 6}, 1e-5, true, DType::f64);
@@ -99,9 +98,8 @@ TEST(NormModules, GroupInstanceAndLayerNormEqualTheirOps) {
     EXPECT_EQ(layer.named_parameters()[0].second.tensor().global_shape(), (Shape{5, 6}));
     EXPECT_LE(max_abs_diff(group.forward(x).full_tensor(), ops::group_norm(x, 2).full_tensor()),
               1e-14);
-    EXPECT_LE(
-        max_abs_diff(instance.forward(x).full_tensor(), ops::instance_norm(x).full_tensor()),
-        1e-14);
+    EXPECT_LE(max_abs_diff(instance.forward(x).full_tensor(), ops::instance_norm(x).full_tensor()),
+              1e-14);
     EXPECT_LE(max_abs_diff(layer.forward(x).full_tensor(), ops::layer_norm(x, 2).full_tensor()),
               1e-14);
     nn::LayerNorm wrong(mesh, {6, 5}, 1e-5, true, DType::f64);

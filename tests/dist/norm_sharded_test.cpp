@@ -34,9 +34,9 @@ std::vector<std::optional<Tensor>> run_case(const NormCase& c, const DeviceMesh&
                                             DType dtype = DType::f64) {
   const std::vector<Placement> replicated(mesh.ndim(), Placement::replicate());
   Tape tape;
-  ShardTensor x = sharded ? ShardTensor::distribute(in.x.to_dtype(dtype), mesh, c.placements,
-                                                    c.extents)
-                          : ShardTensor::distribute(in.x.to_dtype(dtype), mesh, replicated);
+  ShardTensor x = sharded
+                      ? ShardTensor::distribute(in.x.to_dtype(dtype), mesh, c.placements, c.extents)
+                      : ShardTensor::distribute(in.x.to_dtype(dtype), mesh, replicated);
   x.set_requires_grad();
   auto param = [&](const std::optional<Tensor>& value, bool grad) -> std::optional<ShardTensor> {
     if (!value) return std::nullopt;
@@ -119,9 +119,9 @@ TEST(NormSharded, StatisticsAreBitIdenticalOnEveryRank) {
     const NormInputs in = testing::random_norm_inputs(c, rng);
     const std::vector<Placement> replicated(mesh.ndim(), Placement::replicate());
     auto replicate = [&](const Tensor& t) { return ShardTensor::distribute(t, mesh, replicated); };
-    const auto outputs = testing::norm(
-        c, ShardTensor::distribute(in.x, mesh, c.placements, c.extents), std::nullopt,
-        std::nullopt, replicate(*in.running_mean), replicate(*in.running_var));
+    const auto outputs =
+        testing::norm(c, ShardTensor::distribute(in.x, mesh, c.placements, c.extents), std::nullopt,
+                      std::nullopt, replicate(*in.running_mean), replicate(*in.running_var));
     for (int i = 1; i < 3; ++i) {
       const Tensor local = outputs[i].to_local().contiguous();
       Tensor root = local.clone();
@@ -157,8 +157,7 @@ TEST(NormSharded, GradientMatchesCentralFiniteDifferences) {
     for (int index = 0; index < 10; ++index) {
       CaseRng rng(testing::case_seed(72, 2, 0, index));
       NormCase c;
-      const char* ops[] = {"group_norm", "batch_norm", "instance_norm", "layer_norm",
-                           "batch_norm"};
+      const char* ops[] = {"group_norm", "batch_norm", "instance_norm", "layer_norm", "batch_norm"};
       c.op = ops[index % 5];
       c.x_shape = index < 5 ? Shape{2, 4, 5} : Shape{2, 2, 3, 4};
       c.groups = 2;
@@ -232,8 +231,8 @@ std::string error_of(const std::string& op, const Shape& shape, const OpAttrs& a
   const int world = testing::mpi_backend() ? mpi_world()->size() : 1;
   testing::run_world(world, [&](std::shared_ptr<Comm> comm) {
     DeviceMesh mesh(comm, {world});
-    std::vector<ShardTensor> inputs{ShardTensor::distribute(Tensor::zeros(shape, DType::f64), mesh,
-                                                            {Placement::replicate()})};
+    std::vector<ShardTensor> inputs{
+        ShardTensor::distribute(Tensor::zeros(shape, DType::f64), mesh, {Placement::replicate()})};
     for (const Shape& param : params)
       inputs.push_back(ShardTensor::distribute(Tensor::zeros(param, DType::f64), mesh,
                                                {Placement::replicate()}));

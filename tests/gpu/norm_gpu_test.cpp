@@ -93,11 +93,13 @@ TEST(NormGpu, FixturesMatchPyTorchOnCuda) {
       };
       testing::NormInputs in{*read("x", c.x_shape), read("w", params), read("b", params),
                              read("running_mean", params), read("running_var", params)};
-      const auto result =
-          run_case(c, mesh, in, *read("gy", c.x_shape), DType::f64, kGpu, false);
-      const std::pair<const char*, Shape> expected[] = {
-          {"y", c.x_shape}, {"running_mean_out", params}, {"running_var_out", params},
-          {"gx", c.x_shape}, {"gw", params},              {"gb", params}};
+      const auto result = run_case(c, mesh, in, *read("gy", c.x_shape), DType::f64, kGpu, false);
+      const std::pair<const char*, Shape> expected[] = {{"y", c.x_shape},
+                                                        {"running_mean_out", params},
+                                                        {"running_var_out", params},
+                                                        {"gx", c.x_shape},
+                                                        {"gw", params},
+                                                        {"gb", params}};
       for (size_t i = 0; i < result.size(); ++i) {
         const std::optional<Tensor> want = read(expected[i].first, expected[i].second);
         ASSERT_EQ(result[i].has_value(), want.has_value()) << expected[i].first;
