@@ -80,14 +80,16 @@ TEST(NormFixtures, ShardedNormalizationsMatchPyTorchForwardAndGradient) {
         EXPECT_LT(max_abs_diff(tape.grad(xs)->full_tensor(), read_fixture(files["gx"], c.x_shape)),
                   1e-10)
             << where;
-        if (w)
+        if (w) {
           EXPECT_LT(max_abs_diff(tape.grad(*w)->full_tensor(), read_fixture(files["gw"], params)),
                     1e-10)
               << where;
-        if (b)
+        }
+        if (b) {
           EXPECT_LT(max_abs_diff(tape.grad(*b)->full_tensor(), read_fixture(files["gb"], params)),
                     1e-10)
               << where;
+        }
         if (c.op == "batch_norm") {
           ASSERT_EQ(outputs.size(), 3u) << where;
           EXPECT_LT(max_abs_diff(outputs[1].full_tensor(),

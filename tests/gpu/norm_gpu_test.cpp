@@ -103,9 +103,10 @@ TEST(NormGpu, FixturesMatchPyTorchOnCuda) {
       for (size_t i = 0; i < result.size(); ++i) {
         const std::optional<Tensor> want = read(expected[i].first, expected[i].second);
         ASSERT_EQ(result[i].has_value(), want.has_value()) << expected[i].first;
-        if (want)
+        if (want) {
           EXPECT_LT(max_abs_diff(*result[i], *want), 1e-10)
               << fixture["name"] << " " << expected[i].first;
+        }
       }
     }
   });
@@ -133,10 +134,11 @@ TEST(NormGpu, ShardedOnOneTwoAndFourLocalRanksMatchesTheCpuOnOneRank) {
                                                        : 5e-2;
             for (size_t i = 0; i < expected.size(); ++i) {
               ASSERT_EQ(actual[i].has_value(), expected[i].has_value());
-              if (expected[i])
+              if (expected[i]) {
                 EXPECT_LE(testing::relative_error(*actual[i], *expected[i]), bound)
                     << "result " << i << " " << dtype_name(dtype) << " world " << world << " "
                     << c.str();
+              }
             }
           }
         }
