@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "core/tensor_arith.hpp"
+#include "core/trace.hpp"
 
 namespace tessera {
 
@@ -198,6 +199,7 @@ void Tape::backward(const ShardTensor& output, const ShardTensor& output_grad, b
       }
       if (any) {
         CommOpScope op_scope(record->op->name + " backward");
+        trace::Span span("op", record->op->name + " backward");
         const auto input_grads = record->op->backward(*record, output_grads);
         check_arg(input_grads.size() == record->inputs.size(), record->op->name,
                   "backward returned {} gradients for {} inputs", input_grads.size(),

@@ -143,6 +143,12 @@ size_t host_cache_bytes() {
   return c.held;
 }
 
+void host_allocator_reset_peak() {
+  Cache& c = cache();
+  std::lock_guard lock(c.mu);
+  c.peak_in_use = c.in_use;
+}
+
 AllocatorStats host_allocator_stats() {
   Cache& c = cache();
   std::lock_guard lock(c.mu);

@@ -35,5 +35,7 @@ size_t host_cache_bytes();
 void host_cache_clear();
 /// Bytes in use, peak, cached, the cache limit and the system allocations so far.
 AllocatorStats host_allocator_stats();
+/// Starts a new peak: peak_in_use becomes the bytes in use now (for measuring one phase).
+void host_allocator_reset_peak();
 
 }  // namespace tessera

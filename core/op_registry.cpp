@@ -15,6 +15,7 @@
 #include "core/agree.hpp"
 #include "core/autograd.hpp"
 #include "core/halo/halo_exchange.hpp"
+#include "core/trace.hpp"
 
 namespace tessera {
 
@@ -216,6 +217,7 @@ std::vector<ShardTensor> apply_op(const std::string& name, const std::vector<Sha
   const std::shared_ptr<const OpDef> definition = find_op(name);
   const OpDef& op = *definition;
   CommOpScope scope(name);
+  trace::Span span("op", name);
   check_arg(!inputs.empty(), name, "an op needs at least one input");
   const DeviceMesh& mesh = inputs[0].mesh();
   for (const ShardTensor& input : inputs)

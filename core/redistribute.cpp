@@ -18,6 +18,7 @@
 #include "core/autograd.hpp"
 #include "core/shard_tensor.hpp"
 #include "core/shard_tensor_detail.hpp"
+#include "core/trace.hpp"
 
 namespace tessera {
 
@@ -192,6 +193,12 @@ ShardTensor ShardTensor::redistribute(std::vector<Placement> placements,
       detail::make_agreed_spec(mesh_, "redistribute", spec_.global_shape, std::move(placements),
                                std::move(extents), dtype());
   if (target == spec_) return *this;
+  trace::Span span("redistribute", "redistribute");
+  if (span.recording()) {
+    span.arg("from", spec_.str());
+    span.arg("to", target.str());
+    span.arg("local_bytes", static_cast<int64_t>(local_.nbytes()));
+  }
   // Device tensors stay on their device: every buffer below is made on local_'s device.
   Tensor local = local_;
   ShardSpec current = spec_;

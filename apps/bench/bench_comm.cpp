@@ -274,6 +274,7 @@ void register_bench(CLI::App& app) {
   register_conv_bench(*bench);
   register_io_bench(*bench);
   register_na_bench(*bench);
+  register_train_bench(*bench);
 }
 
 }  // namespace tessera::cli

@@ -291,6 +291,7 @@ void register_conv_bench(CLI::App& bench) {
   conv->add_option("--ranks", options->ranks,
                    "Rank counts to run, e.g. 1,2,4 (default: 1,2 on "
                    "cpu, 1,4 on cuda)");
+  add_trace_option(*conv);
   conv->add_option("--device", options->device,
                    "cpu, cuda (ranks round-robin over the GPUs) or "
                    "cuda:N")

@@ -12,6 +12,9 @@
 // host cache emptied first), so under mpiexec it is per rank; with local ranks (threads of one
 // process) it is the whole process. Under mpiexec the world is the launcher's and --ranks is
 // ignored.
+// A second table reads one shuffled epoch of the rows as training samples through
+// io::BatchReader (which opens the file once) beside plain H5Dread calls of the same samples in
+// the same order (h5_baseline.hpp), with the file opens each made.
 #include <fmt/format.h>
 #include <malloc.h>
 
@@ -21,10 +24,12 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/bench/bench_harness.hpp"
+#include "apps/bench/h5_baseline.hpp"
 #include "apps/tessera/cli_parse.hpp"
 #include "apps/tessera/commands.hpp"
 #include "core/host_allocator.hpp"
 #include "core/tessera.hpp"
+#include "io/hdf5/batch_reader.hpp"
 #include "io/hdf5/h5_file.hpp"
 #include "io/hdf5/sharded_io.hpp"
 
@@ -123,6 +128,9 @@ class IoBench {
     table_->add(std::move(row));
   }
 
+  /// The report, for further tables.
+  bench::BenchReport& report() { return report_; }
+
   /// Prints the JSON document (reporter with --json).
   void finish() const { report_.finish(); }
 
@@ -212,6 +220,56 @@ void run_world(const IoBenchOptions& options, IoBench& bench, std::shared_ptr<Co
   world->barrier();
 }
 
+/// Collective over `solo` (one rank): one shuffled epoch of the dataset's samples (rows of 1
+/// MiB) through io::BatchReader (batch 4, reading ahead) beside plain H5Dread calls of the same
+/// samples in the same order; the second of two passes of each is timed.
+void shuffled_samples(const IoBenchOptions& options, bench::BenchReport& report,
+                      std::shared_ptr<Comm> solo, int64_t rows) {
+  if (!bench::raw_hdf5_available()) return;
+  const DeviceMesh mesh(solo, {1}, {"dp"});
+  const io::BatchReaderOptions reader_options{
+      .batch_size = 4, .seed = 3, .drop_last = false, .read_ahead = 2};
+  const std::vector<int64_t> order =
+      io::BatchReader(options.file, "data", mesh, reader_options).epoch_order(0);
+  auto& table = report.table(
+      "shuffled",
+      fmt::format("one shuffled epoch of {} samples of 1 MiB ([512, 512] f32), one rank", rows),
+      {{"op", "op", "", 44},
+       {"samples", "samples", "", 8},
+       {"ms", "time", "ms", 9, 1},
+       {"GiBps", "rate", "GiB/s", 8, 2},
+       {"file_opens", "opens", "", 6}});
+  const double gib = static_cast<double>(rows) / 1024.0;
+  double plain_seconds = 0, reader_seconds = 0;
+  int64_t plain_opens = 0, reader_opens = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    const int64_t opens = io::file_open_count();
+    double start = now_seconds();
+    bench::raw_read_samples(options.file, "/data", order);
+    plain_seconds = now_seconds() - start;
+    plain_opens = 1 + io::file_open_count() - opens;  // its own H5Fopen, not counted by io
+    start = now_seconds();
+    const int64_t before = io::file_open_count();
+    {
+      io::BatchReader reader(options.file, "data", mesh, reader_options);
+      for (int64_t step = 0; step < reader.steps_per_epoch(); ++step) reader.next();
+    }
+    reader_seconds = now_seconds() - start;
+    reader_opens = io::file_open_count() - before;
+  }
+  table.add({{"op", "plain H5Dread per sample (file opened once)"},
+             {"samples", rows},
+             {"ms", plain_seconds * 1e3},
+             {"GiBps", gib / plain_seconds},
+             {"file_opens", plain_opens}});
+  table.add({{"op", "io::BatchReader (batch 4, read-ahead 2)"},
+             {"samples", rows},
+             {"ms", reader_seconds * 1e3},
+             {"GiBps", gib / reader_seconds},
+             {"file_opens", reader_opens}});
+  report.set("batch_reader_vs_plain_read", plain_seconds / reader_seconds);
+}
+
 void run_io_bench(const IoBenchOptions& options) {
   const std::vector<int> rank_counts = parse_rank_counts(options.ranks, "--ranks");  // first
   const int64_t rows = std::max<int64_t>(1, static_cast<int64_t>(options.bytes >> 20));
@@ -252,6 +310,9 @@ void run_io_bench(const IoBenchOptions& options) {
       world->barrier();
       plain_read(world.get());
       run_world(options, bench, world, /*processes_are_ranks=*/true, rows);
+      std::shared_ptr<Comm> solo = world->split(world->rank() == 0 ? 0 : 1, 0);
+      if (world->rank() == 0) shuffled_samples(options, bench.report(), solo, rows);
+      world->barrier();
       if (world->rank() == 0) {
         bench.finish();
         if (!options.keep) std::filesystem::remove(options.file);
@@ -266,6 +327,9 @@ void run_io_bench(const IoBenchOptions& options) {
     launch(Backend::local, ranks, [&](std::shared_ptr<Comm> world) {
       run_world(options, bench, world, /*processes_are_ranks=*/false, rows);
     });
+  launch(Backend::local, 1, [&](std::shared_ptr<Comm> solo) {
+    shuffled_samples(options, bench.report(), solo, rows);
+  });
   bench.finish();
   if (!options.keep) std::filesystem::remove(options.file);
 }

@@ -1,6 +1,8 @@
 // Parsing of the CLI's shared argument formats.
 #include "apps/tessera/cli_parse.hpp"
 
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -12,8 +14,15 @@
 #include "core/errors.hpp"
 #include "core/gpu_runtime.hpp"
 #include "core/layout.hpp"
+#include "core/trace.hpp"
 
 namespace tessera::cli {
+
+void add_trace_option(CLI::App& command) {
+  command.add_option_function<std::string>(
+      "--trace", [](const std::string& file) { trace::start(file); },
+      "Write a Chrome/Perfetto trace of the run to this file (as TESSERA_TRACE=FILE does)");
+}
 
 namespace {
 

@@ -5,7 +5,15 @@
 #include <string>
 #include <vector>
 
+namespace CLI {
+class App;
+}
+
 namespace tessera::cli {
+
+/// Adds `--trace FILE` to `command`: a Chrome/Perfetto trace of the run (core/trace.hpp; the
+/// same as TESSERA_TRACE=FILE).
+void add_trace_option(CLI::App& command);
 
 /// "2x2x1" -> {2, 2, 1}.
 std::vector<int> parse_mesh(const std::string& text);

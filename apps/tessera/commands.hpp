@@ -58,6 +58,8 @@ void register_ops_list(CLI::App& app);
 void register_io_commands(CLI::App& app);
 /// `tessera generate gray-scott`: the sample data generator.
 void register_generate(CLI::App& app);
+/// `tessera simulate gray-scott`: the sharded Gray-Scott simulation writing HDF5 snapshots.
+void register_simulate(CLI::App& app);
 /// `tessera bench comm`: collectives and redistribute beside the raw MPI collectives.
 void register_bench(CLI::App& app);
 
@@ -69,5 +71,8 @@ void register_io_bench(CLI::App& bench);
 
 /// `tessera bench na` (registered under `bench` by register_bench).
 void register_na_bench(CLI::App& bench);
+
+/// `tessera bench train` (registered under `bench` by register_bench).
+void register_train_bench(CLI::App& bench);
 
 }  // namespace tessera::cli

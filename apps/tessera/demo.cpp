@@ -25,6 +25,7 @@
 #include "core/op_registry.hpp"
 #include "core/runtime/rank_context.hpp"
 #include "core/tessera.hpp"
+#include "core/trace.hpp"
 #include "io/hdf5/h5_file.hpp"
 #include "ops/nn/data_parallel.hpp"
 #include "ops/nn/layers.hpp"
@@ -370,6 +371,7 @@ TrainingRun train_net(const DeviceMesh& mesh, const std::vector<Placement>& plac
   mesh.comm().barrier();
   const double start = settled_seconds();
   for (int step = 0; step < steps; ++step) {
+    trace::Span span("step", fmt::format("train step {}", step));
     optimizer.zero_grad();
     Tape tape;
     const ShardTensor loss = ops::mse_loss(net.forward(x), target);
@@ -387,12 +389,6 @@ TrainingRun train_net(const DeviceMesh& mesh, const std::vector<Placement>& plac
 
 void run_training(std::shared_ptr<Comm> world, Shape field, const std::string& data_file) {
   constexpr int kSteps = 30;
-  if (rank_device().is_cuda()) {  // the same on every rank
-    if (world->rank() == 0)
-      fmt::print("\ntraining: skipped on cuda (the optimizers update cpu parameters only so "
-                 "far)\n");
-    return;
-  }
   DeviceMesh mesh(world, {2, 2}, {"dp", "x"});
   // A batch of two samples: snapshots 1 and 2 as inputs, 2 and 3 as targets.
   const auto first = read_snapshots(data_file, 1);
@@ -467,6 +463,7 @@ void register_demo(CLI::App& app) {
                    "Local ranks (threads) without mpiexec (the demo's 2x2 mesh needs 4)")
       ->check(CLI::Range(1, kMaxLocalRanks))
       ->capture_default_str();
+  add_trace_option(*command);
   command->add_option("--data", options->data, "Sample data file (tessera generate gray-scott)")
       ->capture_default_str();
   command

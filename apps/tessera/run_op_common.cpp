@@ -33,7 +33,8 @@ void read_on_root(Comm& world, const std::function<void()>& read) {
 }
 
 RunOpLayout run_op_layout(const DeviceMesh& mesh, const std::string& shard_dims_text,
-                          const std::string& extents_text, int64_t ndim, int64_t default_end) {
+                          const std::string& extents_text, int64_t ndim, int64_t default_end,
+                          const std::string& op) {
   std::vector<int64_t> shard_dims;
   if (shard_dims_text.empty()) {
     for (int m = 0; m < mesh.ndim(); ++m) shard_dims.push_back(default_end - mesh.ndim() + m);
@@ -41,19 +42,18 @@ RunOpLayout run_op_layout(const DeviceMesh& mesh, const std::string& shard_dims_
     shard_dims = parse_list(shard_dims_text);
   }
   if (static_cast<int>(shard_dims.size()) != mesh.ndim())
-    throw AgreedError("run-op", fmt::format("--shard-dims {} names {} dims for a {}-d mesh",
-                                            shard_dims, shard_dims.size(), mesh.ndim()));
+    throw AgreedError(op, fmt::format("--shard-dims {} names {} dims for a {}-d mesh", shard_dims,
+                                      shard_dims.size(), mesh.ndim()));
   RunOpLayout layout;
   for (int64_t dim : shard_dims) {
     if ((dim < 0 || dim >= ndim) && shard_dims_text.empty())
-      throw AgreedError("run-op", fmt::format("the {}-d input has too few dims for a {}-d mesh "
-                                              "(the default shards its dims {}); give --shard-dims",
-                                              ndim, mesh.ndim(), shard_dims));
+      throw AgreedError(op, fmt::format("the {}-d input has too few dims for a {}-d mesh "
+                                        "(the default shards its dims {}); give --shard-dims",
+                                        ndim, mesh.ndim(), shard_dims));
     if (dim < 0 || dim >= ndim)
-      throw AgreedError("run-op",
-                        fmt::format("--shard-dims {}: dim {} is not a dim of the {}-d input "
-                                    "(expected 0 to {})",
-                                    shard_dims_text, dim, ndim, ndim - 1));
+      throw AgreedError(op, fmt::format("--shard-dims {}: dim {} is not a dim of the {}-d input "
+                                        "(expected 0 to {})",
+                                        shard_dims_text, dim, ndim, ndim - 1));
     layout.placements.push_back(mesh.size(static_cast<int>(layout.placements.size())) == 1
                                     ? Placement::replicate()
                                     : Placement::shard(static_cast<int>(dim)));

@@ -22,13 +22,15 @@ void read_on_root(Comm& world, const std::function<void()>& read);
 
 /// The inputs' layout on `mesh` from --shard-dims (the tensor dim each mesh dim shards; default:
 /// the mesh.ndim() dims ending just before `default_end`) and --extents (default: balanced).
-/// A mesh dim of size 1 is Replicate unless extents are given. Bad values are AgreedErrors.
+/// A mesh dim of size 1 is Replicate unless extents are given. Bad values are AgreedErrors
+/// tagged `op`.
 struct RunOpLayout {
   std::vector<Placement> placements;
   std::vector<std::vector<int64_t>> extents;
 };
 RunOpLayout run_op_layout(const DeviceMesh& mesh, const std::string& shard_dims,
-                          const std::string& extents, int64_t ndim, int64_t default_end);
+                          const std::string& extents, int64_t ndim, int64_t default_end,
+                          const std::string& op = "run-op");
 
 /// Collective: an AgreedError on every rank when --out names the --in file (by path or inode),
 /// which writing the output would destroy, or a path rank 0 cannot write (io::check_output_path).

@@ -81,6 +81,9 @@ class Comm {
   virtual int size() const = 0;
   /// "local", "mpi" or "nccl".
   virtual std::string backend() const = 0;
+  /// The communicator this one forwards to (itself, unless it wraps another, as the trace's
+  /// recording communicator does).
+  virtual const Comm& underlying() const { return *this; }
 
   /// Posts every send and receive of `ops` and returns without waiting; buffers must stay
   /// valid until wait(). Messages between a pair of ranks with the same tag arrive in order.

@@ -8,6 +8,7 @@
 #include "core/comm/nccl_comm.hpp"
 #include "core/gpu_runtime.hpp"
 #include "core/runtime/rank_context.hpp"
+#include "core/trace.hpp"
 
 namespace tessera {
 
@@ -26,7 +27,9 @@ Device launch_device(int local_rank) {
 }
 
 void launch(Backend backend, int local_ranks,
-            const std::function<void(std::shared_ptr<Comm>)>& body) {
+            const std::function<void(std::shared_ptr<Comm>)>& user_body) {
+  // Each rank's body runs traced when TESSERA_TRACE (or --trace) is on.
+  const auto body = [&](std::shared_ptr<Comm> world) { trace::traced(world, user_body); };
   if (backend == Backend::local) {
     run_local_ranks(local_ranks, body);
     return;

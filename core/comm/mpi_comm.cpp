@@ -591,7 +591,7 @@ void mpi_abort(int code) {
 }
 
 bool mpi_handle_of(const Comm& comm, void* handle) {
-  const auto* mpi = dynamic_cast<const MpiComm*>(&comm);
+  const auto* mpi = dynamic_cast<const MpiComm*>(&comm.underlying());
   if (mpi == nullptr) return false;
   const MPI_Comm native = mpi->handle();
   std::memcpy(handle, &native, sizeof(MPI_Comm));

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "core/tensor_arith.hpp"
+#include "core/trace.hpp"
 
 namespace tessera {
 
@@ -71,33 +72,26 @@ bool needs_no_halo(const HaloPlan& plan) {
 
 }  // namespace
 
-HaloExchange halo_begin(const HaloPlan& plan, const Tensor& owned, Comm& comm, int tag) {
-  const Box owned_global = plan.spec().local_box_of_rank(plan.rank());
-  check_arg(owned.shape() == owned_global.shape(), "halo",
-            "owned piece of shape {} on rank {}, the layout says {}", owned.shape(), plan.rank(),
-            owned_global.shape());
-  const size_t element = owned.element_size();
+/// Posts the exchange of `plan` reading the owned piece from `source` into `haloed`; with
+/// `in_place`, `source` is the interior of `haloed` itself and the interior copy is skipped.
+HaloExchange start_exchange(const HaloPlan& plan, const Tensor& source, Tensor haloed,
+                            bool in_place, Comm& comm, int tag) {
+  const size_t element = source.element_size();
   HaloExchange exchange;
   exchange.in_flight_ = std::make_unique<HaloExchange::InFlight>();
   auto& state = *exchange.in_flight_;
   state.plan = &plan;
-  const Tensor& source = owned;
-  if (needs_no_halo(plan)) {  // the haloed tensor is the owned piece: nothing to copy or send
-    exchange.haloed_ = owned;
-    exchange.in_flight_.reset();
-    return exchange;
-  }
-  exchange.haloed_ = Tensor::empty(plan.haloed_shape(), owned.dtype(), owned.device());
+  exchange.haloed_ = std::move(haloed);
 
   std::vector<P2POp> ops;
   state.incoming = group_by_peer(plan.recvs());
   for (const PeerMessage& message : state.incoming) {
-    state.recv_buffers.push_back(message_buffer(message.elements, owned));
+    state.recv_buffers.push_back(message_buffer(message.elements, source));
     ops.push_back(P2POp::recv(state.recv_buffers.back().raw_data(), message.elements * element,
                               message.peer, tag));
   }
   for (const PeerMessage& message : group_by_peer(plan.sends())) {
-    Tensor buffer = message_buffer(message.elements, owned);
+    Tensor buffer = message_buffer(message.elements, source);
     auto* out = static_cast<char*>(buffer.raw_data());
     for (size_t index : message.transfers) {
       const Box& box = plan.sends()[index].owned_box;
@@ -110,14 +104,44 @@ HaloExchange halo_begin(const HaloPlan& plan, const Tensor& owned, Comm& comm, i
   state.batch = comm.start_send_recv(ops);
 
   // While messages travel: interior, periodic self-wraps and zero slabs.
-  for (const HaloTransfer& copy : plan.self_copies())
+  const Box interior = plan.interior_box();
+  const Box whole = Box::of_shape(source.shape());
+  for (const HaloTransfer& copy : plan.self_copies()) {
+    if (in_place && copy.owned_box == whole && copy.haloed_box == interior) continue;
     exchange.haloed_.view_box(copy.haloed_box).copy_from(source.view_box(copy.owned_box));
+  }
   for (const Box& box : plan.zero_boxes()) exchange.haloed_.view_box(box).fill(0);
   return exchange;
 }
 
+HaloExchange halo_begin(const HaloPlan& plan, const Tensor& owned, Comm& comm, int tag) {
+  trace::Span span("halo", "halo_begin");
+  const Box owned_global = plan.spec().local_box_of_rank(plan.rank());
+  check_arg(owned.shape() == owned_global.shape(), "halo",
+            "owned piece of shape {} on rank {}, the layout says {}", owned.shape(), plan.rank(),
+            owned_global.shape());
+  if (needs_no_halo(plan)) {  // the haloed tensor is the owned piece: nothing to copy or send
+    HaloExchange exchange;
+    exchange.haloed_ = owned;
+    return exchange;
+  }
+  return start_exchange(plan, owned,
+                        Tensor::empty(plan.haloed_shape(), owned.dtype(), owned.device()),
+                        /*in_place=*/false, comm, tag);
+}
+
+HaloExchange halo_begin_in_place(const HaloPlan& plan, const Tensor& haloed, Comm& comm, int tag) {
+  trace::Span span("halo", "halo_begin");
+  check_arg(haloed.shape() == plan.haloed_shape(), "halo",
+            "haloed tensor of shape {} on rank {}, the plan says {}", haloed.shape(), plan.rank(),
+            plan.haloed_shape());
+  return start_exchange(plan, haloed.view_box(plan.interior_box()), haloed, /*in_place=*/true, comm,
+                        tag);
+}
+
 Tensor HaloExchange::finish() {
   if (!in_flight_) return haloed_;
+  trace::Span span("halo", "halo_end");
   auto& state = *in_flight_;
   state.batch->wait();
   for (size_t m = 0; m < state.incoming.size(); ++m) {
@@ -137,6 +161,7 @@ Tensor halo_end(HaloExchange& exchange) {
 }
 
 Tensor halo_adjoint(const HaloPlan& plan, const Tensor& haloed_grad, Comm& comm, int tag) {
+  trace::Span span("halo", "halo_adjoint");
   check_arg(haloed_grad.shape() == plan.haloed_shape(), "halo",
             "haloed gradient of shape {} on rank {}, the plan says {}", haloed_grad.shape(),
             plan.rank(), plan.haloed_shape());

@@ -26,6 +26,7 @@ class HaloExchange {
 
  private:
   friend HaloExchange halo_begin(const HaloPlan&, const Tensor&, Comm&, int);
+  friend HaloExchange start_exchange(const HaloPlan&, const Tensor&, Tensor, bool, Comm&, int);
   HaloExchange() = default;
   struct InFlight;
   std::unique_ptr<InFlight> in_flight_;
@@ -38,6 +39,13 @@ class HaloExchange {
 /// or a piece whose ops read no neighbour), the haloed tensor IS `owned` (shared storage, not a
 /// copy): kernels read it and never write it.
 HaloExchange halo_begin(const HaloPlan& plan, const Tensor& owned, Comm& comm, int tag = 0);
+
+/// Starts the exchange of `plan` in place: `haloed` (of plan.haloed_shape()) already holds this
+/// rank's owned piece in its interior (plan.interior_box()); only the halo cells are filled, and
+/// the interior is not copied. For a time-stepping loop that keeps its state haloed. `haloed`
+/// and `plan` must outlive the exchange, and the interior must not change before it finishes.
+HaloExchange halo_begin_in_place(const HaloPlan& plan, const Tensor& haloed, Comm& comm,
+                                 int tag = 0);
 
 /// Waits for `exchange` and returns the haloed tensor.
 Tensor halo_end(HaloExchange& exchange);

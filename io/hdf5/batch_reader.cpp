@@ -45,6 +45,7 @@ struct Slot {
 
 struct BatchReader::State {
   std::string file, dataset;
+  std::optional<DatasetReader> reader;  ///< the dataset, opened once for every read
   DeviceMesh mesh;
   BatchReaderOptions options;
   detail::Header header;
@@ -124,8 +125,7 @@ struct BatchReader::State {
         Box slab = box;
         slab.lo[0] = chosen[row];
         slab.hi[0] = chosen[row] + run;
-        const Tensor piece = read_hyperslab(file, dataset, slab, header.dtype);
-        std::memcpy(out + (row - box.lo[0]) * row_bytes, piece.raw_data(), run * row_bytes);
+        reader->read_into(slab, header.dtype, out + (row - box.lo[0]) * row_bytes);
         row += run;
       }
     } catch (const std::exception& error) {
@@ -226,6 +226,14 @@ BatchReader::BatchReader(std::string file, std::string dataset, const DeviceMesh
   batch_shape[0] = state.options.batch_size;
   tessera::detail::make_agreed_spec(mesh, kOp, batch_shape, state.placements, state.extents,
                                     state.header.dtype);
+  // Every rank opens the file once, here; every sample of every epoch is read through it.
+  std::optional<std::string> unreadable;
+  try {
+    state.reader.emplace(state.file, state.dataset);
+  } catch (const std::exception& error) {
+    unreadable = fmt::format("rank {}: {}", mesh.rank(), detail::reason_of(error));
+  }
+  agree_on_error(mesh.comm(), kOp, unreadable);
   if (state.options.read_ahead > 0) state.thread = std::thread([&state] { state.produce(); });
 }
 

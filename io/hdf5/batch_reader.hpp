@@ -2,9 +2,10 @@
 // mesh: every step's global batch is `batch_size` samples in a deterministic (seeded) order;
 // the batch dim is split over the "dp" mesh dim (different ranks of it get different samples) and
 // the spatial dims over the domain mesh dims (each rank reads only its spatial box of its own
-// samples, straight from the file). A background thread reads the next batches while the caller
-// computes on the current one; next() hands the batch over on the calling rank's device (one
-// host-to-device copy of the rank's piece on cuda).
+// samples, straight from the file, which each rank opens once for the reader's lifetime). A
+// background thread reads the next batches while the caller computes on the current one; next()
+// hands the batch over on the calling rank's device (one host-to-device copy of the rank's piece
+// on cuda).
 //
 //   io::BatchReader reader("runs.h5", "/snapshots", mesh, {.batch_size = 8, .seed = 1});
 //   for (int step = 0; step < 1000; ++step) {

@@ -14,6 +14,7 @@
 #include "io/hdf5/h5_file.hpp"
 #include "io/hdf5/sharded_io.hpp"
 #include "io/hdf5/sharded_io_detail.hpp"
+#include "core/trace.hpp"
 
 namespace tessera::io {
 namespace {
@@ -134,6 +135,8 @@ void save_checkpoint(const std::string& file,
                      const std::vector<std::pair<std::string, ShardTensor>>& tensors, int root,
                      size_t staging_bytes) {
   const std::string op = "save_checkpoint";
+  trace::Span span("io", op);
+  span.arg("file", file);
   if (tensors.empty()) throw InvalidArgument(op, fmt::format("no tensors to save into '{}'", file));
   CommOpScope scope(op);
   Comm& comm = tensors.front().second.mesh().comm();
@@ -183,6 +186,8 @@ std::vector<std::pair<std::string, ShardTensor>> load_checkpoint(
     const std::string& file, const DeviceMesh& mesh,
     const std::map<std::string, CheckpointLayout>& layouts) {
   const std::string op = "load_checkpoint";
+  trace::Span span("io", op);
+  span.arg("file", file);
   CommOpScope scope(op);
   Comm& comm = mesh.comm();
   // Rank 0 lists the checkpoint's tensors and checks their attributes; every rank gets them as

@@ -11,6 +11,7 @@
 #include <hdf5.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -139,8 +140,12 @@ void require_hdf5_file(const Where& where) {
 }
 
 /// Opens an existing HDF5 file read-only (default serial driver unless `access` says otherwise).
+/// Files opened through this layer (file_open_count).
+std::atomic<int64_t> files_opened{0};
+
 H5Handle open_for_read(const Where& where, hid_t access = H5P_DEFAULT) {
   require_hdf5_file(where);
+  files_opened.fetch_add(1, std::memory_order_relaxed);
   H5Handle file = file_handle(H5Fopen(where.file.c_str(), H5F_ACC_RDONLY, access));
   if (!file.valid())
     fail_hdf5(where,
@@ -180,6 +185,7 @@ H5Handle open_for_write(const Where& where, bool truncate) {
     fail(where,
          "expected an HDF5 file to add the dataset to, found a file that is not HDF5 "
          "(set WriteOptions::truncate_file to replace it)");
+  files_opened.fetch_add(1, std::memory_order_relaxed);
   H5Handle file = file_handle(H5Fopen(where.file.c_str(), H5F_ACC_RDWR, access.get()));
   if (!file.valid())
     fail_hdf5(where,
@@ -1093,6 +1099,83 @@ bool has_dataset(const std::string& file, const std::string& dataset) {
   if (!std::filesystem::exists(file, error)) return false;
   H5Handle handle = open_for_read(where);
   return find_object(handle.get(), where, components).kind == ObjectKind::dataset;
+}
+
+struct DatasetReader::State {
+  Where where;
+  H5Handle file, dataset, file_space;
+  Shape shape;
+  ElementType element;
+  std::map<DType, H5Handle> memory_types;  ///< per dtype read, made on first use
+};
+
+DatasetReader::DatasetReader(const std::string& file, const std::string& dataset)
+    : state_(std::make_unique<State>()) {
+  Hdf5Call call;
+  const std::vector<std::string> components = path_components(file, dataset);
+  state_->where = Where{file, join_path(components, components.size())};
+  state_->file = open_for_read(state_->where);
+  state_->dataset = open_dataset(state_->file.get(), state_->where, components);
+  state_->file_space = space_handle(H5Dget_space(state_->dataset.get()));
+  if (!state_->file_space.valid())
+    fail_hdf5(state_->where, "cannot read the dataspace (corrupted file?)");
+  state_->shape = dataspace_shape(state_->file_space.get(), state_->where);
+  state_->element = dataset_element_type(state_->dataset.get(), state_->where);
+}
+
+DatasetReader::~DatasetReader() {
+  if (!state_) return;
+  Hdf5Call call;  // the handles close under the lock
+  state_.reset();
+}
+
+DatasetReader::DatasetReader(DatasetReader&&) noexcept = default;
+DatasetReader& DatasetReader::operator=(DatasetReader&& other) noexcept {
+  if (this != &other) {
+    if (state_) {
+      Hdf5Call call;
+      state_.reset();
+    }
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+
+const Shape& DatasetReader::shape() const {
+  return state_->shape;
+}
+
+Tensor DatasetReader::read(const Box& box, std::optional<DType> as) const {
+  DType dtype;
+  {
+    Hdf5Call call;
+    dtype = read_dtype(state_->element, as, state_->where);
+    check_box(box, state_->shape, state_->where);
+  }
+  Tensor result = Tensor::empty(box.shape(), dtype);
+  read_into(box, dtype, result.raw_data());
+  return result;
+}
+
+void DatasetReader::read_into(const Box& box, DType as, void* out) const {
+  Hdf5Call call;
+  State& state = *state_;
+  const DType dtype = read_dtype(state.element, as, state.where);
+  check_box(box, state.shape, state.where);
+  if (box.empty()) return;
+  auto type = state.memory_types.find(dtype);
+  if (type == state.memory_types.end())
+    type =
+        state.memory_types.emplace(dtype, hdf5_type(dtype, /*in_memory=*/true, state.where)).first;
+  if (move_slab(false, state.dataset.get(), state.file_space.get(), state.shape, box,
+                type->second.get(), H5P_DEFAULT, out, state.where) < 0)
+    fail_hdf5(state.where, fmt::format("expected to read box {} as {}, found data HDF5 cannot "
+                                       "read (truncated or corrupted file?)",
+                                       box.str(), dtype_name(dtype)));
+}
+
+int64_t file_open_count() {
+  return files_opened.load(std::memory_order_relaxed);
 }
 
 }  // namespace tessera::io

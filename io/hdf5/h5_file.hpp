@@ -21,6 +21,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -111,5 +112,33 @@ bool holds_only_dataset(const std::string& file, const std::string& dataset);
 /// True when `file` exists and holds a dataset at `dataset` (false for a missing file or path,
 /// or a group); throws IoError when the file is not readable HDF5.
 bool has_dataset(const std::string& file, const std::string& dataset);
+
+/// One dataset of one file opened for reading once and kept open: hyperslab reads without
+/// reopening the file each time (io::BatchReader reads every sample through one). Reads are
+/// serialised with every other call of this layer; the file stays open (and read-only locked)
+/// until the reader is destroyed.
+class DatasetReader {
+ public:
+  /// Opens `dataset` of `file` (IoError as for read_hyperslab when it cannot be read).
+  DatasetReader(const std::string& file, const std::string& dataset);
+  ~DatasetReader();
+  DatasetReader(DatasetReader&&) noexcept;
+  DatasetReader& operator=(DatasetReader&&) noexcept;
+  /// The dataset's shape.
+  const Shape& shape() const;
+  /// The index box `box` of the dataset as a contiguous cpu tensor (elements converted to `as`).
+  Tensor read(const Box& box, std::optional<DType> as = std::nullopt) const;
+  /// Reads the index box `box` as `as` straight into `out` (box.volume() contiguous elements of
+  /// `as`, row-major): one H5Dread, no staging copy.
+  void read_into(const Box& box, DType as, void* out) const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+/// How many times this process has opened an HDF5 file through this layer (every read, write,
+/// description and DatasetReader counts its opens): for tests and benchmarks of file reuse.
+int64_t file_open_count();
 
 }  // namespace tessera::io

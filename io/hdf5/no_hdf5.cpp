@@ -98,6 +98,34 @@ void write_sharded(const ShardTensor&, const std::string& file, const std::strin
   not_available(file, "write a sharded dataset to");
 }
 
+void write_sharded_at(const ShardTensor&, const std::string& file, const std::string&,
+                      const std::vector<int64_t>&, bool) {
+  not_available(file, "write a sharded dataset to");
+}
+
+// The constructor always throws, so no other member is ever reached on an object.
+struct DatasetReader::State {};
+
+DatasetReader::DatasetReader(const std::string& file, const std::string&) {
+  not_available(file, "read a dataset of");
+}
+DatasetReader::~DatasetReader() = default;
+DatasetReader::DatasetReader(DatasetReader&&) noexcept = default;
+DatasetReader& DatasetReader::operator=(DatasetReader&&) noexcept = default;
+const Shape& DatasetReader::shape() const {
+  not_available("", "read a dataset");
+}
+Tensor DatasetReader::read(const Box&, std::optional<DType>) const {
+  not_available("", "read a dataset");
+}
+void DatasetReader::read_into(const Box&, DType, void*) const {
+  not_available("", "read a dataset");
+}
+
+int64_t file_open_count() {
+  return 0;
+}
+
 // The constructor always throws, so no other member is ever reached on an object.
 struct BatchReader::State {};
 

@@ -19,6 +19,7 @@
 #include "io/hdf5/sharded_io_detail.hpp"
 #include "io/host_staging.hpp"
 #include "io/output_path.hpp"
+#include "core/trace.hpp"
 
 namespace tessera::io {
 
@@ -266,6 +267,9 @@ ShardTensor read_sharded(const std::string& file, const std::string& dataset,
                          std::vector<std::vector<int64_t>> extents, std::optional<DType> as,
                          bool collective) {
   const std::string op = "read_sharded";
+  trace::Span span("io", op);
+  span.arg("file", file);
+  span.arg("dataset", dataset);
   CommOpScope scope(op);
   const detail::Header header =
       detail::agreed_header(mesh, op, file, dataset, placements, as, 0, 0);
@@ -295,6 +299,9 @@ ShardTensor scatter(const std::string& file, const std::string& dataset, const D
                     std::vector<Placement> placements, std::vector<std::vector<int64_t>> extents,
                     int root, size_t staging_bytes, std::optional<DType> as) {
   const std::string op = "scatter";
+  trace::Span span("io", op);
+  span.arg("file", file);
+  span.arg("dataset", dataset);
   CommOpScope scope(op);
   Comm& comm = mesh.comm();
   const detail::Header header =
@@ -429,6 +436,9 @@ void detail::finish_temporary(const std::string& op, Comm& comm, const std::stri
 void gather_write(const ShardTensor& tensor, const std::string& file, const std::string& dataset,
                   int root, size_t staging_bytes, const WriteOptions& storage) {
   const std::string op = "gather_write";
+  trace::Span span("io", op);
+  span.arg("file", file);
+  span.arg("dataset", dataset);
   CommOpScope scope(op);
   const DeviceMesh& mesh = tensor.mesh();
   Comm& comm = mesh.comm();
@@ -447,9 +457,51 @@ void gather_write(const ShardTensor& tensor, const std::string& file, const std:
                            detail::stream_to_root(source, temporary, dataset, root, staging_bytes));
 }
 
+namespace {
+
+/// Collective: every rank with `writes` puts `local` into `box` of the existing `dataset` of
+/// `file`: collective MPI-IO when `collective` and available (and the dataset has elements),
+/// writers in rank order with the serial driver otherwise. Returns this rank's problem (not
+/// agreed: the caller agrees on it).
+std::optional<std::string> write_own_boxes(Comm& comm, const std::string& file,
+                                           const std::string& dataset, const Box& box,
+                                           const Tensor& local, bool writes, bool collective,
+                                           bool has_elements) {
+  std::optional<std::string> problem;
+  if (collective && detail::collective_io_available(comm) && has_elements) {
+    const size_t calls =
+        detail::agreed_slab_calls(comm, box, local.dtype(), local.device(), writes);
+    try {
+      detail::collective_write(comm, file, dataset, box, local, !writes, calls);
+    } catch (const std::exception& error) {
+      problem = fmt::format("rank {}: {}", comm.rank(), reason_of(error));
+    }
+    return problem;
+  }
+  // Writers take turns in rank order: each waits for the previous rank's token, opens, writes
+  // and closes the file, then passes the token on (serial HDF5 must never have two writers).
+  char token = 0;
+  if (comm.rank() > 0) comm.send_recv(std::vector{P2POp::recv(&token, 1, comm.rank() - 1, 0)});
+  if (writes) {
+    try {
+      write_hyperslab(file, dataset, box, local);
+    } catch (const std::exception& error) {
+      problem = fmt::format("rank {}: {}", comm.rank(), reason_of(error));
+    }
+  }
+  if (comm.rank() + 1 < comm.size())
+    comm.send_recv(std::vector{P2POp::send(&token, 1, comm.rank() + 1, 0)});
+  return problem;
+}
+
+}  // namespace
+
 void write_sharded(const ShardTensor& tensor, const std::string& file, const std::string& dataset,
                    bool collective, const WriteOptions& storage) {
   const std::string op = "write_sharded";
+  trace::Span span("io", op);
+  span.arg("file", file);
+  span.arg("dataset", dataset);
   CommOpScope scope(op);
   const DeviceMesh& mesh = tensor.mesh();
   Comm& comm = mesh.comm();
@@ -458,32 +510,58 @@ void write_sharded(const ShardTensor& tensor, const std::string& file, const std
   const bool writes =
       holds_written_copy(source.spec(), mesh, comm.rank()) && !source.local_box().empty();
   const Tensor local = source.to_local().contiguous();  // any device: IO stages it in slabs
-  std::optional<std::string> problem;
-  if (collective && detail::collective_io_available(comm) &&
-      shape_numel(source.global_shape()) != 0) {
-    const size_t calls =
-        detail::agreed_slab_calls(comm, source.local_box(), local.dtype(), local.device(), writes);
-    try {
-      detail::collective_write(comm, temporary, dataset, source.local_box(), local, !writes, calls);
-    } catch (const std::exception& error) {
-      problem = fmt::format("rank {}: {}", comm.rank(), reason_of(error));
-    }
-  } else {
-    // Writers take turns in rank order: each waits for the previous rank's token, opens, writes
-    // and closes the file, then passes the token on (serial HDF5 must never have two writers).
-    char token = 0;
-    if (comm.rank() > 0) comm.send_recv(std::vector{P2POp::recv(&token, 1, comm.rank() - 1, 0)});
-    if (writes) {
-      try {
-        write_hyperslab(temporary, dataset, source.local_box(), local);
-      } catch (const std::exception& error) {
-        problem = fmt::format("rank {}: {}", comm.rank(), reason_of(error));
-      }
-    }
-    if (comm.rank() + 1 < comm.size())
-      comm.send_recv(std::vector{P2POp::send(&token, 1, comm.rank() + 1, 0)});
-  }
+  const std::optional<std::string> problem =
+      write_own_boxes(comm, temporary, dataset, source.local_box(), local, writes, collective,
+                      shape_numel(source.global_shape()) != 0);
   detail::finish_temporary(op, comm, temporary, file, 0, problem);
+}
+
+void write_sharded_at(const ShardTensor& tensor, const std::string& file,
+                      const std::string& dataset, const std::vector<int64_t>& leading,
+                      bool collective) {
+  const std::string op = "write_sharded_at";
+  CommOpScope scope(op);
+  const DeviceMesh& mesh = tensor.mesh();
+  Comm& comm = mesh.comm();
+  const ShardTensor source = detail::without_partial(tensor);
+  // The dataset's shape must be some leading extents followed by the tensor's global shape, with
+  // `leading` inside them; rank 0 checks (every rank agrees on its verdict).
+  std::optional<std::string> problem;
+  if (comm.rank() == 0) {
+    try {
+      const Shape shape = dataset_info(file, dataset).shape;
+      const size_t lead = leading.size();
+      bool fits = shape.size() == lead + source.global_shape().size() &&
+                  std::equal(source.global_shape().begin(), source.global_shape().end(),
+                             shape.begin() + static_cast<std::ptrdiff_t>(lead));
+      for (size_t d = 0; fits && d < lead; ++d) fits = leading[d] >= 0 && leading[d] < shape[d];
+      if (!fits)
+        problem = fmt::format(
+            "dataset '{}' of '{}' has shape {}; index {} of a tensor of global "
+            "shape {} does not fit in it",
+            dataset, file, shape, leading, source.global_shape());
+    } catch (const std::exception& error) {
+      problem = reason_of(error);
+    }
+  }
+  agree_on_error(comm, op, problem);
+  const Box own = source.local_box();
+  Box box;
+  Shape local_shape;
+  for (int64_t index : leading) {
+    box.lo.push_back(index);
+    box.hi.push_back(index + 1);
+    local_shape.push_back(1);
+  }
+  box.lo.insert(box.lo.end(), own.lo.begin(), own.lo.end());
+  box.hi.insert(box.hi.end(), own.hi.begin(), own.hi.end());
+  const Shape own_shape = own.shape();
+  local_shape.insert(local_shape.end(), own_shape.begin(), own_shape.end());
+  const bool writes = holds_written_copy(source.spec(), mesh, comm.rank()) && !own.empty();
+  const Tensor local = source.to_local().contiguous().reshape(local_shape);
+  agree_on_error(comm, op,
+                 write_own_boxes(comm, file, dataset, box, local, writes, collective,
+                                 shape_numel(source.global_shape()) != 0));
 }
 
 }  // namespace tessera::io

@@ -61,4 +61,13 @@ void gather_write(const ShardTensor& tensor, const std::string& file, const std:
 void write_sharded(const ShardTensor& tensor, const std::string& file, const std::string& dataset,
                    bool collective = true, const WriteOptions& storage = {});
 
+/// Collective: every rank writes its own box of `tensor` into the existing `dataset` of the
+/// existing `file` at index `leading` of the dataset's first dims: the dataset's shape is some
+/// leading extents followed by the tensor's global shape (e.g. snapshot t of a [T, ...] series,
+/// leading = {t}). The file is written in place, not replaced: collective MPI-IO as for
+/// write_sharded, writers in rank order otherwise; one copy of each element is written.
+void write_sharded_at(const ShardTensor& tensor, const std::string& file,
+                      const std::string& dataset, const std::vector<int64_t>& leading,
+                      bool collective = true);
+
 }  // namespace tessera::io

@@ -7,6 +7,7 @@
 
 #include "core/comm/comm.hpp"
 #include "core/device_mesh.hpp"
+#include "core/trace.hpp"
 
 namespace tessera::nn {
 
@@ -199,6 +200,7 @@ GradReducer::~GradReducer() = default;
 void GradReducer::finish() {
   State& state = *state_;
   if (!state.sync) return;  // accumulating without communication
+  trace::Span span("comm", "gradient reducer finish");
   NoGrad plain;
   // Buckets with gradients not started yet (unused parameters, overlap off, or gradients that
   // arrived after their bucket started), in bucket order: the same on every rank.

@@ -10,6 +10,9 @@
 
 #include "core/compute_threads.hpp"
 #include "core/parallel_for.hpp"
+#include "ops/optim/optimizer_cuda.hpp"
+#include "ops/optim/update_rules.hpp"
+#include "core/trace.hpp"
 
 namespace tessera::optim {
 
@@ -28,7 +31,7 @@ void for_chunks(int64_t count, Body&& body) {
   });
 }
 
-/// The local values of a parameter and of its gradient, checked for an update on cpu.
+/// The local values of a parameter and of its gradient, checked for an update.
 struct Operands {
   Tensor value;  // the parameter's storage (updated in place)
   Tensor grad;   // contiguous, same shape and dtype
@@ -37,9 +40,8 @@ struct Operands {
 Operands operands_of(const Parameter& parameter, const std::string& op) {
   const Tensor value = parameter.tensor().to_local();
   const Tensor grad = parameter.grad()->to_local().contiguous();
-  check_arg(value.device().is_cpu(), op,
-            "parameter '{}' is on {}: this build updates cpu parameters only", parameter.name(),
-            value.device().str());
+  check_arg(grad.device() == value.device(), op, "the gradient of parameter '{}' is on {}, it is on {}",
+            parameter.name(), grad.device().str(), value.device().str());
   check_arg(value.dtype() == DType::f32 || value.dtype() == DType::f64, op,
             "parameter '{}' is {}: updates take f32 or f64 parameters", parameter.name(),
             dtype_name(value.dtype()));
@@ -176,6 +178,7 @@ std::vector<std::string> Sgd::buffer_names() const {
 }
 
 void Sgd::step() {
+  trace::Span span("optimizer", name_);
   ++steps_;
   for (size_t index = 0; index < parameters_.size(); ++index) {
     const Parameter& parameter = parameters_[index];
@@ -189,22 +192,24 @@ void Sgd::step() {
     }
     dispatch_dtype(operands.value.dtype(), [&]<typename T>() {
       if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+        const rules::Sgd<T> rule{.lr = static_cast<T>(lr_),
+                                 .weight_decay = static_cast<T>(options_.weight_decay),
+                                 .momentum = static_cast<T>(options_.momentum),
+                                 .dampening_weight = static_cast<T>(1 - options_.dampening),
+                                 .nesterov = options_.nesterov,
+                                 .maximize = options_.maximize,
+                                 .first = first,
+                                 .has_weight_decay = options_.weight_decay != 0,
+                                 .has_momentum = momentum != nullptr};
+        if (operands.value.device().is_cuda()) {
+          sgd_update_cuda(rule, operands.value, operands.grad, momentum);
+          return;
+        }
         T* p = operands.value.data<T>();
         const T* grad = operands.grad.data<T>();
         T* b = momentum ? momentum->data<T>() : nullptr;
-        const T lr = static_cast<T>(lr_), wd = static_cast<T>(options_.weight_decay);
-        const T mu = static_cast<T>(options_.momentum);
-        const T damp = static_cast<T>(1 - options_.dampening);
         for_chunks(operands.value.numel(), [&](int64_t begin, int64_t end) {
-          for (int64_t i = begin; i < end; ++i) {
-            T g = options_.maximize ? -grad[i] : grad[i];
-            if (options_.weight_decay != 0) g = g + wd * p[i];
-            if (b) {
-              b[i] = first ? g : mu * b[i] + damp * g;
-              g = options_.nesterov ? g + mu * b[i] : b[i];
-            }
-            p[i] = p[i] - lr * g;
-          }
+          for (int64_t i = begin; i < end; ++i) rule(p[i], grad[i], b ? b + i : nullptr);
         });
       }
     });
@@ -233,6 +238,7 @@ std::vector<std::string> Adam::buffer_names() const {
 }
 
 void Adam::step() {
+  trace::Span span("optimizer", name_);
   ++steps_;
   const double bias_correction1 = 1 - std::pow(options_.beta1, static_cast<double>(steps_));
   const double bias_correction2 = 1 - std::pow(options_.beta2, static_cast<double>(steps_));
@@ -248,33 +254,31 @@ void Adam::step() {
     Tensor* max_exp_avg_sq = options_.amsgrad ? buffer(index, "max_exp_avg_sq", true) : nullptr;
     dispatch_dtype(operands.value.dtype(), [&]<typename T>() {
       if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+        const rules::Adam<T> rule{
+            .beta1_weight = static_cast<T>(1 - options_.beta1),
+            .beta2 = static_cast<T>(options_.beta2),
+            .one_minus_beta2 = static_cast<T>(1 - options_.beta2),
+            .decay = static_cast<T>(1 - lr_ * weight_decay),
+            .weight_decay = static_cast<T>(weight_decay),
+            .eps = static_cast<T>(options_.eps),
+            .step_size = static_cast<T>(step_size),
+            .bias_correction2_sqrt = static_cast<T>(bias_correction2_sqrt),
+            .decoupled = decoupled_,
+            .maximize = options_.maximize,
+            .has_weight_decay = weight_decay != 0};
+        if (operands.value.device().is_cuda()) {
+          adam_update_cuda(rule, operands.value, operands.grad, *exp_avg, *exp_avg_sq,
+                           max_exp_avg_sq);
+          return;
+        }
         T* p = operands.value.data<T>();
         const T* grad = operands.grad.data<T>();
         T* m = exp_avg->data<T>();
         T* v = exp_avg_sq->data<T>();
         T* v_max = max_exp_avg_sq ? max_exp_avg_sq->data<T>() : nullptr;
-        const T beta1_weight = static_cast<T>(1 - options_.beta1);
-        const T beta2 = static_cast<T>(options_.beta2);
-        const T one_minus_beta2 = static_cast<T>(1 - options_.beta2);
-        const T decay = static_cast<T>(1 - lr_ * weight_decay), wd = static_cast<T>(weight_decay);
-        const T eps = static_cast<T>(options_.eps);
-        const T size = static_cast<T>(step_size), root = static_cast<T>(bias_correction2_sqrt);
         for_chunks(operands.value.numel(), [&](int64_t begin, int64_t end) {
-          for (int64_t i = begin; i < end; ++i) {
-            T g = options_.maximize ? -grad[i] : grad[i];
-            if (decoupled_)
-              p[i] = p[i] * decay;
-            else if (weight_decay != 0)
-              g = g + wd * p[i];
-            // lerp(m, g, w) as PyTorch computes it for w < 0.5: m + w * (g - m).
-            m[i] = beta1_weight < T(0.5) ? m[i] + beta1_weight * (g - m[i])
-                                         : g - (g - m[i]) * (T(1) - beta1_weight);
-            v[i] = v[i] * beta2 + one_minus_beta2 * g * g;
-            T second = v[i];
-            if (v_max) second = v_max[i] = std::max(v_max[i], v[i]);
-            const T denom = std::sqrt(second) / root + eps;
-            p[i] = p[i] - size * (m[i] / denom);
-          }
+          for (int64_t i = begin; i < end; ++i)
+            rule(p[i], grad[i], m[i], v[i], v_max ? v_max + i : nullptr);
         });
       }
     });

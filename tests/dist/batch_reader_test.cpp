@@ -2,13 +2,15 @@
 // mesh, each batch holds exactly the file's rows of the samples its order names (every rank its
 // own box, bit for bit); an epoch visits every sample once; the order is a pure function of
 // (seed, epoch); seek() resumes exactly; read-ahead depth changes nothing; bad datasets and
-// options, and read failures met by the background thread, raise the same AgreedError everywhere.
+// options, and read failures met by the background thread, raise the same AgreedError everywhere;
+// each rank opens the file once (counted), so a file removed while it is read stays readable.
 #include "io/hdf5/batch_reader.hpp"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <numeric>
 
 #include "core/agree.hpp"
@@ -114,6 +116,53 @@ TEST(BatchReader, BatchesHoldTheFilesSamplesInTheSeededOrder) {
   }
 }
 
+TEST(BatchReader, OpensTheFileOnceAndReadsEverySampleOncePerEpoch) {
+  for (int world_size = 1; world_size <= 4; ++world_size) {
+    testing::run_world(world_size, [](std::shared_ptr<Comm> comm) {
+      const std::string dir = testing::make_test_dir(*comm, "batch_reader", "opens");
+      const std::string file = dir + "/samples.h5";
+      testing::CaseRng data_rng(testing::case_seed(75, comm->size(), 0, 0));
+      const Tensor full = testing::integer_tensor({11, 2, 6, 4}, DType::f32, data_rng, -100, 100);
+      if (comm->rank() == 0) io::write_dataset(file, "/snapshots", full);
+      comm->barrier();
+      // A dp dim over the ranks (when even), the rest over the sample's x.
+      const int dp = comm->size() % 2 == 0 ? 2 : 1;
+      DeviceMesh mesh(comm, {dp, comm->size() / dp}, {"dp", "x"});
+      const int64_t before = io::file_open_count();
+      comm->barrier();
+      {
+        io::BatchReader reader(file, "/snapshots", mesh,
+                               {.batch_size = 4, .seed = 9, .drop_last = false, .read_ahead = 2});
+        comm->barrier();
+        const int64_t constructed = io::file_open_count();
+        // Under mpi one process per rank: its reader, plus rank 0's look at the header (which
+        // opens the file twice). Local ranks share the process: every rank's reader and the
+        // header look.
+        EXPECT_LE(constructed - before, testing::mpi_backend() ? 3 : comm->size() + 2);
+        for (int64_t epoch = 0; epoch < 3; ++epoch) {
+          std::vector<int64_t> seen;
+          for (int64_t step = 0; step < reader.steps_per_epoch(); ++step) {
+            const std::vector<int64_t> samples = reader.batch_samples({epoch, step});
+            const ShardTensor batch = reader.next();
+            EXPECT_TRUE(bitwise_equal(batch.to_local(),
+                                      expected_batch(full, samples).view_box(batch.local_box())));
+            seen.insert(seen.end(), samples.begin(), samples.end());
+          }
+          std::sort(seen.begin(), seen.end());
+          std::vector<int64_t> identity(11);
+          std::iota(identity.begin(), identity.end(), 0);
+          EXPECT_EQ(seen, identity) << "epoch " << epoch << ": every sample exactly once";
+        }
+        comm->barrier();
+        EXPECT_EQ(io::file_open_count(), constructed)
+            << "the reader reopened the file while reading 3 epochs";
+        comm->barrier();
+      }
+      testing::remove_test_dir(*comm, dir);
+    });
+  }
+}
+
 TEST(BatchReader, OrderIsAPureFunctionOfSeedAndEpoch) {
   testing::run_world(1, [](std::shared_ptr<Comm> comm) {
     const std::string dir = testing::make_test_dir(*comm, "batch_reader", "seed");
@@ -168,7 +217,8 @@ TEST(BatchReader, ErrorsAreRaisedTheSameOnEveryRank) {
       const std::string dir = testing::make_test_dir(*comm, "batch_reader", "errors");
       const std::string file = dir + "/samples.h5";
       if (comm->rank() == 0) {
-        io::write_dataset(file, "/u", Tensor::zeros({4, 2, 8}, DType::f32));
+        io::write_dataset(file, "/u", Tensor::zeros({4, 2, 8}, DType::f32),
+                          {.chunks = Shape{1, 2, 8}, .checksum = true});
         io::write_dataset(file, "/flat", Tensor::zeros({4}, DType::f32));
       }
       comm->barrier();
@@ -194,10 +244,32 @@ TEST(BatchReader, ErrorsAreRaisedTheSameOnEveryRank) {
           },
           "too many shard dims", "shard_dims");
 
-      // The file disappears while batches are read ahead: a later next() fails on every rank.
+      // The reader holds the file open: removing it changes nothing (POSIX keeps the data).
+      {
+        io::BatchReader reader(file, "/u", domain, {.batch_size = 1, .read_ahead = 1});
+        comm->barrier();
+        const std::string copy = dir + "/copy.h5";
+        if (comm->rank() == 0) {
+          std::filesystem::copy_file(file, copy);
+          std::filesystem::remove(file);
+        }
+        comm->barrier();
+        for (int step = 0; step < 8; ++step)
+          EXPECT_EQ(testing::agreed_error_of([&] { reader.next(); }), "");
+        comm->barrier();
+        if (comm->rank() == 0) std::filesystem::rename(copy, file);
+        comm->barrier();
+      }
+      // The file is overwritten with garbage while batches are read ahead: the samples not yet
+      // read fail their checksums, and a later next() fails on every rank.
       io::BatchReader reader(file, "/u", domain, {.batch_size = 1, .read_ahead = 1});
       comm->barrier();
-      if (comm->rank() == 0) std::filesystem::remove(file);
+      if (comm->rank() == 0) {
+        const auto size = std::filesystem::file_size(file);
+        std::fstream damage(file, std::ios::in | std::ios::out | std::ios::binary);
+        damage.seekp(static_cast<std::streamoff>(size / 2));
+        damage << std::string(size - size / 2, '\xab');
+      }
       comm->barrier();
       std::string message;
       for (int step = 0; step < 8 && message.empty(); ++step)

@@ -1,0 +1,196 @@
+// `tessera bench train`: one training step (forward, backward, gradient reduction, AdamW) of a
+// conv3d network on a dp x domain mesh, with the gradients reduced three ways: by the tape (each
+// parameter on its own, blocking, as its gradient becomes final), by the bucketed GradReducer
+// overlapped with backward, and by the reducer with overlap off (every bucket in finish()). The
+// time spent in finish() is the exposed reduction; with overlap off it is all of it. Peak host
+// memory is the process's allocator peak (local ranks share one process: per rank = peak /
+// local ranks; under mpiexec each rank is its own process).
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <thread>
+
+#include "apps/bench/bench_harness.hpp"
+#include "apps/tessera/cli_parse.hpp"
+#include "apps/tessera/commands.hpp"
+#include "core/compute_threads.hpp"
+#include "core/host_allocator.hpp"
+#include "core/tessera.hpp"
+#include "core/trace.hpp"
+#include "ops/nn/data_parallel.hpp"
+#include "ops/nn/layers.hpp"
+#include "ops/ops.hpp"
+#include "ops/optim/optimizer.hpp"
+
+namespace tessera::cli {
+
+namespace {
+
+struct TrainBenchOptions {
+  std::string shape = "4,8,40,40,40";  // N, C, X, Y, Z
+  int64_t hidden = 32;
+  int64_t layers = 3;
+  std::string mesh = "2x2";  // dp x domain (x)
+  double bucket_mb = 25;
+  int steps = 3;
+  int threads = 0;
+  bool json = false;
+};
+
+/// How the gradients of one run are reduced.
+enum class Reduction { tape, overlapped, at_finish };
+
+const char* reduction_name(Reduction reduction) {
+  switch (reduction) {
+    case Reduction::tape: return "tape (per parameter)";
+    case Reduction::overlapped: return "buckets, overlapped";
+    case Reduction::at_finish: return "buckets, at finish";
+  }
+  return "?";
+}
+
+struct StepFigures {
+  double step = 0;     // seconds per step (slowest rank)
+  double exposed = 0;  // seconds per step in finish() (slowest rank)
+  int64_t collectives = 0;
+  int64_t bytes = 0;
+  double loss = 0;
+};
+
+StepFigures measure(std::shared_ptr<Comm> world, const TrainBenchOptions& options,
+                    const Shape& shape, const std::vector<int>& mesh_shape, Reduction reduction) {
+  DeviceMesh mesh(world, mesh_shape, {"dp", "x"});
+  nn::Sequential net;
+  int64_t channels = shape[1];
+  for (int64_t layer = 0; layer < options.layers; ++layer) {
+    const int64_t out = layer + 1 == options.layers ? shape[1] : options.hidden;
+    net.append(std::make_shared<nn::Conv>(
+        mesh, nn::ConvConfig{.spatial_dims = 3, .in_channels = channels, .out_channels = out},
+        100 + static_cast<uint64_t>(layer)));
+    if (layer + 1 < options.layers) net.append(std::make_shared<nn::Activation>("gelu"));
+    channels = out;
+  }
+  optim::AdamW optimizer(net.parameters(), {.lr = 1e-3});
+  std::unique_ptr<nn::GradReducer> reducer;
+  if (reduction != Reduction::tape)
+    reducer = std::make_unique<nn::GradReducer>(
+        net.parameters(),
+        nn::ReducerOptions{.bucket_bytes = static_cast<size_t>(options.bucket_mb * (1 << 20)),
+                           .overlap = reduction == Reduction::overlapped});
+  const std::vector<Placement> placements{Placement::shard(0), Placement::shard(2)};
+  const ShardTensor x = ShardTensor::distribute(bench::random_tensor(shape, 1), mesh, placements);
+  const ShardTensor target =
+      ShardTensor::distribute(bench::random_tensor(shape, 2), mesh, placements);
+  StepFigures figures;
+  double exposed = 0;
+  auto step = [&] {
+    trace::Span span("step", "train step");
+    optimizer.zero_grad();
+    Tape tape;
+    const ShardTensor loss = ops::mse_loss(net.forward(x), target);
+    tape.backward(loss);
+    figures.loss = loss.full_tensor().item_as_double({});
+    if (reducer) {
+      const double start = now_seconds();
+      reducer->finish();
+      exposed += now_seconds() - start;
+    }
+    optimizer.step();
+  };
+  figures.step = bench::time_collective(*world, Device::cpu(), 1, options.steps, [&] {
+    step();
+  });
+  figures.exposed = exposed / (options.steps + 1);  // warm-up included: a mean over every step
+  world->all_reduce(&figures.exposed, &figures.exposed, 1, DType::f64, ReduceOp::max);
+  if (reducer) {
+    figures.collectives = reducer->stats().collectives / (options.steps + 1);
+    figures.bytes = reducer->stats().bytes_reduced / (options.steps + 1);
+  }
+  return figures;
+}
+
+void run_train_bench(const TrainBenchOptions& options) {
+  const Shape shape = parse_list(options.shape);
+  check_arg(shape.size() == 5, "bench", "--shape needs N,C,X,Y,Z, got '{}'", options.shape);
+  const std::vector<int> mesh_shape = parse_mesh(options.mesh);
+  check_arg(mesh_shape.size() == 2, "bench", "--mesh needs dp x domain (e.g. 2x2), got '{}'",
+            options.mesh);
+  check_arg(options.layers >= 1 && options.hidden >= 1 && options.steps >= 1, "bench",
+            "--layers {}, --hidden {} and --steps {} must be at least 1", options.layers,
+            options.hidden, options.steps);
+  check_arg(options.bucket_mb > 0, "bench", "--bucket-mb {} must be positive", options.bucket_mb);
+  const int ranks = mesh_shape[0] * mesh_shape[1];
+  const Backend backend = backend_from_env();
+  const bool reporter = bench::is_reporter(backend);
+  bench::BenchReport report("train", options.json, reporter);
+  report.set("shape", shape);
+  report.set("mesh", mesh_shape);
+  report.set("layers", options.layers);
+  report.set("hidden", options.hidden);
+  report.set("bucket_mb", options.bucket_mb);
+  report.set("backend", backend_name(backend));
+  bench::BenchTable& table = report.table(
+      "rows",
+      fmt::format("tessera bench train: {} conv3d layers (hidden {}), x {} f32 on dp x domain {}, "
+                  "AdamW, {} backend",
+                  options.layers, options.hidden, shape, options.mesh, backend_name(backend)),
+      {{"reduction", "gradient reduction", "", 22},
+       {"ranks", "ranks", "", 6},
+       {"threads_per_rank", "threads", "", 7},
+       {"step_ms", "step", "ms", 10, 1},
+       {"exposed_ms", "exposed", "ms", 9, 1},
+       {"collectives", "buckets", "", 8},
+       {"bytes_reduced", "reduced", "bytes", 10},
+       {"peak_mib_per_rank", "peak/rank", "MiB", 10, 1}});
+  for (Reduction reduction : {Reduction::tape, Reduction::overlapped, Reduction::at_finish}) {
+    StepFigures figures;
+    host_allocator_reset_peak();
+    launch(backend, ranks, [&](std::shared_ptr<Comm> world) {
+      if (options.threads > 0) set_compute_threads(options.threads);
+      StepFigures mine = measure(world, options, shape, mesh_shape, reduction);
+      if (world->rank() == 0) figures = mine;
+    });
+    const int local_ranks = backend == Backend::local ? ranks : 1;
+    const int threads =
+        options.threads > 0
+            ? options.threads
+            : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local_ranks);
+    table.add({{"reduction", reduction_name(reduction)},
+               {"ranks", ranks},
+               {"threads_per_rank", threads},
+               {"step_ms", figures.step * 1e3},
+               {"exposed_ms", figures.exposed * 1e3},
+               {"collectives", figures.collectives},
+               {"bytes_reduced", figures.bytes},
+               {"peak_mib_per_rank",
+                static_cast<double>(host_allocator_stats().peak_in_use) / local_ranks / (1 << 20)},
+               {"loss", figures.loss}});
+  }
+  report.finish();
+}
+
+}  // namespace
+
+void register_train_bench(CLI::App& bench) {
+  auto options = std::make_shared<TrainBenchOptions>();
+  auto* train = bench.add_subcommand(
+      "train", "Training step on dp x domain: gradients reduced by the tape, by overlapped "
+               "buckets, and by buckets at finish");
+  train->add_option("--shape", options->shape, "Global batch N,C,X,Y,Z")->capture_default_str();
+  train->add_option("--hidden", options->hidden, "Hidden channels")->capture_default_str();
+  train->add_option("--layers", options->layers, "conv3d layers (k3, gelu between)")
+      ->capture_default_str();
+  train->add_option("--mesh", options->mesh, "dp x domain mesh (batch over dp, x over domain)")
+      ->capture_default_str();
+  train->add_option("--bucket-mb", options->bucket_mb, "Reducer bucket size in MiB")
+      ->capture_default_str();
+  train->add_option("--steps", options->steps, "Timed steps (after one warm-up step)")
+      ->capture_default_str();
+  train->add_option("--threads", options->threads, "Compute threads per rank (0: cores / ranks)")
+      ->check(CLI::Range(0, 4096));
+  add_trace_option(*train);
+  train->add_flag("--json", options->json, "Print JSON instead of the table");
+  train->callback([options] { run_train_bench(*options); });
+}
+
+}  // namespace tessera::cli

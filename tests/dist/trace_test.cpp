@@ -1,0 +1,99 @@
+// The trace (core/trace.hpp): a traced run of a small training step (conv with its halo, a
+// redistribute, backward, the data-parallel reducer, an optimizer step, sharded HDF5 output)
+// writes valid JSON with one pid per rank, complete events of every category with sane times,
+// and comm events carrying their bytes; and with tracing off a Span records nothing.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "core/tessera.hpp"
+#include "core/trace.hpp"
+#include "ops/nn/data_parallel.hpp"
+#include "ops/nn/layers.hpp"
+#include "ops/ops.hpp"
+#include "ops/optim/optimizer.hpp"
+#include "tests/dist/harness.hpp"
+#include "tests/dist/io_test_support.hpp"
+#include "tests/dist/shard_cases.hpp"
+
+#if TESSERA_TEST_HAVE_HDF5
+#include "io/hdf5/sharded_io.hpp"
+#endif
+
+namespace tessera {
+namespace {
+
+TEST(Trace, SpansRecordNothingOutsideATracedRank) {
+  trace::Span span("op", "not traced");
+  EXPECT_FALSE(span.recording());
+}
+
+TEST(Trace, ATracedTrainingStepWritesEveryCategoryWithOnePidPerRank) {
+  for (int world : {2, 4}) {
+    testing::run_world(world, [&](std::shared_ptr<Comm> comm) {
+      const std::string dir = testing::make_test_dir(*comm, "trace", "step");
+      const std::string file = dir + "/trace.json";
+      if (comm->rank() == 0 || testing::mpi_backend()) trace::start(file);  // one process or each one
+      comm->barrier();
+      trace::traced(comm, [&](std::shared_ptr<Comm> traced_comm) {
+        DeviceMesh mesh(traced_comm, {2, world / 2}, {"dp", "x"});
+        nn::Conv conv(mesh, nn::ConvConfig{.in_channels = 2, .out_channels = 2}, 3);
+        optim::Sgd sgd(conv.parameters(), {.lr = 0.1});
+        nn::GradReducer reducer(conv.parameters());
+        testing::CaseRng rng(3);
+        const Tensor x_full = testing::integer_tensor({2, 2, 9, 7}, DType::f32, rng, -3, 3);
+        const ShardTensor x =
+            ShardTensor::distribute(x_full, mesh, {Placement::shard(0), Placement::shard(2)});
+        {
+          trace::Span step("step", "step 0");
+          Tape tape;
+          const ShardTensor y = conv.forward(x);
+          tape.backward(ops::sum(ops::mul(y, y)));
+          reducer.finish();
+          sgd.step();
+          NoGrad plain;
+          const ShardTensor moved = y.redistribute({Placement::replicate(), Placement::shard(3)});
+#if TESSERA_TEST_HAVE_HDF5
+          io::write_sharded(moved, dir + "/y.h5", "y");
+#endif
+        }
+      });
+      if (comm->rank() == 0) {
+        std::ifstream in(file);
+        ASSERT_TRUE(in) << "no trace file " << file;
+        const nlohmann::json document = nlohmann::json::parse(in);  // throws if invalid
+        std::set<int> pids;
+        std::set<std::string> categories;
+        int comm_with_bytes = 0;
+        for (const nlohmann::json& event : document["traceEvents"]) {
+          if (event["ph"] == "M") continue;
+          EXPECT_EQ(event["ph"], "X");
+          EXPECT_GE(event["dur"].get<double>(), 0.0);
+          EXPECT_GT(event["ts"].get<double>(), 0.0);
+          pids.insert(event["pid"].get<int>());
+          categories.insert(event["cat"].get<std::string>());
+          if (event["cat"] == "comm" && event["args"].contains("bytes")) ++comm_with_bytes;
+        }
+        std::set<int> expected_pids;
+        for (int rank = 0; rank < world; ++rank) expected_pids.insert(rank);
+        EXPECT_EQ(pids, expected_pids);
+        std::set<std::string> expected{"op", "halo", "comm", "redistribute", "optimizer", "step"};
+#if TESSERA_TEST_HAVE_HDF5
+        expected.insert("io");
+#endif
+        for (const std::string& category : expected)
+          EXPECT_TRUE(categories.contains(category)) << "no event of category " << category;
+        EXPECT_GT(comm_with_bytes, 0);
+      }
+      comm->barrier();
+      trace::stop();
+      testing::remove_test_dir(*comm, dir);
+    });
+  }
+}
+
+}  // namespace
+}  // namespace tessera
