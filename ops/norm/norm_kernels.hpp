@@ -53,23 +53,31 @@ Tensor norm_backward_dx_cpu(const kernels::NormGeometry& g, const Tensor& x, con
                             const Tensor& statistics, const std::optional<Tensor>& sums,
                             const std::optional<Tensor>& w);
 
-/// The cuda counterparts of the functions above (same operands, on the stream).
+/// The cuda counterparts of the functions above (same operands, queued on the stream):
+/// norm_moments_cpu.
 Tensor norm_moments_cuda(const kernels::NormGeometry& g, const Tensor& x, const Stream& stream);
+/// norm_statistics_cpu on the device.
 Tensor norm_statistics_cuda(const Tensor& gathered, double eps, const Stream& stream);
+/// norm_running_statistics_cpu on the device.
 Tensor norm_running_statistics_cuda(const Tensor& running_mean, const Tensor& running_var,
                                     double eps, const Stream& stream);
+/// norm_update_running_cpu on the device.
 std::pair<Tensor, Tensor> norm_update_running_cuda(const Tensor& statistics,
                                                    const Tensor& running_mean,
                                                    const Tensor& running_var, double momentum,
                                                    const Stream& stream);
+/// norm_forward_cpu on the device.
 Tensor norm_forward_cuda(const kernels::NormGeometry& g, const Tensor& x, const Tensor& statistics,
                          const std::optional<Tensor>& w, const std::optional<Tensor>& b,
                          const Stream& stream);
+/// norm_backward_sums_cpu on the device.
 Tensor norm_backward_sums_cuda(const kernels::NormGeometry& g, const Tensor& x, const Tensor& dy,
                                const Tensor& statistics, const std::optional<Tensor>& w,
                                bool want_dw, bool want_db, NormParamGrads& grads,
                                const Stream& stream);
+/// norm_sum_ranks_cpu on the device.
 Tensor norm_sum_ranks_cuda(const Tensor& gathered, const Stream& stream);
+/// norm_backward_dx_cpu on the device.
 Tensor norm_backward_dx_cuda(const kernels::NormGeometry& g, const Tensor& x, const Tensor& dy,
                              const Tensor& statistics, const std::optional<Tensor>& sums,
                              const std::optional<Tensor>& w, const Stream& stream);
