@@ -2,6 +2,8 @@
 #include "ops/nn/layers.hpp"
 
 #include <cmath>
+#include <functional>
+#include <optional>
 #include <random>
 
 #include "core/runtime/rank_context.hpp"
@@ -17,6 +19,28 @@ Tensor uniform(const Shape& shape, double bound, std::mt19937_64& generator, DTy
   std::uniform_real_distribution<double> pick(-bound, bound);
   for (int64_t i = 0; i < values.numel(); ++i) values.data<double>()[i] = pick(generator);
   return values.to_dtype(dtype);
+}
+
+/// A replicated tensor of `shape` filled with `value` on the calling rank's device.
+ShardTensor filled(const DeviceMesh& mesh, const Shape& shape, double value, DType dtype) {
+  Tensor values = Tensor::empty(shape, dtype, current_rank_context().device());
+  values.fill(value);
+  return ShardTensor::distribute(values, mesh,
+                                 std::vector<Placement>(mesh.ndim(), Placement::replicate()));
+}
+
+/// The optional ShardTensor of a parameter (nullopt when undefined).
+std::optional<ShardTensor> optional_of(const Parameter& parameter) {
+  return parameter.defined() ? std::optional<ShardTensor>(parameter.tensor()) : std::nullopt;
+}
+
+/// weight = 1 and bias = 0 of `shape`, registered on `module` when `affine`.
+void add_affine(const DeviceMesh& mesh, const Shape& shape, bool affine, DType dtype,
+                Parameter& weight, Parameter& bias,
+                const std::function<Parameter(const std::string&, ShardTensor)>& add) {
+  if (!affine) return;
+  weight = add("weight", filled(mesh, shape, 1.0, dtype));
+  bias = add("bias", filled(mesh, shape, 0.0, dtype));
 }
 
 }  // namespace
@@ -66,6 +90,80 @@ AvgPool::AvgPool(ops::PoolOptions options) : options_(std::move(options)) {}
 
 ShardTensor AvgPool::forward(const ShardTensor& x) {
   return ops::avg_pool(x, options_);
+}
+
+GroupNorm::GroupNorm(const DeviceMesh& mesh, int64_t groups, int64_t channels, double eps,
+                     bool affine, DType dtype)
+    : groups_(groups), eps_(eps) {
+  check_arg(groups >= 1 && channels >= 1 && channels % groups == 0, "group_norm",
+            "{} channels in {} groups (expected a divisor of the channels)", channels, groups);
+  add_affine(mesh, {channels}, affine, dtype, weight_, bias_,
+             [&](const std::string& name, ShardTensor value) {
+               return add_parameter(name, std::move(value));
+             });
+}
+
+ShardTensor GroupNorm::forward(const ShardTensor& x) {
+  return ops::group_norm(x, groups_, optional_of(weight_), optional_of(bias_), eps_);
+}
+
+BatchNorm::BatchNorm(const DeviceMesh& mesh, int64_t channels, double eps, double momentum,
+                     bool affine, DType dtype)
+    : eps_(eps), momentum_(momentum) {
+  check_arg(channels >= 1, "batch_norm", "{} channels (expected at least 1)", channels);
+  add_affine(mesh, {channels}, affine, dtype, weight_, bias_,
+             [&](const std::string& name, ShardTensor value) {
+               return add_parameter(name, std::move(value));
+             });
+  add_buffer("running_mean", filled(mesh, {channels}, 0.0, dtype));
+  add_buffer("running_var", filled(mesh, {channels}, 1.0, dtype));
+}
+
+ShardTensor BatchNorm::forward(const ShardTensor& x) {
+  const ops::BatchNormResult result = ops::batch_norm(
+      x, buffer("running_mean"), buffer("running_var"), optional_of(weight_), optional_of(bias_),
+      {.training = training(), .momentum = momentum_, .eps = eps_});
+  if (training()) {
+    // New values outside any autograd record (buffers are state, not part of the graph).
+    for (const auto& [name, value] : {std::pair{"running_mean", *result.running_mean},
+                                      std::pair{"running_var", *result.running_var}})
+      set_buffer(name, ShardTensor(value.to_local(), value.mesh(), value.spec()));
+  }
+  return result.y;
+}
+
+InstanceNorm::InstanceNorm(const DeviceMesh& mesh, int64_t channels, double eps, bool affine,
+                           DType dtype)
+    : eps_(eps) {
+  check_arg(channels >= 1, "instance_norm", "{} channels (expected at least 1)", channels);
+  add_affine(mesh, {channels}, affine, dtype, weight_, bias_,
+             [&](const std::string& name, ShardTensor value) {
+               return add_parameter(name, std::move(value));
+             });
+}
+
+ShardTensor InstanceNorm::forward(const ShardTensor& x) {
+  return ops::instance_norm(x, optional_of(weight_), optional_of(bias_), eps_);
+}
+
+LayerNorm::LayerNorm(const DeviceMesh& mesh, Shape normalized_shape, double eps,
+                     bool elementwise_affine, DType dtype)
+    : normalized_shape_(std::move(normalized_shape)), eps_(eps) {
+  check_arg(!normalized_shape_.empty(), "layer_norm", "empty normalized shape");
+  add_affine(mesh, normalized_shape_, elementwise_affine, dtype, weight_, bias_,
+             [&](const std::string& name, ShardTensor value) {
+               return add_parameter(name, std::move(value));
+             });
+}
+
+ShardTensor LayerNorm::forward(const ShardTensor& x) {
+  const Shape& shape = x.global_shape();
+  const size_t n = normalized_shape_.size();
+  check_arg(shape.size() >= n && Shape(shape.end() - n, shape.end()) == normalized_shape_,
+            "layer_norm", "input of shape {} does not end in the normalized shape {}", shape,
+            normalized_shape_);
+  return ops::layer_norm(x, static_cast<int64_t>(n), optional_of(weight_), optional_of(bias_),
+                         eps_);
 }
 
 Activation::Activation(std::string kind) : kind_(std::move(kind)) {

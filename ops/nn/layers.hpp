@@ -1,8 +1,8 @@
 // Layers over the sharded ops (Modules, ops/nn/module.hpp). Weights are initialized like
 // PyTorch's defaults (Conv: kaiming_uniform with a = sqrt(5), i.e. uniform in +-1/sqrt(fan_in),
-// and the bias in the same range) from a seed, on the full tensor, so every layout of every mesh
-// starts from the same values; parameters are replicated on the mesh they are made on, on the
-// calling rank's device.
+// and the bias in the same range; norms: weight 1, bias 0) from a seed, on the full tensor, so
+// every layout of every mesh starts from the same values; parameters are replicated on the mesh
+// they are made on, on the calling rank's device.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +10,7 @@
 
 #include "ops/conv/conv_op.hpp"
 #include "ops/nn/module.hpp"
+#include "ops/norm/norm_op.hpp"
 #include "ops/pool/pool_op.hpp"
 
 namespace tessera::nn {
@@ -61,6 +62,63 @@ class AvgPool : public Module {
 
  private:
   ops::PoolOptions options_;
+};
+
+/// torch.nn.GroupNorm: `groups` groups of `channels` / groups channels; weight [channels] = 1 and
+/// bias = 0 when `affine`.
+class GroupNorm : public Module {
+ public:
+  GroupNorm(const DeviceMesh& mesh, int64_t groups, int64_t channels, double eps = 1e-5,
+            bool affine = true, DType dtype = DType::f32);
+  ShardTensor forward(const ShardTensor& x) override;
+
+ private:
+  int64_t groups_;
+  double eps_;
+  Parameter weight_, bias_;
+};
+
+/// torch.nn.BatchNorm1d/2d/3d (by the rank of the input): weight [channels] = 1 and bias = 0 when
+/// `affine`; buffers running_mean = 0 and running_var = 1 [channels] (replicated), updated with
+/// `momentum` by every forward in training mode and used in eval mode.
+class BatchNorm : public Module {
+ public:
+  BatchNorm(const DeviceMesh& mesh, int64_t channels, double eps = 1e-5, double momentum = 0.1,
+            bool affine = true, DType dtype = DType::f32);
+  ShardTensor forward(const ShardTensor& x) override;
+  const Parameter& weight() const { return weight_; }
+  const Parameter& bias() const { return bias_; }
+
+ private:
+  double eps_, momentum_;
+  Parameter weight_, bias_;
+};
+
+/// torch.nn.InstanceNorm1d/2d/3d without running statistics: weight [channels] = 1 and bias = 0
+/// when `affine` (PyTorch's default: no affine).
+class InstanceNorm : public Module {
+ public:
+  InstanceNorm(const DeviceMesh& mesh, int64_t channels, double eps = 1e-5, bool affine = false,
+               DType dtype = DType::f32);
+  ShardTensor forward(const ShardTensor& x) override;
+
+ private:
+  double eps_;
+  Parameter weight_, bias_;
+};
+
+/// torch.nn.LayerNorm over the trailing dims `normalized_shape`: weight = 1 and bias = 0 of that
+/// shape when `elementwise_affine`.
+class LayerNorm : public Module {
+ public:
+  LayerNorm(const DeviceMesh& mesh, Shape normalized_shape, double eps = 1e-5,
+            bool elementwise_affine = true, DType dtype = DType::f32);
+  ShardTensor forward(const ShardTensor& x) override;
+
+ private:
+  Shape normalized_shape_;
+  double eps_;
+  Parameter weight_, bias_;
 };
 
 /// Elementwise activations: "relu", "gelu", "silu" or "tanh".

@@ -17,6 +17,8 @@ void Module::check_new_name(const std::string& name) const {
             "name '{}' (expected a non-empty name without '.')", name);
   const bool taken = std::any_of(parameters_.begin(), parameters_.end(),
                                  [&](const auto& entry) { return entry.first == name; }) ||
+                     std::any_of(buffers_.begin(), buffers_.end(),
+                                 [&](const auto& entry) { return entry.first == name; }) ||
                      std::any_of(children_.begin(), children_.end(),
                                  [&](const auto& entry) { return entry.first == name; });
   check_arg(!taken, "module", "name '{}' is registered twice", name);
@@ -29,6 +31,29 @@ Parameter Module::add_parameter(const std::string& name, ShardTensor value) {
   return parameter;
 }
 
+void Module::add_buffer(const std::string& name, ShardTensor value) {
+  check_new_name(name);
+  buffers_.emplace_back(name, std::move(value));
+}
+
+size_t Module::buffer_index(const std::string& name) const {
+  for (size_t i = 0; i < buffers_.size(); ++i)
+    if (buffers_[i].first == name) return i;
+  throw InvalidArgument("module", fmt::format("no buffer '{}'", name));
+}
+
+const ShardTensor& Module::buffer(const std::string& name) const {
+  return buffers_[buffer_index(name)].second;
+}
+
+void Module::set_buffer(const std::string& name, ShardTensor value) {
+  ShardTensor& target = buffers_[buffer_index(name)].second;
+  check_arg(value.global_shape() == target.global_shape() && value.dtype() == target.dtype(),
+            "module", "buffer '{}' of global shape {} {} set to {} {}", name, target.global_shape(),
+            dtype_name(target.dtype()), value.global_shape(), dtype_name(value.dtype()));
+  target = std::move(value);
+}
+
 void Module::add_child(const std::string& name, std::shared_ptr<Module> module) {
   check_new_name(name);
   check_arg(module != nullptr, "module", "child '{}' is null", name);
@@ -39,6 +64,22 @@ void Module::collect(const std::string& prefix,
                      std::vector<std::pair<std::string, Parameter>>& out) const {
   for (const auto& [name, parameter] : parameters_) out.emplace_back(prefix + name, parameter);
   for (const auto& [name, child] : children_) child->collect(prefix + name + ".", out);
+}
+
+void Module::collect_buffers(const std::string& prefix,
+                             std::vector<std::pair<std::string, Module*>>& out) const {
+  for (const auto& [name, value] : buffers_)
+    out.emplace_back(prefix + name, const_cast<Module*>(this));
+  for (const auto& [name, child] : children_) child->collect_buffers(prefix + name + ".", out);
+}
+
+std::vector<std::pair<std::string, ShardTensor>> Module::named_buffers() const {
+  std::vector<std::pair<std::string, Module*>> owners;
+  collect_buffers("", owners);
+  std::vector<std::pair<std::string, ShardTensor>> out;
+  for (const auto& [path, owner] : owners)
+    out.emplace_back(path, owner->buffer(path.substr(path.rfind('.') + 1)));
+  return out;
 }
 
 std::vector<std::pair<std::string, Parameter>> Module::named_parameters() const {
@@ -56,6 +97,7 @@ std::vector<Parameter> Module::parameters() const {
 std::map<std::string, ShardTensor> Module::state_dict() const {
   std::map<std::string, ShardTensor> state;
   for (const auto& [name, parameter] : named_parameters()) state.emplace(name, parameter.tensor());
+  for (const auto& [name, value] : named_buffers()) state.emplace(name, value);
   return state;
 }
 
@@ -73,15 +115,35 @@ void Module::load_state_dict(const std::map<std::string, ShardTensor>& state) {
               found->second.global_shape(), dtype_name(found->second.dtype()), value.global_shape(),
               dtype_name(value.dtype()));
   }
+  std::vector<std::pair<std::string, Module*>> buffers;
+  collect_buffers("", buffers);
+  for (const auto& [name, owner] : buffers) {
+    expected.insert(name);
+    auto found = state.find(name);
+    check_arg(found != state.end(), "load_state_dict", "state has no '{}'", name);
+    const ShardTensor& value = owner->buffer(name.substr(name.rfind('.') + 1));
+    check_arg(found->second.global_shape() == value.global_shape() &&
+                  found->second.dtype() == value.dtype(),
+              "load_state_dict", "'{}' has global shape {} {}, the buffer {} {}", name,
+              found->second.global_shape(), dtype_name(found->second.dtype()), value.global_shape(),
+              dtype_name(value.dtype()));
+  }
   for (const auto& [name, value] : state)
-    check_arg(expected.count(name) == 1, "load_state_dict", "state key '{}' is not a parameter",
-              name);
+    check_arg(expected.count(name) == 1, "load_state_dict",
+              "state key '{}' is not a parameter or buffer", name);
   NoGrad no_grad;
   for (const auto& [name, parameter] : named) {
     const ShardTensor& value = parameter.tensor();
     const ShardTensor moved = state.at(name).redistribute(value.placements(), value.spec().extents);
     Parameter target = parameter;
     target.assign_local(moved.to_local());
+  }
+  for (const auto& [name, owner] : buffers) {
+    const std::string local_name = name.substr(name.rfind('.') + 1);
+    const ShardTensor& value = owner->buffer(local_name);
+    const ShardTensor moved = state.at(name).redistribute(value.placements(), value.spec().extents);
+    owner->set_buffer(local_name,
+                      ShardTensor(moved.to_local().clone(), value.mesh(), value.spec()));
   }
 }
 

@@ -1,7 +1,8 @@
 // Modules: the C++ way to write a sharded model. A Module owns Parameters and child Modules under
 // names; parameters()/named_parameters() walk them in registration order with dotted paths
-// ("encoder.conv1.weight"), state_dict()/load_state_dict() save and restore them (any layout in,
-// the module's layout kept), train()/eval() set the mode of the whole tree. Layers (ops/nn/
+// ("encoder.conv1.weight"), state_dict()/load_state_dict() save and restore them and the modules'
+// buffers (state that is not trained, such as BatchNorm's running statistics; any layout in, the
+// module's layout kept), train()/eval() set the mode of the whole tree. Layers (ops/nn/
 // layers.hpp) are Modules over the sharded ops, so a model written with them runs on any mesh.
 //
 //   struct Net : nn::Module {
@@ -40,11 +41,14 @@ class Module {
   std::vector<Parameter> parameters() const;
   /// The same with dotted paths.
   std::vector<std::pair<std::string, Parameter>> named_parameters() const;
-  /// Values of every parameter by dotted path (sharing storage with the parameters).
+  /// Every buffer of the tree with its dotted path, depth first in registration order.
+  std::vector<std::pair<std::string, ShardTensor>> named_buffers() const;
+  /// Values of every parameter (sharing storage with the parameters) and buffer by dotted path.
   std::map<std::string, ShardTensor> state_dict() const;
-  /// Collective: copies `state` into the parameters (each value any layout of the parameter's
-  /// global shape and dtype, moved to the parameter's layout). A missing or unknown key or a
-  /// shape or dtype mismatch raises one error naming the key, before any value is written.
+  /// Collective: copies `state` into the parameters and buffers (each value any layout of the
+  /// parameter's or buffer's global shape and dtype, moved to its layout). A missing or unknown
+  /// key or a shape or dtype mismatch raises one error naming the key, before any value is
+  /// written.
   void load_state_dict(const std::map<std::string, ShardTensor>& state);
   /// Sets training mode on the whole tree (eval: train(false)).
   void train(bool on = true);
@@ -56,6 +60,12 @@ class Module {
  protected:
   /// Registers a parameter under `name` (unique among this module's parameters and children).
   Parameter add_parameter(const std::string& name, ShardTensor value);
+  /// Registers a buffer (state saved with the parameters but not trained) under `name`.
+  void add_buffer(const std::string& name, ShardTensor value);
+  /// The buffer called `name`.
+  const ShardTensor& buffer(const std::string& name) const;
+  /// Replaces the value of buffer `name` (same global shape and dtype).
+  void set_buffer(const std::string& name, ShardTensor value);
   /// Registers a child module under `name`; returns it.
   template <typename M>
   std::shared_ptr<M> add_module(const std::string& name, std::shared_ptr<M> module) {
@@ -68,8 +78,12 @@ class Module {
   void check_new_name(const std::string& name) const;
   void collect(const std::string& prefix,
                std::vector<std::pair<std::string, Parameter>>& out) const;
+  void collect_buffers(const std::string& prefix,
+                       std::vector<std::pair<std::string, Module*>>& out) const;
+  size_t buffer_index(const std::string& name) const;
 
   std::vector<std::pair<std::string, Parameter>> parameters_;
+  std::vector<std::pair<std::string, ShardTensor>> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
 };

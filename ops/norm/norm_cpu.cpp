@@ -1,0 +1,546 @@
+// The cpu kernels of the normalizations (norm_kernels.hpp). The piece is cut into units of one
+// plane's chunk of at most kChunk elements; threads take units, every unit's partial results go
+// to its own slot of a buffer, and the units are combined afterwards in plane order, so the
+// results are the same for any thread count. Sums use eight independent lanes (which the
+// compiler vectorizes) in f64.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+#include "core/compute_threads.hpp"
+#include "core/errors.hpp"
+#include "core/parallel_for.hpp"
+#include "ops/norm/norm_kernels.hpp"
+
+namespace tessera::ops {
+
+namespace {
+
+using kernels::NormGeometry;
+
+/// Elements per unit of work.
+constexpr int64_t kChunk = 8192;
+/// Independent f64 accumulators of a sum (a power of 2).
+constexpr int kLanes = 16;
+
+const char* op_name(const NormGeometry& g) {
+  switch (g.kind) {
+    case kernels::NormKind::group: return "group_norm";
+    case kernels::NormKind::batch: return "batch_norm";
+    case kernels::NormKind::instance: return "instance_norm";
+    case kernels::NormKind::layer: return "layer_norm";
+  }
+  return "norm";
+}
+
+/// Calls fn.template operator()<T, Compute>() for the floating dtypes.
+template <typename Fn>
+void dispatch_norm(DType dtype, const char* op, Fn&& fn) {
+  switch (dtype) {
+    case DType::f32: fn.template operator()<float, float>(); return;
+    case DType::f64: fn.template operator()<double, double>(); return;
+    case DType::f16: fn.template operator()<Half, float>(); return;
+    case DType::bf16: fn.template operator()<BFloat16, float>(); return;
+    default: break;
+  }
+  throw InvalidArgument(op, fmt::format("needs a floating tensor, got {}", dtype_name(dtype)));
+}
+
+/// An element widened to double.
+template <typename T>
+[[gnu::always_inline]] inline double widen(T value) {
+  if constexpr (std::is_same_v<T, double> || std::is_same_v<T, float>)
+    return static_cast<double>(value);
+  else
+    return static_cast<double>(static_cast<float>(value));
+}
+
+/// Chunks per plane (0 for empty planes).
+int64_t chunks_of(const NormGeometry& g) {
+  return g.length > 0 ? (g.length + kChunk - 1) / kChunk : 0;
+}
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define TESSERA_NORM_MULTI_ISA 1
+#define TESSERA_NORM_INLINE [[gnu::always_inline]] inline
+#define TESSERA_NORM_TARGET_V4 __attribute__((target("arch=x86-64-v4,prefer-vector-width=512")))
+#define TESSERA_NORM_TARGET_V3 __attribute__((target("arch=x86-64-v3")))
+#else
+#define TESSERA_NORM_MULTI_ISA 0
+#define TESSERA_NORM_INLINE inline
+#define TESSERA_NORM_TARGET_V4
+#define TESSERA_NORM_TARGET_V3
+#endif
+
+/// The sum of the lanes in a fixed order.
+TESSERA_NORM_INLINE double fold(const double* lanes) {
+  double half[kLanes / 2];
+  for (int l = 0; l < kLanes / 2; ++l) half[l] = lanes[l] + lanes[l + kLanes / 2];
+  for (int width = kLanes / 4; width >= 1; width /= 2)
+    for (int l = 0; l < width; ++l) half[l] += half[l + width];
+  return half[0];
+}
+
+/// mean and M2 of the n elements at p (two passes, f64 lanes).
+template <typename T>
+TESSERA_NORM_INLINE void chunk_moments(const T* p, int64_t n, double& mean, double& m2) {
+  double lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) lanes[l] += widen(p[i + l]);
+  double tail = 0;
+  for (int64_t j = i; j < n; ++j) tail += widen(p[j]);
+  mean = (fold(lanes) + tail) / static_cast<double>(n);
+  for (int l = 0; l < kLanes; ++l) lanes[l] = 0;
+  for (i = 0; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) {
+      const double d = widen(p[i + l]) - mean;
+      lanes[l] += d * d;
+    }
+  tail = 0;
+  for (int64_t j = i; j < n; ++j) {
+    const double d = widen(p[j]) - mean;
+    tail += d * d;
+  }
+  m2 = fold(lanes) + tail;
+}
+
+/// first = sum of dy * w, second = sum of dy * w * xhat over n elements (w per element, or none).
+template <typename T>
+TESSERA_NORM_INLINE void chunk_sums(const T* p, const T* d, const double* w, int64_t n, double mean,
+                                    double rstd, double& first, double& second) {
+  double a[kLanes] = {}, b[kLanes] = {};
+  int64_t i = 0;
+  if (w) {
+    for (; i + kLanes <= n; i += kLanes)
+      for (int l = 0; l < kLanes; ++l) {
+        const double g = widen(d[i + l]) * w[i + l];
+        a[l] += g;
+        b[l] += g * ((widen(p[i + l]) - mean) * rstd);
+      }
+  } else {
+    for (; i + kLanes <= n; i += kLanes)
+      for (int l = 0; l < kLanes; ++l) {
+        const double g = widen(d[i + l]);
+        a[l] += g;
+        b[l] += g * ((widen(p[i + l]) - mean) * rstd);
+      }
+  }
+  double ta = 0, tb = 0;
+  for (; i < n; ++i) {
+    const double g = widen(d[i]) * (w ? w[i] : 1.0);
+    ta += g;
+    tb += g * ((widen(p[i]) - mean) * rstd);
+  }
+  first = fold(a) + ta;
+  second = fold(b) + tb;
+}
+
+/// q = (p - mean) * scale + shift, or with per-element w, b (either may be null):
+/// q = (p - mean) * rstd * w + b.
+template <typename T, typename C>
+TESSERA_NORM_INLINE void chunk_forward(const T* p, T* q, int64_t n, C mean, C rstd, C scale,
+                                       C shift, const C* w, const C* b) {
+  if (!w && !b) {
+    for (int64_t i = 0; i < n; ++i) q[i] = T((static_cast<C>(p[i]) - mean) * scale + shift);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    C value = (static_cast<C>(p[i]) - mean) * rstd;
+    if (w) value *= w[i];
+    if (b) value += b[i];
+    q[i] = T(value);
+  }
+}
+
+/// q = rstd * (dy * scale (or * w per element) - mean_dxhat - xhat * mean_dxhat_xhat).
+template <typename T, typename C>
+TESSERA_NORM_INLINE void chunk_dx(const T* p, const T* d, T* q, int64_t n, C mean, C rstd, C scale,
+                                  const C* w, C mean_dxhat, C mean_dxhat_xhat) {
+  if (!w) {
+    for (int64_t i = 0; i < n; ++i) {
+      const C xhat = (static_cast<C>(p[i]) - mean) * rstd;
+      q[i] = T(rstd * (static_cast<C>(d[i]) * scale - mean_dxhat - xhat * mean_dxhat_xhat));
+    }
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const C xhat = (static_cast<C>(p[i]) - mean) * rstd;
+    q[i] = T(rstd * (static_cast<C>(d[i]) * w[i] - mean_dxhat - xhat * mean_dxhat_xhat));
+  }
+}
+
+/// The chunk kernels compiled for one instruction set.
+template <typename T, typename C>
+struct ChunkKernels {
+  void (*moments)(const T*, int64_t, double&, double&);
+  void (*sums)(const T*, const T*, const double*, int64_t, double, double, double&, double&);
+  void (*forward)(const T*, T*, int64_t, C, C, C, C, const C*, const C*);
+  void (*dx)(const T*, const T*, T*, int64_t, C, C, C, const C*, C, C);
+};
+
+#define TESSERA_NORM_CHUNKS(SUFFIX, TARGET)                                                   \
+  template <typename T, typename C>                                                           \
+  struct Chunks##SUFFIX {                                                                     \
+    TARGET static void moments(const T* p, int64_t n, double& mean, double& m2) {             \
+      chunk_moments<T>(p, n, mean, m2);                                                       \
+    }                                                                                         \
+    TARGET static void sums(const T* p, const T* d, const double* w, int64_t n, double mean,  \
+                            double rstd, double& first, double& second) {                     \
+      chunk_sums<T>(p, d, w, n, mean, rstd, first, second);                                   \
+    }                                                                                         \
+    TARGET static void forward(const T* p, T* q, int64_t n, C mean, C rstd, C scale, C shift, \
+                               const C* w, const C* b) {                                      \
+      chunk_forward<T, C>(p, q, n, mean, rstd, scale, shift, w, b);                           \
+    }                                                                                         \
+    TARGET static void dx(const T* p, const T* d, T* q, int64_t n, C mean, C rstd, C scale,   \
+                          const C* w, C mean_dxhat, C mean_dxhat_xhat) {                      \
+      chunk_dx<T, C>(p, d, q, n, mean, rstd, scale, w, mean_dxhat, mean_dxhat_xhat);          \
+    }                                                                                         \
+    static ChunkKernels<T, C> set() { return {&moments, &sums, &forward, &dx}; }              \
+  };
+TESSERA_NORM_CHUNKS(Base, )
+#if TESSERA_NORM_MULTI_ISA
+TESSERA_NORM_CHUNKS(V3, TESSERA_NORM_TARGET_V3)
+TESSERA_NORM_CHUNKS(V4, TESSERA_NORM_TARGET_V4)
+#endif
+
+/// The chunk kernels for this cpu: x86-64-v4, -v3 or the baseline.
+template <typename T, typename C>
+ChunkKernels<T, C> chunk_kernels() {
+#if TESSERA_NORM_MULTI_ISA
+  static const int level = [] {
+    __builtin_cpu_init();
+    const bool v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");
+    const bool v4 = v3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                    __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+                    __builtin_cpu_supports("avx512cd");
+    return v4 ? 4 : v3 ? 3 : 0;
+  }();
+  if (level == 4) return ChunksV4<T, C>::set();
+  if (level == 3) return ChunksV3<T, C>::set();
+#endif
+  return ChunksBase<T, C>::set();
+}
+
+/// `values` as the computation type.
+template <typename C>
+std::vector<C> as_compute(const std::vector<double>& values) {
+  return std::vector<C>(values.begin(), values.end());
+}
+
+/// Calls body(unit, plane, lo, hi) for every unit of the piece, in parallel.
+template <typename Body>
+void for_units(const NormGeometry& g, Body&& body) {
+  const int64_t chunks = chunks_of(g);
+  const int64_t units = g.planes() * chunks;
+  if (units == 0) return;
+  parallel_for(units, compute_threads(), [&](int64_t begin, int64_t end, int) {
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t plane = u / chunks, lo = (u % chunks) * kChunk;
+      body(u, plane, lo, std::min(g.length, lo + kChunk));
+    }
+  });
+}
+
+/// Threads for combining the units into slots: one (no parallel region) unless there are many.
+int combine_threads(const NormGeometry& g) {
+  return g.planes() * chunks_of(g) > (int64_t{1} << 16) ? compute_threads() : 1;
+}
+
+/// Calls visit(plane) for every plane of slot `slot`, in plane order.
+template <typename Visit>
+void for_slot_planes(const NormGeometry& g, int64_t slot, Visit&& visit) {
+  const kernels::SlotPlanes planes = kernels::slot_planes(g, slot);
+  for (int64_t n = planes.n_lo; n < planes.n_hi; ++n)
+    for (int64_t c = planes.c_lo; c < planes.c_hi; ++c) visit(n * g.channels + c);
+}
+
+/// A contiguous f64 copy of a small cpu tensor's values.
+std::vector<double> values_of(const Tensor& tensor) {
+  const Tensor source = tensor.contiguous();
+  std::vector<double> values(static_cast<size_t>(source.numel()));
+  dispatch_norm(source.dtype(), "norm", [&]<typename T, typename C>() {
+    const T* data = static_cast<const T*>(source.raw_data());
+    for (size_t i = 0; i < values.size(); ++i) values[i] = widen(data[i]);
+  });
+  return values;
+}
+
+/// A tensor of `dtype` holding `values`.
+Tensor tensor_of(const std::vector<double>& values, const Shape& shape, DType dtype) {
+  Tensor result = Tensor::empty(shape, dtype);
+  dispatch_norm(dtype, "norm", [&]<typename T, typename C>() {
+    T* data = static_cast<T*>(result.raw_data());
+    for (size_t i = 0; i < values.size(); ++i) data[i] = T(static_cast<C>(values[i]));
+  });
+  return result;
+}
+
+void check_piece(const NormGeometry& g, const Tensor& x) {
+  check_arg(x.device().is_cpu(), op_name(g), "cpu kernel got a {} tensor", x.str());
+  check_arg(x.numel() == g.numel(), op_name(g), "piece {} does not hold {} x {} x {} elements",
+            x.str(), g.batch, g.channels, g.length);
+}
+
+}  // namespace
+
+Tensor norm_moments_cpu(const NormGeometry& g, const Tensor& x) {
+  check_piece(g, x);
+  const Tensor input = x.contiguous();
+  const int64_t chunks = chunks_of(g);
+  std::vector<double> units(static_cast<size_t>(3 * g.planes() * chunks));
+  dispatch_norm(input.dtype(), op_name(g), [&]<typename T, typename C>() {
+    const T* data = static_cast<const T*>(input.raw_data());
+    const ChunkKernels<T, C> kernels = chunk_kernels<T, C>();
+    for_units(g, [&](int64_t u, int64_t plane, int64_t lo, int64_t hi) {
+      units[3 * u] = static_cast<double>(hi - lo);
+      kernels.moments(data + plane * g.length + lo, hi - lo, units[3 * u + 1], units[3 * u + 2]);
+    });
+  });
+  Tensor moments = Tensor::zeros({g.slots, 3}, DType::f64);
+  double* out = moments.data<double>();
+  parallel_for(g.slots, combine_threads(g), [&](int64_t begin, int64_t end, int) {
+    for (int64_t s = begin; s < end; ++s) {
+      double count = 0, mean = 0, m2 = 0;
+      for_slot_planes(g, s, [&](int64_t plane) {
+        for (int64_t k = 0; k < chunks; ++k) {
+          const double* unit = &units[3 * (plane * chunks + k)];
+          kernels::combine_moments(count, mean, m2, unit[0], unit[1], unit[2]);
+        }
+      });
+      out[3 * s] = count;
+      out[3 * s + 1] = mean;
+      out[3 * s + 2] = m2;
+    }
+  });
+  return moments;
+}
+
+Tensor norm_statistics_cpu(const Tensor& gathered, double eps) {
+  const Tensor source = gathered.contiguous();
+  const int64_t ranks = source.shape()[0], slots = source.shape()[1];
+  const double* in = source.data<double>();
+  Tensor statistics = Tensor::empty({slots, 4}, DType::f64);
+  double* out = statistics.data<double>();
+  for (int64_t s = 0; s < slots; ++s) {
+    double count = 0, mean = 0, m2 = 0;
+    for (int64_t r = 0; r < ranks; ++r) {
+      const double* m = in + 3 * (r * slots + s);
+      kernels::combine_moments(count, mean, m2, m[0], m[1], m[2]);
+    }
+    const double var = count > 0 ? m2 / count : 0.0;
+    out[4 * s] = mean;
+    out[4 * s + 1] = 1.0 / std::sqrt(var + eps);
+    out[4 * s + 2] = count;
+    out[4 * s + 3] = m2;
+  }
+  return statistics;
+}
+
+Tensor norm_running_statistics_cpu(const Tensor& running_mean, const Tensor& running_var,
+                                   double eps) {
+  const std::vector<double> mean = values_of(running_mean), var = values_of(running_var);
+  const int64_t channels = static_cast<int64_t>(mean.size());
+  Tensor statistics = Tensor::zeros({channels, 4}, DType::f64);
+  double* out = statistics.data<double>();
+  for (int64_t c = 0; c < channels; ++c) {
+    out[4 * c] = mean[c];
+    out[4 * c + 1] = 1.0 / std::sqrt(var[c] + eps);
+  }
+  return statistics;
+}
+
+std::pair<Tensor, Tensor> norm_update_running_cpu(const Tensor& statistics,
+                                                  const Tensor& running_mean,
+                                                  const Tensor& running_var, double momentum) {
+  const Tensor stats = statistics.contiguous();
+  std::vector<double> mean = values_of(running_mean), var = values_of(running_var);
+  const double* s = stats.data<double>();
+  for (size_t c = 0; c < mean.size(); ++c) {
+    const double count = s[4 * c + 2];
+    const double unbiased = count > 1 ? s[4 * c + 3] / (count - 1) : 0.0;
+    mean[c] = (1 - momentum) * mean[c] + momentum * s[4 * c];
+    var[c] = (1 - momentum) * var[c] + momentum * unbiased;
+  }
+  return {tensor_of(mean, running_mean.shape(), running_mean.dtype()),
+          tensor_of(var, running_var.shape(), running_var.dtype())};
+}
+
+Tensor norm_forward_cpu(const NormGeometry& g, const Tensor& x, const Tensor& statistics,
+                        const std::optional<Tensor>& w, const std::optional<Tensor>& b) {
+  check_piece(g, x);
+  const Tensor input = x.contiguous();
+  const Tensor stats = statistics.contiguous();
+  const std::vector<double> weight = w ? values_of(*w) : std::vector<double>{};
+  const std::vector<double> bias = b ? values_of(*b) : std::vector<double>{};
+  Tensor y = Tensor::empty(input.shape(), input.dtype());
+  const double* s = stats.data<double>();
+  dispatch_norm(input.dtype(), op_name(g), [&]<typename T, typename C>() {
+    const T* in = static_cast<const T*>(input.raw_data());
+    T* out = static_cast<T*>(y.raw_data());
+    const ChunkKernels<T, C> kernels = chunk_kernels<T, C>();
+    const std::vector<C> w_c = as_compute<C>(weight), b_c = as_compute<C>(bias);
+    for_units(g, [&](int64_t, int64_t plane, int64_t lo, int64_t hi) {
+      const int64_t slot = g.slot_of(plane);
+      const C mean = static_cast<C>(s[4 * slot]), rstd = static_cast<C>(s[4 * slot + 1]);
+      const T* p = in + plane * g.length + lo;
+      T* q = out + plane * g.length + lo;
+      if (!g.per_element_affine) {
+        const int64_t c = g.channel_of(plane);
+        const C scale = rstd * (w ? w_c[c] : C(1));
+        kernels.forward(p, q, hi - lo, mean, rstd, scale, b ? b_c[c] : C(0), nullptr, nullptr);
+      } else {
+        kernels.forward(p, q, hi - lo, mean, rstd, rstd, C(0), w ? w_c.data() + lo : nullptr,
+                        b ? b_c.data() + lo : nullptr);
+      }
+    });
+  });
+  return y;
+}
+
+Tensor norm_backward_sums_cpu(const NormGeometry& g, const Tensor& x, const Tensor& dy,
+                              const Tensor& statistics, const std::optional<Tensor>& w,
+                              bool want_dw, bool want_db, NormParamGrads& grads) {
+  check_piece(g, x);
+  check_arg(dy.shape() == x.shape() && dy.dtype() == x.dtype(), op_name(g),
+            "backward got the gradient {} for x {}", dy.str(), x.str());
+  const Tensor input = x.contiguous(), grad = dy.contiguous();
+  const Tensor stats = statistics.contiguous();
+  const std::vector<double> weight = w ? values_of(*w) : std::vector<double>{};
+  const double* s = stats.data<double>();
+  const int64_t chunks = chunks_of(g);
+  // Per unit: (sum dy, sum dy * xhat) with a per-plane affine, (sum dxhat, sum dxhat * xhat)
+  // with a per-element one.
+  std::vector<double> units(static_cast<size_t>(2 * g.planes() * chunks));
+  dispatch_norm(input.dtype(), op_name(g), [&]<typename T, typename C>() {
+    const T* in = static_cast<const T*>(input.raw_data());
+    const T* gy = static_cast<const T*>(grad.raw_data());
+    const ChunkKernels<T, C> kernels = chunk_kernels<T, C>();
+    const bool per_element = g.per_element_affine && w;
+    for_units(g, [&](int64_t u, int64_t plane, int64_t lo, int64_t hi) {
+      const int64_t slot = g.slot_of(plane);
+      kernels.sums(in + plane * g.length + lo, gy + plane * g.length + lo,
+                   per_element ? weight.data() + lo : nullptr, hi - lo, s[4 * slot],
+                   s[4 * slot + 1], units[2 * u], units[2 * u + 1]);
+    });
+  });
+  // Slot sums over the slot's planes and chunks in order.
+  Tensor sums = Tensor::zeros({g.slots, 2}, DType::f64);
+  double* out = sums.data<double>();
+  const bool scaled = !g.per_element_affine && w;
+  parallel_for(g.slots, combine_threads(g), [&](int64_t begin, int64_t end, int) {
+    for (int64_t slot = begin; slot < end; ++slot) {
+      double first = 0, second = 0;
+      for_slot_planes(g, slot, [&](int64_t plane) {
+        const double factor = scaled ? weight[g.channel_of(plane)] : 1.0;
+        for (int64_t k = 0; k < chunks; ++k) {
+          first += factor * units[2 * (plane * chunks + k)];
+          second += factor * units[2 * (plane * chunks + k) + 1];
+        }
+      });
+      out[2 * slot] = first;
+      out[2 * slot + 1] = second;
+    }
+  });
+  if (!want_dw && !want_db) return sums;
+  if (!g.per_element_affine) {
+    // dw[c] = sum of dy * xhat, db[c] = sum of dy over the planes of channel c, n in order.
+    std::vector<double> dw(static_cast<size_t>(g.channels), 0.0), db(dw.size(), 0.0);
+    for (int64_t c = 0; c < g.channels; ++c)
+      for (int64_t n = 0; n < g.batch; ++n)
+        for (int64_t k = 0; k < chunks; ++k) {
+          const int64_t u = (n * g.channels + c) * chunks + k;
+          db[c] += units[2 * u];
+          dw[c] += units[2 * u + 1];
+        }
+    if (want_dw) grads.dw = tensor_of(dw, {g.channels}, x.dtype());
+    if (want_db) grads.db = tensor_of(db, {g.channels}, x.dtype());
+    return sums;
+  }
+  // layer_norm: column sums over the planes (rows) in order, threads over blocks of columns.
+  std::vector<double> dw(static_cast<size_t>(g.length), 0.0), db(dw.size(), 0.0);
+  constexpr int64_t kColumns = 256;
+  dispatch_norm(input.dtype(), op_name(g), [&]<typename T, typename C>() {
+    const T* in = static_cast<const T*>(input.raw_data());
+    const T* gy = static_cast<const T*>(grad.raw_data());
+    const int64_t blocks = (g.length + kColumns - 1) / kColumns;
+    parallel_for(blocks, compute_threads(), [&](int64_t begin, int64_t end, int) {
+      for (int64_t block = begin; block < end; ++block) {
+        const int64_t lo = block * kColumns, hi = std::min(g.length, lo + kColumns);
+        for (int64_t plane = 0; plane < g.planes(); ++plane) {
+          const double mean = s[4 * plane], rstd = s[4 * plane + 1];  // slot = plane
+          const T* p = in + plane * g.length;
+          const T* d = gy + plane * g.length;
+          for (int64_t i = lo; i < hi; ++i) {
+            const double value = widen(d[i]);
+            db[i] += value;
+            dw[i] += value * ((widen(p[i]) - mean) * rstd);
+          }
+        }
+      }
+    });
+  });
+  if (want_dw) grads.dw = tensor_of(dw, {g.length}, x.dtype());
+  if (want_db) grads.db = tensor_of(db, {g.length}, x.dtype());
+  return sums;
+}
+
+Tensor norm_sum_ranks_cpu(const Tensor& gathered) {
+  const Tensor source = gathered.contiguous();
+  const int64_t ranks = source.shape()[0], slots = source.shape()[1];
+  const double* in = source.data<double>();
+  Tensor sums = Tensor::zeros({slots, 2}, DType::f64);
+  double* out = sums.data<double>();
+  for (int64_t r = 0; r < ranks; ++r)
+    for (int64_t i = 0; i < 2 * slots; ++i) out[i] += in[r * 2 * slots + i];
+  return sums;
+}
+
+Tensor norm_backward_dx_cpu(const NormGeometry& g, const Tensor& x, const Tensor& dy,
+                            const Tensor& statistics, const std::optional<Tensor>& sums,
+                            const std::optional<Tensor>& w) {
+  check_piece(g, x);
+  const Tensor input = x.contiguous(), grad = dy.contiguous();
+  const Tensor stats = statistics.contiguous();
+  const std::optional<Tensor> total =
+      sums ? std::optional<Tensor>(sums->contiguous()) : std::nullopt;
+  const std::vector<double> weight = w ? values_of(*w) : std::vector<double>{};
+  const double* s = stats.data<double>();
+  Tensor dx = Tensor::empty(input.shape(), input.dtype());
+  dispatch_norm(input.dtype(), op_name(g), [&]<typename T, typename C>() {
+    const T* in = static_cast<const T*>(input.raw_data());
+    const T* gy = static_cast<const T*>(grad.raw_data());
+    T* out = static_cast<T*>(dx.raw_data());
+    const ChunkKernels<T, C> kernels = chunk_kernels<T, C>();
+    const std::vector<C> w_c = as_compute<C>(weight);
+    for_units(g, [&](int64_t, int64_t plane, int64_t lo, int64_t hi) {
+      const int64_t slot = g.slot_of(plane);
+      const C mean = static_cast<C>(s[4 * slot]), rstd = static_cast<C>(s[4 * slot + 1]);
+      C mean_dxhat = 0, mean_dxhat_xhat = 0;
+      if (total) {
+        const double count = s[4 * slot + 2];
+        const double* t = total->data<double>() + 2 * slot;
+        mean_dxhat = static_cast<C>(t[0] / count);
+        mean_dxhat_xhat = static_cast<C>(t[1] / count);
+      }
+      const T* p = in + plane * g.length + lo;
+      const T* d = gy + plane * g.length + lo;
+      T* q = out + plane * g.length + lo;
+      if (!g.per_element_affine) {
+        const C scale = w ? w_c[g.channel_of(plane)] : C(1);
+        kernels.dx(p, d, q, hi - lo, mean, rstd, scale, nullptr, mean_dxhat, mean_dxhat_xhat);
+      } else {
+        kernels.dx(p, d, q, hi - lo, mean, rstd, C(1), w ? w_c.data() + lo : nullptr, mean_dxhat,
+                   mean_dxhat_xhat);
+      }
+    });
+  });
+  return dx;
+}
+
+}  // namespace tessera::ops

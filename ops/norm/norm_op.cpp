@@ -1,0 +1,532 @@
+// The sharded normalizations: attributes, rule, kernels, backward and registration.
+//
+// x keeps its layout (any dims sharded, uneven, empty shards; no halo); w, b and batch_norm's
+// running statistics are replicated. Each op has statistics slots (norm_geometry.hpp) reduced
+// over some tensor dims: batch_norm over N and the spatial dims (slots: the channels), group_norm
+// over a group's channels and the spatial dims, instance_norm over the spatial dims, layer_norm
+// over the trailing normalized dims. A rank computes the moments (count, mean, M2) of its
+// elements of every slot in f64 (two passes per chunk); the ranks that differ only along the mesh
+// dims sharding a reduced dim (for batch_norm and group_norm also the channel dim, as their slots
+// span the channels) all-gather those triples and combine them by Chan's pairwise formula in
+// rank order, so every rank gets bit-identical statistics and none subtracts E[x]^2 from
+// E[x^2]. The backward recomputes the statistics the same way and reduces its two per-slot sums
+// (of dxhat and of dxhat * xhat) over the same ranks, summed in rank order; dw and db are
+// Partial(sum) over the mesh dims that shard x.
+#include "ops/norm/norm_op.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
+#include <string>
+
+#include "core/op_registry.hpp"
+#include "core/runtime/rank_context.hpp"
+#include "ops/norm/norm_kernels.hpp"
+#include "ops/op_helpers.hpp"
+
+namespace tessera::ops {
+
+namespace {
+
+using kernels::NormGeometry;
+using kernels::NormKind;
+
+const char* name_of(NormKind kind) {
+  switch (kind) {
+    case NormKind::group: return "group_norm";
+    case NormKind::batch: return "batch_norm";
+    case NormKind::instance: return "instance_norm";
+    case NormKind::layer: return "layer_norm";
+  }
+  return "norm";
+}
+
+/// Positions of the optional inputs of a call (-1: not given).
+struct NormInputs {
+  int w = -1, b = -1, running_mean = -1, running_var = -1;
+};
+
+/// batch_norm takes (x, running_mean, running_var, w, b) as torch.nn.functional.batch_norm does;
+/// the others (x, w, b).
+NormInputs inputs_of(NormKind kind, size_t count) {
+  NormInputs at;
+  const int given = static_cast<int>(count);
+  if (kind == NormKind::batch) {
+    at.running_mean = given > 1 ? 1 : -1;
+    at.running_var = given > 2 ? 2 : -1;
+    at.w = given > 3 ? 3 : -1;
+    at.b = given > 4 ? 4 : -1;
+  } else {
+    at.w = given > 1 ? 1 : -1;
+    at.b = given > 2 ? 2 : -1;
+  }
+  return at;
+}
+
+/// The attributes of a call, checked against x's shape.
+struct NormAttrs {
+  double eps = 1e-5;
+  int64_t groups = 1;           // group_norm
+  bool training = true;         // batch_norm
+  double momentum = 0.1;        // batch_norm
+  int64_t normalized_ndim = 1;  // layer_norm
+};
+
+double get_float(const OpAttrs& attrs, const char* name, double fallback) {
+  return attrs.has(name) ? attrs.get_double(name) : fallback;
+}
+
+NormAttrs resolve(NormKind kind, const Shape& x, const OpAttrs& attrs) {
+  const char* op = name_of(kind);
+  NormAttrs result;
+  result.eps = get_float(attrs, "eps", 1e-5);
+  check_arg(std::isfinite(result.eps) && result.eps >= 0, op,
+            "attribute 'eps' = {}: expected a finite value >= 0", result.eps);
+  const int64_t rank = static_cast<int64_t>(x.size());
+  if (kind == NormKind::layer) {
+    result.normalized_ndim = attrs.get_int("normalized_ndim", 1);
+    check_arg(result.normalized_ndim >= 1 && result.normalized_ndim <= rank, op,
+              "attribute 'normalized_ndim' = {}: expected 1 to {} for an input of shape {}",
+              result.normalized_ndim, rank, x);
+    return result;
+  }
+  const int64_t min_rank = kind == NormKind::instance ? 3 : 2;
+  check_arg(rank >= min_rank, op, "expected an input [N, C{}], got shape {}",
+            kind == NormKind::instance ? ", spatial.." : ", spatial..(optional)", x);
+  if (kind == NormKind::group) {
+    check_arg(attrs.has("groups"), op, "missing required attribute 'groups'");
+    result.groups = attrs.get_int("groups");
+    check_arg(result.groups >= 1 && x[1] % result.groups == 0, op,
+              "attribute 'groups' = {}: expected a divisor (>= 1) of the {} channels of x {}",
+              result.groups, x[1], x);
+  }
+  if (kind == NormKind::batch) {
+    result.training = attrs.get_int("training", 1) != 0;
+    result.momentum = get_float(attrs, "momentum", 0.1);
+    check_arg(std::isfinite(result.momentum), op,
+              "attribute 'momentum' = {}: expected a finite "
+              "value",
+              result.momentum);
+    int64_t per_channel = x[0];
+    for (int64_t d = 2; d < rank; ++d) per_channel *= x[d];
+    check_arg(!result.training || per_channel != 1, op,
+              "expected more than 1 value per channel when training, got input of shape {}", x);
+  }
+  return result;
+}
+
+/// Shape of w and b: [C], or layer_norm's normalized dims.
+Shape param_shape(NormKind kind, const Shape& x, const NormAttrs& attrs) {
+  if (kind != NormKind::layer) return {x[1]};
+  return Shape(x.end() - attrs.normalized_ndim, x.end());
+}
+
+/// Whether tensor dim `dim` of x takes part in the statistics' reduction (its shards combine).
+bool reduced_dim(NormKind kind, const Shape& x, const NormAttrs& attrs, int dim) {
+  switch (kind) {
+    case NormKind::batch: return true;
+    case NormKind::group: return dim >= 1;
+    case NormKind::instance: return dim >= 2;
+    case NormKind::layer: return dim >= static_cast<int>(x.size() - attrs.normalized_ndim);
+  }
+  return false;
+}
+
+/// The mesh dims whose ranks combine their statistics.
+std::vector<int> statistics_mesh_dims(NormKind kind, const ShardSpec& x, const NormAttrs& attrs) {
+  std::vector<int> dims;
+  for (size_t m = 0; m < x.placements.size(); ++m)
+    if (x.placements[m].is_shard() && reduced_dim(kind, x.global_shape, attrs, x.placements[m].dim))
+      dims.push_back(static_cast<int>(m));
+  return dims;
+}
+
+OpRule norm_rule(NormKind kind, const std::vector<ShardSpec>& inputs, const OpAttrs& attrs) {
+  const char* op = name_of(kind);
+  const size_t most = kind == NormKind::batch ? 5 : 3;
+  check_arg(!inputs.empty() && inputs.size() <= most, op, "expects inputs {}, got {}",
+            kind == NormKind::batch ? "x[, running_mean, running_var[, w[, b]]]" : "x[, w[, b]]",
+            inputs.size());
+  const ShardSpec x = without_partial(inputs[0]);
+  const NormAttrs resolved = resolve(kind, x.global_shape, attrs);
+  const NormInputs at = inputs_of(kind, inputs.size());
+  const Shape params = param_shape(kind, x.global_shape, resolved);
+  const auto check_shape = [&](int index, const char* name, const Shape& expected) {
+    if (index < 0) return;
+    check_arg(inputs[index].global_shape == expected, op, "{} of shape {}, expected {}", name,
+              inputs[index].global_shape, expected);
+  };
+  check_shape(at.w, "w", params);
+  check_shape(at.b, "b", params);
+  check_shape(at.running_mean, "running_mean", params);
+  check_shape(at.running_var, "running_var", params);
+  if (kind == NormKind::batch) {
+    check_arg(at.running_mean < 0 || at.running_var >= 0, op,
+              "running_mean is given without running_var");
+    check_arg(resolved.training || at.running_mean >= 0, op,
+              "eval mode (training=0) needs running_mean and running_var");
+  }
+  const std::vector<Placement> replicated(x.mesh_shape.size(), Placement::replicate());
+  OpRule rule;
+  rule.inputs.push_back(x);
+  for (size_t i = 1; i < inputs.size(); ++i)
+    rule.inputs.push_back(ShardSpec::make(inputs[i].global_shape, x.mesh_shape, replicated));
+  rule.halos.assign(inputs.size(), std::nullopt);
+  rule.outputs.push_back(x);
+  if (kind == NormKind::batch)
+    for (int i = 0; i < 2; ++i)
+      rule.outputs.push_back(ShardSpec::make(params, x.mesh_shape, replicated));
+  return rule;
+}
+
+/// The geometry of the local piece of x covering global box `box`.
+NormGeometry geometry_of(NormKind kind, const Shape& x, const NormAttrs& attrs, const Box& box) {
+  NormGeometry g;
+  g.kind = kind;
+  g.eps = attrs.eps;
+  const int rank = static_cast<int>(x.size());
+  if (kind == NormKind::layer) {
+    const int first = rank - static_cast<int>(attrs.normalized_ndim);
+    g.batch = 1;
+    g.length = 1;
+    for (int d = 0; d < rank; ++d) (d < first ? g.batch : g.length) *= box.extent(d);
+    g.channels = 1;
+    g.slots = g.batch;
+    g.slot_stride = 1;
+    g.per_element_affine = true;
+    return g;
+  }
+  g.batch = box.extent(0);
+  g.channels = box.extent(1);
+  g.length = 1;
+  for (int d = 2; d < rank; ++d) g.length *= box.extent(d);
+  g.channel_offset = box.lo[1];
+  switch (kind) {
+    case NormKind::batch:
+      g.slots = x[1];
+      g.slot_stride = 0;
+      g.slot_offset = box.lo[1];
+      break;
+    case NormKind::group:
+      g.slots = g.batch * attrs.groups;
+      g.slot_stride = attrs.groups;
+      g.slot_offset = box.lo[1];
+      g.channels_per_slot = x[1] / attrs.groups;
+      break;
+    default:  // instance
+      g.slots = g.batch * g.channels;
+      g.slot_stride = g.channels;
+      break;
+  }
+  return g;
+}
+
+/// Every rank's per-slot values `local` [slots, width] (f64, on its device) all-gathered over
+/// `dims` of the mesh: [ranks, slots, width] in the sub-communicator's rank order.
+Tensor gather_slots(const DeviceMesh& mesh, const std::vector<int>& dims, const Tensor& local) {
+  const Shape shape = local.shape();
+  if (dims.empty()) return local.reshape({1, shape[0], shape[1]});
+  const std::shared_ptr<Comm> comm = mesh.sub_comm(dims);
+  const size_t count = static_cast<size_t>(local.numel());
+  Tensor gathered = Tensor::empty({comm->size(), shape[0], shape[1]}, DType::f64, local.device());
+  comm->all_gather_v(local.raw_data(), count, gathered.raw_data(),
+                     std::vector<size_t>(static_cast<size_t>(comm->size()), count), DType::f64);
+  return gathered;
+}
+
+/// Everything a kernel or the backward needs to know about one call.
+struct NormCall {
+  NormKind kind;
+  NormAttrs attrs;
+  NormInputs at;
+  NormGeometry g;
+  std::vector<int> mesh_dims;  // mesh dims whose ranks combine statistics
+  Device device = Device::cpu();
+  Stream stream{};
+};
+
+NormCall call_of(NormKind kind, const OpAttrs& attrs, const ShardSpec& x, const Box& box,
+                 size_t inputs, Device device, Stream stream) {
+  NormCall call{
+      kind, resolve(kind, x.global_shape, attrs), inputs_of(kind, inputs), {}, {}, device, stream};
+  call.g = geometry_of(kind, x.global_shape, call.attrs, box);
+  call.mesh_dims = statistics_mesh_dims(kind, x, call.attrs);
+  return call;
+}
+
+/// The local slice of a replicated w or b: layer_norm's normalized dims of the piece's box.
+Tensor param_piece(const NormCall& call, const Tensor& param, const Box& box) {
+  if (call.kind != NormKind::layer) return param;
+  const size_t first = box.ndim() - static_cast<size_t>(call.attrs.normalized_ndim);
+  Box local;
+  for (size_t d = first; d < box.ndim(); ++d) {
+    local.lo.push_back(box.lo[d]);
+    local.hi.push_back(box.hi[d]);
+  }
+  return param.view_box(local).contiguous();
+}
+
+/// The statistics [slots, 4] of the call: combined over the ranks (collective over
+/// call.mesh_dims), or batch_norm's running ones in eval mode.
+Tensor statistics_of(const NormCall& call, const DeviceMesh& mesh, const Tensor& x,
+                     const std::vector<Tensor>& inputs) {
+  const bool cuda = call.device.is_cuda();
+  if (call.kind == NormKind::batch && !call.attrs.training) {
+    const Tensor& mean = inputs[call.at.running_mean];
+    const Tensor& var = inputs[call.at.running_var];
+    return cuda ? norm_running_statistics_cuda(mean, var, call.attrs.eps, call.stream)
+                : norm_running_statistics_cpu(mean, var, call.attrs.eps);
+  }
+  const Tensor moments =
+      cuda ? norm_moments_cuda(call.g, x, call.stream) : norm_moments_cpu(call.g, x);
+  const Tensor gathered = gather_slots(mesh, call.mesh_dims, moments);
+  return cuda ? norm_statistics_cuda(gathered, call.attrs.eps, call.stream)
+              : norm_statistics_cpu(gathered, call.attrs.eps);
+}
+
+std::optional<Tensor> input_at(const std::vector<Tensor>& inputs, int index) {
+  return index < 0 ? std::nullopt : std::optional<Tensor>(inputs[index]);
+}
+
+KernelFn kernel_of(NormKind kind) {
+  return [kind](const KernelContext& context, const std::vector<Tensor>& inputs) {
+    const NormCall call =
+        call_of(kind, context.attrs, context.input_specs[0], context.input_boxes[0], inputs.size(),
+                context.device, context.stream);
+    const bool cuda = call.device.is_cuda();
+    const Tensor x = inputs[0].contiguous();
+    const Tensor statistics = statistics_of(call, context.mesh, x, inputs);
+    std::optional<Tensor> w = input_at(inputs, call.at.w), b = input_at(inputs, call.at.b);
+    if (w) w = param_piece(call, *w, context.input_boxes[0]);
+    if (b) b = param_piece(call, *b, context.input_boxes[0]);
+    std::vector<Tensor> outputs{cuda ? norm_forward_cuda(call.g, x, statistics, w, b, call.stream)
+                                     : norm_forward_cpu(call.g, x, statistics, w, b)};
+    if (kind != NormKind::batch) return outputs;
+    // The running statistics: updated in training (from PyTorch's initial 0 and 1 when none were
+    // given), passed on in eval.
+    const Shape channels{context.input_specs[0].global_shape[1]};
+    if (!call.attrs.training) {
+      outputs.push_back(inputs[call.at.running_mean].clone());
+      outputs.push_back(inputs[call.at.running_var].clone());
+      return outputs;
+    }
+    Tensor mean, var;
+    if (call.at.running_mean >= 0) {
+      mean = inputs[call.at.running_mean];
+      var = inputs[call.at.running_var];
+    } else {
+      mean = Tensor::zeros(channels, x.dtype(), x.device());
+      var = Tensor::zeros(channels, x.dtype(), x.device());
+      var.fill(1.0);
+    }
+    auto [new_mean, new_var] =
+        cuda ? norm_update_running_cuda(statistics, mean, var, call.attrs.momentum, call.stream)
+             : norm_update_running_cpu(statistics, mean, var, call.attrs.momentum);
+    outputs.push_back(new_mean);
+    outputs.push_back(new_var);
+    return outputs;
+  };
+}
+
+BackwardFn backward_of(NormKind kind) {
+  return [kind](const OpRecord& record, const std::vector<std::optional<ShardTensor>>& grads) {
+    std::vector<std::optional<ShardTensor>> result(record.inputs.size());
+    if (!grads[0]) return result;  // only the running statistics got a gradient
+    const ShardTensor& xs = record.inputs[0];
+    const ShardSpec& y = record.outputs[0].spec();
+    const ShardTensor g =
+        grads[0]->spec() == y ? *grads[0] : grads[0]->redistribute(y.placements, y.extents);
+    const Device device = xs.device();
+    const Box box = xs.local_box();
+    const NormCall call = call_of(kind, record.attrs, xs.spec(), box, record.inputs.size(), device,
+                                  device.is_cuda() ? compute_stream_for(device) : Stream{});
+    const bool cuda = device.is_cuda();
+    std::vector<Tensor> locals;
+    for (const ShardTensor& input : record.inputs) locals.push_back(input.to_local());
+    const Tensor x = record.kernel_inputs[0].contiguous();
+    const Tensor dy = g.to_local().contiguous();
+    const Tensor statistics = statistics_of(call, xs.mesh(), x, locals);
+    std::optional<Tensor> w = input_at(locals, call.at.w);
+    if (w) w = param_piece(call, *w, box);
+    NormParamGrads params;
+    const bool want_dw = call.at.w >= 0, want_db = call.at.b >= 0;
+    const Tensor sums =
+        cuda ? norm_backward_sums_cuda(call.g, x, dy, statistics, w, want_dw, want_db, params,
+                                       call.stream)
+             : norm_backward_sums_cpu(call.g, x, dy, statistics, w, want_dw, want_db, params);
+    // batch_norm's eval mode normalizes with constants: dx = rstd * dxhat.
+    std::optional<Tensor> total;
+    if (kind != NormKind::batch || call.attrs.training) {
+      const Tensor gathered = gather_slots(xs.mesh(), call.mesh_dims, sums);
+      total = cuda ? norm_sum_ranks_cuda(gathered, call.stream) : norm_sum_ranks_cpu(gathered);
+    }
+    const Tensor dx = cuda ? norm_backward_dx_cuda(call.g, x, dy, statistics, total, w, call.stream)
+                           : norm_backward_dx_cpu(call.g, x, dy, statistics, total, w);
+    result[0] = ShardTensor(dx, xs.mesh(), xs.spec());
+    // dw, db: this rank's channels (or normalized box) of a zero tensor of the parameter's
+    // shape, Partial(sum) over the mesh dims that shard x.
+    const Shape shape = param_shape(kind, xs.global_shape(), call.attrs);
+    const auto full_param = [&](const Tensor& piece) {
+      Tensor full = Tensor::zeros(shape, piece.dtype(), device);
+      Box local = Box::of_shape(shape);
+      if (kind == NormKind::layer) {
+        const size_t first = box.ndim() - shape.size();
+        for (size_t d = 0; d < shape.size(); ++d) {
+          local.lo[d] = box.lo[first + d];
+          local.hi[d] = box.hi[first + d];
+        }
+      } else {
+        local.lo[0] = box.lo[1];
+        local.hi[0] = box.hi[1];
+      }
+      full.view_box(local).copy_from(piece.reshape(local.shape()));
+      return ShardTensor(full, xs.mesh(), partial_over_sharding(xs.spec(), shape));
+    };
+    if (want_dw) result[call.at.w] = full_param(*params.dw);
+    if (want_db) result[call.at.b] = full_param(*params.db);
+    return result;
+  };
+}
+
+OpAttr eps_attr() {
+  return OpAttr{.name = "eps",
+                .type = AttrType::float_scalar,
+                .default_value = 1e-5,
+                .doc = "added to the variance"};
+}
+
+OpAttrs eps_attrs(double eps) {
+  OpAttrs attrs;
+  attrs.set("eps", eps);
+  return attrs;
+}
+
+std::vector<ShardTensor> with_optional(std::vector<ShardTensor> inputs,
+                                       const std::optional<ShardTensor>& w,
+                                       const std::optional<ShardTensor>& b, const char* op) {
+  check_arg(w || !b, op, "b is given without w (inputs are positional)");
+  if (w) inputs.push_back(*w);
+  if (b) inputs.push_back(*b);
+  return inputs;
+}
+
+}  // namespace
+
+void register_norm_ops() {
+  const auto rule = [](NormKind kind) {
+    return [kind](const std::vector<ShardSpec>& inputs, const OpAttrs& attrs) {
+      return norm_rule(kind, inputs, attrs);
+    };
+  };
+  const auto def = [&](NormKind kind, const char* summary, std::vector<OpInput> inputs,
+                       std::vector<std::string> outputs, std::vector<OpAttr> attrs) {
+    return OpDef{.name = name_of(kind),
+                 .summary = summary,
+                 .inputs = std::move(inputs),
+                 .outputs = std::move(outputs),
+                 .attrs = std::move(attrs),
+                 .rule = rule(kind),
+                 .cpu = kernel_of(kind),
+                 .cuda = kernel_of(kind),
+                 .backward = backward_of(kind)};
+  };
+  const OpInput x{.name = "x"}, w{.name = "w", .optional = true}, b{.name = "b", .optional = true};
+  register_op(def(NormKind::group,
+                  "group_norm of x [N, C, spatial..] over groups of C/groups channels and the "
+                  "spatial dims (+ w, b [C])",
+                  {x, w, b}, {"y"},
+                  {{.name = "groups",
+                    .type = AttrType::int_scalar,
+                    .required = true,
+                    .doc = "channel groups (a divisor of C)"},
+                   eps_attr()}));
+  register_op(def(NormKind::batch,
+                  "batch_norm of x [N, C, spatial..] over N and the spatial dims (running "
+                  "statistics updated in training, used in eval; + w, b [C])",
+                  {x,
+                   {.name = "running_mean", .optional = true},
+                   {.name = "running_var", .optional = true},
+                   w,
+                   b},
+                  {"y", "running_mean", "running_var"},
+                  {{.name = "training",
+                    .type = AttrType::boolean,
+                    .default_value = int64_t{1},
+                    .doc = "batch statistics (1) or the running ones (0)"},
+                   {.name = "momentum",
+                    .type = AttrType::float_scalar,
+                    .default_value = 0.1,
+                    .doc = "weight of the batch statistics in the running ones"},
+                   eps_attr()}));
+  register_op(def(NormKind::instance,
+                  "instance_norm of x [N, C, spatial..]: each (n, c) over the spatial dims (+ w, "
+                  "b [C])",
+                  {x, w, b}, {"y"}, {eps_attr()}));
+  register_op(def(NormKind::layer,
+                  "layer_norm of x over its trailing normalized_ndim dims (+ w, b of their shape)",
+                  {x, w, b}, {"y"},
+                  {{.name = "normalized_ndim",
+                    .type = AttrType::int_scalar,
+                    .default_value = int64_t{1},
+                    .doc = "trailing dims normalized over"},
+                   eps_attr()}));
+}
+
+ShardTensor group_norm(const ShardTensor& x, int64_t groups, const std::optional<ShardTensor>& w,
+                       const std::optional<ShardTensor>& b, double eps) {
+  OpAttrs attrs = eps_attrs(eps);
+  attrs.set("groups", groups);
+  return apply_op("group_norm", with_optional({x}, w, b, "group_norm"), attrs)[0];
+}
+
+BatchNormResult batch_norm(const ShardTensor& x, const std::optional<ShardTensor>& running_mean,
+                           const std::optional<ShardTensor>& running_var,
+                           const std::optional<ShardTensor>& w, const std::optional<ShardTensor>& b,
+                           const BatchNormOptions& options) {
+  check_arg(running_mean.has_value() == running_var.has_value(), "batch_norm",
+            "running_mean and running_var are given together or not at all");
+  OpAttrs attrs = eps_attrs(options.eps);
+  attrs.set("training", int64_t{options.training ? 1 : 0}).set("momentum", options.momentum);
+  std::vector<ShardTensor> inputs{x};
+  const bool given = running_mean.has_value();
+  if (given) {
+    inputs.push_back(*running_mean);
+    inputs.push_back(*running_var);
+  } else if (w) {
+    // Inputs are positional: stand-in running statistics (PyTorch's initial 0 and 1) whose update
+    // is dropped.
+    check_arg(x.global_shape().size() >= 2, "batch_norm",
+              "expected an input [N, C, spatial..(optional)], got shape {}", x.global_shape());
+    const Shape channels{x.global_shape()[1]};
+    const std::vector<Placement> replicated(x.mesh().ndim(), Placement::replicate());
+    Tensor ones = Tensor::zeros(channels, x.dtype(), x.device());
+    ones.fill(1.0);
+    inputs.push_back(ShardTensor::from_local(Tensor::zeros(channels, x.dtype(), x.device()),
+                                             x.mesh(), replicated));
+    inputs.push_back(ShardTensor::from_local(ones, x.mesh(), replicated));
+  }
+  inputs = with_optional(std::move(inputs), w, b, "batch_norm");
+  std::vector<ShardTensor> outputs = apply_op("batch_norm", inputs, attrs);
+  BatchNormResult result{outputs[0], std::nullopt, std::nullopt};
+  if (given) {
+    result.running_mean = outputs[1];
+    result.running_var = outputs[2];
+  }
+  return result;
+}
+
+ShardTensor instance_norm(const ShardTensor& x, const std::optional<ShardTensor>& w,
+                          const std::optional<ShardTensor>& b, double eps) {
+  return apply_op("instance_norm", with_optional({x}, w, b, "instance_norm"), eps_attrs(eps))[0];
+}
+
+ShardTensor layer_norm(const ShardTensor& x, int64_t normalized_ndim,
+                       const std::optional<ShardTensor>& w, const std::optional<ShardTensor>& b,
+                       double eps) {
+  OpAttrs attrs = eps_attrs(eps);
+  attrs.set("normalized_ndim", normalized_ndim);
+  return apply_op("layer_norm", with_optional({x}, w, b, "layer_norm"), attrs)[0];
+}
+
+}  // namespace tessera::ops

@@ -1,0 +1,139 @@
+#!/usr/bin/python3
+# Acceptance check of `tessera ops --json` for the normalizations and of the generic `tessera
+# run-op group_norm / batch_norm / instance_norm / layer_norm`: every PyTorch fixture case
+# (tests/fixtures/norm) is written into an input HDF5 file (x, its optional inputs, gy), run
+# forward and --backward with its attributes as --attr NAME=VALUE on 4 ranks (local ranks, or
+# under a launcher given in TESSERA_LAUNCH, e.g. "mpiexec -n 4": a 2x2 mesh over the channel and
+# last dims, or 4 ranks over the last dim, uneven with an empty shard) and on 1 rank; y, the
+# running statistics and gx, gw, gb equal PyTorch's values and each other. Bad attributes exit
+# with code 2, print one line naming the op and the attribute, and leave no output.
+# Usage: run_op_norm_check.py TESSERA_BINARY FIXTURE_DIR SCRATCH_DIR
+import json
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+
+from run_op_check_support import error_lines, load_array, run_cli, setup
+
+tessera, fixture_dir, scratch, launch, manifest = setup()
+failures = 0
+
+
+def report(ok, what):
+    global failures
+    failures += not ok
+    print(f"{'ok' if ok else 'FAIL'}: {what}")
+
+
+def run(op, args, expect_code, single=False):
+    prefix = [] if single else launch
+    extra = ["--ranks", "1", "--mesh", "1"] if single else []
+    return run_cli(prefix + [tessera, "run-op", op] + args + extra, expect_code)
+
+
+def split(length, parts):
+    """Uneven extents with an empty part when there are 4 parts."""
+    if parts == 2:
+        first = max(length // 3, 1)
+        return [first, length - first]
+    return [1, 0, length - 3, 2]
+
+
+def attrs_of(case):
+    return sum((["--attr", f"{name}={value}"] for name, value in case["attrs"].items()), [])
+
+
+# --- tessera ops --json lists the four with their signatures --------------------------------------
+listing = subprocess.run([tessera, "ops", "--json"], capture_output=True, text=True, timeout=60)
+ops = {op["name"]: op for op in json.loads(listing.stdout)["ops"]} if listing.returncode == 0 else {}
+for op, inputs, outputs, attrs in [
+        ("group_norm", ["x", "w", "b"], ["y"], ["groups", "eps"]),
+        ("batch_norm", ["x", "running_mean", "running_var", "w", "b"],
+         ["y", "running_mean", "running_var"], ["training", "momentum", "eps"]),
+        ("instance_norm", ["x", "w", "b"], ["y"], ["eps"]),
+        ("layer_norm", ["x", "w", "b"], ["y"], ["normalized_ndim", "eps"])]:
+    entry = ops.get(op, {})
+    report(entry.get("devices") == ["cpu", "cuda"] and entry.get("differentiable") is True
+           and [i["name"] for i in entry.get("inputs", [])] == inputs
+           and [i["optional"] for i in entry.get("inputs", [])] == [False] + [True] * (len(inputs) - 1)
+           and entry.get("outputs") == outputs
+           and [a["name"] for a in entry.get("attrs", [])] == attrs,
+           f"ops --json lists {op}: {inputs} -> {outputs}, attributes {attrs}, cpu and cuda")
+
+OPTIONAL = ["running_mean", "running_var", "w", "b"]
+for index, case in enumerate(manifest["cases"]):
+    name, op, x_shape, params = case["name"], case["op"], case["x_shape"], case["param_shape"]
+    path_in = os.path.join(scratch, f"{name}.in.h5")
+    with h5py.File(path_in, "w") as f:
+        f["x"] = load_array(fixture_dir, case, "x", x_shape)
+        f["gy"] = load_array(fixture_dir, case, "gy", x_shape)
+        for key in OPTIONAL:
+            if key in case["files"]:
+                f[key] = load_array(fixture_dir, case, key, params)
+    last = len(x_shape) - 1
+    if index % 2 == 0:
+        layout = ["--mesh", "2x2", "--shard-dims", f"1,{last}", "--extents",
+                  ";".join(",".join(map(str, split(x_shape[d], 2))) for d in [1, last])]
+    else:
+        layout = ["--mesh", "4", "--shard-dims", str(last), "--extents",
+                  ",".join(map(str, split(x_shape[last], 4)))]
+    results = {}
+    for label, args, single in [("4 ranks", layout, False), ("1 rank", [], True)]:
+        path_out = os.path.join(scratch, f"{name}.{label.replace(' ', '')}.out.h5")
+        if run(op, ["--in", path_in, "--out", path_out, "--backward"] + attrs_of(case) + args, 0,
+               single) is None:
+            failures += 1
+            continue
+        with h5py.File(path_out, "r") as f:
+            results[label] = {key: f[key][...] for key in f.keys()}
+    if len(results) != 2:
+        continue
+    checks = [("y", "y", x_shape), ("gx", "gx", x_shape)]
+    if case["has_w"]:
+        checks.append(("gw", "gw", params))
+    if case["has_b"]:
+        checks.append(("gb", "gb", params))
+    if op == "batch_norm":
+        checks += [("running_mean", "running_mean_out", params),
+                   ("running_var", "running_var_out", params)]
+    for key, fixture_key, shape in checks:
+        expected = load_array(fixture_dir, case, fixture_key, shape)
+        sharded, single = results["4 ranks"].get(key), results["1 rank"].get(key)
+        if sharded is None or single is None:
+            report(False, f"{name}: no dataset {key}")
+            continue
+        error = np.max(np.abs(sharded - expected), initial=0.0)
+        same = np.max(np.abs(sharded - single), initial=0.0)
+        report(sharded.shape == expected.shape and error < 1e-10 and same < 1e-12,
+               f"{name} {key}: vs PyTorch {error:.3g}, 4 ranks vs 1 rank {same:.3g}")
+
+# --- errors: exit 2, one line naming the op and the attribute, nothing written ----------------
+path_in = os.path.join(scratch, "group1d_affine.in.h5")  # x [2, 6, 9], w, b [6]
+errors = [
+    ("group_norm", ["--attr", "groups=4"], "[group_norm] attribute 'groups'"),
+    ("group_norm", ["--attr", "groups=0"], "[group_norm] attribute 'groups'"),
+    ("group_norm", [], "[group_norm] missing required attribute 'groups'"),
+    ("group_norm", ["--attr", "groups=2", "--attr", "eps=-1"], "[group_norm] attribute 'eps'"),
+    ("layer_norm", ["--attr", "normalized_ndim=4"], "[layer_norm] attribute 'normalized_ndim'"),
+    ("instance_norm", ["--attr", "groups=2"], "[instance_norm] unknown attribute 'groups'"),
+    ("batch_norm", ["--attr", "training=2"], "[batch_norm] attribute 'training'"),
+]
+for op, args, needle in errors:
+    path_out = os.path.join(scratch, "bad.out.h5")
+    if os.path.exists(path_out):
+        os.remove(path_out)
+    result = run(op, ["--in", path_in, "--out", path_out, "--mesh", "2x2", "--shard-dims", "1,2"]
+                 + args, 2)
+    if result is None:
+        failures += 1
+        continue
+    ok, lines = error_lines(result)
+    named = bool(lines) and needle in lines[0]
+    report(ok and named and not os.path.exists(path_out),
+           f"{op} {' '.join(args)}: {lines} (expects '{needle}')")
+
+print("run-op norm check:", "FAILED" if failures else "passed")
+sys.exit(1 if failures else 0)
