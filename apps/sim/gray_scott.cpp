@@ -298,7 +298,7 @@ void create_run_file(const std::string& file, const GrayScottConfig& config, int
   storage.gzip_level = gzip_level;
   io::create_dataset(file, kDataset, shape, config.dtype, storage);
   auto attributes = snapshot_attributes(config);
-  attributes["written"] = "0";
+  attributes.insert_or_assign("written", std::string("0"));
   io::write_attributes(file, kDataset, attributes);
 }
 
