@@ -37,6 +37,12 @@ void check_device(int index, const std::string& op);
 /// Makes `index` the calling thread's current device.
 void set_device(int index);
 
+/// Opens an NVTX range named `name` on the calling thread (Nsight Systems shows it beside the
+/// CUDA work); nothing without CUDA.
+void range_push(const char* name) noexcept;
+/// Closes the calling thread's innermost range_push.
+void range_pop() noexcept;
+
 /// Creates a non-blocking stream on `device` (never the legacy default stream).
 StreamHandle create_stream(int device);
 /// Destroys a stream from create_stream (after its work completes).

@@ -15,6 +15,7 @@
 
 #include "core/comm/comm.hpp"
 #include "core/errors.hpp"
+#include "core/gpu_runtime.hpp"
 
 namespace tessera::trace {
 
@@ -274,12 +275,15 @@ std::string file() {
 Span::Span(const char* category, std::string_view name) : category_(category) {
   if (!on.load(std::memory_order_relaxed) || current == nullptr) return;
   name_ = name;
+  gpu::range_push(name_.c_str());  // the same range for Nsight Systems on cuda builds
   start_ns_ = now_ns();
 }
 
 Span::~Span() {
-  if (start_ns_ < 0 || current == nullptr) return;
+  if (start_ns_ < 0) return;
   const int64_t end = now_ns();
+  gpu::range_pop();
+  if (current == nullptr) return;
   std::string args;
   for (const auto& [key, value] : args_)
     args += fmt::format("{}{}: {}", args.empty() ? "" : ", ", json_string(key), value);

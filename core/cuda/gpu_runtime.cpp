@@ -3,6 +3,7 @@
 #include "core/gpu_runtime.hpp"
 
 #include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
 
 #include "core/cuda/check.hpp"
 #include "core/cuda/strided_copy.cuh"
@@ -55,6 +56,14 @@ void check_device(int index, const std::string& op) {
 
 void set_device(int index) {
   TESSERA_CUDA_CHECK(cudaSetDevice(index), index);
+}
+
+void range_push(const char* name) noexcept {
+  nvtxRangePushA(name);
+}
+
+void range_pop() noexcept {
+  nvtxRangePop();
 }
 
 StreamHandle create_stream(int device) {

@@ -38,6 +38,10 @@ void check_device(int index, const std::string& op) {
 void set_device(int) {
   unavailable("cudaSetDevice");
 }
+
+void range_push(const char*) noexcept {}
+
+void range_pop() noexcept {}
 StreamHandle create_stream(int) {
   unavailable("stream creation");
 }
