@@ -86,7 +86,8 @@ void write_file(const std::string& file, const std::vector<std::string>& events)
     std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
     check_arg(static_cast<bool>(out), "trace", "cannot write the trace file '{}'", file);
     out << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
-    for (size_t i = 0; i < events.size(); ++i) out << events[i] << (i + 1 < events.size() ? ",\n" : "\n");
+    for (size_t i = 0; i < events.size(); ++i)
+      out << events[i] << (i + 1 < events.size() ? ",\n" : "\n");
     out << "]}\n";
     check_arg(static_cast<bool>(out), "trace", "cannot write the trace file '{}'", file);
   }
@@ -323,9 +324,8 @@ void traced(const std::shared_ptr<Comm>& world,
   std::vector<size_t> lengths(static_cast<size_t>(world->size()));
   world->all_gather_v(&length, 1, lengths.data(), std::vector<size_t>(world->size(), 1),
                       DType::i64);
-  std::string all(world->rank() == 0 ? std::accumulate(lengths.begin(), lengths.end(), size_t{0})
-                                     : 0,
-                  '\0');
+  std::string all(
+      world->rank() == 0 ? std::accumulate(lengths.begin(), lengths.end(), size_t{0}) : 0, '\0');
   world->gather_v(mine.data(), length, all.data(), lengths, DType::u8, 0);
   if (world->rank() != 0) return;
   Settings& s = settings();

@@ -97,9 +97,7 @@ StepFigures measure(std::shared_ptr<Comm> world, const TrainBenchOptions& option
     }
     optimizer.step();
   };
-  figures.step = bench::time_collective(*world, Device::cpu(), 1, options.steps, [&] {
-    step();
-  });
+  figures.step = bench::time_collective(*world, Device::cpu(), 1, options.steps, [&] { step(); });
   figures.exposed = exposed / (options.steps + 1);  // warm-up included: a mean over every step
   world->all_reduce(&figures.exposed, &figures.exposed, 1, DType::f64, ReduceOp::max);
   if (reducer) {
@@ -174,8 +172,9 @@ void run_train_bench(const TrainBenchOptions& options) {
 void register_train_bench(CLI::App& bench) {
   auto options = std::make_shared<TrainBenchOptions>();
   auto* train = bench.add_subcommand(
-      "train", "Training step on dp x domain: gradients reduced by the tape, by overlapped "
-               "buckets, and by buckets at finish");
+      "train",
+      "Training step on dp x domain: gradients reduced by the tape, by overlapped "
+      "buckets, and by buckets at finish");
   train->add_option("--shape", options->shape, "Global batch N,C,X,Y,Z")->capture_default_str();
   train->add_option("--hidden", options->hidden, "Hidden channels")->capture_default_str();
   train->add_option("--layers", options->layers, "conv3d layers (k3, gelu between)")

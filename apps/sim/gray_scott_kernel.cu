@@ -1,8 +1,8 @@
 // The Gray-Scott step kernel (gray_scott_kernel.cuh): one thread per owned cell, the operations
 // in the scheme's order. Compiled with --fmad=false (apps/sim/CMakeLists.txt) so that no
 // multiply-add is fused and the results equal the cpu step's bit for bit.
-#include "apps/sim/gray_scott_kernel.cuh"
 #include "apps/sim/gray_scott_cell.hpp"
+#include "apps/sim/gray_scott_kernel.cuh"
 
 namespace tessera::sim::kernels {
 

@@ -2,7 +2,6 @@
 #include "apps/tessera/cli_parse.hpp"
 
 #include <CLI/CLI.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>

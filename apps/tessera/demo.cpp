@@ -420,16 +420,18 @@ void run_training(std::shared_ptr<Comm> world, Shape field, const std::string& d
   const TrainingRun reference =
       train_net(single, {Placement::replicate(), Placement::replicate()}, {}, x, target, kSteps);
   fmt::print(
-      "\ntraining: conv3d(2->8, k3) -> gelu -> conv3d(8->2, k3), AdamW lr 2e-3, {} steps, batch of 2 "
+      "\ntraining: conv3d(2->8, k3) -> gelu -> conv3d(8->2, k3), AdamW lr 2e-3, {} steps, batch of "
+      "2 "
       "[2, 2, {}] f32 on {}\n",
       kSteps, fmt::join(field, ", "), rank_device().str());
-  fmt::print("  input: {}\n", first && second
-                                  ? fmt::format("{} snapshots 1, 2 -> 2, 3 (learning one step)",
-                                                data_file)
-                                  : std::string("generated (sample data not readable)"));
-  fmt::print("  dp=2 x domain 2 (x extents {}), gradients through the bucketed reducer: {:.2f} s; "
-             "one rank: {:.2f} s\n",
-             extents[1], sharded.seconds, reference.seconds);
+  fmt::print("  input: {}\n",
+             first && second
+                 ? fmt::format("{} snapshots 1, 2 -> 2, 3 (learning one step)", data_file)
+                 : std::string("generated (sample data not readable)"));
+  fmt::print(
+      "  dp=2 x domain 2 (x extents {}), gradients through the bucketed reducer: {:.2f} s; "
+      "one rank: {:.2f} s\n",
+      extents[1], sharded.seconds, reference.seconds);
   double worst = 0;
   for (int step = 0; step < kSteps; ++step) {
     const double diff = std::fabs(sharded.losses[step] - reference.losses[step]) /
@@ -440,12 +442,13 @@ void run_training(std::shared_ptr<Comm> world, Shape field, const std::string& d
                  reference.losses[step]);
   }
   fmt::print("  max relative loss difference over {} steps: {:.2g}\n", kSteps, worst);
-  const bool ok = report_differences({"w1", "b1", "w2", "b2"}, sharded.weights, reference.weights,
-                                     1e-4, 0) &&
-                  worst < 1e-4 && reference.losses.back() < reference.losses.front();
-  fmt::print("training on dp=2 x domain 2 matches one rank and the loss falls (f32, tolerance "
-             "1e-4): {}\n",
-             ok ? "yes" : "NO");
+  const bool ok =
+      report_differences({"w1", "b1", "w2", "b2"}, sharded.weights, reference.weights, 1e-4, 0) &&
+      worst < 1e-4 && reference.losses.back() < reference.losses.front();
+  fmt::print(
+      "training on dp=2 x domain 2 matches one rank and the loss falls (f32, tolerance "
+      "1e-4): {}\n",
+      ok ? "yes" : "NO");
   if (!ok) throw Error("demo", "training on dp=2 x domain 2 differs from one rank");
 }
 

@@ -255,7 +255,7 @@ void register_run_op_generic(CLI::App& run_op) {
                       "Also compute the input gradients (gx for input x) from the output gradients "
                       "(gy for output y)");
     command->add_option("--dtype", options->dtype, "f32, f64, f16 or bf16")->capture_default_str();
-  add_trace_option(*command);
+    add_trace_option(*command);
     command->add_option("--device", options->device, "cpu, cuda or cuda:N")->capture_default_str();
     command->callback([options, name] {
       select_device(options->device);

@@ -309,8 +309,9 @@ class MpiPendingCollective final : public PendingCollective {
     std::vector<MPI_Request> requests{request_};
     request_ = MPI_REQUEST_NULL;
     wait_requests(requests, name_, rank_, size_, [] {
-      return std::string("the other ranks of the communicator (MPI does not say which has not "
-                         "joined)");
+      return std::string(
+          "the other ranks of the communicator (MPI does not say which has not "
+          "joined)");
     });
   }
 

@@ -11,10 +11,10 @@
 #include <set>
 
 #include "core/agree.hpp"
+#include "core/trace.hpp"
 #include "io/hdf5/h5_file.hpp"
 #include "io/hdf5/sharded_io.hpp"
 #include "io/hdf5/sharded_io_detail.hpp"
-#include "core/trace.hpp"
 
 namespace tessera::io {
 namespace {

@@ -15,11 +15,11 @@
 #include "core/autograd.hpp"
 #include "core/runtime/rank_context.hpp"
 #include "core/shard_tensor_detail.hpp"
+#include "core/trace.hpp"
 #include "io/hdf5/h5_file.hpp"
 #include "io/hdf5/sharded_io_detail.hpp"
 #include "io/host_staging.hpp"
 #include "io/output_path.hpp"
-#include "core/trace.hpp"
 
 namespace tessera::io {
 

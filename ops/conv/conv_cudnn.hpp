@@ -1,8 +1,9 @@
 // cuDNN conv kernels for cuda operands: forward, backward data, backward filter and backward
-// bias of a conv1d/2d/3d (zero padding the same on both sides of each dim, taken by cuDNN), in f32 (no TF32 unless allowed), f64, f16 and bf16
-// (both accumulating in f32), channels-first or channels-last, with groups, stride and
-// dilation. Operands may have any strides (a box of a larger buffer included), so the sharded
-// conv runs the interior and the boundary slabs of a haloed piece without copies.
+// bias of a conv1d/2d/3d (zero padding the same on both sides of each dim, taken by cuDNN), in f32
+// (no TF32 unless allowed), f64, f16 and bf16 (both accumulating in f32), channels-first or
+// channels-last, with groups, stride and dilation. Operands may have any strides (a box of a larger
+// buffer included), so the sharded conv runs the interior and the boundary slabs of a haloed piece
+// without copies.
 //
 // Implemented by conv_cudnn.cpp on cuDNN 9's legacy convolution API, or by no_cudnn_conv.cpp
 // (NotAvailable) when Tessera is built without cuDNN. Work is queued on the compute stream of

@@ -129,8 +129,8 @@ CudnnConvParams cudnn_conv_params(int spatial_dims, const std::vector<int64_t>& 
   check_arg(padding.empty() || static_cast<int>(padding.size()) == spatial_dims, op,
             "conv{}d with padding {}", spatial_dims, padding);
   for (size_t d = 0; d < padding.size(); ++d) {
-    check_arg(padding[d] >= 0 && padding[d] <= INT_MAX, op,
-              "padding {} must be non-negative ints", padding);
+    check_arg(padding[d] >= 0 && padding[d] <= INT_MAX, op, "padding {} must be non-negative ints",
+              padding);
     params.padding[first + d] = static_cast<int>(padding[d]);
   }
   return params;

@@ -94,9 +94,8 @@ struct PrimitiveKeyHash {
     auto mix = [&hash](int64_t value) {
       hash ^= std::hash<int64_t>{}(value) + 0x9e3779b97f4a7c15ULL + (hash << 6) + (hash >> 2);
     };
-    for (const memory::dims* dims :
-         {&key.src, &key.weights, &key.dst, &key.strides, &key.dilates, &key.padding_l,
-          &key.padding_r}) {
+    for (const memory::dims* dims : {&key.src, &key.weights, &key.dst, &key.strides, &key.dilates,
+                                     &key.padding_l, &key.padding_r}) {
       mix(static_cast<int64_t>(dims->size()));
       for (int64_t value : *dims) mix(value);
     }

@@ -7,8 +7,8 @@
 // past the global edges). With zero padding the window is cut to [0, L): the halo plan fills
 // the part inside the tensor and the part outside stays virtual, handed to the local kernel as
 // its padding (oneDNN and cuDNN take it without the zeros ever being written; one rank copies
-// nothing at all). So sharded and unsharded calls run the same code. The same kernels serve cpu and cuda
-// tensors (conv_kernels.hpp dispatches on the device: reference/oneDNN or cuDNN).
+// nothing at all). So sharded and unsharded calls run the same code. The same kernels serve cpu and
+// cuda tensors (conv_kernels.hpp dispatches on the device: reference/oneDNN or cuDNN).
 #include "ops/conv/conv_op.hpp"
 
 #include <fmt/format.h>

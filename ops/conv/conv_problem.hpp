@@ -1,5 +1,6 @@
-// ConvProblem: one validated convolution (zero padding on each side allowed), in the form every conv backend
-// consumes. Built only by the dispatcher in conv_shapes.cpp, so backends may assume it is valid.
+// ConvProblem: one validated convolution (zero padding on each side allowed), in the form every
+// conv backend consumes. Built only by the dispatcher in conv_shapes.cpp, so backends may assume it
+// is valid.
 #pragma once
 
 #include <array>

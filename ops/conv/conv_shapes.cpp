@@ -99,8 +99,8 @@ ConvProblem make_problem(const Shape& x_shape, const Shape& w_shape, const ConvG
               kernel, d, shape_text(w_shape));
     const int64_t lo = geometry.pad_lo.empty() ? 0 : geometry.pad_lo[d];
     const int64_t hi = geometry.pad_hi.empty() ? 0 : geometry.pad_hi[d];
-    check_arg(lo >= 0 && hi >= 0, kOp, "padding ({}, {}) along spatial dim {} must be >= 0", lo,
-              hi, d);
+    check_arg(lo >= 0 && hi >= 0, kOp, "padding ({}, {}) along spatial dim {} must be >= 0", lo, hi,
+              d);
     const int64_t span = checked_add(checked_mul(dilation, kernel - 1, kOp, "dilated kernel"), 1,
                                      kOp, "dilated kernel");  // input positions one output reads
     const int64_t padded =
@@ -332,8 +332,8 @@ Tensor conv_backward_data(const Tensor& dy, const Tensor& w, const Shape& x_shap
   const bool cudnn = use_cudnn(backend, dy.device());
   if (!pads_natively(problem, !cudnn && use_onednn(backend, problem.dtype), dy.device())) {
     // The gradient of the padded input, cut to x's cells.
-    const Tensor padded_dx = conv_backward_data(dy, w, padded_shape(x_shape, geometry),
-                                                unpadded(geometry), backend);
+    const Tensor padded_dx =
+        conv_backward_data(dy, w, padded_shape(x_shape, geometry), unpadded(geometry), backend);
     return padded_dx.view_box(unpadded_box(x_shape, geometry)).contiguous();
   }
   if (cudnn) {
@@ -364,8 +364,7 @@ Tensor conv_backward_weight(const Tensor& x, const Tensor& dy, const Shape& w_sh
   check_output_gradient(dy, problem);
   const bool cudnn = use_cudnn(backend, x.device());
   if (!pads_natively(problem, !cudnn && use_onednn(backend, problem.dtype), x.device()))
-    return conv_backward_weight(zero_padded(x, geometry), dy, w_shape, unpadded(geometry),
-                                backend);
+    return conv_backward_weight(zero_padded(x, geometry), dy, w_shape, unpadded(geometry), backend);
   if (cudnn) {
     Tensor dw = Tensor::empty(w_shape, problem.dtype, x.device());
     conv_backward_filter_cudnn(

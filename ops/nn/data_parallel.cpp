@@ -69,9 +69,9 @@ struct GradReducer::State {
   std::vector<GradHookHandle> sinks;
   std::vector<Bucket> buckets;
   std::vector<size_t> bucket_of;
-  std::vector<std::optional<ShardTensor>> pending;  // unreduced gradients, summed locally
-  std::vector<bool> received;                       // this round, per parameter
-  std::vector<InFlight> in_flight;                  // in start order
+  std::vector<std::optional<ShardTensor>> pending;    // unreduced gradients, summed locally
+  std::vector<bool> received;                         // this round, per parameter
+  std::vector<InFlight> in_flight;                    // in start order
   std::vector<std::pair<size_t, ShardTensor>> ready;  // reduced without a bucket collective
   bool sync = true;
   ReducerStats stats;
@@ -138,7 +138,9 @@ struct GradReducer::State {
       for (size_t index : group.members) {
         const ShardTensor& grad = *pending[index];
         const Tensor local = grad.to_local();
-        flight.flat.slice(0, offset, offset + local.numel()).reshape(local.shape()).copy_from(local);
+        flight.flat.slice(0, offset, offset + local.numel())
+            .reshape(local.shape())
+            .copy_from(local);
         offset += local.numel();
         flight.members.push_back(index);
         flight.specs.push_back(reduced_spec(grad));
@@ -147,9 +149,9 @@ struct GradReducer::State {
       }
       const ShardTensor& first = parameters[group.members.front()].tensor();
       flight.comm = first.mesh().sub_comm(group.dims);
-      flight.pending = flight.comm->start_all_reduce(flight.flat.raw_data(), flight.flat.raw_data(),
-                                                     static_cast<size_t>(total), group.dtype,
-                                                     group.op);
+      flight.pending =
+          flight.comm->start_all_reduce(flight.flat.raw_data(), flight.flat.raw_data(),
+                                        static_cast<size_t>(total), group.dtype, group.op);
       ++stats.collectives;
       stats.bytes_reduced += static_cast<int64_t>(flight.flat.nbytes());
       in_flight.push_back(std::move(flight));
@@ -173,8 +175,7 @@ GradReducer::GradReducer(std::vector<Parameter> parameters, ReducerOptions optio
   size_t bytes = 0;
   for (size_t k = count; k-- > 0;) {
     const Tensor local = state.parameters[k].tensor().to_local();
-    bool fresh = state.buckets.empty() ||
-                 bytes + local.nbytes() > state.options.bucket_bytes;
+    bool fresh = state.buckets.empty() || bytes + local.nbytes() > state.options.bucket_bytes;
     if (!fresh) {
       const Tensor first =
           state.parameters[state.buckets.back().members.front()].tensor().to_local();
@@ -190,9 +191,9 @@ GradReducer::GradReducer(std::vector<Parameter> parameters, ReducerOptions optio
   }
   State* raw = state_.get();
   for (size_t k = 0; k < count; ++k)
-    state.sinks.push_back(set_grad_sink(
-        state.parameters[k].tensor().id(),
-        [raw, k](const ShardTensor& grad) { raw->receive(k, grad); }));
+    state.sinks.push_back(
+        set_grad_sink(state.parameters[k].tensor().id(),
+                      [raw, k](const ShardTensor& grad) { raw->receive(k, grad); }));
 }
 
 GradReducer::~GradReducer() = default;
@@ -219,8 +220,7 @@ void GradReducer::finish() {
       const Tensor local = flight.flat.slice(0, offset, offset + numel).reshape(flight.shapes[i]);
       offset += numel;
       Parameter& parameter = state.parameters[flight.members[i]];
-      parameter.accumulate_grad(
-          ShardTensor(local, parameter.tensor().mesh(), flight.specs[i]));
+      parameter.accumulate_grad(ShardTensor(local, parameter.tensor().mesh(), flight.specs[i]));
     }
   }
   state.in_flight.clear();

@@ -10,9 +10,9 @@
 
 #include "core/compute_threads.hpp"
 #include "core/parallel_for.hpp"
+#include "core/trace.hpp"
 #include "ops/optim/optimizer_cuda.hpp"
 #include "ops/optim/update_rules.hpp"
-#include "core/trace.hpp"
 
 namespace tessera::optim {
 
@@ -40,8 +40,9 @@ struct Operands {
 Operands operands_of(const Parameter& parameter, const std::string& op) {
   const Tensor value = parameter.tensor().to_local();
   const Tensor grad = parameter.grad()->to_local().contiguous();
-  check_arg(grad.device() == value.device(), op, "the gradient of parameter '{}' is on {}, it is on {}",
-            parameter.name(), grad.device().str(), value.device().str());
+  check_arg(grad.device() == value.device(), op,
+            "the gradient of parameter '{}' is on {}, it is on {}", parameter.name(),
+            grad.device().str(), value.device().str());
   check_arg(value.dtype() == DType::f32 || value.dtype() == DType::f64, op,
             "parameter '{}' is {}: updates take f32 or f64 parameters", parameter.name(),
             dtype_name(value.dtype()));
@@ -254,18 +255,17 @@ void Adam::step() {
     Tensor* max_exp_avg_sq = options_.amsgrad ? buffer(index, "max_exp_avg_sq", true) : nullptr;
     dispatch_dtype(operands.value.dtype(), [&]<typename T>() {
       if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-        const rules::Adam<T> rule{
-            .beta1_weight = static_cast<T>(1 - options_.beta1),
-            .beta2 = static_cast<T>(options_.beta2),
-            .one_minus_beta2 = static_cast<T>(1 - options_.beta2),
-            .decay = static_cast<T>(1 - lr_ * weight_decay),
-            .weight_decay = static_cast<T>(weight_decay),
-            .eps = static_cast<T>(options_.eps),
-            .step_size = static_cast<T>(step_size),
-            .bias_correction2_sqrt = static_cast<T>(bias_correction2_sqrt),
-            .decoupled = decoupled_,
-            .maximize = options_.maximize,
-            .has_weight_decay = weight_decay != 0};
+        const rules::Adam<T> rule{.beta1_weight = static_cast<T>(1 - options_.beta1),
+                                  .beta2 = static_cast<T>(options_.beta2),
+                                  .one_minus_beta2 = static_cast<T>(1 - options_.beta2),
+                                  .decay = static_cast<T>(1 - lr_ * weight_decay),
+                                  .weight_decay = static_cast<T>(weight_decay),
+                                  .eps = static_cast<T>(options_.eps),
+                                  .step_size = static_cast<T>(step_size),
+                                  .bias_correction2_sqrt = static_cast<T>(bias_correction2_sqrt),
+                                  .decoupled = decoupled_,
+                                  .maximize = options_.maximize,
+                                  .has_weight_decay = weight_decay != 0};
         if (operands.value.device().is_cuda()) {
           adam_update_cuda(rule, operands.value, operands.grad, *exp_avg, *exp_avg_sq,
                            max_exp_avg_sq);

@@ -15,8 +15,10 @@ void require_operands(const std::vector<const Tensor*>& tensors, const Tensor& p
     if (tensor == nullptr) continue;
     check_arg(tensor->device() == p.device() && tensor->dtype() == p.dtype() &&
                   tensor->shape() == p.shape() && tensor->is_contiguous(),
-              "optimizer", "operand {} of the update of {} (expected contiguous, same shape, "
-              "dtype and device)", tensor->str(), p.str());
+              "optimizer",
+              "operand {} of the update of {} (expected contiguous, same shape, "
+              "dtype and device)",
+              tensor->str(), p.str());
   }
 }
 
@@ -26,10 +28,10 @@ template <typename T>
 void sgd_update_cuda(const rules::Sgd<T>& rule, const Tensor& p, const Tensor& grad, Tensor* b) {
   require_operands({&p, &grad, b}, p);
   const Stream stream = compute_stream_for(p.device());
-  ops::check_launch(kernels::launch_sgd<T>(rule, p.data<T>(), grad.data<T>(),
-                                           b ? b->data<T>() : nullptr, p.numel(),
-                                           ops::stream_handle(stream)),
-                    "sgd", p.device(), "update");
+  ops::check_launch(
+      kernels::launch_sgd<T>(rule, p.data<T>(), grad.data<T>(), b ? b->data<T>() : nullptr,
+                             p.numel(), ops::stream_handle(stream)),
+      "sgd", p.device(), "update");
 }
 
 template <typename T>

@@ -48,8 +48,8 @@ cudaError_t launch_adam(const rules::Adam<T>& rule, T* p, const T* grad, T* m, T
 
 template cudaError_t launch_sgd<float>(const rules::Sgd<float>&, float*, const float*, float*,
                                        int64_t, cudaStream_t);
-template cudaError_t launch_sgd<double>(const rules::Sgd<double>&, double*, const double*,
-                                        double*, int64_t, cudaStream_t);
+template cudaError_t launch_sgd<double>(const rules::Sgd<double>&, double*, const double*, double*,
+                                        int64_t, cudaStream_t);
 template cudaError_t launch_adam<float>(const rules::Adam<float>&, float*, const float*, float*,
                                         float*, float*, int64_t, cudaStream_t);
 template cudaError_t launch_adam<double>(const rules::Adam<double>&, double*, const double*,

@@ -47,7 +47,8 @@ struct Adam {
       p = p * decay;
     else if (has_weight_decay)
       g = g + weight_decay * p;
-    // lerp(m, g, w) as PyTorch computes it: m + w * (g - m) for w < 0.5, else g - (g - m) * (1 - w).
+    // lerp(m, g, w) as PyTorch computes it: m + w * (g - m) for w < 0.5, else g - (g - m) * (1 -
+    // w).
     m = beta1_weight < T(0.5) ? m + beta1_weight * (g - m) : g - (g - m) * (T(1) - beta1_weight);
     v = v * beta2 + one_minus_beta2 * g * g;
     T second = v;
