@@ -17,6 +17,7 @@
 
 #include <cmath>
 #include <mutex>
+#include <tuple>
 
 #include "apps/tessera/cli_parse.hpp"
 #include "apps/tessera/commands.hpp"
@@ -211,19 +212,20 @@ StepResult conv_network_step(const DeviceMesh& mesh, const std::vector<Placement
   return result;
 }
 
-/// Snapshots `first` and `first + 1` of the sample data (Gray-Scott u, v fields), or nullopt
-/// when the file cannot be read (no HDF5 in this build, or no file).
-std::optional<std::pair<Tensor, Tensor>> read_snapshots(const std::string& file, int64_t first) {
+/// Snapshots [first, first + count) of the sample data (Gray-Scott u, v fields) as inputs and
+/// the snapshots one later as targets, from one read of [first, first + count], or nullopt when
+/// the file cannot be read (no HDF5 in this build, or no file).
+std::optional<std::pair<Tensor, Tensor>> read_snapshots(const std::string& file, int64_t first,
+                                                        int64_t count = 1) {
   try {
     const Shape shape = io::dataset_info(file, "snapshots").shape;
-    if (shape.size() != 5 || shape[0] < first + 2) return std::nullopt;
+    if (shape.size() != 5 || shape[0] < first + count + 1) return std::nullopt;
     Box box = Box::of_shape(shape);
     box.lo[0] = first;
-    box.hi[0] = first + 1;
-    const Tensor x = io::read_hyperslab(file, "snapshots", box, DType::f32);
-    box.lo[0] = first + 1;
-    box.hi[0] = first + 2;
-    return std::make_pair(x, io::read_hyperslab(file, "snapshots", box, DType::f32));
+    box.hi[0] = first + count + 1;
+    const Tensor run = io::read_hyperslab(file, "snapshots", box, DType::f32);
+    return std::make_pair(run.slice(0, 0, count).contiguous(),
+                          run.slice(0, 1, count + 1).contiguous());
   } catch (const Error&) {
     return std::nullopt;
   }
@@ -391,20 +393,11 @@ void run_training(std::shared_ptr<Comm> world, Shape field, const std::string& d
   constexpr int kSteps = 30;
   DeviceMesh mesh(world, {2, 2}, {"dp", "x"});
   // A batch of two samples: snapshots 1 and 2 as inputs, 2 and 3 as targets.
-  const auto first = read_snapshots(data_file, 1);
-  const auto second = read_snapshots(data_file, 2);
+  const auto snapshots = read_snapshots(data_file, 1, 2);
   Tensor x, target;
-  if (first && second) {
-    const Shape one = first->first.shape();
-    Shape batch = one;
-    batch[0] = 2;
-    x = Tensor::empty(batch, DType::f32);
-    target = Tensor::empty(batch, DType::f32);
-    x.slice(0, 0, 1).copy_from(first->first);
-    x.slice(0, 1, 2).copy_from(second->first);
-    target.slice(0, 0, 1).copy_from(first->second);
-    target.slice(0, 1, 2).copy_from(second->second);
-    field = {one[2], one[3], one[4]};
+  if (snapshots) {
+    std::tie(x, target) = *snapshots;
+    field = {x.shape(2), x.shape(3), x.shape(4)};
   } else {
     x = generated({2, 2, field[0], field[1], field[2]}, 21, 1.0);
     target = generated({2, 2, field[0], field[1], field[2]}, 22, 0.5);
@@ -425,9 +418,8 @@ void run_training(std::shared_ptr<Comm> world, Shape field, const std::string& d
       "[2, 2, {}] f32 on {}\n",
       kSteps, fmt::join(field, ", "), rank_device().str());
   fmt::print("  input: {}\n",
-             first && second
-                 ? fmt::format("{} snapshots 1, 2 -> 2, 3 (learning one step)", data_file)
-                 : std::string("generated (sample data not readable)"));
+             snapshots ? fmt::format("{} snapshots 1, 2 -> 2, 3 (learning one step)", data_file)
+                       : std::string("generated (sample data not readable)"));
   fmt::print(
       "  dp=2 x domain 2 (x extents {}), gradients through the bucketed reducer: {:.2f} s; "
       "one rank: {:.2f} s\n",

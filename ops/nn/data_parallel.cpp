@@ -99,16 +99,16 @@ struct GradReducer::State {
       DType dtype;
       Device device;
       const Comm* mesh_comm;
-      std::vector<size_t> members;
+      std::vector<std::pair<size_t, ShardTensor>> grads;  // parameter index, unreduced gradient
     };
     std::vector<Group> groups;
     for (size_t index : members) {
       if (!pending[index]) continue;
-      const ShardTensor grad = std::move(*pending[index]);
+      ShardTensor grad = std::move(*pending[index]);
       pending[index].reset();
       const PartialDims partial = partial_dims_of(grad);
       if (partial.dims.empty()) {  // nothing to reduce
-        ready.emplace_back(index, grad);
+        ready.emplace_back(index, std::move(grad));
         continue;
       }
       if (!partial.op) {  // mixed reductions: the generic path, on its own
@@ -116,7 +116,7 @@ struct GradReducer::State {
                                                     parameters[index].tensor().spec().extents));
         continue;
       }
-      const Tensor local = grad.to_local();
+      const Tensor& local = grad.to_local();
       const Comm* mesh_comm = &grad.mesh().comm();
       auto group = std::find_if(groups.begin(), groups.end(), [&](const Group& g) {
         return g.dims == partial.dims && g.op == *partial.op && g.dtype == local.dtype() &&
@@ -126,18 +126,16 @@ struct GradReducer::State {
         groups.push_back({partial.dims, *partial.op, local.dtype(), local.device(), mesh_comm, {}});
         group = std::prev(groups.end());
       }
-      group->members.push_back(index);
-      pending[index] = grad;  // packed below
+      group->grads.emplace_back(index, std::move(grad));
     }
-    for (Group& group : groups) {
+    for (const Group& group : groups) {
       InFlight flight;
       int64_t total = 0;
-      for (size_t index : group.members) total += pending[index]->to_local().numel();
+      for (const auto& [index, grad] : group.grads) total += grad.to_local().numel();
       flight.flat = Tensor::empty({total}, group.dtype, group.device);
       int64_t offset = 0;
-      for (size_t index : group.members) {
-        const ShardTensor& grad = *pending[index];
-        const Tensor local = grad.to_local();
+      for (const auto& [index, grad] : group.grads) {
+        const Tensor& local = grad.to_local();
         flight.flat.slice(0, offset, offset + local.numel())
             .reshape(local.shape())
             .copy_from(local);
@@ -145,10 +143,8 @@ struct GradReducer::State {
         flight.members.push_back(index);
         flight.specs.push_back(reduced_spec(grad));
         flight.shapes.push_back(local.shape());
-        pending[index].reset();
       }
-      const ShardTensor& first = parameters[group.members.front()].tensor();
-      flight.comm = first.mesh().sub_comm(group.dims);
+      flight.comm = group.grads.front().second.mesh().sub_comm(group.dims);
       flight.pending =
           flight.comm->start_all_reduce(flight.flat.raw_data(), flight.flat.raw_data(),
                                         static_cast<size_t>(total), group.dtype, group.op);

@@ -48,3 +48,29 @@ def error_lines(result):
     """(ok, lines): the non-empty stderr lines, ok when there is exactly one tessera error line
     (then only launcher text, when TESSERA_LAUNCH names a launcher)."""
     return single_error_line(result.stderr, bool(os.environ.get("TESSERA_LAUNCH", "").strip()))
+
+
+class Checks:
+    """Counts failed checks; report() prints each check's result."""
+
+    def __init__(self):
+        self.failures = 0
+
+    def report(self, ok, what):
+        self.failures += not ok
+        print(f"{'ok' if ok else 'FAIL'}: {what}")
+
+
+def run_op(tessera, launch, op, args, expect_code, single=False):
+    """`tessera run-op OP ARGS` under the launcher, or alone on 1 rank with `single`."""
+    prefix = [] if single else launch
+    extra = ["--ranks", "1", "--mesh", "1"] if single else []
+    return run_cli(prefix + [tessera, "run-op", op] + args + extra, expect_code)
+
+
+def uneven_split(length, parts):
+    """Uneven extents of `length` over 2 parts, or over 4 parts with an empty one."""
+    if parts == 2:
+        first = max(length // 3, 1)
+        return [first, length - first]
+    return [1, 0, length - 3, 2]

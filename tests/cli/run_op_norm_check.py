@@ -16,30 +16,18 @@ import sys
 import h5py
 import numpy as np
 
-from run_op_check_support import error_lines, load_array, run_cli, setup
+from run_op_check_support import Checks, error_lines, load_array, run_op, setup, uneven_split
 
 tessera, fixture_dir, scratch, launch, manifest = setup()
-failures = 0
-
-
-def report(ok, what):
-    global failures
-    failures += not ok
-    print(f"{'ok' if ok else 'FAIL'}: {what}")
+tally = Checks()
+report = tally.report
 
 
 def run(op, args, expect_code, single=False):
-    prefix = [] if single else launch
-    extra = ["--ranks", "1", "--mesh", "1"] if single else []
-    return run_cli(prefix + [tessera, "run-op", op] + args + extra, expect_code)
+    return run_op(tessera, launch, op, args, expect_code, single)
 
 
-def split(length, parts):
-    """Uneven extents with an empty part when there are 4 parts."""
-    if parts == 2:
-        first = max(length // 3, 1)
-        return [first, length - first]
-    return [1, 0, length - 3, 2]
+split = uneven_split
 
 
 def attrs_of(case):
@@ -85,7 +73,7 @@ for index, case in enumerate(manifest["cases"]):
         path_out = os.path.join(scratch, f"{name}.{label.replace(' ', '')}.out.h5")
         if run(op, ["--in", path_in, "--out", path_out, "--backward"] + attrs_of(case) + args, 0,
                single) is None:
-            failures += 1
+            tally.failures += 1
             continue
         with h5py.File(path_out, "r") as f:
             results[label] = {key: f[key][...] for key in f.keys()}
@@ -128,12 +116,12 @@ for op, args, needle in errors:
     result = run(op, ["--in", path_in, "--out", path_out, "--mesh", "2x2", "--shard-dims", "1,2"]
                  + args, 2)
     if result is None:
-        failures += 1
+        tally.failures += 1
         continue
     ok, lines = error_lines(result)
     named = bool(lines) and needle in lines[0]
     report(ok and named and not os.path.exists(path_out),
            f"{op} {' '.join(args)}: {lines} (expects '{needle}')")
 
-print("run-op norm check:", "FAILED" if failures else "passed")
-sys.exit(1 if failures else 0)
+print("run-op norm check:", "FAILED" if tally.failures else "passed")
+sys.exit(1 if tally.failures else 0)
