@@ -3,6 +3,7 @@
 #include "core/trace.hpp"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -253,6 +254,13 @@ bool enabled() {
 
 void start(const std::string& file) {
   check_arg(!file.empty(), "trace", "the trace file name is empty");
+  // Checked here, where every process sees the same name, not only when rank 0 writes at the end.
+  const std::filesystem::path parent = std::filesystem::absolute(file).parent_path();
+  check_arg(std::filesystem::is_directory(parent) && ::access(parent.c_str(), W_OK) == 0, "trace",
+            "cannot write the trace file '{}': '{}' is not a writable directory", file,
+            parent.string());
+  check_arg(!std::filesystem::is_directory(file), "trace",
+            "cannot write the trace file '{}': it is a directory", file);
   Settings& s = settings();
   std::lock_guard lock(s.mutex);
   s.file = file;
