@@ -95,6 +95,18 @@ void write_file(const std::string& file, const std::vector<std::string>& events)
   std::filesystem::rename(temporary, file);
 }
 
+/// Throws unless `file` can be written (its directory exists and is writable, it is not a
+/// directory): checked when tracing starts, where every process sees the same name, not only
+/// when rank 0 writes at the end.
+void check_file(const std::string& file) {
+  const std::filesystem::path parent = std::filesystem::absolute(file).parent_path();
+  check_arg(std::filesystem::is_directory(parent) && ::access(parent.c_str(), W_OK) == 0, "trace",
+            "cannot write the trace file '{}': '{}' is not a writable directory", file,
+            parent.string());
+  check_arg(!std::filesystem::is_directory(file), "trace",
+            "cannot write the trace file '{}': it is a directory", file);
+}
+
 /// The buffer of the calling thread's rank while alive.
 class RankScope {
  public:
@@ -254,13 +266,7 @@ bool enabled() {
 
 void start(const std::string& file) {
   check_arg(!file.empty(), "trace", "the trace file name is empty");
-  // Checked here, where every process sees the same name, not only when rank 0 writes at the end.
-  const std::filesystem::path parent = std::filesystem::absolute(file).parent_path();
-  check_arg(std::filesystem::is_directory(parent) && ::access(parent.c_str(), W_OK) == 0, "trace",
-            "cannot write the trace file '{}': '{}' is not a writable directory", file,
-            parent.string());
-  check_arg(!std::filesystem::is_directory(file), "trace",
-            "cannot write the trace file '{}': it is a directory", file);
+  check_file(file);
   Settings& s = settings();
   std::lock_guard lock(s.mutex);
   s.file = file;
@@ -322,6 +328,7 @@ void traced(const std::shared_ptr<Comm>& world,
     body(world);
     return;
   }
+  check_file(file());  // TESSERA_TRACE is read here first: a bad name fails before any work
   RankScope scope(world->rank());
   body(recording_comm(world));
   // Every rank's events, as one text each, to world rank 0 (outside any span).
