@@ -10,24 +10,32 @@ namespace {
 }
 }  // namespace
 
-Tensor unary_forward_cuda(const std::string& name, const Tensor&, double, const Stream&) {
+Tensor unary_forward_cuda(const std::string& name, const Tensor&, double, double, const Stream&) {
   not_built(name);
 }
 
 Tensor unary_backward_cuda(const std::string& name, const Tensor&, const Tensor&, const Tensor&,
-                           double, const Stream&) {
+                           double, double, const Stream&) {
   not_built(name);
 }
 
 Tensor binary_forward_cuda(const std::string& name, const Tensor&, const Tensor&,
-                           const OperandView&, const Stream&) {
+                           const OperandView&, bool, const Stream&) {
   not_built(name);
 }
 
 std::pair<Tensor, Tensor> binary_backward_cuda(const std::string& name, const Tensor&,
                                                const Tensor&, const OperandView&, const Tensor&,
-                                               const Stream&) {
+                                               bool, const Stream&) {
   not_built(name);
+}
+
+Tensor where_forward_cuda(const Tensor&, const Tensor&, const Tensor&, const Stream&) {
+  not_built("where");
+}
+
+std::pair<Tensor, Tensor> where_backward_cuda(const Tensor&, const Tensor&, const Stream&) {
+  not_built("where");
 }
 
 Tensor reduce_to_operand_cuda(const Tensor&, const Shape&, const Box&, int, const Stream&) {
