@@ -68,8 +68,7 @@ Tensor unary_backward_cuda(const std::string& name, const Tensor& x, const Tenso
   const kernels::UnaryKind kind = unary_kind(name);
   // The derivatives of tanh, exp, sigmoid and sqrt read the output; the others read the input.
   const bool reads_output = kind == kernels::UnaryKind::tanh || kind == kernels::UnaryKind::exp ||
-                            kind == kernels::UnaryKind::sigmoid ||
-                            kind == kernels::UnaryKind::sqrt;
+                            kind == kernels::UnaryKind::sigmoid || kind == kernels::UnaryKind::sqrt;
   const Tensor& saved = reads_output ? y : x;
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (dx.numel() == 0) return dx;
@@ -113,13 +112,12 @@ std::pair<Tensor, Tensor> binary_backward_cuda(const std::string& name, const Te
   const ElementwiseLayout layout =
       elementwise_layout(lead.shape(), {lead.strides(), other_view.strides, g.strides()});
   const int width = vector_width(
-      layout,
-      {lead.raw_data(), other_first, g.raw_data(), d_lead.raw_data(), d_other.raw_data()},
+      layout, {lead.raw_data(), other_first, g.raw_data(), d_lead.raw_data(), d_other.raw_data()},
       lead.element_size());
-  check_launch(kernels::launch_binary_backward(
-                   binary_kind(name), element_type(lead.dtype(), name), layout, width,
-                   lead.raw_data(), other_first, g.raw_data(), d_lead.raw_data(),
-                   d_other.raw_data(), swapped, stream_handle(stream)),
+  check_launch(kernels::launch_binary_backward(binary_kind(name), element_type(lead.dtype(), name),
+                                               layout, width, lead.raw_data(), other_first,
+                                               g.raw_data(), d_lead.raw_data(), d_other.raw_data(),
+                                               swapped, stream_handle(stream)),
                name, lead.device(), "binary backward");
   return {d_lead, d_other};
 }
@@ -137,10 +135,10 @@ Tensor where_forward_cuda(const Tensor& cond, const Tensor& a, const Tensor& b,
       elementwise_layout(a.shape(), {mask.strides(), a.strides(), b.strides()});
   const int width = vector_width(
       layout, {mask.raw_data(), a.raw_data(), b.raw_data(), out.raw_data()}, a.element_size());
-  check_launch(kernels::launch_where(element_type(a.dtype(), op), layout, width, mask.raw_data(),
-                                     a.raw_data(), b.raw_data(), out.raw_data(),
-                                     stream_handle(stream)),
-               op, a.device(), "where");
+  check_launch(
+      kernels::launch_where(element_type(a.dtype(), op), layout, width, mask.raw_data(),
+                            a.raw_data(), b.raw_data(), out.raw_data(), stream_handle(stream)),
+      op, a.device(), "where");
   return out;
 }
 

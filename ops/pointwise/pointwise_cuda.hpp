@@ -34,8 +34,7 @@ Tensor binary_forward_cuda(const std::string& name, const Tensor& lead, const Te
 /// (operands ordered as in binary_forward_cuda) from g, in one pass over lead, other and g.
 std::pair<Tensor, Tensor> binary_backward_cuda(const std::string& name, const Tensor& lead,
                                                const Tensor& other, const OperandView& other_view,
-                                               const Tensor& g, bool swapped,
-                                               const Stream& stream);
+                                               const Tensor& g, bool swapped, const Stream& stream);
 
 /// cond != 0 ? a : b for three tensors of one shape (cond of any dtype, a and b of one).
 Tensor where_forward_cuda(const Tensor& cond, const Tensor& a, const Tensor& b,

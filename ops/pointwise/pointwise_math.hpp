@@ -53,9 +53,10 @@ inline const UnaryMath unary_math[] = {
     {"exp", "Elementwise exp", [](double x, UnaryParams) { return std::exp(x); },
      [](double, double y, UnaryParams) { return y; }, false, true},
     {"scale", "Elementwise factor * x (keeps Partial layouts)",
-     [](double x, UnaryParams p) { return p.a * x; }, [](double, double, UnaryParams p) { return p.a; },
-     true, false},
-    {"sigmoid", "Elementwise 1 / (1 + exp(-x))", [](double x, UnaryParams) { return sigmoid_of(x); },
+     [](double x, UnaryParams p) { return p.a * x; },
+     [](double, double, UnaryParams p) { return p.a; }, true, false},
+    {"sigmoid", "Elementwise 1 / (1 + exp(-x))",
+     [](double x, UnaryParams) { return sigmoid_of(x); },
      [](double, double y, UnaryParams) { return y * (1 - y); }, false, true},
     // softplus(x) = log(1 + exp(beta x)) / beta, and x itself where beta x > threshold.
     {"softplus", "Elementwise log(1 + exp(beta x)) / beta (x where beta x > threshold)",
@@ -72,16 +73,16 @@ inline const UnaryMath unary_math[] = {
      [](double x, UnaryParams p) { return x > 0 ? x : x * p.a; },
      [](double x, double, UnaryParams p) { return x > 0 ? 1.0 : p.a; }, false, false},
     {"erf", "Elementwise error function", [](double x, UnaryParams) { return std::erf(x); },
-     [](double x, double, UnaryParams) { return kTwoOverSqrtPi * std::exp(-x * x); }, false,
-     false},
+     [](double x, double, UnaryParams) { return kTwoOverSqrtPi * std::exp(-x * x); }, false, false},
     {"sqrt", "Elementwise square root", [](double x, UnaryParams) { return std::sqrt(x); },
      [](double, double y, UnaryParams) { return 1 / (2 * y); }, false, true},
     {"neg", "Elementwise -x (keeps Partial layouts)", [](double x, UnaryParams) { return -x; },
      [](double, double, UnaryParams) { return -1.0; }, true, false},
     // abs' = sign(x), 0 at 0 (PyTorch's sgn).
     {"abs", "Elementwise |x|", [](double x, UnaryParams) { return std::fabs(x); },
-     [](double x, double, UnaryParams) { return x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0; }, false,
-     false},
+     [](double x, double, UnaryParams) { return x > 0   ? 1.0
+                                                : x < 0 ? -1.0
+                                                        : 0.0; }, false, false},
     {"log", "Elementwise natural logarithm", [](double x, UnaryParams) { return std::log(x); },
      [](double x, double, UnaryParams) { return 1 / x; }, false, false},
     // clamp = min(max(x, min), max) (so max wins when min > max; NaN stays NaN); the gradient
@@ -131,12 +132,18 @@ inline const BinaryMath binary_math[] = {
      [](double x, double y) { return x == 0 && y >= 0 ? 0.0 : std::pow(x, y) * std::log(x); },
      false},
     // maximum/minimum: a tie splits the gradient in halves, as PyTorch does.
-    {"maximum", maximum_of,
-     [](double x, double y) { return x > y ? 1.0 : x == y ? 0.5 : 0.0; },
-     [](double x, double y) { return y > x ? 1.0 : x == y ? 0.5 : 0.0; }, false},
-    {"minimum", minimum_of,
-     [](double x, double y) { return x < y ? 1.0 : x == y ? 0.5 : 0.0; },
-     [](double x, double y) { return y < x ? 1.0 : x == y ? 0.5 : 0.0; }, false},
+    {"maximum", maximum_of, [](double x, double y) { return x > y    ? 1.0
+                                                            : x == y ? 0.5
+                                                                     : 0.0; },
+     [](double x, double y) { return y > x    ? 1.0
+                                     : x == y ? 0.5
+                                              : 0.0; }, false},
+    {"minimum", minimum_of, [](double x, double y) { return x < y    ? 1.0
+                                                            : x == y ? 0.5
+                                                                     : 0.0; },
+     [](double x, double y) { return y < x    ? 1.0
+                                     : x == y ? 0.5
+                                              : 0.0; }, false},
 };
 
 }  // namespace tessera::ops

@@ -36,8 +36,8 @@ std::vector<OpAttr> unary_attrs(const std::string& name) {
                   .doc = doc};
   };
   if (name == "scale")
-    return {{.name = "factor", .type = AttrType::float_scalar, .required = true,
-             .doc = "the factor"}};
+    return {
+        {.name = "factor", .type = AttrType::float_scalar, .required = true, .doc = "the factor"}};
   if (name == "leaky_relu") return {scalar("negative_slope", 0.01, "the slope below 0")};
   if (name == "softplus")
     return {scalar("beta", 1.0, "the sharpness"),
@@ -162,16 +162,17 @@ size_t lead_operand(const std::vector<Shape>& shapes, const std::string& op) {
 
 /// The layout of every operand under a lead of layout `lead`: operands of its shape take it,
 /// broadcast ones are replicated.
-std::vector<ShardSpec> operand_layouts(const std::vector<ShardSpec>& inputs, const ShardSpec& lead) {
+std::vector<ShardSpec> operand_layouts(const std::vector<ShardSpec>& inputs,
+                                       const ShardSpec& lead) {
   std::vector<ShardSpec> layouts;
   for (const ShardSpec& input : inputs) {
     if (input.global_shape == lead.global_shape) {
       layouts.push_back(lead);
       continue;
     }
-    layouts.push_back(ShardSpec::make(
-        input.global_shape, input.mesh_shape,
-        std::vector<Placement>(input.mesh_shape.size(), Placement::replicate())));
+    layouts.push_back(
+        ShardSpec::make(input.global_shape, input.mesh_shape,
+                        std::vector<Placement>(input.mesh_shape.size(), Placement::replicate())));
   }
   return layouts;
 }
@@ -297,7 +298,8 @@ void register_binary(const BinaryMath& math, const std::string& name, int64_t de
       grad_lead = times_grad(al.lead == 0 ? math.dx : math.dy);
       grad_other_local = times_grad(al.lead == 0 ? math.dy : math.dx);
       if (al.broadcast)
-        grad_other_local = reduce_to_operand(grad_other_local, other.global_shape(), box, al.offset);
+        grad_other_local =
+            reduce_to_operand(grad_other_local, other.global_shape(), box, al.offset);
     }
     std::vector<std::optional<ShardTensor>> result(2);
     result[al.lead] = ShardTensor(grad_lead, lead.mesh(), g.spec());
@@ -349,11 +351,11 @@ Tensor select_cpu(const Tensor& cond, const Tensor& a, const Tensor& b) {
 void register_where() {
   RuleFn rule = [](const std::vector<ShardSpec>& inputs, const OpAttrs&) {
     check_arg(inputs.size() == 3, "where", "expects 3 inputs (cond, a, b), got {}", inputs.size());
-    const size_t lead = where_lead(
-        {inputs[0].global_shape, inputs[1].global_shape, inputs[2].global_shape});
+    const size_t lead =
+        where_lead({inputs[0].global_shape, inputs[1].global_shape, inputs[2].global_shape});
     const ShardSpec layout = without_partial(inputs[lead]);
-    return OpRule{operand_layouts(inputs, layout), {std::nullopt, std::nullopt, std::nullopt},
-                  {layout}};
+    return OpRule{
+        operand_layouts(inputs, layout), {std::nullopt, std::nullopt, std::nullopt}, {layout}};
   };
   auto operands = [](const std::vector<ShardSpec>& specs, const std::vector<Box>& boxes,
                      const std::vector<Tensor>& inputs) {

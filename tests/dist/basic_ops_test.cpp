@@ -55,7 +55,8 @@ std::vector<NamedProgram> programs() {
   const std::vector<std::pair<std::string, Unary>> unary_calls = {
       {"sigmoid", [](const ShardTensor& x) { return ops::sigmoid(x); }},
       {"softplus", [](const ShardTensor& x) { return ops::softplus(x); }},
-      {"softplus beta 2 threshold 1.1", [](const ShardTensor& x) { return ops::softplus(x, 2, 1.1); }},
+      {"softplus beta 2 threshold 1.1",
+       [](const ShardTensor& x) { return ops::softplus(x, 2, 1.1); }},
       {"leaky_relu 0.2", [](const ShardTensor& x) { return ops::leaky_relu(x, 0.2); }},
       {"erf", [](const ShardTensor& x) { return ops::erf(x); }},
       {"sqrt of exp", [](const ShardTensor& x) { return ops::sqrt(ops::exp(x)); }},
@@ -110,11 +111,10 @@ std::vector<NamedProgram> programs() {
                   },
                   true,
                   {1}});
-  list.push_back({"where led by cond",
-                  {a, {4, 3}, {5, 1, 1}},
-                  [](const std::vector<ShardTensor>& in) {
-                    return ops::sum(ops::mul(ops::where(ops::relu(in[0]), in[1], in[2]), in[0]));
-                  }});
+  list.push_back(
+      {"where led by cond", {a, {4, 3}, {5, 1, 1}}, [](const std::vector<ShardTensor>& in) {
+         return ops::sum(ops::mul(ops::where(ops::relu(in[0]), in[1], in[2]), in[0]));
+       }});
   for (const char* binary : {"add", "sub", "mul", "div"}) {
     list.push_back({std::string(binary) + " same shape",
                     {a, a},
@@ -148,9 +148,10 @@ std::vector<NamedProgram> programs() {
 
 /// Runs `program` on `mesh` with the inputs laid out as given; returns the loss and the
 /// gradients (full tensors).
-std::pair<double, std::vector<std::optional<Tensor>>> run(const NamedProgram& p, const DeviceMesh& mesh,
-                                           const std::vector<Tensor>& values,
-                                           const std::vector<ShardSpec>& layouts) {
+std::pair<double, std::vector<std::optional<Tensor>>> run(const NamedProgram& p,
+                                                          const DeviceMesh& mesh,
+                                                          const std::vector<Tensor>& values,
+                                                          const std::vector<ShardSpec>& layouts) {
   Tape tape;
   std::vector<ShardTensor> inputs;
   for (size_t i = 0; i < values.size(); ++i) {

@@ -70,7 +70,8 @@ TEST(OpFixtures, OpsMatchPyTorchForwardAndGradientOnUnevenShards) {
           std::vector<std::vector<int64_t>> extents(mesh.ndim());
           if (i == lead) {
             const int last = static_cast<int>(shape.size()) - 1;
-            const std::vector<int> dims = square ? std::vector<int>{0, last} : std::vector<int>{last};
+            const std::vector<int> dims =
+                square ? std::vector<int>{0, last} : std::vector<int>{last};
             for (int m = 0; m < mesh.ndim(); ++m) {
               if (m > 0 && dims[m] == dims[0]) continue;  // a 1-d lead: one mesh dim shards it
               placements[m] = Placement::shard(dims[m]);
@@ -80,7 +81,8 @@ TEST(OpFixtures, OpsMatchPyTorchForwardAndGradientOnUnevenShards) {
           inputs.push_back(ShardTensor::distribute(values, mesh, placements, extents));
           if (input.contains("grad")) inputs.back().set_requires_grad();
         }
-        const std::vector<ShardTensor> outputs = apply_op(op, inputs, attrs_of(op, fixture["attrs"]));
+        const std::vector<ShardTensor> outputs =
+            apply_op(op, inputs, attrs_of(op, fixture["attrs"]));
         ASSERT_EQ(outputs.size(), fixture["outputs"].size()) << where;
         std::optional<ShardTensor> loss;
         for (size_t k = 0; k < outputs.size(); ++k) {
@@ -91,9 +93,9 @@ TEST(OpFixtures, OpsMatchPyTorchForwardAndGradientOnUnevenShards) {
                                  testing::read_fixture(kFixtureDir, output["file"], shape)),
                     1e-10)
               << where << ": output " << k;
-          const ShardTensor gy = ShardTensor::distribute(
-              testing::read_fixture(kFixtureDir, output["gy"], shape), mesh,
-              outputs[k].placements(), outputs[k].spec().extents);
+          const ShardTensor gy =
+              ShardTensor::distribute(testing::read_fixture(kFixtureDir, output["gy"], shape), mesh,
+                                      outputs[k].placements(), outputs[k].spec().extents);
           const ShardTensor term = ops::sum(ops::mul(outputs[k], gy));
           loss = loss ? ops::add(*loss, term) : term;
         }

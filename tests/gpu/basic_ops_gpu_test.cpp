@@ -1,8 +1,9 @@
 // The basic ops on a GPU (skipped, with the reason printed, when none is visible): relu, gelu,
-// silu, tanh, exp, scale, add/sub/mul/div (same shape, numpy broadcast, the align attribute),
-// bias_add, sum/mean over dims (keepdim), mse_loss, each forward and backward through apply_op
-// and the tape, with shapes that take the 128-bit vector path with a scalar tail and the
-// two-pass reductions:
+// silu, tanh, exp, scale, sigmoid, softplus, leaky_relu, erf, sqrt, neg, abs, log, clamp,
+// add/sub/mul/div/pow/maximum/minimum (same shape, numpy broadcast either way, the align
+// attribute), bias_add, where, sum/mean over dims (keepdim), mse_loss, each forward and backward
+// through apply_op and the tape, with shapes that take the 128-bit vector path with a scalar tail
+// and the two-pass reductions:
 //  - on cuda against the cpu op on the same data, in f32, f64, f16 and bf16 (bounds below);
 //  - sharded over 1, 2 and 4 local ranks sharing the GPU against one rank on the GPU;
 //  - two runs give bit-identical results (no atomics, a reduction order fixed by the shapes);
@@ -45,6 +46,7 @@ struct OpCase {
   std::function<ShardTensor(const std::vector<ShardTensor>&)> forward;
   int64_t sum_length = 1;
   bool broadcast = false;
+  bool positive = false;  ///< inputs in [0.5, 1.5] (sqrt, log, pow's base)
 };
 
 ShardTensor apply_one(const std::string& op, const std::vector<ShardTensor>& in,
@@ -63,6 +65,58 @@ std::vector<OpCase> op_cases() {
                      }});
   }
   cases.push_back({"scale", {small}, [](const auto& in) { return scale(in[0], -2.5); }});
+  for (const char* unary : {"sigmoid", "erf", "neg", "abs"}) {
+    cases.push_back({unary, {small}, [unary](const auto& in) { return apply_one(unary, in); }});
+    cases.push_back({std::string(unary) + " long", {{1000, 37}}, [unary](const auto& in) {
+                       return apply_one(unary, in);
+                     }});
+  }
+  for (const char* unary : {"sqrt", "log"})
+    cases.push_back({unary,
+                     {{1000, 37}},
+                     [unary](const auto& in) { return apply_one(unary, in); },
+                     1,
+                     false,
+                     true});
+  cases.push_back({"softplus", {{1000, 37}}, [](const auto& in) { return softplus(in[0]); }});
+  cases.push_back({"softplus beta 3 threshold 0.9", {small}, [](const auto& in) {
+                     return softplus(in[0], 3, 0.9);
+                   }});
+  cases.push_back(
+      {"leaky_relu", {{1000, 37}}, [](const auto& in) { return leaky_relu(in[0], 0.2); }});
+  cases.push_back(
+      {"clamp", {{1000, 37}}, [](const auto& in) { return clamp(in[0], -0.45, 0.55); }});
+  cases.push_back(
+      {"clamp min", {small}, [](const auto& in) { return clamp(in[0], 0.15, std::nullopt); }});
+  for (const char* binary : {"maximum", "minimum"})
+    cases.push_back({std::string(binary) + " same shape",
+                     {{7, 33}, {7, 33}},
+                     [binary](const auto& in) { return apply_one(binary, in); }});
+  cases.push_back({"pow same shape",
+                   {{7, 33}, {7, 33}},
+                   [](const auto& in) { return pow(in[0], in[1]); },
+                   1,
+                   false,
+                   true});
+  cases.push_back({"pow broadcast base",
+                   {small, {4, 1}},
+                   [](const auto& in) { return pow(in[1], in[0]); },
+                   15,
+                   true,
+                   true});
+  cases.push_back({"sub broadcast first operand",
+                   {small, {4, 1}},
+                   [](const auto& in) { return sub(in[1], in[0]); },
+                   15,
+                   true});
+  // where: the condition relu(in[1]) is 0 on about half the elements; in[1] gets gradient 0
+  // through the scale by 0, so every input has a gradient to compare.
+  cases.push_back(
+      {"where b broadcast",
+       {small, small, {3}},
+       [](const auto& in) { return add(where(relu(in[1]), in[0], in[2]), scale(in[1], 0.0)); },
+       20,
+       true});
   for (const char* binary : {"add", "sub", "mul", "div"}) {
     const std::string name = binary;
     cases.push_back({name + " same shape", {{7, 33}, {7, 33}}, [binary](const auto& in) {
@@ -192,8 +246,15 @@ int64_t outside_bound(const Tensor& got, const Tensor& reference, const Tensor& 
 }
 
 const char* result_name(size_t index) {
-  static const char* names[] = {"y", "grad of input 0", "grad of input 1"};
+  static const char* names[] = {"y", "grad of input 0", "grad of input 1", "grad of input 2"};
   return names[index];
+}
+
+/// Random values of input i of case c (see random_values): positive for the cases that ask.
+Tensor case_values(const OpCase& c, size_t i, DType dtype, CaseRng& rng) {
+  const Tensor values =
+      random_values(c.shapes[i], dtype, rng, c.positive || (c.name.rfind("div", 0) == 0 && i == 1));
+  return c.positive ? absolute(values) : values;
 }
 
 TEST(BasicOpsGpu, EveryOpForwardAndBackwardOnCudaMatchesCpuInEveryDtype) {
@@ -208,8 +269,7 @@ TEST(BasicOpsGpu, EveryOpForwardAndBackwardOnCudaMatchesCpuInEveryDtype) {
         std::vector<Tensor> values, magnitudes;
         std::vector<ShardSpec> layouts;
         for (size_t i = 0; i < c.shapes.size(); ++i) {
-          values.push_back(
-              random_values(c.shapes[i], dtype, rng, c.name.rfind("div", 0) == 0 && i == 1));
+          values.push_back(case_values(c, i, dtype, rng));
           magnitudes.push_back(absolute(values.back()));
           layouts.push_back(ShardSpec::make(c.shapes[i], {1}, {Placement::replicate()}));
         }
@@ -284,8 +344,7 @@ TEST(BasicOpsGpu, ShardedOnOneTwoAndFourLocalRanksMatchesOneRank) {
                                            static_cast<int>(index) * 4 + static_cast<int>(dtype)));
             std::vector<Tensor> values, magnitudes;
             for (size_t i = 0; i < c.shapes.size(); ++i) {
-              values.push_back(
-                  random_values(c.shapes[i], dtype, rng, c.name.rfind("div", 0) == 0 && i == 1));
+              values.push_back(case_values(c, i, dtype, rng));
               magnitudes.push_back(absolute(values.back()));
             }
             const std::vector<ShardSpec> layouts = case_layouts(c, mesh, rng);
@@ -332,8 +391,7 @@ TEST(BasicOpsGpu, TwoRunsAreBitIdentical) {
                                          static_cast<int>(index)));
           std::vector<Tensor> values;
           for (size_t i = 0; i < c.shapes.size(); ++i)
-            values.push_back(
-                random_values(c.shapes[i], dtype, rng, c.name.rfind("div", 0) == 0 && i == 1));
+            values.push_back(case_values(c, i, dtype, rng));
           const std::vector<ShardSpec> layouts = case_layouts(c, mesh, rng);
           std::vector<ShardTensor> probe_inputs;
           for (size_t i = 0; i < values.size(); ++i)
@@ -363,8 +421,7 @@ TEST(BasicOpsGpu, ForwardAndBackwardMoveNothingThroughTheHost) {
       CaseRng rng(testing::case_seed(73, 1, 0, static_cast<int>(index)));
       std::vector<ShardTensor> inputs;
       for (size_t i = 0; i < c.shapes.size(); ++i) {
-        const Tensor values =
-            random_values(c.shapes[i], DType::f32, rng, c.name.rfind("div", 0) == 0 && i == 1);
+        const Tensor values = case_values(c, i, DType::f32, rng);
         inputs.push_back(ShardTensor::distribute(values.to_dtype(DType::f32).to(kGpu), mesh,
                                                  {Placement::replicate()}));
         inputs.back().set_requires_grad();
