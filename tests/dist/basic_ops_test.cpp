@@ -1,7 +1,7 @@
 // The pointwise and reduction ops (relu, gelu, silu, tanh, exp, scale, sigmoid, softplus,
 // leaky_relu, erf, sqrt, neg, abs, log, clamp; add/sub/mul/div/pow/maximum/minimum with
 // same-shape operands and either operand broadcast; bias_add; where; sum/mean over any dims;
-// mse_loss): sharded
+// mse_loss; softmax and log_softmax over every dim): sharded
 // forward and gradients equal the unsharded ones on uneven and empty shards, and the
 // gradients equal central finite differences (so the derivative formulas themselves are
 // checked); an op registered without a rule runs through the replicated fallback.
@@ -115,6 +115,16 @@ std::vector<NamedProgram> programs() {
       {"where led by cond", {a, {4, 3}, {5, 1, 1}}, [](const std::vector<ShardTensor>& in) {
          return ops::sum(ops::mul(ops::where(ops::relu(in[0]), in[1], in[2]), in[0]));
        }});
+  // softmax and log_softmax over every dim (the random layouts shard it, or not).
+  for (int64_t dim : {0, 1, 2, -1})
+    for (bool log : {false, true})
+      list.push_back({fmt::format("{} dim {}", log ? "log_softmax" : "softmax", dim),
+                      {a},
+                      [dim, log](const std::vector<ShardTensor>& in) {
+                        const ShardTensor y =
+                            log ? ops::log_softmax(in[0], dim) : ops::softmax(in[0], dim);
+                        return ops::sum(ops::mul(ops::mul(y, in[0]), in[0]));
+                      }});
   for (const char* binary : {"add", "sub", "mul", "div"}) {
     list.push_back({std::string(binary) + " same shape",
                     {a, a},

@@ -1,0 +1,205 @@
+// softmax and log_softmax: rule, cpu kernels, backward and registration.
+//
+// A local piece is seen as [outer, length, inner] around the softmax dim; every (outer, inner)
+// pair is one slot. Forward: each rank takes its slots' maxima, the ranks along the mesh dims
+// that shard the dim all-gather them and take the largest; then each rank sums exp(x - max)
+// over its part of every slot, the same ranks all-gather those sums and add them in their
+// sub-communicator's rank order, so every rank gets the same bits. Backward needs one more such
+// sum per slot: of g * y (softmax: dx = y (g - sum)) or of g (log_softmax: dx = g - exp(y) sum).
+// Sums are in f64 whatever the dtype. Without mesh dims sharding the dim nothing is sent.
+#include "ops/softmax/softmax_op.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+
+#include "core/autograd.hpp"
+#include "ops/op_helpers.hpp"
+
+namespace tessera::ops {
+
+namespace {
+
+/// The softmax dim of a tensor of `ndim` dims from the attribute (negative from the end).
+int softmax_dim(const std::string& op, const OpAttrs& attrs, size_t ndim) {
+  const int64_t dim = attrs.has("dim") ? attrs.get_int("dim") : -1;
+  const int64_t rank = static_cast<int64_t>(ndim);
+  check_arg(rank > 0, op, "x has no dims (a scalar)");
+  check_arg(dim >= -rank && dim < rank, op, "attribute 'dim' = {} is not a dim of a {}-d x", dim,
+            rank);
+  return static_cast<int>(dim < 0 ? dim + rank : dim);
+}
+
+/// Mesh dims that shard tensor dim `dim` in `spec`.
+std::vector<int> sharding_mesh_dims(const ShardSpec& spec, int dim) {
+  std::vector<int> dims;
+  for (size_t m = 0; m < spec.placements.size(); ++m)
+    if (spec.placements[m].is_shard() && spec.placements[m].dim == dim)
+      dims.push_back(static_cast<int>(m));
+  return dims;
+}
+
+/// A local piece as [outer, length, inner] around dim.
+struct Slots {
+  int64_t outer = 1, length = 1, inner = 1;
+  int64_t count() const { return outer * inner; }
+};
+
+Slots slots_of(const Shape& shape, int dim) {
+  Slots s;
+  for (int d = 0; d < dim; ++d) s.outer *= shape[d];
+  s.length = shape[dim];
+  for (size_t d = dim + 1; d < shape.size(); ++d) s.inner *= shape[d];
+  return s;
+}
+
+/// Per-slot values (f64) of every rank along `dims` combined: the largest (max) or the sum in
+/// the sub-communicator's rank order (every rank gets the same bits).
+std::vector<double> combine(const DeviceMesh& mesh, const std::vector<int>& dims,
+                            std::vector<double> local, bool max) {
+  if (dims.empty()) return local;
+  const std::shared_ptr<Comm> comm = mesh.sub_comm(dims);
+  const size_t count = local.size();
+  std::vector<double> gathered(count * static_cast<size_t>(comm->size()));
+  comm->all_gather_v(local.data(), count, gathered.data(),
+                     std::vector<size_t>(static_cast<size_t>(comm->size()), count), DType::f64);
+  std::vector<double> result(gathered.begin(), gathered.begin() + static_cast<ptrdiff_t>(count));
+  for (int r = 1; r < comm->size(); ++r)
+    for (size_t i = 0; i < count; ++i) {
+      const double v = gathered[static_cast<size_t>(r) * count + i];
+      result[i] = max ? (std::isnan(v) || v > result[i] ? v : result[i]) : result[i] + v;
+    }
+  return result;
+}
+
+/// Calls fn(s, index) for every slot s and every element of it, index running along the dim.
+template <typename Fn>
+void for_each_in_slots(const Slots& s, Fn&& fn) {
+  for (int64_t o = 0; o < s.outer; ++o)
+    for (int64_t i = 0; i < s.inner; ++i) {
+      const int64_t slot = o * s.inner + i;
+      const int64_t first = o * s.length * s.inner + i;
+      for (int64_t l = 0; l < s.length; ++l) fn(slot, first + l * s.inner);
+    }
+}
+
+/// What one call needs: its dim, the mesh dims that shard it, the local slots.
+struct SoftmaxCall {
+  int dim = 0;
+  std::vector<int> mesh_dims;
+  Slots slots;
+};
+
+SoftmaxCall call_of(const std::string& op, const OpAttrs& attrs, const ShardSpec& spec,
+                    const Shape& local_shape) {
+  SoftmaxCall call;
+  call.dim = softmax_dim(op, attrs, spec.global_shape.size());
+  call.mesh_dims = sharding_mesh_dims(spec, call.dim);
+  call.slots = slots_of(local_shape, call.dim);
+  return call;
+}
+
+/// softmax (or log_softmax) of a local piece; the statistics combined over the call's mesh dims.
+Tensor forward_cpu(const SoftmaxCall& call, const DeviceMesh& mesh, const Tensor& x, bool log) {
+  const Tensor x64 = x.to_dtype(DType::f64).contiguous();
+  const double* in = x64.data<double>();
+  const Slots& s = call.slots;
+  std::vector<double> peak(static_cast<size_t>(s.count()),
+                           -std::numeric_limits<double>::infinity());
+  for_each_in_slots(s, [&](int64_t slot, int64_t index) {
+    const double v = in[index];
+    if (std::isnan(v) || v > peak[slot]) peak[slot] = v;
+  });
+  peak = combine(mesh, call.mesh_dims, std::move(peak), true);
+  std::vector<double> total(static_cast<size_t>(s.count()), 0.0);
+  for_each_in_slots(
+      s, [&](int64_t slot, int64_t index) { total[slot] += std::exp(in[index] - peak[slot]); });
+  total = combine(mesh, call.mesh_dims, std::move(total), false);
+  Tensor y = Tensor::empty(x64.shape(), DType::f64);
+  double* out = y.data<double>();
+  for_each_in_slots(s, [&](int64_t slot, int64_t index) {
+    const double shifted = in[index] - peak[slot];
+    out[index] = log ? shifted - std::log(total[slot]) : std::exp(shifted) / total[slot];
+  });
+  return y.to_dtype(x.dtype());
+}
+
+/// The gradient of x from y and g (local pieces of one layout).
+Tensor backward_cpu(const SoftmaxCall& call, const DeviceMesh& mesh, const Tensor& y,
+                    const Tensor& g, bool log) {
+  const Tensor y64 = y.to_dtype(DType::f64).contiguous();
+  const Tensor g64 = g.to_dtype(DType::f64).contiguous();
+  const double* yv = y64.data<double>();
+  const double* gv = g64.data<double>();
+  const Slots& s = call.slots;
+  std::vector<double> total(static_cast<size_t>(s.count()), 0.0);
+  for_each_in_slots(s, [&](int64_t slot, int64_t index) {
+    total[slot] += log ? gv[index] : gv[index] * yv[index];
+  });
+  total = combine(mesh, call.mesh_dims, std::move(total), false);
+  Tensor dx = Tensor::empty(y64.shape(), DType::f64);
+  double* out = dx.data<double>();
+  for_each_in_slots(s, [&](int64_t slot, int64_t index) {
+    out[index] =
+        log ? gv[index] - std::exp(yv[index]) * total[slot] : yv[index] * (gv[index] - total[slot]);
+  });
+  return dx.to_dtype(y.dtype());
+}
+
+void register_softmax(const std::string& name, bool log) {
+  RuleFn rule = [name](const std::vector<ShardSpec>& inputs, const OpAttrs& attrs) {
+    check_arg(inputs.size() == 1, name, "expects 1 input (x), got {}", inputs.size());
+    softmax_dim(name, attrs, inputs[0].global_shape.size());  // validates before data moves
+    const ShardSpec layout = without_partial(inputs[0]);
+    return OpRule{{layout}, {std::nullopt}, {layout}};
+  };
+  KernelFn cpu = [name, log](const KernelContext& context, const std::vector<Tensor>& inputs) {
+    require_floating_cpu(inputs[0], name);
+    const SoftmaxCall call =
+        call_of(name, context.attrs, context.input_specs[0], inputs[0].shape());
+    return std::vector<Tensor>{forward_cpu(call, context.mesh, inputs[0], log)};
+  };
+  BackwardFn backward = [name, log](const OpRecord& record,
+                                    const std::vector<std::optional<ShardTensor>>& grads)
+      -> std::vector<std::optional<ShardTensor>> {
+    const ShardTensor& y = record.outputs[0];
+    const ShardTensor g = grads[0]->spec() == y.spec()
+                              ? *grads[0]
+                              : grads[0]->redistribute(y.placements(), y.spec().extents);
+    const SoftmaxCall call = call_of(name, record.attrs, y.spec(), y.to_local().shape());
+    return {ShardTensor(backward_cpu(call, y.mesh(), y.to_local(), g.to_local(), log), y.mesh(),
+                        y.spec())};
+  };
+  register_op(OpDef{.name = name,
+                    .summary = log ? "log(softmax(x)) along dim, computed as x - max - log(sum "
+                                     "exp(x - max)) (dim may be sharded)"
+                                   : "exp(x - max) / sum(exp(x - max)) along dim (dim may be "
+                                     "sharded)",
+                    .inputs = {{.name = "x"}},
+                    .outputs = {"y"},
+                    .attrs = {{.name = "dim",
+                               .type = AttrType::int_scalar,
+                               .default_value = int64_t{-1},
+                               .doc = "the dim normalized over (negative: from the end)"}},
+                    .rule = std::move(rule),
+                    .cpu = std::move(cpu),
+                    .backward = std::move(backward)});
+}
+
+}  // namespace
+
+void register_softmax_ops() {
+  register_softmax("softmax", false);
+  register_softmax("log_softmax", true);
+}
+
+ShardTensor softmax(const ShardTensor& x, int64_t dim) {
+  return apply_op("softmax", {x}, OpAttrs().set("dim", dim))[0];
+}
+
+ShardTensor log_softmax(const ShardTensor& x, int64_t dim) {
+  return apply_op("log_softmax", {x}, OpAttrs().set("dim", dim))[0];
+}
+
+}  // namespace tessera::ops
