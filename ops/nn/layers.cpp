@@ -166,15 +166,41 @@ ShardTensor LayerNorm::forward(const ShardTensor& x) {
                          eps_);
 }
 
+Linear::Linear(const DeviceMesh& mesh, int64_t in_features, int64_t out_features, bool bias,
+               uint64_t seed, DType dtype) {
+  check_arg(in_features >= 1 && out_features >= 1, "linear", "features {} -> {}", in_features,
+            out_features);
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
+  std::mt19937_64 generator(seed);
+  const std::vector<Placement> replicated(mesh.ndim(), Placement::replicate());
+  const Device device = current_rank_context().device();
+  weight_ = add_parameter(
+      "weight", ShardTensor::distribute(
+                    uniform({out_features, in_features}, bound, generator, dtype).to(device), mesh,
+                    replicated));
+  if (bias)
+    bias_ = add_parameter(
+        "bias", ShardTensor::distribute(uniform({out_features}, bound, generator, dtype).to(device),
+                                        mesh, replicated));
+}
+
+ShardTensor Linear::forward(const ShardTensor& x) {
+  return ops::linear(x, weight_.tensor(),
+                     bias_.defined() ? std::optional<ShardTensor>(bias_.tensor()) : std::nullopt);
+}
+
 Activation::Activation(std::string kind) : kind_(std::move(kind)) {
-  check_arg(kind_ == "relu" || kind_ == "gelu" || kind_ == "silu" || kind_ == "tanh", "activation",
-            "'{}' (expected relu, gelu, silu or tanh)", kind_);
+  check_arg(kind_ == "relu" || kind_ == "gelu" || kind_ == "silu" || kind_ == "tanh" ||
+                kind_ == "sigmoid" || kind_ == "softplus",
+            "activation", "'{}' (expected relu, gelu, silu, tanh, sigmoid or softplus)", kind_);
 }
 
 ShardTensor Activation::forward(const ShardTensor& x) {
   if (kind_ == "relu") return ops::relu(x);
   if (kind_ == "gelu") return ops::gelu(x);
   if (kind_ == "silu") return ops::silu(x);
+  if (kind_ == "sigmoid") return ops::sigmoid(x);
+  if (kind_ == "softplus") return ops::softplus(x);
   return ops::tanh(x);
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "ops/conv/conv_op.hpp"
+#include "ops/linear/linear_op.hpp"
 #include "ops/nn/module.hpp"
 #include "ops/norm/norm_op.hpp"
 #include "ops/pool/pool_op.hpp"
@@ -121,7 +122,21 @@ class LayerNorm : public Module {
   Parameter weight_, bias_;
 };
 
-/// Elementwise activations: "relu", "gelu", "silu" or "tanh".
+/// torch.nn.Linear: weight [out, in] and bias [out] (uniform in +-1/sqrt(in), as PyTorch's
+/// default), replicated on `mesh`; applies to x [..., in] sharded on any dim.
+class Linear : public Module {
+ public:
+  Linear(const DeviceMesh& mesh, int64_t in_features, int64_t out_features, bool bias,
+         uint64_t seed, DType dtype = DType::f32);
+  ShardTensor forward(const ShardTensor& x) override;
+  const Parameter& weight() const { return weight_; }
+  const Parameter& bias() const { return bias_; }
+
+ private:
+  Parameter weight_, bias_;
+};
+
+/// Elementwise activations: "relu", "gelu", "silu", "tanh", "sigmoid" or "softplus".
 class Activation : public Module {
  public:
   explicit Activation(std::string kind);

@@ -1,7 +1,7 @@
 // The pointwise and reduction ops (relu, gelu, silu, tanh, exp, scale, sigmoid, softplus,
 // leaky_relu, erf, sqrt, neg, abs, log, clamp; add/sub/mul/div/pow/maximum/minimum with
 // same-shape operands and either operand broadcast; bias_add; where; sum/mean over any dims;
-// mse_loss; softmax and log_softmax over every dim): sharded
+// mse_loss; softmax and log_softmax over every dim; linear and matmul): sharded
 // forward and gradients equal the unsharded ones on uneven and empty shards, and the
 // gradients equal central finite differences (so the derivative formulas themselves are
 // checked); an op registered without a rule runs through the replicated fallback.
@@ -115,6 +115,24 @@ std::vector<NamedProgram> programs() {
       {"where led by cond", {a, {4, 3}, {5, 1, 1}}, [](const std::vector<ShardTensor>& in) {
          return ops::sum(ops::mul(ops::where(ops::relu(in[0]), in[1], in[2]), in[0]));
        }});
+  // linear and matmul: x sharded on any dim (a sharded contracted dim is gathered first).
+  list.push_back({"linear with bias", {a, {2, 3}, {2}}, [](const std::vector<ShardTensor>& in) {
+                    const ShardTensor y = ops::linear(in[0], in[1], in[2]);
+                    return ops::sum(ops::mul(y, y));
+                  }});
+  list.push_back(
+      {"linear without bias", {{5, 4, 2, 3}, {4, 3}}, [](const std::vector<ShardTensor>& in) {
+         const ShardTensor y = ops::linear(in[0], in[1]);
+         return ops::sum(ops::mul(y, y));
+       }});
+  list.push_back({"matmul by a matrix", {a, {3, 2}}, [](const std::vector<ShardTensor>& in) {
+                    const ShardTensor y = ops::matmul(in[0], in[1]);
+                    return ops::sum(ops::mul(y, y));
+                  }});
+  list.push_back({"matmul batched", {a, {5, 3, 2}}, [](const std::vector<ShardTensor>& in) {
+                    const ShardTensor y = ops::matmul(in[0], in[1]);
+                    return ops::sum(ops::mul(y, y));
+                  }});
   // softmax and log_softmax over every dim (the random layouts shard it, or not).
   for (int64_t dim : {0, 1, 2, -1})
     for (bool log : {false, true})
@@ -261,6 +279,46 @@ TEST(BasicOps, ShardedForwardAndGradientsMatchUnshardedAndFiniteDifferences) {
           }
         }
       }
+    }
+  });
+}
+
+// f32 takes another kernel (oneDNN's sgemm when built with it): forward and gradients within
+// f32 rounding of the f64 results, sharded on 2 ranks.
+TEST(BasicOps, LinearAndMatmulInF32MatchF64) {
+  testing::run_world(2, [](std::shared_ptr<Comm> comm) {
+    DeviceMesh mesh(comm, {2});
+    CaseRng rng(testing::case_seed(57, 2, 0, 0));
+    const std::vector<Shape> shapes = {{6, 33, 17}, {19, 17}, {19}, {6, 17, 9}};
+    std::vector<Tensor> values;
+    for (const Shape& shape : shapes) values.push_back(smooth_values(shape, rng));
+    auto run_in = [&](DType dtype) {
+      Tape tape;
+      std::vector<ShardTensor> in;
+      for (size_t i = 0; i < values.size(); ++i) {
+        const std::vector<Placement> placement{i == 0 ? Placement::shard(1)
+                                                      : Placement::replicate()};
+        in.push_back(ShardTensor::distribute(
+            values[i].to_dtype(dtype), mesh, placement,
+            {i == 0 ? std::vector<int64_t>{20, 13} : std::vector<int64_t>{}}));
+        in.back().set_requires_grad();
+      }
+      const ShardTensor y = ops::linear(in[0], in[1], in[2]);
+      const ShardTensor z = ops::matmul(in[0], in[3]);
+      tape.backward(ops::add(ops::sum(ops::mul(y, y)), ops::sum(ops::mul(z, z))));
+      std::vector<Tensor> results{y.full_tensor().to_dtype(DType::f64),
+                                  z.full_tensor().to_dtype(DType::f64)};
+      for (const ShardTensor& input : in)
+        results.push_back(tape.grad(input)->full_tensor().to_dtype(DType::f64));
+      return results;
+    };
+    const auto f64 = run_in(DType::f64);
+    const auto f32 = run_in(DType::f32);
+    for (size_t r = 0; r < f64.size(); ++r) {
+      double largest = 0;
+      for (int64_t i = 0; i < f64[r].numel(); ++i)
+        largest = std::max(largest, std::fabs(f64[r].data<double>()[i]));
+      EXPECT_LT(max_abs_diff(f32[r], f64[r]), 1e-5 * (1 + largest)) << "result " << r;
     }
   });
 }

@@ -1,0 +1,367 @@
+// linear and matmul: rules, cpu kernels, backward and registration.
+//
+// Layouts: the contracted dim (x's and a's last) is never sharded: a mesh dim sharding it
+// replicates instead, and the rule moves the data first. Every other dim of x (a) keeps its
+// placement, so the output is sharded like the input, and no rank talks to another in the
+// forward. Weights (w, b; a 2-d b) are replicated; their gradients are each rank's sums over
+// its rows, Partial(sum) over the mesh dims that shard x (as conv's dw). A batched b takes a's
+// placements on the batch dims; its gradient sums over a's rows: Partial(sum) over the mesh dims
+// that shard a's row dim.
+//
+// Kernels: C = A op(B) per matrix, f32 through oneDNN's sgemm when built with oneDNN, f64 (and
+// f32 without oneDNN) through a row-parallel loop accumulating in the dtype; f16/bf16 compute in
+// f32.
+#include "ops/linear/linear_op.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/autograd.hpp"
+#include "core/compute_threads.hpp"
+#include "core/parallel_for.hpp"
+#include "ops/dnnl/dnnl_support.hpp"
+#include "ops/op_helpers.hpp"
+
+namespace tessera::ops {
+
+namespace {
+
+/// A row-major matrix operand: element (i, j) at data[i * rows + j * cols] (strides in
+/// elements), so a transposed view is the same storage with the strides swapped.
+template <typename T>
+struct Matrix {
+  const T* data;
+  int64_t row_stride, col_stride;
+  T at(int64_t i, int64_t j) const { return data[i * row_stride + j * col_stride]; }
+};
+
+/// c [m, n] = (accumulate ? c : 0) + a [m, k] @ b [k, n] (a loop parallel over rows of c).
+template <typename T>
+void gemm_loop(int64_t m, int64_t n, int64_t k, Matrix<T> a, Matrix<T> b, T* c, bool accumulate) {
+  parallel_for(m, compute_threads(), [&](int64_t begin, int64_t end, int) {
+    for (int64_t i = begin; i < end; ++i) {
+      T* row = c + i * n;
+      if (!accumulate)
+        for (int64_t j = 0; j < n; ++j) row[j] = T(0);
+      for (int64_t p = 0; p < k; ++p) {
+        const T scale = a.at(i, p);
+        if (b.col_stride == 1) {
+          const T* brow = b.data + p * b.row_stride;
+          for (int64_t j = 0; j < n; ++j) row[j] += scale * brow[j];
+        } else {
+          for (int64_t j = 0; j < n; ++j) row[j] += scale * b.at(p, j);
+        }
+      }
+    }
+  });
+}
+
+/// c = (accumulate ? c : 0) + op(a) @ op(b) for contiguous 2-d f32 or f64 tensors a, b, c
+/// (op = transpose where asked); m, n, k are c's rows, c's columns and the contracted extent.
+template <typename T>
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, const T* b, T* c,
+          bool accumulate) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    if (!accumulate) std::fill(c, c + m * n, T(0));
+    return;
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    if (dnnl_sgemm_row_major(trans_a, trans_b, m, n, k, 1.0f, a, trans_a ? m : k, b,
+                             trans_b ? k : n, accumulate ? 1.0f : 0.0f, c, n))
+      return;
+  }
+  const Matrix<T> ma{a, trans_a ? 1 : k, trans_a ? m : 1};
+  const Matrix<T> mb{b, trans_b ? 1 : n, trans_b ? k : 1};
+  gemm_loop(m, n, k, ma, mb, c, accumulate);
+}
+
+/// The dtype the kernels compute in: f64 for f64, f32 otherwise.
+DType compute_dtype(DType dtype) {
+  return dtype == DType::f64 ? DType::f64 : DType::f32;
+}
+
+/// `batches` products C_i = op(A_i) op(B_i) of contiguous tensors in the compute dtype; A_i at
+/// a + i * a_step, B_i at b + i * b_step (b_step 0: one B for all), C_i at c + i * m * n.
+void batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, int64_t batches, int64_t a_step,
+                  int64_t b_step, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                  bool accumulate) {
+  auto run = [&]<typename T>() {
+    const T* pa = static_cast<const T*>(a.raw_data());
+    const T* pb = static_cast<const T*>(b.raw_data());
+    T* pc = static_cast<T*>(c.raw_data());
+    for (int64_t i = 0; i < batches; ++i)
+      gemm<T>(trans_a, trans_b, m, n, k, pa + i * a_step, pb + i * b_step,
+              pc + (accumulate ? 0 : i * m * n), accumulate);
+  };
+  if (c.dtype() == DType::f64)
+    run.template operator()<double>();
+  else
+    run.template operator()<float>();
+}
+
+/// x's layout with the mesh dims sharding its last dim replicated (and no Partial).
+ShardSpec contracted_replicated(const ShardSpec& spec) {
+  ShardSpec result = without_partial(spec);
+  const int last = static_cast<int>(spec.global_shape.size()) - 1;
+  for (size_t m = 0; m < result.placements.size(); ++m)
+    if (result.placements[m].is_shard() && result.placements[m].dim == last) {
+      result.placements[m] = Placement::replicate();
+      result.extents[m].clear();
+    }
+  return ShardSpec::make(result.global_shape, result.mesh_shape, result.placements, result.extents);
+}
+
+/// The layout of an output of `shape` whose dims sit where x's do (last dim replaced).
+ShardSpec output_layout(const ShardSpec& x, const Shape& shape) {
+  return ShardSpec::make(shape, x.mesh_shape, x.placements, x.extents);
+}
+
+ShardSpec replicated(const Shape& shape, const std::vector<int>& mesh_shape) {
+  return ShardSpec::make(shape, mesh_shape,
+                         std::vector<Placement>(mesh_shape.size(), Placement::replicate()));
+}
+
+/// Product of the dims of `shape` before `end`.
+int64_t leading(const Shape& shape, size_t end) {
+  int64_t n = 1;
+  for (size_t d = 0; d < end; ++d) n *= shape[d];
+  return n;
+}
+
+Tensor as_compute(const Tensor& t) {
+  return t.to_dtype(compute_dtype(t.dtype())).contiguous();
+}
+
+// --- linear ---------------------------------------------------------------------------------
+
+void check_linear(const std::vector<ShardSpec>& inputs) {
+  check_arg(inputs.size() == 2 || inputs.size() == 3, "linear", "expects inputs x, w[, b], got {}",
+            inputs.size());
+  const Shape& x = inputs[0].global_shape;
+  const Shape& w = inputs[1].global_shape;
+  check_arg(!x.empty(), "linear", "x has no dims (a scalar)");
+  check_arg(w.size() == 2 && w[1] == x.back(), "linear",
+            "w of shape {} for x of shape {}: expected [out, {}]", w, x, x.back());
+  if (inputs.size() == 3)
+    check_arg(inputs[2].global_shape == Shape{w[0]}, "linear", "b of shape {}, expected [{}]",
+              inputs[2].global_shape, w[0]);
+}
+
+void register_linear() {
+  RuleFn rule = [](const std::vector<ShardSpec>& inputs, const OpAttrs&) {
+    check_linear(inputs);
+    const ShardSpec x = contracted_replicated(inputs[0]);
+    Shape y = x.global_shape;
+    y.back() = inputs[1].global_shape[0];
+    std::vector<ShardSpec> layouts{x};
+    std::vector<std::optional<HaloNeed>> halos{std::nullopt};
+    for (size_t i = 1; i < inputs.size(); ++i) {
+      layouts.push_back(replicated(inputs[i].global_shape, inputs[i].mesh_shape));
+      halos.push_back(std::nullopt);
+    }
+    return OpRule{layouts, halos, {output_layout(x, y)}};
+  };
+  KernelFn cpu = [](const KernelContext&, const std::vector<Tensor>& inputs) {
+    require_floating_cpu(inputs[0], "linear");
+    const Tensor x = as_compute(inputs[0]);
+    const Tensor w = inputs[1].to_dtype(x.dtype()).contiguous();
+    const int64_t in = w.shape()[1], out = w.shape()[0];
+    const int64_t rows = leading(x.shape(), x.shape().size() - 1);
+    Shape y_shape = x.shape();
+    y_shape.back() = out;
+    Tensor y = Tensor::empty(y_shape, x.dtype());
+    if (inputs.size() == 3) {  // y starts as b on every row
+      const Tensor b = inputs[2].to_dtype(x.dtype()).contiguous();
+      for (int64_t r = 0; r < rows; ++r)
+        std::memcpy(static_cast<char*>(y.raw_data()) + r * out * y.element_size(), b.raw_data(),
+                    b.nbytes());
+    }
+    batched_gemm(x, w, y, 1, 0, 0, false, true, rows, out, in, inputs.size() == 3);
+    return std::vector<Tensor>{y.to_dtype(inputs[0].dtype())};
+  };
+  BackwardFn backward = [](const OpRecord& record,
+                           const std::vector<std::optional<ShardTensor>>& grads)
+      -> std::vector<std::optional<ShardTensor>> {
+    const ShardTensor& x = record.inputs[0];
+    const ShardTensor& w = record.inputs[1];
+    const ShardSpec& y_spec = record.outputs[0].spec();
+    const ShardTensor g = grads[0]->spec() == y_spec
+                              ? *grads[0]
+                              : grads[0]->redistribute(y_spec.placements, y_spec.extents);
+    const Tensor gc = as_compute(g.to_local());
+    const Tensor xc = as_compute(x.to_local());
+    const Tensor wc = w.to_local().to_dtype(gc.dtype()).contiguous();
+    const int64_t in = wc.shape()[1], out = wc.shape()[0];
+    const int64_t rows = leading(xc.shape(), xc.shape().size() - 1);
+    Tensor dx = Tensor::empty(xc.shape(), gc.dtype());
+    batched_gemm(gc, wc, dx, 1, 0, 0, false, false, rows, in, out, false);  // g @ w
+    Tensor dw = Tensor::empty({out, in}, gc.dtype());
+    batched_gemm(gc, xc, dw, 1, 0, 0, true, false, out, in, rows, false);  // g^T @ x
+    const ShardSpec param = partial_over_sharding(x.spec(), {out, in});
+    std::vector<std::optional<ShardTensor>> result{
+        ShardTensor(dx.to_dtype(x.dtype()), x.mesh(), x.spec()),
+        ShardTensor(dw.to_dtype(w.dtype()), w.mesh(), param)};
+    if (record.inputs.size() == 3) {
+      Tensor db = Tensor::zeros({out}, gc.dtype());
+      const Tensor ones = Tensor::empty({rows}, gc.dtype());
+      if (rows > 0) {
+        const Tensor ones_filled = map_elements(ones, [](double) { return 1.0; });
+        batched_gemm(ones_filled, gc, db, 1, 0, 0, false, false, 1, out, rows, false);
+      }
+      result.push_back(ShardTensor(db.to_dtype(record.inputs[2].dtype()), x.mesh(),
+                                   partial_over_sharding(x.spec(), {out})));
+    }
+    return result;
+  };
+  register_op(OpDef{.name = "linear",
+                    .summary = "x[..., in] @ w[out, in]^T + b[out] (x sharded on any dim but the "
+                               "last)",
+                    .inputs = {{.name = "x"}, {.name = "w"}, {.name = "b", .optional = true}},
+                    .outputs = {"y"},
+                    .rule = std::move(rule),
+                    .cpu = std::move(cpu),
+                    .backward = std::move(backward)});
+}
+
+// --- matmul ---------------------------------------------------------------------------------
+
+/// Whether b is batched (b [..., K, N] with a's batch dims) rather than one [K, N] matrix.
+bool check_matmul(const Shape& a, const Shape& b) {
+  check_arg(a.size() >= 2, "matmul", "a of shape {}: a needs at least 2 dims [..., M, K]", a);
+  check_arg(b.size() == 2 || b.size() == a.size(), "matmul",
+            "b of shape {} for a of shape {}: expected [K, N] or [..., K, N] with a's batch dims",
+            b, a);
+  check_arg(b[b.size() - 2] == a.back(), "matmul",
+            "a of shape {} and b of shape {}: contracted extents {} and {} differ", a, b, a.back(),
+            b[b.size() - 2]);
+  if (b.size() == 2) return false;
+  for (size_t d = 0; d + 2 < a.size(); ++d)
+    check_arg(a[d] == b[d], "matmul",
+              "a of shape {} and b of shape {}: batch dims differ (dim {}); broadcast batch dims "
+              "are not supported",
+              a, b, d);
+  return true;
+}
+
+/// b's layout for a batched b: a's placements on the batch dims, K and N unsharded.
+ShardSpec batched_b_layout(const ShardSpec& a, const Shape& b) {
+  std::vector<Placement> placements;
+  std::vector<std::vector<int64_t>> extents;
+  const int batch_dims = static_cast<int>(b.size()) - 2;
+  for (size_t m = 0; m < a.placements.size(); ++m) {
+    const Placement& p = a.placements[m];
+    const bool batch = p.is_shard() && p.dim < batch_dims;
+    placements.push_back(batch ? p : Placement::replicate());
+    extents.push_back(batch ? a.extents[m] : std::vector<int64_t>{});
+  }
+  return ShardSpec::make(b, a.mesh_shape, placements, extents);
+}
+
+void register_matmul() {
+  RuleFn rule = [](const std::vector<ShardSpec>& inputs, const OpAttrs&) {
+    check_arg(inputs.size() == 2, "matmul", "expects inputs a, b, got {}", inputs.size());
+    const bool batched = check_matmul(inputs[0].global_shape, inputs[1].global_shape);
+    const ShardSpec a = contracted_replicated(inputs[0]);
+    const Shape& b = inputs[1].global_shape;
+    Shape y = a.global_shape;
+    y.back() = b.back();
+    return OpRule{{a, batched ? batched_b_layout(a, b) : replicated(b, a.mesh_shape)},
+                  {std::nullopt, std::nullopt},
+                  {output_layout(a, y)}};
+  };
+  KernelFn cpu = [](const KernelContext&, const std::vector<Tensor>& inputs) {
+    require_floating_cpu(inputs[0], "matmul");
+    const Tensor a = as_compute(inputs[0]);
+    const Tensor b = inputs[1].to_dtype(a.dtype()).contiguous();
+    const Shape& as = a.shape();
+    const int64_t m = as[as.size() - 2], k = as.back(), n = b.shape().back();
+    const int64_t batches = leading(as, as.size() - 2);
+    Shape y_shape = as;
+    y_shape.back() = n;
+    Tensor y = Tensor::empty(y_shape, a.dtype());
+    const bool batched = b.ndim() > 2;
+    batched_gemm(a, b, y, batches, m * k, batched ? k * n : 0, false, false, m, n, k, false);
+    return std::vector<Tensor>{y.to_dtype(inputs[0].dtype())};
+  };
+  BackwardFn backward = [](const OpRecord& record,
+                           const std::vector<std::optional<ShardTensor>>& grads)
+      -> std::vector<std::optional<ShardTensor>> {
+    const ShardTensor& a = record.inputs[0];
+    const ShardTensor& b = record.inputs[1];
+    const ShardSpec& y_spec = record.outputs[0].spec();
+    const ShardTensor g = grads[0]->spec() == y_spec
+                              ? *grads[0]
+                              : grads[0]->redistribute(y_spec.placements, y_spec.extents);
+    const Tensor gc = as_compute(g.to_local());
+    const Tensor ac = as_compute(a.to_local());
+    const Tensor bc = b.to_local().to_dtype(gc.dtype()).contiguous();
+    const Shape& as = ac.shape();
+    const int64_t m = as[as.size() - 2], k = as.back(), n = bc.shape().back();
+    const int64_t batches = leading(as, as.size() - 2);
+    const bool batched = bc.ndim() > 2;
+    Tensor da = Tensor::empty(as, gc.dtype());  // g @ b^T per matrix
+    batched_gemm(gc, bc, da, batches, m * n, batched ? k * n : 0, false, true, m, k, n, false);
+    Tensor db;
+    ShardSpec db_spec;
+    if (batched) {  // a^T @ g per matrix; a's row dim sums
+      db = Tensor::empty(bc.shape(), gc.dtype());
+      Tensor a_t = ac, g_t = gc;
+      for (int64_t i = 0; i < batches; ++i) {
+        auto run = [&]<typename T>() {
+          gemm<T>(true, false, k, n, m, static_cast<const T*>(a_t.raw_data()) + i * m * k,
+                  static_cast<const T*>(g_t.raw_data()) + i * m * n,
+                  static_cast<T*>(db.raw_data()) + i * k * n, false);
+        };
+        if (gc.dtype() == DType::f64)
+          run.template operator()<double>();
+        else
+          run.template operator()<float>();
+      }
+      const ShardSpec b_layout = b.spec();
+      std::vector<Placement> placements = b_layout.placements;
+      const int row_dim = static_cast<int>(as.size()) - 2;
+      for (size_t mi = 0; mi < placements.size(); ++mi)
+        if (a.spec().placements[mi].is_shard() && a.spec().placements[mi].dim == row_dim)
+          placements[mi] = Placement::partial(ReduceOp::sum);
+      db_spec =
+          ShardSpec::make(b_layout.global_shape, b_layout.mesh_shape, placements, b_layout.extents);
+    } else {  // a^T @ g over every row of every matrix
+      db = Tensor::empty({k, n}, gc.dtype());
+      batched_gemm(ac, gc, db, 1, 0, 0, true, false, k, n, batches * m, false);
+      db_spec = partial_over_sharding(a.spec(), {k, n});
+    }
+    return {ShardTensor(da.to_dtype(a.dtype()), a.mesh(), a.spec()),
+            ShardTensor(db.to_dtype(b.dtype()), b.mesh(), db_spec)};
+  };
+  register_op(OpDef{.name = "matmul",
+                    .summary = "a[..., M, K] @ b[K, N] or b[..., K, N] (a sharded on any dim but "
+                               "the last)",
+                    .inputs = {{.name = "a"}, {.name = "b"}},
+                    .outputs = {"y"},
+                    .rule = std::move(rule),
+                    .cpu = std::move(cpu),
+                    .backward = std::move(backward)});
+}
+
+}  // namespace
+
+void register_linear_ops() {
+  register_linear();
+  register_matmul();
+}
+
+ShardTensor linear(const ShardTensor& x, const ShardTensor& w,
+                   const std::optional<ShardTensor>& b) {
+  std::vector<ShardTensor> inputs{x, w};
+  if (b) inputs.push_back(*b);
+  return apply_op("linear", inputs)[0];
+}
+
+ShardTensor matmul(const ShardTensor& a, const ShardTensor& b) {
+  return apply_op("matmul", {a, b})[0];
+}
+
+}  // namespace tessera::ops
