@@ -1,7 +1,7 @@
 // The pointwise and reduction ops (relu, gelu, silu, tanh, exp, scale, sigmoid, softplus,
 // leaky_relu, erf, sqrt, neg, abs, log, clamp; add/sub/mul/div/pow/maximum/minimum with
 // same-shape operands and either operand broadcast; bias_add; where; sum/mean over any dims;
-// mse_loss; softmax and log_softmax over every dim; linear and matmul): sharded
+// mse_loss; softmax and log_softmax over every dim; linear and matmul; dropout): sharded
 // forward and gradients equal the unsharded ones on uneven and empty shards, and the
 // gradients equal central finite differences (so the derivative formulas themselves are
 // checked); an op registered without a rule runs through the replicated fallback.
@@ -132,6 +132,10 @@ std::vector<NamedProgram> programs() {
   list.push_back({"matmul batched", {a, {5, 3, 2}}, [](const std::vector<ShardTensor>& in) {
                     const ShardTensor y = ops::matmul(in[0], in[1]);
                     return ops::sum(ops::mul(y, y));
+                  }});
+  // dropout: the mask is a function of the seed and the global index, the same on every layout.
+  list.push_back({"dropout p 0.3", {a}, [](const std::vector<ShardTensor>& in) {
+                    return ops::sum(ops::mul(ops::dropout(in[0], 0.3, 7), in[0]));
                   }});
   // softmax and log_softmax over every dim (the random layouts shard it, or not).
   for (int64_t dim : {0, 1, 2, -1})
@@ -320,6 +324,41 @@ TEST(BasicOps, LinearAndMatmulInF32MatchF64) {
         largest = std::max(largest, std::fabs(f64[r].data<double>()[i]));
       EXPECT_LT(max_abs_diff(f32[r], f64[r]), 1e-5 * (1 + largest)) << "result " << r;
     }
+  });
+}
+
+// dropout's mask: the same bits on every layout, the kept fraction near 1 - p, another seed
+// another mask, the identity when p = 0 or not training, zeros when p = 1.
+TEST(BasicOps, DropoutMaskIsAFunctionOfSeedAndGlobalIndex) {
+  testing::run_world(4, [](std::shared_ptr<Comm> comm) {
+    DeviceMesh mesh(comm, {2, 2});
+    DeviceMesh single(comm->split(comm->rank(), 0), {1, 1});
+    const Shape shape{4, 250, 200};
+    Tensor ones = Tensor::empty(shape, DType::f64);
+    for (int64_t i = 0; i < ones.numel(); ++i) ones.data<double>()[i] = 1.0;
+    const std::vector<Placement> replicated{Placement::replicate(), Placement::replicate()};
+    const ShardTensor whole = ShardTensor::distribute(ones, single, replicated);
+    const ShardTensor sharded = ShardTensor::distribute(
+        ones, mesh, {Placement::shard(1), Placement::shard(2)}, {{170, 80}, {3, 197}});
+    const double p = 0.3;
+    const Tensor reference = ops::dropout(whole, p, 11).full_tensor();
+    EXPECT_EQ(max_abs_diff(ops::dropout(sharded, p, 11).full_tensor(), reference), 0.0);
+    int64_t kept = 0;
+    for (int64_t i = 0; i < reference.numel(); ++i) {
+      const double v = reference.data<double>()[i];
+      EXPECT_TRUE(v == 0.0 || v == 1 / (1 - p)) << v;
+      kept += v != 0.0;
+    }
+    const double n = static_cast<double>(reference.numel());
+    EXPECT_NEAR(static_cast<double>(kept), (1 - p) * n, 5 * std::sqrt(n * p * (1 - p)));
+    EXPECT_GT(max_abs_diff(ops::dropout(whole, p, 12).full_tensor(), reference), 0.0)
+        << "another seed, another mask";
+    EXPECT_EQ(max_abs_diff(ops::dropout(sharded, 0.0, 11).full_tensor(), ones), 0.0);
+    EXPECT_EQ(max_abs_diff(ops::dropout(sharded, 0.9, 11, false).full_tensor(), ones), 0.0);
+    EXPECT_EQ(max_abs_diff(ops::dropout(sharded, 1.0, 11).full_tensor(),
+                           Tensor::zeros(shape, DType::f64)),
+              0.0);
+    EXPECT_THROW(ops::dropout(sharded, 1.5, 11), InvalidArgument);
   });
 }
 
