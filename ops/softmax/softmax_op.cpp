@@ -11,10 +11,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "core/autograd.hpp"
+#include "core/compute_threads.hpp"
+#include "core/parallel_for.hpp"
 #include "ops/op_helpers.hpp"
 
 namespace tessera::ops {
@@ -73,15 +76,24 @@ std::vector<double> combine(const DeviceMesh& mesh, const std::vector<int>& dims
   return result;
 }
 
-/// Calls fn(s, index) for every slot s and every element of it, index running along the dim.
+/// Calls fn(slot, index) for every element of every slot, on the compute threads: units of
+/// (outer, a chunk of up to 1024 inner positions) walk the dim in order with the inner positions
+/// innermost (contiguous), so each slot is visited along the dim in order by one thread and no
+/// two threads touch the same slot.
 template <typename Fn>
 void for_each_in_slots(const Slots& s, Fn&& fn) {
-  for (int64_t o = 0; o < s.outer; ++o)
-    for (int64_t i = 0; i < s.inner; ++i) {
-      const int64_t slot = o * s.inner + i;
-      const int64_t first = o * s.length * s.inner + i;
-      for (int64_t l = 0; l < s.length; ++l) fn(slot, first + l * s.inner);
+  constexpr int64_t chunk = 1024;
+  const int64_t chunks = (s.inner + chunk - 1) / chunk;
+  parallel_for(s.outer * chunks, compute_threads(), [&](int64_t begin, int64_t end, int) {
+    for (int64_t unit = begin; unit < end; ++unit) {
+      const int64_t o = unit / chunks, first = (unit % chunks) * chunk;
+      const int64_t last = std::min(s.inner, first + chunk);
+      for (int64_t l = 0; l < s.length; ++l) {
+        const int64_t base = (o * s.length + l) * s.inner;
+        for (int64_t i = first; i < last; ++i) fn(o * s.inner + i, base + i);
+      }
     }
+  });
 }
 
 /// What one call needs: its dim, the mesh dims that shard it, the local slots.
