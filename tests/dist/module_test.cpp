@@ -186,5 +186,28 @@ TEST(Modules, LinearMlpTrainsTheSameOnOneRankAndOnA2x2Mesh) {
   });
 }
 
+/// Dropout: a new mask every call, the same on a 2x2 mesh as on one rank; the identity in eval.
+TEST(Modules, DropoutMasksChangePerCallAgreeAcrossLayoutsAndVanishInEval) {
+  testing::run_world(4, [](std::shared_ptr<Comm> comm) {
+    testing::CaseRng rng(16);
+    const Tensor x_full = testing::integer_tensor({2, 3, 9, 7}, DType::f64, rng, 1, 4);
+    DeviceMesh single(comm->split(comm->rank(), 0), {1, 1});
+    DeviceMesh mesh(comm, {2, 2});
+    nn::Dropout one(0.4, 9), many(0.4, 9);
+    const ShardTensor x1 =
+        ShardTensor::distribute(x_full, single, {Placement::replicate(), Placement::replicate()});
+    const ShardTensor x4 = ShardTensor::distribute(
+        x_full, mesh, {Placement::shard(2), Placement::shard(3)}, {{7, 2}, {0, 7}});
+    const Tensor first = one.forward(x1).full_tensor();
+    EXPECT_EQ(max_abs_diff(many.forward(x4).full_tensor(), first), 0.0);
+    const Tensor second = one.forward(x1).full_tensor();
+    EXPECT_EQ(max_abs_diff(many.forward(x4).full_tensor(), second), 0.0);
+    EXPECT_GT(max_abs_diff(first, second), 0.0) << "a new mask every call";
+    one.eval();
+    EXPECT_EQ(max_abs_diff(one.forward(x1).full_tensor(), x_full), 0.0);
+    EXPECT_THROW(nn::Dropout(1.5, 0), InvalidArgument);
+  });
+}
+
 }  // namespace
 }  // namespace tessera
