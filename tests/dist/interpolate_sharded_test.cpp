@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ops/nn/layers.hpp"
 #include "ops/ops.hpp"
 #include "tests/dist/harness.hpp"
 #include "tests/dist/interpolate_cases.hpp"
@@ -144,6 +145,24 @@ TEST(InterpolateSharded, LinearGradientMatchesCentralFiniteDifferences) {
       ++checked;
     }
     EXPECT_EQ(checked, 12);
+  });
+}
+
+// nn::Upsample is interpolate with its options, without parameters, sharded as its input.
+TEST(InterpolateSharded, UpsampleModuleIsInterpolate) {
+  testing::run_world(2, [&](std::shared_ptr<Comm> comm) {
+    DeviceMesh mesh(comm, {2});
+    CaseRng rng(73);
+    const Tensor x = random_interpolate_input({1, 2, 5, 6}, rng);
+    const ShardTensor xs = ShardTensor::distribute(x, mesh, {Placement::shard(3)}, {{4, 2}});
+    const ops::InterpolateOptions options{
+        .scale_factor = {1.7, 2.0}, .mode = "bilinear", .align_corners = false};
+    nn::Upsample upsample(options);
+    EXPECT_TRUE(upsample.parameters().empty());
+    const ShardTensor y = upsample.forward(xs);
+    EXPECT_EQ(y.global_shape(), (Shape{1, 2, 8, 12}));
+    EXPECT_EQ(y.placements(), xs.placements());
+    EXPECT_TRUE(bitwise_equal(y.full_tensor(), ops::interpolate(xs, options).full_tensor()));
   });
 }
 
