@@ -29,14 +29,16 @@ Tensor interpolate_backward_cuda(const kernels::InterpPlan& plan, const Shape& x
                                  const Tensor& gy, const Stream& stream) {
   require_cuda_operands({&gy}, kOp);
   const Tensor grad = gy.contiguous();
-  Tensor dx = Tensor::empty(x_shape, gy.dtype(), gy.device());
-  if (dx.numel() == 0) return dx;
+  // Summed in the computation type (f32 for f16/bf16), rounded once at the end.
+  const bool half = gy.dtype() == DType::f16 || gy.dtype() == DType::bf16;
+  Tensor dx = Tensor::empty(x_shape, half ? DType::f32 : gy.dtype(), gy.device());
+  if (dx.numel() == 0) return half ? dx.to_dtype(gy.dtype()) : dx;
   backend_for(dx.device()).fill(strided_ref(dx), dx.dtype(), 0.0, stream);
   check_launch(kernels::launch_interpolate_backward(plan, element_type(gy.dtype(), kOp),
                                                     grad.raw_data(), dx.raw_data(),
                                                     stream_handle(stream)),
                kOp, gy.device(), "interpolate backward");
-  return dx;
+  return half ? dx.to_dtype(gy.dtype()) : dx;
 }
 
 }  // namespace tessera::ops

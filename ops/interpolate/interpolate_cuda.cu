@@ -1,7 +1,8 @@
 // Device code of interpolate: the forward with one thread per output reading its (up to eight)
 // source cells with the weights of interpolate_taps.hpp, the innermost dim combined first as on
-// the cpu; the backward with one thread per gradient cell adding its weighted shares into dx with
-// atomics (source cells are shared between neighbouring outputs).
+// the cpu; the backward with one thread per gradient cell adding its weighted shares into dx (in
+// the computation type: float for f16/bf16) with atomics, as source cells are shared between
+// neighbouring outputs.
 #include <cstdint>
 
 #include "ops/cuda_elements.cuh"
@@ -49,23 +50,20 @@ __global__ void interpolate_forward_kernel(InterpPlan plan, const T* x, T* y, in
   }
 }
 
-/// dx[i] += value (float and double natively, f16/bf16 through their atomic adds).
+/// *target += value, atomically.
 __device__ void add_to(float* target, float value) { atomicAdd(target, value); }
 __device__ void add_to(double* target, double value) { atomicAdd(target, value); }
-__device__ void add_to(__half* target, float value) { atomicAdd(target, __float2half(value)); }
-__device__ void add_to(__nv_bfloat16* target, float value) {
-  atomicAdd(target, __float2bfloat16(value));
-}
 
 template <typename T>
-__global__ void interpolate_backward_kernel(InterpPlan plan, const T* gy, T* dx, int64_t count) {
+__global__ void interpolate_backward_kernel(InterpPlan plan, const T* gy, Compute<T>* dx,
+                                            int64_t count) {
   using C = Compute<T>;
   const int64_t in1 = plan.dims[1].in, in2 = plan.dims[2].in;
   for (int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; index < count;
        index += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t p, j0, j1, j2;
     split_output(plan, index, p, j0, j1, j2);
-    T* plane = dx + p * plan.in_plane();
+    C* plane = dx + p * plan.in_plane();
     const C g = to_compute(gy[index]);
     const InterpTap a = interp_tap(plan.mode, plan.dims[0], j0);
     const InterpTap b = interp_tap(plan.mode, plan.dims[1], j1);
@@ -123,7 +121,7 @@ cudaError_t launch_interpolate_backward(const InterpPlan& plan, ElementType type
   return dispatch(type, [&](auto zero) {
     using T = decltype(zero);
     interpolate_backward_kernel<T><<<grid_for(count), kBlockThreads, 0, stream>>>(
-        plan, static_cast<const T*>(gy), static_cast<T*>(dx), count);
+        plan, static_cast<const T*>(gy), static_cast<Compute<T>*>(dx), count);
     return cudaGetLastError();
   });
 }

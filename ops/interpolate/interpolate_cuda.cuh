@@ -18,7 +18,8 @@ namespace tessera::ops::kernels {
 cudaError_t launch_interpolate_forward(const InterpPlan& plan, ElementType type, const void* x,
                                        void* y, cudaStream_t stream);
 
-/// dx += the gradient of x from gy (dx must be zeroed by the caller).
+/// dx += the gradient of x from gy of `type`; dx is in the computation type (f32 for f16/bf16
+/// gradients, gy's type otherwise) and must be zeroed by the caller.
 cudaError_t launch_interpolate_backward(const InterpPlan& plan, ElementType type, const void* gy,
                                         void* dx, cudaStream_t stream);
 

@@ -43,6 +43,30 @@ inline std::vector<Tensor> forward_and_grad(const UnaryOp& op, const DeviceMesh&
   return {y.full_tensor(), tape.grad(xs)->full_tensor()};
 }
 
+/// forward_and_grad with every rank's pieces of x and gy in `dtype` on `device` (the gpu tests);
+/// y and dx come back full, as f64 on the cpu.
+inline std::vector<Tensor> forward_and_grad_on(const UnaryOp& op, const DeviceMesh& mesh,
+                                               const Tensor& x, const Tensor& gy,
+                                               const std::vector<Placement>& placements,
+                                               const std::vector<std::vector<int64_t>>& extents,
+                                               bool sharded, DType dtype, Device device) {
+  auto placed = [&](const ShardTensor& t) {
+    return ShardTensor(t.to_local().to_dtype(dtype).to(device), t.mesh(), t.spec());
+  };
+  Tape tape;
+  ShardTensor xs =
+      placed(sharded ? ShardTensor::distribute(x, mesh, placements, extents)
+                     : ShardTensor::distribute(
+                           x, mesh, std::vector<Placement>(mesh.ndim(), Placement::replicate())));
+  xs.set_requires_grad();
+  const ShardTensor y = op(xs);
+  const ShardTensor gys =
+      placed(ShardTensor::distribute(gy, mesh, y.placements(), y.spec().extents));
+  tape.backward(ops::sum(ops::mul(y, gys)));
+  return {y.full_tensor().to(Device::cpu()).to_dtype(DType::f64),
+          tape.grad(xs)->full_tensor().to(Device::cpu()).to_dtype(DType::f64)};
+}
+
 /// Runs every case of the fixture directory `dir` (manifest.json: name, dims, x_shape, y_shape,
 /// files x, gy, y, gx) on 1, 2 and 4 ranks: x sharded unevenly over the last spatial dim, or on 4
 /// ranks 2x2 over the last two; `op_of(case)` gives the op of a case. y and dx (through the
