@@ -126,22 +126,21 @@ Tensor interpolate_backward_cpu(const InterpPlan& plan, const Shape& x_shape, co
               for (const Tap<C>& c : taps[2]) row[c.i0] += static_cast<C>(g_plane[o++]);
             }
         } else {
-        for (const Tap<C>& a : taps[0]) {
-          for (const Tap<C>& b : taps[1]) {
-            C* rows[4] = {acc.data() + (a.i0 * in1 + b.i0) * in2,
-                          acc.data() + (a.i0 * in1 + b.i1) * in2,
-                          acc.data() + (a.i1 * in1 + b.i0) * in2,
-                          acc.data() + (a.i1 * in1 + b.i1) * in2};
-            const C weights[4] = {a.w0 * b.w0, a.w0 * b.w1, a.w1 * b.w0, a.w1 * b.w1};
-            for (const Tap<C>& c : taps[2]) {
-              const C value = static_cast<C>(g_plane[o++]);
-              for (int k = 0; k < 4; ++k) {
-                rows[k][c.i0] += weights[k] * c.w0 * value;
-                rows[k][c.i1] += weights[k] * c.w1 * value;
+          for (const Tap<C>& a : taps[0]) {
+            for (const Tap<C>& b : taps[1]) {
+              C* rows[4] = {
+                  acc.data() + (a.i0 * in1 + b.i0) * in2, acc.data() + (a.i0 * in1 + b.i1) * in2,
+                  acc.data() + (a.i1 * in1 + b.i0) * in2, acc.data() + (a.i1 * in1 + b.i1) * in2};
+              const C weights[4] = {a.w0 * b.w0, a.w0 * b.w1, a.w1 * b.w0, a.w1 * b.w1};
+              for (const Tap<C>& c : taps[2]) {
+                const C value = static_cast<C>(g_plane[o++]);
+                for (int k = 0; k < 4; ++k) {
+                  rows[k][c.i0] += weights[k] * c.w0 * value;
+                  rows[k][c.i1] += weights[k] * c.w1 * value;
+                }
               }
             }
           }
-        }
         }
         T* target = out + p * in_plane;
         for (int64_t i = 0; i < in_plane; ++i) target[i] = T(acc[i]);

@@ -18,10 +18,10 @@ Tensor interpolate_forward_cuda(const kernels::InterpPlan& plan, const Tensor& x
   const Tensor input = x.contiguous();
   Tensor y = Tensor::empty(y_shape, x.dtype(), x.device());
   if (y.numel() == 0) return y;
-  check_launch(kernels::launch_interpolate_forward(plan, element_type(x.dtype(), kOp),
-                                                   input.raw_data(), y.raw_data(),
-                                                   stream_handle(stream)),
-               kOp, x.device(), "interpolate forward");
+  check_launch(
+      kernels::launch_interpolate_forward(plan, element_type(x.dtype(), kOp), input.raw_data(),
+                                          y.raw_data(), stream_handle(stream)),
+      kOp, x.device(), "interpolate forward");
   return y;
 }
 
@@ -34,10 +34,10 @@ Tensor interpolate_backward_cuda(const kernels::InterpPlan& plan, const Shape& x
   Tensor dx = Tensor::empty(x_shape, half ? DType::f32 : gy.dtype(), gy.device());
   if (dx.numel() == 0) return half ? dx.to_dtype(gy.dtype()) : dx;
   backend_for(dx.device()).fill(strided_ref(dx), dx.dtype(), 0.0, stream);
-  check_launch(kernels::launch_interpolate_backward(plan, element_type(gy.dtype(), kOp),
-                                                    grad.raw_data(), dx.raw_data(),
-                                                    stream_handle(stream)),
-               kOp, gy.device(), "interpolate backward");
+  check_launch(
+      kernels::launch_interpolate_backward(plan, element_type(gy.dtype(), kOp), grad.raw_data(),
+                                           dx.raw_data(), stream_handle(stream)),
+      kOp, gy.device(), "interpolate backward");
   return half ? dx.to_dtype(gy.dtype()) : dx;
 }
 

@@ -41,7 +41,8 @@ __global__ void interpolate_forward_kernel(InterpPlan plan, const T* x, T* y, in
     }
     auto row = [&](int64_t i0, int64_t i1) {
       const T* r = plane + (i0 * in1 + i1) * in2;
-      return static_cast<C>(c.w0) * to_compute(r[c.i0]) + static_cast<C>(c.w1) * to_compute(r[c.i1]);
+      return static_cast<C>(c.w0) * to_compute(r[c.i0]) +
+             static_cast<C>(c.w1) * to_compute(r[c.i1]);
     };
     const C bw0 = static_cast<C>(b.w0), bw1 = static_cast<C>(b.w1);
     const C value = static_cast<C>(a.w0) * (bw0 * row(a.i0, b.i0) + bw1 * row(a.i0, b.i1)) +
@@ -51,8 +52,12 @@ __global__ void interpolate_forward_kernel(InterpPlan plan, const T* x, T* y, in
 }
 
 /// *target += value, atomically.
-__device__ void add_to(float* target, float value) { atomicAdd(target, value); }
-__device__ void add_to(double* target, double value) { atomicAdd(target, value); }
+__device__ void add_to(float* target, float value) {
+  atomicAdd(target, value);
+}
+__device__ void add_to(double* target, double value) {
+  atomicAdd(target, value);
+}
 
 template <typename T>
 __global__ void interpolate_backward_kernel(InterpPlan plan, const T* gy, Compute<T>* dx,

@@ -58,8 +58,11 @@ InterpDims resolve(const Shape& x, const OpAttrs& attrs) {
     check_arg(mode == linear_names[dims.spatial - 1], kOp,
               "attribute 'mode' = '{}' needs a {}-d input, got shape {} ({} spatial dim(s): use "
               "'{}')",
-              mode, mode == "linear" ? 3 : mode == "bilinear" ? 4 : 5, x, dims.spatial,
-              linear_names[dims.spatial - 1]);
+              mode,
+              mode == "linear"     ? 3
+              : mode == "bilinear" ? 4
+                                   : 5,
+              x, dims.spatial, linear_names[dims.spatial - 1]);
   } else {
     check_arg(false, kOp,
               "attribute 'mode' = '{}': expected nearest, nearest-exact, linear, bilinear or "
@@ -227,11 +230,10 @@ BackwardFn backward() {
         plan_of(record.attrs, x.global_shape(), halo ? halo->needed_box() : x.local_box(),
                 record.outputs[0].local_box());
     const Tensor g_local = g.to_local();
-    const Tensor dx_haloed =
-        x_haloed.device().is_cuda()
-            ? interpolate_backward_cuda(plan, x_haloed.shape(), g_local,
-                                        compute_stream_for(x_haloed.device()))
-            : interpolate_backward_cpu(plan, x_haloed.shape(), g_local);
+    const Tensor dx_haloed = x_haloed.device().is_cuda()
+                                 ? interpolate_backward_cuda(plan, x_haloed.shape(), g_local,
+                                                             compute_stream_for(x_haloed.device()))
+                                 : interpolate_backward_cpu(plan, x_haloed.shape(), g_local);
     // Gradient that landed on halo cells goes back to their owners and is added there.
     const Tensor dx = halo ? halo_adjoint(*halo, dx_haloed, x.mesh().comm()) : dx_haloed;
     std::vector<std::optional<ShardTensor>> result;
@@ -269,7 +271,8 @@ void register_interpolate_ops() {
                 {.name = "mode",
                  .type = AttrType::string,
                  .default_value = std::string("nearest"),
-                 .doc = "nearest | nearest-exact | linear (1-d) | bilinear (2-d) | trilinear (3-d)"},
+                 .doc =
+                     "nearest | nearest-exact | linear (1-d) | bilinear (2-d) | trilinear (3-d)"},
                 {.name = "align_corners",
                  .type = AttrType::boolean,
                  .doc = "linear modes only: align the corner cells; unset: 0"},

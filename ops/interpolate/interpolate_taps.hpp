@@ -5,7 +5,8 @@
 // PyTorch's rules computed in double:
 //   nearest:       i0 = min(floor(o * s), L - 1)
 //   nearest-exact: i0 = min(floor((o + 0.5) * s), L - 1)
-//   linear:        x = align_corners ? o * s : max(0, (o + 0.5) * s - 0.5), i0 = min(floor(x), L-1),
+//   linear:        x = align_corners ? o * s : max(0, (o + 0.5) * s - 0.5), i0 = min(floor(x),
+//   L-1),
 //                  w1 = x - i0, w0 = 1 - w1
 // where s is the source cells per output cell (see InterpDim::scale). The functions are
 // constexpr so that device code calls them too (--expt-relaxed-constexpr).
@@ -20,12 +21,12 @@ enum class InterpMode : int { nearest, nearest_exact, linear };
 
 /// One spatial dim of a local piece.
 struct InterpDim {
-  int64_t in = 1;        ///< haloed input extent
-  int64_t out = 1;       ///< local output extent
-  int64_t out_lo = 0;    ///< global index of local output 0
-  int64_t in_lo = 0;     ///< global index of local input cell 0
-  int64_t length = 1;    ///< global input extent L
-  double scale = 0.0;    ///< source cells per output cell s
+  int64_t in = 1;      ///< haloed input extent
+  int64_t out = 1;     ///< local output extent
+  int64_t out_lo = 0;  ///< global index of local output 0
+  int64_t in_lo = 0;   ///< global index of local input cell 0
+  int64_t length = 1;  ///< global input extent L
+  double scale = 0.0;  ///< source cells per output cell s
   bool align_corners = false;
 };
 
@@ -48,8 +49,8 @@ struct InterpTap {
 };
 
 /// The source cells of global output o along a dim of global input extent `length`.
-constexpr InterpTap interp_source(InterpMode mode, double scale, bool align_corners,
-                                  int64_t length, int64_t o) {
+constexpr InterpTap interp_source(InterpMode mode, double scale, bool align_corners, int64_t length,
+                                  int64_t o) {
   InterpTap tap;
   if (mode == InterpMode::linear) {
     double x = align_corners ? static_cast<double>(o) * scale

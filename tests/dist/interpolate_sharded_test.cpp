@@ -29,8 +29,8 @@ using testing::random_interpolate_input;
 std::vector<Tensor> run_case(const InterpolateCase& c, const DeviceMesh& mesh, const Tensor& x,
                              const Tensor& gy, bool sharded) {
   return testing::forward_and_grad(
-      [&](const ShardTensor& xs) { return testing::interpolate(c, xs); }, mesh, x, gy,
-      c.placements, c.extents, sharded);
+      [&](const ShardTensor& xs) { return testing::interpolate(c, xs); }, mesh, x, gy, c.placements,
+      c.extents, sharded);
 }
 
 TEST(InterpolateSharded, RandomCasesMatchUnshardedForwardAndGradient) {
@@ -119,7 +119,8 @@ TEST(InterpolateSharded, LinearGradientMatchesCentralFiniteDifferences) {
       if (index % 4 != 3) c.options.align_corners = index % 4 == 1;
       const double factors[] = {0.6, 1.7, 2.0, 2.5};
       if (index % 2 == 0) {
-        for (int i = 0; i < spatial; ++i) c.options.scale_factor.push_back(factors[rng.uniform(0, 3)]);
+        for (int i = 0; i < spatial; ++i)
+          c.options.scale_factor.push_back(factors[rng.uniform(0, 3)]);
       } else {
         for (int i = 0; i < spatial; ++i) c.options.size.push_back(rng.uniform(2, 9));
       }

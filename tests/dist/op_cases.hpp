@@ -92,9 +92,9 @@ inline void check_fixtures(const std::string& dir,
           placements.push_back(Placement::shard(dim));
           extents.push_back(lopsided(x_shape[dim], mesh.size(m)));
         }
-        const auto result = forward_and_grad(op_of(fixture), mesh, read_fixture(dir, files["x"], x_shape),
-                                             read_fixture(dir, files["gy"], y_shape), placements,
-                                             extents, true);
+        const auto result =
+            forward_and_grad(op_of(fixture), mesh, read_fixture(dir, files["x"], x_shape),
+                             read_fixture(dir, files["gy"], y_shape), placements, extents, true);
         const std::string where = fmt::format("{} on {} rank(s)", name, world);
         ASSERT_EQ(result[0].shape(), y_shape) << where;
         EXPECT_LT(max_abs_diff(result[0], read_fixture(dir, files["y"], y_shape)), 1e-10) << where;

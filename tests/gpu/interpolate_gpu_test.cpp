@@ -32,8 +32,8 @@ std::vector<Tensor> run_case(const testing::InterpolateCase& c, const DeviceMesh
                              const Tensor& x, const Tensor& gy, DType dtype, Device device,
                              bool sharded) {
   return testing::forward_and_grad_on(
-      [&](const ShardTensor& xs) { return testing::interpolate(c, xs); }, mesh, x, gy,
-      c.placements, c.extents, sharded, dtype, device);
+      [&](const ShardTensor& xs) { return testing::interpolate(c, xs); }, mesh, x, gy, c.placements,
+      c.extents, sharded, dtype, device);
 }
 
 TEST(InterpolateGpu, FixturesMatchPyTorchOnCuda) {
@@ -75,8 +75,8 @@ TEST(InterpolateGpu, ShardedOnOneTwoAndFourLocalRanksMatchesTheCpuOnOneRank) {
           testing::CaseRng rng(testing::case_seed(75, world, static_cast<int>(mesh_index), index));
           const testing::InterpolateCase c = testing::random_interpolate_case(mesh.shape(), rng);
           const Tensor x = testing::random_interpolate_input(c.x_shape, rng);
-          const ShardTensor probe = testing::interpolate(
-              c, ShardTensor::distribute(x, single, {Placement::replicate()}));
+          const ShardTensor probe =
+              testing::interpolate(c, ShardTensor::distribute(x, single, {Placement::replicate()}));
           const Tensor gy = testing::integer_tensor(probe.global_shape(), DType::f64, rng, -3, 3);
           for (DType dtype : {DType::f64, DType::f32, DType::f16, DType::bf16}) {
             const auto expected = run_case(c, single, x, gy, dtype, Device::cpu(), false);
