@@ -40,6 +40,13 @@ std::array<std::vector<Tap<C>>, 3> taps_of(const InterpPlan& plan) {
   return taps;
 }
 
+/// Whether `dim` is a unit dim (the padding of a 1-d or 2-d interpolation to three dims, or an
+/// extent-1 dim kept at 1): its second source cell is the first with weight 0, so the linear
+/// kernels skip it (as PyTorch's 1-d and 2-d kernels never see it).
+bool unit(const kernels::InterpDim& dim) {
+  return dim.in == 1 && dim.out == 1 && dim.length == 1;
+}
+
 /// Calls fn.template operator()<T, Compute>() for the floating dtypes.
 template <typename Fn>
 void dispatch_interp(DType dtype, Fn&& fn) {
@@ -62,6 +69,7 @@ Tensor interpolate_forward_cpu(const InterpPlan& plan, const Tensor& x, const Sh
   if (y.numel() == 0) return y;
   const int64_t in_plane = plan.in_plane(), out_plane = plan.out_plane();
   const int64_t in1 = plan.dims[1].in, in2 = plan.dims[2].in;
+  const bool flat0 = unit(plan.dims[0]), flat1 = flat0 && unit(plan.dims[1]);
   dispatch_interp(input.dtype(), [&]<typename T, typename C>() {
     const auto taps = taps_of<C>(plan);
     const T* in = static_cast<const T*>(input.raw_data());
@@ -89,8 +97,10 @@ Tensor interpolate_forward_cpu(const InterpPlan& plan, const Tensor& x, const Sh
               auto row = [&](const T* r) {
                 return c.w0 * static_cast<C>(r[c.i0]) + c.w1 * static_cast<C>(r[c.i1]);
               };
-              const C value = a.w0 * (b.w0 * row(r00) + b.w1 * row(r01)) +
-                              a.w1 * (b.w0 * row(r10) + b.w1 * row(r11));
+              const C value = flat0 && flat1 ? row(r00)
+                              : flat0        ? b.w0 * row(r00) + b.w1 * row(r01)
+                                             : a.w0 * (b.w0 * row(r00) + b.w1 * row(r01)) +
+                                            a.w1 * (b.w0 * row(r10) + b.w1 * row(r11));
               target[o++] = T(value);
             }
           }
@@ -108,6 +118,9 @@ Tensor interpolate_backward_cpu(const InterpPlan& plan, const Shape& x_shape, co
   const int64_t in_plane = plan.in_plane(), out_plane = plan.out_plane();
   if (grad.numel() == 0 || dx.numel() == 0) return dx;
   const int64_t in1 = plan.dims[1].in, in2 = plan.dims[2].in;
+  // The corner rows a gradient cell reaches: 1 (1-d), 2 (2-d) or 4 (3-d), rows listed first.
+  const bool flat0 = unit(plan.dims[0]), flat1 = flat0 && unit(plan.dims[1]);
+  const int corners = flat1 ? 1 : flat0 ? 2 : 4;
   dispatch_interp(grad.dtype(), [&]<typename T, typename C>() {
     const auto taps = taps_of<C>(plan);
     const T* g = static_cast<const T*>(grad.raw_data());
@@ -131,10 +144,13 @@ Tensor interpolate_backward_cpu(const InterpPlan& plan, const Shape& x_shape, co
               C* rows[4] = {
                   acc.data() + (a.i0 * in1 + b.i0) * in2, acc.data() + (a.i0 * in1 + b.i1) * in2,
                   acc.data() + (a.i1 * in1 + b.i0) * in2, acc.data() + (a.i1 * in1 + b.i1) * in2};
-              const C weights[4] = {a.w0 * b.w0, a.w0 * b.w1, a.w1 * b.w0, a.w1 * b.w1};
+              const C weights[4] = {flat0 && flat1 ? C(1)
+                                    : flat0        ? b.w0
+                                                   : a.w0 * b.w0,
+                                    flat0 ? b.w1 : a.w0 * b.w1, a.w1 * b.w0, a.w1 * b.w1};
               for (const Tap<C>& c : taps[2]) {
                 const C value = static_cast<C>(g_plane[o++]);
-                for (int k = 0; k < 4; ++k) {
+                for (int k = 0; k < corners; ++k) {
                   rows[k][c.i0] += weights[k] * c.w0 * value;
                   rows[k][c.i1] += weights[k] * c.w1 * value;
                 }
