@@ -46,8 +46,9 @@ errors = [
     ("pad", ["--attr", "pad=1,2,3"], "[pad] attribute 'pad'"),
     ("pad", ["--attr", "pad=-1,1"], "[pad] attribute 'pad'"),
     ("pad", ["--attr", "pad=1,1", "--attr", "mode=wrap"], "[pad] attribute 'mode'"),
-    ("pad", ["--attr", "pad=7,0", "--attr", "mode=reflect"], "[pad] attribute 'pad'"),
-    ("pad", ["--attr", "pad=8,0", "--attr", "mode=circular"], "[pad] attribute 'pad'"),
+    ("pad", ["--attr", "pad=1,1", "--attr", "mode=reflect"], "[pad] attribute 'pad' = [1, 1] with mode 'reflect': padding 1 dim(s) needs"),
+    ("pad", ["--attr", "pad=7,0,0,0", "--attr", "mode=reflect"], "with mode 'reflect': padding (7, 0) of dim 3"),
+    ("pad", ["--attr", "pad=0,0,7,0", "--attr", "mode=circular"], "with mode 'circular': padding (7, 0) of dim 2"),
     ("pad", ["--attr", "pad=1,1", "--attr", "value=x"], "[pad] attribute 'value'"),
 ]
 check_errors(tessera, launch, scratch, tally, path_in, ["--mesh", "2x2", "--shard-dims", "2,3"],
