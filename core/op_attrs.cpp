@@ -14,7 +14,8 @@ const char* type_name(const AttrValue& value) {
     case 0: return "int";
     case 1: return "double";
     case 2: return "string";
-    default: return "int list";
+    case 3: return "int list";
+    default: return "float list";
   }
 }
 }  // namespace
@@ -51,6 +52,12 @@ const std::string& OpAttrs::get_string(const std::string& name) const {
 }
 const std::vector<int64_t>& OpAttrs::get_ints(const std::string& name) const {
   return typed<std::vector<int64_t>>(find(name), name, "int list");
+}
+std::vector<double> OpAttrs::get_doubles(const std::string& name) const {
+  const AttrValue& value = find(name);
+  if (const auto* integers = std::get_if<std::vector<int64_t>>(&value))
+    return std::vector<double>(integers->begin(), integers->end());
+  return typed<std::vector<double>>(value, name, "float list");
 }
 int64_t OpAttrs::get_int(const std::string& name, int64_t fallback) const {
   return has(name) ? get_int(name) : fallback;

@@ -12,7 +12,8 @@
 namespace tessera {
 
 /// One attribute value.
-using AttrValue = std::variant<int64_t, double, std::string, std::vector<int64_t>>;
+using AttrValue =
+    std::variant<int64_t, double, std::string, std::vector<int64_t>, std::vector<double>>;
 
 class OpAttrs {
  public:
@@ -26,6 +27,8 @@ class OpAttrs {
   double get_double(const std::string& name) const;
   const std::string& get_string(const std::string& name) const;
   const std::vector<int64_t>& get_ints(const std::string& name) const;
+  /// A float list (an int list reads as its values in double).
+  std::vector<double> get_doubles(const std::string& name) const;
   /// Getters with a default for unset attributes.
   int64_t get_int(const std::string& name, int64_t fallback) const;
   std::string get_string(const std::string& name, const std::string& fallback) const;

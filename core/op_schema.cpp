@@ -56,6 +56,7 @@ const char* attr_type_name(AttrType type) {
     case AttrType::int_scalar: return "int";
     case AttrType::int_list: return "int list";
     case AttrType::float_scalar: return "float";
+    case AttrType::float_list: return "float list";
     case AttrType::boolean: return "bool";
     case AttrType::string: return "string";
   }
@@ -72,6 +73,9 @@ bool attr_value_fits(const AttrValue& value, AttrType type) {
     case AttrType::float_scalar:
       return std::holds_alternative<double>(value) || std::holds_alternative<int64_t>(value);
     case AttrType::int_list: return std::holds_alternative<std::vector<int64_t>>(value);
+    case AttrType::float_list:
+      return std::holds_alternative<std::vector<double>>(value) ||
+             std::holds_alternative<std::vector<int64_t>>(value);
     case AttrType::string: return std::holds_alternative<std::string>(value);
   }
   return false;
@@ -79,6 +83,8 @@ bool attr_value_fits(const AttrValue& value, AttrType type) {
 
 std::string attr_value_text(const AttrValue& value) {
   if (const auto* list = std::get_if<std::vector<int64_t>>(&value))
+    return fmt::format("{}", fmt::join(*list, ","));
+  if (const auto* list = std::get_if<std::vector<double>>(&value))
     return fmt::format("{}", fmt::join(*list, ","));
   if (const auto* number = std::get_if<double>(&value)) return fmt::format("{}", *number);
   if (const auto* integer = std::get_if<int64_t>(&value)) return fmt::format("{}", *integer);
@@ -116,6 +122,19 @@ AttrValue parse_attr_value(const std::string& op, const OpAttr& attr, const std:
       }
       if (values.empty() || text.back() == ',')
         refuse("a comma-separated list of integers, e.g. 1,2");
+      return values;
+    }
+    case AttrType::float_list: {
+      std::vector<double> values;
+      std::stringstream stream(text);
+      std::string part;
+      while (std::getline(stream, part, ',')) {
+        const auto value = number_of(part);
+        if (!value) refuse("a comma-separated list of finite numbers, e.g. 1.5,2");
+        values.push_back(*value);
+      }
+      if (values.empty() || text.back() == ',')
+        refuse("a comma-separated list of finite numbers, e.g. 1.5,2");
       return values;
     }
     case AttrType::string: return text;

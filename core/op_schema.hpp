@@ -15,9 +15,9 @@ namespace tessera {
 
 /// The type of an attribute, and how it is stored in OpAttrs: int (int64), int_list
 /// (vector<int64>), float (double), boolean (int64 0 or 1), string.
-enum class AttrType { int_scalar, int_list, float_scalar, boolean, string };
+enum class AttrType { int_scalar, int_list, float_scalar, float_list, boolean, string };
 
-/// "int", "int list", "float", "bool" or "string".
+/// "int", "int list", "float", "float list", "bool" or "string".
 const char* attr_type_name(AttrType type);
 
 /// One input of an op. Optional inputs come after the required ones (inputs are positional).

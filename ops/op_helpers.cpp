@@ -42,6 +42,15 @@ std::vector<int64_t> strided_output_extents(const std::vector<int64_t>& input_ex
   return counts;
 }
 
+std::vector<int64_t> source_output_extents(const std::vector<int64_t>& input_extents,
+                                           int64_t length, int64_t outputs,
+                                           const std::function<int64_t(int64_t)>& source) {
+  std::vector<int64_t> counts(input_extents.size(), 0);
+  for (int64_t o = 0; o < outputs; ++o)
+    ++counts[owner_of(std::clamp<int64_t>(source(o), 0, length - 1), input_extents)];
+  return counts;
+}
+
 void require_floating_cpu(const Tensor& tensor, const std::string& op) {
   check_arg(is_floating(tensor.dtype()), op, "needs a floating tensor, got {}", tensor.str());
   check_arg(tensor.device().is_cpu(), op, "cpu kernel got a {} tensor", tensor.device().str());

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cmath>
+#include <functional>
 #include <type_traits>
 
 #include "core/op_registry.hpp"
@@ -21,6 +22,12 @@ ShardSpec partial_over_sharding(const ShardSpec& activation, const Shape& param_
 /// the part owning input clamp(o*stride, 0, length-1); `input_extents` are the parts' extents.
 std::vector<int64_t> strided_output_extents(const std::vector<int64_t>& input_extents,
                                             int64_t length, int64_t outputs, int64_t stride);
+
+/// Outputs owned by each part of a split of an op's input when output o goes to the part owning
+/// input clamp(source(o), 0, length-1) (interpolate); `source` must be non-decreasing in o.
+std::vector<int64_t> source_output_extents(const std::vector<int64_t>& input_extents,
+                                           int64_t length, int64_t outputs,
+                                           const std::function<int64_t(int64_t)>& source);
 
 /// Applies `fn(double) -> double` to every element of a floating cpu tensor (any strides);
 /// returns a contiguous tensor of the same dtype. f16/bf16 compute in float.

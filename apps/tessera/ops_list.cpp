@@ -17,6 +17,7 @@ namespace {
 /// An attribute value as JSON: a number, a list of numbers, a bool or a string.
 nlohmann::json value_json(const AttrValue& value, AttrType type) {
   if (const auto* list = std::get_if<std::vector<int64_t>>(&value)) return *list;
+  if (const auto* list = std::get_if<std::vector<double>>(&value)) return *list;
   if (const auto* number = std::get_if<double>(&value)) return *number;
   if (const auto* integer = std::get_if<int64_t>(&value))
     return type == AttrType::boolean ? nlohmann::json(*integer != 0) : nlohmann::json(*integer);

@@ -86,6 +86,12 @@ ShardTensor MaxPool::forward(const ShardTensor& x) {
   return ops::max_pool(x, options_);
 }
 
+Upsample::Upsample(ops::InterpolateOptions options) : options_(std::move(options)) {}
+
+ShardTensor Upsample::forward(const ShardTensor& x) {
+  return ops::interpolate(x, options_);
+}
+
 AvgPool::AvgPool(ops::PoolOptions options) : options_(std::move(options)) {}
 
 ShardTensor AvgPool::forward(const ShardTensor& x) {

@@ -10,6 +10,7 @@
 
 #include "ops/conv/conv_op.hpp"
 #include "ops/dropout/dropout_op.hpp"
+#include "ops/interpolate/interpolate_op.hpp"
 #include "ops/linear/linear_op.hpp"
 #include "ops/nn/module.hpp"
 #include "ops/norm/norm_op.hpp"
@@ -54,6 +55,16 @@ class MaxPool : public Module {
 
  private:
   ops::PoolOptions options_;
+};
+
+/// torch.nn.Upsample (1/2/3-d by the rank of the input): ops::interpolate, no parameters.
+class Upsample : public Module {
+ public:
+  explicit Upsample(ops::InterpolateOptions options);
+  ShardTensor forward(const ShardTensor& x) override;
+
+ private:
+  ops::InterpolateOptions options_;
 };
 
 /// torch.nn.AvgPool1d/2d/3d (by the rank of the input): no parameters.

@@ -15,7 +15,8 @@ import sys
 import h5py
 import numpy as np
 
-from run_op_check_support import Checks, error_lines, run_op, setup, uneven_split
+from run_op_check_support import (Checks, check_errors, compare_results, run_op, setup,
+                                  uneven_split)
 
 tessera, fixture_dir, scratch, launch, manifest = setup()
 tally = Checks()
@@ -80,19 +81,10 @@ for index, case in enumerate(manifest["cases"]):
             results[label] = {key: f[key][...] for key in f.keys()}
     if len(results) != 2:
         continue
-    checks = [(entry["name"], entry["file"], entry["shape"]) for entry in case["outputs"]]
-    checks += [("g" + entry["name"], entry["grad"], entry["shape"])
-               for entry in case["inputs"] if "grad" in entry]
-    for key, file, shape in checks:
-        expected = load(file, shape)
-        sharded, single = results["4 ranks"].get(key), results["1 rank"].get(key)
-        if sharded is None or single is None:
-            report(False, f"{name}: no dataset {key}")
-            continue
-        error = np.max(np.abs(sharded - expected), initial=0.0)
-        same = np.max(np.abs(sharded - single), initial=0.0)
-        report(sharded.shape == expected.shape and error < 1e-10 and same < 1e-12,
-               f"{name} {key}: vs PyTorch {error:.3g}, 4 ranks vs 1 rank {same:.3g}")
+    expected = [(entry["name"], load(entry["file"], entry["shape"])) for entry in case["outputs"]]
+    expected += [("g" + entry["name"], load(entry["grad"], entry["shape"]))
+                 for entry in case["inputs"] if "grad" in entry]
+    compare_results(tally, name, results, expected)
     for entry in case["inputs"]:
         if "grad" not in entry:  # written as zeros (no gradient reaches it), or not at all
             key = "g" + entry["name"]
@@ -108,19 +100,8 @@ errors = [
     ("leaky_relu", ["--attr", "slope=0.1"], "[leaky_relu] unknown attribute 'slope'"),
     ("sigmoid", ["--attr", "beta=1"], "[sigmoid] unknown attribute 'beta'"),
 ]
-for op, args, needle in errors:
-    path_out = os.path.join(scratch, "bad.out.h5")
-    if os.path.exists(path_out):
-        os.remove(path_out)
-    result = run_op(tessera, launch, op, ["--in", path_in, "--out", path_out, "--mesh", "2x2",
-                                          "--shard-dims", "1,3"] + args, 2)
-    if result is None:
-        tally.failures += 1
-        continue
-    ok, lines = error_lines(result)
-    named = bool(lines) and needle in lines[0]
-    report(ok and named and not os.path.exists(path_out),
-           f"{op} {' '.join(args)}: {lines} (expects '{needle}')")
+check_errors(tessera, launch, scratch, tally, path_in, ["--mesh", "2x2", "--shard-dims", "1,3"],
+             errors)
 
 print("run-op fixture check:", "FAILED" if tally.failures else "passed")
 sys.exit(1 if tally.failures else 0)

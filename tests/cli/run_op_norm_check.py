@@ -14,9 +14,9 @@ import subprocess
 import sys
 
 import h5py
-import numpy as np
 
-from run_op_check_support import Checks, error_lines, load_array, run_op, setup, uneven_split
+from run_op_check_support import (Checks, check_errors, compare_results, load_array, run_op,
+                                  setup, uneven_split)
 
 tessera, fixture_dir, scratch, launch, manifest = setup()
 tally = Checks()
@@ -87,16 +87,9 @@ for index, case in enumerate(manifest["cases"]):
     if op == "batch_norm":
         checks += [("running_mean", "running_mean_out", params),
                    ("running_var", "running_var_out", params)]
-    for key, fixture_key, shape in checks:
-        expected = load_array(fixture_dir, case, fixture_key, shape)
-        sharded, single = results["4 ranks"].get(key), results["1 rank"].get(key)
-        if sharded is None or single is None:
-            report(False, f"{name}: no dataset {key}")
-            continue
-        error = np.max(np.abs(sharded - expected), initial=0.0)
-        same = np.max(np.abs(sharded - single), initial=0.0)
-        report(sharded.shape == expected.shape and error < 1e-10 and same < 1e-12,
-               f"{name} {key}: vs PyTorch {error:.3g}, 4 ranks vs 1 rank {same:.3g}")
+    compare_results(tally, name, results,
+                    [(key, load_array(fixture_dir, case, fixture_key, shape))
+                     for key, fixture_key, shape in checks])
 
 # --- errors: exit 2, one line naming the op and the attribute, nothing written ----------------
 path_in = os.path.join(scratch, "group1d_affine.in.h5")  # x [2, 6, 9], w, b [6]
@@ -109,19 +102,8 @@ errors = [
     ("instance_norm", ["--attr", "groups=2"], "[instance_norm] unknown attribute 'groups'"),
     ("batch_norm", ["--attr", "training=2"], "[batch_norm] attribute 'training'"),
 ]
-for op, args, needle in errors:
-    path_out = os.path.join(scratch, "bad.out.h5")
-    if os.path.exists(path_out):
-        os.remove(path_out)
-    result = run(op, ["--in", path_in, "--out", path_out, "--mesh", "2x2", "--shard-dims", "1,2"]
-                 + args, 2)
-    if result is None:
-        tally.failures += 1
-        continue
-    ok, lines = error_lines(result)
-    named = bool(lines) and needle in lines[0]
-    report(ok and named and not os.path.exists(path_out),
-           f"{op} {' '.join(args)}: {lines} (expects '{needle}')")
+check_errors(tessera, launch, scratch, tally, path_in, ["--mesh", "2x2", "--shard-dims", "1,2"],
+             errors)
 
 print("run-op norm check:", "FAILED" if tally.failures else "passed")
 sys.exit(1 if tally.failures else 0)

@@ -17,6 +17,7 @@
 #include "core/autograd.hpp"
 #include "ops/ops.hpp"
 #include "tests/dist/harness.hpp"
+#include "tests/dist/op_cases.hpp"
 #include "tests/dist/pool_cases.hpp"
 #include "tests/dist/shard_cases.hpp"
 
@@ -31,18 +32,8 @@ using testing::random_pool_case;
 /// Forward and dx on `mesh` (full tensors), x sharded as the case says or replicated.
 std::vector<Tensor> run_case(const PoolCase& c, const DeviceMesh& mesh, const Tensor& x,
                              const Tensor& gy, bool sharded) {
-  Tape tape;
-  ShardTensor xs = sharded
-                       ? ShardTensor::distribute(x, mesh, c.placements, c.extents)
-                       : ShardTensor::distribute(
-                             x, mesh, std::vector<Placement>(mesh.ndim(), Placement::replicate()));
-  xs.set_requires_grad();
-  const ShardTensor y = testing::pool(c, xs);
-  // loss = sum(y * gy), so d loss / dy = gy.
-  const ShardTensor gys = ShardTensor::distribute(gy, mesh, y.placements(), y.spec().extents);
-  tape.backward(ops::sum(ops::mul(y, gys)));
-  EXPECT_EQ(tape.grad(xs)->spec(), xs.spec()) << "dx comes back in x's layout";
-  return {y.full_tensor(), tape.grad(xs)->full_tensor()};
+  return testing::forward_and_grad([&](const ShardTensor& xs) { return testing::pool(c, xs); },
+                                   mesh, x, gy, c.placements, c.extents, sharded);
 }
 
 /// Whether a and b (f64, one shape) hold infinities at the same places with the same signs; both
@@ -243,20 +234,9 @@ TEST(PoolSharded, GradientMatchesCentralFiniteDifferences) {
 }
 
 std::string error_of(bool max, const Shape& shape, const ops::PoolOptions& options) {
-  std::string message;
-  // One rank, or under mpiexec the launched world (every rank throws the same error).
-  const int world = testing::mpi_backend() ? mpi_world()->size() : 1;
-  testing::run_world(world, [&](std::shared_ptr<Comm> comm) {
-    DeviceMesh mesh(comm, {world});
-    const ShardTensor x =
-        ShardTensor::distribute(Tensor::zeros(shape, DType::f64), mesh, {Placement::replicate()});
-    try {
-      max ? ops::max_pool(x, options) : ops::avg_pool(x, options);
-    } catch (const InvalidArgument& error) {
-      message = error.what();
-    }
+  return testing::error_of(shape, [&](const ShardTensor& x) {
+    return max ? ops::max_pool(x, options) : ops::avg_pool(x, options);
   });
-  return message;
 }
 
 TEST(PoolSharded, BadAttributesThrowOneErrorNamingTheOpAndTheAttribute) {

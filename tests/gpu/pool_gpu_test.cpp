@@ -8,11 +8,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/autograd.hpp"
 #include "core/gpu_runtime.hpp"
 #include "ops/ops.hpp"
 #include "tests/common/fixtures.hpp"
 #include "tests/dist/harness.hpp"
+#include "tests/dist/op_cases.hpp"
 #include "tests/dist/pool_cases.hpp"
 
 namespace tessera {
@@ -30,21 +30,8 @@ const Device kGpu = Device::cuda(0);
 /// the case says (`sharded`) or replicated.
 std::vector<Tensor> run_case(const testing::PoolCase& c, const DeviceMesh& mesh, const Tensor& x,
                              const Tensor& gy, DType dtype, Device device, bool sharded) {
-  auto placed = [&](const ShardTensor& t) {
-    return ShardTensor(t.to_local().to_dtype(dtype).to(device), t.mesh(), t.spec());
-  };
-  Tape tape;
-  ShardTensor xs =
-      placed(sharded ? ShardTensor::distribute(x, mesh, c.placements, c.extents)
-                     : ShardTensor::distribute(
-                           x, mesh, std::vector<Placement>(mesh.ndim(), Placement::replicate())));
-  xs.set_requires_grad();
-  const ShardTensor y = testing::pool(c, xs);
-  const ShardTensor gys =
-      placed(ShardTensor::distribute(gy, mesh, y.placements(), y.spec().extents));
-  tape.backward(ops::sum(ops::mul(y, gys)));
-  return {y.full_tensor().to(Device::cpu()).to_dtype(DType::f64),
-          tape.grad(xs)->full_tensor().to(Device::cpu()).to_dtype(DType::f64)};
+  return testing::forward_and_grad_on([&](const ShardTensor& xs) { return testing::pool(c, xs); },
+                                      mesh, x, gy, c.placements, c.extents, sharded, dtype, device);
 }
 
 TEST(PoolGpu, FixturesMatchPyTorchOnCuda) {

@@ -84,7 +84,17 @@ TEST(OpSignature, AttributeValuesParseByType) {
   EXPECT_EQ(std::get<int64_t>(parse(AttrType::boolean, "1")), 1);
   EXPECT_EQ(std::get<int64_t>(parse(AttrType::boolean, "0")), 0);
   EXPECT_EQ(std::get<std::string>(parse(AttrType::string, "circular")), "circular");
+  EXPECT_EQ(std::get<std::vector<double>>(parse(AttrType::float_list, "1.5,2,0.6")),
+            (std::vector<double>{1.5, 2.0, 0.6}));
   EXPECT_EQ(attr_value_text(std::vector<int64_t>{1, 2}), "1,2");
+  EXPECT_EQ(attr_value_text(std::vector<double>{1.7, 2}), "1.7,2");
+  // A float list attribute reads an int list as its values.
+  OpAttrs attrs;
+  attrs.set("f", std::vector<double>{0.5, 3}).set("i", std::vector<int64_t>{2});
+  EXPECT_EQ(attrs.get_doubles("f"), (std::vector<double>{0.5, 3.0}));
+  EXPECT_EQ(attrs.get_doubles("i"), std::vector<double>{2.0});
+  EXPECT_TRUE(attr_value_fits(std::vector<int64_t>{2}, AttrType::float_list));
+  EXPECT_FALSE(attr_value_fits(std::vector<double>{2.5}, AttrType::int_list));
 }
 
 TEST(OpSignature, BadAttributeValuesAreRefusedNamingTheOpAndTheAttribute) {
@@ -101,6 +111,10 @@ TEST(OpSignature, BadAttributeValuesAreRefusedNamingTheOpAndTheAttribute) {
       {AttrType::float_scalar, "nan"},
       {AttrType::float_scalar, "inf"},
       {AttrType::float_scalar, "1x"},
+      {AttrType::float_list, "1.5,"},
+      {AttrType::float_list, "1.5,,2"},
+      {AttrType::float_list, "1.5,inf"},
+      {AttrType::float_list, ""},
       {AttrType::boolean, "2"},
       {AttrType::boolean, "true"}};
   for (const auto& [type, text] : bad) {

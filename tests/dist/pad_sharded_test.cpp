@@ -1,0 +1,145 @@
+// Sharded pad: for a seeded sweep of random cases (constant, reflect, replicate and circular, 1..3
+// padded dims, pads up to the mode's limit; 1-d..3-d meshes of 1..8 ranks sharding any dims with
+// uneven, empty and thin shards), the sharded forward and dx (through the autograd tape) equal
+// the same code run unsharded on one rank; dx matches central finite differences; bad attributes
+// throw one error tagged [pad].
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "ops/ops.hpp"
+#include "tests/dist/harness.hpp"
+#include "tests/dist/interpolate_cases.hpp"
+#include "tests/dist/op_cases.hpp"
+#include "tests/dist/pad_cases.hpp"
+#include "tests/dist/shard_cases.hpp"
+
+namespace tessera {
+namespace {
+
+using testing::CaseRng;
+using testing::PadCase;
+using testing::random_pad_case;
+
+/// Forward and dx on `mesh` (full tensors), x sharded as the case says or replicated.
+std::vector<Tensor> run_case(const PadCase& c, const DeviceMesh& mesh, const Tensor& x,
+                             const Tensor& gy, bool sharded) {
+  return testing::forward_and_grad([&](const ShardTensor& xs) { return testing::pad(c, xs); }, mesh,
+                                   x, gy, c.placements, c.extents, sharded);
+}
+
+TEST(PadSharded, RandomCasesMatchUnshardedForwardAndGradient) {
+  int total_cases = 0;
+  testing::run_every_world([&](std::shared_ptr<Comm> comm) {
+    const auto meshes = testing::mesh_factorizations(comm->size());
+    auto self = comm->split(comm->rank(), 0);
+    DeviceMesh single(self, {1});
+    int cases = 0;
+    for (size_t mesh_index = 0; mesh_index < meshes.size(); ++mesh_index) {
+      DeviceMesh mesh(comm, meshes[mesh_index]);
+      for (int index = 0; index < testing::cases_per_mesh(comm->size(), 40); ++index, ++cases) {
+        CaseRng rng(testing::case_seed(81, comm->size(), static_cast<int>(mesh_index), index));
+        const PadCase c = random_pad_case(mesh.shape(), rng);
+        const Tensor x = testing::random_interpolate_input(c.x_shape, rng);
+        const ShardTensor probe =
+            testing::pad(c, ShardTensor::distribute(x, single, {Placement::replicate()}));
+        const Tensor gy = testing::integer_tensor(probe.global_shape(), DType::f64, rng, -3, 3);
+        const auto expected = run_case(c, single, x, gy, false);
+        const auto actual = run_case(c, mesh, x, gy, true);
+        const char* names[] = {"y", "dx"};
+        for (size_t i = 0; i < expected.size(); ++i)
+          EXPECT_LE(testing::relative_error(actual[i], expected[i]), 1e-12)
+              << names[i] << " case " << index << " mesh " << testing::shape_str(mesh.shape())
+              << " " << c.str();
+      }
+    }
+    if (comm->rank() == 0) total_cases += cases;
+  });
+  if (!testing::mpi_backend()) {
+    EXPECT_GE(total_cases, 200);
+  }
+}
+
+/// sum(pad(x) * gy) for the full x, on `mesh` with x laid out as the case says.
+double loss_of(const PadCase& c, const DeviceMesh& mesh, const Tensor& x, const Tensor& gy) {
+  const ShardTensor y = testing::pad(c, ShardTensor::distribute(x, mesh, c.placements, c.extents));
+  const Tensor full = y.full_tensor().contiguous();
+  double loss = 0.0;
+  for (int64_t i = 0; i < full.numel(); ++i) loss += full.data<double>()[i] * gy.data<double>()[i];
+  return loss;
+}
+
+// Central differences of sum(pad(x) * gy) against dx on 2 ranks (x sharded unevenly along the
+// last dim, with a shard thinner than the padding), every mode.
+TEST(PadSharded, GradientMatchesCentralFiniteDifferences) {
+  testing::run_world(2, [&](std::shared_ptr<Comm> comm) {
+    DeviceMesh mesh(comm, {2});
+    const char* modes[] = {"constant", "reflect", "replicate", "circular"};
+    int checked = 0;
+    for (int index = 0; index < 12; ++index) {
+      CaseRng rng(testing::case_seed(82, 2, 0, index));
+      PadCase c;
+      c.options.mode = modes[index % 4];
+      const int count = 1 + (index / 4) % 3;
+      c.x_shape = {2};
+      for (int i = 0; i < count; ++i) c.x_shape.push_back(count == 3 ? 4 : 6);
+      for (int i = 0; i < count; ++i) {
+        c.options.pad.push_back(rng.uniform(0, 3));
+        c.options.pad.push_back(rng.uniform(0, 3));
+      }
+      c.options.value = 0.5;
+      const int last = static_cast<int>(c.x_shape.size()) - 1;
+      c.placements = {Placement::shard(last)};
+      c.extents = {{c.x_shape[last] - 1, 1}};
+      const Tensor x = testing::random_interpolate_input(c.x_shape, rng);
+      const ShardTensor probe =
+          testing::pad(c, ShardTensor::distribute(x, mesh, c.placements, c.extents));
+      const Tensor gy = testing::integer_tensor(probe.global_shape(), DType::f64, rng, -3, 3);
+      const Tensor dx = run_case(c, mesh, x, gy, true)[1].contiguous();
+      const double step = 1e-6;
+      double worst = 0.0;
+      for (int64_t i = 0; i < x.numel(); ++i) {
+        Tensor plus = x.clone(), minus = x.clone();
+        plus.data<double>()[i] += step;
+        minus.data<double>()[i] -= step;
+        const double numeric =
+            (loss_of(c, mesh, plus, gy) - loss_of(c, mesh, minus, gy)) / (2 * step);
+        worst = std::max(worst, std::fabs(numeric - dx.data<double>()[i]));
+      }
+      EXPECT_LT(worst, 1e-6) << c.str();
+      ++checked;
+    }
+    EXPECT_EQ(checked, 12);
+  });
+}
+
+std::string error_of(const Shape& shape, const ops::PadOptions& options) {
+  return testing::error_of(shape, [&](const ShardTensor& x) { return ops::pad(x, options); });
+}
+
+TEST(PadSharded, BadAttributesThrowOneErrorNamingTheOpAndTheAttribute) {
+  using ::testing::AllOf;
+  using ::testing::HasSubstr;
+  using ::testing::StartsWith;
+  const auto error = [](const std::string& attribute) {
+    return AllOf(StartsWith("[pad]"), HasSubstr(attribute));
+  };
+  auto options = [](std::vector<int64_t> pad, std::string mode) {
+    return ops::PadOptions{.pad = std::move(pad), .mode = std::move(mode)};
+  };
+  EXPECT_THAT(error_of({1, 1, 8}, options({1}, "constant")), error("'pad'"));
+  EXPECT_THAT(error_of({1, 1, 8}, options({}, "constant")), error("'pad'"));
+  EXPECT_THAT(error_of({1, 1, 8}, options({1, 1, 1, 1, 1, 1, 1, 1}, "constant")), error("'pad'"));
+  EXPECT_THAT(error_of({8}, options({1, 1, 1, 1}, "constant")), error("'pad'"));
+  EXPECT_THAT(error_of({1, 1, 8}, options({-1, 1}, "constant")), error("negative"));
+  EXPECT_THAT(error_of({1, 1, 8}, options({1, 1}, "wrap")), error("'mode'"));
+  EXPECT_THAT(error_of({8}, options({1, 1}, "reflect")), error("'pad'"));
+  EXPECT_THAT(error_of({1, 1, 1, 8}, options({1, 1}, "reflect")), error("'pad'"));
+  EXPECT_THAT(error_of({1, 1, 4}, options({4, 0}, "reflect")), error("'reflect'"));
+  EXPECT_THAT(error_of({1, 1, 4}, options({0, 5}, "circular")), error("'circular'"));
+}
+
+}  // namespace
+}  // namespace tessera
