@@ -1,7 +1,8 @@
 // dropout: rule, cpu kernel, backward and registration.
 //
-// The mask bit of the element at global row-major index i is a counter-based draw: splitmix64 of
-// (seed, i) gives 64 bits, whose top 53 make u in [0, 1); the element is kept when u >= p. No
+// The mask bit of the element at global row-major index i is a counter-based draw
+// (dropout_mask.hpp, shared with the cuda kernel): splitmix64 of (seed, i) gives 64 bits, whose
+// top 53 make u in [0, 1); the element is kept when u >= p. No
 // state is carried between calls or ranks, so the mask of a sharded tensor is the mask of the
 // whole tensor cut to each rank's box, and the backward recomputes it instead of saving it.
 // Output layout: x's (without Partial).
@@ -10,18 +11,13 @@
 #include <fmt/format.h>
 
 #include "core/autograd.hpp"
+#include "ops/dropout/dropout_cuda.hpp"
+#include "ops/dropout/dropout_mask.hpp"
 #include "ops/op_helpers.hpp"
 
 namespace tessera::ops {
 
 namespace {
-
-uint64_t splitmix64(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 struct DropoutAttrs {
   double p = 0.5;
@@ -55,7 +51,7 @@ Tensor mask_of(const DropoutAttrs& a, const Shape& global, const Box& box) {
     uint64_t global_index = 0;
     for (int d = 0; d < ndim; ++d)
       global_index += static_cast<uint64_t>((box.lo[d] + index[d]) * strides[d]);
-    out[flat] = dropout_keeps(a.seed, global_index, a.p) ? keep : 0.0;
+    out[flat] = kernels::dropout_keeps(a.seed, global_index, a.p) ? keep : 0.0;
     for (int d = ndim - 1; d >= 0; --d) {
       if (++index[d] < shape[d]) break;
       index[d] = 0;
@@ -64,9 +60,11 @@ Tensor mask_of(const DropoutAttrs& a, const Shape& global, const Box& box) {
   return factors;
 }
 
-/// t times the mask of its piece (t's dtype).
+/// t times the mask of its piece (t's dtype, on t's device).
 Tensor apply_mask(const DropoutAttrs& a, const Tensor& t, const Shape& global, const Box& box) {
   if (!a.training || a.p == 0) return t.clone();
+  if (t.device().is_cuda())
+    return dropout_cuda(t, global, box, a.seed, a.p, compute_stream_for(t.device()));
   const Tensor factors = mask_of(a, global, box).to_dtype(t.dtype());
   return zip_elements(t, factors, [](double v, double f) { return v * f; });
 }
@@ -74,9 +72,7 @@ Tensor apply_mask(const DropoutAttrs& a, const Tensor& t, const Shape& global, c
 }  // namespace
 
 bool dropout_keeps(uint64_t seed, uint64_t index, double p) {
-  const uint64_t bits = splitmix64(splitmix64(seed) ^ index);
-  const double u = static_cast<double>(bits >> 11) * 0x1.0p-53;
-  return u >= p;
+  return kernels::dropout_keeps(seed, index, p);
 }
 
 void register_dropout_ops() {
@@ -86,8 +82,8 @@ void register_dropout_ops() {
     const ShardSpec layout = without_partial(inputs[0]);
     return OpRule{{layout}, {std::nullopt}, {layout}};
   };
-  KernelFn cpu = [](const KernelContext& context, const std::vector<Tensor>& inputs) {
-    require_floating_cpu(inputs[0], "dropout");
+  KernelFn kernel = [](const KernelContext& context, const std::vector<Tensor>& inputs) {
+    if (!inputs[0].device().is_cuda()) require_floating_cpu(inputs[0], "dropout");
     return std::vector<Tensor>{apply_mask(attrs_of(context.attrs), inputs[0],
                                           context.input_specs[0].global_shape,
                                           context.input_boxes[0])};
@@ -121,7 +117,8 @@ void register_dropout_ops() {
                                .default_value = int64_t{1},
                                .doc = "0: the identity"}},
                     .rule = std::move(rule),
-                    .cpu = std::move(cpu),
+                    .cpu = kernel,
+                    .cuda = kernel,
                     .backward = std::move(backward)});
 }
 

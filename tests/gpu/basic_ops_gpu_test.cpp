@@ -1,10 +1,9 @@
 // The basic ops on a GPU (skipped, with the reason printed, when none is visible): relu, gelu,
 // silu, tanh, exp, scale, sigmoid, softplus, leaky_relu, erf, sqrt, neg, abs, log, clamp,
 // add/sub/mul/div/pow/maximum/minimum (same shape, numpy broadcast either way, the align
-// attribute), bias_add, where, linear, matmul, concat, split, softmax, log_softmax, sum/mean over dims (keepdim),
-// mse_loss, each forward and backward
-// through apply_op and the tape, with shapes that take the 128-bit vector path with a scalar tail
-// and the two-pass reductions:
+// attribute), bias_add, where, linear, matmul, concat, split, softmax, log_softmax, dropout,
+// sum/mean over dims (keepdim), mse_loss, each forward and backward through apply_op and the tape,
+// with shapes that take the 128-bit vector path with a scalar tail and the two-pass reductions:
 //  - on cuda against the cpu op on the same data, in f32, f64, f16 and bf16 (bounds below);
 //  - sharded over 1, 2 and 4 local ranks sharing the GPU against one rank on the GPU;
 //  - two runs give bit-identical results (no atomics, a reduction order fixed by the shapes);
@@ -163,8 +162,12 @@ std::vector<OpCase> op_cases() {
                      return split(in[0], {1, 2}, 2)[1];
                    }});
   cases.push_back({"softmax dim 1", {small}, [](const auto& in) { return softmax(in[0], 1); }, 8});
-  cases.push_back(
-      {"log_softmax dim -1", {{40, 37}}, [](const auto& in) { return log_softmax(in[0], -1); }, 80});
+  cases.push_back({"log_softmax dim -1",
+                   {{40, 37}},
+                   [](const auto& in) { return log_softmax(in[0], -1); },
+                   80});
+  // dropout: the device draws the cpu's mask (a function of seed and global index).
+  cases.push_back({"dropout", {{1000, 37}}, [](const auto& in) { return dropout(in[0], 0.3, 7); }});
   cases.push_back({"sum dims 0,2", {small}, [](const auto& in) { return sum(in[0], {0, 2}); }, 15});
   cases.push_back({"sum all", {small}, [](const auto& in) { return sum(in[0]); }, 60});
   cases.push_back(
