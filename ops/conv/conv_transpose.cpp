@@ -56,7 +56,7 @@ TransposeDims resolve(const Shape& x, const Shape& w, const OpAttrs& attrs) {
             w, x, dims.spatial, x.size());
   dims.groups = attrs.get_int("groups", 1);
   check_arg(dims.groups >= 1 && x[1] % dims.groups == 0, kOp,
-            "input channels {} must be divisible by groups {}", x[1], dims.groups);
+            "'groups' {} must be >= 1 and divide the input channels {}", dims.groups, x[1]);
   check_arg(w[0] == x[1], kOp,
             "weight of shape {} expects {} input channels (its first dim), the input has {}", w,
             w[0], x[1]);
@@ -66,7 +66,7 @@ TransposeDims resolve(const Shape& x, const Shape& w, const OpAttrs& attrs) {
         attrs.has(name) ? attrs.get_ints(name) : std::vector<int64_t>{fallback};
     if (values.size() == 1) values.assign(dims.spatial, values[0]);
     check_arg(static_cast<int>(values.size()) == dims.spatial, kOp,
-              "{} {} for conv_transpose{}d (one value, or one per spatial dim)", name, values,
+              "'{}' {} for conv_transpose{}d (one value, or one per spatial dim)", name, values,
               dims.spatial);
     return values;
   };
@@ -76,13 +76,15 @@ TransposeDims resolve(const Shape& x, const Shape& w, const OpAttrs& attrs) {
   dims.dilation = per_dim("dilation", 1);
   for (int i = 0; i < dims.spatial; ++i) {
     check_arg(dims.stride[i] >= 1 && dims.dilation[i] >= 1, kOp,
-              "stride {} and dilation {} must be >= 1", dims.stride, dims.dilation);
+              "'stride' {} and 'dilation' {} must be >= 1", dims.stride, dims.dilation);
     check_arg(dims.padding[i] >= 0 && dims.output_padding[i] >= 0, kOp,
-              "padding {} and output_padding {} must be >= 0", dims.padding, dims.output_padding);
-    check_arg(dims.output_padding[i] < std::max(dims.stride[i], dims.dilation[i]), kOp,
-              "output_padding {} must be smaller than either stride {} or dilation {} (spatial "
-              "dim {})",
-              dims.output_padding, dims.stride, dims.dilation, i);
+              "'padding' {} and 'output_padding' {} must be >= 0", dims.padding,
+              dims.output_padding);
+    check_arg(
+        dims.output_padding[i] < std::max(dims.stride[i], dims.dilation[i]), kOp,
+        "'output_padding' {} must be smaller than either 'stride' {} or 'dilation' {} (spatial "
+        "dim {})",
+        dims.output_padding, dims.stride, dims.dilation, i);
     check_arg(w[2 + i] >= 1, kOp, "kernel extent {} along spatial dim {} must be >= 1 (weight {})",
               w[2 + i], i, w);
     const int64_t extent =
