@@ -92,6 +92,29 @@ TEST(ConvTransposeSharded, RandomCasesMatchUnshardedForwardAndGradients) {
   }
 }
 
+// f32 (on cpu through oneDNN's conv data and weight gradients when it is built in) against f64,
+// sharded on 2 ranks: integer inputs, so f64 is exact and f32 is within its roundoff.
+TEST(ConvTransposeSharded, F32MatchesF64) {
+  testing::run_world(2, [&](std::shared_ptr<Comm> comm) {
+    DeviceMesh mesh(comm, {2});
+    for (int index = 0; index < 40; ++index) {
+      CaseRng rng(testing::case_seed(74, 2, 0, index));
+      const ConvTransposeCase c = random_conv_transpose_case(mesh.shape(), rng);
+      const Tensor x = testing::integer_tensor(c.x_shape, DType::f64, rng, -3, 3);
+      const Tensor w = testing::integer_tensor(c.w_shape, DType::f64, rng, -3, 3);
+      const Tensor b =
+          testing::integer_tensor({c.w_shape[1] * c.options.groups}, DType::f64, rng, -3, 3);
+      const Tensor gy = testing::integer_tensor(output_shape(c), DType::f64, rng, -3, 3);
+      const auto reference = run_case(c, mesh, x, w, b, gy, true);
+      const auto low = run_case(c, mesh, x.to_dtype(DType::f32), w.to_dtype(DType::f32),
+                                b.to_dtype(DType::f32), gy.to_dtype(DType::f32), true);
+      for (size_t i = 0; i < low.size(); ++i)
+        EXPECT_LE(testing::relative_error(low[i].to_dtype(DType::f64), reference[i]), 1e-6)
+            << i << " " << c.str();
+    }
+  });
+}
+
 /// sum(conv_transpose(x, w, b) * gy) on one rank.
 double loss_of(const ConvTransposeCase& c, const DeviceMesh& mesh, const Tensor& x, const Tensor& w,
                const Tensor& b, const Tensor& gy) {
