@@ -275,6 +275,7 @@ void register_bench(CLI::App& app) {
   register_io_bench(*bench);
   register_na_bench(*bench);
   register_train_bench(*bench);
+  register_ops_bench(*bench);
 }
 
 }  // namespace tessera::cli

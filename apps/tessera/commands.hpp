@@ -75,4 +75,7 @@ void register_na_bench(CLI::App& bench);
 /// `tessera bench train` (registered under `bench` by register_bench).
 void register_train_bench(CLI::App& bench);
 
+/// `tessera bench ops`: every op of the op library, 1 rank vs 2, beside PyTorch (bench_ops.cpp).
+void register_ops_bench(CLI::App& bench);
+
 }  // namespace tessera::cli

@@ -8,9 +8,10 @@
 // placements on the batch dims; its gradient sums over a's rows: Partial(sum) over the mesh dims
 // that shard a's row dim.
 //
-// Kernels: C = A op(B) per matrix, f32 through oneDNN's sgemm when built with oneDNN, f64 (and
-// f32 without oneDNN) through a row-parallel loop accumulating in the dtype; f16/bf16 compute in
-// f32.
+// Kernels: C = A op(B) per matrix. cpu: f32 through oneDNN's sgemm when built with oneDNN, f64
+// (and f32 without oneDNN) through a row-parallel loop accumulating in the dtype. cuda: cuBLAS
+// (linear_cuda.hpp). f16/bf16 compute in f32. Bias rows come from a product with a vector of
+// ones, so one code path serves both devices.
 #include "ops/linear/linear_op.hpp"
 
 #include <fmt/format.h>
@@ -19,9 +20,11 @@
 #include <cstring>
 
 #include "core/autograd.hpp"
+#include "core/backend/backend.hpp"
 #include "core/compute_threads.hpp"
 #include "core/parallel_for.hpp"
 #include "ops/dnnl/dnnl_support.hpp"
+#include "ops/linear/linear_cuda.hpp"
 #include "ops/op_helpers.hpp"
 
 namespace tessera::ops {
@@ -83,11 +86,16 @@ DType compute_dtype(DType dtype) {
   return dtype == DType::f64 ? DType::f64 : DType::f32;
 }
 
-/// `batches` products C_i = op(A_i) op(B_i) of contiguous tensors in the compute dtype; A_i at
-/// a + i * a_step, B_i at b + i * b_step (b_step 0: one B for all), C_i at c + i * m * n.
+/// `batches` products C_i = op(A_i) op(B_i) of contiguous tensors in the compute dtype, on their
+/// device (cuda: cuBLAS on `stream`); A_i at a + i * a_step, B_i at b + i * b_step (b_step 0: one
+/// B for all), C_i at c + i * m * n (at c for every i when accumulating into one C).
 void batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, int64_t batches, int64_t a_step,
                   int64_t b_step, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                  bool accumulate) {
+                  bool accumulate, const Stream& stream) {
+  if (c.device().is_cuda()) {
+    gemm_cuda(trans_a, trans_b, m, n, k, a, a_step, b, b_step, c, batches, accumulate, stream);
+    return;
+  }
   auto run = [&]<typename T>() {
     const T* pa = static_cast<const T*>(a.raw_data());
     const T* pb = static_cast<const T*>(b.raw_data());
@@ -100,6 +108,15 @@ void batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, int64_t batches, 
     run.template operator()<double>();
   else
     run.template operator()<float>();
+}
+
+/// A [rows] vector of ones in `dtype` on `device` (the left factor of bias sums).
+Tensor ones(int64_t rows, DType dtype, Device device, const Stream& stream) {
+  Tensor t = Tensor::empty({rows}, dtype, device);
+  if (rows == 0) return t;
+  const int64_t shape[] = {rows}, strides[] = {1};
+  backend_for(device).fill(StridedRef{t.raw_data(), shape, strides, 1}, dtype, 1.0, stream);
+  return t;
 }
 
 /// x's layout with the mesh dims sharding its last dim replicated (and no Partial).
@@ -164,22 +181,22 @@ void register_linear() {
     }
     return OpRule{layouts, halos, {output_layout(x, y)}};
   };
-  KernelFn cpu = [](const KernelContext&, const std::vector<Tensor>& inputs) {
-    require_floating_cpu(inputs[0], "linear");
+  KernelFn kernel = [](const KernelContext& context, const std::vector<Tensor>& inputs) {
+    if (!inputs[0].device().is_cuda()) require_floating_cpu(inputs[0], "linear");
     const Tensor x = as_compute(inputs[0]);
     const Tensor w = inputs[1].to_dtype(x.dtype()).contiguous();
     const int64_t in = w.shape()[1], out = w.shape()[0];
     const int64_t rows = leading(x.shape(), x.shape().size() - 1);
     Shape y_shape = x.shape();
     y_shape.back() = out;
-    Tensor y = Tensor::empty(y_shape, x.dtype());
-    if (inputs.size() == 3) {  // y starts as b on every row
+    Tensor y = Tensor::empty(y_shape, x.dtype(), x.device());
+    const bool bias = inputs.size() == 3;
+    if (bias) {  // y = ones [rows, 1] @ b [1, out] first: b on every row
       const Tensor b = inputs[2].to_dtype(x.dtype()).contiguous();
-      for (int64_t r = 0; r < rows; ++r)
-        std::memcpy(static_cast<char*>(y.raw_data()) + r * out * y.element_size(), b.raw_data(),
-                    b.nbytes());
+      batched_gemm(ones(rows, x.dtype(), x.device(), context.stream), b, y, 1, 0, 0, false, false,
+                   rows, out, 1, false, context.stream);
     }
-    batched_gemm(x, w, y, 1, 0, 0, false, true, rows, out, in, inputs.size() == 3);
+    batched_gemm(x, w, y, 1, 0, 0, false, true, rows, out, in, bias, context.stream);
     return std::vector<Tensor>{y.to_dtype(inputs[0].dtype())};
   };
   BackwardFn backward = [](const OpRecord& record,
@@ -194,23 +211,22 @@ void register_linear() {
     const Tensor gc = as_compute(g.to_local());
     const Tensor xc = as_compute(x.to_local());
     const Tensor wc = w.to_local().to_dtype(gc.dtype()).contiguous();
+    const Device device = gc.device();
+    const Stream stream = compute_stream_for(device);
     const int64_t in = wc.shape()[1], out = wc.shape()[0];
     const int64_t rows = leading(xc.shape(), xc.shape().size() - 1);
-    Tensor dx = Tensor::empty(xc.shape(), gc.dtype());
-    batched_gemm(gc, wc, dx, 1, 0, 0, false, false, rows, in, out, false);  // g @ w
-    Tensor dw = Tensor::empty({out, in}, gc.dtype());
-    batched_gemm(gc, xc, dw, 1, 0, 0, true, false, out, in, rows, false);  // g^T @ x
+    Tensor dx = Tensor::empty(xc.shape(), gc.dtype(), device);
+    batched_gemm(gc, wc, dx, 1, 0, 0, false, false, rows, in, out, false, stream);  // g @ w
+    Tensor dw = Tensor::empty({out, in}, gc.dtype(), device);
+    batched_gemm(gc, xc, dw, 1, 0, 0, true, false, out, in, rows, false, stream);  // g^T @ x
     const ShardSpec param = partial_over_sharding(x.spec(), {out, in});
     std::vector<std::optional<ShardTensor>> result{
         ShardTensor(dx.to_dtype(x.dtype()), x.mesh(), x.spec()),
         ShardTensor(dw.to_dtype(w.dtype()), w.mesh(), param)};
     if (record.inputs.size() == 3) {
-      Tensor db = Tensor::zeros({out}, gc.dtype());
-      const Tensor ones = Tensor::empty({rows}, gc.dtype());
-      if (rows > 0) {
-        const Tensor ones_filled = map_elements(ones, [](double) { return 1.0; });
-        batched_gemm(ones_filled, gc, db, 1, 0, 0, false, false, 1, out, rows, false);
-      }
+      Tensor db = Tensor::empty({out}, gc.dtype(), device);  // ones [1, rows] @ g
+      batched_gemm(ones(rows, gc.dtype(), device, stream), gc, db, 1, 0, 0, false, false, 1, out,
+                   rows, false, stream);
       result.push_back(ShardTensor(db.to_dtype(record.inputs[2].dtype()), x.mesh(),
                                    partial_over_sharding(x.spec(), {out})));
     }
@@ -222,7 +238,8 @@ void register_linear() {
                     .inputs = {{.name = "x"}, {.name = "w"}, {.name = "b", .optional = true}},
                     .outputs = {"y"},
                     .rule = std::move(rule),
-                    .cpu = std::move(cpu),
+                    .cpu = kernel,
+                    .cuda = kernel,
                     .backward = std::move(backward)});
 }
 
@@ -272,8 +289,8 @@ void register_matmul() {
                   {std::nullopt, std::nullopt},
                   {output_layout(a, y)}};
   };
-  KernelFn cpu = [](const KernelContext&, const std::vector<Tensor>& inputs) {
-    require_floating_cpu(inputs[0], "matmul");
+  KernelFn kernel = [](const KernelContext& context, const std::vector<Tensor>& inputs) {
+    if (!inputs[0].device().is_cuda()) require_floating_cpu(inputs[0], "matmul");
     const Tensor a = as_compute(inputs[0]);
     const Tensor b = inputs[1].to_dtype(a.dtype()).contiguous();
     const Shape& as = a.shape();
@@ -281,9 +298,10 @@ void register_matmul() {
     const int64_t batches = leading(as, as.size() - 2);
     Shape y_shape = as;
     y_shape.back() = n;
-    Tensor y = Tensor::empty(y_shape, a.dtype());
+    Tensor y = Tensor::empty(y_shape, a.dtype(), a.device());
     const bool batched = b.ndim() > 2;
-    batched_gemm(a, b, y, batches, m * k, batched ? k * n : 0, false, false, m, n, k, false);
+    batched_gemm(a, b, y, batches, m * k, batched ? k * n : 0, false, false, m, n, k, false,
+                 context.stream);
     return std::vector<Tensor>{y.to_dtype(inputs[0].dtype())};
   };
   BackwardFn backward = [](const OpRecord& record,
@@ -298,28 +316,20 @@ void register_matmul() {
     const Tensor gc = as_compute(g.to_local());
     const Tensor ac = as_compute(a.to_local());
     const Tensor bc = b.to_local().to_dtype(gc.dtype()).contiguous();
+    const Device device = gc.device();
+    const Stream stream = compute_stream_for(device);
     const Shape& as = ac.shape();
     const int64_t m = as[as.size() - 2], k = as.back(), n = bc.shape().back();
     const int64_t batches = leading(as, as.size() - 2);
     const bool batched = bc.ndim() > 2;
-    Tensor da = Tensor::empty(as, gc.dtype());  // g @ b^T per matrix
-    batched_gemm(gc, bc, da, batches, m * n, batched ? k * n : 0, false, true, m, k, n, false);
+    Tensor da = Tensor::empty(as, gc.dtype(), device);  // g @ b^T per matrix
+    batched_gemm(gc, bc, da, batches, m * n, batched ? k * n : 0, false, true, m, k, n, false,
+                 stream);
     Tensor db;
     ShardSpec db_spec;
     if (batched) {  // a^T @ g per matrix; a's row dim sums
-      db = Tensor::empty(bc.shape(), gc.dtype());
-      Tensor a_t = ac, g_t = gc;
-      for (int64_t i = 0; i < batches; ++i) {
-        auto run = [&]<typename T>() {
-          gemm<T>(true, false, k, n, m, static_cast<const T*>(a_t.raw_data()) + i * m * k,
-                  static_cast<const T*>(g_t.raw_data()) + i * m * n,
-                  static_cast<T*>(db.raw_data()) + i * k * n, false);
-        };
-        if (gc.dtype() == DType::f64)
-          run.template operator()<double>();
-        else
-          run.template operator()<float>();
-      }
+      db = Tensor::empty(bc.shape(), gc.dtype(), device);
+      batched_gemm(ac, gc, db, batches, m * k, m * n, true, false, k, n, m, false, stream);
       const ShardSpec b_layout = b.spec();
       std::vector<Placement> placements = b_layout.placements;
       const int row_dim = static_cast<int>(as.size()) - 2;
@@ -329,8 +339,8 @@ void register_matmul() {
       db_spec =
           ShardSpec::make(b_layout.global_shape, b_layout.mesh_shape, placements, b_layout.extents);
     } else {  // a^T @ g over every row of every matrix
-      db = Tensor::empty({k, n}, gc.dtype());
-      batched_gemm(ac, gc, db, 1, 0, 0, true, false, k, n, batches * m, false);
+      db = Tensor::empty({k, n}, gc.dtype(), device);
+      batched_gemm(ac, gc, db, 1, 0, 0, true, false, k, n, batches * m, false, stream);
       db_spec = partial_over_sharding(a.spec(), {k, n});
     }
     return {ShardTensor(da.to_dtype(a.dtype()), a.mesh(), a.spec()),
@@ -342,7 +352,8 @@ void register_matmul() {
                     .inputs = {{.name = "a"}, {.name = "b"}},
                     .outputs = {"y"},
                     .rule = std::move(rule),
-                    .cpu = std::move(cpu),
+                    .cpu = kernel,
+                    .cuda = kernel,
                     .backward = std::move(backward)});
 }
 

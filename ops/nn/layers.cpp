@@ -224,6 +224,15 @@ ShardTensor Linear::forward(const ShardTensor& x) {
                      bias_.defined() ? std::optional<ShardTensor>(bias_.tensor()) : std::nullopt);
 }
 
+Dropout::Dropout(double p, uint64_t seed) : p_(p), seed_(seed) {
+  check_arg(p >= 0 && p <= 1, "dropout", "p = {} is not a probability in [0, 1]", p);
+}
+
+ShardTensor Dropout::forward(const ShardTensor& x) {
+  if (!training()) return x;
+  return ops::dropout(x, p_, seed_ + calls_++, true);
+}
+
 Activation::Activation(std::string kind) : kind_(std::move(kind)) {
   check_arg(kind_ == "relu" || kind_ == "gelu" || kind_ == "silu" || kind_ == "tanh" ||
                 kind_ == "sigmoid" || kind_ == "softplus",

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "ops/conv/conv_op.hpp"
+#include "ops/dropout/dropout_op.hpp"
 #include "ops/linear/linear_op.hpp"
 #include "ops/nn/module.hpp"
 #include "ops/norm/norm_op.hpp"
@@ -159,6 +160,20 @@ class Linear : public Module {
 
  private:
   Parameter weight_, bias_;
+};
+
+/// torch.nn.Dropout: in training, zeroes each element with probability p (the identity in
+/// eval). Call k uses the mask of seed (seed + k): a new mask every step, the same on every
+/// layout and rank count (ops::dropout's mask is a function of the seed and the global index).
+class Dropout : public Module {
+ public:
+  Dropout(double p, uint64_t seed);
+  ShardTensor forward(const ShardTensor& x) override;
+
+ private:
+  double p_;
+  uint64_t seed_;
+  uint64_t calls_ = 0;
 };
 
 /// Elementwise activations: "relu", "gelu", "silu", "tanh", "sigmoid" or "softplus".

@@ -11,11 +11,15 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "core/autograd.hpp"
+#include "core/compute_threads.hpp"
+#include "core/parallel_for.hpp"
 #include "ops/op_helpers.hpp"
+#include "ops/softmax/softmax_cuda.hpp"
 
 namespace tessera::ops {
 
@@ -73,15 +77,24 @@ std::vector<double> combine(const DeviceMesh& mesh, const std::vector<int>& dims
   return result;
 }
 
-/// Calls fn(s, index) for every slot s and every element of it, index running along the dim.
+/// Calls fn(slot, index) for every element of every slot, on the compute threads: units of
+/// (outer, a chunk of up to 1024 inner positions) walk the dim in order with the inner positions
+/// innermost (contiguous), so each slot is visited along the dim in order by one thread and no
+/// two threads touch the same slot.
 template <typename Fn>
 void for_each_in_slots(const Slots& s, Fn&& fn) {
-  for (int64_t o = 0; o < s.outer; ++o)
-    for (int64_t i = 0; i < s.inner; ++i) {
-      const int64_t slot = o * s.inner + i;
-      const int64_t first = o * s.length * s.inner + i;
-      for (int64_t l = 0; l < s.length; ++l) fn(slot, first + l * s.inner);
+  constexpr int64_t chunk = 1024;
+  const int64_t chunks = (s.inner + chunk - 1) / chunk;
+  parallel_for(s.outer * chunks, compute_threads(), [&](int64_t begin, int64_t end, int) {
+    for (int64_t unit = begin; unit < end; ++unit) {
+      const int64_t o = unit / chunks, first = (unit % chunks) * chunk;
+      const int64_t last = std::min(s.inner, first + chunk);
+      for (int64_t l = 0; l < s.length; ++l) {
+        const int64_t base = (o * s.length + l) * s.inner;
+        for (int64_t i = first; i < last; ++i) fn(o * s.inner + i, base + i);
+      }
     }
+  });
 }
 
 /// What one call needs: its dim, the mesh dims that shard it, the local slots.
@@ -147,6 +160,14 @@ Tensor backward_cpu(const SoftmaxCall& call, const DeviceMesh& mesh, const Tenso
   return dx.to_dtype(y.dtype());
 }
 
+/// The call's piece and communicator for the cuda bodies.
+SoftmaxPiece piece_of(const SoftmaxCall& call) {
+  return {call.slots.outer, call.slots.length, call.slots.inner};
+}
+Comm* comm_of(const SoftmaxCall& call, const DeviceMesh& mesh) {
+  return call.mesh_dims.empty() ? nullptr : mesh.sub_comm(call.mesh_dims).get();
+}
+
 void register_softmax(const std::string& name, bool log) {
   RuleFn rule = [name](const std::vector<ShardSpec>& inputs, const OpAttrs& attrs) {
     check_arg(inputs.size() == 1, name, "expects 1 input (x), got {}", inputs.size());
@@ -160,6 +181,12 @@ void register_softmax(const std::string& name, bool log) {
         call_of(name, context.attrs, context.input_specs[0], inputs[0].shape());
     return std::vector<Tensor>{forward_cpu(call, context.mesh, inputs[0], log)};
   };
+  KernelFn cuda = [name, log](const KernelContext& context, const std::vector<Tensor>& inputs) {
+    const SoftmaxCall call =
+        call_of(name, context.attrs, context.input_specs[0], inputs[0].shape());
+    return std::vector<Tensor>{softmax_forward_cuda(
+        inputs[0], piece_of(call), comm_of(call, context.mesh), log, context.stream)};
+  };
   BackwardFn backward = [name, log](const OpRecord& record,
                                     const std::vector<std::optional<ShardTensor>>& grads)
       -> std::vector<std::optional<ShardTensor>> {
@@ -168,8 +195,12 @@ void register_softmax(const std::string& name, bool log) {
                               ? *grads[0]
                               : grads[0]->redistribute(y.placements(), y.spec().extents);
     const SoftmaxCall call = call_of(name, record.attrs, y.spec(), y.to_local().shape());
-    return {ShardTensor(backward_cpu(call, y.mesh(), y.to_local(), g.to_local(), log), y.mesh(),
-                        y.spec())};
+    const Tensor dx = y.to_local().device().is_cuda()
+                          ? softmax_backward_cuda(y.to_local(), g.to_local(), piece_of(call),
+                                                  comm_of(call, y.mesh()), log,
+                                                  compute_stream_for(y.to_local().device()))
+                          : backward_cpu(call, y.mesh(), y.to_local(), g.to_local(), log);
+    return {ShardTensor(dx, y.mesh(), y.spec())};
   };
   register_op(OpDef{.name = name,
                     .summary = log ? "log(softmax(x)) along dim, computed as x - max - log(sum "
@@ -184,6 +215,7 @@ void register_softmax(const std::string& name, bool log) {
                                .doc = "the dim normalized over (negative: from the end)"}},
                     .rule = std::move(rule),
                     .cpu = std::move(cpu),
+                    .cuda = std::move(cuda),
                     .backward = std::move(backward)});
 }
 

@@ -40,9 +40,13 @@ def attrs_of(case):
                [])
 
 
-def layout_of(shape, index):
+def layout_of(shape, index, shard_dim=None):
     """4 ranks over one dim of extent >= 3 (with an empty shard), or on odd cases a 2x2 mesh
-    over two dims of extent >= 2 (uneven); no options when the shape has no such dims."""
+    over two dims of extent >= 2 (uneven); no options when the shape has no such dims. A case's
+    shard_dim is sharded over the 4 ranks."""
+    if shard_dim is not None:
+        return ["--mesh", "4", "--shard-dims", str(shard_dim), "--extents",
+                ",".join(map(str, uneven_split(shape[shard_dim], 4)))]
     wide = [d for d, n in enumerate(shape) if n >= 2]
     if index % 2 == 1 and len(wide) >= 2:
         dims = [wide[0], wide[-1]]
@@ -66,7 +70,8 @@ for index, case in enumerate(manifest["cases"]):
             f["g" + entry["name"]] = load(entry["gy"], entry["shape"])
     results = {}
     first = case["inputs"][0]["shape"]
-    for label, args, single in [("4 ranks", layout_of(first, index), False), ("1 rank", [], True)]:
+    for label, args, single in [("4 ranks", layout_of(first, index, case.get("shard_dim")), False),
+                                ("1 rank", [], True)]:
         path_out = os.path.join(scratch, f"{name}.{label.replace(' ', '')}.out.h5")
         if run_op(tessera, launch, op, ["--in", path_in, "--out", path_out, "--backward"]
                   + attrs_of(case) + args, 0, single) is None:

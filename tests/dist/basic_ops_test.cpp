@@ -1,7 +1,8 @@
 // The pointwise and reduction ops (relu, gelu, silu, tanh, exp, scale, sigmoid, softplus,
 // leaky_relu, erf, sqrt, neg, abs, log, clamp; add/sub/mul/div/pow/maximum/minimum with
 // same-shape operands and either operand broadcast; bias_add; where; sum/mean over any dims;
-// mse_loss; softmax and log_softmax over every dim; linear and matmul; dropout): sharded
+// mse_loss; softmax and log_softmax over every dim; linear and matmul; dropout; concat and
+// split along every dim): sharded
 // forward and gradients equal the unsharded ones on uneven and empty shards, and the
 // gradients equal central finite differences (so the derivative formulas themselves are
 // checked); an op registered without a rule runs through the replicated fallback.
@@ -136,6 +137,27 @@ std::vector<NamedProgram> programs() {
   // dropout: the mask is a function of the seed and the global index, the same on every layout.
   list.push_back({"dropout p 0.3", {a}, [](const std::vector<ShardTensor>& in) {
                     return ops::sum(ops::mul(ops::dropout(in[0], 0.3, 7), in[0]));
+                  }});
+  // concat along every dim (the second input replicated, moved to the first's layout) and split
+  // (explicit sizes, torch.split's chunks), the cut dim sharded or not.
+  for (int dim : {0, 1, 2}) {
+    Shape other = a;
+    other[dim] = 2;
+    list.push_back({fmt::format("concat dim {}", dim),
+                    {a, other, a},
+                    [dim](const std::vector<ShardTensor>& in) {
+                      const ShardTensor y = ops::concat({in[0], in[1], in[2]}, dim);
+                      return ops::sum(ops::mul(y, y));
+                    }});
+  }
+  list.push_back({"split dim 0 sizes 2,0,3", {a}, [](const std::vector<ShardTensor>& in) {
+                    const auto parts = ops::split(in[0], {2, 0, 3}, 0);
+                    return ops::add(ops::sum(ops::mul(parts[0], parts[0])),
+                                    ops::sum(ops::scale(ops::mul(parts[2], parts[2]), 3)));
+                  }});
+  list.push_back({"split dim 2 chunks of 2", {a}, [](const std::vector<ShardTensor>& in) {
+                    const auto parts = ops::split(in[0], {2}, -1);
+                    return ops::sum(ops::mul(parts[1], ops::sum(parts[0], {2}, true)));
                   }});
   // softmax and log_softmax over every dim (the random layouts shard it, or not).
   for (int64_t dim : {0, 1, 2, -1})

@@ -123,33 +123,47 @@ TEST(Modules, SeededModelsTrainTheSameOnOneRankAndOnA2x2Mesh) {
   });
 }
 
+/// Trains the net `make(mesh)` for 5 SGD steps on x_full -> target_full on one rank and on a
+/// 2x2 mesh (x laid out as given): the losses agree within 1e-10 and decrease.
+void expect_trains_like_one_rank(
+    std::shared_ptr<Comm> comm,
+    const std::function<std::shared_ptr<nn::Sequential>(const DeviceMesh&)>& make,
+    const Tensor& x_full, const Tensor& target_full, const std::vector<Placement>& placements,
+    const std::vector<std::vector<int64_t>>& extents, double lr) {
+  auto run = [&](const DeviceMesh& mesh, const std::vector<Placement>& layout,
+                 const std::vector<std::vector<int64_t>>& layout_extents) {
+    auto net = make(mesh);
+    const ShardTensor x = ShardTensor::distribute(x_full, mesh, layout, layout_extents);
+    const ShardTensor probe = net->forward(x);
+    EXPECT_EQ(probe.global_shape(), target_full.shape());
+    optim::Sgd sgd(net->parameters(), {.lr = lr, .momentum = 0.9});
+    return train_steps(
+        *net, sgd, x,
+        ShardTensor::distribute(target_full, mesh, probe.placements(), probe.spec().extents), 5);
+  };
+  DeviceMesh single(comm->split(comm->rank(), 0), {1, 1});
+  const std::vector<double> reference =
+      run(single, {Placement::replicate(), Placement::replicate()}, {});
+  DeviceMesh mesh(comm, {2, 2});
+  const std::vector<double> sharded = run(mesh, placements, extents);
+  ASSERT_EQ(sharded.size(), reference.size());
+  for (size_t i = 0; i < reference.size(); ++i)
+    EXPECT_NEAR(sharded[i], reference[i], 1e-10 * std::fabs(reference[i])) << "step " << i;
+  EXPECT_LT(reference.back(), reference.front());
+}
+
 TEST(Modules, PoolingNetTrainsTheSameOnOneRankAndOnA2x2Mesh) {
   testing::run_world(4, [](std::shared_ptr<Comm> comm) {
     testing::CaseRng rng(14);
     const Tensor x_full = testing::integer_tensor({1, 2, 11, 8}, DType::f64, rng, -4, 4);
     const Tensor target_full = testing::integer_tensor({1, 2, 5, 4}, DType::f64, rng, -4, 4);
-    auto run = [&](const DeviceMesh& mesh, const std::vector<Placement>& placements,
-                   const std::vector<std::vector<int64_t>>& extents) {
+    auto make = [](const DeviceMesh& mesh) {
       auto net = make_pool_net(mesh, 3);
       EXPECT_EQ(net->parameters().size(), 4u) << "pooling layers have no parameters";
-      const ShardTensor x = ShardTensor::distribute(x_full, mesh, placements, extents);
-      const ShardTensor probe = net->forward(x);
-      EXPECT_EQ(probe.global_shape(), target_full.shape());
-      optim::Sgd sgd(net->parameters(), {.lr = 0.05, .momentum = 0.9});
-      return train_steps(
-          *net, sgd, x,
-          ShardTensor::distribute(target_full, mesh, probe.placements(), probe.spec().extents), 5);
+      return net;
     };
-    DeviceMesh single(comm->split(comm->rank(), 0), {1, 1});
-    const std::vector<double> reference =
-        run(single, {Placement::replicate(), Placement::replicate()}, {});
-    DeviceMesh mesh(comm, {2, 2});
-    const std::vector<double> sharded =
-        run(mesh, {Placement::shard(2), Placement::shard(3)}, {{6, 5}, {1, 7}});
-    ASSERT_EQ(sharded.size(), reference.size());
-    for (size_t i = 0; i < reference.size(); ++i)
-      EXPECT_NEAR(sharded[i], reference[i], 1e-10 * std::fabs(reference[i])) << "step " << i;
-    EXPECT_LT(reference.back(), reference.front());
+    expect_trains_like_one_rank(comm, make, x_full, target_full,
+                                {Placement::shard(2), Placement::shard(3)}, {{6, 5}, {1, 7}}, 0.05);
   });
 }
 
@@ -159,31 +173,39 @@ TEST(Modules, LinearMlpTrainsTheSameOnOneRankAndOnA2x2Mesh) {
     testing::CaseRng rng(15);
     const Tensor x_full = testing::integer_tensor({2, 5, 6, 4}, DType::f64, rng, -4, 4);
     const Tensor target_full = testing::integer_tensor({2, 5, 6, 3}, DType::f64, rng, -4, 4);
-    auto run = [&](const DeviceMesh& mesh, const std::vector<Placement>& placements,
-                   const std::vector<std::vector<int64_t>>& extents) {
+    auto make = [](const DeviceMesh& mesh) {
       auto net = std::make_shared<nn::Sequential>();
       net->append(std::make_shared<nn::Linear>(mesh, 4, 8, true, 21, DType::f64));
       net->append(std::make_shared<nn::Activation>("gelu"));
       net->append(std::make_shared<nn::Linear>(mesh, 8, 3, false, 22, DType::f64));
       EXPECT_EQ(net->parameters().size(), 3u);
-      const ShardTensor x = ShardTensor::distribute(x_full, mesh, placements, extents);
-      const ShardTensor probe = net->forward(x);
-      EXPECT_EQ(probe.global_shape(), target_full.shape());
-      optim::Sgd sgd(net->parameters(), {.lr = 0.01, .momentum = 0.9});
-      return train_steps(
-          *net, sgd, x,
-          ShardTensor::distribute(target_full, mesh, probe.placements(), probe.spec().extents), 5);
+      return net;
     };
+    expect_trains_like_one_rank(comm, make, x_full, target_full,
+                                {Placement::shard(1), Placement::shard(2)}, {{4, 1}, {0, 6}}, 0.01);
+  });
+}
+
+/// Dropout: a new mask every call, the same on a 2x2 mesh as on one rank; the identity in eval.
+TEST(Modules, DropoutMasksChangePerCallAgreeAcrossLayoutsAndVanishInEval) {
+  testing::run_world(4, [](std::shared_ptr<Comm> comm) {
+    testing::CaseRng rng(16);
+    const Tensor x_full = testing::integer_tensor({2, 3, 9, 7}, DType::f64, rng, 1, 4);
     DeviceMesh single(comm->split(comm->rank(), 0), {1, 1});
-    const std::vector<double> reference =
-        run(single, {Placement::replicate(), Placement::replicate()}, {});
     DeviceMesh mesh(comm, {2, 2});
-    const std::vector<double> sharded =
-        run(mesh, {Placement::shard(1), Placement::shard(2)}, {{4, 1}, {0, 6}});
-    ASSERT_EQ(sharded.size(), reference.size());
-    for (size_t i = 0; i < reference.size(); ++i)
-      EXPECT_NEAR(sharded[i], reference[i], 1e-10 * std::fabs(reference[i])) << "step " << i;
-    EXPECT_LT(reference.back(), reference.front());
+    nn::Dropout one(0.4, 9), many(0.4, 9);
+    const ShardTensor x1 =
+        ShardTensor::distribute(x_full, single, {Placement::replicate(), Placement::replicate()});
+    const ShardTensor x4 = ShardTensor::distribute(
+        x_full, mesh, {Placement::shard(2), Placement::shard(3)}, {{7, 2}, {0, 7}});
+    const Tensor first = one.forward(x1).full_tensor();
+    EXPECT_EQ(max_abs_diff(many.forward(x4).full_tensor(), first), 0.0);
+    const Tensor second = one.forward(x1).full_tensor();
+    EXPECT_EQ(max_abs_diff(many.forward(x4).full_tensor(), second), 0.0);
+    EXPECT_GT(max_abs_diff(first, second), 0.0) << "a new mask every call";
+    one.eval();
+    EXPECT_EQ(max_abs_diff(one.forward(x1).full_tensor(), x_full), 0.0);
+    EXPECT_THROW(nn::Dropout(1.5, 0), InvalidArgument);
   });
 }
 
@@ -195,8 +217,7 @@ TEST(Modules, ConvTransposeInitAndTrainingOnA2x2MeshEqualOneRank) {
     testing::CaseRng rng(16);
     const Tensor x_full = testing::integer_tensor({2, 2, 9, 8}, DType::f64, rng, -4, 4);
     const Tensor target_full = testing::integer_tensor({2, 2, 9, 8}, DType::f64, rng, -4, 4);
-    auto run = [&](const DeviceMesh& mesh, const std::vector<Placement>& placements,
-                   const std::vector<std::vector<int64_t>>& extents) {
+    auto make = [](const DeviceMesh& mesh) {
       nn::ConvConfig down{
           .spatial_dims = 2, .in_channels = 2, .out_channels = 4, .kernel = 3, .dtype = DType::f64};
       down.options.stride = {2};
@@ -220,24 +241,10 @@ TEST(Modules, ConvTransposeInitAndTrainingOnA2x2MeshEqualOneRank) {
       net->append(std::make_shared<nn::Conv>(mesh, down, 31));
       net->append(std::make_shared<nn::Activation>("gelu"));
       net->append(decoder);
-      const ShardTensor x = ShardTensor::distribute(x_full, mesh, placements, extents);
-      const ShardTensor probe = net->forward(x);
-      EXPECT_EQ(probe.global_shape(), target_full.shape());
-      optim::Sgd sgd(net->parameters(), {.lr = 0.01, .momentum = 0.9});
-      return train_steps(
-          *net, sgd, x,
-          ShardTensor::distribute(target_full, mesh, probe.placements(), probe.spec().extents), 5);
+      return net;
     };
-    DeviceMesh single(comm->split(comm->rank(), 0), {1, 1});
-    const std::vector<double> reference =
-        run(single, {Placement::replicate(), Placement::replicate()}, {});
-    DeviceMesh mesh(comm, {2, 2});
-    const std::vector<double> sharded =
-        run(mesh, {Placement::shard(2), Placement::shard(3)}, {{6, 3}, {1, 7}});
-    ASSERT_EQ(sharded.size(), reference.size());
-    for (size_t i = 0; i < reference.size(); ++i)
-      EXPECT_NEAR(sharded[i], reference[i], 1e-10 * std::fabs(reference[i])) << "step " << i;
-    EXPECT_LT(reference.back(), reference.front());
+    expect_trains_like_one_rank(comm, make, x_full, target_full,
+                                {Placement::shard(2), Placement::shard(3)}, {{6, 3}, {1, 7}}, 0.01);
   });
 }
 

@@ -49,12 +49,13 @@ void check_fixtures(const std::string& folder) {
         const std::string op = fixture["op"];
         const std::string where =
             fmt::format("{} ({}) on {} rank(s)", std::string(fixture["name"]), op, world);
-        // The largest input leads: sharded over the mesh; the others replicated.
+        // The largest input (the first, when the case names a dim to shard) leads: sharded over
+        // the mesh (its last dim or that dim); the others replicated.
         size_t lead = 0;
         int64_t most = -1;
         for (size_t i = 0; i < fixture["inputs"].size(); ++i) {
           const Shape shape = fixture["inputs"][i]["shape"].get<Shape>();
-          if (shape_numel(shape) > most) {
+          if (shape_numel(shape) > most && !fixture.contains("shard_dim")) {
             most = shape_numel(shape);
             lead = i;
           }
@@ -70,7 +71,8 @@ void check_fixtures(const std::string& folder) {
           std::vector<Placement> placements(mesh.ndim(), Placement::replicate());
           std::vector<std::vector<int64_t>> extents(mesh.ndim());
           if (i == lead) {
-            const int last = static_cast<int>(shape.size()) - 1;
+            const int last = fixture.contains("shard_dim") ? fixture["shard_dim"].get<int>()
+                                                           : static_cast<int>(shape.size()) - 1;
             const std::vector<int> dims =
                 square ? std::vector<int>{0, last} : std::vector<int>{last};
             for (int m = 0; m < mesh.ndim(); ++m) {

@@ -1,7 +1,8 @@
 // The basic ops on a GPU (skipped, with the reason printed, when none is visible): relu, gelu,
 // silu, tanh, exp, scale, sigmoid, softplus, leaky_relu, erf, sqrt, neg, abs, log, clamp,
 // add/sub/mul/div/pow/maximum/minimum (same shape, numpy broadcast either way, the align
-// attribute), bias_add, where, sum/mean over dims (keepdim), mse_loss, each forward and backward
+// attribute), bias_add, where, linear, matmul, concat, split, softmax, log_softmax, sum/mean over dims (keepdim),
+// mse_loss, each forward and backward
 // through apply_op and the tape, with shapes that take the 128-bit vector path with a scalar tail
 // and the two-pass reductions:
 //  - on cuda against the cpu op on the same data, in f32, f64, f16 and bf16 (bounds below);
@@ -140,6 +141,30 @@ std::vector<OpCase> op_cases() {
                    [](const auto& in) { return bias_add(in[0], in[1]); },
                    40,
                    true});
+  // linear and matmul through cuBLAS; concat and split through the backend's strided copies.
+  cases.push_back({"linear",
+                   {{7, 33}, {5, 33}, {5}},
+                   [](const auto& in) { return linear(in[0], in[1], in[2]); },
+                   34,
+                   true});
+  cases.push_back({"matmul batched by a matrix",
+                   {{3, 7, 33}, {33, 6}},
+                   [](const auto& in) { return matmul(in[0], in[1]); },
+                   33 * 7,
+                   true});
+  cases.push_back({"concat dim 1",
+                   {small, {5, 2, 3}},
+                   [](const auto& in) {
+                     return concat({in[0], in[1]}, 1);
+                   },
+                   1,
+                   true});
+  cases.push_back({"split dim 2", {small}, [](const auto& in) {
+                     return split(in[0], {1, 2}, 2)[1];
+                   }});
+  cases.push_back({"softmax dim 1", {small}, [](const auto& in) { return softmax(in[0], 1); }, 8});
+  cases.push_back(
+      {"log_softmax dim -1", {{40, 37}}, [](const auto& in) { return log_softmax(in[0], -1); }, 80});
   cases.push_back({"sum dims 0,2", {small}, [](const auto& in) { return sum(in[0], {0, 2}); }, 15});
   cases.push_back({"sum all", {small}, [](const auto& in) { return sum(in[0]); }, 60});
   cases.push_back(
