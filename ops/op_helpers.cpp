@@ -51,6 +51,28 @@ std::vector<int64_t> source_output_extents(const std::vector<int64_t>& input_ext
   return counts;
 }
 
+std::vector<int64_t> upsampled_output_extents(const std::vector<int64_t>& input_extents,
+                                              int64_t length, int64_t outputs, int64_t stride,
+                                              int64_t offset) {
+  const std::vector<int64_t> offsets = offsets_of(input_extents);
+  std::vector<int64_t> counts(input_extents.size(), 0);
+  if (length <= 0) {
+    if (!counts.empty()) counts.back() += outputs;
+    return counts;
+  }
+  // A non-empty part owning inputs [a, b) gets the outputs o with a*stride <= o + offset <
+  // b*stride; the outputs before input 0's and past input length-1's go to their owners.
+  auto first_output_at = [&](int64_t index) {  // the first o with o + offset >= index*stride
+    if (index <= 0) return int64_t{0};
+    if (index >= length) return outputs;
+    return std::clamp<int64_t>(index * stride - offset, 0, outputs);
+  };
+  for (size_t p = 0; p < input_extents.size(); ++p)
+    if (input_extents[p] > 0)
+      counts[p] = first_output_at(offsets[p + 1]) - first_output_at(offsets[p]);
+  return counts;
+}
+
 void require_floating_cpu(const Tensor& tensor, const std::string& op) {
   check_arg(is_floating(tensor.dtype()), op, "needs a floating tensor, got {}", tensor.str());
   check_arg(tensor.device().is_cpu(), op, "cpu kernel got a {} tensor", tensor.device().str());

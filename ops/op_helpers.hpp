@@ -29,6 +29,12 @@ std::vector<int64_t> source_output_extents(const std::vector<int64_t>& input_ext
                                            int64_t length, int64_t outputs,
                                            const std::function<int64_t(int64_t)>& source);
 
+/// Outputs owned by each part of a split of an upsampling op's input (transposed conv): output o
+/// goes to the part owning input clamp(floor((o + offset) / stride), 0, length-1).
+std::vector<int64_t> upsampled_output_extents(const std::vector<int64_t>& input_extents,
+                                              int64_t length, int64_t outputs, int64_t stride,
+                                              int64_t offset);
+
 /// Applies `fn(double) -> double` to every element of a floating cpu tensor (any strides);
 /// returns a contiguous tensor of the same dtype. f16/bf16 compute in float.
 template <typename Fn>

@@ -83,6 +83,10 @@ std::vector<Recipe> recipes(const Shape& x) {
                   OpAttrs()
                       .set("pad_lo", std::vector<int64_t>{1, 1, 1})
                       .set("pad_hi", std::vector<int64_t>{1, 1, 1})});
+  list.push_back({"conv_transpose k2 s2",
+                  "conv_transpose",
+                  {x, {c, c, 2, 2, 2}, {c}},
+                  OpAttrs().set("stride", std::vector<int64_t>{2})});
   Shape half = x;
   half[1] = c / 2;
   list.push_back({"concat dim 1", "concat", {half, half}, OpAttrs().set("dim", int64_t{1})});

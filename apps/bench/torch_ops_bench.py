@@ -67,6 +67,8 @@ def recipes():
     r.append(("matmul by CxC", [cl_shape, [c, c]], torch.matmul, False))
     r.append(("conv k3", [x_shape, [c, c, 3, 3, 3], [c]], lambda x, wt, b: F.conv3d(x, wt, b, padding=1),
               False))
+    r.append(("conv_transpose k2 s2", [x_shape, [c, c, 2, 2, 2], [c]],
+              lambda x, wt, b: F.conv_transpose3d(x, wt, b, stride=2), False))
     r.append(("concat dim 1", [half, half], lambda a, b: torch.cat([a, b], 1), False))
     r.append(("split dim 1", [x_shape], lambda x: torch.split(x, [c // 2, c - c // 2], 1)[0], False))
     r.append(("dropout p0.1", [x_shape], lambda x: F.dropout(x, 0.1), False))

@@ -352,6 +352,8 @@ std::vector<std::optional<ShardTensor>> conv_backward(
 
 }  // namespace
 
+void register_conv_transpose_op();  // conv_transpose.cpp
+
 void register_conv_ops() {
   const OverlapKernel overlap{conv_interior, conv_boundary};
   const auto per_dim = [](const char* name, int64_t value, const char* doc) {
@@ -384,6 +386,7 @@ void register_conv_ops() {
       .backward = conv_backward,
       .cpu_overlap = overlap,
       .cuda_overlap = overlap});
+  register_conv_transpose_op();
 }
 
 ShardTensor conv(const ShardTensor& x, const ShardTensor& w, const std::optional<ShardTensor>& b,

@@ -80,6 +80,41 @@ ShardTensor Conv::forward(const ShardTensor& x) {
                    config_.options);
 }
 
+ConvTranspose::ConvTranspose(const DeviceMesh& mesh, ConvTransposeConfig config, uint64_t seed)
+    : config_(config) {
+  const int64_t groups = config.options.groups;
+  check_arg(config.spatial_dims >= 1 && config.spatial_dims <= 3, "conv_transpose",
+            "spatial dims {} (expected 1, 2 or 3)", config.spatial_dims);
+  check_arg(config.in_channels >= 1 && config.out_channels >= 1 && config.kernel >= 1 &&
+                groups >= 1 && config.in_channels % groups == 0 &&
+                config.out_channels % groups == 0,
+            "conv_transpose", "channels {} -> {}, kernel {}, groups {}", config.in_channels,
+            config.out_channels, config.kernel, groups);
+  Shape w_shape{config.in_channels, config.out_channels / groups};
+  for (int d = 0; d < config.spatial_dims; ++d) w_shape.push_back(config.kernel);
+  // PyTorch's fan_in of a weight is its dim 1 times the kernel's cells: out/groups * prod(k).
+  const double fan_in = static_cast<double>(shape_numel(w_shape) / config.in_channels);
+  const double bound = 1.0 / std::sqrt(fan_in);
+  std::mt19937_64 generator(seed);
+  const std::vector<Placement> replicated(mesh.ndim(), Placement::replicate());
+  const Device device = current_rank_context().device();
+  weight_ = add_parameter(
+      "weight", ShardTensor::distribute(uniform(w_shape, bound, generator, config.dtype).to(device),
+                                        mesh, replicated));
+  if (config.bias)
+    bias_ = add_parameter(
+        "bias", ShardTensor::distribute(
+                    uniform({config.out_channels}, bound, generator, config.dtype).to(device), mesh,
+                    replicated));
+}
+
+ShardTensor ConvTranspose::forward(const ShardTensor& x) {
+  check_arg(static_cast<int>(x.global_shape().size()) == config_.spatial_dims + 2, "conv_transpose",
+            "conv_transpose{}d expects an input [N, C, {} spatial dims], got global shape {}",
+            config_.spatial_dims, config_.spatial_dims, x.global_shape());
+  return ops::conv_transpose(x, weight_.tensor(), optional_of(bias_), config_.options);
+}
+
 MaxPool::MaxPool(ops::PoolOptions options) : options_(std::move(options)) {}
 
 ShardTensor MaxPool::forward(const ShardTensor& x) {

@@ -1,8 +1,8 @@
 // Layers over the sharded ops (Modules, ops/nn/module.hpp). Weights are initialized like
-// PyTorch's defaults (Conv: kaiming_uniform with a = sqrt(5), i.e. uniform in +-1/sqrt(fan_in),
-// and the bias in the same range; norms: weight 1, bias 0) from a seed, on the full tensor, so
-// every layout of every mesh starts from the same values; parameters are replicated on the mesh
-// they are made on, on the calling rank's device.
+// PyTorch's defaults (Conv, ConvTranspose: kaiming_uniform with a = sqrt(5), i.e. uniform in
+// +-1/sqrt(fan_in), and the bias in the same range; norms: weight 1, bias 0) from a seed, on the
+// full tensor, so every layout of every mesh starts from the same values; parameters are replicated
+// on the mesh they are made on, on the calling rank's device.
 #pragma once
 
 #include <cstdint>
@@ -44,6 +44,31 @@ class Conv : public Module {
 
  private:
   ConvConfig config_;
+  Parameter weight_, bias_;
+};
+
+struct ConvTransposeConfig {
+  int spatial_dims = 2;  ///< 1, 2 or 3 (conv_transpose1d/2d/3d)
+  int64_t in_channels = 1;
+  int64_t out_channels = 1;
+  int64_t kernel = 2;  ///< extent along every spatial dim
+  bool bias = true;
+  DType dtype = DType::f32;
+  ops::ConvTransposeOptions options{};  ///< stride, padding, output_padding, dilation, groups
+};
+
+/// torch.nn.ConvTranspose1d/2d/3d: weight [in, out/groups, k...] and bias [out], replicated on
+/// `mesh`; both uniform in +-1/sqrt(fan_in) with fan_in = out/groups * prod(k) (PyTorch's
+/// kaiming_uniform with a = sqrt(5) on the transposed weight).
+class ConvTranspose : public Module {
+ public:
+  ConvTranspose(const DeviceMesh& mesh, ConvTransposeConfig config, uint64_t seed);
+  ShardTensor forward(const ShardTensor& x) override;
+  const Parameter& weight() const { return weight_; }
+  const Parameter& bias() const { return bias_; }
+
+ private:
+  ConvTransposeConfig config_;
   Parameter weight_, bias_;
 };
 

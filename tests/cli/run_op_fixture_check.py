@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 # Acceptance check of the generic `tessera run-op OP` on the generic PyTorch fixtures
-# (tests/fixtures/ops, made by tests/fixtures/make_op_fixtures.py): every case's inputs are
+# (tests/fixtures/ops, made by tests/fixtures/make_op_fixtures.py, or tests/fixtures/conv_transpose,
+# made by tests/fixtures/make_conv_transpose_fixtures.py): every case's inputs are
 # written into an input HDF5 file under the op's input names with gy, run forward and --backward
 # with its attributes as --attr NAME=VALUE on 4 ranks (local ranks, or under a launcher given in
 # TESSERA_LAUNCH, e.g. "mpiexec -n 4": the first input sharded over 4 ranks with an empty shard,
@@ -92,16 +93,27 @@ for index, case in enumerate(manifest["cases"]):
                    f"{name}: no gradient for {entry['name']}")
 
 # --- errors: exit 2, one line naming the op and the attribute, nothing written ----------------
-path_in = os.path.join(scratch, "clamp_both.in.h5")  # x [2, 3, 5, 4]
-errors = [
-    ("clamp", [], "[clamp] neither min nor max is set"),
-    ("clamp", ["--attr", "min=low"], "[clamp] attribute 'min'"),
-    ("softplus", ["--attr", "beta=0"], "[softplus] beta = 0"),
-    ("leaky_relu", ["--attr", "slope=0.1"], "[leaky_relu] unknown attribute 'slope'"),
-    ("sigmoid", ["--attr", "beta=1"], "[sigmoid] unknown attribute 'beta'"),
-]
-check_errors(tessera, launch, scratch, tally, path_in, ["--mesh", "2x2", "--shard-dims", "1,3"],
-             errors)
+# Per fixture folder: an input file the run above wrote, and the bad attributes of its ops.
+ERRORS = {
+    "ops": ("clamp_both", [
+        ("clamp", [], "[clamp] neither min nor max is set"),
+        ("clamp", ["--attr", "min=low"], "[clamp] attribute 'min'"),
+        ("softplus", ["--attr", "beta=0"], "[softplus] beta = 0"),
+        ("leaky_relu", ["--attr", "slope=0.1"], "[leaky_relu] unknown attribute 'slope'"),
+        ("sigmoid", ["--attr", "beta=1"], "[sigmoid] unknown attribute 'beta'"),
+    ]),
+    "conv_transpose": ("ct2d_basic", [  # x [2, 3, 6, 5], w [3, 2, 3, 3], stride 1
+        ("conv_transpose", ["--attr", "output_padding=1"], "[conv_transpose] 'output_padding'"),
+        ("conv_transpose", ["--attr", "stride=0"], "[conv_transpose] 'stride'"),
+        ("conv_transpose", ["--attr", "stride=1,1,1"], "[conv_transpose] 'stride'"),
+        ("conv_transpose", ["--attr", "groups=2"], "[conv_transpose] 'groups'"),
+        ("conv_transpose", ["--attr", "padding=9"], "[conv_transpose] input extent"),
+        ("conv_transpose", ["--attr", "kernel=3"], "[conv_transpose] unknown attribute 'kernel'"),
+    ]),
+}
+error_case, errors = ERRORS[os.path.basename(os.path.normpath(fixture_dir))]
+check_errors(tessera, launch, scratch, tally, os.path.join(scratch, f"{error_case}.in.h5"),
+             ["--mesh", "2x2", "--shard-dims", "1,3"], errors)
 
 print("run-op fixture check:", "FAILED" if tally.failures else "passed")
 sys.exit(1 if tally.failures else 0)

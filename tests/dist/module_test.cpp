@@ -209,5 +209,44 @@ TEST(Modules, DropoutMasksChangePerCallAgreeAcrossLayoutsAndVanishInEval) {
   });
 }
 
+// A conv / transposed-conv encoder-decoder (downsample by 2, upsample back): PyTorch's init range
+// for ConvTranspose (fan_in from the weight's dim 1 and kernel), and training on a 2x2 mesh with
+// uneven shards equals one rank.
+TEST(Modules, ConvTransposeInitAndTrainingOnA2x2MeshEqualOneRank) {
+  testing::run_world(4, [](std::shared_ptr<Comm> comm) {
+    testing::CaseRng rng(16);
+    const Tensor x_full = testing::integer_tensor({2, 2, 9, 8}, DType::f64, rng, -4, 4);
+    const Tensor target_full = testing::integer_tensor({2, 2, 9, 8}, DType::f64, rng, -4, 4);
+    auto make = [](const DeviceMesh& mesh) {
+      nn::ConvConfig down{
+          .spatial_dims = 2, .in_channels = 2, .out_channels = 4, .kernel = 3, .dtype = DType::f64};
+      down.options.stride = {2};
+      down.options.padding = {1};
+      down.options.padding_name = "";
+      nn::ConvTransposeConfig up{
+          .spatial_dims = 2, .in_channels = 4, .out_channels = 2, .kernel = 3, .dtype = DType::f64};
+      up.options.stride = {2};
+      up.options.padding = {1};
+      up.options.output_padding = {0, 1};  // 5 -> 9 rows, 4 -> 8 columns
+      auto decoder = std::make_shared<nn::ConvTranspose>(mesh, up, 32);
+      EXPECT_EQ(decoder->weight().tensor().global_shape(), (Shape{4, 2, 3, 3}));
+      const double bound = 1.0 / std::sqrt(2.0 * 9.0);  // fan_in = out/groups * k*k
+      const Tensor w = decoder->weight().tensor().full_tensor();
+      double largest = 0.0;
+      for (int64_t i = 0; i < w.numel(); ++i)
+        largest = std::max(largest, std::fabs(w.data<double>()[i]));
+      EXPECT_LE(largest, bound);
+      EXPECT_GT(largest, 0.5 * bound);
+      auto net = std::make_shared<nn::Sequential>();
+      net->append(std::make_shared<nn::Conv>(mesh, down, 31));
+      net->append(std::make_shared<nn::Activation>("gelu"));
+      net->append(decoder);
+      return net;
+    };
+    expect_trains_like_one_rank(comm, make, x_full, target_full,
+                                {Placement::shard(2), Placement::shard(3)}, {{6, 3}, {1, 7}}, 0.01);
+  });
+}
+
 }  // namespace
 }  // namespace tessera

@@ -1,9 +1,10 @@
 // Ops against PyTorch through one generic fixture format (tests/fixtures/ops, made by
-// tests/fixtures/make_op_fixtures.py in float64): each case names an op, its attributes as
-// `tessera run-op --attr` takes them, its inputs and outputs. The case runs through apply_op on
-// 1, 2 and 4 ranks, its largest input sharded unevenly (on 4 ranks over a 2x2 mesh of its first
-// and last dims), the others replicated; the outputs and the gradients of sum(y * gy) equal
-// PyTorch's.
+// tests/fixtures/make_op_fixtures.py, and tests/fixtures/conv_transpose, made by
+// tests/fixtures/make_conv_transpose_fixtures.py, in float64): each case names an op, its
+// attributes as `tessera run-op --attr` takes them, its inputs and outputs. The case runs through
+// apply_op on 1, 2 and 4 ranks, its largest input sharded unevenly (on 4 ranks over a 2x2 mesh of
+// its first and last dims), the others replicated; the outputs and the gradients of sum(y * gy)
+// equal PyTorch's.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -18,8 +19,6 @@ namespace tessera {
 namespace {
 
 using Json = nlohmann::json;
-const std::string kFixtureDir = testing::fixture_dir("ops");
-
 /// The case's attributes as the op declares them (through the CLI's parser).
 OpAttrs attrs_of(const std::string& op, const Json& attrs) {
   std::vector<std::string> assignments;
@@ -39,7 +38,9 @@ OpAttrs attrs_of(const std::string& op, const Json& attrs) {
   return parse_attrs(op, find_op(op)->attrs, assignments);
 }
 
-TEST(OpFixtures, OpsMatchPyTorchForwardAndGradientOnUnevenShards) {
+/// Every case of the fixture folder `folder` on 1, 2 and 4 ranks.
+void check_fixtures(const std::string& folder) {
+  const std::string kFixtureDir = testing::fixture_dir(folder);
   const Json manifest = testing::read_manifest(kFixtureDir);
   ASSERT_FALSE(manifest["cases"].empty());
   for (int world : {1, 2, 4}) {
@@ -115,6 +116,14 @@ TEST(OpFixtures, OpsMatchPyTorchForwardAndGradientOnUnevenShards) {
       }
     });
   }
+}
+
+TEST(OpFixtures, OpsMatchPyTorchForwardAndGradientOnUnevenShards) {
+  check_fixtures("ops");
+}
+
+TEST(OpFixtures, ConvTransposeMatchesPyTorchForwardAndGradientsOnUnevenShards) {
+  check_fixtures("conv_transpose");
 }
 
 }  // namespace

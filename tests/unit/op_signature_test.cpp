@@ -18,8 +18,9 @@ namespace tessera {
 namespace {
 
 const std::vector<std::string> kBuiltins{
-    "conv", "na",  "relu", "gelu",     "silu", "tanh", "exp",      "scale",    "add",
-    "sub",  "mul", "div",  "bias_add", "sum",  "mean", "mse_loss", "max_pool", "avg_pool"};
+    "conv",  "na",       "relu",     "gelu",     "silu",          "tanh",     "exp",
+    "scale", "add",      "sub",      "mul",      "div",           "bias_add", "sum",
+    "mean",  "mse_loss", "max_pool", "avg_pool", "conv_transpose"};
 
 /// Runs `body` and returns the message of the InvalidArgument it throws ("" when none).
 template <typename Body>
