@@ -1,11 +1,14 @@
 // Helpers shared by the built-in ops' rules and kernels.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <type_traits>
 
+#include "core/compute_threads.hpp"
 #include "core/op_registry.hpp"
+#include "core/parallel_for.hpp"
 #include "core/shard_tensor.hpp"
 
 namespace tessera::ops {
@@ -36,16 +39,20 @@ std::vector<int64_t> upsampled_output_extents(const std::vector<int64_t>& input_
                                               int64_t offset);
 
 /// Applies `fn(double) -> double` to every element of a floating cpu tensor (any strides);
-/// returns a contiguous tensor of the same dtype. f16/bf16 compute in float.
+/// returns a contiguous tensor of the same dtype. f16/bf16 compute in float. Runs on the compute
+/// threads (chunks of kElementChunk elements): `fn` must not depend on the visiting order.
 template <typename Fn>
 Tensor map_elements(const Tensor& input, Fn&& fn);
 
-/// Same as map_elements with two same-shape inputs: fn(a, b).
+/// Same as map_elements with two same-shape inputs: fn(a, b) (on the compute threads too).
 template <typename Fn>
 Tensor zip_elements(const Tensor& a, const Tensor& b, Fn&& fn);
 
 /// Throws InvalidArgument unless `tensor` is a floating cpu tensor.
 void require_floating_cpu(const Tensor& tensor, const std::string& op);
+
+/// Elements per chunk of the parallel elementwise loops (a chunk is one thread's unit of work).
+inline constexpr int64_t kElementChunk = 1 << 15;
 
 template <typename Fn>
 Tensor map_elements(const Tensor& input, Fn&& fn) {
@@ -58,8 +65,11 @@ Tensor map_elements(const Tensor& input, Fn&& fn) {
       using Compute = std::conditional_t<std::is_same_v<T, double>, double, float>;
       const T* in = static_cast<const T*>(source.raw_data());
       T* out = static_cast<T*>(result.raw_data());
-      for (int64_t i = 0; i < count; ++i)
-        out[i] = T(static_cast<Compute>(fn(static_cast<Compute>(in[i]))));
+      const int64_t chunks = (count + kElementChunk - 1) / kElementChunk;
+      parallel_for(chunks, compute_threads(), [&](int64_t begin, int64_t end, int) {
+        for (int64_t i = begin * kElementChunk; i < std::min(count, end * kElementChunk); ++i)
+          out[i] = T(static_cast<Compute>(fn(static_cast<Compute>(in[i]))));
+      });
     } else {
       throw InvalidArgument("ops",
                             fmt::format("elementwise op on a {} tensor (floating dtypes only)",
@@ -83,9 +93,12 @@ Tensor zip_elements(const Tensor& a, const Tensor& b, Fn&& fn) {
       const T* x = static_cast<const T*>(left.raw_data());
       const T* y = static_cast<const T*>(right.raw_data());
       T* out = static_cast<T*>(result.raw_data());
-      for (int64_t i = 0; i < count; ++i)
-        out[i] =
-            T(static_cast<Compute>(fn(static_cast<Compute>(x[i]), static_cast<Compute>(y[i]))));
+      const int64_t chunks = (count + kElementChunk - 1) / kElementChunk;
+      parallel_for(chunks, compute_threads(), [&](int64_t begin, int64_t end, int) {
+        for (int64_t i = begin * kElementChunk; i < std::min(count, end * kElementChunk); ++i)
+          out[i] =
+              T(static_cast<Compute>(fn(static_cast<Compute>(x[i]), static_cast<Compute>(y[i]))));
+      });
     } else {
       throw InvalidArgument("ops",
                             fmt::format("elementwise op on a {} tensor (floating dtypes only)",

@@ -340,12 +340,19 @@ Tensor where_operand(const Tensor& operand, const Shape& operand_global, const S
   return expand_to_box(operand, box, broadcast_offset(lead_global, operand_global, -1, "where"));
 }
 
-/// out = cond != 0 ? a : b elementwise (same shapes; cond in any dtype, a and b floating).
+/// out = cond != 0 ? a : b elementwise (same shapes; cond in any dtype, a and b floating; in a's
+/// dtype).
 Tensor select_cpu(const Tensor& cond, const Tensor& a, const Tensor& b) {
   const Tensor mask = cond.to_dtype(DType::f64).contiguous();
+  const Tensor a64 = a.to_dtype(DType::f64).contiguous();
+  const Tensor b64 = b.to_dtype(DType::f64).contiguous();
+  Tensor out = Tensor::empty(a64.shape(), DType::f64);
   const double* m = mask.data<double>();
-  int64_t i = 0;  // zip_elements visits the elements in order
-  return zip_elements(a, b, [&](double av, double bv) { return m[i++] != 0 ? av : bv; });
+  const double* av = a64.data<double>();
+  const double* bv = b64.data<double>();
+  double* o = out.data<double>();
+  for (int64_t i = 0; i < out.numel(); ++i) o[i] = m[i] != 0 ? av[i] : bv[i];
+  return out.to_dtype(a.dtype());
 }
 
 void register_where() {

@@ -72,17 +72,32 @@ Tensor local_sum(const Tensor& x, const std::vector<int64_t>& dims, double scale
   Tensor sums = Tensor::zeros(kept, DType::f64);
   const std::vector<int64_t> out_strides = contiguous_strides(kept);
   const int ndim = source.ndim();
-  std::vector<int64_t> index(ndim, 0);
   const double* in = source.data<double>();
   double* out = sums.data<double>();
-  for (int64_t flat = 0; flat < source.numel(); ++flat) {
-    int64_t target = 0;
-    for (int d = 0; d < ndim; ++d)
-      if (kept[d] != 1 || source.shape(d) == 1) target += index[d] * out_strides[d];
-    out[target] += in[flat];
-    for (int d = ndim - 1; d >= 0; --d) {
-      if (++index[d] < source.shape(d)) break;
-      index[d] = 0;
+  if (ndim == 0 || source.numel() == 0) {
+    if (source.numel() == 1) out[0] = in[0];
+  } else {
+    // Rows of the last dim: added into the output row when the last dim is kept, summed into
+    // one output element when it is reduced; an odometer over the other dims finds the target.
+    const int64_t length = source.shape(ndim - 1);
+    const bool last_kept = kept[ndim - 1] != 1 || length == 1;
+    std::vector<int64_t> index(ndim - 1, 0);
+    for (int64_t row = 0; row < source.numel() / length; ++row) {
+      int64_t target = 0;
+      for (int d = 0; d < ndim - 1; ++d)
+        if (kept[d] != 1 || source.shape(d) == 1) target += index[d] * out_strides[d];
+      const double* values = in + row * length;
+      if (last_kept) {
+        for (int64_t j = 0; j < length; ++j) out[target + j] += values[j];
+      } else {
+        double sum = 0;
+        for (int64_t j = 0; j < length; ++j) sum += values[j];
+        out[target] += sum;
+      }
+      for (int d = ndim - 2; d >= 0; --d) {
+        if (++index[d] < source.shape(d)) break;
+        index[d] = 0;
+      }
     }
   }
   for (int64_t i = 0; i < sums.numel(); ++i) out[i] *= scale;
