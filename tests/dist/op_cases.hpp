@@ -16,6 +16,7 @@
 #include "ops/ops.hpp"
 #include "tests/common/fixtures.hpp"
 #include "tests/dist/harness.hpp"
+#include "tests/dist/shard_cases.hpp"
 
 namespace tessera::testing {
 
@@ -65,6 +66,48 @@ inline std::vector<Tensor> forward_and_grad_on(const UnaryOp& op, const DeviceMe
   tape.backward(ops::sum(ops::mul(y, gys)));
   return {y.full_tensor().to(Device::cpu()).to_dtype(DType::f64),
           tape.grad(xs)->full_tensor().to(Device::cpu()).to_dtype(DType::f64)};
+}
+
+/// The cuda sweep of a single-input op family: on 1, 2 and 4 local ranks and every mesh of them,
+/// 12 random cases per mesh (make_case(mesh shape, rng) -> a case with placements, extents and
+/// str(); make_input(x shape, rng) -> x in f64), the op (apply(case, x)) sharded on `gpu` in
+/// f64, f32, f16 and bf16 against the cpu on one rank: y and dx within 1e-12, 1e-5, 1e-2 and
+/// 5e-2 relative (the half types' gradient sums round in another order).
+template <typename MakeCase, typename MakeInput, typename Apply>
+void expect_cuda_sweep_matches_cpu(int seed, Device gpu, MakeCase make_case, MakeInput make_input,
+                                   Apply apply) {
+  for (int world : {1, 2, 4}) {
+    run_world(world, [&](std::shared_ptr<Comm> comm) {
+      const auto meshes = mesh_factorizations(comm->size());
+      DeviceMesh single(comm->split(comm->rank(), 0), {1});
+      for (size_t mesh_index = 0; mesh_index < meshes.size(); ++mesh_index) {
+        DeviceMesh mesh(comm, meshes[mesh_index]);
+        for (int index = 0; index < 12; ++index) {
+          CaseRng rng(case_seed(seed, world, static_cast<int>(mesh_index), index));
+          const auto c = make_case(mesh.shape(), rng);
+          const Tensor x = make_input(c.x_shape, rng);
+          const UnaryOp op = [&](const ShardTensor& xs) { return apply(c, xs); };
+          const ShardTensor probe =
+              op(ShardTensor::distribute(x, single, {Placement::replicate()}));
+          const Tensor gy = integer_tensor(probe.global_shape(), DType::f64, rng, -3, 3);
+          for (DType dtype : {DType::f64, DType::f32, DType::f16, DType::bf16}) {
+            const auto expected = forward_and_grad_on(op, single, x, gy, c.placements, c.extents,
+                                                      false, dtype, Device::cpu());
+            const auto actual =
+                forward_and_grad_on(op, mesh, x, gy, c.placements, c.extents, true, dtype, gpu);
+            const double bound = dtype == DType::f64   ? 1e-12
+                                 : dtype == DType::f32 ? 1e-5
+                                 : dtype == DType::f16 ? 1e-2
+                                                       : 5e-2;
+            for (size_t i = 0; i < expected.size(); ++i)
+              EXPECT_LE(relative_error(actual[i], expected[i]), bound)
+                  << (i == 0 ? "y " : "dx ") << dtype_name(dtype) << " world " << world << " "
+                  << c.str();
+          }
+        }
+      }
+    });
+  }
 }
 
 /// Runs every case of the fixture directory `dir` (manifest.json: name, dims, x_shape, y_shape,

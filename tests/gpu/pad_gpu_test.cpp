@@ -62,35 +62,15 @@ TEST(PadGpu, FixturesMatchPyTorchOnCuda) {
 
 TEST(PadGpu, ShardedOnOneTwoAndFourLocalRanksMatchesTheCpuOnOneRank) {
   SKIP_WITHOUT_GPU();
-  for (int world : {1, 2, 4}) {
-    testing::run_world(world, [&](std::shared_ptr<Comm> comm) {
-      const auto meshes = testing::mesh_factorizations(comm->size());
-      DeviceMesh single(comm->split(comm->rank(), 0), {1});
-      for (size_t mesh_index = 0; mesh_index < meshes.size(); ++mesh_index) {
-        DeviceMesh mesh(comm, meshes[mesh_index]);
-        for (int index = 0; index < 12; ++index) {
-          testing::CaseRng rng(testing::case_seed(85, world, static_cast<int>(mesh_index), index));
-          const testing::PadCase c = testing::random_pad_case(mesh.shape(), rng);
-          const Tensor x = testing::random_interpolate_input(c.x_shape, rng);
-          const ShardTensor probe =
-              testing::pad(c, ShardTensor::distribute(x, single, {Placement::replicate()}));
-          const Tensor gy = testing::integer_tensor(probe.global_shape(), DType::f64, rng, -3, 3);
-          for (DType dtype : {DType::f64, DType::f32, DType::f16, DType::bf16}) {
-            const auto expected = run_case(c, single, x, gy, dtype, Device::cpu(), false);
-            const auto actual = run_case(c, mesh, x, gy, dtype, kGpu, true);
-            const double bound = dtype == DType::f64   ? 1e-12
-                                 : dtype == DType::f32 ? 1e-5
-                                 : dtype == DType::f16 ? 1e-2
-                                                       : 5e-2;
-            for (size_t i = 0; i < expected.size(); ++i)
-              EXPECT_LE(testing::relative_error(actual[i], expected[i]), bound)
-                  << (i == 0 ? "y " : "dx ") << dtype_name(dtype) << " world " << world << " "
-                  << c.str();
-          }
-        }
-      }
-    });
-  }
+  testing::expect_cuda_sweep_matches_cpu(
+      85, kGpu,
+      [](const std::vector<int>& mesh, testing::CaseRng& rng) {
+        return testing::random_pad_case(mesh, rng);
+      },
+      [](const Shape& shape, testing::CaseRng& rng) {
+        return testing::random_interpolate_input(shape, rng);
+      },
+      [](const auto& c, const ShardTensor& x) { return testing::pad(c, x); });
 }
 
 }  // namespace
