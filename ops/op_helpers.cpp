@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "core/halo/halo_exchange.hpp"
+
 namespace tessera::ops {
 
 ShardSpec without_partial(const ShardSpec& spec) {
@@ -76,6 +78,22 @@ std::vector<int64_t> upsampled_output_extents(const std::vector<int64_t>& input_
 void require_floating_cpu(const Tensor& tensor, const std::string& op) {
   check_arg(is_floating(tensor.dtype()), op, "needs a floating tensor, got {}", tensor.str());
   check_arg(tensor.device().is_cpu(), op, "cpu kernel got a {} tensor", tensor.device().str());
+}
+
+std::vector<std::optional<ShardTensor>> single_input_halo_backward(
+    const OpRecord& record, const std::vector<std::optional<ShardTensor>>& grads,
+    const HaloedBackward& local) {
+  const ShardTensor& x = record.inputs[0];
+  const ShardSpec& y = record.outputs[0].spec();
+  const ShardTensor g =
+      grads[0]->spec() == y ? *grads[0] : grads[0]->redistribute(y.placements, y.extents);
+  const Tensor& x_haloed = record.kernel_inputs[0];
+  const HaloPlan* plan = record.plans[0].get();  // null: the kernel read the owned piece
+  const Tensor dx_haloed = local(g.to_local(), x_haloed, plan ? plan->needed_box() : x.local_box());
+  const Tensor dx = plan ? halo_adjoint(*plan, dx_haloed, x.mesh().comm()) : dx_haloed;
+  std::vector<std::optional<ShardTensor>> result;
+  result.emplace_back(ShardTensor(dx, x.mesh(), x.spec()));
+  return result;
 }
 
 }  // namespace tessera::ops

@@ -38,6 +38,19 @@ std::vector<int64_t> upsampled_output_extents(const std::vector<int64_t>& input_
                                               int64_t length, int64_t outputs, int64_t stride,
                                               int64_t offset);
 
+/// The local step of a single-input halo op's backward: the gradient of the haloed piece
+/// `x_haloed` (global box `haloed_box`) from the local output gradient `g_local`.
+using HaloedBackward =
+    std::function<Tensor(const Tensor& g_local, const Tensor& x_haloed, const Box& haloed_box)>;
+
+/// The backward of a single-input op whose kernel read a haloed piece of x (pooling,
+/// interpolate, pad): the output gradient moved to the output's layout, `local` run on the
+/// haloed piece, and the gradient that landed on halo cells sent back to its owners and added
+/// there (halo_adjoint). Returns {dx} in x's layout.
+std::vector<std::optional<ShardTensor>> single_input_halo_backward(
+    const OpRecord& record, const std::vector<std::optional<ShardTensor>>& grads,
+    const HaloedBackward& local);
+
 /// Applies `fn(double) -> double` to every element of a floating cpu tensor (any strides);
 /// returns a contiguous tensor of the same dtype. f16/bf16 compute in float. Runs on the compute
 /// threads (chunks of kElementChunk elements): `fn` must not depend on the visiting order.

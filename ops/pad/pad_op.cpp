@@ -215,25 +215,15 @@ KernelFn forward_kernel() {
 
 BackwardFn backward() {
   return [](const OpRecord& record, const std::vector<std::optional<ShardTensor>>& grads) {
-    const ShardTensor& x = record.inputs[0];
-    const ShardSpec& y = record.outputs[0].spec();
-    const ShardTensor g =
-        grads[0]->spec() == y ? *grads[0] : grads[0]->redistribute(y.placements, y.extents);
-    const Tensor& x_haloed = record.kernel_inputs[0];
-    const HaloPlan* halo = record.plans[0].get();  // null: the kernel read the owned piece
-    const PadPlan plan =
-        plan_of(record.attrs, x.global_shape(), halo ? halo->needed_box() : x.local_box(),
-                record.outputs[0].local_box());
-    const Tensor g_local = g.to_local();
-    const Tensor dx_haloed = x_haloed.device().is_cuda()
-                                 ? pad_backward_cuda(plan, x_haloed.shape(), g_local,
-                                                     compute_stream_for(x_haloed.device()))
-                                 : pad_backward_cpu(plan, x_haloed.shape(), g_local);
-    // Gradient that landed on halo cells goes back to their owners and is added there.
-    const Tensor dx = halo ? halo_adjoint(*halo, dx_haloed, x.mesh().comm()) : dx_haloed;
-    std::vector<std::optional<ShardTensor>> result;
-    result.emplace_back(ShardTensor(dx, x.mesh(), x.spec()));
-    return result;
+    return single_input_halo_backward(
+        record, grads, [&](const Tensor& g_local, const Tensor& x_haloed, const Box& box) {
+          const PadPlan plan = plan_of(record.attrs, record.inputs[0].global_shape(), box,
+                                       record.outputs[0].local_box());
+          return x_haloed.device().is_cuda()
+                     ? pad_backward_cuda(plan, x_haloed.shape(), g_local,
+                                         compute_stream_for(x_haloed.device()))
+                     : pad_backward_cpu(plan, x_haloed.shape(), g_local);
+        });
   };
 }
 

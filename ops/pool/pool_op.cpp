@@ -200,25 +200,16 @@ KernelFn kernel_of(PoolKind kind) {
 
 BackwardFn backward_of(PoolKind kind) {
   return [kind](const OpRecord& record, const std::vector<std::optional<ShardTensor>>& grads) {
-    const ShardTensor& x = record.inputs[0];
-    const ShardSpec& y = record.outputs[0].spec();
-    const ShardTensor g =
-        grads[0]->spec() == y ? *grads[0] : grads[0]->redistribute(y.placements, y.extents);
-    const Tensor& x_haloed = record.kernel_inputs[0];
-    const HaloPlan* plan = record.plans[0].get();  // null: the kernel read the owned piece
-    const PoolWindows windows =
-        windows_of(kind, record.attrs, x.global_shape(), plan ? plan->needed_box() : x.local_box(),
-                   record.outputs[0].local_box());
-    const Tensor g_local = g.to_local();
-    const Tensor dx_haloed =
-        x_haloed.device().is_cuda()
-            ? pool_backward_cuda(windows, x_haloed, g_local, compute_stream_for(x_haloed.device()))
-            : pool_backward_cpu(windows, x_haloed, record.outputs[0].to_local(), g_local);
-    // Gradient that landed on halo cells goes back to their owners and is added there.
-    const Tensor dx = plan ? halo_adjoint(*plan, dx_haloed, x.mesh().comm()) : dx_haloed;
-    std::vector<std::optional<ShardTensor>> result;
-    result.emplace_back(ShardTensor(dx, x.mesh(), x.spec()));
-    return result;
+    return single_input_halo_backward(
+        record, grads, [&](const Tensor& g_local, const Tensor& x_haloed, const Box& box) {
+          const PoolWindows windows =
+              windows_of(kind, record.attrs, record.inputs[0].global_shape(), box,
+                         record.outputs[0].local_box());
+          return x_haloed.device().is_cuda()
+                     ? pool_backward_cuda(windows, x_haloed, g_local,
+                                          compute_stream_for(x_haloed.device()))
+                     : pool_backward_cpu(windows, x_haloed, record.outputs[0].to_local(), g_local);
+        });
   };
 }
 

@@ -169,7 +169,7 @@ TEST(ConvTransposeSharded, GradientsMatchCentralFiniteDifferences) {
 }
 
 // conv_transpose_span against brute force: the inputs whose taps land in [out_lo, out_hi) lie in
-// [in_lo, in_hi), which is the brief formula clipped to [0, L); the conv of the piece maps the
+// [in_lo, in_hi), which is the formula of docs/ops.md clipped to [0, L); the conv of the piece maps the
 // outputs padded by (pad_lo, pad_hi) to exactly in_hi - in_lo inputs, and input i's tap j lands on
 // local output i*s - p + j*d - out_lo in that conv's coordinates.
 TEST(ConvTransposeGeometry, SpanMatchesBruteForce) {
@@ -207,9 +207,11 @@ TEST(ConvTransposeGeometry, SpanMatchesBruteForce) {
     if (last < 0) {
       // No tap lands: the piece may still read inputs whose taps skip the box (dilation), but
       // for a box before the first tap or past the last nothing is read.
-      if (out_hi <= out_lo) EXPECT_EQ(span.in_lo, span.in_hi) << where;
+      if (out_hi <= out_lo) {
+        EXPECT_EQ(span.in_lo, span.in_hi) << where;
+      }
     } else {
-      // The range is exactly the brief's formula clipped to [0, L).
+      // The range is exactly the formula of docs/ops.md clipped to [0, L).
       const int64_t reach = dilation * (kernel - 1);
       int64_t lo = out_lo + padding - reach;
       lo = lo <= 0 ? -((-lo) / stride) : (lo + stride - 1) / stride;
