@@ -6,8 +6,8 @@
 // rank r's output box that falls in input i's range [offset_i, offset_i + L_i); each rank then
 // joins its pieces in input order, which is exactly its output box. Split is the inverse with
 // no movement at all: part k on rank r is the part of r's box of x in part k's range (possibly
-// empty). A second mesh dim sharding the same tensor dim replicates instead. Kernels copy through
-// the device backend (strided copies on cpu or cuda); the backward of each is the other's local
+// empty). A second mesh dim sharding the same tensor dim replicates instead. Kernels copy slices
+// (Tensor::copy_from: strided copies on cpu or cuda); the backward of each is the other's local
 // step.
 #include "ops/concat/concat_op.hpp"
 
@@ -17,7 +17,6 @@
 #include <numeric>
 
 #include "core/autograd.hpp"
-#include "core/backend/backend.hpp"
 #include "ops/op_helpers.hpp"
 
 namespace tessera::ops {
@@ -71,47 +70,27 @@ ShardSpec with_dim(const ShardSpec& like, const Shape& shape, int m,
   return ShardSpec::make(shape, like.mesh_shape, like.placements, all);
 }
 
-/// Copies `src` (any strides) into `dst` viewed at `offset` along `dim` (same other extents).
-void copy_into(Tensor& dst, const Tensor& src, int dim, int64_t offset, const Stream& stream) {
-  if (src.numel() == 0) return;
-  Tensor view = dst.slice(dim, offset, offset + src.shape()[dim]);
-  const StridedRef to{view.raw_data(), view.shape().data(), view.strides().data(), view.ndim()};
-  const StridedRef from{const_cast<void*>(src.raw_data()), src.shape().data(), src.strides().data(),
-                        src.ndim()};
-  backend_for(dst.device()).copy(to, from, dst.element_size(), stream);
-}
-
 /// The pieces joined along `dim` into one new tensor on their device.
-Tensor join(const std::vector<Tensor>& pieces, int dim, const Stream& stream) {
+Tensor join(const std::vector<Tensor>& pieces, int dim) {
   Shape shape = pieces[0].shape();
   shape[dim] = 0;
   for (const Tensor& piece : pieces) shape[dim] += piece.shape()[dim];
   Tensor out = Tensor::empty(shape, pieces[0].dtype(), pieces[0].device());
   int64_t offset = 0;
   for (const Tensor& piece : pieces) {
-    copy_into(out, piece, dim, offset, stream);
-    offset += piece.shape()[dim];
+    const int64_t length = piece.shape()[dim];
+    if (piece.numel() > 0) out.slice(dim, offset, offset + length).copy_from(piece);
+    offset += length;
   }
   return out;
 }
 
 /// Consecutive pieces of `whole` along `dim` with `lengths`, each copied into a new tensor.
-std::vector<Tensor> cut(const Tensor& whole, int dim, const std::vector<int64_t>& lengths,
-                        const Stream& stream) {
+std::vector<Tensor> cut(const Tensor& whole, int dim, const std::vector<int64_t>& lengths) {
   std::vector<Tensor> parts;
   int64_t offset = 0;
   for (int64_t length : lengths) {
-    Shape shape = whole.shape();
-    shape[dim] = length;
-    Tensor part = Tensor::empty(shape, whole.dtype(), whole.device());
-    if (part.numel() > 0) {
-      const Tensor view = whole.slice(dim, offset, offset + length);
-      const StridedRef to{part.raw_data(), part.shape().data(), part.strides().data(), part.ndim()};
-      const StridedRef from{const_cast<void*>(view.raw_data()), view.shape().data(),
-                            view.strides().data(), view.ndim()};
-      backend_for(part.device()).copy(to, from, part.element_size(), stream);
-    }
-    parts.push_back(part);
+    parts.push_back(whole.slice(dim, offset, offset + length).clone());
     offset += length;
   }
   return parts;
@@ -187,7 +166,7 @@ void register_concat() {
     const int dim =
         resolve_dim("concat", context.attrs.has("dim") ? context.attrs.get_int("dim") : 0,
                     inputs[0].shape().size());
-    return std::vector<Tensor>{join(inputs, dim, context.stream)};
+    return std::vector<Tensor>{join(inputs, dim)};
   };
   BackwardFn backward = [](const OpRecord& record,
                            const std::vector<std::optional<ShardTensor>>& grads)
@@ -199,8 +178,7 @@ void register_concat() {
                                 y.global_shape.size());
     std::vector<int64_t> lengths;
     for (const ShardTensor& input : record.inputs) lengths.push_back(input.to_local().shape()[dim]);
-    const std::vector<Tensor> pieces =
-        cut(g.to_local(), dim, lengths, compute_stream_for(g.to_local().device()));
+    const std::vector<Tensor> pieces = cut(g.to_local(), dim, lengths);
     std::vector<std::optional<ShardTensor>> result;
     for (size_t i = 0; i < pieces.size(); ++i)
       result.push_back(ShardTensor(pieces[i], record.inputs[i].mesh(), record.inputs[i].spec()));
@@ -282,7 +260,7 @@ void register_split() {
     const SplitPlan plan = split_plan(context.input_specs[0], context.attrs);
     std::vector<int64_t> lengths;
     for (const Box& box : context.output_boxes) lengths.push_back(box.extent(plan.dim));
-    return cut(inputs[0], plan.dim, lengths, context.stream);
+    return cut(inputs[0], plan.dim, lengths);
   };
   BackwardFn backward = [](const OpRecord& record,
                            const std::vector<std::optional<ShardTensor>>& grads)
@@ -302,8 +280,7 @@ void register_split() {
                                 : grads[k]->redistribute(y.placements(), y.spec().extents);
       pieces.push_back(g.to_local());
     }
-    return {ShardTensor(join(pieces, dim, compute_stream_for(x.to_local().device())), x.mesh(),
-                        x.spec())};
+    return {ShardTensor(join(pieces, dim), x.mesh(), x.spec())};
   };
   std::vector<std::string> outputs;
   for (int k = 0; k < kMaxConcatParts; ++k) outputs.push_back(fmt::format("y{}", k));

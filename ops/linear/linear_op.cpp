@@ -20,7 +20,6 @@
 #include <cstring>
 
 #include "core/autograd.hpp"
-#include "core/backend/backend.hpp"
 #include "core/compute_threads.hpp"
 #include "core/parallel_for.hpp"
 #include "ops/dnnl/dnnl_support.hpp"
@@ -111,11 +110,9 @@ void batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, int64_t batches, 
 }
 
 /// A [rows] vector of ones in `dtype` on `device` (the left factor of bias sums).
-Tensor ones(int64_t rows, DType dtype, Device device, const Stream& stream) {
+Tensor ones(int64_t rows, DType dtype, Device device) {
   Tensor t = Tensor::empty({rows}, dtype, device);
-  if (rows == 0) return t;
-  const int64_t shape[] = {rows}, strides[] = {1};
-  backend_for(device).fill(StridedRef{t.raw_data(), shape, strides, 1}, dtype, 1.0, stream);
+  t.fill(1.0);
   return t;
 }
 
@@ -193,8 +190,8 @@ void register_linear() {
     const bool bias = inputs.size() == 3;
     if (bias) {  // y = ones [rows, 1] @ b [1, out] first: b on every row
       const Tensor b = inputs[2].to_dtype(x.dtype()).contiguous();
-      batched_gemm(ones(rows, x.dtype(), x.device(), context.stream), b, y, 1, 0, 0, false, false,
-                   rows, out, 1, false, context.stream);
+      batched_gemm(ones(rows, x.dtype(), x.device()), b, y, 1, 0, 0, false, false, rows, out, 1,
+                   false, context.stream);
     }
     batched_gemm(x, w, y, 1, 0, 0, false, true, rows, out, in, bias, context.stream);
     return std::vector<Tensor>{y.to_dtype(inputs[0].dtype())};
@@ -225,8 +222,8 @@ void register_linear() {
         ShardTensor(dw.to_dtype(w.dtype()), w.mesh(), param)};
     if (record.inputs.size() == 3) {
       Tensor db = Tensor::empty({out}, gc.dtype(), device);  // ones [1, rows] @ g
-      batched_gemm(ones(rows, gc.dtype(), device, stream), gc, db, 1, 0, 0, false, false, 1, out,
-                   rows, false, stream);
+      batched_gemm(ones(rows, gc.dtype(), device), gc, db, 1, 0, 0, false, false, 1, out, rows,
+                   false, stream);
       result.push_back(ShardTensor(db.to_dtype(record.inputs[2].dtype()), x.mesh(),
                                    partial_over_sharding(x.spec(), {out})));
     }

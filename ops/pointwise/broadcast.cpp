@@ -3,6 +3,7 @@
 
 #include <fmt/ranges.h>
 
+#include "core/backend/backend.hpp"
 #include "ops/pointwise/elementwise_plan.hpp"
 
 namespace tessera::ops {
@@ -36,13 +37,16 @@ Tensor expand_to_box(const Tensor& b, const Box& a_box, int offset) {
   int64_t start = 0;
   broadcast_view(b, a_box, offset, strides, start);
   const Shape shape = a_box.shape();
-  Tensor result = Tensor::empty(shape, b.dtype());
+  Tensor result = Tensor::empty(shape, b.dtype(), b.device());
   if (result.numel() == 0) return result;
   const std::vector<int64_t> dense = contiguous_strides(shape);
-  copy_strided_host(
-      result.raw_data(), dense.data(),
-      static_cast<const char*>(b.raw_data()) + start * static_cast<int64_t>(b.element_size()),
-      strides.data(), shape.data(), static_cast<int>(shape.size()), b.element_size());
+  const int ndim = static_cast<int>(shape.size());
+  void* first = static_cast<char*>(const_cast<void*>(b.raw_data())) +
+                start * static_cast<int64_t>(b.element_size());
+  backend_for(b.device())
+      .copy(StridedRef{result.raw_data(), shape.data(), dense.data(), ndim},
+            StridedRef{first, shape.data(), strides.data(), ndim}, b.element_size(),
+            compute_stream_for(b.device()));
   return result;
 }
 

@@ -12,7 +12,7 @@ namespace tessera::ops {
 int broadcast_offset(const Shape& a_global, const Shape& b_shape, int64_t align,
                      const std::string& op);
 
-/// b expanded to the local box `a_box` of a (contiguous, a_box's shape).
+/// b expanded to the local box `a_box` of a (contiguous, a_box's shape, on b's device).
 Tensor expand_to_box(const Tensor& b, const Box& a_box, int offset);
 
 /// The sum of `grad` (a_box's shape) onto b's shape: entries outside a_box along non-broadcast

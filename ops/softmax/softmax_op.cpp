@@ -44,11 +44,13 @@ std::vector<int> sharding_mesh_dims(const ShardSpec& spec, int dim) {
   return dims;
 }
 
-/// A local piece as [outer, length, inner] around dim.
-struct Slots {
-  int64_t outer = 1, length = 1, inner = 1;
-  int64_t count() const { return outer * inner; }
-};
+/// A local piece as [outer, length, inner] around dim (the cuda bodies take the same).
+using Slots = SoftmaxPiece;
+
+/// Number of slots (outer, inner) of a piece.
+size_t slot_count(const Slots& s) {
+  return static_cast<size_t>(s.outer * s.inner);
+}
 
 Slots slots_of(const Shape& shape, int dim) {
   Slots s;
@@ -118,14 +120,13 @@ Tensor forward_cpu(const SoftmaxCall& call, const DeviceMesh& mesh, const Tensor
   const Tensor x64 = x.to_dtype(DType::f64).contiguous();
   const double* in = x64.data<double>();
   const Slots& s = call.slots;
-  std::vector<double> peak(static_cast<size_t>(s.count()),
-                           -std::numeric_limits<double>::infinity());
+  std::vector<double> peak(slot_count(s), -std::numeric_limits<double>::infinity());
   for_each_in_slots(s, [&](int64_t slot, int64_t index) {
     const double v = in[index];
     if (std::isnan(v) || v > peak[slot]) peak[slot] = v;
   });
   peak = combine(mesh, call.mesh_dims, std::move(peak), true);
-  std::vector<double> total(static_cast<size_t>(s.count()), 0.0);
+  std::vector<double> total(slot_count(s), 0.0);
   for_each_in_slots(
       s, [&](int64_t slot, int64_t index) { total[slot] += std::exp(in[index] - peak[slot]); });
   total = combine(mesh, call.mesh_dims, std::move(total), false);
@@ -146,7 +147,7 @@ Tensor backward_cpu(const SoftmaxCall& call, const DeviceMesh& mesh, const Tenso
   const double* yv = y64.data<double>();
   const double* gv = g64.data<double>();
   const Slots& s = call.slots;
-  std::vector<double> total(static_cast<size_t>(s.count()), 0.0);
+  std::vector<double> total(slot_count(s), 0.0);
   for_each_in_slots(s, [&](int64_t slot, int64_t index) {
     total[slot] += log ? gv[index] : gv[index] * yv[index];
   });
@@ -160,10 +161,7 @@ Tensor backward_cpu(const SoftmaxCall& call, const DeviceMesh& mesh, const Tenso
   return dx.to_dtype(y.dtype());
 }
 
-/// The call's piece and communicator for the cuda bodies.
-SoftmaxPiece piece_of(const SoftmaxCall& call) {
-  return {call.slots.outer, call.slots.length, call.slots.inner};
-}
+/// The communicator of the call's statistics for the cuda bodies (null: nothing shards the dim).
 Comm* comm_of(const SoftmaxCall& call, const DeviceMesh& mesh) {
   return call.mesh_dims.empty() ? nullptr : mesh.sub_comm(call.mesh_dims).get();
 }
@@ -185,7 +183,7 @@ void register_softmax(const std::string& name, bool log) {
     const SoftmaxCall call =
         call_of(name, context.attrs, context.input_specs[0], inputs[0].shape());
     return std::vector<Tensor>{softmax_forward_cuda(
-        inputs[0], piece_of(call), comm_of(call, context.mesh), log, context.stream)};
+        inputs[0], call.slots, comm_of(call, context.mesh), log, context.stream)};
   };
   BackwardFn backward = [name, log](const OpRecord& record,
                                     const std::vector<std::optional<ShardTensor>>& grads)
@@ -195,11 +193,11 @@ void register_softmax(const std::string& name, bool log) {
                               ? *grads[0]
                               : grads[0]->redistribute(y.placements(), y.spec().extents);
     const SoftmaxCall call = call_of(name, record.attrs, y.spec(), y.to_local().shape());
-    const Tensor dx = y.to_local().device().is_cuda()
-                          ? softmax_backward_cuda(y.to_local(), g.to_local(), piece_of(call),
-                                                  comm_of(call, y.mesh()), log,
-                                                  compute_stream_for(y.to_local().device()))
-                          : backward_cpu(call, y.mesh(), y.to_local(), g.to_local(), log);
+    const Tensor dx =
+        y.to_local().device().is_cuda()
+            ? softmax_backward_cuda(y.to_local(), g.to_local(), call.slots, comm_of(call, y.mesh()),
+                                    log, compute_stream_for(y.to_local().device()))
+            : backward_cpu(call, y.mesh(), y.to_local(), g.to_local(), log);
     return {ShardTensor(dx, y.mesh(), y.spec())};
   };
   register_op(OpDef{.name = name,

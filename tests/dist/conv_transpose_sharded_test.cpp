@@ -169,9 +169,9 @@ TEST(ConvTransposeSharded, GradientsMatchCentralFiniteDifferences) {
 }
 
 // conv_transpose_span against brute force: the inputs whose taps land in [out_lo, out_hi) lie in
-// [in_lo, in_hi), which is the formula of docs/ops.md clipped to [0, L); the conv of the piece maps the
-// outputs padded by (pad_lo, pad_hi) to exactly in_hi - in_lo inputs, and input i's tap j lands on
-// local output i*s - p + j*d - out_lo in that conv's coordinates.
+// [in_lo, in_hi), which is the formula of docs/ops.md clipped to [0, L); the conv of the piece maps
+// the outputs padded by (pad_lo, pad_hi) to exactly in_hi - in_lo inputs, and input i's tap j lands
+// on local output i*s - p + j*d - out_lo in that conv's coordinates.
 TEST(ConvTransposeGeometry, SpanMatchesBruteForce) {
   CaseRng rng(7301);
   int checked = 0;

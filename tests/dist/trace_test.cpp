@@ -2,6 +2,8 @@
 // redistribute, backward, the data-parallel reducer, an optimizer step, sharded HDF5 output)
 // writes valid JSON with one pid per rank, complete events of every category with sane times,
 // and comm events carrying their bytes; and with tracing off a Span records nothing.
+#include "core/trace.hpp"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -10,7 +12,6 @@
 #include <set>
 
 #include "core/tessera.hpp"
-#include "core/trace.hpp"
 #include "ops/nn/data_parallel.hpp"
 #include "ops/nn/layers.hpp"
 #include "ops/ops.hpp"
@@ -36,7 +37,8 @@ TEST(Trace, ATracedTrainingStepWritesEveryCategoryWithOnePidPerRank) {
     testing::run_world(world, [&](std::shared_ptr<Comm> comm) {
       const std::string dir = testing::make_test_dir(*comm, "trace", "step");
       const std::string file = dir + "/trace.json";
-      if (comm->rank() == 0 || testing::mpi_backend()) trace::start(file);  // one process or each one
+      if (comm->rank() == 0 || testing::mpi_backend())
+        trace::start(file);  // one process or each one
       comm->barrier();
       trace::traced(comm, [&](std::shared_ptr<Comm> traced_comm) {
         DeviceMesh mesh(traced_comm, {2, world / 2}, {"dp", "x"});

@@ -147,7 +147,8 @@ RunResult train(const DeviceMesh& mesh, const std::vector<Placement>& placements
   auto net = std::make_unique<ConvNet>(mesh, 2, 4, 5);
   auto optimizer = make_optimizer(net->parameters);
   std::unique_ptr<nn::GradReducer> reducer;
-  if (reducer_options) reducer = std::make_unique<nn::GradReducer>(net->parameters, *reducer_options);
+  if (reducer_options)
+    reducer = std::make_unique<nn::GradReducer>(net->parameters, *reducer_options);
   RunResult result;
   for (int step = 0; step < steps; ++step) {
     optimizer->zero_grad();
@@ -244,8 +245,9 @@ TEST(Training, DataParallelReducerEqualsOneRankForEveryBucketing) {
       const RunResult adamw_reference = train(single, {Placement::replicate()}, {}, adamw, 10);
       // dp = 2 over the batch (2 samples); with 4 ranks also the rows over a second dim (7 + 4).
       const std::vector<int> shape = world == 2 ? std::vector<int>{2} : std::vector<int>{2, 2};
-      DeviceMesh mesh(comm, shape, world == 2 ? std::vector<std::string>{"dp"}
-                                              : std::vector<std::string>{"dp", "rows"});
+      DeviceMesh mesh(
+          comm, shape,
+          world == 2 ? std::vector<std::string>{"dp"} : std::vector<std::string>{"dp", "rows"});
       std::vector<Placement> placements{Placement::shard(0)};
       std::vector<std::vector<int64_t>> extents{{}};
       if (world == 4) {
@@ -256,9 +258,9 @@ TEST(Training, DataParallelReducerEqualsOneRankForEveryBucketing) {
            {nn::ReducerOptions{.bucket_bytes = 8, .overlap = true},
             nn::ReducerOptions{.bucket_bytes = size_t{1} << 20, .overlap = true},
             nn::ReducerOptions{.bucket_bytes = 300, .overlap = false}}) {
-        const std::string what = fmt::format("mesh {}, buckets of {} bytes, overlap {}",
-                                             fmt::join(shape, "x"), options.bucket_bytes,
-                                             options.overlap);
+        const std::string what =
+            fmt::format("mesh {}, buckets of {} bytes, overlap {}", fmt::join(shape, "x"),
+                        options.bucket_bytes, options.overlap);
         expect_close(train(mesh, placements, extents, sgd, 10, -1, options), sgd_reference,
                      what + " sgd");
         expect_close(train(mesh, placements, extents, adamw, 10, -1, options), adamw_reference,
@@ -283,8 +285,7 @@ TEST(Training, ReducerBucketsAndAccumulatesMicroBatchesWithoutCommunication) {
     // w1 (144 values), b1 (4), w2 (72), b2 (2) in f64: 650 bytes hold b2, w2 and b1 (624
     // bytes), not w1 too.
     nn::GradReducer reducer(reduced_net.parameters, {.bucket_bytes = 650});
-    EXPECT_EQ(reducer.buckets(),
-              (std::vector<std::vector<size_t>>{{3, 2, 1}, {0}}));
+    EXPECT_EQ(reducer.buckets(), (std::vector<std::vector<size_t>>{{3, 2, 1}, {0}}));
     for (int pass = 0; pass < 3; ++pass) {  // three micro-batches, reduced once
       reducer.set_sync(pass == 2);
       {
@@ -306,7 +307,8 @@ TEST(Training, ReducerBucketsAndAccumulatesMicroBatchesWithoutCommunication) {
     EXPECT_EQ(reducer.stats().backward_passes, 1);
     for (size_t p = 0; p < plain_net.parameters.size(); ++p) {
       ASSERT_TRUE(reduced_net.parameters[p].grad());
-      EXPECT_EQ(reduced_net.parameters[p].grad()->spec(), reduced_net.parameters[p].tensor().spec());
+      EXPECT_EQ(reduced_net.parameters[p].grad()->spec(),
+                reduced_net.parameters[p].tensor().spec());
       const std::vector<double> got = values_of(reduced_net.parameters[p].grad()->to_local());
       const std::vector<double> expected = values_of(plain_net.parameters[p].grad()->to_local());
       ASSERT_EQ(got.size(), expected.size());

@@ -23,8 +23,8 @@
 namespace tessera {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                                                   \
-  if (gpu::device_count() == 0)                                                              \
+#define SKIP_WITHOUT_GPU()                                                                      \
+  if (gpu::device_count() == 0)                                                                 \
   GTEST_SKIP() << "no CUDA device is visible (gpu::device_count() == 0): the optimizers' cuda " \
                   "updates need a GPU"
 
