@@ -47,5 +47,9 @@ alternatives=$(update-alternatives --get-selections 2>/dev/null | grep -E '^(mpi
 "${sudo_cmd[@]}" apt-get update -qq
 "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 while read -r name _ target; do
-  [ -n "$name" ] && "${sudo_cmd[@]}" update-alternatives --set "$name" "$target" > /dev/null
+  # An if, not `[ ] && ...`: with nothing to restore the loop must not end on a false test,
+  # which set -e would take as the script failing after a successful install.
+  if [ -n "$name" ]; then
+    "${sudo_cmd[@]}" update-alternatives --set "$name" "$target" > /dev/null
+  fi
 done <<< "$alternatives"
