@@ -168,12 +168,13 @@ void run_na_bench(const NaBenchOptions& options) {
   bench::BenchReport report("na", options.json, reporter);
   report.set("dtype", dtype_name(dtype));
   report.set("backend", backend_name(backend));
+  report.set("cpu_isa", ops::na_cpu_isa());        // TESSERA_CPU_ISA may ask for a lower one
   report.set("kernels", nlohmann::json::array());  // the kernels table's rows, when it runs
   bench::BenchTable& table = report.table(
       "rows",
       fmt::format("tessera bench na: {}, 2-d [B, X, Y, heads, D], non-causal, dilation 1, sharded "
-                  "over X and Y",
-                  dtype_name(dtype)),
+                  "over X and Y, cpu kernels with {}",
+                  dtype_name(dtype), ops::na_cpu_isa()),
       {{"shape", "shape", "", 18},
        {"kernel", "k", "", 3},
        {"ranks", "ranks", "", 6},

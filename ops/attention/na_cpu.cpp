@@ -25,11 +25,15 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/compute_threads.hpp"
+#include "core/errors.hpp"
 #include "core/parallel_for.hpp"
 #include "ops/attention/na_problem.hpp"
 
@@ -52,58 +56,32 @@ namespace {
 using namespace na_detail;
 
 // ---------------------------------------------------------------------------------------------
-// Vector loops over D (Dim > 0: D known at compile time; 0: D read at run time).
+// Vector loops over D (Dim > 0: D known at compile time; 0: D read at run time). W is the width
+// of one vector register in bytes: 64 with AVX-512, 32 with AVX2, 16 otherwise. Every loop keeps
+// at most 16 vectors live, so that none spills on AVX2 (16 registers) and AVX-512 (32).
 
-/// One 512-bit register of T as a GCC/Clang vector type (split into narrower registers when
-/// the target has none that wide).
-template <typename T>
-struct VecOf;
-template <>
-struct VecOf<float> {
-  typedef float type __attribute__((vector_size(64)));
+/// One register of T, W bytes wide, as a GCC/Clang vector type.
+template <typename T, int W>
+struct VecOf {
+  typedef T type __attribute__((vector_size(W)));
 };
-template <>
-struct VecOf<double> {
-  typedef double type __attribute__((vector_size(64)));
-};
-template <typename T>
-using Vec = typename VecOf<T>::type;
-template <typename T>
-constexpr int kWidth = 64 / sizeof(T);
+template <typename T, int W>
+using Vec = typename VecOf<T, W>::type;
+/// Lanes of a register; also the rows per block of dot products (one lane of the result each).
+template <typename T, int W>
+constexpr int kLanes = W / static_cast<int>(sizeof(T));
 
-template <typename T>
-TESSERA_NA_INLINE Vec<T> load(const T* p) {
-  Vec<T> v;
+template <int W, typename T>
+TESSERA_NA_INLINE Vec<T, W> load(const T* p) {
+  Vec<T, W> v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
 
-/// Register-wide partial sums of a . b over D (their lanes add up to the dot product).
-template <int Dim, typename T>
-TESSERA_NA_INLINE Vec<T> dot_partial(const T* a, const T* b, int64_t dim) {
-  const int64_t n = Dim > 0 ? Dim : dim;
-  constexpr int width = kWidth<T>;
-  Vec<T> sum0 = {}, sum1 = {};
-  int64_t e = 0;
-  for (; e + 2 * width <= n; e += 2 * width) {
-    sum0 += load(a + e) * load(b + e);
-    sum1 += load(a + e + width) * load(b + e + width);
-  }
-  if (e + width <= n) {
-    sum0 += load(a + e) * load(b + e);
-    e += width;
-  }
-  if constexpr (Dim == 0 || Dim % width != 0) {
-    T tail = 0;
-    for (; e < n; ++e) tail += a[e] * b[e];
-    sum0[0] += tail;
-  }
-  return sum0 + sum1;
+template <int W, typename T>
+TESSERA_NA_INLINE void store(T* p, const Vec<T, W>& v) {
+  std::memcpy(p, &v, sizeof v);
 }
-
-/// Rows per dots_block call: one lane of the result each.
-template <typename T>
-constexpr int kBlock = kWidth<T>;
 
 #if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
 #define TESSERA_NA_HAVE_SHUFFLEVECTOR 1
@@ -111,67 +89,140 @@ constexpr int kBlock = kWidth<T>;
 #define TESSERA_NA_HAVE_SHUFFLEVECTOR 0
 #endif
 
-#if !TESSERA_NA_HAVE_SHUFFLEVECTOR
-/// Compilers without __builtin_shufflevector: one lane sum per row.
-template <int Dim, typename T>
-TESSERA_NA_INLINE Vec<T> dots_block(const T* a, const T* const* rows, int count, int64_t dim) {
-  Vec<T> result = {};
-  for (int t = 0; t < count; ++t) {
-    const Vec<T> partial = dot_partial<Dim>(a, rows[t], dim);
-    T sum = 0;
-    for (int l = 0; l < kWidth<T>; ++l) sum += partial[l];
-    result[t] = sum;
-  }
-  return result;
-}
-#else
-/// Lane t of the result is a . rows[t] for t < count <= 16 (0 beyond). The partial sums of all
-/// rows are reduced together by a transpose-and-add tree: each level adds the two halves of two
-/// vectors into one, 15 shuffle pairs for 16 rows instead of 4 per row.
-template <int Dim>
-TESSERA_NA_INLINE Vec<float> dots_block(const float* a, const float* const* rows, int count,
-                                        int64_t dim) {
-  Vec<float> s[16];
-  for (int t = 0; t < 16; ++t) s[t] = t < count ? dot_partial<Dim>(a, rows[t], dim) : Vec<float>{};
-  Vec<float> u[8], w[4], x[2];
-  for (int i = 0; i < 8; ++i)  // lanes 0-7: row 2i, 8-15: row 2i+1
-    u[i] = __builtin_shufflevector(s[2 * i], s[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19,
-                                   20, 21, 22, 23) +
-           __builtin_shufflevector(s[2 * i], s[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26,
-                                   27, 28, 29, 30, 31);
-  for (int i = 0; i < 4; ++i)  // four lanes per row
-    w[i] = __builtin_shufflevector(u[2 * i], u[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19,
-                                   24, 25, 26, 27) +
-           __builtin_shufflevector(u[2 * i], u[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22,
-                                   23, 28, 29, 30, 31);
-  for (int i = 0; i < 2; ++i)  // two lanes per row
-    x[i] = __builtin_shufflevector(w[2 * i], w[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21,
-                                   24, 25, 28, 29) +
-           __builtin_shufflevector(w[2 * i], w[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22,
-                                   23, 26, 27, 30, 31);
-  return __builtin_shufflevector(x[0], x[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28,
-                                 30) +
-         __builtin_shufflevector(x[0], x[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29,
-                                 31);
+/// Lane t of the result: the sum of the lanes of s[t] (t < L = lanes). s is overwritten.
+#if TESSERA_NA_HAVE_SHUFFLEVECTOR
+/// Lane p of the shuffles that add, pairwise, two registers holding L / M rows each (M lanes per
+/// row, rows in order) into one holding 2L / M rows of M / 2 lanes: the low (Hi false) or high
+/// half of the row's lanes in a (segments before L / M) or b (offset L).
+template <int L, int M, bool Hi>
+constexpr int merged_lane(int p) {
+  const int half = M / 2, segment = p / half, offset = p % half, rows = L / M;
+  const int base = segment < rows ? segment * M : L + (segment - rows) * M;
+  return base + (Hi ? half : 0) + offset;
 }
 
-/// The f64 version: 8 rows.
-template <int Dim>
-TESSERA_NA_INLINE Vec<double> dots_block(const double* a, const double* const* rows, int count,
-                                         int64_t dim) {
-  Vec<double> s[8];
-  for (int t = 0; t < 8; ++t) s[t] = t < count ? dot_partial<Dim>(a, rows[t], dim) : Vec<double>{};
-  Vec<double> u[4], w[2];
-  for (int i = 0; i < 4; ++i)
-    u[i] = __builtin_shufflevector(s[2 * i], s[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
-           __builtin_shufflevector(s[2 * i], s[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15);
-  for (int i = 0; i < 2; ++i)
-    w[i] = __builtin_shufflevector(u[2 * i], u[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13) +
-           __builtin_shufflevector(u[2 * i], u[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15);
-  return __builtin_shufflevector(w[0], w[1], 0, 2, 4, 6, 8, 10, 12, 14) +
-         __builtin_shufflevector(w[0], w[1], 1, 3, 5, 7, 9, 11, 13, 15);
+template <int M, typename V, size_t... P>
+TESSERA_NA_INLINE V merge_rows(V a, V b, std::index_sequence<P...>) {
+  constexpr int L = sizeof...(P);
+  return __builtin_shufflevector(a, b, merged_lane<L, M, false>(P)...) +
+         __builtin_shufflevector(a, b, merged_lane<L, M, true>(P)...);
+}
+
+/// The transpose-and-add tree: each level adds the two halves of two registers into one, L - 1
+/// shuffle pairs for L rows instead of log2(L) per row.
+template <int L, int M = L, typename V>
+TESSERA_NA_INLINE V lane_sums(V* s) {
+  if constexpr (M == 1) {
+    return s[0];
+  } else {
+    for (int i = 0; i < M / 2; ++i)
+      s[i] = merge_rows<M>(s[2 * i], s[2 * i + 1], std::make_index_sequence<L>{});
+    return lane_sums<L, M / 2>(s);
+  }
+}
+#else
+template <int L, typename V>
+TESSERA_NA_INLINE V lane_sums(V* s) {
+  V result = {};
+  for (int t = 0; t < L; ++t)
+    for (int l = 0; l < L; ++l) result[t] += s[t][l];
+  return result;
 }
 #endif
+
+/// Lane t of the result is a . rows[t] for t < Rows (0 beyond), Rows <= lanes. The rows are
+/// walked together, one register of D at a time, so a is loaded once per register and the
+/// rows' partial sums are independent chains of fused multiply-adds.
+template <int W, int Dim, int Rows, typename T>
+TESSERA_NA_INLINE Vec<T, W> dots_rows(const T* a, const T* const* rows, int64_t dim) {
+  constexpr int lanes = kLanes<T, W>;
+  using V = Vec<T, W>;
+  const int64_t n = Dim > 0 ? Dim : dim;
+  V s[lanes];
+  for (V& v : s) v = V{};
+  int64_t e = 0;
+  for (; e + lanes <= n; e += lanes) {
+    const V av = load<W>(a + e);
+    for (int t = 0; t < Rows; ++t) s[t] += av * load<W>(rows[t] + e);
+  }
+  if constexpr (Dim == 0 || Dim % lanes != 0) {
+    for (int t = 0; t < Rows; ++t) {
+      T tail = 0;
+      for (int64_t f = e; f < n; ++f) tail += a[f] * rows[t][f];
+      s[t][0] += tail;
+    }
+  }
+  return lane_sums<lanes>(s);
+}
+
+/// Lane t of the result is a . rows[t] for t < count <= lanes (0 beyond). A block of few rows
+/// (the last of a window, say 1 of 49) computes only the next power of two of them.
+template <int W, int Dim, typename T, int Rows = kLanes<T, W>>
+TESSERA_NA_INLINE Vec<T, W> dots_block(const T* a, const T* const* rows, int count, int64_t dim) {
+  if constexpr (Rows > 1) {
+    if (count <= Rows / 2) return dots_block<W, Dim, T, Rows / 2>(a, rows, count, dim);
+  }
+  const T* r[Rows];
+  for (int t = 0; t < Rows; ++t) r[t] = rows[t < count ? t : 0];
+  Vec<T, W> result = dots_rows<W, Dim, Rows>(a, r, dim);
+  for (int t = count; t < Rows; ++t) result[t] = 0;
+  return result;
+}
+
+/// acc[e] = (overwrite ? 0 : factor * acc[e]) + sum_{t < count} w[t] rows[t][e] for e < D. With D
+/// a compile-time multiple of the register width, up to 8 registers of acc stay in registers
+/// while the rows stream past, and with few registers per row (small D) consecutive rows go to
+/// separate sums, so that there are always 8 independent chains of fused multiply-adds.
+template <int W, int Dim, typename T>
+TESSERA_NA_INLINE void accumulate_rows(T* acc, bool overwrite, T factor, const T* w,
+                                       const T* const* rows, int count, int64_t dim) {
+  constexpr int lanes = kLanes<T, W>;
+  using V = Vec<T, W>;
+  if constexpr (Dim > 0 && Dim % lanes == 0) {
+    constexpr int vectors = Dim / lanes;
+    constexpr int group = vectors < 8 ? vectors : 8;
+    constexpr int streams = 8 / group;
+    static_assert(vectors % group == 0, "D must be a power-of-two multiple of the width");
+    for (int g = 0; g < vectors; g += group) {
+      T* out = acc + g * lanes;
+      V sums[streams][group];
+      for (int i = 0; i < group; ++i) {
+        sums[0][i] = overwrite ? V{} : load<W>(out + i * lanes) * factor;
+        for (int s = 1; s < streams; ++s) sums[s][i] = V{};
+      }
+      int t = 0;
+      for (; t + streams <= count; t += streams)
+        for (int s = 0; s < streams; ++s) {
+          const T weight = w[t + s];
+          const T* row = rows[t + s] + g * lanes;
+          for (int i = 0; i < group; ++i) sums[s][i] += weight * load<W>(row + i * lanes);
+        }
+      for (; t < count; ++t)
+        for (int i = 0; i < group; ++i)
+          sums[0][i] += w[t] * load<W>(rows[t] + g * lanes + i * lanes);
+      for (int i = 0; i < group; ++i) {
+        for (int s = 1; s < streams; ++s) sums[0][i] += sums[s][i];
+        store<W>(out + i * lanes, sums[0][i]);
+      }
+    }
+  } else {
+    const int64_t n = Dim > 0 ? Dim : dim;
+    T* __restrict out = acc;
+    for (int64_t e = 0; e < n; ++e) out[e] = overwrite ? T(0) : out[e] * factor;
+    for (int t = 0; t < count; ++t) {
+      const T weight = w[t];
+      const T* __restrict row = rows[t];
+      for (int64_t e = 0; e < n; ++e) out[e] += weight * row[e];
+    }
+  }
+}
+
+/// out[e] = factor * acc[e] for e < n.
+template <typename T>
+TESSERA_NA_INLINE void store_scaled(T* __restrict out, const T* __restrict acc, T factor,
+                                    int64_t n) {
+  for (int64_t e = 0; e < n; ++e) out[e] = acc[e] * factor;
+}
 
 /// Asks for the cache lines of an output row ahead of writing it, so that fetching them (the
 /// row is usually not cached) overlaps the computation of its values instead of stalling the
@@ -182,51 +233,6 @@ TESSERA_NA_INLINE void prefetch_for_write(const T* row, int64_t count) {
   for (int64_t offset = 0; offset < count * static_cast<int64_t>(sizeof(T)); offset += 64)
     __builtin_prefetch(bytes + offset, 1, 3);
 }
-
-/// D values being accumulated (an output row of one head): in registers when D is a
-/// compile-time multiple of the vector width, so that successive updates do not go through
-/// memory; in a buffer otherwise.
-template <typename T, int Dim, bool InRegisters = (Dim > 0 && Dim % kWidth<T> == 0)>
-struct RowAccumulator {
-  static constexpr int kVectors = Dim / kWidth<T>;
-  Vec<T> values[kVectors];
-  explicit RowAccumulator(int64_t) {}
-  TESSERA_NA_INLINE void zero() {
-    for (Vec<T>& v : values) v = Vec<T>{};
-  }
-  TESSERA_NA_INLINE void scale(T factor) {
-    for (Vec<T>& v : values) v *= factor;
-  }
-  /// values += a * row.
-  TESSERA_NA_INLINE void add(T a, const T* row) {
-    for (int i = 0; i < kVectors; ++i) values[i] += a * load(row + i * kWidth<T>);
-  }
-  /// out = factor * values.
-  TESSERA_NA_INLINE void store(T* out, T factor) const {
-    for (int i = 0; i < kVectors; ++i) {
-      const Vec<T> scaled = values[i] * factor;
-      std::memcpy(out + i * kWidth<T>, &scaled, sizeof scaled);
-    }
-  }
-};
-
-template <typename T, int Dim>
-struct RowAccumulator<T, Dim, false> {
-  std::vector<T> values;
-  explicit RowAccumulator(int64_t dim) : values(Dim > 0 ? Dim : dim) {}
-  TESSERA_NA_INLINE void zero() { std::fill(values.begin(), values.end(), T(0)); }
-  TESSERA_NA_INLINE void scale(T factor) {
-    for (T& v : values) v *= factor;
-  }
-  TESSERA_NA_INLINE void add(T a, const T* __restrict row) {
-    T* __restrict out = values.data();
-    const int64_t n = static_cast<int64_t>(values.size());
-    for (int64_t e = 0; e < n; ++e) out[e] += a * row[e];
-  }
-  TESSERA_NA_INLINE void store(T* out, T factor) const {
-    for (size_t e = 0; e < values.size(); ++e) out[e] = values[e] * factor;
-  }
-};
 
 /// exp(x) for x <= 88 in f32: exp(x) = 2^n exp(r) with n = round(x / ln 2), |r| <= ln(2) / 2, and
 /// Cephes' degree-6 polynomial for exp(r) (about 1 ulp). Below -87 it returns 0 (the exact value
@@ -258,13 +264,82 @@ TESSERA_NA_INLINE double exp_of(double x) {
   return std::exp(x);
 }
 
-/// values[t] = exp(values[t] - shift) for t < count; returns their sum.
-template <typename T>
-TESSERA_NA_INLINE T exp_shifted(T* values, int64_t count, T shift) {
-  for (int64_t t = 0; t < count; ++t) values[t] = exp_of(values[t] - shift);
+/// exp_f32 on every lane of a register, the same operations lane-wise.
+template <int W>
+TESSERA_NA_INLINE Vec<float, W> exp_lanes(Vec<float, W> x) {
+  using V = Vec<float, W>;
+  using I = Vec<int32_t, W>;
+  const V low = V{} - 87.0f, high = V{} + 88.0f, shifter = V{} + 12582912.0f;
+  V clamped = x < low ? low : x;
+  clamped = clamped > high ? high : clamped;
+  const V shifted = clamped * 1.44269504088896341f + shifter;
+  const V n = shifted - shifter;
+  V r = clamped - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  V poly = V{} + 1.9875691500e-4f;
+  poly = poly * r + 1.3981999507e-3f;
+  poly = poly * r + 8.3334519073e-3f;
+  poly = poly * r + 4.1665795894e-2f;
+  poly = poly * r + 1.6666665459e-1f;
+  poly = poly * r + 5.0000001201e-1f;
+  poly = poly * r * r + r + 1.0f;
+  const I exponent = (std::bit_cast<I>(shifted) - std::bit_cast<int32_t>(12582912.0f) + 127) << 23;
+  return x < low ? V{} : poly * std::bit_cast<V>(exponent);
+}
+
+/// f64: std::exp per lane.
+template <int W>
+TESSERA_NA_INLINE Vec<double, W> exp_lanes(Vec<double, W> x) {
+  for (int l = 0; l < kLanes<double, W>; ++l) x[l] = std::exp(x[l]);
+  return x;
+}
+
+/// values[t] = exp(values[t] - shift) for t < count, 0 for count <= t < lanes (values holds one
+/// whole register); returns their sum.
+template <int W, typename T>
+TESSERA_NA_INLINE T exp_block(T* values, int count, T shift) {
+  using V = Vec<T, W>;
+  V e = exp_lanes<W>(load<W>(values) - shift);
+  for (int t = count; t < kLanes<T, W>; ++t) e[t] = 0;
+  store<W>(values, e);
   T sum = 0;
-  for (int64_t t = 0; t < count; ++t) sum += values[t];
+  for (int t = 0; t < kLanes<T, W>; ++t) sum += e[t];
   return sum;
+}
+
+/// The largest of values[0, count); values has room for whole registers, and the lanes past
+/// count are set to -inf.
+template <int W, typename T>
+TESSERA_NA_INLINE T max_of(T* values, int64_t count) {
+  using V = Vec<T, W>;
+  constexpr int lanes = kLanes<T, W>;
+  const int64_t padded = (count + lanes - 1) / lanes * lanes;
+  for (int64_t t = count; t < padded; ++t) values[t] = -std::numeric_limits<T>::infinity();
+  V best = V{} - std::numeric_limits<T>::infinity();
+  for (int64_t t = 0; t < padded; t += lanes) {
+    const V v = load<W>(values + t);
+    best = v > best ? v : best;
+  }
+  T result = best[0];
+  for (int l = 1; l < lanes; ++l) result = std::max(result, best[l]);
+  return result;
+}
+
+/// values[t] = exp(values[t] - shift) for t < count (lanes past count, -inf from max_of, become
+/// 0); returns their sum. shift must be finite.
+template <int W, typename T>
+TESSERA_NA_INLINE T exp_sum(T* values, int64_t count, T shift) {
+  using V = Vec<T, W>;
+  constexpr int lanes = kLanes<T, W>;
+  V sum = V{};
+  for (int64_t t = 0; t < count; t += lanes) {
+    const V e = exp_lanes<W>(load<W>(values + t) - shift);
+    store<W>(values + t, e);
+    sum += e;
+  }
+  T result = 0;
+  for (int l = 0; l < lanes; ++l) result += sum[l];
+  return result;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -337,8 +412,10 @@ struct ForwardJob {
   T *output, *lse;
 };
 
-/// Forward of the (batch, query) rows [begin, end).
-template <typename T, int Dim>
+/// Forward of the (batch, query) rows [begin, end). The window is small (k^d logits, in L1), so
+/// it is done in passes rather than streamed: all logits, their maximum, the exponentials and
+/// their sum as register-wide loops, then the output as one sum over the window's V rows.
+template <int W, typename T, int Dim>
 TESSERA_NA_INLINE void forward_rows(const ForwardJob<T>& job, int64_t begin, int64_t end) {
   const Problem& p = *job.problem;
   const int64_t dim = Dim > 0 ? Dim : p.dim, heads = p.heads, row = heads * dim;
@@ -346,10 +423,11 @@ TESSERA_NA_INLINE void forward_rows(const ForwardJob<T>& job, int64_t begin, int
   const int64_t window = p.kernel[0] * p.kernel[1] * p.kernel[2];
   const T scale = static_cast<T>(p.scale);
   std::vector<int64_t> positions(window), bias_indices(window);
-  constexpr int block = kBlock<T>;
-  alignas(64) T weights[block];
+  constexpr int block = kLanes<T, W>;
+  // Room for whole registers past the window.
+  std::vector<T> weights(window + block);
   const T* rows[block];
-  RowAccumulator<T, Dim> acc(dim);
+  std::vector<T> acc(dim);
   for (int64_t item = begin; item < end; ++item) {
     const int64_t batch = item / queries, flat = item % queries;
     const int64_t count = neighbours_of(p, flat / plane, (flat / p.queries[2]) % p.queries[1],
@@ -360,32 +438,23 @@ TESSERA_NA_INLINE void forward_rows(const ForwardJob<T>& job, int64_t begin, int
       const T* q_row = job.q + (item * heads + h) * dim;
       const T* bias = job.bias ? job.bias + h * p.rpb_count() : nullptr;
       prefetch_for_write(job.output + (item * heads + h) * dim, dim);
-      T running_max = -std::numeric_limits<T>::infinity(), sum = 0;
-      acc.zero();
-      // Blocks of up to `block` neighbours: their logits, then the streaming softmax update.
       for (int64_t start = 0; start < count; start += block) {
         const int size = static_cast<int>(std::min<int64_t>(block, count - start));
         for (int t = 0; t < size; ++t) rows[t] = k_batch + positions[start + t] * row + h * dim;
-        const Vec<T> logits = dots_block<Dim>(q_row, rows, size, dim) * scale;
-        std::memcpy(weights, &logits, sizeof logits);
-        T block_max = -std::numeric_limits<T>::infinity();
-        for (int t = 0; t < size; ++t) {
-          if (bias) weights[t] += bias[bias_indices[start + t]];
-          block_max = std::max(block_max, weights[t]);
-        }
-        if (block_max > running_max) {
-          // Rescale what was accumulated under the old maximum (nothing on the first block).
-          const T correction = start == 0 ? T(0) : exp_of(running_max - block_max);
-          sum *= correction;
-          acc.scale(correction);
-          running_max = block_max;
-        }
-        sum += exp_shifted(weights, size, running_max);
-        for (int t = 0; t < size; ++t)
-          acc.add(weights[t], v_batch + positions[start + t] * row + h * dim);
+        store<W>(weights.data() + start, dots_block<W, Dim>(q_row, rows, size, dim) * scale);
       }
-      acc.store(job.output + (item * heads + h) * dim, T(1) / sum);
-      job.lse[item * heads + h] = running_max + std::log(sum);
+      if (bias)
+        for (int64_t n = 0; n < count; ++n) weights[n] += bias[bias_indices[n]];
+      const T row_max = max_of<W>(weights.data(), count);
+      const T sum = exp_sum<W>(weights.data(), count, row_max);
+      for (int64_t start = 0; start < count; start += block) {
+        const int size = static_cast<int>(std::min<int64_t>(block, count - start));
+        for (int t = 0; t < size; ++t) rows[t] = v_batch + positions[start + t] * row + h * dim;
+        accumulate_rows<W, Dim>(acc.data(), start == 0, T(1), weights.data() + start, rows, size,
+                                dim);
+      }
+      store_scaled(job.output + (item * heads + h) * dim, acc.data(), T(1) / sum, dim);
+      job.lse[item * heads + h] = row_max + std::log(sum);
     }
   }
 }
@@ -405,7 +474,7 @@ struct BackwardJob {
 };
 
 /// Query pass of the (batch, query) rows [begin, end): dq, lse, shift, d rpb into `slot`.
-template <typename T, int Dim>
+template <int W, typename T, int Dim>
 TESSERA_NA_INLINE void backward_query_rows(const BackwardJob<T>& job, int64_t begin, int64_t end,
                                            int slot) {
   const Problem& p = *job.problem;
@@ -414,11 +483,10 @@ TESSERA_NA_INLINE void backward_query_rows(const BackwardJob<T>& job, int64_t be
   const int64_t window = p.kernel[0] * p.kernel[1] * p.kernel[2];
   const T scale = static_cast<T>(p.scale);
   std::vector<int64_t> positions(window), bias_indices(window);
-  constexpr int block = kBlock<T>;
+  constexpr int block = kLanes<T, W>;
   const T* rows[block];
   // Room for whole blocks: dots_block results are stored a register at a time.
-  std::vector<T> probs(window + block), grads(window + block);
-  RowAccumulator<T, Dim> dq_sum(dim);
+  std::vector<T> probs(window + block), grads(window + block), acc(dim);
   T* bias_grad = job.bias_slots ? job.bias_slots + slot * heads * p.rpb_count() : nullptr;
   for (int64_t item = begin; item < end; ++item) {
     const int64_t batch = item / queries, flat = item % queries;
@@ -436,18 +504,14 @@ TESSERA_NA_INLINE void backward_query_rows(const BackwardJob<T>& job, int64_t be
       for (int64_t start = 0; start < count; start += block) {
         const int size = static_cast<int>(std::min<int64_t>(block, count - start));
         for (int t = 0; t < size; ++t) rows[t] = k_batch + positions[start + t] * row + h * dim;
-        const Vec<T> logits = dots_block<Dim>(q_row, rows, size, dim) * scale;
-        std::memcpy(probs.data() + start, &logits, sizeof logits);
+        store<W>(probs.data() + start, dots_block<W, Dim>(q_row, rows, size, dim) * scale);
         for (int t = 0; t < size; ++t) rows[t] = v_batch + positions[start + t] * row + h * dim;
-        const Vec<T> dp = dots_block<Dim>(go_row, rows, size, dim);
-        std::memcpy(grads.data() + start, &dp, sizeof dp);
+        store<W>(grads.data() + start, dots_block<W, Dim>(go_row, rows, size, dim));
       }
-      T row_max = -std::numeric_limits<T>::infinity();
-      for (int64_t n = 0; n < count; ++n) {
-        if (bias) probs[n] += bias[bias_indices[n]];
-        row_max = std::max(row_max, probs[n]);
-      }
-      const T sum = exp_shifted(probs.data(), count, row_max);
+      if (bias)
+        for (int64_t n = 0; n < count; ++n) probs[n] += bias[bias_indices[n]];
+      const T row_max = max_of<W>(probs.data(), count);
+      const T sum = exp_sum<W>(probs.data(), count, row_max);
       const T inverse_sum = T(1) / sum;
       // p_j and delta = sum_j p_j dp_j.
       T delta = 0;
@@ -456,13 +520,18 @@ TESSERA_NA_INLINE void backward_query_rows(const BackwardJob<T>& job, int64_t be
         delta += probs[n] * grads[n];
       }
       const T shift = delta - (job.grad_lse ? job.grad_lse[query_head] : T(0));
-      dq_sum.zero();
+      // ds_j = p_j (dp_j - shift) (into grads), and dq = scale * sum_j ds_j k_j.
       for (int64_t n = 0; n < count; ++n) {
-        const T grad_logit = probs[n] * (grads[n] - shift);
-        dq_sum.add(grad_logit, k_batch + positions[n] * row + h * dim);
-        if (bias_grad) bias_grad[h * p.rpb_count() + bias_indices[n]] += grad_logit;
+        grads[n] = probs[n] * (grads[n] - shift);
+        if (bias_grad) bias_grad[h * p.rpb_count() + bias_indices[n]] += grads[n];
       }
-      dq_sum.store(job.dq + query_head * dim, scale);
+      for (int64_t start = 0; start < count; start += block) {
+        const int size = static_cast<int>(std::min<int64_t>(block, count - start));
+        for (int t = 0; t < size; ++t) rows[t] = k_batch + positions[start + t] * row + h * dim;
+        accumulate_rows<W, Dim>(acc.data(), start == 0, T(1), grads.data() + start, rows, size,
+                                dim);
+      }
+      store_scaled(job.dq + query_head * dim, acc.data(), scale, dim);
       job.lse[query_head] = row_max + std::log(sum);
       job.shift[query_head] = shift;
     }
@@ -471,7 +540,7 @@ TESSERA_NA_INLINE void backward_query_rows(const BackwardJob<T>& job, int64_t be
 
 /// Key pass of the (batch, tile position) rows [begin, end): dk and dv of those keys, from the
 /// queries whose window holds them (their p and ds recomputed from lse and shift).
-template <typename T, int Dim>
+template <int W, typename T, int Dim>
 TESSERA_NA_INLINE void backward_key_rows(const BackwardJob<T>& job, int64_t begin, int64_t end) {
   const Problem& p = *job.problem;
   const InverseWindows& inverse = *job.inverse;
@@ -480,10 +549,11 @@ TESSERA_NA_INLINE void backward_key_rows(const BackwardJob<T>& job, int64_t begi
   const int64_t tile_plane = p.tile[1] * p.tile[2];
   const T scale = static_cast<T>(p.scale);
   std::vector<int64_t> query_rows, bias_indices;
-  constexpr int block = kBlock<T>;
+  constexpr int block = kLanes<T, W>;
   alignas(64) T probs[block], grad_probs[block];
   const T* rows[block];
-  RowAccumulator<T, Dim> dk_sum(dim), dv_sum(dim);
+  const T* go_rows[block];
+  std::vector<T> dk_acc(dim), dv_acc(dim);
   for (int64_t item = begin; item < end; ++item) {
     const int64_t batch = item / tile, position = item % tile;
     const int64_t key[kAxes] = {position / tile_plane, (position / p.tile[2]) % p.tile[1],
@@ -525,32 +595,28 @@ TESSERA_NA_INLINE void backward_key_rows(const BackwardJob<T>& job, int64_t begi
       const T* bias = job.bias ? job.bias + h * p.rpb_count() : nullptr;
       prefetch_for_write(job.dk + item * row + h * dim, dim);
       prefetch_for_write(job.dv + item * row + h * dim, dim);
-      dk_sum.zero();
-      dv_sum.zero();
       // Blocks of up to `block` queries: p = exp(s - lse), dp = go . v, ds = p (dp - shift).
       for (int64_t start = 0; start < count; start += block) {
         const int size = static_cast<int>(std::min<int64_t>(block, count - start));
-        for (int t = 0; t < size; ++t) rows[t] = job.q + (query_rows[start + t] * heads + h) * dim;
-        const Vec<T> logits = dots_block<Dim>(k_row, rows, size, dim) * scale;
-        std::memcpy(probs, &logits, sizeof logits);
-        for (int t = 0; t < size; ++t)
-          rows[t] = job.grad_output + (query_rows[start + t] * heads + h) * dim;
-        const Vec<T> dp = dots_block<Dim>(v_row, rows, size, dim);
-        std::memcpy(grad_probs, &dp, sizeof dp);
+        for (int t = 0; t < size; ++t) {
+          const int64_t query_head = query_rows[start + t] * heads + h;
+          rows[t] = job.q + query_head * dim;
+          go_rows[t] = job.grad_output + query_head * dim;
+        }
+        store<W>(probs, dots_block<W, Dim>(k_row, rows, size, dim) * scale);
+        store<W>(grad_probs, dots_block<W, Dim>(v_row, go_rows, size, dim));
         for (int t = 0; t < size; ++t) {
           if (bias) probs[t] += bias[bias_indices[start + t]];
           probs[t] -= job.lse[query_rows[start + t] * heads + h];
         }
-        exp_shifted(probs, size, T(0));
-        for (int t = 0; t < size; ++t) {
-          const int64_t query_head = query_rows[start + t] * heads + h;
-          const T grad_logit = probs[t] * (grad_probs[t] - job.shift[query_head]);
-          dk_sum.add(grad_logit, job.q + query_head * dim);
-          dv_sum.add(probs[t], job.grad_output + query_head * dim);
-        }
+        exp_block<W>(probs, size, T(0));
+        for (int t = 0; t < size; ++t)
+          grad_probs[t] = probs[t] * (grad_probs[t] - job.shift[query_rows[start + t] * heads + h]);
+        accumulate_rows<W, Dim>(dk_acc.data(), start == 0, T(1), grad_probs, rows, size, dim);
+        accumulate_rows<W, Dim>(dv_acc.data(), start == 0, T(1), probs, go_rows, size, dim);
       }
-      dk_sum.store(job.dk + item * row + h * dim, scale);
-      dv_sum.store(job.dv + item * row + h * dim, T(1));
+      store_scaled(job.dk + item * row + h * dim, dk_acc.data(), scale, dim);
+      store_scaled(job.dv + item * row + h * dim, dv_acc.data(), T(1), dim);
     }
   }
 }
@@ -558,41 +624,51 @@ TESSERA_NA_INLINE void backward_key_rows(const BackwardJob<T>& job, int64_t begi
 // ---------------------------------------------------------------------------------------------
 // One entry per instruction set (the bodies above are inlined into each), picked at run time.
 
+/// The register width of the build's default target (the entry used without multi-ISA
+/// dispatch, or on an x86-64 cpu without AVX2).
+#if defined(__AVX512F__)
+constexpr int kDefaultWidth = 64;
+#elif defined(__AVX2__)
+constexpr int kDefaultWidth = 32;
+#else
+constexpr int kDefaultWidth = 16;
+#endif
+
 template <typename T, int Dim>
 struct Kernels {
   static void forward(const ForwardJob<T>& job, int64_t begin, int64_t end) {
-    forward_rows<T, Dim>(job, begin, end);
+    forward_rows<kDefaultWidth, T, Dim>(job, begin, end);
   }
   static void query_pass(const BackwardJob<T>& job, int64_t begin, int64_t end, int slot) {
-    backward_query_rows<T, Dim>(job, begin, end, slot);
+    backward_query_rows<kDefaultWidth, T, Dim>(job, begin, end, slot);
   }
   static void key_pass(const BackwardJob<T>& job, int64_t begin, int64_t end) {
-    backward_key_rows<T, Dim>(job, begin, end);
+    backward_key_rows<kDefaultWidth, T, Dim>(job, begin, end);
   }
 #if TESSERA_NA_MULTI_ISA
   TESSERA_NA_TARGET_V4 static void forward_v4(const ForwardJob<T>& job, int64_t begin,
                                               int64_t end) {
-    forward_rows<T, Dim>(job, begin, end);
+    forward_rows<64, T, Dim>(job, begin, end);
   }
   TESSERA_NA_TARGET_V4 static void query_pass_v4(const BackwardJob<T>& job, int64_t begin,
                                                  int64_t end, int slot) {
-    backward_query_rows<T, Dim>(job, begin, end, slot);
+    backward_query_rows<64, T, Dim>(job, begin, end, slot);
   }
   TESSERA_NA_TARGET_V4 static void key_pass_v4(const BackwardJob<T>& job, int64_t begin,
                                                int64_t end) {
-    backward_key_rows<T, Dim>(job, begin, end);
+    backward_key_rows<64, T, Dim>(job, begin, end);
   }
   TESSERA_NA_TARGET_V3 static void forward_v3(const ForwardJob<T>& job, int64_t begin,
                                               int64_t end) {
-    forward_rows<T, Dim>(job, begin, end);
+    forward_rows<32, T, Dim>(job, begin, end);
   }
   TESSERA_NA_TARGET_V3 static void query_pass_v3(const BackwardJob<T>& job, int64_t begin,
                                                  int64_t end, int slot) {
-    backward_query_rows<T, Dim>(job, begin, end, slot);
+    backward_query_rows<32, T, Dim>(job, begin, end, slot);
   }
   TESSERA_NA_TARGET_V3 static void key_pass_v3(const BackwardJob<T>& job, int64_t begin,
                                                int64_t end) {
-    backward_key_rows<T, Dim>(job, begin, end);
+    backward_key_rows<32, T, Dim>(job, begin, end);
   }
 #endif
 };
@@ -604,22 +680,39 @@ struct KernelSet {
   void (*key_pass)(const BackwardJob<T>&, int64_t, int64_t);
 };
 
-/// The instruction set the kernels use on this cpu: 4 (x86-64-v4), 3 (x86-64-v3) or 0.
-int isa_level() {
+/// The best instruction set this cpu runs the kernels with: 4 (x86-64-v4), 3 (x86-64-v3) or 0.
+int cpu_isa_level() {
 #if TESSERA_NA_MULTI_ISA
-  static const int level = [] {
-    __builtin_cpu_init();
-    const bool v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                    __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");
-    const bool v4 = v3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                    __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-                    __builtin_cpu_supports("avx512cd");
-    return v4 ? 4 : v3 ? 3 : 0;
-  }();
-  return level;
+  __builtin_cpu_init();
+  const bool v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                  __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");
+  const bool v4 = v3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                  __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+                  __builtin_cpu_supports("avx512cd");
+  return v4 ? 4 : v3 ? 3 : 0;
 #else
   return 0;
 #endif
+}
+
+/// The instruction set the kernels use: the cpu's best, or a lower one TESSERA_CPU_ISA asks for
+/// (to measure the AVX2 kernels on an AVX-512 machine, for instance).
+int isa_level() {
+  static const int level = [] {
+    const int best = cpu_isa_level();
+    const char* asked = std::getenv("TESSERA_CPU_ISA");
+    if (asked == nullptr || *asked == '\0') return best;
+    const std::string name(asked);
+    const int wanted = name == "avx512" ? 4 : name == "avx2" ? 3 : name == "generic" ? 0 : -1;
+    check_arg(wanted >= 0, "na", "TESSERA_CPU_ISA={}: expected avx512, avx2 or generic", name);
+    check_arg(wanted <= best, "na",
+              "TESSERA_CPU_ISA={}: this cpu (or build) runs the kernels with {} at best", name,
+              best == 4   ? "avx512"
+              : best == 3 ? "avx2"
+                          : "generic");
+    return wanted;
+  }();
+  return level;
 }
 
 template <typename T, int Dim>
@@ -734,6 +827,11 @@ NaGradients backward_in(const Problem& p, const Tensor& q, const Tensor& k, cons
 }
 
 }  // namespace
+
+const char* na_cpu_isa() {
+  const int level = isa_level();
+  return level == 4 ? "avx512" : level == 3 ? "avx2" : "generic";
+}
 
 NaForward na_cpu_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* rpb,
                          const NaGeometry& geometry, const NaPieces& pieces, int threads) {

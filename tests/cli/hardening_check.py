@@ -198,6 +198,11 @@ for bench in ("conv", "na"):
     expect_error(["bench", bench, "--ranks", "0"], ["--ranks", "1 to 256"], f"bench {bench} --ranks 0")
 expect_error(["bench", "conv", "--kernel", "0"], ["[cli]", "--kernel"], "bench conv --kernel 0")
 expect_error(["bench", "na", "--heads", "0"], ["[cli]", "--heads"], "bench na --heads 0")
+# An instruction set for the cpu kernels that is not one of the names.
+environment["TESSERA_CPU_ISA"] = "sse9"
+expect_error(["bench", "na", "--size", "8", "--kernel", "3", "--ranks", "1", "--reference-size", "0"],
+             ["[na]", "TESSERA_CPU_ISA=sse9"], "TESSERA_CPU_ISA=sse9 bench na")
+del environment["TESSERA_CPU_ISA"]
 expect_error(["bench", "io", "--bytes", "-1"], ["[cli]", "--bytes"], "bench io --bytes -1")
 expect_error(["bench", "io", "--ranks", "1,1000"], ["--ranks", "1 to 256"], "bench io --ranks 1,1000")
 expect_error(["convert", f"{floats}:/fine", path("gz.h5"), "--chunks", "1,2", "--gzip", "10"],
