@@ -1,15 +1,16 @@
 // The sharded op pad: attributes, rule (output ownership, halo), kernels and backward.
 //
 // The padded dims are the last len(pad)/2 dims of x (PyTorch's order: the first pair pads the
-// last dim). Along a padded dim with input extent L and (lo, hi) added cells, output j reads
-// t = j - lo (pad_taps.hpp). Output j is owned by the rank owning input clamp(j - lo, 0, L-1): the
-// cells added before the input go to the owner of its first cell, those after it to the owner of
-// its last cell, and every other output stays with its input. A rank owning outputs [a, b) needs
-// the sources of those outputs: constant: the inside part of [a - lo, b - lo); replicate: that
-// range clamped; reflect: the range of the reflected sources (the padding mirrors cells next to
-// the edge, which a thin edge shard may not own); circular: [a - lo, b - lo) itself, which runs
-// past the tensor and is filled by the halo plan's periodic boundary. The kernels are told the
-// global boxes of their haloed piece and output, so one kernel serves sharded and unsharded calls.
+// last dim). Along a padded dim with input extent L and (lo, hi) added cells (negative: removed
+// cells, a crop), output j reads t = j - lo (pad_taps.hpp). Output j is owned by the rank owning
+// input clamp(j - lo, 0, L-1): the cells added before the input go to the owner of its first cell,
+// those after it to the owner of its last cell, and every other output stays with its input. A rank
+// owning outputs [a, b) needs the sources of those outputs: constant: the inside part of [a - lo, b
+// - lo); replicate: that range clamped; reflect: the range of the reflected sources (the padding
+// mirrors cells next to the edge, which a thin edge shard may not own); circular: [a - lo, b - lo)
+// itself, which runs past the tensor and is filled by the halo plan's periodic boundary. The
+// kernels are told the global boxes of their haloed piece and output, so one kernel serves sharded
+// and unsharded calls.
 #include "ops/pad/pad_op.hpp"
 
 #include <fmt/format.h>
@@ -76,26 +77,39 @@ PadDims resolve(const Shape& x, const OpAttrs& attrs) {
               pad, mode, count, count + 1, count + 2, x);
   }
   for (int64_t value : pad)
-    check_arg(value >= 0 && value <= (int64_t{1} << 40), kOp,
-              "attribute 'pad' = {}: every value must be in [0, 2^40] (negative padding, "
-              "cropping, is not supported)",
-              pad);
+    check_arg(value >= -(int64_t{1} << 40) && value <= (int64_t{1} << 40), kOp,
+              "attribute 'pad' = {}: every value must be in [-2^40, 2^40]", pad);
   dims.first = rank - count;
   for (int i = 0; i < count; ++i) {
     const int dim = dims.first + i;
     const int pair = count - 1 - i;  // pad's first pair is the last dim
     const int64_t lo = pad[2 * pair], hi = pad[2 * pair + 1], length = x[dim];
     check_arg(length >= 1, kOp, "input of shape {}: padded dim {} is empty", x, dim);
+    // Negative values crop (PyTorch's F.pad): output j still reads t = j - lo. A padded dim may
+    // end empty in constant and circular mode, not in reflect and replicate (as PyTorch).
+    const int64_t out = length + lo + hi;
+    const int64_t least = dims.mode == PadMode::reflect || dims.mode == PadMode::replicate ? 1 : 0;
+    check_arg(out >= least, kOp,
+              "attribute 'pad' = {} with mode '{}': padding ({}, {}) of dim {} (extent {}) "
+              "leaves {} cells, needs at least {}",
+              pad, mode, lo, hi, dim, length, out, least);
     if (dims.mode == PadMode::reflect)
       check_arg(lo < length && hi < length, kOp,
                 "attribute 'pad' = {} with mode 'reflect': padding ({}, {}) of dim {} must be "
                 "below its extent {}",
                 pad, lo, hi, dim, length);
-    if (dims.mode == PadMode::circular)
+    if (dims.mode == PadMode::circular) {
       check_arg(lo <= length && hi <= length, kOp,
                 "attribute 'pad' = {} with mode 'circular': padding ({}, {}) of dim {} must be at "
                 "most its extent {}",
                 pad, lo, hi, dim, length);
+      // PyTorch wraps a dim cropped on one side and padded on the other around the cropped
+      // piece in some versions and around the whole input in others: refused rather than guessed.
+      check_arg((lo >= 0 && hi >= 0) || (lo <= 0 && hi <= 0), kOp,
+                "attribute 'pad' = {} with mode 'circular': dim {} is cropped on one side and "
+                "padded on the other ({}, {}); crop and pad it in two calls",
+                pad, dim, lo, hi);
+    }
     dims.input.push_back(length);
     dims.lo.push_back(lo);
     dims.hi.push_back(hi);
@@ -230,27 +244,27 @@ BackwardFn backward() {
 }  // namespace
 
 void register_pad_ops() {
-  register_op(
-      OpDef{.name = "pad",
-            .summary = "torch.nn.functional.pad of x: constant, reflect, replicate, circular",
-            .inputs = {{.name = "x"}},
-            .outputs = {"y"},
-            .attrs = {{.name = "pad",
-                       .type = AttrType::int_list,
-                       .required = true,
-                       .doc = "(lo, hi) pairs, last dim first, at most 3 pairs, none negative"},
-                      {.name = "mode",
-                       .type = AttrType::string,
-                       .default_value = std::string("constant"),
-                       .doc = "constant | reflect | replicate | circular"},
-                      {.name = "value",
-                       .type = AttrType::float_scalar,
-                       .default_value = 0.0,
-                       .doc = "the value of constant padding cells"}},
-            .rule = pad_rule,
-            .cpu = forward_kernel(),
-            .cuda = forward_kernel(),
-            .backward = backward()});
+  register_op(OpDef{
+      .name = "pad",
+      .summary = "torch.nn.functional.pad of x: constant, reflect, replicate, circular",
+      .inputs = {{.name = "x"}},
+      .outputs = {"y"},
+      .attrs = {{.name = "pad",
+                 .type = AttrType::int_list,
+                 .required = true,
+                 .doc = "(lo, hi) pairs, last dim first, at most 3 pairs; negative values crop"},
+                {.name = "mode",
+                 .type = AttrType::string,
+                 .default_value = std::string("constant"),
+                 .doc = "constant | reflect | replicate | circular"},
+                {.name = "value",
+                 .type = AttrType::float_scalar,
+                 .default_value = 0.0,
+                 .doc = "the value of constant padding cells"}},
+      .rule = pad_rule,
+      .cpu = forward_kernel(),
+      .cuda = forward_kernel(),
+      .backward = backward()});
 }
 
 ShardTensor pad(const ShardTensor& x, const PadOptions& options) {

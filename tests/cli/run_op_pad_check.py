@@ -44,7 +44,7 @@ path_in = os.path.join(scratch, "reflect2d.in.h5")  # [2, 2, 6, 7], written abov
 errors = [
     ("pad", [], "[pad] missing required attribute 'pad'"),
     ("pad", ["--attr", "pad=1,2,3"], "[pad] attribute 'pad'"),
-    ("pad", ["--attr", "pad=-1,1"], "[pad] attribute 'pad'"),
+    ("pad", ["--attr", "pad=-4,-4"], "[pad] attribute 'pad' = [-4, -4] with mode 'constant': padding (-4, -4) of dim 3 (extent 7) leaves -1 cells"),
     ("pad", ["--attr", "pad=1,1", "--attr", "mode=wrap"], "[pad] attribute 'mode'"),
     ("pad", ["--attr", "pad=1,1", "--attr", "mode=reflect"], "[pad] attribute 'pad' = [1, 1] with mode 'reflect': padding 1 dim(s) needs"),
     ("pad", ["--attr", "pad=7,0,0,0", "--attr", "mode=reflect"], "with mode 'reflect': padding (7, 0) of dim 3"),

@@ -37,7 +37,8 @@ inline ShardTensor pad(const PadCase& c, const ShardTensor& x) {
 
 /// A random padding on a mesh of `mesh_shape`: every mode, 1..3 padded dims (constant: of a 1-d
 /// to 4-d input; the others: of an input with one or two more dims, as PyTorch), pads from 0 to
-/// the mode's limit; mesh dims shard any dims with uneven, empty and thin shards, or replicate.
+/// the mode's limit and now and then negative ones (crops); mesh dims shard any dims with uneven,
+/// empty and thin shards, or replicate.
 inline PadCase random_pad_case(const std::vector<int>& mesh_shape, CaseRng& rng) {
   PadCase c;
   const char* modes[] = {"constant", "reflect", "replicate", "circular"};
@@ -53,8 +54,22 @@ inline PadCase random_pad_case(const std::vector<int>& mesh_shape, CaseRng& rng)
     const int64_t most = c.options.mode == "reflect"    ? length - 1
                          : c.options.mode == "circular" ? length
                                                         : 4;
-    c.options.pad.push_back(rng.uniform(0, std::min<int64_t>(most, 4)));
-    c.options.pad.push_back(rng.uniform(0, std::min<int64_t>(most, 4)));
+    int64_t lo = rng.uniform(0, std::min<int64_t>(most, 4));
+    int64_t hi = rng.uniform(0, std::min<int64_t>(most, 4));
+    // A crop now and then: negative values, leaving the dim at least one cell (constant and
+    // circular: possibly none); circular crops a dim on both sides or pads it on both.
+    if (rng.chance(0.3)) {
+      const bool circular = c.options.mode == "circular";
+      const int64_t least = c.options.mode == "reflect" || c.options.mode == "replicate" ? 1 : 0;
+      if (rng.chance(0.5)) lo = -rng.uniform(0, length - least);
+      const int64_t room = length + std::min<int64_t>(lo, 0) - least;  // what hi may still crop
+      if (rng.chance(0.7) && (!circular || lo <= 0))
+        hi = -rng.uniform(0, room);
+      else if (circular && lo < 0)
+        hi = 0;
+    }
+    c.options.pad.push_back(lo);
+    c.options.pad.push_back(hi);
   }
   if (constant && rng.chance(0.5)) c.options.value = static_cast<double>(rng.uniform(-8, 8)) / 4;
   std::vector<bool> used(c.x_shape.size(), false);

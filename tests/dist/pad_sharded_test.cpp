@@ -133,7 +133,13 @@ TEST(PadSharded, BadAttributesThrowOneErrorNamingTheOpAndTheAttribute) {
   EXPECT_THAT(error_of({1, 1, 8}, options({}, "constant")), error("'pad'"));
   EXPECT_THAT(error_of({1, 1, 8}, options({1, 1, 1, 1, 1, 1, 1, 1}, "constant")), error("'pad'"));
   EXPECT_THAT(error_of({8}, options({1, 1, 1, 1}, "constant")), error("'pad'"));
-  EXPECT_THAT(error_of({1, 1, 8}, options({-1, 1}, "constant")), error("negative"));
+  // Crops: a reflect or replicate dim keeps one cell at least, a constant or circular one may
+  // end empty; circular does not crop one side of a dim and pad the other.
+  EXPECT_THAT(error_of({1, 1, 8}, options({-5, -4}, "constant")), error("leaves -1 cells"));
+  EXPECT_THAT(error_of({1, 1, 8}, options({-4, -4}, "reflect")), error("leaves 0 cells"));
+  EXPECT_THAT(error_of({1, 1, 8}, options({-9, 1}, "replicate")), error("leaves 0 cells"));
+  EXPECT_THAT(error_of({1, 1, 8}, options({-2, 3}, "circular")), error("cropped on one side"));
+  EXPECT_THAT(error_of({1, 1, 8}, options({-(int64_t{1} << 41), 1}, "constant")), error("2^40"));
   EXPECT_THAT(error_of({1, 1, 8}, options({1, 1}, "wrap")), error("'mode'"));
   EXPECT_THAT(error_of({8}, options({1, 1}, "reflect")), error("'pad'"));
   EXPECT_THAT(error_of({1, 1, 1, 8}, options({1, 1}, "reflect")), error("'pad'"));
