@@ -69,6 +69,12 @@ NaInputs read_inputs(const NaRunOptions& options, DType dtype) {
 void run_na(std::shared_ptr<Comm> world, const NaRunOptions& options) {
   const std::vector<int> mesh_shape = parse_mesh(options.layout.mesh);
   DeviceMesh mesh(world, mesh_shape);
+  // Every rank checks the same text against the same machine: an agreed verdict.
+  try {
+    select_device(options.device);
+  } catch (const Error& error) {
+    throw AgreedError("device", untagged(error));
+  }
   const DType dtype = dtype_from_name(options.dtype);
   if (dtype != DType::f32 && dtype != DType::f64 && dtype != DType::f16 && dtype != DType::bf16)
     throw AgreedError("run-op",
@@ -187,7 +193,12 @@ void register_run_op_na(CLI::App& run_op) {
   na->add_option("--device", options->device, "cpu, cuda or cuda:N")->capture_default_str();
   na->add_option("--dtype", options->dtype, "f32, f64, f16 or bf16")->capture_default_str();
   na->callback([options] {
-    select_device(options->device);
+    // A usable --device becomes every rank's device before the launch; a bad one is reported
+    // inside it (run_na), as an agreed error printed once under mpiexec.
+    try {
+      select_device(options->device);
+    } catch (const Error&) {
+    }
     launch(backend_from_env(), options->layout.local_ranks(),
            [&](std::shared_ptr<Comm> world) { run_na(world, *options); });
   });
