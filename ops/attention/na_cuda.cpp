@@ -49,6 +49,13 @@ bool aligned(const Tensor& t) {
   return reinterpret_cast<uintptr_t>(t.raw_data()) % 16 == 0;
 }
 
+/// A contiguous tensor whose data starts on a 16-byte boundary (the fused kernels read rows in
+/// 16-byte vectors): t itself when it is one, else a fresh copy (a view at an odd offset).
+Tensor rows_of(const Tensor& t) {
+  const Tensor contiguous = t.contiguous();
+  return aligned(contiguous) ? contiguous : contiguous.clone();
+}
+
 /// The kernel for contiguous q, k, v: the dispatch of choose_na_kernel.
 kernels::NaKernel kernel_for(const Tensor& q, const Tensor& k, const Tensor& v) {
   const int64_t dim = q.ndim() > 0 ? q.shape(q.ndim() - 1) : 0;
@@ -74,8 +81,8 @@ kernels::NaKernel checked_kernel(std::optional<kernels::NaKernel> asked, const T
 }  // namespace
 
 kernels::NaKernel na_cuda_kernel_for(const Tensor& q) {
-  const Tensor contiguous = q.contiguous();
-  return kernel_for(contiguous, contiguous, contiguous);
+  const Tensor rows = rows_of(q);
+  return kernel_for(rows, rows, rows);
 }
 
 NaForward na_cuda_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* rpb,
@@ -84,7 +91,7 @@ NaForward na_cuda_forward(const Tensor& q, const Tensor& k, const Tensor& v, con
   require_cuda_operands({&q, &k, &v}, "na");
   const na_detail::Problem p = na_detail::make_problem(q, k, v, rpb, geometry, pieces, q.device());
   const kernels::NaCall call = make_call(p, geometry);
-  const Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+  const Tensor qc = rows_of(q), kc = rows_of(k), vc = rows_of(v);
   const Tensor bias = rpb ? rpb->to_dtype(q.dtype()).contiguous() : Tensor();
   Shape lse_shape = q.shape();
   lse_shape.pop_back();
@@ -126,8 +133,8 @@ NaGradients na_cuda_backward(const Tensor& q, const Tensor& k, const Tensor& v, 
                   output->device() == q.device(),
               "na", "output {} does not belong to q {}", output->str(), q.str());
   const kernels::NaCall call = make_call(p, geometry);
-  const Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
-  const Tensor go = grad_output.contiguous();
+  const Tensor qc = rows_of(q), kc = rows_of(k), vc = rows_of(v);
+  const Tensor go = rows_of(grad_output);
   const Tensor stats = lse.to_dtype(stat_dtype).contiguous();
   const Tensor glse = grad_lse ? grad_lse->to_dtype(stat_dtype).contiguous() : Tensor();
   const Tensor bias = rpb ? rpb->to_dtype(q.dtype()).contiguous() : Tensor();

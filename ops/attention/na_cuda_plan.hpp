@@ -152,8 +152,8 @@ constexpr int64_t kFusedMaxBatchHeads = 65535;
 
 /// The kernel that takes a call of element type `element`, head dim `dim` and `batch_heads`
 /// (batch * heads) pairs: the fused kernel's tensor-core tiles need a half type and a head dim it
-/// is instantiated for, its operands 16-byte aligned rows (`aligned`: the base pointers are);
-/// everything else runs the plain kernel.
+/// is instantiated for, its operands 16-byte aligned rows (`aligned`: the base pointers are; the
+/// host copies operands that are not); everything else runs the plain kernel.
 inline NaKernel choose_na_kernel(NaElement element, int64_t dim, int64_t batch_heads,
                                  bool aligned) {
   const bool half = element == NaElement::f16 || element == NaElement::bf16;

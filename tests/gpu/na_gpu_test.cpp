@@ -97,18 +97,20 @@ TEST(NaGpu, FixturesMatchPyTorchOnCuda) {
   }
 }
 
-/// The cuda sweep: on 1, 2 and 4 local ranks and every mesh of them, `per_mesh` random cases
-/// (head dim `dim`, or the case's own when 0), sharded on the GPU in each of `dtypes` against
-/// the cpu op on one rank in the same dtype.
-void expect_sweep_matches_cpu(int seed, int per_mesh, int64_t dim,
-                              const std::vector<DType>& dtypes) {
+/// The cuda sweep: on 1, 2 and 4 local ranks and every mesh of them, about `per_world` random
+/// cases per world (head dim `dim`, or the case's own when 0), sharded on the GPU in each of
+/// `dtypes` against the cpu op on one rank in the same dtype. Returns the number of cases.
+int expect_sweep_matches_cpu(int seed, int per_world, int64_t dim,
+                             const std::vector<DType>& dtypes) {
+  int total = 0;
   for (int world : {1, 2, 4}) {
     testing::run_world(world, [&](std::shared_ptr<Comm> comm) {
       const auto meshes = testing::mesh_factorizations(comm->size());
       DeviceMesh single(comm->split(comm->rank(), 0), {1});
+      int cases = 0;
       for (size_t mesh_index = 0; mesh_index < meshes.size(); ++mesh_index) {
         DeviceMesh mesh(comm, meshes[mesh_index]);
-        for (int index = 0; index < per_mesh; ++index) {
+        for (int index = 0; index < testing::cases_per_mesh(world, per_world); ++index, ++cases) {
           CaseRng rng(testing::case_seed(seed, world, static_cast<int>(mesh_index), index));
           testing::NaCase c = testing::random_na_case(mesh.shape(), rng);
           if (dim > 0) c.shape.back() = dim;
@@ -125,18 +127,22 @@ void expect_sweep_matches_cpu(int seed, int per_mesh, int64_t dim,
           }
         }
       }
+      if (comm->rank() == 0) total += cases;
     });
   }
+  return total;
 }
 
 TEST(NaGpu, ShardedOnOneTwoAndFourLocalRanksMatchesTheCpuOnOneRank) {
   SKIP_WITHOUT_GPU();
-  expect_sweep_matches_cpu(71, 12, 0, {DType::f64, DType::f32, DType::f16, DType::bf16});
+  const int cases =
+      expect_sweep_matches_cpu(71, 100, 0, {DType::f64, DType::f32, DType::f16, DType::bf16});
+  EXPECT_GE(cases, 300);
 }
 
 TEST(NaGpu, ShardedFusedKernelMatchesTheCpuOnOneRank) {
   SKIP_WITHOUT_GPU();
-  expect_sweep_matches_cpu(73, 6, 32, {DType::f16, DType::bf16});
+  EXPECT_GE(expect_sweep_matches_cpu(73, 30, 32, {DType::f16, DType::bf16}), 90);
 }
 
 /// A random single-rank call for the kernel comparisons: q the local piece [offset, offset + n)
