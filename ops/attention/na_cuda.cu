@@ -19,6 +19,12 @@
 // shared memory 64 keys at a time; S = Q K^T and O += P V on tensor cores (wmma 16x16x16, f32
 // accumulation), the window mask and bias applied to S, an online softmax per query row, the
 // attention matrix never leaving shared memory; lse saved for the backward.
+//
+// Fused backward (same types and head dims): delta' = go . o - glse per row; a query-tile kernel
+// for dq over the same key box (S, dP = dO V^T, dS = P (dP - delta'), dQ += dS K) and a key-tile
+// kernel for dk and dv over the box of local queries that read the tile (from the inverse
+// windows: dV += P^T dO, dK += dS^T Q); d rpb from the plain pass. Each output row is written by
+// one block, so this backward has no atomics either.
 #include <mma.h>
 
 #include <cstdint>
