@@ -33,6 +33,14 @@
 #include "ops/attention/na_cuda.cuh"
 #include "ops/cuda_elements.cuh"
 
+// The fused kernels' bf16 tensor-core tiles need sm_80 or newer (the build targets sm_90); for an
+// older architecture their bodies trap, and launches on such a device report the error.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define TESSERA_NA_TENSOR_CORES 1
+#else
+#define TESSERA_NA_TENSOR_CORES 0
+#endif
+
 namespace tessera::ops::kernels {
 
 namespace {
@@ -405,6 +413,7 @@ template <typename T, int D>
 __global__ void __launch_bounds__(kFusedWarps* kWarp)
     fused_forward(NaCall c, FusedTile tile, const T* q, const T* k, const T* v, const T* rpb, T* o,
                   float* lse) {
+#if TESSERA_NA_TENSOR_CORES
   namespace wmma = nvcuda::wmma;
   using L = FusedLayout<D>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -592,6 +601,9 @@ __global__ void __launch_bounds__(kFusedWarps* kWarp)
       o[row * c.dim + e] = from_compute<T>(o_warp[r * L::ld_o + e] * inverse);
     if (half == 0) lse[row] = m + logf(l);
   }
+#else
+  __trap();
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -715,6 +727,7 @@ __device__ __forceinline__ void tile_corner(const int64_t extents[3], const Fuse
 template <typename T, int D>
 __global__ void __launch_bounds__(kFusedWarps* kWarp)
     fused_backward_query(NaCall c, FusedTile tile, Backward<T> g) {
+#if TESSERA_NA_TENSOR_CORES
   using L = BackwardLayout<D>;
   extern __shared__ __align__(128) unsigned char smem[];
   T* qs = L::template tile<T>(smem, 0);
@@ -829,11 +842,15 @@ __global__ void __launch_bounds__(kFusedWarps* kWarp)
     for (int e = half * (D / 2); e < (half + 1) * (D / 2); ++e)
       g.dq[row * c.dim + e] = from_compute<T>(scale * dq_warp[r * L::ld_o + e]);
   }
+#else
+  __trap();
+#endif
 }
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kFusedWarps* kWarp)
     fused_backward_key(NaCall c, FusedTile tile, Backward<T> g) {
+#if TESSERA_NA_TENSOR_CORES
   using L = BackwardLayout<D>;
   extern __shared__ __align__(128) unsigned char smem[];
   T* ks = L::template tile<T>(smem, 0);
@@ -961,6 +978,9 @@ __global__ void __launch_bounds__(kFusedWarps* kWarp)
       g.dv[row * c.dim + e] = from_compute<T>(dv_warp[r * L::ld_o + e]);
     }
   }
+#else
+  __trap();
+#endif
 }
 
 /// Blocks for `rows` rows of one warp each.
