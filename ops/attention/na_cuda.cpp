@@ -56,12 +56,21 @@ Tensor rows_of(const Tensor& t) {
   return aligned(contiguous) ? contiguous : contiguous.clone();
 }
 
+/// Whether `device` has bf16 tensor cores (compute capability 8.0 or newer).
+bool has_tensor_cores(Device device) {
+  int major = 0;
+  return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device.index) ==
+             cudaSuccess &&
+         major >= 8;
+}
+
 /// The kernel for contiguous q, k, v: the dispatch of choose_na_kernel.
 kernels::NaKernel kernel_for(const Tensor& q, const Tensor& k, const Tensor& v) {
   const int64_t dim = q.ndim() > 0 ? q.shape(q.ndim() - 1) : 0;
   const int64_t batch_heads = q.ndim() >= 2 ? q.shape(0) * q.shape(q.ndim() - 2) : 0;
   return kernels::choose_na_kernel(na_element(q.dtype()), dim, batch_heads,
-                                   aligned(q) && aligned(k) && aligned(v));
+                                   aligned(q) && aligned(k) && aligned(v),
+                                   has_tensor_cores(q.device()));
 }
 
 /// The kernel a call runs: `asked` if the call allows it, else the dispatch's. The fused kernel

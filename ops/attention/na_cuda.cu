@@ -34,7 +34,7 @@
 #include "ops/cuda_elements.cuh"
 
 // The fused kernels' bf16 tensor-core tiles need sm_80 or newer (the build targets sm_90); for an
-// older architecture their bodies trap, and launches on such a device report the error.
+// older architecture their bodies trap (the dispatch never picks them on such a device).
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 #define TESSERA_NA_TENSOR_CORES 1
 #else

@@ -151,15 +151,17 @@ enum class NaElement : int { f32, f64, f16, bf16 };
 constexpr int64_t kFusedMaxBatchHeads = 65535;
 
 /// The kernel that takes a call of element type `element`, head dim `dim` and `batch_heads`
-/// (batch * heads) pairs: the fused kernel's tensor-core tiles need a half type and a head dim it
-/// is instantiated for, its operands 16-byte aligned rows (`aligned`: the base pointers are; the
-/// host copies operands that are not); everything else runs the plain kernel.
-inline NaKernel choose_na_kernel(NaElement element, int64_t dim, int64_t batch_heads,
-                                 bool aligned) {
+/// (batch * heads) pairs on a device with (`tensor_cores`) or without bf16 tensor cores (sm_80 and
+/// newer): the fused kernel's tensor-core tiles need such a device, a half type and a head dim it
+/// is instantiated for, and 16-byte aligned rows (`aligned`: the base pointers are; the host
+/// copies operands that are not); everything else runs the plain kernel.
+inline NaKernel choose_na_kernel(NaElement element, int64_t dim, int64_t batch_heads, bool aligned,
+                                 bool tensor_cores) {
   const bool half = element == NaElement::f16 || element == NaElement::bf16;
   const bool tiled_dim = dim == 32 || dim == 64 || dim == 128;
-  return half && tiled_dim && aligned && batch_heads <= kFusedMaxBatchHeads ? NaKernel::fused
-                                                                            : NaKernel::plain;
+  return half && tiled_dim && aligned && tensor_cores && batch_heads <= kFusedMaxBatchHeads
+             ? NaKernel::fused
+             : NaKernel::plain;
 }
 
 /// Query tile of the fused kernel: kFusedQueries queries of the local piece, shaped per axis

@@ -3,7 +3,8 @@
 // window equals the reference's na_window; the inverse window of a key is exactly the set of
 // local queries whose window holds it (every local piece); the key range of a run of queries is
 // the union of their windows and the query range of a run of keys the union of their inverse
-// windows; and the dispatch sends only half types with a tiled head dim to the fused kernel.
+// windows; and the dispatch sends only half types with a tiled head dim (on a device with bf16
+// tensor cores, aligned rows, a grid that fits) to the fused kernel.
 #include "ops/attention/na_cuda_plan.hpp"
 
 #include <gtest/gtest.h>
@@ -128,11 +129,13 @@ TEST(NaCudaPlan, DispatchSendsHalfTypesWithATiledHeadDimToTheFusedKernel) {
     for (int64_t dim : {1, 8, 16, 31, 32, 48, 64, 96, 128, 256}) {
       const bool half = element == NaElement::f16 || element == NaElement::bf16;
       const bool tiled = dim == 32 || dim == 64 || dim == 128;
-      EXPECT_EQ(choose_na_kernel(element, dim, 8, true),
+      EXPECT_EQ(choose_na_kernel(element, dim, 8, true, true),
                 half && tiled ? NaKernel::fused : NaKernel::plain);
-      EXPECT_EQ(choose_na_kernel(element, dim, 8, false), NaKernel::plain)
+      EXPECT_EQ(choose_na_kernel(element, dim, 8, false, true), NaKernel::plain)
           << "unaligned rows take the plain kernel";
-      EXPECT_EQ(choose_na_kernel(element, dim, ops::kernels::kFusedMaxBatchHeads + 1, true),
+      EXPECT_EQ(choose_na_kernel(element, dim, 8, true, false), NaKernel::plain)
+          << "a device without bf16 tensor cores takes the plain kernel";
+      EXPECT_EQ(choose_na_kernel(element, dim, ops::kernels::kFusedMaxBatchHeads + 1, true, true),
                 NaKernel::plain)
           << "too many (batch, head) pairs for the fused grid";
     }
