@@ -7,7 +7,8 @@
 #           build dependencies missing on the machine come from .gpu-deps/ (scripts/gpu-bundle.sh)
 # test      every test labelled gpu (and with --full-suite the whole CTest suite)
 # sanitize  compute-sanitizer memcheck and racecheck on every gpu test binary
-# bench     bench conv / bench comm on cuda beside PyTorch (apps/bench/torch_conv_bench.py), and
+# bench     bench conv / bench na / bench comm on cuda beside PyTorch (apps/bench/torch_conv_bench.py,
+#           apps/bench/torch_na_bench.py --impl flex), and
 #           the machine's ceilings (device-to-device copy bandwidth, bf16 matrix product)
 # Logs, one JSON (gpu-check.json) and one markdown report (gpu-check.md) go to DIR (default
 # $OUT when set, else ./gpu-check-out). Stages run in the order above; the build folder is
@@ -195,6 +196,11 @@ if want bench; then
     "$python" "$root/apps/bench/torch_conv_bench.py" --device cuda --dtype "$dtype" --json \
       >"$logs/torch-conv-$dtype.json" 2>"$logs/torch-conv-$dtype.log" || ok=0
   done
+  # Neighborhood attention on the GPU (1 rank and 4 local ranks sharing it) beside flex_attention.
+  "$tessera" bench na --device cuda --dtype bf16 --ranks 1,4 --json >"$logs/bench-na-bf16.json" \
+    2>"$logs/bench-na-bf16.log" || ok=0
+  "$python" "$root/apps/bench/torch_na_bench.py" --impl flex --dtype bf16 --json \
+    >"$logs/torch-na-bf16.json" 2>"$logs/torch-na-bf16.log" || ok=0
   "$tessera" bench comm --device cuda --json >"$logs/bench-comm.json" 2>"$logs/bench-comm.log" || ok=0
   if [ "$ok" = 1 ]; then record bench pass $((SECONDS - start)) "figures in bench-*.json"
   else record bench fail $((SECONDS - start)) "see bench-*.log"; fi

@@ -1,10 +1,12 @@
 // `tessera bench na`: the sharded neighborhood attention op (2-d, heads-last [B, X, Y, heads, D]),
 // forward and forward+backward (dq, dk, dv through the tape) on 1 rank and on P local ranks that
-// share the cores, sharded over the spatial axes, with GFLOP/s and a correctness check of the
-// sharded output against the 1-rank output (#wrong). A second table times the kernels alone, the
-// fast cpu kernels against the exact reference, on a smaller size (the reference is slow), with
-// #wrong of the fast output against the reference. PyTorch's figures for the same shapes come
-// from apps/bench/torch_na_bench.py. FLOP counts: docs/benchmarks.md.
+// share the cores (or, with --device cuda, the GPUs: rank r on cuda:(r % devices)), sharded over
+// the spatial axes, with GFLOP/s and a correctness check of the sharded output against the
+// 1-rank output (#wrong). A second table times the kernels alone on a smaller size: on cpu the
+// fast kernels against the exact reference (which is slow), on cuda the kernel the dispatch picks
+// (fused for f16/bf16 with D of 32, 64 or 128) against the plain one, with #wrong of the first
+// against the second. PyTorch's figures for the same shapes come from
+// apps/bench/torch_na_bench.py. FLOP counts: docs/benchmarks.md.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -17,8 +19,10 @@
 #include "apps/tessera/cli_parse.hpp"
 #include "apps/tessera/commands.hpp"
 #include "core/compute_threads.hpp"
+#include "core/gpu_runtime.hpp"
 #include "core/tessera.hpp"
 #include "ops/attention/na_cpu.hpp"
+#include "ops/attention/na_cuda.hpp"
 #include "ops/attention/na_op.hpp"
 
 namespace tessera::cli {
@@ -63,24 +67,40 @@ struct NaFigures {
   Tensor output;  // full o (rank 0) for the check
 };
 
+/// Where one rank's tensors live: cpu, or cuda:(rank % devices) (cuda:N: that device).
+Device rank_device(const std::string& device, int rank) {
+  if (device == "cpu") return Device::cpu();
+  const int count = gpu::device_count();
+  check_arg(count > 0, "bench", "--device {}: no CUDA device is visible", device);
+  const Device parsed = Device::parse(device);
+  return device == "cuda" ? Device::cuda(rank % count) : parsed;
+}
+
+/// A ShardTensor's local piece moved to `device` (same layout).
+ShardTensor placed(const ShardTensor& t, Device device) {
+  return device.is_cpu() ? t : ShardTensor(t.to_local().to(device), t.mesh(), t.spec());
+}
+
 NaFigures measure(std::shared_ptr<Comm> world, const Shape& shape, int64_t kernel, DType dtype,
-                  int iterations) {
+                  int iterations, Device device) {
   const std::vector<int> mesh_shape = mesh_for(world->size());
   DeviceMesh mesh(world, mesh_shape, {"x", "y"});
   const std::vector<Placement> sharded{Placement::shard(1), Placement::shard(2)};
-  ShardTensor q = ShardTensor::distribute(random_tensor(shape, 21, dtype), mesh, sharded);
-  ShardTensor k = ShardTensor::distribute(random_tensor(shape, 22, dtype), mesh, sharded);
-  ShardTensor v = ShardTensor::distribute(random_tensor(shape, 23, dtype), mesh, sharded);
+  auto input = [&](uint64_t seed) {
+    return placed(ShardTensor::distribute(random_tensor(shape, seed, dtype), mesh, sharded),
+                  device);
+  };
+  ShardTensor q = input(21), k = input(22), v = input(23);
   ops::NaOptions options;
   options.kernel_size = {kernel};
   // One untimed run first: plans, allocator.
   auto timed = [&](const std::function<void()>& body) {
-    return bench::time_collective(*world, Device::cpu(), 1, iterations, body);
+    return bench::time_collective(*world, device, 1, iterations, body);
   };
   NaFigures figures;
   ops::NaResult result = ops::neighborhood_attention(q, k, v, options);
   figures.forward = timed([&] { result = ops::neighborhood_attention(q, k, v, options); });
-  const ShardTensor grad = ShardTensor::distribute(random_tensor(shape, 24, dtype), mesh, sharded);
+  const ShardTensor grad = input(24);
   q.set_requires_grad();
   k.set_requires_grad();
   v.set_requires_grad();
@@ -89,7 +109,7 @@ NaFigures measure(std::shared_ptr<Comm> world, const Shape& shape, int64_t kerne
     const ops::NaResult out = ops::neighborhood_attention(q, k, v, options);
     tape.backward(out.output, grad);
   });
-  figures.output = result.output.gather(0);
+  figures.output = result.output.gather(0).to(Device::cpu());
   return figures;
 }
 
@@ -154,12 +174,48 @@ KernelFigures measure_kernels(const Shape& shape, int64_t kernel, DType dtype, i
   return figures;
 }
 
+/// The cuda kernels alone on one rank: the plain kernel (as "reference") against the one the
+/// dispatch picks (as "fast"), both `iterations` times.
+KernelFigures measure_cuda_kernels(const Shape& shape, int64_t kernel, DType dtype, int iterations,
+                                   Device device) {
+  const Tensor q = random_tensor(shape, 31, dtype).to(device);
+  const Tensor k = random_tensor(shape, 32, dtype).to(device);
+  const Tensor v = random_tensor(shape, 33, dtype).to(device);
+  const Tensor grad = random_tensor(shape, 34, dtype).to(device);
+  const ops::NaGeometry geometry{{shape[1], shape[2]},
+                                 {kernel, kernel},
+                                 {1, 1},
+                                 {0, 0},
+                                 1.0 / std::sqrt(static_cast<double>(shape.back()))};
+  const ops::NaPieces whole{{0, 0}, {0, 0}};
+  const Stream stream = compute_stream_for(device);
+  auto timed = [&](const std::function<void()>& body) {
+    return bench::time_rank(device, 1, iterations, body);
+  };
+  const ops::kernels::NaKernel chosen = ops::na_cuda_kernel_for(q);
+  KernelFigures figures;
+  ops::NaForward plain, fast;
+  auto run = [&](ops::kernels::NaKernel which, ops::NaForward& out, bool backward) {
+    out = ops::NaForward{};
+    out = ops::na_cuda_forward(q, k, v, nullptr, geometry, whole, stream, which);
+    if (backward)
+      ops::na_cuda_backward(q, k, v, nullptr, &out.output, out.lse, grad, nullptr, geometry, whole,
+                            stream, which);
+  };
+  figures.reference_forward = timed([&] { run(ops::kernels::NaKernel::plain, plain, false); });
+  figures.fast_forward = timed([&] { run(chosen, fast, false); });
+  figures.reference_forward_backward =
+      timed([&] { run(ops::kernels::NaKernel::plain, plain, true); });
+  figures.fast_forward_backward = timed([&] { run(chosen, fast, true); });
+  figures.wrong = count_wrong(fast.output.to(Device::cpu()), plain.output.to(Device::cpu()),
+                              tolerance_of(dtype));
+  return figures;
+}
+
 void run_na_bench(const NaBenchOptions& options) {
   parse_rank_counts(options.ranks, "--ranks");  // a bad list fails before any measurement
-  if (options.device != "cpu")
-    throw NotAvailable("bench", fmt::format("no {} kernel of neighborhood attention exists yet; "
-                                            "only --device cpu can be measured",
-                                            options.device == "cuda" ? "CUDA" : options.device));
+  const bool on_cuda = Device::parse(options.device).is_cuda();
+  if (on_cuda) rank_device(options.device, 0);  // no visible device: fails before measuring
   const DType dtype = dtype_from_name(options.dtype);
   check_arg(is_floating(dtype), "bench", "--dtype {} is not a floating dtype", options.dtype);
   const Backend backend = backend_from_env();
@@ -172,9 +228,11 @@ void run_na_bench(const NaBenchOptions& options) {
   report.set("kernels", nlohmann::json::array());  // the kernels table's rows, when it runs
   bench::BenchTable& table = report.table(
       "rows",
-      fmt::format("tessera bench na: {}, 2-d [B, X, Y, heads, D], non-causal, dilation 1, sharded "
-                  "over X and Y, cpu kernels with {}",
-                  dtype_name(dtype), ops::na_cpu_isa()),
+      fmt::format("tessera bench na: {} on {}, 2-d [B, X, Y, heads, D], non-causal, dilation 1, "
+                  "sharded over X and Y{}",
+                  dtype_name(dtype), options.device,
+                  options.device == "cpu" ? fmt::format(", cpu kernels with {}", ops::na_cpu_isa())
+                                          : std::string()),
       {{"shape", "shape", "", 18},
        {"kernel", "k", "", 3},
        {"ranks", "ranks", "", 6},
@@ -195,7 +253,8 @@ void run_na_bench(const NaBenchOptions& options) {
       const int threads = options.threads;
       launch(backend, static_cast<int>(ranks), [&](std::shared_ptr<Comm> world) {
         if (threads > 0) set_compute_threads(threads);
-        NaFigures mine = measure(world, shape, kernel, dtype, options.iterations);
+        NaFigures mine = measure(world, shape, kernel, dtype, options.iterations,
+                                 rank_device(options.device, world->rank()));
         if (world->rank() == 0) figures = std::move(mine);
       });
       // The first configuration (normally 1 rank) is the reference output.
@@ -237,9 +296,15 @@ void run_na_bench(const NaBenchOptions& options) {
     };
     bench::BenchTable& kernels = report.table(
         "kernels",
-        fmt::format("kernels alone (1 rank, fast on {} thread(s), reference single-threaded in "
-                    "f64)",
-                    threads),
+        on_cuda ? fmt::format("cuda kernels alone (1 rank on {}): ref = the plain kernel, fast = "
+                              "the dispatched one ({})",
+                              rank_device(options.device, 0).str(),
+                              options.dtype == "f16" || options.dtype == "bf16"
+                                  ? "fused for D of 32, 64 or 128"
+                                  : "plain for this dtype")
+                : fmt::format("kernels alone (1 rank, fast on {} thread(s), reference "
+                              "single-threaded in f64)",
+                              threads),
         {{"shape", "shape", "", 18},
          {"kernel", "k", "", 3},
          {"reference_forward_ms", "ref fwd", "ms", 13, 1},
@@ -252,7 +317,10 @@ void run_na_bench(const NaBenchOptions& options) {
          {"wrong", "#wrong", "", 7}});
     for (int64_t kernel : parse_list(options.kernels)) {
       if (kernel > options.reference_size) continue;
-      const KernelFigures f = measure_kernels(small, kernel, dtype, threads, options.iterations);
+      const KernelFigures f =
+          on_cuda ? measure_cuda_kernels(small, kernel, dtype, options.iterations,
+                                         rank_device(options.device, 0))
+                  : measure_kernels(small, kernel, dtype, threads, options.iterations);
       const double flops = na_flops(small, kernel);
       kernels.add({{"shape", small},
                    {"kernel", kernel},
@@ -276,7 +344,8 @@ void register_na_bench(CLI::App& bench) {
   auto options = std::make_shared<NaBenchOptions>();
   auto* na = bench.add_subcommand(
       "na", "Neighborhood attention forward and forward+backward: 1 rank, P ranks, reference");
-  na->add_option("--device", options->device, "cpu (cuda: no kernel yet)")->capture_default_str();
+  na->add_option("--device", options->device, "cpu, cuda (rank r on cuda:(r % devices)) or cuda:N")
+      ->capture_default_str();
   na->add_option("--dtype", options->dtype, "f32, f64, f16 or bf16")->capture_default_str();
   na->add_option("--batch", options->batch, "Batch size B")
       ->check(integer_at_least(1))

@@ -319,11 +319,9 @@ void run_neighborhood_attention(std::shared_ptr<Comm> world) {
   std::vector<Tensor> data{generated(shape, 11, 1.0), generated(shape, 12, 1.0),
                            generated(shape, 13, 1.0), generated({2, 13, 13}, 14, 0.5),
                            generated(shape, 15, 1.0)};
-  // On a device whose neighborhood attention kernels are not built in, this part runs on cpu.
+  // The op has cpu and cuda kernels, so this part runs on the rank's device.
   const Device device = rank_device();
-  const bool on_device = device.is_cpu() || static_cast<bool>(find_op("na")->cuda);
-  if (on_device)
-    for (Tensor& tensor : data) tensor = tensor.to(device);
+  for (Tensor& tensor : data) tensor = tensor.to(device);
   const std::vector<std::vector<int64_t>> extents{uneven_split(shape[1], 2),
                                                   uneven_split(shape[2], 2)};
   const NaStep sharded = na_step(mesh, {Placement::shard(1), Placement::shard(2)}, extents, data);
@@ -335,7 +333,7 @@ void run_neighborhood_attention(std::shared_ptr<Comm> world) {
   fmt::print(
       "\nneighborhood attention 2-d: q, k, v {} f32, window 7x7, dilation (1, 2), with rpb, on "
       "{}\n",
-      shape, on_device ? device.str() : "cpu (no cuda kernel in this build)");
+      shape, device.str());
   fmt::print("  sharded over 2x2 (extents {} x {}): forward + backward {:.1f} ms\n", extents[0],
              extents[1], sharded.seconds * 1e3);
   fmt::print("  one rank:                          forward + backward {:.1f} ms\n",

@@ -69,19 +69,27 @@ NaInputs read_inputs(const NaRunOptions& options, DType dtype) {
 void run_na(std::shared_ptr<Comm> world, const NaRunOptions& options) {
   const std::vector<int> mesh_shape = parse_mesh(options.layout.mesh);
   DeviceMesh mesh(world, mesh_shape);
+  // Every rank checks the same text against the same machine: an agreed verdict.
+  try {
+    select_device(options.device);
+  } catch (const Error& error) {
+    throw AgreedError("device", untagged(error));
+  }
   const DType dtype = dtype_from_name(options.dtype);
   if (dtype != DType::f32 && dtype != DType::f64 && dtype != DType::f16 && dtype != DType::bf16)
     throw AgreedError("run-op",
                       fmt::format("--dtype {} (na runs in f32, f64, f16 or bf16)", options.dtype));
-  if (Device::parse(options.device).is_cuda())
-    throw AgreedError("run-op",
-                      "--device cuda: no CUDA kernel for na yet (this build runs na on the cpu); "
-                      "use --device cpu");
   const bool root = world->rank() == 0;
   check_run_op_files(*world, options.in, options.out);
 
   NaInputs inputs;
   read_on_root(*world, [&] { inputs = read_inputs(options, dtype); });
+  // On a device the root's tensors move there, and scatter hands every rank its piece on its
+  // own device.
+  const Device device = current_rank_context().device();
+  if (root && device.is_cuda())
+    for (Tensor* tensor : {&inputs.q, &inputs.k, &inputs.v, &inputs.rpb, &inputs.go})
+      if (tensor->numel() > 0) *tensor = tensor->to(device);
   int64_t header[2] = {inputs.q.ndim(), inputs.has_rpb};
   world->broadcast(header, 2, DType::i64, 0);
   const int64_t ndim = header[0];
@@ -117,17 +125,18 @@ void run_na(std::shared_ptr<Comm> world, const NaRunOptions& options) {
     if (na.rpb) na.rpb->set_requires_grad();
   }
   const ops::NaResult result = ops::neighborhood_attention(q, k, v, na);
-  const Tensor o_full = result.output.gather(0);
-  const Tensor lse_full = result.lse.gather(0);
+  auto gathered = [](const ShardTensor& t) { return t.gather(0).to(Device::cpu()); };
+  const Tensor o_full = gathered(result.output);
+  const Tensor lse_full = gathered(result.lse);
   Tensor gq, gk, gv, grpb;
   if (options.backward) {
     const ShardTensor go = ShardTensor::scatter(inputs.go, mesh, result.output.placements(),
                                                 result.output.spec().extents);
     tape.backward(ops::sum(ops::mul(result.output, go)));
-    gq = tape.grad(q)->gather(0);
-    gk = tape.grad(k)->gather(0);
-    gv = tape.grad(v)->gather(0);
-    if (na.rpb) grpb = tape.grad(*na.rpb)->gather(0);
+    gq = gathered(*tape.grad(q));
+    gk = gathered(*tape.grad(k));
+    gv = gathered(*tape.grad(v));
+    if (na.rpb) grpb = gathered(*tape.grad(*na.rpb));
   }
   const double seconds = now_seconds() - start;
   if (!root) return;
@@ -181,9 +190,15 @@ void register_run_op_na(CLI::App& run_op) {
       ->check(finite_number);
   add_mesh_options(*na, options->layout, "1,2");
   na->add_flag("--backward", options->backward, "Also compute gq, gk, gv (and grpb) from go");
-  na->add_option("--device", options->device, "cpu or cuda")->capture_default_str();
+  na->add_option("--device", options->device, "cpu, cuda or cuda:N")->capture_default_str();
   na->add_option("--dtype", options->dtype, "f32, f64, f16 or bf16")->capture_default_str();
   na->callback([options] {
+    // A usable --device becomes every rank's device before the launch; a bad one is reported
+    // inside it (run_na), as an agreed error printed once under mpiexec.
+    try {
+      select_device(options->device);
+    } catch (const Error&) {
+    }
     launch(backend_from_env(), options->layout.local_ranks(),
            [&](std::shared_ptr<Comm> world) { run_na(world, *options); });
   });

@@ -23,6 +23,7 @@
 #include "core/halo/halo_exchange.hpp"
 #include "core/op_registry.hpp"
 #include "ops/attention/na_cpu.hpp"
+#include "ops/attention/na_cuda.hpp"
 #include "ops/op_helpers.hpp"
 
 namespace tessera::ops {
@@ -145,6 +146,19 @@ std::vector<Tensor> na_cpu(const KernelContext& context, const std::vector<Tenso
   return {std::move(result.output), std::move(result.lse)};
 }
 
+/// The cuda body: the same call on the rank's device, queued on its compute stream; the k/v
+/// tiles arrive haloed on the device through the halo plan.
+std::vector<Tensor> na_cuda(const KernelContext& context, const std::vector<Tensor>& inputs) {
+  const NaGeometry geometry = resolve(context.input_specs[0].global_shape, context.attrs);
+  const size_t spatial = geometry.extent.size();
+  const NaPieces pieces{spatial_lo(context.input_boxes[0], spatial),
+                        spatial_lo(context.input_boxes[1], spatial)};
+  const Tensor* rpb = inputs.size() == 4 ? &inputs[3] : nullptr;
+  NaForward result =
+      na_cuda_forward(inputs[0], inputs[1], inputs[2], rpb, geometry, pieces, context.stream);
+  return {std::move(result.output), std::move(result.lse)};
+}
+
 /// The local gradient of output `index` in that output's layout (zeros when none arrived).
 std::optional<Tensor> local_grad(const OpRecord& record,
                                  const std::vector<std::optional<ShardTensor>>& grads,
@@ -166,12 +180,22 @@ std::vector<std::optional<ShardTensor>> na_backward_op(
                         spatial_lo(record.plans[1]->needed_box(), spatial)};
   const std::optional<Tensor> grad_lse = local_grad(record, grads, 1);
   std::optional<Tensor> grad_output = local_grad(record, grads, 0);
-  if (!grad_output) grad_output = Tensor::zeros(q.to_local().shape(), q.dtype());
+  const Device device = record.kernel_inputs[0].device();
+  if (!grad_output) grad_output = Tensor::zeros(q.to_local().shape(), q.dtype(), device);
   const bool has_rpb = record.inputs.size() == 4;
+  const Tensor* rpb = has_rpb ? &record.kernel_inputs[3] : nullptr;
+  // On a device the probabilities come back from the forward's lse, and the fused kernel's
+  // delta from its o (this rank's pieces).
+  const Tensor output = record.outputs[0].to_local();
   const NaGradients local =
-      na_cpu_backward(record.kernel_inputs[0], record.kernel_inputs[1], record.kernel_inputs[2],
-                      has_rpb ? &record.kernel_inputs[3] : nullptr, *grad_output,
-                      grad_lse ? &*grad_lse : nullptr, geometry, pieces);
+      device.is_cuda()
+          ? na_cuda_backward(record.kernel_inputs[0], record.kernel_inputs[1],
+                             record.kernel_inputs[2], rpb, &output, record.outputs[1].to_local(),
+                             *grad_output, grad_lse ? &*grad_lse : nullptr, geometry, pieces,
+                             compute_stream_for(device))
+          : na_cpu_backward(record.kernel_inputs[0], record.kernel_inputs[1],
+                            record.kernel_inputs[2], rpb, *grad_output,
+                            grad_lse ? &*grad_lse : nullptr, geometry, pieces);
   Comm& comm = q.mesh().comm();
   std::vector<std::optional<ShardTensor>> result;
   result.emplace_back(ShardTensor(local.dq, q.mesh(), q.spec()));
@@ -211,6 +235,7 @@ void register_attention_ops() {
                  .doc = "logits are scale * q.k (ops::neighborhood_attention passes D^-0.5)"}},
       .rule = na_rule,
       .cpu = na_cpu,
+      .cuda = na_cuda,
       .backward = na_backward_op});
 }
 

@@ -32,9 +32,11 @@ struct Problem {
 };
 
 /// Validates the call and fills a Problem (axis a of the user's problem is axis
-/// kAxes - spatial + a here). Throws InvalidArgument naming the offending values.
+/// kAxes - spatial + a here). Throws InvalidArgument naming the offending values. Every tensor
+/// must lie on `device` (the cpu kernels' default; the cuda kernels pass q's device).
 Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* rpb,
-                     const NaGeometry& geometry, const NaPieces& pieces);
+                     const NaGeometry& geometry, const NaPieces& pieces,
+                     Device device = Device::cpu());
 
 /// Checks the backward's gradients against q's shape (grad_lse: q's shape without D).
 void check_backward_grads(const Tensor& q, const Tensor& grad_output, const Tensor* grad_lse);

@@ -35,7 +35,7 @@ def report(ok, what):
 listing = subprocess.run([tessera, "ops", "--json"], capture_output=True, text=True, timeout=60)
 report(listing.returncode == 0, f"tessera ops --json exits 0 {listing.stderr.strip()}")
 ops = {op["name"]: op for op in json.loads(listing.stdout)["ops"]} if listing.returncode == 0 else {}
-expected_devices = {"conv": ["cpu", "cuda"], "na": ["cpu"], "gelu": ["cpu", "cuda"],
+expected_devices = {"conv": ["cpu", "cuda"], "na": ["cpu", "cuda"], "gelu": ["cpu", "cuda"],
                     "add": ["cpu", "cuda"], "sum": ["cpu", "cuda"], "mse_loss": ["cpu", "cuda"]}
 for name, devices in expected_devices.items():
     op = ops.get(name, {})

@@ -79,7 +79,7 @@ for args, what in [(["--kernel-size", "3,5", "--extents", "3,3;4,4"], "extents t
                    (["--kernel-size", "3,5", "--causal", "1,0"], "rpb with a causal axis"),
                    (["--kernel-size", "3,4"], "rpb with an even kernel"),
                    (["--kernel-size", "3,5,3"], "three kernel sizes for na2d"),
-                   (["--kernel-size", "3,5", "--device", "cuda"], "no CUDA kernel"),
+                   (["--kernel-size", "3,5", "--device", "cuda:99"], "no such CUDA device"),
                    (["--kernel-size", "3,5", "--dtype", "i32"], "integer dtype"),
                    (["--kernel-size", "3,5", "--in", os.path.join(scratch, "missing.h5")],
                     "missing file")]:

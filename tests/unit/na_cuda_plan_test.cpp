@@ -1,0 +1,154 @@
+// The host-and-device window logic of the neighborhood attention cuda kernels
+// (ops/attention/na_cuda_plan.hpp), checked exhaustively for small extents on the cpu: the
+// window equals the reference's na_window; the inverse window of a key is exactly the set of
+// local queries whose window holds it (every local piece); the key range of a run of queries is
+// the union of their windows and the query range of a run of keys the union of their inverse
+// windows; and the dispatch sends only half types with a tiled head dim (on a device with bf16
+// tensor cores, aligned rows, a grid that fits) to the fused kernel.
+#include "ops/attention/na_cuda_plan.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "ops/attention/na_reference.hpp"
+
+namespace tessera {
+namespace {
+
+using ops::kernels::NaAxis;
+using ops::kernels::NaSpan;
+
+/// Calls fn(axis) for every extent up to `max_length`, kernel, dilation with k * d <= L, causal
+/// flag and local query piece [offset, offset + queries) (the tile is the whole axis).
+template <typename Fn>
+void for_each_axis(int64_t max_length, Fn&& fn) {
+  for (int64_t length = 1; length <= max_length; ++length)
+    for (int64_t kernel = 1; kernel <= length; ++kernel)
+      for (int64_t dilation = 1; kernel * dilation <= length; ++dilation)
+        for (int causal = 0; causal <= 1; ++causal)
+          for (int64_t offset = 0; offset <= length; ++offset)
+            for (int64_t queries = 0; offset + queries <= length; ++queries) {
+              NaAxis axis;
+              axis.length = length;
+              axis.kernel = kernel;
+              axis.dilation = dilation;
+              axis.causal = causal;
+              axis.query_offset = offset;
+              axis.queries = queries;
+              axis.tile_offset = 0;
+              axis.tile = length;
+              fn(axis);
+            }
+}
+
+std::vector<int64_t> members(const NaSpan& span) {
+  std::vector<int64_t> out;
+  for (int64_t t = 0; t < span.count; ++t) out.push_back(span.first + t * span.step);
+  return out;
+}
+
+TEST(NaCudaPlan, AxisWindowIsTheReferenceWindow) {
+  for_each_axis(16, [](const NaAxis& axis) {
+    if (axis.query_offset != 0 || axis.queries != axis.length) return;
+    for (int64_t i = 0; i < axis.length; ++i) {
+      const ops::NaWindow expected =
+          ops::na_window(i, axis.length, axis.kernel, axis.dilation, axis.causal != 0);
+      const NaSpan span = ops::kernels::na_axis_window(axis, i);
+      ASSERT_EQ(span.first, expected.first) << axis.length << " " << axis.kernel << " " << i;
+      ASSERT_EQ(span.count, expected.count);
+      ASSERT_EQ(span.step, expected.step);
+      ASSERT_EQ(span.end(), expected.end());
+      for (int64_t j = 0; j < axis.length; ++j) {
+        const std::vector<int64_t> keys = members(span);
+        ASSERT_EQ(span.holds(j), std::find(keys.begin(), keys.end(), j) != keys.end());
+      }
+    }
+  });
+}
+
+TEST(NaCudaPlan, InverseWindowIsExactlyTheLocalQueriesReadingTheKey) {
+  int64_t checked = 0;
+  for_each_axis(12, [&](const NaAxis& axis) {
+    for (int64_t j = 0; j < axis.length; ++j) {
+      std::vector<int64_t> expected;
+      for (int64_t i = axis.query_offset; i < axis.query_offset + axis.queries; ++i)
+        if (ops::kernels::na_axis_window(axis, i).holds(j)) expected.push_back(i);
+      const NaSpan span = ops::kernels::na_axis_inverse_window(axis, j);
+      ASSERT_EQ(members(span), expected)
+          << "L " << axis.length << " k " << axis.kernel << " d " << axis.dilation << " causal "
+          << axis.causal << " piece [" << axis.query_offset << ", "
+          << axis.query_offset + axis.queries << ") key " << j;
+      ++checked;
+    }
+  });
+  EXPECT_GT(checked, 10000);
+}
+
+TEST(NaCudaPlan, KeyAndQueryRangesAreTheUnionsOfTheWindows) {
+  for_each_axis(10, [](const NaAxis& axis) {
+    const int64_t piece_end = axis.query_offset + axis.queries;
+    // Runs of local queries (a fused query tile) and their key box.
+    for (int64_t first = axis.query_offset; first < piece_end; ++first)
+      for (int64_t last = first + 1; last <= piece_end; ++last) {
+        int64_t lo = axis.length, hi = 0;
+        for (int64_t i = first; i < last; ++i) {
+          const NaSpan w = ops::kernels::na_axis_window(axis, i);
+          lo = std::min(lo, w.first);
+          hi = std::max(hi, w.end());
+        }
+        int64_t got_lo, got_hi;
+        ops::kernels::na_axis_key_range(axis, first, last, got_lo, got_hi);
+        ASSERT_EQ(got_lo, lo);
+        ASSERT_EQ(got_hi, hi);
+      }
+    // Runs of keys and the local queries that read them.
+    for (int64_t first = 0; first < axis.length; ++first)
+      for (int64_t last = first + 1; last <= axis.length; ++last) {
+        int64_t lo = piece_end, hi = axis.query_offset;
+        for (int64_t j = first; j < last; ++j)
+          for (int64_t i : members(ops::kernels::na_axis_inverse_window(axis, j))) {
+            lo = std::min(lo, i);
+            hi = std::max(hi, i + 1);
+          }
+        if (hi < lo) hi = lo;
+        int64_t got_lo, got_hi;
+        ops::kernels::na_axis_query_range(axis, first, last, got_lo, got_hi);
+        ASSERT_EQ(got_lo, lo);
+        ASSERT_EQ(got_hi, hi);
+      }
+  });
+}
+
+TEST(NaCudaPlan, DispatchSendsHalfTypesWithATiledHeadDimToTheFusedKernel) {
+  using ops::kernels::choose_na_kernel;
+  using ops::kernels::NaElement;
+  using ops::kernels::NaKernel;
+  for (NaElement element : {NaElement::f32, NaElement::f64, NaElement::f16, NaElement::bf16})
+    for (int64_t dim : {1, 8, 16, 31, 32, 48, 64, 96, 128, 256}) {
+      const bool half = element == NaElement::f16 || element == NaElement::bf16;
+      const bool tiled = dim == 32 || dim == 64 || dim == 128;
+      EXPECT_EQ(choose_na_kernel(element, dim, 8, true, true),
+                half && tiled ? NaKernel::fused : NaKernel::plain);
+      EXPECT_EQ(choose_na_kernel(element, dim, 8, false, true), NaKernel::plain)
+          << "unaligned rows take the plain kernel";
+      EXPECT_EQ(choose_na_kernel(element, dim, 8, true, false), NaKernel::plain)
+          << "a device without bf16 tensor cores takes the plain kernel";
+      EXPECT_EQ(choose_na_kernel(element, dim, ops::kernels::kFusedMaxBatchHeads + 1, true, true),
+                NaKernel::plain)
+          << "too many (batch, head) pairs for the fused grid";
+    }
+}
+
+TEST(NaCudaPlan, FusedTilesHoldSixtyFourQueriesOnTheUserAxes) {
+  for (int spatial = 1; spatial <= 3; ++spatial) {
+    int64_t tile[3];
+    ops::kernels::na_fused_tile_shape(spatial, tile);
+    EXPECT_EQ(tile[0] * tile[1] * tile[2], ops::kernels::kFusedQueries);
+    for (int a = 0; a < 3 - spatial; ++a) EXPECT_EQ(tile[a], 1) << "padding axes stay 1 wide";
+  }
+}
+
+}  // namespace
+}  // namespace tessera
