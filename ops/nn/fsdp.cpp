@@ -20,8 +20,7 @@ namespace tessera::nn {
 namespace {
 
 double seconds_now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 /// The layout a parameter gets: Shard(0) over `shard_dim` (0-d parameters stay whole),
@@ -94,9 +93,9 @@ struct FullyShardedDataParallel::State {
         for (int64_t extent : value.spec().extents[shard_dim])
           counts.push_back(static_cast<size_t>(extent * row));
         // Shard(0) of a row-major tensor: the rank-ordered concatenation is the full tensor.
-        gather.pending.push_back(gather.comm->start_all_gather_v(
-            local.raw_data(), static_cast<size_t>(local.numel()), full.raw_data(), counts,
-            value.dtype()));
+        gather.pending.push_back(
+            gather.comm->start_all_gather_v(local.raw_data(), static_cast<size_t>(local.numel()),
+                                            full.raw_data(), counts, value.dtype()));
       } else {
         full.copy_from(local);
         gather.pending.push_back(nullptr);
@@ -125,9 +124,9 @@ struct FullyShardedDataParallel::State {
     const std::vector<Placement> replicated(mesh.ndim(), Placement::replicate());
     for (size_t i = 0; i < gather.full.size(); ++i) {
       const Parameter& parameter = units[u].parameters[i];
-      ShardTensor value(gather.full[i], parameter.stored().mesh(),
-                        ShardSpec::make(parameter.stored().global_shape(), mesh.shape(),
-                                        replicated, {}, "fsdp"));
+      ShardTensor value(
+          gather.full[i], parameter.stored().mesh(),
+          ShardSpec::make(parameter.stored().global_shape(), mesh.shape(), replicated, {}, "fsdp"));
       value.set_requires_grad(true);
       full.push_back(std::move(value));
     }
@@ -241,7 +240,8 @@ FullyShardedDataParallel::FullyShardedDataParallel(const DeviceMesh& mesh,
   check_arg(model != nullptr, "fsdp", "no model to shard");
   state.options = options;
   state.model = model;
-  if (!state.options.batch_dims) state.options.batch_dims = std::vector<std::string>{options.shard_dim};
+  if (!state.options.batch_dims)
+    state.options.batch_dims = std::vector<std::string>{options.shard_dim};
   // Every check reads what every rank holds alike, except the meshes' communicators: decided
   // together, before any parameter moves.
   std::optional<std::string> error;
@@ -249,8 +249,8 @@ FullyShardedDataParallel::FullyShardedDataParallel(const DeviceMesh& mesh,
     for (int m = 0; m < mesh.ndim(); ++m)
       if (mesh.names()[m] == name) return m;
     if (!error)
-      error = fmt::format("the {} '{}' is not a dim of the mesh (dims {})", role, name,
-                          mesh.names());
+      error =
+          fmt::format("the {} '{}' is not a dim of the mesh (dims {})", role, name, mesh.names());
     return -1;
   };
   state.shard_dim = dim_of(state.options.shard_dim, "shard dim");
@@ -269,9 +269,10 @@ FullyShardedDataParallel::FullyShardedDataParallel(const DeviceMesh& mesh,
       for (const Placement& placement : value.placements())
         replicated = replicated && placement.is_replicate();
       if (!error && !replicated)
-        error = fmt::format("parameter '{}.{}' has the layout {}: only replicated parameters are "
-                            "sharded",
-                            name, path, value.spec().str());
+        error = fmt::format(
+            "parameter '{}.{}' has the layout {}: only replicated parameters are "
+            "sharded",
+            name, path, value.spec().str());
     }
     if (!error && !unit.parameters.empty())
       if (auto problem = recompute_problem(*layer, name))

@@ -60,12 +60,12 @@ struct FsdpOptions {
 
 /// What an FSDP model did since it was made (this rank).
 struct FsdpStats {
-  int64_t gathers = 0;           ///< all-gathers of a unit's parameters started
-  int64_t bytes_gathered = 0;    ///< their full sizes in bytes
+  int64_t gathers = 0;              ///< all-gathers of a unit's parameters started
+  int64_t bytes_gathered = 0;       ///< their full sizes in bytes
   int64_t gradient_reductions = 0;  ///< parameter gradients reduced into their shards
-  int64_t bytes_reduced = 0;     ///< their unreduced local bytes
-  double wait_seconds = 0;       ///< time blocked on gathers and gradient reductions
-  int64_t max_gathered_bytes = 0;  ///< the most gathered parameter bytes alive at once
+  int64_t bytes_reduced = 0;        ///< their unreduced local bytes
+  double wait_seconds = 0;          ///< time blocked on gathers and gradient reductions
+  int64_t max_gathered_bytes = 0;   ///< the most gathered parameter bytes alive at once
 };
 
 class FullyShardedDataParallel : public Module {

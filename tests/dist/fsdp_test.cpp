@@ -6,6 +6,8 @@
 // DDP and on one rank (and a DDP checkpoint under FSDP) with the uninterrupted losses; the
 // measured peak bytes stay within the sharded bound (and below DDP's); bad input is one error on
 // every rank.
+#include "ops/nn/fsdp.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,7 +16,6 @@
 #include "core/host_allocator.hpp"
 #include "core/tessera.hpp"
 #include "ops/nn/data_parallel.hpp"
-#include "ops/nn/fsdp.hpp"
 #include "ops/nn/layers.hpp"
 #include "ops/ops.hpp"
 #include "ops/optim/optimizer.hpp"
@@ -251,11 +252,12 @@ TEST(Fsdp, PeakBytesPerRankWithinTheShardedBound) {
       auto net = std::make_shared<nn::Sequential>();
       const std::vector<int64_t> channels{2, 24, 24, 24, 24, 24, 2};
       for (size_t k = 0; k + 1 < channels.size(); ++k) {
-        net->append(std::make_shared<nn::Conv>(
-            mesh,
-            nn::ConvConfig{.in_channels = channels[k], .out_channels = channels[k + 1],
-                           .kernel = 5, .dtype = DType::f64},
-            300 + k));
+        net->append(std::make_shared<nn::Conv>(mesh,
+                                               nn::ConvConfig{.in_channels = channels[k],
+                                                              .out_channels = channels[k + 1],
+                                                              .kernel = 5,
+                                                              .dtype = DType::f64},
+                                               300 + k));
         if (k + 2 < channels.size()) net->append(std::make_shared<nn::Activation>("tanh"));
       }
       return net;
@@ -319,8 +321,8 @@ TEST(Fsdp, PeakBytesPerRankWithinTheShardedBound) {
     const int64_t bound = mine_max + 3 * gathered + 16 * activation;
     EXPECT_LT(bound, full_state) << "the test would not tell sharded from replicated state";
     EXPECT_LE(fsdp_peak, local_ranks * bound)
-        << "fsdp peak " << fsdp_peak << " bytes for " << local_ranks << " rank(s), bound "
-        << bound << " per rank (sharded state " << mine_max << ", gathered " << gathered << ")";
+        << "fsdp peak " << fsdp_peak << " bytes for " << local_ranks << " rank(s), bound " << bound
+        << " per rank (sharded state " << mine_max << ", gathered " << gathered << ")";
     EXPECT_LT(fsdp_peak, ddp_peak) << "fsdp " << fsdp_peak << " vs ddp " << ddp_peak;
   });
 }
@@ -352,7 +354,7 @@ TEST(Fsdp, CheckpointResumesOnDdpOneRankAndBack) {
       return result;
     };
     auto second_half = [&](std::shared_ptr<Comm> on, const Layout& layout,
-                            const std::string& file) {
+                           const std::string& file) {
       DeviceMesh mesh(on, layout.shape, layout.names);
       Model model(mesh, layout);
       auto optimizer = adamw(model.module().parameters());
