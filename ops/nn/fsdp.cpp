@@ -329,11 +329,10 @@ ShardTensor FullyShardedDataParallel::forward(const ShardTensor& x) {
     if (state.options.prefetch)
       if (auto next = state.neighbour(u, +1)) state.start_gather(*next);
     std::vector<ShardTensor> full = state.take_gather(u);
-    ShardTensor y;
-    {
+    ShardTensor y = [&] {
       NoGrad plain;  // the unit's activations go as it finishes: backward recomputes them
-      y = state.run_unit(u, h, full);
-    }
+      return state.run_unit(u, h, full);
+    }();
     state.release(full);
     full.clear();
     if (tape) {
