@@ -162,12 +162,19 @@ Layout one_rank() {
   return {{1}, {"dp_shard"}, {Placement::replicate()}, {}, std::nullopt};
 }
 
-/// The FSDP layouts of a world: dp_shard over the batch; with 4 ranks also dp_shard x rows
-/// (uneven 7 + 4 rows) and dp_shard over 4 ranks; with 8 hybrid: dp_replicate (batch) x dp_shard
-/// (uneven columns 5 + 4: parameters sharded over a dim that splits the domain) x rows.
+/// The FSDP layouts of a world: dp_shard over the batch (with and without prefetch); with 4 ranks
+/// also dp_shard x rows (uneven 7 + 4 rows) and dp_shard over 4 ranks; with 8 hybrid: dp_replicate
+/// (batch) x dp_shard (uneven columns 5 + 4: parameters sharded over a dim that splits the domain)
+/// x rows.
 std::vector<Layout> fsdp_layouts(int world) {
   const nn::FsdpOptions over_dp{.shard_dim = "dp_shard"};
-  if (world == 2) return {{{2}, {"dp_shard"}, {Placement::shard(0)}, {}, over_dp}};
+  if (world == 2)
+    return {{{2}, {"dp_shard"}, {Placement::shard(0)}, {}, over_dp},
+            {{2},
+             {"dp_shard"},
+             {Placement::shard(0)},
+             {},
+             nn::FsdpOptions{.shard_dim = "dp_shard", .prefetch = false}}};
   if (world == 4)
     return {{{2, 2},
              {"dp_shard", "rows"},
@@ -191,7 +198,8 @@ TEST(Fsdp, SgdAndAdamWEqualOneRankOverDpDomainAndHybridMeshes) {
       const RunResult adamw_reference = train(alone, one_rank(), adamw, 10);
       EXPECT_LT(adamw_reference.losses.back(), adamw_reference.losses.front());
       for (const Layout& layout : fsdp_layouts(world)) {
-        const std::string what = fmt::format("fsdp on mesh {}", fmt::join(layout.shape, "x"));
+        const std::string what = fmt::format("fsdp on mesh {}, prefetch {}",
+                                             fmt::join(layout.shape, "x"), layout.fsdp->prefetch);
         expect_close(train(comm, layout, sgd, 10), sgd_reference, what + " sgd");
         expect_close(train(comm, layout, adamw, 10), adamw_reference, what + " adamw");
       }
@@ -319,6 +327,11 @@ TEST(Fsdp, PeakBytesPerRankWithinTheShardedBound) {
     // 2-cell halo of 8x8 (12x12), a generous count.
     const int64_t activation = 24 * 12 * 12 * 8;
     const int64_t bound = mine_max + 3 * gathered + 16 * activation;
+    if (comm->rank() == 0) {
+      ::testing::Test::RecordProperty("fsdp_peak_bytes_per_rank", fsdp_peak / local_ranks);
+      ::testing::Test::RecordProperty("ddp_peak_bytes_per_rank", ddp_peak / local_ranks);
+      ::testing::Test::RecordProperty("bound_bytes_per_rank", bound);
+    }
     EXPECT_LT(bound, full_state) << "the test would not tell sharded from replicated state";
     EXPECT_LE(fsdp_peak, local_ranks * bound)
         << "fsdp peak " << fsdp_peak << " bytes for " << local_ranks << " rank(s), bound " << bound
