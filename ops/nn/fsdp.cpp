@@ -58,7 +58,6 @@ struct FullyShardedDataParallel::State {
     std::vector<Tensor> full;  // per parameter: the full tensor (filled once wait() returned)
     std::vector<std::unique_ptr<PendingCollective>> pending;
     std::shared_ptr<Comm> comm;  // kept alive while in flight
-    std::vector<std::vector<size_t>> counts;
   };
 
   DeviceMesh mesh;
@@ -85,8 +84,8 @@ struct FullyShardedDataParallel::State {
       const ShardTensor& value = parameter.stored();
       const Tensor& local = value.to_local();
       Tensor full = Tensor::empty(value.global_shape(), value.dtype(), value.device());
-      std::vector<size_t> counts;
       if (value.placements()[shard_dim].is_shard()) {
+        std::vector<size_t> counts;
         const int64_t row = value.global_shape().empty()
                                 ? 1
                                 : shape_numel(value.global_shape()) / value.global_shape()[0];
@@ -103,7 +102,6 @@ struct FullyShardedDataParallel::State {
       stats.bytes_gathered += static_cast<int64_t>(full.nbytes());
       gathered_alive += static_cast<int64_t>(full.nbytes());
       gather.full.push_back(std::move(full));
-      gather.counts.push_back(std::move(counts));
     }
     stats.max_gathered_bytes = std::max(stats.max_gathered_bytes, gathered_alive);
     ++stats.gathers;
