@@ -132,6 +132,9 @@ void run_train_bench(const TrainBenchOptions& options) {
             "--layers {}, --hidden {} and --steps {} must be at least 1", options.layers,
             options.hidden, options.steps);
   check_arg(options.bucket_mb > 0, "bench", "--bucket-mb {} must be positive", options.bucket_mb);
+  check_arg(shape[0] % mesh_shape[0] == 0, "bench",
+            "--shape batch {} is not divisible by dp {} (the fsdp row splits it evenly)", shape[0],
+            mesh_shape[0]);
   const int ranks = mesh_shape[0] * mesh_shape[1];
   const Backend backend = backend_from_env();
   const bool reporter = bench::is_reporter(backend);
