@@ -20,7 +20,9 @@
 // a mean over the global batch, so the summed gradient is the data-parallel average.
 //
 // named_parameters() and state_dict() have the model's keys ("0.weight", ...) with sharded
-// values, so training checkpoints move between FSDP, DDP, one rank and other domain splits.
+// values, so training checkpoints move between FSDP, DDP, one rank and other domain splits. The
+// model's layers hold the sharded parameters from then on: run them through this module's
+// forward, not the model's own.
 //
 //   DeviceMesh mesh(comm, {2, 2, 2}, {"dp_replicate", "dp_shard", "rows"});
 //   nn::FullyShardedDataParallel fsdp(mesh, model, {.shard_dim = "dp_shard",
