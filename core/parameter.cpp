@@ -8,6 +8,7 @@ namespace tessera {
 struct Parameter::State {
   State(ShardTensor value, std::string name) : value(std::move(value)), name(std::move(name)) {}
   ShardTensor value;
+  std::optional<ShardTensor> compute;  // set_compute_value: what tensor() returns meanwhile
   std::string name;
   std::optional<ShardTensor> grad;
   GradHookHandle hook;
@@ -20,6 +21,10 @@ Parameter::Parameter(ShardTensor value, std::string name) {
               value.spec().str());
   value.set_requires_grad(true);
   state_ = std::make_shared<State>(std::move(value), std::move(name));
+  hook_value();
+}
+
+void Parameter::hook_value() {
   // The tape hands every final gradient of this leaf to the parameter.
   std::weak_ptr<State> weak = state_;
   state_->hook = register_grad_hook(state_->value.id(), [weak](const ShardTensor& grad) {
@@ -33,7 +38,40 @@ Parameter::Parameter(ShardTensor value, std::string name) {
 
 const ShardTensor& Parameter::tensor() const {
   check_arg(defined(), "parameter", "an undefined parameter has no tensor");
+  return state_->compute ? *state_->compute : state_->value;
+}
+
+const ShardTensor& Parameter::stored() const {
+  check_arg(defined(), "parameter", "an undefined parameter has no tensor");
   return state_->value;
+}
+
+void Parameter::reshard(const std::vector<Placement>& placements,
+                        const std::vector<std::vector<int64_t>>& extents) {
+  check_arg(defined(), "parameter", "an undefined parameter cannot be resharded");
+  for (const Placement& placement : placements)
+    check_arg(!placement.is_partial(), "parameter",
+              "resharding parameter '{}' to a Partial layout: a parameter holds its full values",
+              state_->name);
+  NoGrad plain;
+  // A copy: the old storage goes with the old value (sharding frees the full tensor).
+  ShardTensor moved = state_->value.redistribute(placements, extents);
+  ShardTensor value(moved.to_local().contiguous().clone(), moved.mesh(), moved.spec());
+  value.set_requires_grad(true);
+  state_->value = std::move(value);
+  state_->grad.reset();
+  hook_value();
+}
+
+void Parameter::set_compute_value(std::optional<ShardTensor> value) {
+  check_arg(defined(), "parameter", "an undefined parameter has no tensor");
+  if (value)
+    check_arg(value->global_shape() == state_->value.global_shape() &&
+                  value->dtype() == state_->value.dtype(),
+              "parameter", "compute value {} {} for parameter '{}' of shape {} {}",
+              value->global_shape(), dtype_name(value->dtype()), state_->name,
+              state_->value.global_shape(), dtype_name(state_->value.dtype()));
+  state_->compute = std::move(value);
 }
 
 const std::string& Parameter::name() const {
@@ -76,7 +114,7 @@ void Parameter::accumulate_grad(const ShardTensor& grad) {
 }
 
 void Parameter::assign_local(const Tensor& values) {
-  Tensor local = tensor().to_local();
+  Tensor local = stored().to_local();
   check_arg(values.shape() == local.shape() && values.dtype() == local.dtype(), "parameter",
             "assigning {} to parameter '{}' whose local piece is {}", values.str(), state_->name,
             local.str());

@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/autograd.hpp"
 #include "core/shard_tensor.hpp"
@@ -49,7 +50,22 @@ class Parameter {
   /// device) into the parameter's storage in place.
   void assign_local(const Tensor& values);
 
+  /// Collective: moves the stored value to another layout on its mesh (FSDP shards replicated
+  /// parameters this way), keeping the name; the gradient is dropped and the tensor gets a new id
+  /// (hooks registered on the old id stay there), so reshard before making optimizers or reducers
+  /// over the parameter.
+  void reshard(const std::vector<Placement>& placements,
+               const std::vector<std::vector<int64_t>>& extents = {});
+  /// While set, tensor() returns `value` (same global shape and dtype, any layout) instead of the
+  /// stored value: FSDP hands a layer's forward the gathered copy this way. nullopt restores the
+  /// stored value.
+  void set_compute_value(std::optional<ShardTensor> value);
+  /// The stored value, whatever set_compute_value holds.
+  const ShardTensor& stored() const;
+
  private:
+  void hook_value();
+
   struct State;
   std::shared_ptr<State> state_;
 };

@@ -172,6 +172,14 @@ class RecordingComm final : public Comm {
     note(span, static_cast<int64_t>(count * dtype_size(dtype)));
     return inner_->start_all_reduce(send, recv, count, dtype, op);
   }
+  std::unique_ptr<PendingCollective> start_all_gather_v(const void* send, size_t send_count,
+                                                        void* recv,
+                                                        std::span<const size_t> recv_counts,
+                                                        DType dtype) override {
+    Span span("comm", "all_gather_v start");
+    note(span, bytes_of(recv_counts, dtype));
+    return inner_->start_all_gather_v(send, send_count, recv, recv_counts, dtype);
+  }
   void all_gather_v(const void* send, size_t send_count, void* recv,
                     std::span<const size_t> recv_counts, DType dtype) override {
     Span span("comm", "all_gather_v");

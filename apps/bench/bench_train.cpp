@@ -2,7 +2,9 @@
 // conv3d network on a dp x domain mesh, with the gradients reduced three ways: by the tape (each
 // parameter on its own, blocking, as its gradient becomes final), by the bucketed GradReducer
 // overlapped with backward, and by the reducer with overlap off (every bucket in finish()). The
-// time spent in finish() is the exposed reduction; with overlap off it is all of it. Peak host
+// time spent in finish() is the exposed reduction; with overlap off it is all of it. A fourth row
+// shards the model over dp instead (FSDP / ZeRO-3, ops/nn/fsdp.hpp): its exposed communication is
+// the time blocked on parameter gathers and gradient reductions. Peak host
 // memory is the process's allocator peak (local ranks share one process: per rank = peak /
 // local ranks; under mpiexec each rank is its own process).
 #include <fmt/format.h>
@@ -18,6 +20,7 @@
 #include "core/tessera.hpp"
 #include "core/trace.hpp"
 #include "ops/nn/data_parallel.hpp"
+#include "ops/nn/fsdp.hpp"
 #include "ops/nn/layers.hpp"
 #include "ops/ops.hpp"
 #include "ops/optim/optimizer.hpp"
@@ -38,13 +41,14 @@ struct TrainBenchOptions {
 };
 
 /// How the gradients of one run are reduced.
-enum class Reduction { tape, overlapped, at_finish };
+enum class Reduction { tape, overlapped, at_finish, fsdp };
 
 const char* reduction_name(Reduction reduction) {
   switch (reduction) {
     case Reduction::tape: return "tape (per parameter)";
     case Reduction::overlapped: return "buckets, overlapped";
     case Reduction::at_finish: return "buckets, at finish";
+    case Reduction::fsdp: return "fsdp (sharded over dp)";
   }
   return "?";
 }
@@ -60,19 +64,24 @@ struct StepFigures {
 StepFigures measure(std::shared_ptr<Comm> world, const TrainBenchOptions& options,
                     const Shape& shape, const std::vector<int>& mesh_shape, Reduction reduction) {
   DeviceMesh mesh(world, mesh_shape, {"dp", "x"});
-  nn::Sequential net;
+  auto model = std::make_shared<nn::Sequential>();
   int64_t channels = shape[1];
   for (int64_t layer = 0; layer < options.layers; ++layer) {
     const int64_t out = layer + 1 == options.layers ? shape[1] : options.hidden;
-    net.append(std::make_shared<nn::Conv>(
+    model->append(std::make_shared<nn::Conv>(
         mesh, nn::ConvConfig{.spatial_dims = 3, .in_channels = channels, .out_channels = out},
         100 + static_cast<uint64_t>(layer)));
-    if (layer + 1 < options.layers) net.append(std::make_shared<nn::Activation>("gelu"));
+    if (layer + 1 < options.layers) model->append(std::make_shared<nn::Activation>("gelu"));
     channels = out;
   }
+  std::unique_ptr<nn::FullyShardedDataParallel> fsdp;
+  if (reduction == Reduction::fsdp)
+    fsdp = std::make_unique<nn::FullyShardedDataParallel>(mesh, model,
+                                                          nn::FsdpOptions{.shard_dim = "dp"});
+  nn::Module& net = fsdp ? static_cast<nn::Module&>(*fsdp) : *model;
   optim::AdamW optimizer(net.parameters(), {.lr = 1e-3});
   std::unique_ptr<nn::GradReducer> reducer;
-  if (reduction != Reduction::tape)
+  if (reduction == Reduction::overlapped || reduction == Reduction::at_finish)
     reducer = std::make_unique<nn::GradReducer>(
         net.parameters(),
         nn::ReducerOptions{.bucket_bytes = static_cast<size_t>(options.bucket_mb * (1 << 20)),
@@ -98,11 +107,17 @@ StepFigures measure(std::shared_ptr<Comm> world, const TrainBenchOptions& option
     optimizer.step();
   };
   figures.step = bench::time_collective(*world, Device::cpu(), 1, options.steps, [&] { step(); });
+  if (fsdp) exposed = fsdp->stats().wait_seconds;
   figures.exposed = exposed / (options.steps + 1);  // warm-up included: a mean over every step
   world->all_reduce(&figures.exposed, &figures.exposed, 1, DType::f64, ReduceOp::max);
   if (reducer) {
     figures.collectives = reducer->stats().collectives / (options.steps + 1);
     figures.bytes = reducer->stats().bytes_reduced / (options.steps + 1);
+  }
+  if (fsdp) {
+    const nn::FsdpStats stats = fsdp->stats();
+    figures.collectives = (stats.gathers + stats.gradient_reductions) / (options.steps + 1);
+    figures.bytes = (stats.bytes_gathered + stats.bytes_reduced) / (options.steps + 1);
   }
   return figures;
 }
@@ -117,6 +132,9 @@ void run_train_bench(const TrainBenchOptions& options) {
             "--layers {}, --hidden {} and --steps {} must be at least 1", options.layers,
             options.hidden, options.steps);
   check_arg(options.bucket_mb > 0, "bench", "--bucket-mb {} must be positive", options.bucket_mb);
+  check_arg(shape[0] % mesh_shape[0] == 0, "bench",
+            "--shape batch {} is not divisible by dp {} (the fsdp row splits it evenly)", shape[0],
+            mesh_shape[0]);
   const int ranks = mesh_shape[0] * mesh_shape[1];
   const Backend backend = backend_from_env();
   const bool reporter = bench::is_reporter(backend);
@@ -137,10 +155,11 @@ void run_train_bench(const TrainBenchOptions& options) {
        {"threads_per_rank", "threads", "", 7},
        {"step_ms", "step", "ms", 10, 1},
        {"exposed_ms", "exposed", "ms", 9, 1},
-       {"collectives", "buckets", "", 8},
-       {"bytes_reduced", "reduced", "bytes", 10},
+       {"collectives", "colls", "", 8},
+       {"bytes_reduced", "moved", "bytes", 10},
        {"peak_mib_per_rank", "peak/rank", "MiB", 10, 1}});
-  for (Reduction reduction : {Reduction::tape, Reduction::overlapped, Reduction::at_finish}) {
+  for (Reduction reduction :
+       {Reduction::tape, Reduction::overlapped, Reduction::at_finish, Reduction::fsdp}) {
     StepFigures figures;
     host_allocator_reset_peak();
     launch(backend, ranks, [&](std::shared_ptr<Comm> world) {
@@ -174,7 +193,7 @@ void register_train_bench(CLI::App& bench) {
   auto* train = bench.add_subcommand(
       "train",
       "Training step on dp x domain: gradients reduced by the tape, by overlapped "
-      "buckets, and by buckets at finish");
+      "buckets, by buckets at finish (DDP), and the model sharded over dp (FSDP)");
   train->add_option("--shape", options->shape, "Global batch N,C,X,Y,Z")->capture_default_str();
   train->add_option("--hidden", options->hidden, "Hidden channels")->capture_default_str();
   train->add_option("--layers", options->layers, "conv3d layers (k3, gelu between)")

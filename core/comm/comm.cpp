@@ -108,6 +108,14 @@ std::unique_ptr<PendingCollective> Comm::start_all_reduce(const void* send, void
   return std::make_unique<CompletedCollective>();
 }
 
+std::unique_ptr<PendingCollective> Comm::start_all_gather_v(const void* send, size_t send_count,
+                                                            void* recv,
+                                                            std::span<const size_t> recv_counts,
+                                                            DType dtype) {
+  all_gather_v(send, send_count, recv, recv_counts, dtype);
+  return std::make_unique<CompletedCollective>();
+}
+
 void Comm::all_to_all_w(const void* send_base, std::span<const StridedBlock> send_blocks,
                         void* recv_base, std::span<const StridedBlock> recv_blocks, DType dtype) {
   const size_t element = dtype_size(dtype);

@@ -99,6 +99,14 @@ class Comm {
   virtual std::unique_ptr<PendingCollective> start_all_reduce(const void* send, void* recv,
                                                               size_t count, DType dtype,
                                                               ReduceOp op);
+  /// Starts all_gather_v and returns: the gather proceeds while this rank computes (mpi:
+  /// MPI_Iallgatherv on host buffers); the other backends run it before returning. Buffers must
+  /// stay valid until wait() (recv_counts is copied); every rank starts the same collectives in
+  /// the same order.
+  virtual std::unique_ptr<PendingCollective> start_all_gather_v(const void* send, size_t send_count,
+                                                                void* recv,
+                                                                std::span<const size_t> recv_counts,
+                                                                DType dtype);
   /// Concatenates every rank's `send` (recv_counts[r] elements from rank r) in rank order.
   virtual void all_gather_v(const void* send, size_t send_count, void* recv,
                             std::span<const size_t> recv_counts, DType dtype) = 0;

@@ -292,12 +292,25 @@ class MpiBatch final : public P2PBatch {
   std::optional<Staging> staging_;
 };
 
-/// An MPI_Iallreduce in flight; MPI progresses it whenever this rank is in MPI (halo waits of
-/// the ops computed meanwhile included).
+/// An MPI_Iallreduce or MPI_Iallgatherv in flight; MPI progresses it whenever this rank is in
+/// MPI (halo waits of the ops computed meanwhile included). Keeps the count arrays a vector
+/// collective reads until it completes.
 class MpiPendingCollective final : public PendingCollective {
  public:
   MpiPendingCollective(MPI_Request request, const char* name, int rank, int size)
       : request_(request), name_(name), rank_(rank), size_(size) {}
+  MpiPendingCollective(const char* name, int rank, int size, std::vector<int> counts,
+                       std::vector<int> displs)
+      : request_(MPI_REQUEST_NULL),
+        name_(name),
+        rank_(rank),
+        size_(size),
+        counts_(std::move(counts)),
+        displs_(std::move(displs)) {}
+  /// The request of a collective started with counts() and displs() (owned by this object).
+  MPI_Request* request() { return &request_; }
+  const int* counts() const { return counts_.data(); }
+  const int* displs() const { return displs_.data(); }
   ~MpiPendingCollective() override {
     if (request_ == MPI_REQUEST_NULL) return;
     try {
@@ -319,6 +332,7 @@ class MpiPendingCollective final : public PendingCollective {
   MPI_Request request_;
   const char* name_;
   int rank_, size_;
+  std::vector<int> counts_, displs_;
 };
 
 class MpiComm final : public Comm {
@@ -365,6 +379,23 @@ class MpiComm final : public Comm {
     MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, to_int(count, "all_reduce"),
                    mpi_type(dtype), mpi_op(op, dtype), comm_, &request);
     return std::make_unique<MpiPendingCollective>(request, "all_reduce", rank_, size_);
+  }
+
+  std::unique_ptr<PendingCollective> start_all_gather_v(const void* send, size_t send_count,
+                                                        void* recv,
+                                                        std::span<const size_t> recv_counts,
+                                                        DType dtype) override {
+    // Staged device buffers complete before returning.
+    if (device_of({send, recv}) >= 0)
+      return Comm::start_all_gather_v(send, send_count, recv, recv_counts, dtype);
+    check_counts_size("all_gather_v", recv_counts);
+    auto pending = std::make_unique<MpiPendingCollective>(
+        "all_gather_v", rank_, size_, to_ints(recv_counts, "all_gather_v"),
+        int_displacements(recv_counts, "all_gather_v"));
+    MPI_Iallgatherv(send, to_int(send_count, "all_gather_v"), mpi_type(dtype), recv,
+                    pending->counts(), pending->displs(), mpi_type(dtype), comm_,
+                    pending->request());
+    return pending;
   }
 
   void all_gather_v(const void* send, size_t send_count, void* recv,

@@ -41,6 +41,10 @@ class Module {
   std::vector<Parameter> parameters() const;
   /// The same with dotted paths.
   std::vector<std::pair<std::string, Parameter>> named_parameters() const;
+  /// The direct children with their names, in registration order.
+  const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& named_children() const {
+    return children_;
+  }
   /// Every buffer of the tree with its dotted path, depth first in registration order.
   std::vector<std::pair<std::string, ShardTensor>> named_buffers() const;
   /// Values of every parameter (sharing storage with the parameters) and buffer by dotted path.
