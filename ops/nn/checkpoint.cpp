@@ -10,6 +10,7 @@ namespace {
 constexpr const char* kModel = "model/";
 constexpr const char* kOptim = "optim/";
 constexpr const char* kRun = "run/";
+constexpr const char* kCounter = "counter/";
 
 const DeviceMesh& mesh_of(const Module& module, const std::string& op) {
   const auto parameters = module.named_parameters();
@@ -31,10 +32,13 @@ void save_training_checkpoint(const std::string& file, const Module& module,
   for (const auto& [name, value] : module.state_dict()) tensors.emplace_back(kModel + name, value);
   for (const auto& [key, value] : optimizer.state_dict()) tensors.emplace_back(kOptim + key, value);
   const std::vector<Placement> replicated(mesh.ndim(), Placement::replicate());
-  for (const auto& [name, value] : counters)
-    tensors.emplace_back(kRun + name, ShardTensor::distribute(Tensor::from_values<int64_t>(
-                                                                  {}, std::vector<int64_t>{value}),
-                                                              mesh, replicated));
+  auto scalar = [&](int64_t value) {
+    return ShardTensor::distribute(Tensor::from_values<int64_t>({}, std::vector<int64_t>{value}),
+                                   mesh, replicated);
+  };
+  for (const auto& [name, value] : counters) tensors.emplace_back(kRun + name, scalar(value));
+  for (const auto& [name, value] : module.named_counters())
+    tensors.emplace_back(kCounter + name, scalar(value));
   io::save_checkpoint(file, tensors);
 }
 
@@ -42,9 +46,14 @@ std::map<std::string, int64_t> load_training_checkpoint(const std::string& file,
                                                         optim::Optimizer& optimizer) {
   const DeviceMesh& mesh = mesh_of(module, "load_training_checkpoint");
   std::map<std::string, ShardTensor> model, state;
-  std::map<std::string, int64_t> counters;
+  std::map<std::string, int64_t> counters, module_counters;
+  auto integer = [](const ShardTensor& tensor) {
+    return static_cast<int64_t>(tensor.full_tensor().to(Device::cpu()).item_as_double({}));
+  };
   for (const auto& [name, tensor] : io::load_checkpoint(file, mesh)) {
-    if (starts_with(name, kModel)) {
+    if (starts_with(name, kCounter) && tensor.global_shape().empty()) {
+      module_counters[name.substr(std::string(kCounter).size())] = integer(tensor);
+    } else if (starts_with(name, kModel)) {
       model.emplace(name.substr(std::string(kModel).size()), tensor);
     } else if (starts_with(name, kOptim)) {
       state.emplace(name.substr(std::string(kOptim).size()), tensor);
@@ -52,12 +61,24 @@ std::map<std::string, int64_t> load_training_checkpoint(const std::string& file,
       check_arg(starts_with(name, kRun) && tensor.global_shape().empty(),
                 "load_training_checkpoint", "'{}' in '{}' is not part of a training checkpoint",
                 name, file);
-      counters[name.substr(std::string(kRun).size())] =
-          static_cast<int64_t>(tensor.full_tensor().to(Device::cpu()).item_as_double({}));
+      counters[name.substr(std::string(kRun).size())] = integer(tensor);
     }
   }
-  optimizer.check_state_dict(state);  // both check every key before either writes
+  // Every check before anything is written. A file without module counters (written before
+  // checkpoints held them) leaves the module's counters as they are.
+  optimizer.check_state_dict(state);
+  if (!module_counters.empty()) {
+    std::map<std::string, int64_t> checked;
+    for (const auto& [name, value] : module.named_counters()) checked[name] = value;
+    for (const auto& [name, value] : checked)
+      check_arg(module_counters.count(name) == 1, "load_training_checkpoint",
+                "'{}' lacks the module's counter '{}'", file, name);
+    for (const auto& [name, value] : module_counters)
+      check_arg(checked.count(name) == 1, "load_training_checkpoint",
+                "'{}' holds counter '{}', which the module does not have", file, name);
+  }
   module.load_state_dict(model);
+  if (!module_counters.empty()) module.load_counters(module_counters);
   optimizer.load_state_dict(state);
   return counters;
 }
