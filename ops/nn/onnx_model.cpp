@@ -811,15 +811,18 @@ std::map<std::string, ShardTensor> OnnxModel::forward(
     const State::Compiled& compiled = state.compiled[i];
     if (compiled.skip) continue;
     Values node_inputs;
-    for (const std::string& name : node.inputs) {
-      if (name.empty()) {
-        node_inputs.emplace_back();
-        continue;
+    if (compiled.input_override) {
+      // A recognised GroupNorm runs on the first Reshape's input x.
+      node_inputs = {values.at(*compiled.input_override)};
+    } else {
+      for (const std::string& name : node.inputs) {
+        if (name.empty()) {
+          node_inputs.emplace_back();
+          continue;
+        }
+        node_inputs.push_back(values.at(name));
       }
-      node_inputs.push_back(values.at(name));
     }
-    // A recognised GroupNorm runs on the first Reshape's input x.
-    if (compiled.input_override) node_inputs = {values.at(*compiled.input_override)};
     std::vector<Value> results;
     try {
       // Pure constants (no data, no Parameter) fold on the host.
