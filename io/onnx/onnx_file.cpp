@@ -197,15 +197,16 @@ OnnxGraph parse_onnx(const std::string& bytes, const std::string& source) {
   // Older exporters list initializers among the inputs too; they are not inputs to feed.
   for (const onnx::ValueInfoProto& input : proto.input())
     if (initializer_names.count(input.name()) == 0) graph.inputs.push_back(value_of(input));
-  for (const onnx::ValueInfoProto& output : proto.output()) graph.outputs.push_back(value_of(output));
+  for (const onnx::ValueInfoProto& output : proto.output())
+    graph.outputs.push_back(value_of(output));
   for (int index = 0; index < proto.node_size(); ++index) {
     const onnx::NodeProto& node_proto = proto.node(index);
     OnnxNode node;
     node.op_type = node_proto.op_type();
     if (!node_proto.domain().empty() && node_proto.domain() != "ai.onnx")
       node.op_type = node_proto.domain() + ":" + node.op_type;
-    node.name = node_proto.name().empty() ? fmt::format("{}#{}", node.op_type, index)
-                                          : node_proto.name();
+    node.name =
+        node_proto.name().empty() ? fmt::format("{}#{}", node.op_type, index) : node_proto.name();
     node.inputs.assign(node_proto.input().begin(), node_proto.input().end());
     node.outputs.assign(node_proto.output().begin(), node_proto.output().end());
     for (const onnx::AttributeProto& attribute : node_proto.attribute())

@@ -29,12 +29,14 @@ int64_t OnnxNode::integer(const std::string& attribute, int64_t fallback) const 
 }
 
 double OnnxNode::real(const std::string& attribute, double fallback) const {
-  const OnnxAttribute* found = find_attribute(*this, attribute, OnnxAttribute::Kind::real, "a float");
+  const OnnxAttribute* found =
+      find_attribute(*this, attribute, OnnxAttribute::Kind::real, "a float");
   return found ? found->real : fallback;
 }
 
 std::string OnnxNode::text(const std::string& attribute, const std::string& fallback) const {
-  const OnnxAttribute* found = find_attribute(*this, attribute, OnnxAttribute::Kind::text, "a string");
+  const OnnxAttribute* found =
+      find_attribute(*this, attribute, OnnxAttribute::Kind::text, "a string");
   return found ? found->text : fallback;
 }
 

@@ -58,8 +58,8 @@ Shape broadcast_shape(const OnnxNode& node, const std::vector<Shape>& shapes) {
     for (size_t i = 0; i < shape.size(); ++i) {
       int64_t& out = result[rank - shape.size() + i];
       const int64_t extent = shape[i];
-      check_arg(out == 1 || extent == 1 || out == extent, "onnx",
-                "{}: shapes {} do not broadcast", node.where(), shapes);
+      check_arg(out == 1 || extent == 1 || out == extent, "onnx", "{}: shapes {} do not broadcast",
+                node.where(), shapes);
       if (out == 1) out = extent;
     }
   return result;
@@ -148,9 +148,8 @@ HostArray reshape(const OnnxNode& node, const Inputs& inputs) {
     known = extent == 0 ? 0 : known * extent;
   }
   if (inferred >= 0) {
-    check_arg(known > 0 && data.numel() % known == 0, "onnx",
-              "{}: cannot reshape [{}] to [{}]", node.where(), fmt::join(data.shape, ", "),
-              fmt::join(requested, ", "));
+    check_arg(known > 0 && data.numel() % known == 0, "onnx", "{}: cannot reshape [{}] to [{}]",
+              node.where(), fmt::join(data.shape, ", "), fmt::join(requested, ", "));
     shape[inferred] = data.numel() / known;
   }
   return reshaped(node, data, shape);
@@ -254,9 +253,9 @@ HostArray slice(const OnnxNode& node, const Inputs& inputs) {
   } else {
     steps.assign(starts.size(), 1);
   }
-  check_arg(ends.size() == starts.size() && axes.size() == starts.size() &&
-                steps.size() == starts.size(),
-            "onnx", "{}: starts, ends, axes and steps differ in length", node.where());
+  check_arg(
+      ends.size() == starts.size() && axes.size() == starts.size() && steps.size() == starts.size(),
+      "onnx", "{}: starts, ends, axes and steps differ in length", node.where());
   std::vector<int64_t> begin(rank, 0), step(rank, 1);
   Shape shape = data.shape;
   for (size_t i = 0; i < starts.size(); ++i) {
@@ -275,8 +274,8 @@ HostArray slice(const OnnxNode& node, const Inputs& inputs) {
       first = clamp_index(starts[i], 0, extent - 1);
       last = clamp_index(ends[i], -1, extent - 1);
     }
-    const int64_t count =
-        steps[i] > 0 ? (last - first + steps[i] - 1) / steps[i] : (first - last - steps[i] - 1) / -steps[i];
+    const int64_t count = steps[i] > 0 ? (last - first + steps[i] - 1) / steps[i]
+                                       : (first - last - steps[i] - 1) / -steps[i];
     begin[axis] = first;
     step[axis] = steps[i];
     shape[axis] = std::max<int64_t>(count, 0);
@@ -318,8 +317,8 @@ HostArray squeeze(const OnnxNode& node, const Inputs& inputs) {
   if (inputs.size() > 1 && inputs[1]) {
     for (int64_t axis : inputs[1]->as_integers()) {
       const int64_t dim = normalize_axis(node, axis, rank);
-      check_arg(data.shape[dim] == 1, "onnx", "{}: dim {} has extent {}, not 1", node.where(),
-                dim, data.shape[dim]);
+      check_arg(data.shape[dim] == 1, "onnx", "{}: dim {} has extent {}, not 1", node.where(), dim,
+                data.shape[dim]);
       removed[dim] = true;
     }
   } else {
@@ -345,8 +344,8 @@ HostArray expand(const OnnxNode& node, const Inputs& inputs) {
   HostArray target;
   target.shape = Shape(requested.begin(), requested.end());
   target.values.assign(static_cast<size_t>(checked_numel(node, target.shape)), 0.0);
-  return elementwise(node, {data, target}, [](const std::vector<double>& v) { return v[0]; },
-                     data.integral);
+  return elementwise(
+      node, {data, target}, [](const std::vector<double>& v) { return v[0]; }, data.integral);
 }
 
 HostArray constant_of_shape(const OnnxNode& node, const Inputs& inputs) {
@@ -370,8 +369,8 @@ HostArray range(const OnnxNode& node, const Inputs& inputs) {
   const double delta = need(node, inputs, 2).scalar(node.where());
   check_arg(delta != 0, "onnx", "{}: delta 0", node.where());
   const double count = std::max(std::ceil((limit - first) / delta), 0.0);
-  check_arg(count < static_cast<double>(kMaxHostElements), "onnx", "{}: {} elements",
-            node.where(), count);
+  check_arg(count < static_cast<double>(kMaxHostElements), "onnx", "{}: {} elements", node.where(),
+            count);
   HostArray result;
   result.integral = start.integral;
   result.shape = {static_cast<int64_t>(count)};
@@ -393,10 +392,9 @@ HostArray constant(const OnnxNode& node) {
     result.integral = true;
   } else {
     const auto found = node.attributes.find("value_floats");
-    check_arg(found != node.attributes.end() &&
-                  found->second.kind == io::OnnxAttribute::Kind::reals,
-              "onnx", "{}: needs a value attribute (value, value_float(s), value_int(s))",
-              node.where());
+    check_arg(
+        found != node.attributes.end() && found->second.kind == io::OnnxAttribute::Kind::reals,
+        "onnx", "{}: needs a value attribute (value, value_float(s), value_int(s))", node.where());
     result.values = found->second.reals;
     result.shape = {result.numel()};
   }
@@ -488,11 +486,12 @@ Tensor host_tensor(const HostArray& array, DType float_dtype) {
 
 bool has_host_op(const std::string& op_type) {
   static const std::vector<std::string> ops = {
-      "Identity", "Constant", "Reshape", "Flatten", "Transpose", "Gather", "Concat", "Slice",
-      "Unsqueeze", "Squeeze", "Expand", "ConstantOfShape", "Range", "Cast", "Add", "Sub", "Mul",
-      "Div", "Pow", "Min", "Max", "Equal", "Less", "Greater", "Where", "And", "Or", "Mod"};
-  return std::find(ops.begin(), ops.end(), op_type) != ops.end() ||
-         unary_ops().count(op_type) > 0;
+      "Identity", "Constant", "Reshape",   "Flatten", "Transpose", "Gather",
+      "Concat",   "Slice",    "Unsqueeze", "Squeeze", "Expand",    "ConstantOfShape",
+      "Range",    "Cast",     "Add",       "Sub",     "Mul",       "Div",
+      "Pow",      "Min",      "Max",       "Equal",   "Less",      "Greater",
+      "Where",    "And",      "Or",        "Mod"};
+  return std::find(ops.begin(), ops.end(), op_type) != ops.end() || unary_ops().count(op_type) > 0;
 }
 
 int64_t normalize_axis(const OnnxNode& node, int64_t axis, int64_t rank) {
@@ -535,8 +534,9 @@ std::vector<HostArray> run_host_op(const OnnxNode& node, const Inputs& inputs) {
       return r != 0 && ((r < 0) != (v[1] < 0)) ? r + v[1] : r;
     })};
   }
-  if (op == "Pow") return {elementwise(node, inputs, [](V v) { return std::pow(v[0], v[1]); },
-                                       need(node, inputs, 0).integral)};
+  if (op == "Pow")
+    return {elementwise(
+        node, inputs, [](V v) { return std::pow(v[0], v[1]); }, need(node, inputs, 0).integral)};
   if (op == "Min" || op == "Max") {
     const bool max = op == "Max";
     return {elementwise(node, inputs, [max](V v) {
@@ -546,11 +546,14 @@ std::vector<HostArray> run_host_op(const OnnxNode& node, const Inputs& inputs) {
     })};
   }
   if (op == "Equal")
-    return {elementwise(node, inputs, [](V v) { return v[0] == v[1] ? 1.0 : 0.0; }, true)};
+    return {elementwise(
+        node, inputs, [](V v) { return v[0] == v[1] ? 1.0 : 0.0; }, true)};
   if (op == "Less")
-    return {elementwise(node, inputs, [](V v) { return v[0] < v[1] ? 1.0 : 0.0; }, true)};
+    return {elementwise(
+        node, inputs, [](V v) { return v[0] < v[1] ? 1.0 : 0.0; }, true)};
   if (op == "Greater")
-    return {elementwise(node, inputs, [](V v) { return v[0] > v[1] ? 1.0 : 0.0; }, true)};
+    return {elementwise(
+        node, inputs, [](V v) { return v[0] > v[1] ? 1.0 : 0.0; }, true)};
   if (op == "And")
     return {elementwise(node, inputs, [](V v) { return v[0] != 0 && v[1] != 0 ? 1.0 : 0.0; })};
   if (op == "Or")
@@ -559,14 +562,15 @@ std::vector<HostArray> run_host_op(const OnnxNode& node, const Inputs& inputs) {
     need(node, inputs, 1);
     need(node, inputs, 2);
     const bool integral = inputs[1]->integral && inputs[2]->integral;
-    return {elementwise(node, inputs, [](V v) { return v[0] != 0 ? v[1] : v[2]; }, integral)};
+    return {elementwise(
+        node, inputs, [](V v) { return v[0] != 0 ? v[1] : v[2]; }, integral)};
   }
   const auto unary = unary_ops().find(op);
   check_arg(unary != unary_ops().end(), "onnx", "{}: no host semantics", node.where());
   const Unary function = unary->second;
-  return {elementwise(node, {need(node, inputs, 0)},
-                      [function](V v) { return function(v[0]); },
-                      op == "Not" ? std::optional<bool>(true) : std::optional<bool>(false))};
+  return {elementwise(
+      node, {need(node, inputs, 0)}, [function](V v) { return function(v[0]); },
+      op == "Not" ? std::optional<bool>(true) : std::optional<bool>(false))};
 }
 
 }  // namespace tessera::nn::onnx

@@ -58,8 +58,9 @@ ShardTensor data_of(const RunContext& context, const OnnxNode& node, const Value
   const Tensor host = onnx::host_tensor(*value.constant, like.value_or(context.dtype));
   const Tensor values =
       host.dtype() == DType::i64 ? host.to_dtype(like.value_or(context.dtype)) : host;
-  return ShardTensor::distribute(values.to(context.device), context.mesh,
-                                 std::vector<Placement>(context.mesh.ndim(), Placement::replicate()));
+  return ShardTensor::distribute(
+      values.to(context.device), context.mesh,
+      std::vector<Placement>(context.mesh.ndim(), Placement::replicate()));
 }
 
 std::optional<ShardTensor> optional_data(const RunContext& context, const OnnxNode& node,
@@ -71,8 +72,8 @@ std::optional<ShardTensor> optional_data(const RunContext& context, const OnnxNo
 /// Input `index` as host values; data computed from the model's inputs cannot be one.
 const HostArray& constant_of(const OnnxNode& node, const Values& inputs, size_t index,
                              const char* what) {
-  check_arg(index < inputs.size() && inputs[index], "onnx", "{}: needs input {} ({})",
-            node.where(), index, what);
+  check_arg(index < inputs.size() && inputs[index], "onnx", "{}: needs input {} ({})", node.where(),
+            index, what);
   check_arg(inputs[index]->constant.has_value(), "onnx",
             "{}: input {} ('{}', {}) must be a constant (an initializer or computed from shapes "
             "only), not data",
@@ -80,8 +81,8 @@ const HostArray& constant_of(const OnnxNode& node, const Values& inputs, size_t 
   return *inputs[index]->constant;
 }
 
-std::optional<HostArray> optional_constant(const OnnxNode& node, const Values& inputs,
-                                           size_t index, const char* what) {
+std::optional<HostArray> optional_constant(const OnnxNode& node, const Values& inputs, size_t index,
+                                           const char* what) {
   if (index >= inputs.size() || !inputs[index]) return std::nullopt;
   return constant_of(node, inputs, index, what);
 }
@@ -189,16 +190,15 @@ Step compile_pool(const OnnxNode& node, bool max) {
   options.kernel_size = bounded(node, "kernel_shape", node.integers("kernel_shape"), 1, kMaxWindow);
   check_arg(!options.kernel_size.empty(), "onnx", "{}: needs attribute 'kernel_shape'",
             node.where());
-  options.stride = bounded(node, "strides",
-                           node.integers("strides", std::vector<int64_t>(
-                                                        options.kernel_size.size(), 1)),
-                           1, kMaxWindow);
+  options.stride = bounded(
+      node, "strides",
+      node.integers("strides", std::vector<int64_t>(options.kernel_size.size(), 1)), 1, kMaxWindow);
   options.padding = symmetric_pads(node);
   options.ceil_mode = node.integer("ceil_mode", 0) != 0;
   if (max) {
     options.dilation = bounded(node, "dilations", node.integers("dilations", {1}), 1, kMaxWindow);
-    check_arg(node.integer("storage_order", 0) == 0, "onnx",
-              "{}: storage_order 1 is not supported", node.where());
+    check_arg(node.integer("storage_order", 0) == 0, "onnx", "{}: storage_order 1 is not supported",
+              node.where());
   } else {
     options.count_include_pad = node.integer("count_include_pad", 0) != 0;
   }
@@ -269,8 +269,8 @@ Step compile_batch_norm(const OnnxNode& node, int64_t opset) {
   const double eps = node.real("epsilon", 1e-5);
   const double momentum = node.real("momentum", 0.9);
   // Opset 14 on says training with an attribute; opset 13 by asking for the statistics.
-  const bool training = opset >= 14 ? node.integer("training_mode", 0) != 0
-                                    : node.outputs.size() > 1;
+  const bool training =
+      opset >= 14 ? node.integer("training_mode", 0) != 0 : node.outputs.size() > 1;
   return [eps, momentum, training, &node](const RunContext& context, const Values& inputs) {
     const ShardTensor x = data_of(context, node, inputs, 0);
     const DType dtype = x.dtype();
@@ -278,11 +278,10 @@ Step compile_batch_norm(const OnnxNode& node, int64_t opset) {
     options.training = training;
     options.momentum = 1 - momentum;  // ONNX keeps `momentum` of the old value, PyTorch adds it
     options.eps = eps;
-    ops::BatchNormResult result =
-        ops::batch_norm(x, data_of(context, node, inputs, 3, dtype),
-                        data_of(context, node, inputs, 4, dtype),
-                        data_of(context, node, inputs, 1, dtype),
-                        data_of(context, node, inputs, 2, dtype), options);
+    ops::BatchNormResult result = ops::batch_norm(
+        x, data_of(context, node, inputs, 3, dtype), data_of(context, node, inputs, 4, dtype),
+        data_of(context, node, inputs, 1, dtype), data_of(context, node, inputs, 2, dtype),
+        options);
     std::vector<Value> outputs{data_value(result.y)};
     if (result.running_mean) outputs.push_back(data_value(*result.running_mean));
     if (result.running_var) outputs.push_back(data_value(*result.running_var));
@@ -294,33 +293,32 @@ Step compile_instance_norm(const OnnxNode& node) {
   const double eps = node.real("epsilon", 1e-5);
   return [eps, &node](const RunContext& context, const Values& inputs) {
     const ShardTensor x = data_of(context, node, inputs, 0);
-    return std::vector<Value>{data_value(
-        ops::instance_norm(x, data_of(context, node, inputs, 1, x.dtype()),
-                           data_of(context, node, inputs, 2, x.dtype()), eps))};
+    return std::vector<Value>{
+        data_value(ops::instance_norm(x, data_of(context, node, inputs, 1, x.dtype()),
+                                      data_of(context, node, inputs, 2, x.dtype()), eps))};
   };
 }
 
 Step compile_layer_norm(const OnnxNode& node) {
   const double eps = node.real("epsilon", 1e-5);
   const int64_t axis = node.integer("axis", -1);
-  check_arg(node.outputs.size() == 1 || (node.outputs[1].empty() &&
-                                         (node.outputs.size() < 3 || node.outputs[2].empty())),
+  check_arg(node.outputs.size() == 1 ||
+                (node.outputs[1].empty() && (node.outputs.size() < 3 || node.outputs[2].empty())),
             "onnx", "{}: the Mean and InvStdDev outputs are not supported", node.where());
   return [eps, axis, &node](const RunContext& context, const Values& inputs) {
     const ShardTensor x = data_of(context, node, inputs, 0);
     const int64_t rank = static_cast<int64_t>(x.global_shape().size());
     const int64_t first = onnx::normalize_axis(node, axis, rank);
-    return std::vector<Value>{data_value(
-        ops::layer_norm(x, rank - first, data_of(context, node, inputs, 1, x.dtype()),
-                        optional_data(context, node, inputs, 2, x.dtype()), eps))};
+    return std::vector<Value>{
+        data_value(ops::layer_norm(x, rank - first, data_of(context, node, inputs, 1, x.dtype()),
+                                   optional_data(context, node, inputs, 2, x.dtype()), eps))};
   };
 }
 
 Step compile_gemm(const OnnxNode& node) {
   const double alpha = node.real("alpha", 1), beta = node.real("beta", 1);
   const bool trans_b = node.integer("transB", 0) != 0;
-  check_arg(node.integer("transA", 0) == 0, "onnx", "{}: transA 1 is not supported",
-            node.where());
+  check_arg(node.integer("transA", 0) == 0, "onnx", "{}: transA 1 is not supported", node.where());
   return [alpha, beta, trans_b, &node](const RunContext& context, const Values& inputs) {
     const ShardTensor a = data_of(context, node, inputs, 0);
     const ShardTensor b = data_of(context, node, inputs, 1, a.dtype());
@@ -353,9 +351,10 @@ Step compile_concat(const OnnxNode& node) {
     std::optional<DType> dtype;
     for (size_t i = 0; i < inputs.size(); ++i)
       if (inputs[i] && inputs[i]->sharded) dtype = inputs[i]->sharded->dtype();
-    for (size_t i = 0; i < inputs.size(); ++i) parts.push_back(data_of(context, node, inputs, i, dtype));
-    const int64_t dim = onnx::normalize_axis(
-        node, axis, static_cast<int64_t>(parts[0].global_shape().size()));
+    for (size_t i = 0; i < inputs.size(); ++i)
+      parts.push_back(data_of(context, node, inputs, i, dtype));
+    const int64_t dim =
+        onnx::normalize_axis(node, axis, static_cast<int64_t>(parts[0].global_shape().size()));
     // ops::concat takes at most kMaxConcatParts inputs: longer lists in rounds.
     while (parts.size() > 1) {
       std::vector<ShardTensor> next;
@@ -433,7 +432,7 @@ Step compile_pad(const OnnxNode& node) {
 Step compile_binary(const OnnxNode& node) {
   using Binary = ShardTensor (*)(const ShardTensor&, const ShardTensor&);
   static const std::map<std::string, Binary> binaries = {
-      {"Add", ops::add}, {"Sub", ops::sub}, {"Mul", ops::mul}, {"Div", ops::div},
+      {"Add", ops::add}, {"Sub", ops::sub},     {"Mul", ops::mul},    {"Div", ops::div},
       {"Pow", ops::pow}, {"Min", ops::minimum}, {"Max", ops::maximum}};
   const Binary binary = binaries.at(node.op_type);
   return [binary, &node](const RunContext& context, const Values& inputs) {
@@ -589,8 +588,7 @@ std::optional<Step> compile_sharded(const OnnxNode& node, int64_t opset) {
 bool is_constant_position(const std::string& op, size_t index) {
   if (op == "Resize") return index >= 1;
   if (op == "Pad" || op == "Clip" || op == "Split" || op == "ReduceSum" || op == "ReduceMean" ||
-      op == "Reshape" || op == "Expand" || op == "Unsqueeze" || op == "Squeeze" ||
-      op == "Dropout")
+      op == "Reshape" || op == "Expand" || op == "Unsqueeze" || op == "Squeeze" || op == "Dropout")
     return index >= 1;
   if (op == "Slice") return index >= 1;
   if (op == "ConstantOfShape" || op == "Shape") return true;
@@ -704,9 +702,9 @@ std::optional<GroupNormMatch> match_group_norm(const io::OnnxGraph& graph, size_
 OnnxModel::OnnxModel(io::OnnxGraph graph, const DeviceMesh& mesh, DType dtype)
     : state_(std::make_shared<State>(std::move(graph), mesh, dtype)) {
   State& state = *state_;
-  check_arg(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::f16 ||
-                dtype == DType::bf16,
-            "onnx", "dtype {} (expected f32, f64, f16 or bf16)", dtype_name(dtype));
+  check_arg(
+      dtype == DType::f32 || dtype == DType::f64 || dtype == DType::f16 || dtype == DType::bf16,
+      "onnx", "dtype {} (expected f32, f64, f16 or bf16)", dtype_name(dtype));
   const io::OnnxGraph& g = state.graph;
   const int64_t opset = g.opset;
   // Compile every node first: an unsupported node or a bad attribute is refused before anything
@@ -752,8 +750,8 @@ OnnxModel::OnnxModel(io::OnnxGraph graph, const DeviceMesh& mesh, DType dtype)
     Value value;
     value.constant = onnx::host_array(tensor);
     if (is_floating(tensor.dtype()) && data_inputs.count(name) > 0) {
-      ShardTensor values = ShardTensor::distribute(tensor.to_dtype(dtype).to(device), mesh,
-                                                   replicated);
+      ShardTensor values =
+          ShardTensor::distribute(tensor.to_dtype(dtype).to(device), mesh, replicated);
       if (statistics.count(name) > 0) {
         state.buffers.emplace_back(name, values);
         value.sharded = values;
@@ -826,10 +824,10 @@ std::map<std::string, ShardTensor> OnnxModel::forward(
     std::vector<Value> results;
     try {
       // Pure constants (no data, no Parameter) fold on the host.
-      const bool all_constant = std::all_of(
-          node_inputs.begin(), node_inputs.end(), [](const std::optional<Value>& input) {
-            return !input || (input->constant && !input->sharded);
-          });
+      const bool all_constant = std::all_of(node_inputs.begin(), node_inputs.end(),
+                                            [](const std::optional<Value>& input) {
+                                              return !input || (input->constant && !input->sharded);
+                                            });
       if (compiled.input_override) {
         results = (*compiled.step)(context, node_inputs);
       } else if (node.op_type == "Shape" && !node_inputs.empty() && node_inputs[0] &&
@@ -842,7 +840,8 @@ std::map<std::string, ShardTensor> OnnxModel::forward(
         int64_t start = node.integer("start", 0), end = node.integer("end", rank);
         start = std::clamp(start < 0 ? start + rank : start, int64_t{0}, rank);
         end = std::clamp(end < 0 ? end + rank : end, int64_t{0}, rank);
-        for (int64_t d = start; d < end; ++d) shape.values.push_back(static_cast<double>(global[d]));
+        for (int64_t d = start; d < end; ++d)
+          shape.values.push_back(static_cast<double>(global[d]));
         shape.shape = {static_cast<int64_t>(shape.values.size())};
         results.push_back(Value{std::nullopt, shape});
       } else if (node.op_type == "Identity" && !node_inputs.empty() && node_inputs[0]) {
@@ -903,13 +902,12 @@ std::map<std::string, ShardTensor> OnnxModel::forward(
       if (error.op() == "onnx") throw;
       throw InvalidArgument("onnx", fmt::format("{}: {}", node.where(), error.what()));
     }
-    check_arg(results.size() <= node.outputs.size() || node.op_type == "BatchNormalization",
-              "onnx", "{}: {} results for {} outputs", node.where(), results.size(),
-              node.outputs.size());
+    check_arg(results.size() <= node.outputs.size() || node.op_type == "BatchNormalization", "onnx",
+              "{}: {} results for {} outputs", node.where(), results.size(), node.outputs.size());
     for (size_t k = 0; k < node.outputs.size(); ++k) {
       if (node.outputs[k].empty()) continue;
-      check_arg(k < results.size(), "onnx", "{}: output {} ('{}') is not computed", node.where(),
-                k, node.outputs[k]);
+      check_arg(k < results.size(), "onnx", "{}: output {} ('{}') is not computed", node.where(), k,
+                node.outputs[k]);
       values[node.outputs[k]] = results[k];
     }
   }
@@ -917,9 +915,9 @@ std::map<std::string, ShardTensor> OnnxModel::forward(
   for (const io::OnnxValue& output : g.outputs) {
     const Value& value = values.at(output.name);
     outputs.emplace(output.name,
-                    value.sharded ? *value.sharded
-                                  : data_of(context, g.nodes.empty() ? OnnxNode{} : g.nodes[0],
-                                            {value}, 0));
+                    value.sharded
+                        ? *value.sharded
+                        : data_of(context, g.nodes.empty() ? OnnxNode{} : g.nodes[0], {value}, 0));
   }
   return outputs;
 }

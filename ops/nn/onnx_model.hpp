@@ -33,8 +33,7 @@ class OnnxModel {
   /// also work where every op does) on the calling rank's device. Validates every node first.
   OnnxModel(io::OnnxGraph graph, const DeviceMesh& mesh, DType dtype = DType::f32);
   /// Reads `file` (io::read_onnx) and builds the model.
-  static OnnxModel load(const std::string& file, const DeviceMesh& mesh,
-                        DType dtype = DType::f32);
+  static OnnxModel load(const std::string& file, const DeviceMesh& mesh, DType dtype = DType::f32);
 
   /// The graph's inputs and outputs (names, element types, exported shapes).
   const std::vector<io::OnnxValue>& inputs() const;

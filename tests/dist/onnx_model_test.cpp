@@ -5,13 +5,14 @@
 // and on a larger one: the outputs equal PyTorch's within 1e-10 in f64, and the sharded outputs
 // equal one rank's within 1e-12 relative. Hand-built graphs check the op fallback, folded shape
 // arithmetic and the errors for unsupported or malformed graphs.
+#include "ops/nn/onnx_model.hpp"
+
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <sstream>
 
 #include "io/onnx/onnx_graph.hpp"
-#include "ops/nn/onnx_model.hpp"
 #include "ops/ops.hpp"
 #include "tests/common/fixtures.hpp"
 #include "tests/dist/harness.hpp"
@@ -83,8 +84,8 @@ TEST(OnnxModel, InitializersBecomeNamedParametersAndBatchNormStatisticsBuffers) 
   if (!io::onnx_available()) GTEST_SKIP() << "built without ONNX support";
   testing::run_world(1, [&](std::shared_ptr<Comm> comm) {
     DeviceMesh mesh(comm, {1});
-    nn::OnnxModel model = nn::OnnxModel::load(testing::fixture_dir("onnx") + "conv3d.opset17.onnx",
-                                              mesh, DType::f64);
+    nn::OnnxModel model =
+        nn::OnnxModel::load(testing::fixture_dir("onnx") + "conv3d.opset17.onnx", mesh, DType::f64);
     std::vector<std::string> names;
     for (const auto& [name, parameter] : model.named_parameters()) {
       names.push_back(name);
