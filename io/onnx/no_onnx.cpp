@@ -28,4 +28,9 @@ OnnxGraph read_onnx(const std::string&) {
   no_onnx();
 }
 
+void write_onnx(const OnnxGraph&, const std::vector<std::pair<std::string, Tensor>>&,
+                const std::string&) {
+  no_onnx();
+}
+
 }  // namespace tessera::io

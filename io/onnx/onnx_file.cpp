@@ -7,9 +7,11 @@
 #include <google/protobuf/stubs/logging.h>
 #include <onnx/onnx_pb.h>
 
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <set>
 #include <sstream>
@@ -214,7 +216,50 @@ OnnxGraph parse_onnx(const std::string& bytes, const std::string& source) {
     graph.nodes.push_back(std::move(node));
   }
   validate_onnx_graph(graph);
+  graph.serialized = bytes;
   return graph;
+}
+
+void write_onnx(const OnnxGraph& graph, const std::vector<std::pair<std::string, Tensor>>& values,
+                const std::string& file) {
+  check_arg(!graph.serialized.empty(), "onnx",
+            "{}: the graph was not read from a file; there is no model to write back",
+            graph.source);
+  onnx::ModelProto model;
+  check_arg(model.ParseFromString(graph.serialized), "onnx", "{}: the stored model does not parse",
+            graph.source);
+  std::map<std::string, onnx::TensorProto*> initializers;
+  for (onnx::TensorProto& initializer : *model.mutable_graph()->mutable_initializer())
+    initializers[initializer.name()] = &initializer;
+  for (const auto& [name, tensor] : values) {
+    const auto found = initializers.find(name);
+    check_arg(found != initializers.end(), "onnx", "{}: the model has no initializer '{}'",
+              graph.source, name);
+    onnx::TensorProto& proto = *found->second;
+    const Shape shape(proto.dims().begin(), proto.dims().end());
+    check_arg(tensor.shape() == shape, "onnx", "initializer '{}' has shape [{}], got [{}]", name,
+              fmt::join(shape, ", "), fmt::join(tensor.shape(), ", "));
+    const std::optional<DType> dtype = dtype_of_element(proto.data_type());
+    check_arg(dtype && (*dtype == DType::f32 || *dtype == DType::f64 || *dtype == DType::f16 ||
+                        *dtype == DType::bf16),
+              "onnx", "initializer '{}' is not a float tensor", name);
+    const Tensor converted = tensor.to(Device::cpu()).to_dtype(*dtype).contiguous();
+    // Little-endian raw bytes, as ONNX stores them; the typed fields are cleared.
+    proto.clear_float_data();
+    proto.clear_double_data();
+    proto.clear_int32_data();
+    proto.set_raw_data(converted.raw_data(), converted.nbytes());
+  }
+  const std::string temporary = file + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+    check_arg(out.good(), "onnx", "cannot write model file {}", file);
+    check_arg(model.SerializeToOstream(&out), "onnx", "cannot write model file {}", file);
+    out.close();
+    check_arg(out.good(), "onnx", "cannot write model file {}", file);
+  }
+  check_arg(std::rename(temporary.c_str(), file.c_str()) == 0, "onnx",
+            "cannot write model file {} (rename failed)", file);
 }
 
 OnnxGraph read_onnx(const std::string& file) {

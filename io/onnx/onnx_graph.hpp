@@ -72,6 +72,8 @@ struct OnnxGraph {
   std::vector<OnnxValue> inputs, outputs;
   std::vector<std::pair<std::string, Tensor>> initializers;
   std::vector<OnnxNode> nodes;
+  /// The model as read (protobuf bytes), kept for write_onnx; empty for graphs built in code.
+  std::string serialized;
 };
 
 /// The opsets Tessera reads (those PyTorch 1.13..2.x exports by default or on request).
@@ -87,6 +89,14 @@ OnnxGraph read_onnx(const std::string& file);
 
 /// As read_onnx, from the bytes of a model in memory; `source` names it in messages.
 OnnxGraph parse_onnx(const std::string& bytes, const std::string& source);
+
+/// Writes the model `graph` was read from to `file` with the initializers named in `values`
+/// replaced by those tensors (each of the initializer's shape, converted to its element type;
+/// float initializers only), everything else as read: the export of a trained network, loadable
+/// by PyTorch's ONNX consumers. Written to a temporary file renamed over `file` once complete.
+/// Throws InvalidArgument tagged "onnx" for an unknown name or a shape mismatch.
+void write_onnx(const OnnxGraph& graph, const std::vector<std::pair<std::string, Tensor>>& values,
+                const std::string& file);
 
 /// True when this build reads ONNX files (TESSERA_WITH_ONNX found the onnx library).
 bool onnx_available();

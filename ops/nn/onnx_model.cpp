@@ -929,4 +929,24 @@ ShardTensor OnnxModel::forward(const ShardTensor& x) {
   return forward({{g.inputs[0].name, x}}).at(g.outputs[0].name);
 }
 
+void OnnxModel::save(const std::string& file) const {
+  const State& state = *state_;
+  // Parameters and buffers are replicated: every rank's piece is the whole value (full_tensor
+  // moves nothing then), and only rank 0 writes.
+  std::vector<std::pair<std::string, Tensor>> values;
+  for (const auto& [name, parameter] : state.parameters)
+    values.emplace_back(name, parameter.tensor().full_tensor());
+  for (const auto& [name, buffer] : state.buffers) values.emplace_back(name, buffer.full_tensor());
+  std::optional<std::string> problem;
+  if (state.mesh.rank() == 0) {
+    try {
+      io::write_onnx(state.graph, values, file);
+    } catch (const Error& error) {
+      const std::string text = error.what();
+      problem = text.substr(std::min(text.size(), text.find("] ") + 2));
+    }
+  }
+  agree_on_error(state.mesh.comm(), "onnx", problem);
+}
+
 }  // namespace tessera::nn

@@ -51,6 +51,12 @@ class OnnxModel {
   /// Collective: the one-input graph on `x`; its first output.
   ShardTensor forward(const ShardTensor& x);
 
+  /// Collective: writes the model back as ONNX to `file` (rank 0 writes): the graph as read, with
+  /// every parameter's and buffer's initializer holding its current values (in the file's
+  /// element type), so a trained network goes back to PyTorch's ONNX consumers under the same
+  /// names. A problem is the same error on every rank.
+  void save(const std::string& file) const;
+
   struct State;
 
  private:
