@@ -555,6 +555,18 @@ std::optional<Step> compile_sharded(const OnnxNode& node, int64_t opset) {
     });
   if (op == "Softmax") return compile_softmax(node, false);
   if (op == "LogSoftmax") return compile_softmax(node, true);
+  if (op == "Transpose") {
+    // A relabelling of the layout (ops::permute): sharded dims move with the data.
+    const std::vector<int64_t> perm = node.integers("perm");
+    return Step([perm, &node](const RunContext& context, const Values& inputs) {
+      const ShardTensor x = data_of(context, node, inputs, 0);
+      std::vector<int64_t> dims = perm;
+      if (dims.empty())
+        for (int64_t d = static_cast<int64_t>(x.global_shape().size()) - 1; d >= 0; --d)
+          dims.push_back(d);
+      return std::vector<Value>{data_value(ops::permute(x, dims))};
+    });
+  }
   if (op == "Concat") return compile_concat(node);
   if (op == "Split") return compile_split(node);
   if (op == "Pad") return compile_pad(node);
