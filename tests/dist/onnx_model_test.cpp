@@ -1,6 +1,6 @@
 // Networks exported from PyTorch (tests/fixtures/onnx, made by
 // tests/fixtures/make_onnx_fixtures.py: a 2-d U-Net, a 3-d conv net with GroupNorm and BatchNorm,
-// an MLP block on [B, S, C], each at opsets 13 and 17) run as nn::OnnxModel on 1 rank, on 2 ranks
+// an MLP block on [B, S, C], a channels-last ConvNeXt block, each at opsets 13 and 17) run as nn::OnnxModel on 1 rank, on 2 ranks
 // (one dim sharded unevenly) and on a 2x2 mesh (two dims sharded unevenly), on the exported grid
 // and on a larger one: the outputs equal PyTorch's within 1e-10 in f64, and the sharded outputs
 // equal one rank's within 1e-12 relative. Hand-built graphs check the op fallback, folded shape
@@ -41,7 +41,7 @@ TEST(OnnxModel, ExportedNetworksMatchPyTorchOnUnevenShardsAndLargerGrids) {
   if (!io::onnx_available()) GTEST_SKIP() << "built without ONNX support";
   const std::string dir = testing::fixture_dir("onnx");
   const Json manifest = testing::read_manifest(dir);
-  ASSERT_EQ(manifest["cases"].size(), 6u);
+  ASSERT_EQ(manifest["cases"].size(), 8u);
   for (int world : {1, 2, 4}) {
     testing::run_world(world, [&](std::shared_ptr<Comm> comm) {
       const std::vector<int> shape = world == 4 ? std::vector<int>{2, 2} : std::vector<int>{world};
