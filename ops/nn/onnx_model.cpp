@@ -41,6 +41,10 @@ struct RunContext {
 };
 
 using Values = std::vector<std::optional<Value>>;
+
+/// Thrown by a step whose sharded op does not cover this call (a Slice with a step other than
+/// 1): the node runs through the op fallback instead.
+struct UseFallback {};
 using Step = std::function<std::vector<Value>(const RunContext&, const Values&)>;
 
 Value data_value(ShardTensor tensor) {
@@ -514,6 +518,49 @@ Step compile_reduce(const OnnxNode& node, bool mean) {
   };
 }
 
+/// Slice with unit steps as ops::split along each sliced axis (each part keeps x's layout cut to
+/// the rank's box: no communication); other steps through the op fallback.
+Step compile_slice(const OnnxNode& node) {
+  return [&node](const RunContext& context, const Values& inputs) {
+    ShardTensor x = data_of(context, node, inputs, 0);
+    const int64_t rank = static_cast<int64_t>(x.global_shape().size());
+    const std::vector<int64_t> starts = constant_of(node, inputs, 1, "starts").as_integers();
+    const std::vector<int64_t> ends = constant_of(node, inputs, 2, "ends").as_integers();
+    std::vector<int64_t> axes, steps(starts.size(), 1);
+    if (const std::optional<HostArray> given = optional_constant(node, inputs, 3, "axes")) {
+      axes = given->as_integers();
+    } else {
+      for (size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<int64_t>(i));
+    }
+    if (const std::optional<HostArray> given = optional_constant(node, inputs, 4, "steps"))
+      steps = given->as_integers();
+    check_arg(ends.size() == starts.size() && axes.size() == starts.size() &&
+                  steps.size() == starts.size(),
+              "onnx", "{}: starts, ends, axes and steps differ in length", node.where());
+    for (size_t i = 0; i < starts.size(); ++i) {
+      if (steps[i] != 1) throw UseFallback{};
+      const int64_t axis = onnx::normalize_axis(node, axes[i], rank);
+      const int64_t extent = x.global_shape()[axis];
+      auto clamp_index = [extent](int64_t index) {
+        if (index < 0) index = index < -extent ? 0 : index + extent;
+        return std::clamp<int64_t>(index, 0, extent);
+      };
+      const int64_t first = clamp_index(starts[i]);
+      const int64_t last = std::max(first, clamp_index(ends[i]));
+      if (first == 0 && last == extent) continue;
+      // Parts before, kept, after (empty parts left out).
+      std::vector<int64_t> sizes;
+      size_t kept = 0;
+      if (first > 0) sizes.push_back(first);
+      kept = sizes.size();
+      sizes.push_back(last - first);
+      if (last < extent) sizes.push_back(extent - last);
+      x = ops::split(x, sizes, axis)[kept];
+    }
+    return std::vector<Value>{data_value(x)};
+  };
+}
+
 /// Dropout in inference (no training_mode, or a constant false): the identity.
 Step compile_dropout(const OnnxNode& node) {
   check_arg(node.outputs.size() == 1 || node.outputs[1].empty(), "onnx",
@@ -567,6 +614,7 @@ std::optional<Step> compile_sharded(const OnnxNode& node, int64_t opset) {
       return std::vector<Value>{data_value(ops::permute(x, dims))};
     });
   }
+  if (op == "Slice") return compile_slice(node);
   if (op == "Concat") return compile_concat(node);
   if (op == "Split") return compile_split(node);
   if (op == "Pad") return compile_pad(node);
@@ -840,6 +888,7 @@ std::map<std::string, ShardTensor> OnnxModel::forward(
                                             [](const std::optional<Value>& input) {
                                               return !input || (input->constant && !input->sharded);
                                             });
+      bool handled = true;
       if (compiled.input_override) {
         results = (*compiled.step)(context, node_inputs);
       } else if (node.op_type == "Shape" && !node_inputs.empty() && node_inputs[0] &&
@@ -865,9 +914,18 @@ std::map<std::string, ShardTensor> OnnxModel::forward(
           constants.push_back(input ? input->constant : std::nullopt);
         for (HostArray& result : onnx::run_host_op(node, constants))
           results.push_back(Value{std::nullopt, std::move(result)});
-      } else if (compiled.step) {
-        results = (*compiled.step)(context, node_inputs);
       } else {
+        handled = false;
+      }
+      bool fallback = !handled && !compiled.step;
+      if (!handled && compiled.step) {
+        try {
+          results = (*compiled.step)(context, node_inputs);
+        } catch (const UseFallback&) {
+          fallback = true;
+        }
+      }
+      if (fallback) {
         // The op fallback: gather the inputs, compute the node on every rank, re-shard like
         // the first sharded input.
         std::vector<std::optional<HostArray>> gathered;

@@ -1,10 +1,11 @@
 // Networks exported from PyTorch (tests/fixtures/onnx, made by
 // tests/fixtures/make_onnx_fixtures.py: a 2-d U-Net, a 3-d conv net with GroupNorm and BatchNorm,
-// an MLP block on [B, S, C], a channels-last ConvNeXt block, each at opsets 13 and 17) run as nn::OnnxModel on 1 rank, on 2 ranks
-// (one dim sharded unevenly) and on a 2x2 mesh (two dims sharded unevenly), on the exported grid
-// and on a larger one: the outputs equal PyTorch's within 1e-10 in f64, and the sharded outputs
-// equal one rank's within 1e-12 relative. Hand-built graphs check the op fallback, folded shape
-// arithmetic and the errors for unsupported or malformed graphs.
+// an MLP block on [B, S, C], a channels-last ConvNeXt block, each at opsets 13 and 17) run as
+// nn::OnnxModel on 1 rank, on 2 ranks (one dim sharded unevenly) and on a 2x2 mesh (two dims
+// sharded unevenly), on the exported grid and on a larger one: the outputs equal PyTorch's within
+// 1e-10 in f64, and the sharded outputs equal one rank's within 1e-12 relative. Hand-built graphs
+// check the op fallback, folded shape arithmetic and the errors for unsupported or malformed
+// graphs.
 #include "ops/nn/onnx_model.hpp"
 
 #include <gtest/gtest.h>
@@ -210,6 +211,48 @@ TEST(OnnxModel, ReshapeOfShardedDataRunsThroughTheFallbackTransposeRelabelsShape
       // Only a sharded input is gathered (and named); one rank has nothing to gather.
       const std::vector<std::string> gathered =
           world == 1 ? std::vector<std::string>{} : std::vector<std::string>{"Reshape_node"};
+      EXPECT_EQ(model.fallback_nodes(), gathered);
+    });
+  }
+}
+
+/// x [2, 3, 7, 5] -> Slice(dims 2 and 3: [1, -1) and [2, 5)) -> Slice(dim 2, step 2): the unit
+/// steps run as ops::split on the sharded dims, the step 2 through the fallback.
+TEST(OnnxModel, SliceOfShardedDataSplitsWithUnitStepsAndFallsBackOtherwise) {
+  io::OnnxGraph graph;
+  graph.source = "slice";
+  graph.opset = 13;
+  graph.inputs = {{"x", 11, {-1, -1, -1, -1}}};
+  graph.outputs = {{"y", 11, {}}};
+  auto i64 = [](std::vector<int64_t> values) {
+    const Shape shape{static_cast<int64_t>(values.size())};
+    return Tensor::from_values<int64_t>(shape, values);
+  };
+  graph.initializers = {{"starts", i64({1, 2})}, {"ends", i64({-1, 9})}, {"axes", i64({2, 3})},
+                        {"s2", i64({0})},        {"e2", i64({100})},     {"a2", i64({2})},
+                        {"step2", i64({2})}};
+  graph.nodes = {node("Slice", {"x", "starts", "ends", "axes"}, {"cut"}),
+                 node("Slice", {"cut", "s2", "e2", "a2", "step2"}, {"y"})};
+  graph.nodes[1].name = "Strided";
+  io::validate_onnx_graph(graph);
+  Tensor x = Tensor::empty({2, 3, 7, 5}, DType::f64);
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<double>()[i] = std::cos(0.3 * i);
+  // y = x[:, :, 1:6:2, 2:5] by plain loops.
+  Tensor expected = Tensor::empty({2, 3, 3, 3}, DType::f64);
+  for (int64_t nc = 0; nc < 6; ++nc)
+    for (int64_t h = 0; h < 3; ++h)
+      for (int64_t w = 0; w < 3; ++w)
+        expected.data<double>()[(nc * 3 + h) * 3 + w] =
+            x.data<double>()[(nc * 7 + 1 + 2 * h) * 5 + 2 + w];
+  for (int world : {1, 4}) {
+    testing::run_world(world, [&](std::shared_ptr<Comm> comm) {
+      DeviceMesh mesh(comm, world == 4 ? std::vector<int>{2, 2} : std::vector<int>{1});
+      nn::OnnxModel model(graph, mesh, DType::f64);
+      const ShardTensor y = model.forward(sharded_input(x, mesh, {2, 3}));
+      EXPECT_EQ(y.global_shape(), (Shape{2, 3, 3, 3}));
+      EXPECT_EQ(max_abs_diff(y.full_tensor(), expected), 0.0);
+      const std::vector<std::string> gathered =
+          world == 1 ? std::vector<std::string>{} : std::vector<std::string>{"Strided"};
       EXPECT_EQ(model.fallback_nodes(), gathered);
     });
   }
