@@ -30,17 +30,20 @@ struct InferOptions {
   std::string device = "cpu", dtype = "f32";
 };
 
-/// Runs `body` on every rank; an Error any rank raises becomes the same AgreedError (tagged
-/// `tag`, with the lowest such rank's message) on every rank.
+/// Runs `body` on every rank; an Error any rank raises becomes an AgreedError on every rank, with
+/// the lowest such rank's message, tagged as that error was (`tag` where this rank raised none),
+/// so an error every rank meets alike prints one line, not one per rank.
 template <typename Body>
 void agreed_everywhere(Comm& world, const std::string& tag, Body body) {
   std::optional<std::string> problem;
+  std::string raised_tag = tag;
   try {
     body();
   } catch (const Error& error) {
     problem = untagged(error);
+    raised_tag = error.op();
   }
-  agree_on_error(world, tag, problem);
+  agree_on_error(world, raised_tag, problem);
 }
 
 /// Rank 0 checks that the input file holds every graph input and reads their shapes; every rank
@@ -115,16 +118,20 @@ void run_infer(std::shared_ptr<Comm> world, const InferOptions& options) {
                              "infer");
 
   const double start = now_seconds();
-  std::map<std::string, ShardTensor> inputs;
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    const bool like_first = shapes[i] == first;
-    inputs.emplace(
-        model->inputs()[i].name,
-        io::read_sharded(options.in, model->inputs()[i].name, mesh,
-                         like_first ? placements : replicated,
-                         like_first ? extents : std::vector<std::vector<int64_t>>{}, dtype));
-  }
-  const std::map<std::string, ShardTensor> outputs = model->forward(inputs);
+  std::map<std::string, ShardTensor> inputs, outputs;
+  // The ops agree on what only some ranks could see; errors of the graph itself (a shape that
+  // does not fit a node) are met by every rank alike and printed once.
+  agreed_everywhere(*world, "infer", [&] {
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const bool like_first = shapes[i] == first;
+      inputs.emplace(
+          model->inputs()[i].name,
+          io::read_sharded(options.in, model->inputs()[i].name, mesh,
+                           like_first ? placements : replicated,
+                           like_first ? extents : std::vector<std::vector<int64_t>>{}, dtype));
+    }
+    outputs = model->forward(inputs);
+  });
   const double seconds = now_seconds() - start;
 
   // The outputs are the only datasets of --out: an old file is removed first, then every rank

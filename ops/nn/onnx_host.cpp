@@ -568,9 +568,12 @@ std::vector<HostArray> run_host_op(const OnnxNode& node, const Inputs& inputs) {
   const auto unary = unary_ops().find(op);
   check_arg(unary != unary_ops().end(), "onnx", "{}: no host semantics", node.where());
   const Unary function = unary->second;
+  // Integers stay integers through the ops that map them to integers.
+  const bool keeps_integers =
+      op == "Neg" || op == "Abs" || op == "Relu" || op == "Floor" || op == "Ceil";
+  const bool integral = op == "Not" || (keeps_integers && need(node, inputs, 0).integral);
   return {elementwise(
-      node, {need(node, inputs, 0)}, [function](V v) { return function(v[0]); },
-      op == "Not" ? std::optional<bool>(true) : std::optional<bool>(false))};
+      node, {need(node, inputs, 0)}, [function](V v) { return function(v[0]); }, integral)};
 }
 
 }  // namespace tessera::nn::onnx
