@@ -526,4 +526,24 @@ std::optional<Tensor> reduce_to_view_cpu(const Tensor& grad, const Shape& operan
   return sums.to_dtype(grad.dtype());
 }
 
+std::optional<Tensor> select_typed_cpu(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  if (cond.dtype() != a.dtype() || a.dtype() != b.dtype() || cond.shape() != a.shape() ||
+      a.shape() != b.shape())
+    return std::nullopt;
+  std::optional<Tensor> result;
+  visit_float_dtype(a.dtype(), [&]<typename T>(T) {
+    const Tensor mask = cond.contiguous(), left = a.contiguous(), right = b.contiguous();
+    Tensor out = Tensor::empty(left.shape(), left.dtype());
+    const T* m = mask.data<T>();
+    const T* x = left.data<T>();
+    const T* y = right.data<T>();
+    T* o = out.data<T>();
+    parallel_ranges(out.numel(), [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
+      for (int64_t i = lo; i < hi; ++i) o[i] = m[i] != 0 ? x[i] : y[i];
+    });
+    result = out;
+  });
+  return result;
+}
+
 }  // namespace tessera::ops

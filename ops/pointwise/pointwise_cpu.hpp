@@ -42,4 +42,8 @@ std::optional<std::pair<Tensor, Tensor>> binary_backward_cpu(const std::string& 
 std::optional<Tensor> reduce_to_view_cpu(const Tensor& grad, const Shape& operand_shape,
                                          const OperandView& view);
 
+/// cond != 0 ? a : b elementwise for operands of one shape and one dtype (f32 or f64); nullopt
+/// otherwise.
+std::optional<Tensor> select_typed_cpu(const Tensor& cond, const Tensor& a, const Tensor& b);
+
 }  // namespace tessera::ops

@@ -376,6 +376,7 @@ Tensor where_operand(const Tensor& operand, const Shape& operand_global, const S
 /// out = cond != 0 ? a : b elementwise (same shapes; cond in any dtype, a and b floating; in a's
 /// dtype).
 Tensor select_cpu(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  if (std::optional<Tensor> typed = select_typed_cpu(cond, a, b)) return *typed;
   const Tensor mask = cond.to_dtype(DType::f64).contiguous();
   const Tensor a64 = a.to_dtype(DType::f64).contiguous();
   const Tensor b64 = b.to_dtype(DType::f64).contiguous();
