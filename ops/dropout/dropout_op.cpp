@@ -87,6 +87,9 @@ Tensor apply_mask_typed(const DropoutAttrs& a, const Tensor& t, const Shape& glo
   parallel_ranges(
       rows,
       [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
+        // Locals, so that the stores through out cannot change them (the loop vectorises).
+        const T factor = keep;
+        const uint64_t seed_bits = mixed_seed, bar = threshold;
         for (int64_t row = lo; row < hi; ++row) {
           uint64_t first = 0;
           int64_t rest = row;
@@ -98,8 +101,8 @@ Tensor apply_mask_typed(const DropoutAttrs& a, const Tensor& t, const Shape& glo
           const T* x = in + row * inner;
           T* y = out + row * inner;
           for (int64_t j = 0; j < inner; ++j) {
-            const uint64_t bits = kernels::splitmix64(mixed_seed ^ (first + uint64_t(j)));
-            y[j] = x[j] * ((bits >> 11) >= threshold ? keep : T(0));
+            const uint64_t bits = kernels::splitmix64(seed_bits ^ (first + uint64_t(j)));
+            y[j] = x[j] * ((bits >> 11) >= bar ? factor : T(0));
           }
         }
       },

@@ -356,7 +356,8 @@ std::optional<Tensor> unary_forward_cpu(const std::string& name, const Tensor& x
       T* y = out.data<T>();
       const Op<T> op{static_cast<T>(a), static_cast<T>(b)};
       parallel_ranges(source.numel(), [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
-        for (int64_t i = lo; i < hi; ++i) y[i] = op.forward(in[i]);
+        const Op<T> f = op;  // a local copy: stores through y cannot change its parameters
+        for (int64_t i = lo; i < hi; ++i) y[i] = f.forward(in[i]);
       });
       result = out;
     });
@@ -377,7 +378,8 @@ std::optional<Tensor> unary_backward_cpu(const std::string& name, const Tensor& 
       T* dx = out.data<T>();
       const Op<T> op{static_cast<T>(a), static_cast<T>(b)};
       parallel_ranges(values.numel(), [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
-        for (int64_t i = lo; i < hi; ++i) dx[i] = op.backward(in[i], gv[i]);
+        const Op<T> f = op;  // a local copy: stores through dx cannot change its parameters
+        for (int64_t i = lo; i < hi; ++i) dx[i] = f.backward(in[i], gv[i]);
       });
       result = out;
     });

@@ -139,16 +139,29 @@ std::optional<Tensor> blocked_broadcast_cpu(const Tensor& g, const Shape& shape,
   Tensor result = Tensor::empty(shape, g.dtype());
   auto fill = [&]<typename T>(const T* in, T* out) {
     const Blocks b = *blocks;
+    if (b.inner == 1) {
+      // out[o, r] = g[o] * scale: runs of one value over the flat range.
+      parallel_ranges(b.outer * b.reduced, [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
+        while (lo < hi) {
+          const int64_t o = lo / b.reduced, end = std::min(hi, (o + 1) * b.reduced);
+          const T value = static_cast<T>(double(in[o]) * scale);
+          for (int64_t i = lo; i < end; ++i) out[i] = value;
+          lo = end;
+        }
+      });
+      return;
+    }
     // Units of (outer, reduced) rows of inner elements: out[o, r, i] = g[o, i] * scale, the
     // product in f64 as the general path takes it.
     parallel_ranges(
         b.outer * b.reduced,
         [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
+          const double factor = scale;  // a local: stores through out cannot change it
           for (int64_t row = lo; row < hi; ++row) {
             const T* from = in + (row / b.reduced) * b.inner;
             T* to = out + row * b.inner;
             for (int64_t i = 0; i < b.inner; ++i)
-              to[i] = static_cast<T>(double(from[i]) * scale);
+              to[i] = static_cast<T>(double(from[i]) * factor);
           }
         },
         std::max<int64_t>(1, kPiece / std::max<int64_t>(1, b.inner)));

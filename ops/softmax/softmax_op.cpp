@@ -170,9 +170,13 @@ Tensor forward_typed(const SoftmaxCall& call, const DeviceMesh& mesh, const Tens
   for_slot_columns(s, [&](int64_t o, int64_t first, int64_t count) TESSERA_LOOP_BODY {
     const T* p = peaks + o * s.inner + first;
     double* t = totals + o * s.inner + first;
+    // The exponentials into a buffer first: one loop of exp alone vectorises, one of exp widened
+    // and accumulated does not (GCC 12).
+    T e[kSlotColumns];
     for (int64_t l = 0; l < s.length; ++l) {
       const T* v = in + (o * s.length + l) * s.inner + first;
-      for (int64_t i = 0; i < count; ++i) t[i] += double(softmax_exp(T(v[i] - p[i])));
+      for (int64_t i = 0; i < count; ++i) e[i] = softmax_exp(T(v[i] - p[i]));
+      for (int64_t i = 0; i < count; ++i) t[i] += double(e[i]);
     }
   });
   total = combine(mesh, call.mesh_dims, std::move(total), false);
@@ -190,10 +194,12 @@ Tensor forward_typed(const SoftmaxCall& call, const DeviceMesh& mesh, const Tens
       const int64_t base = (o * s.length + l) * s.inner + first;
       const T* v = in + base;
       T* w = out + base;
-      if (log)
+      if (log) {
         for (int64_t i = 0; i < count; ++i) w[i] = (v[i] - p[i]) - n[i];
-      else
-        for (int64_t i = 0; i < count; ++i) w[i] = softmax_exp(T(v[i] - p[i])) / n[i];
+      } else {
+        for (int64_t i = 0; i < count; ++i) w[i] = softmax_exp(T(v[i] - p[i]));
+        for (int64_t i = 0; i < count; ++i) w[i] = w[i] / n[i];
+      }
     }
   });
   return y;
@@ -231,9 +237,10 @@ Tensor backward_typed(const SoftmaxCall& call, const DeviceMesh& mesh, const Ten
       const T* yr = yv + base;
       const T* gr = gv + base;
       T* w = out + base;
-      if (log)
-        for (int64_t i = 0; i < count; ++i) w[i] = gr[i] - softmax_exp(yr[i]) * t[i];
-      else
+      if (log) {
+        for (int64_t i = 0; i < count; ++i) w[i] = softmax_exp(yr[i]);
+        for (int64_t i = 0; i < count; ++i) w[i] = gr[i] - w[i] * t[i];
+      } else
         for (int64_t i = 0; i < count; ++i) w[i] = yr[i] * (gr[i] - t[i]);
     }
   });
