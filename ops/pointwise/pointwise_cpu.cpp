@@ -71,9 +71,7 @@ struct Relu {
 template <typename T>
 struct Gelu {
   T a, b;
-  TESSERA_VM_INLINE T forward(T x) const {
-    return T(0.5) * x * (1 + erf_of(x * T(kInvSqrt2)));
-  }
+  TESSERA_VM_INLINE T forward(T x) const { return T(0.5) * x * (1 + erf_of(x * T(kInvSqrt2))); }
   TESSERA_VM_INLINE T backward(T x, T g) const {
     return (T(0.5) * (1 + erf_of(x * T(kInvSqrt2))) +
             x * T(kInvSqrt2Pi) * exp_of(T(-0.5) * x * x)) *
@@ -149,9 +147,7 @@ template <typename T>
 struct Erf {
   T a, b;
   TESSERA_VM_INLINE T forward(T x) const { return erf_of(x); }
-  TESSERA_VM_INLINE T backward(T x, T g) const {
-    return T(kTwoOverSqrtPi) * exp_of(-x * x) * g;
-  }
+  TESSERA_VM_INLINE T backward(T x, T g) const { return T(kTwoOverSqrtPi) * exp_of(-x * x) * g; }
 };
 template <typename T>
 struct Sqrt {
@@ -188,9 +184,7 @@ struct Clamp {
     const T low = x < a ? a : x;
     return low > b ? b : low;
   }
-  TESSERA_VM_INLINE T backward(T x, T g) const {
-    return (x >= a && x <= b ? T(1) : T(0)) * g;
-  }
+  TESSERA_VM_INLINE T backward(T x, T g) const { return (x >= a && x <= b ? T(1) : T(0)) * g; }
 };
 
 template <template <typename> class Op>
@@ -402,31 +396,29 @@ std::optional<Tensor> binary_forward_cpu(const std::string& name, const Tensor& 
       T* z = out.data<T>();
       const Op<T> op;
       // Rows with the other operand constant (stride 0), contiguous, or strided.
-      auto row = [&](int64_t flat, int64_t offset, int64_t length, int64_t stride)
-                     TESSERA_LOOP_BODY {
-                       const T* x = a + flat;
-                       const T* y = b + offset;
-                       T* o = z + flat;
-                       if (stride == 0) {
-                         const T c = *y;
-                         if (swapped)
-                           for (int64_t j = 0; j < length; ++j) o[j] = op.forward(c, x[j]);
-                         else
-                           for (int64_t j = 0; j < length; ++j) o[j] = op.forward(x[j], c);
-                       } else if (stride == 1) {
-                         if (swapped)
-                           for (int64_t j = 0; j < length; ++j) o[j] = op.forward(y[j], x[j]);
-                         else
-                           for (int64_t j = 0; j < length; ++j) o[j] = op.forward(x[j], y[j]);
-                       } else {
-                         for (int64_t j = 0; j < length; ++j)
-                           o[j] = swapped ? op.forward(y[j * stride], x[j])
-                                          : op.forward(x[j], y[j * stride]);
-                       }
-                     };
-      parallel_ranges(layout.count, [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
-        for_rows(layout, lo, hi, row);
-      });
+      auto row = [&](int64_t flat, int64_t offset, int64_t length,
+                     int64_t stride) TESSERA_LOOP_BODY {
+        const T* x = a + flat;
+        const T* y = b + offset;
+        T* o = z + flat;
+        if (stride == 0) {
+          const T c = *y;
+          if (swapped)
+            for (int64_t j = 0; j < length; ++j) o[j] = op.forward(c, x[j]);
+          else
+            for (int64_t j = 0; j < length; ++j) o[j] = op.forward(x[j], c);
+        } else if (stride == 1) {
+          if (swapped)
+            for (int64_t j = 0; j < length; ++j) o[j] = op.forward(y[j], x[j]);
+          else
+            for (int64_t j = 0; j < length; ++j) o[j] = op.forward(x[j], y[j]);
+        } else {
+          for (int64_t j = 0; j < length; ++j)
+            o[j] = swapped ? op.forward(y[j * stride], x[j]) : op.forward(x[j], y[j * stride]);
+        }
+      };
+      parallel_ranges(layout.count, [&](int64_t lo, int64_t hi)
+                                        TESSERA_LOOP_BODY { for_rows(layout, lo, hi, row); });
       result = out;
     });
   });
@@ -484,9 +476,8 @@ std::optional<std::pair<Tensor, Tensor>> binary_backward_cpu(const std::string& 
                          }
                        }
                      };
-      parallel_ranges(layout.count, [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
-        for_rows(layout, lo, hi, row);
-      });
+      parallel_ranges(layout.count, [&](int64_t lo, int64_t hi)
+                                        TESSERA_LOOP_BODY { for_rows(layout, lo, hi, row); });
       result = std::make_pair(d_lead, d_other);
     });
   });
@@ -504,25 +495,23 @@ std::optional<Tensor> reduce_to_view_cpu(const Tensor& grad, const Shape& operan
   // A row along which the operand is constant is summed with 16 independent lanes first.
   visit_float_dtype(source.dtype(), [&]<typename T>(T) {
     const T* in = source.data<T>();
-    auto row = [&](int64_t flat, int64_t offset, int64_t length, int64_t stride)
-                   TESSERA_LOOP_BODY {
-                     const T* x = in + flat;
-                     if (stride == 0) {
-                       constexpr int kLanes = 16;
-                       double lanes[kLanes] = {};
-                       int64_t j = 0;
-                       for (; j + kLanes <= length; j += kLanes)
-                         for (int l = 0; l < kLanes; ++l) lanes[l] += double(x[j + l]);
-                       double total = 0;
-                       for (int l = 0; l < kLanes; ++l) total += lanes[l];
-                       for (; j < length; ++j) total += double(x[j]);
-                       out[offset] += total;
-                     } else {
-                       for (int64_t j = 0; j < length; ++j) out[offset + j * stride] += double(x[j]);
-                     }
-                   };
-    run_with_isa([&](int64_t lo, int64_t hi)
-                     TESSERA_LOOP_BODY { for_rows(layout, lo, hi, row); },
+    auto row = [&](int64_t flat, int64_t offset, int64_t length, int64_t stride) TESSERA_LOOP_BODY {
+      const T* x = in + flat;
+      if (stride == 0) {
+        constexpr int kLanes = 16;
+        double lanes[kLanes] = {};
+        int64_t j = 0;
+        for (; j + kLanes <= length; j += kLanes)
+          for (int l = 0; l < kLanes; ++l) lanes[l] += double(x[j + l]);
+        double total = 0;
+        for (int l = 0; l < kLanes; ++l) total += lanes[l];
+        for (; j < length; ++j) total += double(x[j]);
+        out[offset] += total;
+      } else {
+        for (int64_t j = 0; j < length; ++j) out[offset + j * stride] += double(x[j]);
+      }
+    };
+    run_with_isa([&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY { for_rows(layout, lo, hi, row); },
                  0, layout.count);
   });
   return sums.to_dtype(grad.dtype());

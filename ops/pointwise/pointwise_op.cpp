@@ -253,11 +253,11 @@ void register_binary(const BinaryMath& math, const std::string& name, int64_t de
                          attrs_with_align(context.attrs), name);
     const Tensor& lead = inputs[al.lead];
     // Typed loop reading a broadcast operand through stride 0 (nothing expanded).
-    if (std::optional<Tensor> z = binary_forward_cpu(
-            name, lead, inputs[1 - al.lead],
-            operand_view(lead, inputs[1 - al.lead], al.broadcast, context.input_boxes[al.lead],
-                         al.offset, name),
-            al.lead == 1))
+    if (std::optional<Tensor> z =
+            binary_forward_cpu(name, lead, inputs[1 - al.lead],
+                               operand_view(lead, inputs[1 - al.lead], al.broadcast,
+                                            context.input_boxes[al.lead], al.offset, name),
+                               al.lead == 1))
       return std::vector<Tensor>{*z};
     Tensor other = inputs[1 - al.lead];
     if (al.broadcast) other = expand_to_box(other, context.input_boxes[al.lead], al.offset);
@@ -311,13 +311,11 @@ void register_binary(const BinaryMath& math, const std::string& name, int64_t de
       std::tie(grad_lead, grad_other_local) = *fused;
       if (al.broadcast) {
         const Shape& other_shape = other.global_shape();
-        const OperandView sums_view = broadcast_operand_view(
-            other_shape, contiguous_strides(other_shape), box.lo, al.offset);
-        std::optional<Tensor> summed =
-            reduce_to_view_cpu(grad_other_local, other_shape, sums_view);
+        const OperandView sums_view =
+            broadcast_operand_view(other_shape, contiguous_strides(other_shape), box.lo, al.offset);
+        std::optional<Tensor> summed = reduce_to_view_cpu(grad_other_local, other_shape, sums_view);
         grad_other_local =
-            summed ? *summed
-                   : reduce_to_operand(grad_other_local, other_shape, box, al.offset);
+            summed ? *summed : reduce_to_operand(grad_other_local, other_shape, box, al.offset);
       }
     } else {
       const Tensor other_local =

@@ -160,8 +160,7 @@ std::optional<Tensor> blocked_broadcast_cpu(const Tensor& g, const Shape& shape,
           for (int64_t row = lo; row < hi; ++row) {
             const T* from = in + (row / b.reduced) * b.inner;
             T* to = out + row * b.inner;
-            for (int64_t i = 0; i < b.inner; ++i)
-              to[i] = static_cast<T>(double(from[i]) * factor);
+            for (int64_t i = 0; i < b.inner; ++i) to[i] = static_cast<T>(double(from[i]) * factor);
           }
         },
         std::max<int64_t>(1, kPiece / std::max<int64_t>(1, b.inner)));

@@ -43,9 +43,11 @@ TEST(PointwiseCpu, UnaryF32WithinFloatRoundingOfF64) {
   for (const UnaryMath& math : unary_math) {
     const std::string name = math.name;
     const bool positive = name == "sqrt" || name == "log";
-    const double a = name == "clamp" ? -0.25 : name == "softplus" ? 1.0 : name == "scale" ? 1.5
-                     : name == "leaky_relu"                             ? 0.01
-                                                                         : 0.0;
+    const double a = name == "clamp"        ? -0.25
+                     : name == "softplus"   ? 1.0
+                     : name == "scale"      ? 1.5
+                     : name == "leaky_relu" ? 0.01
+                                            : 0.0;
     const double b = name == "clamp" ? 0.25 : name == "softplus" ? 20.0 : 0.0;
     const std::vector<double> xs = sample_values(positive);
     std::vector<double> gs = sample_values(false);
@@ -64,8 +66,8 @@ TEST(PointwiseCpu, UnaryF32WithinFloatRoundingOfF64) {
         const UnaryParams p{dtype == DType::f64 ? a : double(float(a)),
                             dtype == DType::f64 ? b : double(float(b))};
         const double want = math.forward(x64, p);
-        const double y64 = math.reads_output ? (dtype == DType::f64 ? want : double(float(want)))
-                                             : 0.0;
+        const double y64 =
+            math.reads_output ? (dtype == DType::f64 ? want : double(float(want))) : 0.0;
         const double want_dx = math.derivative(x64, y64, p) * g64;
         EXPECT_LE(std::fabs(y[i] - want), tolerance * (1 + std::fabs(want)))
             << name << " f" << (dtype == DType::f64 ? 64 : 32) << " x = " << x64;
@@ -91,11 +93,12 @@ TEST(PointwiseCpu, F32SpecialValuesKeepTheirConventions) {
   EXPECT_TRUE(std::isnan(f32("clamp", nan, -1, 1)));
   EXPECT_EQ(f32("clamp", 5.0, -kInf, 1), 1.0);
   EXPECT_EQ(f32("clamp", -5.0, -kInf, kInf), -5.0);
-  EXPECT_EQ(f32("clamp", 0.0, 1, -1), -1.0);  // min > max: max wins
+  EXPECT_EQ(f32("clamp", 0.0, 1, -1), -1.0);         // min > max: max wins
   EXPECT_EQ(f32("softplus", 100.0, 1, 200), 100.0);  // no overflow inside the threshold
   EXPECT_NEAR(f32("softplus", -100.0, 1, 20), std::exp(-100.0), 1.5e-45);  // a subnormal
   // maximum propagates NaN from either side and splits a tie's gradient.
-  const Tensor a = tensor_of({nan, 1.0, 2.0}, DType::f32), b = tensor_of({1.0, nan, 2.0}, DType::f32);
+  const Tensor a = tensor_of({nan, 1.0, 2.0}, DType::f32),
+               b = tensor_of({1.0, nan, 2.0}, DType::f32);
   const OperandView same{a.strides(), 0};
   const std::vector<double> z = values_of(*binary_forward_cpu("maximum", a, b, same, false));
   EXPECT_TRUE(std::isnan(z[0]) && std::isnan(z[1]));
@@ -105,7 +108,8 @@ TEST(PointwiseCpu, F32SpecialValuesKeepTheirConventions) {
   EXPECT_EQ(values_of(grads->first)[2], 0.5);
   EXPECT_EQ(values_of(grads->second)[2], 0.5);
   // pow's zero cases: d/dx is 0 where the exponent is 0, d/dy 0 where the base is 0.
-  const Tensor base = tensor_of({0.0, 2.0}, DType::f32), exponent = tensor_of({2.0, 0.0}, DType::f32);
+  const Tensor base = tensor_of({0.0, 2.0}, DType::f32),
+               exponent = tensor_of({2.0, 0.0}, DType::f32);
   const auto pow_grads = binary_backward_cpu("pow", base, exponent, OperandView{base.strides(), 0},
                                              tensor_of({1, 1}, DType::f32), false);
   EXPECT_EQ(values_of(pow_grads->first)[1], 0.0);

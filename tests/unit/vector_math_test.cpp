@@ -2,6 +2,8 @@
 // error in ulps of the float result over a seeded sweep of every binade (both signs, subnormals
 // included) and the special values (0, -0, +-inf, NaN, the smallest subnormal, the largest
 // float, the ends of each function's ranges).
+#include "ops/pointwise/vector_math.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,8 +11,6 @@
 #include <limits>
 #include <random>
 #include <vector>
-
-#include "ops/pointwise/vector_math.hpp"
 
 namespace tessera::ops {
 namespace {
@@ -96,7 +96,8 @@ TEST(VectorMath, ExpWithinTwoUlpEverywhere) {
 }
 
 TEST(VectorMath, LogWithinTwoUlpEverywhere) {
-  const auto [error, at] = worst(sweep(-149, 128), vm::log_f32, [](double x) { return std::log(x); });
+  const auto [error, at] =
+      worst(sweep(-149, 128), vm::log_f32, [](double x) { return std::log(x); });
   EXPECT_LE(error, 2.0) << "at x = " << at;
   EXPECT_EQ(vm::log_f32(0.0f), -kInf);
   EXPECT_EQ(vm::log_f32(-0.0f), -kInf);
@@ -133,7 +134,8 @@ TEST(VectorMath, TanhWithinTwoUlpEverywhere) {
 }
 
 TEST(VectorMath, ErfWithinTwoUlpEverywhere) {
-  const auto [error, at] = worst(sweep(-149, 128), vm::erf_f32, [](double x) { return std::erf(x); });
+  const auto [error, at] =
+      worst(sweep(-149, 128), vm::erf_f32, [](double x) { return std::erf(x); });
   EXPECT_LE(error, 2.0) << "at x = " << at;
   EXPECT_TRUE(std::signbit(vm::erf_f32(-0.0f)));
   EXPECT_EQ(vm::erf_f32(kInf), 1.0f);
