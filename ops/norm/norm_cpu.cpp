@@ -462,29 +462,47 @@ Tensor norm_backward_sums_cpu(const NormGeometry& g, const Tensor& x, const Tens
     if (want_db) grads.db = tensor_of(db, {g.channels}, x.dtype());
     return sums;
   }
-  // layer_norm: column sums over the planes (rows) in order, threads over blocks of columns.
+  // layer_norm: column sums over the planes (rows). Units of (a range of kPlanes planes, a block
+  // of kColumns columns) run on the compute threads, each summing its planes in order into its
+  // own partial row; the partial rows are then added in plane-range order (the order depends on
+  // the shape only).
   std::vector<double> dw(static_cast<size_t>(g.length), 0.0), db(dw.size(), 0.0);
   constexpr int64_t kColumns = 256;
+  constexpr int64_t kPlanes = 2048;
+  const int64_t blocks = (g.length + kColumns - 1) / kColumns;
+  const int64_t ranges = std::max<int64_t>(1, (g.planes() + kPlanes - 1) / kPlanes);
+  std::vector<double> partial(static_cast<size_t>(2 * ranges * g.length), 0.0);
   dispatch_norm(input.dtype(), op_name(g), [&]<typename T, typename C>() {
     const T* in = static_cast<const T*>(input.raw_data());
     const T* gy = static_cast<const T*>(grad.raw_data());
-    const int64_t blocks = (g.length + kColumns - 1) / kColumns;
-    parallel_for(blocks, compute_threads(), [&](int64_t begin, int64_t end, int) {
-      for (int64_t block = begin; block < end; ++block) {
+    parallel_for(blocks * ranges, compute_threads(), [&](int64_t begin, int64_t end, int) {
+      for (int64_t unit = begin; unit < end; ++unit) {
+        const int64_t block = unit % blocks, range = unit / blocks;
         const int64_t lo = block * kColumns, hi = std::min(g.length, lo + kColumns);
-        for (int64_t plane = 0; plane < g.planes(); ++plane) {
+        const int64_t first = range * kPlanes, last = std::min(g.planes(), first + kPlanes);
+        double* part_db = partial.data() + 2 * range * g.length;
+        double* part_dw = part_db + g.length;
+        for (int64_t plane = first; plane < last; ++plane) {
           const double mean = s[4 * plane], rstd = s[4 * plane + 1];  // slot = plane
           const T* p = in + plane * g.length;
           const T* d = gy + plane * g.length;
           for (int64_t i = lo; i < hi; ++i) {
             const double value = widen(d[i]);
-            db[i] += value;
-            dw[i] += value * ((widen(p[i]) - mean) * rstd);
+            part_db[i] += value;
+            part_dw[i] += value * ((widen(p[i]) - mean) * rstd);
           }
         }
       }
     });
   });
+  for (int64_t range = 0; range < ranges; ++range) {
+    const double* part_db = partial.data() + 2 * range * g.length;
+    const double* part_dw = part_db + g.length;
+    for (int64_t i = 0; i < g.length; ++i) {
+      db[i] += part_db[i];
+      dw[i] += part_dw[i];
+    }
+  }
   if (want_dw) grads.dw = tensor_of(dw, {g.length}, x.dtype());
   if (want_db) grads.db = tensor_of(db, {g.length}, x.dtype());
   return sums;

@@ -8,7 +8,8 @@
 // and each rank uses the slice matching its local box. Gradients of a broadcast operand are
 // local sums over each rank's box: Partial(sum) along mesh dims that shard the lead.
 //
-// Devices: cpu kernels and backward compute through map_elements/zip_elements on the host; on
+// Devices: cpu kernels and backward run the typed loops of pointwise_cpu.hpp for f32 and f64
+// (map_elements/zip_elements for f16 and bf16); on
 // cuda the same ops run the kernels of pointwise_cuda.hpp on the rank's compute stream (the
 // backward fused: one pass over the saved tensors and g).
 #include <fmt/format.h>
@@ -18,6 +19,7 @@
 #include "core/autograd.hpp"
 #include "ops/op_helpers.hpp"
 #include "ops/pointwise/broadcast.hpp"
+#include "ops/pointwise/pointwise_cpu.hpp"
 #include "ops/pointwise/pointwise_cuda.hpp"
 #include "ops/pointwise/pointwise_math.hpp"
 #include "ops/pointwise/pointwise_ops.hpp"
@@ -78,6 +80,8 @@ void register_unary(const UnaryMath& math) {
   KernelFn cpu = [&math, name](const KernelContext& context, const std::vector<Tensor>& inputs) {
     require_floating_cpu(inputs[0], name);
     const UnaryParams p = unary_params(name, context.attrs);
+    if (std::optional<Tensor> y = unary_forward_cpu(name, inputs[0], p.a, p.b))
+      return std::vector<Tensor>{*y};
     return std::vector<Tensor>{
         map_elements(inputs[0], [&](double x) { return math.forward(x, p); })};
   };
@@ -93,11 +97,13 @@ void register_unary(const UnaryMath& math) {
       const ShardTensor& g = *grads[0];
       const Tensor& g_local = g.to_local();
       const double slope = math.derivative(0, 0, p);
-      const Tensor dx = g_local.device().is_cuda()
-                            ? unary_backward_cuda("scale", g_local, g_local, g_local, slope, 0,
-                                                  compute_stream_for(g_local.device()))
-                            : map_elements(g_local, [&](double v) { return slope * v; });
-      return {ShardTensor(dx, g.mesh(), g.spec())};
+      if (g_local.device().is_cuda())
+        return {ShardTensor(unary_backward_cuda("scale", g_local, g_local, g_local, slope, 0,
+                                                compute_stream_for(g_local.device())),
+                            g.mesh(), g.spec())};
+      std::optional<Tensor> dx = unary_backward_cpu("scale", g_local, g_local, slope, 0);
+      if (!dx) dx = map_elements(g_local, [&](double v) { return slope * v; });
+      return {ShardTensor(*dx, g.mesh(), g.spec())};
     }
     const ShardTensor& x = record.inputs[0];
     const ShardTensor g = grads[0]->redistribute(x.placements(), x.spec().extents);
@@ -107,6 +113,10 @@ void register_unary(const UnaryMath& math) {
       return {ShardTensor(unary_backward_cuda(name, x_local, y, g.to_local(), p.a, p.b,
                                               compute_stream_for(x_local.device())),
                           x.mesh(), x.spec())};
+    // One fused pass over the tensor the derivative reads and g.
+    if (std::optional<Tensor> dx =
+            unary_backward_cpu(name, math.reads_output ? y : x_local, g.to_local(), p.a, p.b))
+      return {ShardTensor(*dx, x.mesh(), x.spec())};
     const Tensor xy =
         zip_elements(x_local, y, [&](double xv, double yv) { return math.derivative(xv, yv, p); });
     return {ShardTensor(zip_elements(xy, g.to_local(), [](double d, double gv) { return d * gv; }),
@@ -242,6 +252,13 @@ void register_binary(const BinaryMath& math, const std::string& name, int64_t de
         binary_alignment(context.input_specs[0].global_shape, context.input_specs[1].global_shape,
                          attrs_with_align(context.attrs), name);
     const Tensor& lead = inputs[al.lead];
+    // Typed loop reading a broadcast operand through stride 0 (nothing expanded).
+    if (std::optional<Tensor> z =
+            binary_forward_cpu(name, lead, inputs[1 - al.lead],
+                               operand_view(lead, inputs[1 - al.lead], al.broadcast,
+                                            context.input_boxes[al.lead], al.offset, name),
+                               al.lead == 1))
+      return std::vector<Tensor>{*z};
     Tensor other = inputs[1 - al.lead];
     if (al.broadcast) other = expand_to_box(other, context.input_boxes[al.lead], al.offset);
     return std::vector<Tensor>{al.lead == 0 ? zip_elements(lead, other, math.forward)
@@ -286,6 +303,20 @@ void register_binary(const BinaryMath& math, const std::string& name, int64_t de
       if (al.broadcast)
         grad_other_local =
             reduce_to_operand_cuda(grad_other_local, other.global_shape(), box, al.offset, stream);
+    } else if (std::optional<std::pair<Tensor, Tensor>> fused = binary_backward_cpu(
+                   name, lead_local, other.to_local(),
+                   operand_view(lead_local, other.to_local(), al.broadcast, box, al.offset, name),
+                   g.to_local(), al.lead == 1)) {
+      // One pass over both operands and g; a broadcast operand's gradient summed onto its shape.
+      std::tie(grad_lead, grad_other_local) = *fused;
+      if (al.broadcast) {
+        const Shape& other_shape = other.global_shape();
+        const OperandView sums_view =
+            broadcast_operand_view(other_shape, contiguous_strides(other_shape), box.lo, al.offset);
+        std::optional<Tensor> summed = reduce_to_view_cpu(grad_other_local, other_shape, sums_view);
+        grad_other_local =
+            summed ? *summed : reduce_to_operand(grad_other_local, other_shape, box, al.offset);
+      }
     } else {
       const Tensor other_local =
           al.broadcast ? expand_to_box(other.to_local(), box, al.offset) : other.to_local();
@@ -343,6 +374,7 @@ Tensor where_operand(const Tensor& operand, const Shape& operand_global, const S
 /// out = cond != 0 ? a : b elementwise (same shapes; cond in any dtype, a and b floating; in a's
 /// dtype).
 Tensor select_cpu(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  if (std::optional<Tensor> typed = select_typed_cpu(cond, a, b)) return *typed;
   const Tensor mask = cond.to_dtype(DType::f64).contiguous();
   const Tensor a64 = a.to_dtype(DType::f64).contiguous();
   const Tensor b64 = b.to_dtype(DType::f64).contiguous();

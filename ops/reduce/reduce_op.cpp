@@ -2,7 +2,8 @@
 // gives Partial(sum): each rank sums its own elements; mean divides every partial sum by the
 // GLOBAL count, so the reduction of the partials is exact on uneven and empty shards.
 //
-// Devices: the cpu kernels sum in f64 on the host; the cuda kernels (reduce_cuda.hpp) sum
+// Devices: the cpu kernels sum in f64 on the host (reduce_cpu.hpp's typed loops when the reduced
+// dims are one block); the cuda kernels (reduce_cuda.hpp) sum
 // deterministically on the rank's compute stream, accumulating in float (f16, bf16, f32) or
 // double (f64), and the gradients are fused broadcasts on the device.
 #include <fmt/format.h>
@@ -11,6 +12,7 @@
 #include <algorithm>
 
 #include "ops/op_helpers.hpp"
+#include "ops/reduce/reduce_cpu.hpp"
 #include "ops/reduce/reduce_cuda.hpp"
 #include "ops/reduce/reduce_ops.hpp"
 
@@ -66,6 +68,7 @@ ShardSpec reduced_layout(const ShardSpec& input, const std::vector<int64_t>& dim
 
 /// Local sum of x over `dims` (keepdim shape), in f64, then cast back.
 Tensor local_sum(const Tensor& x, const std::vector<int64_t>& dims, double scale) {
+  if (std::optional<Tensor> sums = blocked_sum_cpu(x, dims, scale)) return *sums;
   const Tensor source = x.to_dtype(DType::f64).contiguous();
   Shape kept = source.shape();
   for (int64_t d : dims) kept[d] = 1;
@@ -104,8 +107,10 @@ Tensor local_sum(const Tensor& x, const std::vector<int64_t>& dims, double scale
   return sums.to_dtype(x.dtype());
 }
 
-/// Tensor `g` (keepdim shape) broadcast back to `shape`, times `scale`.
-Tensor broadcast_back(const Tensor& g, const Shape& shape, double scale) {
+/// Tensor `g` (keepdim shape, `dims` reduced) broadcast back to `shape`, times `scale`.
+Tensor broadcast_back(const Tensor& g, const Shape& shape, const std::vector<int64_t>& dims,
+                      double scale) {
+  if (std::optional<Tensor> dx = blocked_broadcast_cpu(g, shape, dims, scale)) return *dx;
   Box box = Box::of_shape(shape);
   Tensor expanded = Tensor::empty(shape, g.dtype());
   std::vector<int64_t> strides = g.contiguous().strides();
@@ -169,7 +174,7 @@ void register_reduction(const std::string& name, bool mean) {
     const Tensor dx = g_local.device().is_cuda()
                           ? broadcast_back_cuda(g_local, x_shape, scale,
                                                 compute_stream_for(g_local.device()), name)
-                          : broadcast_back(g_local, x_shape, scale);
+                          : broadcast_back(g_local, x_shape, dims, scale);
     return {ShardTensor(dx, x.mesh(), x_layout)};
   };
   register_op(

@@ -1,0 +1,23 @@
+// The x86-64 instruction set level the cpu elementwise, reduction, softmax and dropout loops run
+// with. Their bodies are compiled three times (x86-64-v4, x86-64-v3 and the build's baseline)
+// through the TESSERA_TARGET_V4/V3 attributes, and each call picks one with cpu_isa_level().
+#pragma once
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define TESSERA_MULTI_ISA 1
+#define TESSERA_TARGET_V4 __attribute__((target("arch=x86-64-v4,prefer-vector-width=512")))
+#define TESSERA_TARGET_V3 __attribute__((target("arch=x86-64-v3")))
+#else
+#define TESSERA_MULTI_ISA 0
+#define TESSERA_TARGET_V4
+#define TESSERA_TARGET_V3
+#endif
+
+namespace tessera::ops {
+
+/// 4 (x86-64-v4: AVX-512), 3 (x86-64-v3: AVX2 and FMA) or 0 (the build's baseline): the best this
+/// cpu runs, or a lower one that TESSERA_CPU_ISA (avx512 | avx2 | generic) asks for. Throws
+/// InvalidArgument for another value of TESSERA_CPU_ISA or a level this cpu lacks. Read once.
+int cpu_isa_level();
+
+}  // namespace tessera::ops

@@ -1,0 +1,176 @@
+// cpu bodies of sum and mean over one block of dims (see reduce_cpu.hpp).
+#include "ops/reduce/reduce_cpu.hpp"
+
+#include <algorithm>
+
+#include "ops/cpu_loops.hpp"
+
+namespace tessera::ops {
+
+namespace {
+
+/// x's shape as [outer, reduced, inner] around the reduced dims, when those with extent > 1 are
+/// adjacent (kept dims between them have extent 1).
+struct Blocks {
+  int64_t outer = 1, reduced = 1, inner = 1;
+};
+
+std::optional<Blocks> blocks_of(const Shape& shape, const std::vector<int64_t>& dims) {
+  auto reduced = [&](size_t d) {
+    return std::find(dims.begin(), dims.end(), static_cast<int64_t>(d)) != dims.end();
+  };
+  int first = -1, last = -1;
+  for (size_t d = 0; d < shape.size(); ++d)
+    if (reduced(d) && shape[d] > 1) {
+      if (first < 0) first = static_cast<int>(d);
+      last = static_cast<int>(d);
+    }
+  Blocks blocks;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    const int i = static_cast<int>(d);
+    if (first >= 0 && i >= first && i <= last) {
+      if (!reduced(d) && shape[d] > 1) return std::nullopt;
+      blocks.reduced *= shape[d];
+    } else if (first < 0 || i < first) {
+      blocks.outer *= shape[d];
+    } else {
+      blocks.inner *= shape[d];
+    }
+  }
+  return blocks;
+}
+
+/// Reduced elements one unit of work sums (the partial sums of a long row are added in order).
+constexpr int64_t kPiece = int64_t{1} << 16;
+/// Inner positions one unit of work accumulates.
+constexpr int64_t kColumns = 1024;
+/// Independent f64 accumulators of a contiguous sum (vector lanes).
+constexpr int kLanes = 16;
+
+template <typename T>
+void sum_rows(const T* x, const Blocks& b, double* out) {
+  // inner == 1: each output sums a contiguous row; rows cut into pieces of kPiece, each piece
+  // summed in kLanes lanes, the pieces' sums added in order.
+  const int64_t pieces = std::max<int64_t>(1, (b.reduced + kPiece - 1) / kPiece);
+  std::vector<double> partial(static_cast<size_t>(b.outer * pieces), 0.0);
+  parallel_ranges(
+      b.outer * pieces,
+      [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
+        for (int64_t unit = lo; unit < hi; ++unit) {
+          const int64_t row = unit / pieces, piece = unit % pieces;
+          const int64_t begin = piece * kPiece, end = std::min(b.reduced, begin + kPiece);
+          const T* values = x + row * b.reduced;
+          double lanes[kLanes] = {};
+          int64_t j = begin;
+          for (; j + kLanes <= end; j += kLanes)
+            for (int l = 0; l < kLanes; ++l) lanes[l] += double(values[j + l]);
+          double total = 0;
+          for (int l = 0; l < kLanes; ++l) total += lanes[l];
+          for (; j < end; ++j) total += double(values[j]);
+          partial[static_cast<size_t>(unit)] = total;
+        }
+      },
+      1);
+  for (int64_t row = 0; row < b.outer; ++row) {
+    double total = 0;
+    for (int64_t p = 0; p < pieces; ++p) total += partial[static_cast<size_t>(row * pieces + p)];
+    out[row] = total;
+  }
+}
+
+template <typename T>
+void sum_columns(const T* x, const Blocks& b, double* out) {
+  // inner > 1: out[o, i] = sum over r of x[o, r, i], units of (o, kColumns inner positions).
+  const int64_t blocks = (b.inner + kColumns - 1) / kColumns;
+  parallel_ranges(
+      b.outer * blocks,
+      [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
+        for (int64_t unit = lo; unit < hi; ++unit) {
+          const int64_t o = unit / blocks, first = (unit % blocks) * kColumns;
+          const int64_t count = std::min(kColumns, b.inner - first);
+          double* sums = out + o * b.inner + first;
+          for (int64_t i = 0; i < count; ++i) sums[i] = 0;
+          for (int64_t r = 0; r < b.reduced; ++r) {
+            const T* values = x + (o * b.reduced + r) * b.inner + first;
+            for (int64_t i = 0; i < count; ++i) sums[i] += double(values[i]);
+          }
+        }
+      },
+      1);
+}
+
+}  // namespace
+
+std::optional<Tensor> blocked_sum_cpu(const Tensor& x, const std::vector<int64_t>& dims,
+                                      double scale) {
+  if (x.dtype() != DType::f32 && x.dtype() != DType::f64) return std::nullopt;
+  const std::optional<Blocks> blocks = blocks_of(x.shape(), dims);
+  if (!blocks) return std::nullopt;
+  Shape kept = x.shape();
+  for (int64_t d : dims) kept[d] = 1;
+  const Tensor source = x.contiguous();
+  Tensor sums = Tensor::empty(kept, DType::f64);
+  double* out = sums.data<double>();
+  if (source.numel() == 0) {
+    for (int64_t i = 0; i < sums.numel(); ++i) out[i] = 0;
+  } else if (x.dtype() == DType::f32) {
+    blocks->inner == 1 ? sum_rows(source.data<float>(), *blocks, out)
+                       : sum_columns(source.data<float>(), *blocks, out);
+  } else {
+    blocks->inner == 1 ? sum_rows(source.data<double>(), *blocks, out)
+                       : sum_columns(source.data<double>(), *blocks, out);
+  }
+  if (x.dtype() == DType::f64) {
+    for (int64_t i = 0; i < sums.numel(); ++i) out[i] *= scale;
+    return sums;
+  }
+  Tensor result = Tensor::empty(kept, x.dtype());
+  float* narrow = result.data<float>();
+  for (int64_t i = 0; i < sums.numel(); ++i) narrow[i] = static_cast<float>(out[i] * scale);
+  return result;
+}
+
+std::optional<Tensor> blocked_broadcast_cpu(const Tensor& g, const Shape& shape,
+                                            const std::vector<int64_t>& dims, double scale) {
+  if (g.dtype() != DType::f32 && g.dtype() != DType::f64) return std::nullopt;
+  const std::optional<Blocks> blocks = blocks_of(shape, dims);
+  if (!blocks) return std::nullopt;
+  const Tensor source = g.contiguous();
+  Tensor result = Tensor::empty(shape, g.dtype());
+  auto fill = [&]<typename T>(const T* in, T* out) {
+    const Blocks b = *blocks;
+    if (b.inner == 1) {
+      // out[o, r] = g[o] * scale: runs of one value over the flat range.
+      parallel_ranges(b.outer * b.reduced, [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
+        while (lo < hi) {
+          const int64_t o = lo / b.reduced, end = std::min(hi, (o + 1) * b.reduced);
+          const T value = static_cast<T>(double(in[o]) * scale);
+          for (int64_t i = lo; i < end; ++i) out[i] = value;
+          lo = end;
+        }
+      });
+      return;
+    }
+    // Units of (outer, reduced) rows of inner elements: out[o, r, i] = g[o, i] * scale, the
+    // product in f64 as the general path takes it.
+    parallel_ranges(
+        b.outer * b.reduced,
+        [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
+          const double factor = scale;  // a local: stores through out cannot change it
+          for (int64_t row = lo; row < hi; ++row) {
+            const T* from = in + (row / b.reduced) * b.inner;
+            T* to = out + row * b.inner;
+            for (int64_t i = 0; i < b.inner; ++i) to[i] = static_cast<T>(double(from[i]) * factor);
+          }
+        },
+        std::max<int64_t>(1, kPiece / std::max<int64_t>(1, b.inner)));
+  };
+  if (result.numel() == 0) return result;
+  if (g.dtype() == DType::f32)
+    fill(source.data<float>(), result.data<float>());
+  else
+    fill(source.data<double>(), result.data<double>());
+  return result;
+}
+
+}  // namespace tessera::ops

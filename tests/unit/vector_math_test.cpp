@@ -1,0 +1,146 @@
+// The branch-free f32 functions of ops/pointwise/vector_math.hpp against <cmath> in double: the
+// error in ulps of the float result over a seeded sweep of every binade (both signs, subnormals
+// included) and the special values (0, -0, +-inf, NaN, the smallest subnormal, the largest
+// float, the ends of each function's ranges).
+#include "ops/pointwise/vector_math.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+namespace tessera::ops {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+/// The distance in ulps between `got` and the exact value `want` (double): |got - want| over the
+/// float spacing at want (the subnormal spacing below the normals). Matching non-finite values
+/// (same infinity, both NaN) count 0; a mismatch counts infinity.
+double ulp_error(float got, double want) {
+  if (std::isnan(want) || std::isnan(got))
+    return std::isnan(want) && std::isnan(got) ? 0 : std::numeric_limits<double>::infinity();
+  if (std::isinf(want) || std::isinf(got)) {
+    // A finite want past the largest float rounds to infinity.
+    const double rounded = std::fabs(want) > std::numeric_limits<float>::max() * (1 + 0x1p-25)
+                               ? std::copysign(double(kInf), want)
+                               : want;
+    return double(got) == rounded ? 0 : std::numeric_limits<double>::infinity();
+  }
+  const double magnitude = std::max(std::fabs(want), double(std::numeric_limits<float>::min()));
+  const double spacing = std::ldexp(1.0, std::ilogb(magnitude) - 23);
+  return std::fabs(double(got) - want) / spacing;
+}
+
+/// Special values plus a seeded sweep: random floats of every binade in [2^lo, 2^hi), both
+/// signs, subnormals included.
+std::vector<float> sweep(int lo, int hi) {
+  std::vector<float> values = {0.0f,
+                               -0.0f,
+                               kInf,
+                               -kInf,
+                               kNaN,
+                               std::numeric_limits<float>::denorm_min(),
+                               -std::numeric_limits<float>::denorm_min(),
+                               std::numeric_limits<float>::min(),
+                               std::numeric_limits<float>::max(),
+                               -std::numeric_limits<float>::max(),
+                               1.0f,
+                               -1.0f,
+                               0.625f,
+                               3.9f,
+                               88.7f,
+                               89.0f,
+                               -87.0f,
+                               -103.9f,
+                               -104.0f,
+                               1e-30f};
+  std::mt19937_64 random(20261125);
+  std::uniform_real_distribution<float> mantissa(1.0f, 2.0f);
+  for (int e = lo; e < hi; ++e)
+    for (int i = 0; i < 400; ++i) {
+      const float v = std::ldexp(mantissa(random), e);
+      values.push_back(v);
+      values.push_back(-v);
+    }
+  for (int i = 0; i < 2000; ++i) {  // subnormals
+    const float v = std::bit_cast<float>(static_cast<uint32_t>(random() % 0x7fffffu) + 1u);
+    values.push_back(v);
+    values.push_back(-v);
+  }
+  return values;
+}
+
+/// The largest ulp error of f against reference over `values` (and the first value reaching it).
+template <typename F, typename R>
+std::pair<double, float> worst(const std::vector<float>& values, F f, R reference) {
+  std::pair<double, float> result{0, 0};
+  for (float v : values) {
+    const double error = ulp_error(f(v), reference(double(v)));
+    if (!(error <= result.first)) result = {error, v};
+  }
+  return result;
+}
+
+TEST(VectorMath, ExpWithinTwoUlpEverywhere) {
+  const auto [error, at] = worst(sweep(-149, 8), vm::exp_f32, [](double x) { return std::exp(x); });
+  EXPECT_LE(error, 2.0) << "at x = " << at;
+  EXPECT_EQ(vm::exp_f32(-kInf), 0.0f);
+  EXPECT_EQ(vm::exp_f32(kInf), kInf);
+  EXPECT_EQ(vm::exp_f32(-0.0f), 1.0f);
+  EXPECT_TRUE(std::isnan(vm::exp_f32(kNaN)));
+}
+
+TEST(VectorMath, LogWithinTwoUlpEverywhere) {
+  const auto [error, at] =
+      worst(sweep(-149, 128), vm::log_f32, [](double x) { return std::log(x); });
+  EXPECT_LE(error, 2.0) << "at x = " << at;
+  EXPECT_EQ(vm::log_f32(0.0f), -kInf);
+  EXPECT_EQ(vm::log_f32(-0.0f), -kInf);
+  EXPECT_EQ(vm::log_f32(kInf), kInf);
+  EXPECT_EQ(vm::log_f32(1.0f), 0.0f);
+  EXPECT_TRUE(std::isnan(vm::log_f32(-1.0f)));
+  EXPECT_TRUE(std::isnan(vm::log_f32(-kInf)));
+}
+
+TEST(VectorMath, Log1pWithinTwoUlpEverywhere) {
+  std::vector<float> values;
+  for (float v : sweep(-149, 128))
+    if (!(v < -1.0f)) values.push_back(v);
+  const auto [error, at] = worst(values, vm::log1p_f32, [](double x) { return std::log1p(x); });
+  EXPECT_LE(error, 2.0) << "at x = " << at;
+  EXPECT_EQ(vm::log1p_f32(-1.0f), -kInf);
+  EXPECT_TRUE(std::signbit(vm::log1p_f32(-0.0f)));
+}
+
+TEST(VectorMath, SigmoidWithinTwoUlpEverywhere) {
+  const auto [error, at] =
+      worst(sweep(-149, 8), vm::sigmoid_f32, [](double x) { return 1 / (1 + std::exp(-x)); });
+  EXPECT_LE(error, 2.0) << "at x = " << at;
+  EXPECT_EQ(vm::sigmoid_f32(kInf), 1.0f);
+  EXPECT_EQ(vm::sigmoid_f32(-kInf), 0.0f);
+}
+
+TEST(VectorMath, TanhWithinTwoUlpEverywhere) {
+  const auto [error, at] =
+      worst(sweep(-149, 128), vm::tanh_f32, [](double x) { return std::tanh(x); });
+  EXPECT_LE(error, 2.0) << "at x = " << at;
+  EXPECT_TRUE(std::signbit(vm::tanh_f32(-0.0f)));
+  EXPECT_EQ(vm::tanh_f32(-kInf), -1.0f);
+}
+
+TEST(VectorMath, ErfWithinTwoUlpEverywhere) {
+  const auto [error, at] =
+      worst(sweep(-149, 128), vm::erf_f32, [](double x) { return std::erf(x); });
+  EXPECT_LE(error, 2.0) << "at x = " << at;
+  EXPECT_TRUE(std::signbit(vm::erf_f32(-0.0f)));
+  EXPECT_EQ(vm::erf_f32(kInf), 1.0f);
+  EXPECT_EQ(vm::erf_f32(-kInf), -1.0f);
+}
+
+}  // namespace
+}  // namespace tessera::ops
