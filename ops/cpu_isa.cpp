@@ -44,4 +44,9 @@ int cpu_isa_level() {
   return level;
 }
 
+const char* cpu_isa_name() {
+  const int level = cpu_isa_level();
+  return level == 4 ? "avx512" : level == 3 ? "avx2" : "generic";
+}
+
 }  // namespace tessera::ops

@@ -1,6 +1,7 @@
-// The x86-64 instruction set level the cpu elementwise, reduction, softmax and dropout loops run
-// with. Their bodies are compiled three times (x86-64-v4, x86-64-v3 and the build's baseline)
-// through the TESSERA_TARGET_V4/V3 attributes, and each call picks one with cpu_isa_level().
+// The x86-64 instruction set level the cpu elementwise, reduction, softmax, dropout and
+// neighborhood-attention loops run with. Their bodies are compiled three times (x86-64-v4,
+// x86-64-v3 and the build's baseline) through the TESSERA_TARGET_V4/V3 attributes, and each call
+// picks one with cpu_isa_level().
 #pragma once
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
@@ -19,5 +20,8 @@ namespace tessera::ops {
 /// cpu runs, or a lower one that TESSERA_CPU_ISA (avx512 | avx2 | generic) asks for. Throws
 /// InvalidArgument for another value of TESSERA_CPU_ISA or a level this cpu lacks. Read once.
 int cpu_isa_level();
+
+/// cpu_isa_level() by name: "avx512", "avx2" or "generic" (benchmarks print it).
+const char* cpu_isa_name();
 
 }  // namespace tessera::ops

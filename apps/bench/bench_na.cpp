@@ -24,6 +24,7 @@
 #include "ops/attention/na_cpu.hpp"
 #include "ops/attention/na_cuda.hpp"
 #include "ops/attention/na_op.hpp"
+#include "ops/cpu_isa.hpp"
 
 namespace tessera::cli {
 
@@ -224,15 +225,16 @@ void run_na_bench(const NaBenchOptions& options) {
   bench::BenchReport report("na", options.json, reporter);
   report.set("dtype", dtype_name(dtype));
   report.set("backend", backend_name(backend));
-  report.set("cpu_isa", ops::na_cpu_isa());        // TESSERA_CPU_ISA may ask for a lower one
+  report.set("cpu_isa", ops::cpu_isa_name());      // TESSERA_CPU_ISA may ask for a lower one
   report.set("kernels", nlohmann::json::array());  // the kernels table's rows, when it runs
   bench::BenchTable& table = report.table(
       "rows",
       fmt::format("tessera bench na: {} on {}, 2-d [B, X, Y, heads, D], non-causal, dilation 1, "
                   "sharded over X and Y{}",
                   dtype_name(dtype), options.device,
-                  options.device == "cpu" ? fmt::format(", cpu kernels with {}", ops::na_cpu_isa())
-                                          : std::string()),
+                  options.device == "cpu"
+                      ? fmt::format(", cpu kernels with {}", ops::cpu_isa_name())
+                      : std::string()),
       {{"shape", "shape", "", 18},
        {"kernel", "k", "", 3},
        {"ranks", "ranks", "", 6},

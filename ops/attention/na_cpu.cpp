@@ -25,10 +25,8 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <string>
 #include <utility>
 #include <vector>
 
@@ -36,17 +34,12 @@
 #include "core/errors.hpp"
 #include "core/parallel_for.hpp"
 #include "ops/attention/na_problem.hpp"
+#include "ops/cpu_isa.hpp"
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define TESSERA_NA_MULTI_ISA 1
+#if TESSERA_MULTI_ISA
 #define TESSERA_NA_INLINE [[gnu::always_inline]] inline
-#define TESSERA_NA_TARGET_V4 __attribute__((target("arch=x86-64-v4,prefer-vector-width=512")))
-#define TESSERA_NA_TARGET_V3 __attribute__((target("arch=x86-64-v3")))
 #else
-#define TESSERA_NA_MULTI_ISA 0
 #define TESSERA_NA_INLINE inline
-#define TESSERA_NA_TARGET_V4
-#define TESSERA_NA_TARGET_V3
 #endif
 
 namespace tessera::ops {
@@ -645,29 +638,25 @@ struct Kernels {
   static void key_pass(const BackwardJob<T>& job, int64_t begin, int64_t end) {
     backward_key_rows<kDefaultWidth, T, Dim>(job, begin, end);
   }
-#if TESSERA_NA_MULTI_ISA
-  TESSERA_NA_TARGET_V4 static void forward_v4(const ForwardJob<T>& job, int64_t begin,
-                                              int64_t end) {
+#if TESSERA_MULTI_ISA
+  TESSERA_TARGET_V4 static void forward_v4(const ForwardJob<T>& job, int64_t begin, int64_t end) {
     forward_rows<64, T, Dim>(job, begin, end);
   }
-  TESSERA_NA_TARGET_V4 static void query_pass_v4(const BackwardJob<T>& job, int64_t begin,
-                                                 int64_t end, int slot) {
+  TESSERA_TARGET_V4 static void query_pass_v4(const BackwardJob<T>& job, int64_t begin, int64_t end,
+                                              int slot) {
     backward_query_rows<64, T, Dim>(job, begin, end, slot);
   }
-  TESSERA_NA_TARGET_V4 static void key_pass_v4(const BackwardJob<T>& job, int64_t begin,
-                                               int64_t end) {
+  TESSERA_TARGET_V4 static void key_pass_v4(const BackwardJob<T>& job, int64_t begin, int64_t end) {
     backward_key_rows<64, T, Dim>(job, begin, end);
   }
-  TESSERA_NA_TARGET_V3 static void forward_v3(const ForwardJob<T>& job, int64_t begin,
-                                              int64_t end) {
+  TESSERA_TARGET_V3 static void forward_v3(const ForwardJob<T>& job, int64_t begin, int64_t end) {
     forward_rows<32, T, Dim>(job, begin, end);
   }
-  TESSERA_NA_TARGET_V3 static void query_pass_v3(const BackwardJob<T>& job, int64_t begin,
-                                                 int64_t end, int slot) {
+  TESSERA_TARGET_V3 static void query_pass_v3(const BackwardJob<T>& job, int64_t begin, int64_t end,
+                                              int slot) {
     backward_query_rows<32, T, Dim>(job, begin, end, slot);
   }
-  TESSERA_NA_TARGET_V3 static void key_pass_v3(const BackwardJob<T>& job, int64_t begin,
-                                               int64_t end) {
+  TESSERA_TARGET_V3 static void key_pass_v3(const BackwardJob<T>& job, int64_t begin, int64_t end) {
     backward_key_rows<32, T, Dim>(job, begin, end);
   }
 #endif
@@ -680,47 +669,12 @@ struct KernelSet {
   void (*key_pass)(const BackwardJob<T>&, int64_t, int64_t);
 };
 
-/// The best instruction set this cpu runs the kernels with: 4 (x86-64-v4), 3 (x86-64-v3) or 0.
-int cpu_isa_level() {
-#if TESSERA_NA_MULTI_ISA
-  __builtin_cpu_init();
-  const bool v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                  __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");
-  const bool v4 = v3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                  __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-                  __builtin_cpu_supports("avx512cd");
-  return v4 ? 4 : v3 ? 3 : 0;
-#else
-  return 0;
-#endif
-}
-
-/// The instruction set the kernels use: the cpu's best, or a lower one TESSERA_CPU_ISA asks for
-/// (to measure the AVX2 kernels on an AVX-512 machine, for instance).
-int isa_level() {
-  static const int level = [] {
-    const int best = cpu_isa_level();
-    const char* asked = std::getenv("TESSERA_CPU_ISA");
-    if (asked == nullptr || *asked == '\0') return best;
-    const std::string name(asked);
-    const int wanted = name == "avx512" ? 4 : name == "avx2" ? 3 : name == "generic" ? 0 : -1;
-    check_arg(wanted >= 0, "na", "TESSERA_CPU_ISA={}: expected avx512, avx2 or generic", name);
-    check_arg(wanted <= best, "na",
-              "TESSERA_CPU_ISA={}: this cpu (or build) runs the kernels with {} at best", name,
-              best == 4   ? "avx512"
-              : best == 3 ? "avx2"
-                          : "generic");
-    return wanted;
-  }();
-  return level;
-}
-
 template <typename T, int Dim>
 KernelSet<T> kernels_for_isa() {
   using K = Kernels<T, Dim>;
-#if TESSERA_NA_MULTI_ISA
-  if (isa_level() == 4) return {&K::forward_v4, &K::query_pass_v4, &K::key_pass_v4};
-  if (isa_level() == 3) return {&K::forward_v3, &K::query_pass_v3, &K::key_pass_v3};
+#if TESSERA_MULTI_ISA
+  if (cpu_isa_level() == 4) return {&K::forward_v4, &K::query_pass_v4, &K::key_pass_v4};
+  if (cpu_isa_level() == 3) return {&K::forward_v3, &K::query_pass_v3, &K::key_pass_v3};
 #endif
   return {&K::forward, &K::query_pass, &K::key_pass};
 }
@@ -827,11 +781,6 @@ NaGradients backward_in(const Problem& p, const Tensor& q, const Tensor& k, cons
 }
 
 }  // namespace
-
-const char* na_cpu_isa() {
-  const int level = isa_level();
-  return level == 4 ? "avx512" : level == 3 ? "avx2" : "generic";
-}
 
 NaForward na_cpu_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* rpb,
                          const NaGeometry& geometry, const NaPieces& pieces, int threads) {

@@ -9,12 +9,6 @@
 
 namespace tessera::ops {
 
-/// The instruction set the kernels run with: "avx512" (x86-64-v4, 512-bit vectors), "avx2"
-/// (x86-64-v3) or "generic" (the build's default target). The best the cpu has, unless the
-/// environment variable TESSERA_CPU_ISA asks for a lower one (avx512, avx2 or generic; a level the
-/// cpu lacks, or another value, is an InvalidArgument).
-const char* na_cpu_isa();
-
 /// Forward like na_forward on up to `threads` threads (0: compute_threads()). o and lse agree
 /// with na_forward to rounding in the compute precision (f32: ~1e-6 relative).
 NaForward na_cpu_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* rpb,

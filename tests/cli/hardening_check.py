@@ -201,7 +201,7 @@ expect_error(["bench", "na", "--heads", "0"], ["[cli]", "--heads"], "bench na --
 # An instruction set for the cpu kernels that is not one of the names.
 environment["TESSERA_CPU_ISA"] = "sse9"
 expect_error(["bench", "na", "--size", "8", "--kernel", "3", "--ranks", "1", "--reference-size", "0"],
-             ["[na]", "TESSERA_CPU_ISA=sse9"], "TESSERA_CPU_ISA=sse9 bench na")
+             ["[ops]", "TESSERA_CPU_ISA=sse9"], "TESSERA_CPU_ISA=sse9 bench na")
 del environment["TESSERA_CPU_ISA"]
 expect_error(["bench", "io", "--bytes", "-1"], ["[cli]", "--bytes"], "bench io --bytes -1")
 expect_error(["bench", "io", "--ranks", "1,1000"], ["--ranks", "1 to 256"], "bench io --ranks 1,1000")
