@@ -227,37 +227,10 @@ TESSERA_NA_INLINE void prefetch_for_write(const T* row, int64_t count) {
     __builtin_prefetch(bytes + offset, 1, 3);
 }
 
-/// exp(x) for x <= 88 in f32: exp(x) = 2^n exp(r) with n = round(x / ln 2), |r| <= ln(2) / 2, and
-/// Cephes' degree-6 polynomial for exp(r) (about 1 ulp). Below -87 it returns 0 (the exact value
-/// is under 2e-38, nothing against a softmax denominator >= 1). Written without calls or
-/// branches so that a loop over it vectorises.
-TESSERA_NA_INLINE float exp_f32(float x) {
-  const float clamped = std::min(std::max(x, -87.0f), 88.0f);
-  constexpr float kShifter = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float shifted = clamped * 1.44269504088896341f + kShifter;
-  const float n = shifted - kShifter;
-  float r = clamped - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float poly = 1.9875691500e-4f;
-  poly = poly * r + 1.3981999507e-3f;
-  poly = poly * r + 8.3334519073e-3f;
-  poly = poly * r + 4.1665795894e-2f;
-  poly = poly * r + 1.6666665459e-1f;
-  poly = poly * r + 5.0000001201e-1f;
-  poly = poly * r * r + r + 1.0f;
-  const int32_t exponent = std::bit_cast<int32_t>(shifted) - std::bit_cast<int32_t>(kShifter) + 127;
-  const float power = std::bit_cast<float>(exponent << 23);
-  return x < -87.0f ? 0.0f : poly * power;
-}
-
-TESSERA_NA_INLINE float exp_of(float x) {
-  return exp_f32(x);
-}
-TESSERA_NA_INLINE double exp_of(double x) {
-  return std::exp(x);
-}
-
-/// exp_f32 on every lane of a register, the same operations lane-wise.
+/// exp(x) on every lane of an f32 register (softmax weights, x <= 0): exp(x) = 2^n exp(r) with
+/// n = round(x / ln 2), |r| <= ln(2) / 2, and a degree-6 polynomial for exp(r) (about 1 ulp), in
+/// lane-wise vector operations. Below -87 it returns 0 (the exact value is under 2e-38, nothing
+/// against a softmax denominator >= 1).
 template <int W>
 TESSERA_NA_INLINE Vec<float, W> exp_lanes(Vec<float, W> x) {
   using V = Vec<float, W>;
