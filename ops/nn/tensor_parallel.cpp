@@ -1,6 +1,8 @@
 // Tensor-parallel layers (ops/nn/tensor_parallel.hpp).
 #include "ops/nn/tensor_parallel.hpp"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -82,8 +84,8 @@ int tensor_parallel_mesh_dim(const DeviceMesh& mesh, const TensorParallelOptions
   if (options.dim.empty()) return -1;
   const auto& names = mesh.names();
   const auto found = std::find(names.begin(), names.end(), options.dim);
-  check_arg(found != names.end(), op, "tensor-parallel dim '{}' is not a dim of the mesh {}",
-            options.dim, mesh.str());
+  check_arg(found != names.end(), op, "tensor-parallel dim '{}' is not a dim of the mesh (dims {})",
+            options.dim, fmt::join(names, ", "));
   return static_cast<int>(found - names.begin());
 }
 

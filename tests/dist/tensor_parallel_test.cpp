@@ -421,14 +421,17 @@ TEST(TensorParallel, CommunicationPerStepEqualsTheAnalyticVolume) {
 }
 
 // Sequence parallelism replaces each all-reduce by an all-gather and a reduce-scatter of the
-// same A (forward: gather x before the column-parallel layers, scatter after the row-parallel
-// one; backward the adjoints in reverse order).
+// same A (forward: gather x before the column-parallel layer, scatter after the row-parallel
+// one; backward the adjoints in reverse order). The row-parallel bias is replicated but sees
+// only this rank's sequence rows, so its gradient (E f64) is summed over tp once, as soon as it
+// is final (right after the bias add's backward).
 TEST(TensorParallel, SequenceParallelMovesAGatherAndAScatterInsteadOfEachAllReduce) {
   testing::run_world(2, [&](std::shared_ptr<Comm> comm) {
     const int64_t activation = kBatch * kSequence * kEmbed * 8;
     const Layout layout{{2}, {"tp"}, {Placement::shard(1)}, {{4, 3}}, {.sequence_parallel = true}};
     const std::vector<std::pair<std::string, int64_t>> expected{{"all_gather", activation},
                                                                 {"reduce_scatter", activation},
+                                                                {"all_reduce", kEmbed * 8},
                                                                 {"all_gather", activation},
                                                                 {"reduce_scatter", activation}};
     EXPECT_EQ(step_volume(comm, layout, Block::mlp), expected);
@@ -457,8 +460,9 @@ TEST(TensorParallel, BadInputIsOneClearErrorOnEveryRank) {
                  "[row_parallel_linear] in features 10 do not divide over the 4 ranks");
     expect_error([&] { nn::ParallelAttention(mesh, 12, 6, 1, DType::f64); },
                  "[parallel_attention] heads 6 do not divide over the 4 ranks");
-    expect_error([&] { nn::ParallelMlp(mesh, 8, 16, 1, DType::f64, {.dim = "model"}); },
-                 "[column_parallel_linear] tensor-parallel dim 'model' is not a dim of the mesh");
+    expect_error(
+        [&] { nn::ParallelMlp(mesh, 8, 16, 1, DType::f64, {.dim = "model"}); },
+        "[column_parallel_linear] tensor-parallel dim 'model' is not a dim of the mesh (dims tp)");
   });
 }
 
