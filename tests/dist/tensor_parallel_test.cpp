@@ -2,7 +2,8 @@
 // split_last/merge_last): the rule's layouts; 10 steps of SGD with momentum and of AdamW (f64)
 // give the losses and final parameters of the one-rank run of the plain layers (1e-10 relative)
 // for the MLP and the attention block over tp 2 and 4, a sequence-parallel transformer block
-// (uneven sequence shards) and dp 2 x tp 2 x domain 2 with the data-parallel reducer; the bytes
+// (uneven sequence shards), convolutions filter- and channel-parallel alone and with spatial
+// sharding, and dp 2 x tp 2 (x domain 2) with the data-parallel reducer; the bytes
 // every collective moves in a step equal the analytic volume; bad input is one clear error on
 // every rank.
 #include "ops/nn/tensor_parallel.hpp"
@@ -216,6 +217,30 @@ TEST(TensorParallel, LinearRuleGivesColumnAndRowParallelLayouts) {
   EXPECT_THROW(rule({x, row, bias}, {}), Error);  // a bias counted once per rank of the sum
 }
 
+// Each rank holds its slice of the weights (never the whole), and the activations have the
+// layouts of Megatron's regions: Shard(last) after a column-parallel layer, replicated (or
+// sequence-sharded with sequence parallelism) after a row-parallel one.
+TEST(TensorParallel, LayersHoldTheirSlicesAndGiveTheRegionLayouts) {
+  testing::run_world(2, [](std::shared_ptr<Comm> comm) {
+    DeviceMesh mesh(comm, {2}, {"tp"});
+    nn::ColumnParallelLinear column(mesh, 8, 6, true, 1, DType::f64);
+    nn::RowParallelLinear row(mesh, 6, 8, true, 2, DType::f64);
+    nn::RowParallelLinear row_sp(mesh, 6, 8, true, 2, DType::f64, {.sequence_parallel = true});
+    EXPECT_EQ(column.weight().tensor().to_local().shape(), (Shape{3, 8}));
+    EXPECT_EQ(column.bias().tensor().to_local().shape(), (Shape{3}));
+    EXPECT_EQ(row.weight().tensor().to_local().shape(), (Shape{8, 3}));
+    EXPECT_EQ(row.bias().tensor().to_local().shape(), (Shape{8}));
+    testing::CaseRng rng(5);
+    const ShardTensor x = ShardTensor::distribute(
+        testing::integer_tensor({2, 5, 8}, DType::f64, rng, -3, 3), mesh, {Placement::replicate()});
+    const ShardTensor hidden = column.forward(x);
+    EXPECT_EQ(hidden.placements()[0], Placement::shard(2));
+    EXPECT_EQ(hidden.to_local().shape(), (Shape{2, 5, 3}));
+    EXPECT_EQ(row.forward(hidden).placements()[0], Placement::replicate());
+    EXPECT_EQ(row_sp.forward(hidden).placements()[0], Placement::shard(1));
+  });
+}
+
 TEST(TensorParallel, MlpTrainsLikeOneRankOverTp2And4) {
   for (int world : {2, 4})
     expect_trains_like_one_rank(world, Block::mlp, tp_only(world), fmt::format("mlp tp {}", world));
@@ -232,6 +257,13 @@ TEST(TensorParallel, AttentionBlockTrainsLikeOneRankOverTp2And4) {
 TEST(TensorParallel, SequenceParallelTransformerBlockTrainsLikeOneRank) {
   Layout layout{{2}, {"tp"}, {Placement::shard(1)}, {{4, 3}}, {.sequence_parallel = true}};
   expect_trains_like_one_rank(2, Block::transformer, layout, "transformer tp 2 sequence parallel");
+}
+
+// dp 2 x tp 2 (4 ranks, so mpiexec -n 4 runs it too): the batch over dp through the reducer,
+// heads and features over tp.
+TEST(TensorParallel, DpTpTransformerBlockTrainsLikeOneRank) {
+  Layout layout{{2, 2}, {"dp", "tp"}, {Placement::shard(0), Placement::replicate()}, {}, {}, true};
+  expect_trains_like_one_rank(4, Block::transformer, layout, "transformer dp2 x tp2");
 }
 
 // dp 2 x tp 2 x domain 2: the batch over dp (the reducer averages), heads and features over tp,
@@ -460,6 +492,18 @@ TEST(TensorParallel, BadInputIsOneClearErrorOnEveryRank) {
                  "[row_parallel_linear] in features 10 do not divide over the 4 ranks");
     expect_error([&] { nn::ParallelAttention(mesh, 12, 6, 1, DType::f64); },
                  "[parallel_attention] heads 6 do not divide over the 4 ranks");
+    expect_error(
+        [&] {
+          nn::FilterParallelConv(
+              mesh, nn::ConvConfig{.in_channels = 2, .out_channels = 6, .dtype = DType::f64}, 1);
+        },
+        "[filter_parallel_conv] out channels 6 do not divide over the 4 ranks");
+    expect_error(
+        [&] {
+          nn::ChannelParallelConv(
+              mesh, nn::ConvConfig{.in_channels = 2, .out_channels = 4, .dtype = DType::f64}, 1);
+        },
+        "[channel_parallel_conv] in channels 2 do not divide over the 4 ranks");
     expect_error(
         [&] { nn::ParallelMlp(mesh, 8, 16, 1, DType::f64, {.dim = "model"}); },
         "[column_parallel_linear] tensor-parallel dim 'model' is not a dim of the mesh (dims tp)");
