@@ -3,8 +3,11 @@
 // Layouts: a mesh dim that does not shard linear's w never shards the contracted dim (x's and
 // a's last): it replicates instead, and the rule moves the data first. Every other dim of x (a)
 // keeps its placement, so the output is sharded like the input, and no rank talks to another in
-// the forward. Weights replicated on a mesh dim have gradients that are each rank's sums over its
-// rows, Partial(sum) over the mesh dims that shard x (as conv's dw).
+// the forward. Weights (w, b; a 2-d b) replicated on a mesh dim have gradients that are each
+// rank's sums over its rows, Partial(sum) over the mesh dims that shard x (as conv's dw). A
+// batched b takes a's placements on the batch dims; its gradient sums over a's rows:
+// Partial(sum) over the mesh dims that shard a's row dim.
+//
 // Tensor parallelism is linear's w sharded over a mesh dim (Megatron's layers):
 // - w Shard(0) (column-parallel, out features split): x is replicated there, b is split like w's
 //   rows, y is Shard(last) with w's extents; dx is Partial(sum) there (each rank's share of the
@@ -12,10 +15,7 @@
 // - w Shard(1) (row-parallel, in features split): x is Shard(last) with w's extents there, y is
 //   Partial(sum) (each rank's share of the contracted sum), reduced once where the next op needs
 //   it; the gradient of y arrives replicated, so dx keeps x's layout and dw stays Shard(1). A bias
-//   would be counted once per rank of the sum, so it is refused: add it after the reduction. A
-//   batched b takes a's
-// placements on the batch dims; its gradient sums over a's rows: Partial(sum) over the mesh dims
-// that shard a's row dim.
+//   would be counted once per rank of the sum, so it is refused: add it after the reduction.
 //
 // Kernels: C = A op(B) per matrix. cpu: f32 through oneDNN's sgemm when built with oneDNN, f64
 // (and f32 without oneDNN) through a row-parallel loop accumulating in the dtype. cuda: cuBLAS
@@ -232,9 +232,9 @@ void register_linear() {
       if (kind == TensorParallel::column) {
         x.placements[m] = Placement::replicate();
         x.extents[m].clear();
-        w_placements[m] = b_placements[m] = y_placements[m] = Placement::shard(0);
-        w_extents[m] = b_extents[m] = y_extents[m] = w_in.extents[m];
+        w_placements[m] = b_placements[m] = Placement::shard(0);
         y_placements[m] = Placement::shard(last);
+        w_extents[m] = b_extents[m] = y_extents[m] = w_in.extents[m];
       } else if (kind == TensorParallel::row) {
         check_arg(inputs.size() == 2, "linear",
                   "w is sharded on its in features (row-parallel) over mesh dim {}: a bias would "

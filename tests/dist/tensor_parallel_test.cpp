@@ -217,6 +217,40 @@ TEST(TensorParallel, LinearRuleGivesColumnAndRowParallelLayouts) {
   EXPECT_THROW(rule({x, row, bias}, {}), Error);  // a bias counted once per rank of the sum
 }
 
+// split_last keeps a sharding in whole rows of `inner` (8 + 4 of 12 -> 2 + 1 heads of 4) and
+// replicates one that is not (6 + 6); merge_last undoes it; values and gradients are the full
+// tensor's reshape.
+TEST(TensorParallel, SplitLastAndMergeLastKeepWholeHeadShardsAndMatchTheFullReshape) {
+  testing::run_world(2, [](std::shared_ptr<Comm> comm) {
+    DeviceMesh mesh(comm, {2}, {"tp"});
+    testing::CaseRng rng(7);
+    const Tensor full = testing::integer_tensor({2, 3, 12}, DType::f64, rng, -9, 9);
+    const Tensor weights = testing::integer_tensor({2, 3, 3, 4}, DType::f64, rng, -9, 9);
+    const std::vector<double> expected = values_of(full);
+    for (const std::vector<int64_t>& extents :
+         {std::vector<int64_t>{8, 4}, std::vector<int64_t>{6, 6}}) {
+      ShardTensor x = ShardTensor::distribute(full, mesh, {Placement::shard(2)}, {extents});
+      x.set_requires_grad();
+      Tape tape;
+      const ShardTensor heads = ops::split_last(x, 4);
+      EXPECT_EQ(heads.global_shape(), (Shape{2, 3, 3, 4}));
+      if (extents[0] == 8) {
+        EXPECT_EQ(heads.placements()[0], Placement::shard(2));
+        EXPECT_EQ(heads.spec().extents[0], (std::vector<int64_t>{2, 1}));
+      } else {
+        EXPECT_EQ(heads.placements()[0], Placement::replicate());
+      }
+      EXPECT_EQ(values_of(heads.full_tensor()), expected);
+      const ShardTensor merged = ops::merge_last(heads);
+      EXPECT_EQ(merged.global_shape(), full.shape());
+      EXPECT_EQ(values_of(merged.full_tensor()), expected);
+      const ShardTensor w = ShardTensor::distribute(weights, mesh, {Placement::replicate()});
+      tape.backward(ops::sum(ops::mul(heads, w)));
+      EXPECT_EQ(values_of(tape.grad(x)->full_tensor()), values_of(weights));
+    }
+  });
+}
+
 // Each rank holds its slice of the weights (never the whole), and the activations have the
 // layouts of Megatron's regions: Shard(last) after a column-parallel layer, replicated (or
 // sequence-sharded with sequence parallelism) after a row-parallel one.
