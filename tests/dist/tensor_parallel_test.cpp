@@ -294,10 +294,19 @@ TEST(TensorParallel, SequenceParallelTransformerBlockTrainsLikeOneRank) {
 }
 
 // dp 2 x tp 2 (4 ranks, so mpiexec -n 4 runs it too): the batch over dp through the reducer,
-// heads and features over tp.
+// heads and features over tp, with and without sequence parallelism.
 TEST(TensorParallel, DpTpTransformerBlockTrainsLikeOneRank) {
   Layout layout{{2, 2}, {"dp", "tp"}, {Placement::shard(0), Placement::replicate()}, {}, {}, true};
   expect_trains_like_one_rank(4, Block::transformer, layout, "transformer dp2 x tp2");
+  // With sequence parallelism: the norms' gradients are Partial over dp and tp, reduced at once.
+  Layout sequence{{2, 2},
+                  {"dp", "tp"},
+                  {Placement::shard(0), Placement::shard(1)},
+                  {{}, {4, 3}},
+                  {.sequence_parallel = true},
+                  true};
+  expect_trains_like_one_rank(4, Block::transformer, sequence,
+                              "transformer dp2 x tp2 sequence parallel");
 }
 
 // dp 2 x tp 2 x domain 2: the batch over dp (the reducer averages), heads and features over tp,
