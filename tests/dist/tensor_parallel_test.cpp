@@ -481,7 +481,8 @@ std::vector<std::pair<std::string, int64_t>> step_volume(std::shared_ptr<Comm> c
 
 // Per step on tp t, activations A = B x S x E f64: the MLP and the attention block all-reduce A
 // once forward (after the row-parallel layer) and once backward (x's gradient, each rank's share
-// of the column-parallel layers' contraction); nothing else moves.
+// of the column-parallel layers' contraction); nothing else moves. The conv pair likewise: its
+// output forward (after the channel-parallel conv), x's gradient backward (filter-parallel).
 TEST(TensorParallel, CommunicationPerStepEqualsTheAnalyticVolume) {
   for (int world : {2, 4}) {
     testing::run_world(world, [&](std::shared_ptr<Comm> comm) {
@@ -491,6 +492,12 @@ TEST(TensorParallel, CommunicationPerStepEqualsTheAnalyticVolume) {
       for (Block block : {Block::mlp, Block::attention})
         EXPECT_EQ(step_volume(comm, tp_only(world), block), expected)
             << "block " << static_cast<int>(block) << " tp " << world;
+      if (world == 2) {  // the conv pair's 4 channels over tp 2: its output and x [4, 2, 11, 9]
+        const int64_t field = 4 * 2 * 11 * 9 * 8;
+        const std::vector<std::pair<std::string, int64_t>> conv_expected{{"all_reduce", field},
+                                                                         {"all_reduce", field}};
+        EXPECT_EQ(step_volume(comm, tp_only(world), Block::conv_pair), conv_expected);
+      }
     });
   }
 }
