@@ -9,6 +9,14 @@
 // its padding (oneDNN and cuDNN take it without the zeros ever being written; one rank copies
 // nothing at all). So sharded and unsharded calls run the same code. The same kernels serve cpu and
 // cuda tensors (conv_kernels.hpp dispatches on the device: reference/oneDNN or cuDNN).
+//
+// Tensor parallelism (groups 1): w sharded over a mesh dim splits the channels there, composed
+// with any spatial or batch sharding of x on the other mesh dims. Filter-parallel, w Shard(0)
+// (Cout split): x is replicated there, y is Shard(1) with w's extents, b is split like w; dx is
+// Partial(sum) there. Channel-parallel, w Shard(1) (Cin split): x is Shard(1) with w's extents, y
+// is Partial(sum) (each rank's share of the channel sum; a bias would be counted once per rank,
+// so it is refused: add it after the reduction); the gradient of y arrives replicated there. dw
+// (db) keeps w's (b's) Shard and is Partial(sum) over the other mesh dims that shard x.
 #include "ops/conv/conv_op.hpp"
 
 #include <fmt/format.h>
@@ -121,6 +129,36 @@ std::pair<int64_t, int64_t> input_window(const ConvDims& dims, int i, int64_t fi
   return {lo, hi};
 }
 
+/// How conv's w is split over one mesh dim (tensor parallelism; groups 1 only, grouped weights
+/// replicate).
+enum class ConvParallel { none, filter, channel };
+
+/// Shard(0) of w over mesh dim m: filter-parallel; Shard(1): channel-parallel.
+ConvParallel conv_parallel_kind(const ShardSpec& w, size_t m, int64_t groups) {
+  const Placement& p = w.placements[m];
+  if (groups != 1 || !p.is_shard() || p.dim > 1) return ConvParallel::none;
+  return p.dim == 0 ? ConvParallel::filter : ConvParallel::channel;
+}
+
+/// The layout of dw (or db) for a parameter laid out as `param` (as the rule made it): its Shard
+/// placements over the tensor-parallel mesh dims, Partial(sum) over the other mesh dims that
+/// shard x, Replicate elsewhere.
+ShardSpec conv_param_grad_layout(const ShardSpec& x, const ShardSpec& param) {
+  std::vector<Placement> placements;
+  std::vector<std::vector<int64_t>> extents;
+  for (size_t m = 0; m < param.placements.size(); ++m) {
+    if (param.placements[m].is_shard()) {
+      placements.push_back(param.placements[m]);
+      extents.push_back(param.extents[m]);
+    } else {
+      placements.push_back(x.placements[m].is_shard() ? Placement::partial(ReduceOp::sum)
+                                                      : Placement::replicate());
+      extents.emplace_back();
+    }
+  }
+  return ShardSpec::make(param.global_shape, param.mesh_shape, placements, extents);
+}
+
 OpRule conv_rule(const std::vector<ShardSpec>& inputs, const OpAttrs& attrs) {
   check_arg(inputs.size() == 2 || inputs.size() == 3, "conv", "expects inputs x, w[, b], got {}",
             inputs.size());
@@ -129,30 +167,60 @@ OpRule conv_rule(const std::vector<ShardSpec>& inputs, const OpAttrs& attrs) {
   if (inputs.size() == 3)
     check_arg(inputs[2].global_shape == Shape{inputs[1].global_shape[0]}, "conv",
               "bias of shape {}, expected [{}]", inputs[2].global_shape, inputs[1].global_shape[0]);
-  // x: channels whole, no pending partial sums; w and b replicated.
+  // x: channels whole (but over channel-parallel mesh dims), no pending partial sums; w and b
+  // replicated but over the tensor-parallel mesh dims.
+  const ShardSpec& w_given = inputs[1];
+  const size_t mesh_dims = x_given.mesh_shape.size();
   ShardSpec x = without_partial(x_given);
-  for (size_t m = 0; m < x.placements.size(); ++m)
-    if (x.placements[m].is_shard() && x.placements[m].dim == 1) {
+  std::vector<Placement> w_placements(mesh_dims, Placement::replicate());
+  std::vector<Placement> b_placements(mesh_dims, Placement::replicate());
+  std::vector<std::vector<int64_t>> w_extents(mesh_dims), b_extents(mesh_dims);
+  std::vector<Placement> y_placements(mesh_dims, Placement::replicate());
+  std::vector<std::vector<int64_t>> out_extents(mesh_dims);
+  for (size_t m = 0; m < mesh_dims; ++m) {
+    const ConvParallel kind = conv_parallel_kind(w_given, m, dims.groups);
+    if (kind == ConvParallel::none && x.placements[m].is_shard() && x.placements[m].dim == 1) {
       x.placements[m] = Placement::replicate();
       x.extents[m].clear();
+    } else if (kind == ConvParallel::filter) {
+      x.placements[m] = Placement::replicate();
+      x.extents[m].clear();
+      w_placements[m] = b_placements[m] = Placement::shard(0);
+      w_extents[m] = b_extents[m] = w_given.extents[m];
+      y_placements[m] = Placement::shard(1);
+      out_extents[m] = w_given.extents[m];
+    } else if (kind == ConvParallel::channel) {
+      check_arg(inputs.size() == 2, "conv",
+                "w is sharded on its input channels (channel-parallel) over mesh dim {}: a bias "
+                "would be added once per rank of the sum; add it after the reduction",
+                m);
+      x.placements[m] = Placement::shard(1);
+      x.extents[m] = w_given.extents[m];
+      w_placements[m] = Placement::shard(1);
+      w_extents[m] = w_given.extents[m];
+      y_placements[m] = Placement::partial(ReduceOp::sum);
     }
-  const std::vector<Placement> replicated(x.mesh_shape.size(), Placement::replicate());
+  }
+  x = ShardSpec::make(x.global_shape, x.mesh_shape, x.placements, x.extents, "conv");
   OpRule rule;
   rule.inputs.push_back(x);
-  for (size_t i = 1; i < inputs.size(); ++i)
-    rule.inputs.push_back(ShardSpec::make(inputs[i].global_shape, x.mesh_shape, replicated));
+  rule.inputs.push_back(
+      ShardSpec::make(w_given.global_shape, x.mesh_shape, w_placements, w_extents, "conv"));
+  if (inputs.size() == 3)
+    rule.inputs.push_back(
+        ShardSpec::make(inputs[2].global_shape, x.mesh_shape, b_placements, b_extents, "conv"));
 
   Shape out_shape{x.global_shape[0], inputs[1].global_shape[0]};
   for (int i = 0; i < dims.spatial; ++i) out_shape.push_back(dims.output[i]);
-  std::vector<std::vector<int64_t>> out_extents(x.mesh_shape.size());
-  for (size_t m = 0; m < x.mesh_shape.size(); ++m) {
-    if (!x.placements[m].is_shard()) continue;
+  for (size_t m = 0; m < mesh_dims; ++m) {
+    if (!x.placements[m].is_shard() || x.placements[m].dim == 1) continue;
     const int dim = x.placements[m].dim;
+    y_placements[m] = x.placements[m];
     out_extents[m] = dim == 0 ? x.extents[m]
                               : strided_output_extents(x.extents[m], dims.input[dim - 2],
                                                        dims.output[dim - 2], dims.stride[dim - 2]);
   }
-  const ShardSpec y = ShardSpec::make(out_shape, x.mesh_shape, x.placements, out_extents, "conv");
+  const ShardSpec y = ShardSpec::make(out_shape, x.mesh_shape, y_placements, out_extents, "conv");
   rule.outputs.push_back(y);
 
   // Halo of x: every rank's outputs, mapped back to the input range they read (cut to the
@@ -330,23 +398,35 @@ std::vector<std::optional<ShardTensor>> conv_backward(
   const ConvGeometry geometry =
       local_geometry(record.attrs, x.global_shape(), w.global_shape(),
                      record.plans[0]->needed_box(), record.outputs[0].local_box());
-  const ShardTensor g =
-      grads[0]->spec() == y ? *grads[0] : grads[0]->redistribute(y.placements, y.extents);
+  // The gradient of a Partial(sum) y (channel-parallel) is the same on every rank of the sum.
+  const ShardSpec g_spec = without_partial(y);
+  const ShardTensor g = grads[0]->spec() == g_spec
+                            ? *grads[0]
+                            : grads[0]->redistribute(g_spec.placements, g_spec.extents);
   const Tensor& x_haloed = record.kernel_inputs[0];
   const Tensor g_local = g.to_local().contiguous();
-  // dx: gradient of the haloed piece, its halo cells sent back to their owners and added.
+  // dx: gradient of the haloed piece, its halo cells sent back to their owners and added;
+  // Partial(sum) over the filter-parallel mesh dims (each rank's share of the out channels).
   const Tensor dx_haloed = conv_backward_data(g_local, w.to_local(), x_haloed.shape(), geometry);
   const Tensor dx = halo_adjoint(*record.plans[0], dx_haloed, x.mesh().comm());
+  std::vector<Placement> dx_placements = x.spec().placements;
+  std::vector<std::vector<int64_t>> dx_extents = x.spec().extents;
+  for (size_t m = 0; m < dx_placements.size(); ++m)
+    if (w.placements()[m].is_shard() && w.placements()[m].dim == 0) {
+      dx_placements[m] = Placement::partial(ReduceOp::sum);
+      dx_extents[m].clear();
+    }
   std::vector<std::optional<ShardTensor>> result;
-  result.emplace_back(ShardTensor(dx, x.mesh(), x.spec()));
+  result.emplace_back(ShardTensor(
+      dx, x.mesh(),
+      ShardSpec::make(x.global_shape(), x.spec().mesh_shape, dx_placements, dx_extents)));
   // dw, db: local sums over this rank's outputs; partial along the mesh dims that shard x.
   result.emplace_back(
       ShardTensor(conv_backward_weight(x_haloed, g_local, w.to_local().shape(), geometry), w.mesh(),
-                  partial_over_sharding(x.spec(), w.global_shape())));
+                  conv_param_grad_layout(x.spec(), w.spec())));
   if (record.inputs.size() == 3)
-    result.emplace_back(
-        ShardTensor(conv_backward_bias(g_local), w.mesh(),
-                    partial_over_sharding(x.spec(), record.inputs[2].global_shape())));
+    result.emplace_back(ShardTensor(conv_backward_bias(g_local), w.mesh(),
+                                    conv_param_grad_layout(x.spec(), record.inputs[2].spec())));
   return result;
 }
 

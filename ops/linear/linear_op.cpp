@@ -1,12 +1,21 @@
 // linear and matmul: rules, cpu kernels, backward and registration.
 //
-// Layouts: the contracted dim (x's and a's last) is never sharded: a mesh dim sharding it
-// replicates instead, and the rule moves the data first. Every other dim of x (a) keeps its
-// placement, so the output is sharded like the input, and no rank talks to another in the
-// forward. Weights (w, b; a 2-d b) are replicated; their gradients are each rank's sums over
-// its rows, Partial(sum) over the mesh dims that shard x (as conv's dw). A batched b takes a's
-// placements on the batch dims; its gradient sums over a's rows: Partial(sum) over the mesh dims
-// that shard a's row dim.
+// Layouts: a mesh dim that does not shard linear's w never shards the contracted dim (x's and
+// a's last): it replicates instead, and the rule moves the data first. Every other dim of x (a)
+// keeps its placement, so the output is sharded like the input, and no rank talks to another in
+// the forward. Weights (w, b; a 2-d b) replicated on a mesh dim have gradients that are each
+// rank's sums over its rows, Partial(sum) over the mesh dims that shard x (as conv's dw). A
+// batched b takes a's placements on the batch dims; its gradient sums over a's rows:
+// Partial(sum) over the mesh dims that shard a's row dim.
+//
+// Tensor parallelism is linear's w sharded over a mesh dim (Megatron's layers):
+// - w Shard(0) (column-parallel, out features split): x is replicated there, b is split like w's
+//   rows, y is Shard(last) with w's extents; dx is Partial(sum) there (each rank's share of the
+//   out features), dw and db stay Shard(0).
+// - w Shard(1) (row-parallel, in features split): x is Shard(last) with w's extents there, y is
+//   Partial(sum) (each rank's share of the contracted sum), reduced once where the next op needs
+//   it; the gradient of y arrives replicated, so dx keeps x's layout and dw stays Shard(1). A bias
+//   would be counted once per rank of the sum, so it is refused: add it after the reduction.
 //
 // Kernels: C = A op(B) per matrix. cpu: f32 through oneDNN's sgemm when built with oneDNN, f64
 // (and f32 without oneDNN) through a row-parallel loop accumulating in the dtype. cuda: cuBLAS
@@ -151,6 +160,48 @@ Tensor as_compute(const Tensor& t) {
 
 // --- linear ---------------------------------------------------------------------------------
 
+/// How linear's w is split over one mesh dim (tensor parallelism).
+enum class TensorParallel { none, column, row };
+
+/// Shard(0) of w over mesh dim m: column-parallel; Shard(1): row-parallel.
+TensorParallel tensor_parallel_kind(const ShardSpec& w, size_t m) {
+  const Placement& p = w.placements[m];
+  if (!p.is_shard()) return TensorParallel::none;
+  return p.dim == 0 ? TensorParallel::column : TensorParallel::row;
+}
+
+/// dx's layout: x's, with Partial(sum) over the column-parallel mesh dims (each rank contracts
+/// its share of the out features).
+ShardSpec linear_input_grad_layout(const ShardSpec& x, const ShardSpec& w) {
+  std::vector<Placement> placements = x.placements;
+  std::vector<std::vector<int64_t>> extents = x.extents;
+  for (size_t m = 0; m < placements.size(); ++m)
+    if (tensor_parallel_kind(w, m) == TensorParallel::column) {
+      placements[m] = Placement::partial(ReduceOp::sum);
+      extents[m].clear();
+    }
+  return ShardSpec::make(x.global_shape, x.mesh_shape, placements, extents);
+}
+
+/// The layout of dw (or db) for a parameter laid out as `param` (as the rule made it): the
+/// parameter's Shard placements over the tensor-parallel mesh dims, Partial(sum) over the other
+/// mesh dims that shard x's rows, Replicate elsewhere.
+ShardSpec linear_param_grad_layout(const ShardSpec& x, const ShardSpec& param) {
+  std::vector<Placement> placements;
+  std::vector<std::vector<int64_t>> extents;
+  for (size_t m = 0; m < param.placements.size(); ++m) {
+    if (param.placements[m].is_shard()) {
+      placements.push_back(param.placements[m]);
+      extents.push_back(param.extents[m]);
+    } else {
+      placements.push_back(x.placements[m].is_shard() ? Placement::partial(ReduceOp::sum)
+                                                      : Placement::replicate());
+      extents.emplace_back();
+    }
+  }
+  return ShardSpec::make(param.global_shape, param.mesh_shape, placements, extents);
+}
+
 void check_linear(const std::vector<ShardSpec>& inputs) {
   check_arg(inputs.size() == 2 || inputs.size() == 3, "linear", "expects inputs x, w[, b], got {}",
             inputs.size());
@@ -167,16 +218,50 @@ void check_linear(const std::vector<ShardSpec>& inputs) {
 void register_linear() {
   RuleFn rule = [](const std::vector<ShardSpec>& inputs, const OpAttrs&) {
     check_linear(inputs);
-    const ShardSpec x = contracted_replicated(inputs[0]);
-    Shape y = x.global_shape;
-    y.back() = inputs[1].global_shape[0];
-    std::vector<ShardSpec> layouts{x};
-    std::vector<std::optional<HaloNeed>> halos{std::nullopt};
-    for (size_t i = 1; i < inputs.size(); ++i) {
-      layouts.push_back(replicated(inputs[i].global_shape, inputs[i].mesh_shape));
-      halos.push_back(std::nullopt);
+    const ShardSpec& w_in = inputs[1];
+    const int last = static_cast<int>(inputs[0].global_shape.size()) - 1;
+    const size_t mesh_dims = w_in.placements.size();
+    ShardSpec x = without_partial(inputs[0]);
+    std::vector<Placement> w_placements(mesh_dims, Placement::replicate());
+    std::vector<Placement> b_placements(mesh_dims, Placement::replicate());
+    std::vector<Placement> y_placements = x.placements;
+    std::vector<std::vector<int64_t>> w_extents(mesh_dims), b_extents(mesh_dims),
+        y_extents = x.extents;
+    for (size_t m = 0; m < mesh_dims; ++m) {
+      const TensorParallel kind = tensor_parallel_kind(w_in, m);
+      if (kind == TensorParallel::column) {
+        x.placements[m] = Placement::replicate();
+        x.extents[m].clear();
+        w_placements[m] = b_placements[m] = Placement::shard(0);
+        y_placements[m] = Placement::shard(last);
+        w_extents[m] = b_extents[m] = y_extents[m] = w_in.extents[m];
+      } else if (kind == TensorParallel::row) {
+        check_arg(inputs.size() == 2, "linear",
+                  "w is sharded on its in features (row-parallel) over mesh dim {}: a bias would "
+                  "be added once per rank of the sum; add it after the reduction",
+                  m);
+        x.placements[m] = Placement::shard(last);
+        x.extents[m] = w_in.extents[m];
+        w_placements[m] = Placement::shard(1);
+        w_extents[m] = w_in.extents[m];
+        y_placements[m] = Placement::partial(ReduceOp::sum);
+        y_extents[m].clear();
+      } else if (x.placements[m].is_shard() && x.placements[m].dim == last) {
+        x.placements[m] = y_placements[m] = Placement::replicate();
+        x.extents[m].clear();
+        y_extents[m].clear();
+      }
     }
-    return OpRule{layouts, halos, {output_layout(x, y)}};
+    x = ShardSpec::make(x.global_shape, x.mesh_shape, x.placements, x.extents);
+    Shape y = x.global_shape;
+    y.back() = w_in.global_shape[0];
+    std::vector<ShardSpec> layouts{
+        x, ShardSpec::make(w_in.global_shape, w_in.mesh_shape, w_placements, w_extents)};
+    if (inputs.size() == 3)
+      layouts.push_back(
+          ShardSpec::make(inputs[2].global_shape, inputs[2].mesh_shape, b_placements, b_extents));
+    std::vector<std::optional<HaloNeed>> halos(inputs.size(), std::nullopt);
+    return OpRule{layouts, halos, {ShardSpec::make(y, x.mesh_shape, y_placements, y_extents)}};
   };
   KernelFn kernel = [](const KernelContext& context, const std::vector<Tensor>& inputs) {
     if (!inputs[0].device().is_cuda()) require_floating_cpu(inputs[0], "linear");
@@ -201,7 +286,8 @@ void register_linear() {
       -> std::vector<std::optional<ShardTensor>> {
     const ShardTensor& x = record.inputs[0];
     const ShardTensor& w = record.inputs[1];
-    const ShardSpec& y_spec = record.outputs[0].spec();
+    // The gradient of a Partial(sum) y (row-parallel) is the same on every rank of the sum.
+    const ShardSpec y_spec = without_partial(record.outputs[0].spec());
     const ShardTensor g = grads[0]->spec() == y_spec
                               ? *grads[0]
                               : grads[0]->redistribute(y_spec.placements, y_spec.extents);
@@ -216,16 +302,17 @@ void register_linear() {
     batched_gemm(gc, wc, dx, 1, 0, 0, false, false, rows, in, out, false, stream);  // g @ w
     Tensor dw = Tensor::empty({out, in}, gc.dtype(), device);
     batched_gemm(gc, xc, dw, 1, 0, 0, true, false, out, in, rows, false, stream);  // g^T @ x
-    const ShardSpec param = partial_over_sharding(x.spec(), {out, in});
     std::vector<std::optional<ShardTensor>> result{
-        ShardTensor(dx.to_dtype(x.dtype()), x.mesh(), x.spec()),
-        ShardTensor(dw.to_dtype(w.dtype()), w.mesh(), param)};
+        ShardTensor(dx.to_dtype(x.dtype()), x.mesh(), linear_input_grad_layout(x.spec(), w.spec())),
+        ShardTensor(dw.to_dtype(w.dtype()), w.mesh(),
+                    linear_param_grad_layout(x.spec(), w.spec()))};
     if (record.inputs.size() == 3) {
       Tensor db = Tensor::empty({out}, gc.dtype(), device);  // ones [1, rows] @ g
       batched_gemm(ones(rows, gc.dtype(), device), gc, db, 1, 0, 0, false, false, 1, out, rows,
                    false, stream);
-      result.push_back(ShardTensor(db.to_dtype(record.inputs[2].dtype()), x.mesh(),
-                                   partial_over_sharding(x.spec(), {out})));
+      const ShardTensor& b = record.inputs[2];
+      result.push_back(ShardTensor(db.to_dtype(b.dtype()), x.mesh(),
+                                   linear_param_grad_layout(x.spec(), b.spec())));
     }
     return result;
   };
