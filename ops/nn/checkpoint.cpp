@@ -10,6 +10,12 @@ namespace {
 constexpr const char* kModel = "model/";
 constexpr const char* kOptim = "optim/";
 constexpr const char* kRun = "run/";
+constexpr const char* kScalerScale = "scaler/scale";
+constexpr const char* kScalerTracker = "scaler/growth_tracker";
+
+double scalar_of(const ShardTensor& tensor) {
+  return tensor.full_tensor().to(Device::cpu()).item_as_double({});
+}
 
 const DeviceMesh& mesh_of(const Module& module, const std::string& op) {
   const auto parameters = module.named_parameters();
@@ -25,7 +31,8 @@ bool starts_with(const std::string& text, const std::string& prefix) {
 
 void save_training_checkpoint(const std::string& file, const Module& module,
                               const optim::Optimizer& optimizer,
-                              const std::map<std::string, int64_t>& counters) {
+                              const std::map<std::string, int64_t>& counters,
+                              const GradScaler* scaler) {
   const DeviceMesh& mesh = mesh_of(module, "save_training_checkpoint");
   std::vector<std::pair<std::string, ShardTensor>> tensors;
   for (const auto& [name, value] : module.state_dict()) tensors.emplace_back(kModel + name, value);
@@ -35,16 +42,35 @@ void save_training_checkpoint(const std::string& file, const Module& module,
     tensors.emplace_back(kRun + name, ShardTensor::distribute(Tensor::from_values<int64_t>(
                                                                   {}, std::vector<int64_t>{value}),
                                                               mesh, replicated));
+  if (scaler != nullptr) {
+    tensors.emplace_back(kScalerScale, ShardTensor::distribute(
+                                           Tensor::from_values<double>(
+                                               {}, std::vector<double>{scaler->state().scale}),
+                                           mesh, replicated));
+    tensors.emplace_back(kScalerTracker,
+                         ShardTensor::distribute(
+                             Tensor::from_values<int64_t>(
+                                 {}, std::vector<int64_t>{scaler->state().growth_tracker}),
+                             mesh, replicated));
+  }
   io::save_checkpoint(file, tensors);
 }
 
 std::map<std::string, int64_t> load_training_checkpoint(const std::string& file, Module& module,
-                                                        optim::Optimizer& optimizer) {
+                                                        optim::Optimizer& optimizer,
+                                                        GradScaler* scaler) {
   const DeviceMesh& mesh = mesh_of(module, "load_training_checkpoint");
   std::map<std::string, ShardTensor> model, state;
   std::map<std::string, int64_t> counters;
+  std::optional<GradScalerState> scaler_state;
   for (const auto& [name, tensor] : io::load_checkpoint(file, mesh)) {
-    if (starts_with(name, kModel)) {
+    if (name == kScalerScale || name == kScalerTracker) {
+      if (!scaler_state) scaler_state = GradScalerState{};
+      if (name == kScalerScale)
+        scaler_state->scale = scalar_of(tensor);
+      else
+        scaler_state->growth_tracker = static_cast<int64_t>(scalar_of(tensor));
+    } else if (starts_with(name, kModel)) {
       model.emplace(name.substr(std::string(kModel).size()), tensor);
     } else if (starts_with(name, kOptim)) {
       state.emplace(name.substr(std::string(kOptim).size()), tensor);
@@ -53,12 +79,17 @@ std::map<std::string, int64_t> load_training_checkpoint(const std::string& file,
                 "load_training_checkpoint", "'{}' in '{}' is not part of a training checkpoint",
                 name, file);
       counters[name.substr(std::string(kRun).size())] =
-          static_cast<int64_t>(tensor.full_tensor().to(Device::cpu()).item_as_double({}));
+          static_cast<int64_t>(scalar_of(tensor));
     }
   }
+  // The file is the same on every rank, so these checks agree everywhere.
+  check_arg(scaler_state.has_value() == (scaler != nullptr), "load_training_checkpoint",
+            "'{}' {} a GradScaler state but {} scaler was given", file,
+            scaler_state ? "holds" : "does not hold", scaler ? "a" : "no");
   optimizer.check_state_dict(state);  // both check every key before either writes
   module.load_state_dict(model);
   optimizer.load_state_dict(state);
+  if (scaler != nullptr) scaler->load_state(*scaler_state);
   return counters;
 }
 

@@ -75,8 +75,7 @@ ShardTensor Conv::forward(const ShardTensor& x) {
   check_arg(static_cast<int>(x.global_shape().size()) == config_.spatial_dims + 2, "conv",
             "conv{}d expects an input [N, C, {} spatial dims], got global shape {}",
             config_.spatial_dims, config_.spatial_dims, x.global_shape());
-  return ops::conv(x, weight_.tensor(),
-                   bias_.defined() ? std::optional<ShardTensor>(bias_.tensor()) : std::nullopt,
+  return ops::conv(compute_input(x), compute_value(weight_), compute_optional(bias_),
                    config_.options);
 }
 
@@ -112,7 +111,8 @@ ShardTensor ConvTranspose::forward(const ShardTensor& x) {
   check_arg(static_cast<int>(x.global_shape().size()) == config_.spatial_dims + 2, "conv_transpose",
             "conv_transpose{}d expects an input [N, C, {} spatial dims], got global shape {}",
             config_.spatial_dims, config_.spatial_dims, x.global_shape());
-  return ops::conv_transpose(x, weight_.tensor(), optional_of(bias_), config_.options);
+  return ops::conv_transpose(compute_input(x), compute_value(weight_), compute_optional(bias_),
+                             config_.options);
 }
 
 MaxPool::MaxPool(ops::PoolOptions options) : options_(std::move(options)) {}
@@ -145,7 +145,8 @@ GroupNorm::GroupNorm(const DeviceMesh& mesh, int64_t groups, int64_t channels, d
 }
 
 ShardTensor GroupNorm::forward(const ShardTensor& x) {
-  return ops::group_norm(x, groups_, optional_of(weight_), optional_of(bias_), eps_);
+  return ops::group_norm(compute_input(x), groups_, compute_optional(weight_),
+                         compute_optional(bias_), eps_);
 }
 
 BatchNorm::BatchNorm(const DeviceMesh& mesh, int64_t channels, double eps, double momentum,
@@ -161,8 +162,12 @@ BatchNorm::BatchNorm(const DeviceMesh& mesh, int64_t channels, double eps, doubl
 }
 
 ShardTensor BatchNorm::forward(const ShardTensor& x) {
+  // Under mixed precision the statistics stay in the buffers' dtype (as torch.autocast runs
+  // batch_norm in f32): x is widened to it and the output cast to the compute dtype.
+  const DType statistics_dtype = buffer("running_mean").dtype();
   const ops::BatchNormResult result = ops::batch_norm(
-      x, buffer("running_mean"), buffer("running_var"), optional_of(weight_), optional_of(bias_),
+      compute_dtype() ? ops::cast(x, statistics_dtype) : x, buffer("running_mean"),
+      buffer("running_var"), optional_of(weight_), optional_of(bias_),
       {.training = training(), .momentum = momentum_, .eps = eps_});
   if (training()) {
     // New values outside any autograd record (buffers are state, not part of the graph).
@@ -170,7 +175,7 @@ ShardTensor BatchNorm::forward(const ShardTensor& x) {
                                       std::pair{"running_var", *result.running_var}})
       set_buffer(name, ShardTensor(value.to_local(), value.mesh(), value.spec()));
   }
-  return result.y;
+  return compute_input(result.y);
 }
 
 InstanceNorm::InstanceNorm(const DeviceMesh& mesh, int64_t channels, double eps, bool affine,
@@ -184,7 +189,8 @@ InstanceNorm::InstanceNorm(const DeviceMesh& mesh, int64_t channels, double eps,
 }
 
 ShardTensor InstanceNorm::forward(const ShardTensor& x) {
-  return ops::instance_norm(x, optional_of(weight_), optional_of(bias_), eps_);
+  return ops::instance_norm(compute_input(x), compute_optional(weight_), compute_optional(bias_),
+                            eps_);
 }
 
 LayerNorm::LayerNorm(const DeviceMesh& mesh, Shape normalized_shape, double eps,
@@ -203,8 +209,8 @@ ShardTensor LayerNorm::forward(const ShardTensor& x) {
   check_arg(shape.size() >= n && Shape(shape.end() - n, shape.end()) == normalized_shape_,
             "layer_norm", "input of shape {} does not end in the normalized shape {}", shape,
             normalized_shape_);
-  return ops::layer_norm(x, static_cast<int64_t>(n), optional_of(weight_), optional_of(bias_),
-                         eps_);
+  return ops::layer_norm(compute_input(x), static_cast<int64_t>(n), compute_optional(weight_),
+                         compute_optional(bias_), eps_);
 }
 
 Linear::Linear(const DeviceMesh& mesh, int64_t in_features, int64_t out_features, bool bias,
@@ -226,8 +232,7 @@ Linear::Linear(const DeviceMesh& mesh, int64_t in_features, int64_t out_features
 }
 
 ShardTensor Linear::forward(const ShardTensor& x) {
-  return ops::linear(x, weight_.tensor(),
-                     bias_.defined() ? std::optional<ShardTensor>(bias_.tensor()) : std::nullopt);
+  return ops::linear(compute_input(x), compute_value(weight_), compute_optional(bias_));
 }
 
 Dropout::Dropout(double p, uint64_t seed) : p_(p), seed_(seed) {
