@@ -43,15 +43,15 @@ void save_training_checkpoint(const std::string& file, const Module& module,
                                                                   {}, std::vector<int64_t>{value}),
                                                               mesh, replicated));
   if (scaler != nullptr) {
-    tensors.emplace_back(kScalerScale, ShardTensor::distribute(
-                                           Tensor::from_values<double>(
-                                               {}, std::vector<double>{scaler->state().scale}),
-                                           mesh, replicated));
-    tensors.emplace_back(kScalerTracker,
-                         ShardTensor::distribute(
-                             Tensor::from_values<int64_t>(
-                                 {}, std::vector<int64_t>{scaler->state().growth_tracker}),
-                             mesh, replicated));
+    tensors.emplace_back(
+        kScalerScale, ShardTensor::distribute(Tensor::from_values<double>(
+                                                  {}, std::vector<double>{scaler->state().scale}),
+                                              mesh, replicated));
+    tensors.emplace_back(
+        kScalerTracker,
+        ShardTensor::distribute(
+            Tensor::from_values<int64_t>({}, std::vector<int64_t>{scaler->state().growth_tracker}),
+            mesh, replicated));
   }
   io::save_checkpoint(file, tensors);
 }
@@ -78,8 +78,7 @@ std::map<std::string, int64_t> load_training_checkpoint(const std::string& file,
       check_arg(starts_with(name, kRun) && tensor.global_shape().empty(),
                 "load_training_checkpoint", "'{}' in '{}' is not part of a training checkpoint",
                 name, file);
-      counters[name.substr(std::string(kRun).size())] =
-          static_cast<int64_t>(scalar_of(tensor));
+      counters[name.substr(std::string(kRun).size())] = static_cast<int64_t>(scalar_of(tensor));
     }
   }
   // The file is the same on every rank, so these checks agree everywhere.

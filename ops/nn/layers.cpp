@@ -165,10 +165,10 @@ ShardTensor BatchNorm::forward(const ShardTensor& x) {
   // Under mixed precision the statistics stay in the buffers' dtype (as torch.autocast runs
   // batch_norm in f32): x is widened to it and the output cast to the compute dtype.
   const DType statistics_dtype = buffer("running_mean").dtype();
-  const ops::BatchNormResult result = ops::batch_norm(
-      compute_dtype() ? ops::cast(x, statistics_dtype) : x, buffer("running_mean"),
-      buffer("running_var"), optional_of(weight_), optional_of(bias_),
-      {.training = training(), .momentum = momentum_, .eps = eps_});
+  const ops::BatchNormResult result =
+      ops::batch_norm(compute_dtype() ? ops::cast(x, statistics_dtype) : x, buffer("running_mean"),
+                      buffer("running_var"), optional_of(weight_), optional_of(bias_),
+                      {.training = training(), .momentum = momentum_, .eps = eps_});
   if (training()) {
     // New values outside any autograd record (buffers are state, not part of the graph).
     for (const auto& [name, value] : {std::pair{"running_mean", *result.running_mean},

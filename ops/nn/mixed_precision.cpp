@@ -71,10 +71,10 @@ GradScaler::GradScaler(std::vector<Parameter> parameters, GradScalerOptions opti
   check_arg(options_.growth_interval >= 1, "grad_scaler", "growth_interval = {} (expected >= 1)",
             options_.growth_interval);
   for (const Parameter& parameter : parameters_)
-    check_arg(parameter.stored().mesh().comm_ptr() == parameters_.front().stored().mesh().comm_ptr(),
-              "grad_scaler",
-              "parameter '{}' is on another communicator than '{}'", parameter.name(),
-              parameters_.front().name());
+    check_arg(
+        parameter.stored().mesh().comm_ptr() == parameters_.front().stored().mesh().comm_ptr(),
+        "grad_scaler", "parameter '{}' is on another communicator than '{}'", parameter.name(),
+        parameters_.front().name());
   state_.scale = options_.init_scale;
 }
 
@@ -125,8 +125,10 @@ void GradScaler::update() {
 
 void GradScaler::load_state(const GradScalerState& state) {
   check_arg(state.scale > 0 && std::isfinite(state.scale) && state.growth_tracker >= 0,
-            "grad_scaler", "state scale = {}, growth_tracker = {} (expected a finite positive "
-            "scale and a non-negative tracker)", state.scale, state.growth_tracker);
+            "grad_scaler",
+            "state scale = {}, growth_tracker = {} (expected a finite positive "
+            "scale and a non-negative tracker)",
+            state.scale, state.growth_tracker);
   state_ = state;
   unscaled_ = false;
   found_inf_ = false;

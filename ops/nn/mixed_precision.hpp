@@ -37,9 +37,9 @@ struct MixedPrecision {
 void apply_mixed_precision(Module& model, const MixedPrecision& policy);
 
 struct GradScalerOptions {
-  double init_scale = 65536.0;    ///< 2^16
-  double growth_factor = 2.0;     ///< scale *= growth after growth_interval good steps in a row
-  double backoff_factor = 0.5;    ///< scale *= backoff after a step with an inf or NaN
+  double init_scale = 65536.0;  ///< 2^16
+  double growth_factor = 2.0;   ///< scale *= growth after growth_interval good steps in a row
+  double backoff_factor = 0.5;  ///< scale *= backoff after a step with an inf or NaN
   int64_t growth_interval = 2000;
 };
 

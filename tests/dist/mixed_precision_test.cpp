@@ -61,8 +61,9 @@ TEST(Cast, MatchesToDtypeOnEveryLayoutAndTheGradientKeepsTheInputDtype) {
       EXPECT_EQ(w.grad()->dtype(), DType::f32);
       for (double g : values_of(w.grad()->full_tensor())) EXPECT_EQ(g, 3.0);
     }
-    EXPECT_THROW(ops::cast(ShardTensor::distribute(full, mesh, {Placement::replicate()}), DType::i32),
-                 InvalidArgument);
+    EXPECT_THROW(
+        ops::cast(ShardTensor::distribute(full, mesh, {Placement::replicate()}), DType::i32),
+        InvalidArgument);
   });
 }
 
@@ -225,8 +226,8 @@ TEST(MixedPrecision, F32GradientsOfABf16StepMatchF64) {
     const auto exact = gradients(alone, one, DType::f64, false);
     const Layout sharded{
         {2, 2}, {"dp", "rows"}, {Placement::shard(0), Placement::shard(2)}, {{}, {7, 4}}};
-    for (const auto& got : {gradients(alone, one, DType::f32, true),
-                            gradients(comm, sharded, DType::f32, true)})
+    for (const auto& got :
+         {gradients(alone, one, DType::f32, true), gradients(comm, sharded, DType::f32, true)})
       for (size_t p = 0; p < exact.size(); ++p) {
         const double error = norm_error(got[p], exact[p]);
         EXPECT_LT(error, 2e-2) << "parameter " << p;
@@ -266,8 +267,13 @@ TEST(GradScaler, InfOnOneRankSkipsTheStepEverywhereHalvesTheScaleThenItGrows) {
     nn::apply_mixed_precision(*net, {.compute = DType::f16});
     nn::GradReducer reducer(net->parameters());
     optim::Sgd sgd(net->parameters(), {.lr = 0.05, .momentum = 0.9});
-    nn::GradScaler scaler(net->parameters(), {.growth_interval = 3});
-    EXPECT_EQ(scaler.get_scale(), 65536.0);
+    // PyTorch's defaults, but a scale whose f16 gradients of this net stay finite.
+    const nn::GradScalerOptions defaults;
+    EXPECT_EQ(defaults.init_scale, 65536.0);
+    EXPECT_EQ(defaults.growth_factor, 2.0);
+    EXPECT_EQ(defaults.backoff_factor, 0.5);
+    EXPECT_EQ(defaults.growth_interval, 2000);
+    nn::GradScaler scaler(net->parameters(), {.init_scale = 1024, .growth_interval = 3});
     const Layout layout{{2}, {"dp"}, {Placement::shard(0)}, {}};
     const auto [x, target] = data(mesh, layout, DType::f32);
     auto snapshot = [&] {
@@ -277,17 +283,17 @@ TEST(GradScaler, InfOnOneRankSkipsTheStepEverywhereHalvesTheScaleThenItGrows) {
       return values;
     };
     EXPECT_TRUE(scaled_step(*net, reducer, sgd, scaler, x, target, -1));
-    EXPECT_EQ(scaler.get_scale(), 65536.0);
+    EXPECT_EQ(scaler.get_scale(), 1024.0);
     const auto before = snapshot();
     EXPECT_FALSE(scaled_step(*net, reducer, sgd, scaler, x, target, /*inject_on=*/1));
     EXPECT_EQ(snapshot(), before) << "a step with an inf on rank 1 changed the parameters";
-    EXPECT_EQ(scaler.get_scale(), 32768.0);
+    EXPECT_EQ(scaler.get_scale(), 512.0);
     EXPECT_EQ(sgd.steps(), 1);
     for (int good = 0; good < 3; ++good) {
-      EXPECT_EQ(scaler.get_scale(), 32768.0) << "after " << good << " good steps";
+      EXPECT_EQ(scaler.get_scale(), 512.0) << "after " << good << " good steps";
       EXPECT_TRUE(scaled_step(*net, reducer, sgd, scaler, x, target, -1));
     }
-    EXPECT_EQ(scaler.get_scale(), 65536.0);
+    EXPECT_EQ(scaler.get_scale(), 1024.0);
     EXPECT_EQ(scaler.state().growth_tracker, 0);
     EXPECT_NE(snapshot(), before);
   });
@@ -367,14 +373,14 @@ TEST(GradScaler, CheckpointWithTheScalerResumesIdentically) {
       run.reducer = std::make_unique<nn::GradReducer>(run.net->parameters());
       run.adamw =
           std::make_unique<optim::AdamW>(run.net->parameters(), optim::AdamOptions{.lr = 0.01});
-      run.scaler = std::make_unique<nn::GradScaler>(run.net->parameters(),
-                                                    nn::GradScalerOptions{.growth_interval = 2});
+      run.scaler = std::make_unique<nn::GradScaler>(
+          run.net->parameters(), nn::GradScalerOptions{.init_scale = 1024, .growth_interval = 2});
       return run;
     };
     auto steps = [&](Run& run, int first, int last, std::vector<double>& losses) {
       for (int step = first; step < last; ++step)
-        scaled_step(*run.net, *run.reducer, *run.adamw, *run.scaler, x, target,
-                    step == 1 ? 0 : -1, &losses);
+        scaled_step(*run.net, *run.reducer, *run.adamw, *run.scaler, x, target, step == 1 ? 0 : -1,
+                    &losses);
     };
     std::vector<double> straight, resumed;
     Run uninterrupted = make_run();
@@ -384,9 +390,9 @@ TEST(GradScaler, CheckpointWithTheScalerResumesIdentically) {
     nn::save_training_checkpoint(file, *first.net, *first.adamw, {{"step", 3}}, first.scaler.get());
     Run second = make_run();
     EXPECT_THROW(nn::load_training_checkpoint(file, *second.net, *second.adamw), InvalidArgument);
-    EXPECT_EQ(
-        nn::load_training_checkpoint(file, *second.net, *second.adamw, second.scaler.get()).at("step"),
-        3);
+    EXPECT_EQ(nn::load_training_checkpoint(file, *second.net, *second.adamw, second.scaler.get())
+                  .at("step"),
+              3);
     EXPECT_EQ(second.scaler->get_scale(), first.scaler->get_scale());
     steps(second, 3, 6, resumed);
     EXPECT_EQ(resumed, straight);
