@@ -34,6 +34,18 @@ std::optional<ShardTensor> optional_of(const Parameter& parameter) {
   return parameter.defined() ? std::optional<ShardTensor>(parameter.tensor()) : std::nullopt;
 }
 
+/// The cpu convolutions run f32 and f64 only. Under an f16/bf16 compute dtype a conv layer on the
+/// cpu convolves its already rounded input, weight and bias widened to f32 (exact) and rounds the
+/// result to the compute dtype: what a half-precision kernel accumulating in f32 gives; the
+/// gradients pass through the same casts, so they are rounded to the compute dtype as well.
+bool conv_widens_on_cpu(const ShardTensor& x) {
+  return (x.dtype() == DType::f16 || x.dtype() == DType::bf16) && x.to_local().device().is_cpu();
+}
+
+std::optional<ShardTensor> widened(const std::optional<ShardTensor>& value) {
+  return value ? std::optional<ShardTensor>(ops::cast(*value, DType::f32)) : std::nullopt;
+}
+
 /// weight = 1 and bias = 0 of `shape`, registered on `module` when `affine`.
 void add_affine(const DeviceMesh& mesh, const Shape& shape, bool affine, DType dtype,
                 Parameter& weight, Parameter& bias,
@@ -75,8 +87,13 @@ ShardTensor Conv::forward(const ShardTensor& x) {
   check_arg(static_cast<int>(x.global_shape().size()) == config_.spatial_dims + 2, "conv",
             "conv{}d expects an input [N, C, {} spatial dims], got global shape {}",
             config_.spatial_dims, config_.spatial_dims, x.global_shape());
-  return ops::conv(compute_input(x), compute_value(weight_), compute_optional(bias_),
-                   config_.options);
+  const ShardTensor input = compute_input(x);
+  if (conv_widens_on_cpu(input))
+    return ops::cast(
+        ops::conv(ops::cast(input, DType::f32), ops::cast(compute_value(weight_), DType::f32),
+                  widened(compute_optional(bias_)), config_.options),
+        input.dtype());
+  return ops::conv(input, compute_value(weight_), compute_optional(bias_), config_.options);
 }
 
 ConvTranspose::ConvTranspose(const DeviceMesh& mesh, ConvTransposeConfig config, uint64_t seed)
@@ -111,7 +128,13 @@ ShardTensor ConvTranspose::forward(const ShardTensor& x) {
   check_arg(static_cast<int>(x.global_shape().size()) == config_.spatial_dims + 2, "conv_transpose",
             "conv_transpose{}d expects an input [N, C, {} spatial dims], got global shape {}",
             config_.spatial_dims, config_.spatial_dims, x.global_shape());
-  return ops::conv_transpose(compute_input(x), compute_value(weight_), compute_optional(bias_),
+  const ShardTensor input = compute_input(x);
+  if (conv_widens_on_cpu(input))
+    return ops::cast(ops::conv_transpose(ops::cast(input, DType::f32),
+                                         ops::cast(compute_value(weight_), DType::f32),
+                                         widened(compute_optional(bias_)), config_.options),
+                     input.dtype());
+  return ops::conv_transpose(input, compute_value(weight_), compute_optional(bias_),
                              config_.options);
 }
 

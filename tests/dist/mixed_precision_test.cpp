@@ -146,8 +146,7 @@ RunResult train_bf16(std::shared_ptr<Comm> comm, const Layout& layout, int steps
     }
     if (reducer) reducer->finish();
     for (const Parameter& parameter : module.parameters()) {
-      ASSERT_TRUE(parameter.grad()) << parameter.name();
-      EXPECT_EQ(parameter.grad()->dtype(), DType::f32) << parameter.name();
+      EXPECT_TRUE(parameter.grad() && parameter.grad()->dtype() == DType::f32) << parameter.name();
     }
     sgd.step();
     for (const Parameter& parameter : module.parameters())
