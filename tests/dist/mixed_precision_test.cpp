@@ -1,8 +1,8 @@
 // Mixed precision (ops/nn/mixed_precision.hpp) and its cast op (ops/cast): a seeded conv net
 // (f32 master weights, bf16 compute) trained 10 steps with SGD + momentum under DDP on dp=2 x
-// rows=2 and under FSDP over dp_shard x rows gives the one-rank bf16 run's losses within 1e-2
-// relative and its parameters within 2e-2 (bf16 keeps 8 bits: sharded weight gradients are rounded
-// per rank before their f32 sum), with replicas bit-identical after every step and the master
+// rows=2 and under FSDP over dp_shard x rows gives the one-rank bf16 run's losses within 1e-3
+// relative and its parameters within 2e-3 (measured: 7e-5 and 3e-4; bf16 keeps 8 bits and sharded
+// weight gradients are rounded per rank before their f32 sum), with replicas bit-identical after every step and the master
 // weights and their gradients f32; the f32 gradients of one bf16 step match an f64 run of the same
 // net to bf16 accuracy (2e-2 relative in norm); the GradScaler skips a step with an inf injected
 // on one rank on every rank, halves its scale and grows it after the interval; a checkpoint with
@@ -177,13 +177,13 @@ TEST(MixedPrecision, Bf16DdpAndFsdpEqualOneRankWithBitIdenticalReplicas) {
       const RunResult got = train_bf16(comm, layout, 10);
       ASSERT_EQ(got.losses.size(), reference.losses.size());
       for (size_t i = 0; i < got.losses.size(); ++i)
-        EXPECT_NEAR(got.losses[i], reference.losses[i], 1e-2 * std::fabs(reference.losses[i]))
+        EXPECT_NEAR(got.losses[i], reference.losses[i], 1e-3 * std::fabs(reference.losses[i]))
             << what << " loss of step " << i;
       ASSERT_EQ(got.parameters.size(), reference.parameters.size());
       for (size_t p = 0; p < got.parameters.size(); ++p)
         for (size_t i = 0; i < got.parameters[p].size(); ++i)
           EXPECT_NEAR(got.parameters[p][i], reference.parameters[p][i],
-                      2e-2 * (1 + std::fabs(reference.parameters[p][i])))
+                      2e-3 * (1 + std::fabs(reference.parameters[p][i])))
               << what << " parameter " << p << " element " << i;
     }
   });
