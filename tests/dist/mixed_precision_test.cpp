@@ -2,11 +2,12 @@
 // (f32 master weights, bf16 compute) trained 10 steps with SGD + momentum under DDP on dp=2 x
 // rows=2 and under FSDP over dp_shard x rows gives the one-rank bf16 run's losses within 1e-3
 // relative and its parameters within 2e-3 (measured: 7e-5 and 3e-4; bf16 keeps 8 bits and sharded
-// weight gradients are rounded per rank before their f32 sum), with replicas bit-identical after every step and the master
-// weights and their gradients f32; the f32 gradients of one bf16 step match an f64 run of the same
-// net to bf16 accuracy (2e-2 relative in norm); the GradScaler skips a step with an inf injected
-// on one rank on every rank, halves its scale and grows it after the interval; a checkpoint with
-// the scaler resumes the uninterrupted run exactly; a bad policy is one error on every rank.
+// weight gradients are rounded per rank before their f32 sum), with replicas bit-identical after
+// every step and the master weights and their gradients f32; the f32 gradients of one bf16 step
+// match an f64 run of the same net to bf16 accuracy (2e-2 relative in norm); the GradScaler skips a
+// step with an inf injected on one rank (DDP, and FSDP's shard) on every rank, halves its scale and
+// grows it after the interval; a checkpoint with the scaler resumes the uninterrupted run exactly;
+// a bad policy is one error on every rank.
 #include "ops/nn/mixed_precision.hpp"
 
 #include <gtest/gtest.h>
@@ -235,9 +236,10 @@ TEST(MixedPrecision, F32GradientsOfABf16StepMatchF64) {
   });
 }
 
-/// One f16 training step with the scaler on dp=2 (DDP); `inject_on` >= 0: that rank puts an inf
-/// into its piece of the first gradient after the reduction. Returns whether the step was taken.
-bool scaled_step(nn::Module& net, nn::GradReducer& reducer, optim::Optimizer& optimizer,
+/// One f16 training step with the scaler (the reducer's finish() after backward when there is
+/// one); `inject_on` >= 0: that rank puts an inf into its piece of the first gradient after the
+/// reduction. Returns whether the step was taken.
+bool scaled_step(nn::Module& net, nn::GradReducer* reducer, optim::Optimizer& optimizer,
                  nn::GradScaler& scaler, const ShardTensor& x, const ShardTensor& target,
                  int inject_on, std::vector<double>* losses = nullptr) {
   optimizer.zero_grad();
@@ -247,7 +249,7 @@ bool scaled_step(nn::Module& net, nn::GradReducer& reducer, optim::Optimizer& op
     if (losses) losses->push_back(values_of(loss.full_tensor())[0]);
     tape.backward(scaler.scale(loss));
   }
-  reducer.finish();
+  if (reducer) reducer->finish();
   if (x.mesh().rank() == inject_on) {
     Parameter first = net.parameters().front();
     Tensor local = first.grad()->to_local().clone();
@@ -259,42 +261,53 @@ bool scaled_step(nn::Module& net, nn::GradReducer& reducer, optim::Optimizer& op
   return stepped;
 }
 
+// Under DDP (replicated gradients) and under FSDP (rank 1's shard of the gradient only).
 TEST(GradScaler, InfOnOneRankSkipsTheStepEverywhereHalvesTheScaleThenItGrows) {
   testing::run_world(2, [](std::shared_ptr<Comm> comm) {
-    DeviceMesh mesh(comm, {2}, {"dp"});
-    auto net = make_net(mesh, DType::f32);
-    nn::apply_mixed_precision(*net, {.compute = DType::f16});
-    nn::GradReducer reducer(net->parameters());
-    optim::Sgd sgd(net->parameters(), {.lr = 0.05, .momentum = 0.9});
-    // PyTorch's defaults, but a scale whose f16 gradients of this net stay finite.
-    const nn::GradScalerOptions defaults;
-    EXPECT_EQ(defaults.init_scale, 65536.0);
-    EXPECT_EQ(defaults.growth_factor, 2.0);
-    EXPECT_EQ(defaults.backoff_factor, 0.5);
-    EXPECT_EQ(defaults.growth_interval, 2000);
-    nn::GradScaler scaler(net->parameters(), {.init_scale = 1024, .growth_interval = 3});
-    const Layout layout{{2}, {"dp"}, {Placement::shard(0)}, {}};
-    const auto [x, target] = data(mesh, layout, DType::f32);
-    auto snapshot = [&] {
-      std::vector<std::vector<double>> values;
-      for (const Parameter& parameter : net->parameters())
-        values.push_back(values_of(parameter.tensor().to_local()));
-      return values;
-    };
-    EXPECT_TRUE(scaled_step(*net, reducer, sgd, scaler, x, target, -1));
-    EXPECT_EQ(scaler.get_scale(), 1024.0);
-    const auto before = snapshot();
-    EXPECT_FALSE(scaled_step(*net, reducer, sgd, scaler, x, target, /*inject_on=*/1));
-    EXPECT_EQ(snapshot(), before) << "a step with an inf on rank 1 changed the parameters";
-    EXPECT_EQ(scaler.get_scale(), 512.0);
-    EXPECT_EQ(sgd.steps(), 1);
-    for (int good = 0; good < 3; ++good) {
-      EXPECT_EQ(scaler.get_scale(), 512.0) << "after " << good << " good steps";
-      EXPECT_TRUE(scaled_step(*net, reducer, sgd, scaler, x, target, -1));
+    for (bool sharded : {false, true}) {
+      SCOPED_TRACE(sharded ? "fsdp" : "ddp");
+      DeviceMesh mesh(comm, {2}, {"dp"});
+      auto net = make_net(mesh, DType::f32);
+      nn::apply_mixed_precision(*net, {.compute = DType::f16});
+      std::unique_ptr<nn::FullyShardedDataParallel> fsdp;
+      std::unique_ptr<nn::GradReducer> reducer;
+      if (sharded)
+        fsdp = std::make_unique<nn::FullyShardedDataParallel>(mesh, net,
+                                                              nn::FsdpOptions{.shard_dim = "dp"});
+      else
+        reducer = std::make_unique<nn::GradReducer>(net->parameters());
+      nn::Module& module = fsdp ? static_cast<nn::Module&>(*fsdp) : *net;
+      optim::Sgd sgd(module.parameters(), {.lr = 0.05, .momentum = 0.9});
+      // PyTorch's defaults, but a scale whose f16 gradients of this net stay finite.
+      const nn::GradScalerOptions defaults;
+      EXPECT_EQ(defaults.init_scale, 65536.0);
+      EXPECT_EQ(defaults.growth_factor, 2.0);
+      EXPECT_EQ(defaults.backoff_factor, 0.5);
+      EXPECT_EQ(defaults.growth_interval, 2000);
+      nn::GradScaler scaler(module.parameters(), {.init_scale = 1024, .growth_interval = 3});
+      const Layout layout{{2}, {"dp"}, {Placement::shard(0)}, {}};
+      const auto [x, target] = data(mesh, layout, DType::f32);
+      auto snapshot = [&] {
+        std::vector<std::vector<double>> values;
+        for (const Parameter& parameter : module.parameters())
+          values.push_back(values_of(parameter.tensor().to_local()));
+        return values;
+      };
+      EXPECT_TRUE(scaled_step(module, reducer.get(), sgd, scaler, x, target, -1));
+      EXPECT_EQ(scaler.get_scale(), 1024.0);
+      const auto before = snapshot();
+      EXPECT_FALSE(scaled_step(module, reducer.get(), sgd, scaler, x, target, /*inject_on=*/1));
+      EXPECT_EQ(snapshot(), before) << "a step with an inf on rank 1 changed the parameters";
+      EXPECT_EQ(scaler.get_scale(), 512.0);
+      EXPECT_EQ(sgd.steps(), 1);
+      for (int good = 0; good < 3; ++good) {
+        EXPECT_EQ(scaler.get_scale(), 512.0) << "after " << good << " good steps";
+        EXPECT_TRUE(scaled_step(module, reducer.get(), sgd, scaler, x, target, -1));
+      }
+      EXPECT_EQ(scaler.get_scale(), 1024.0);
+      EXPECT_EQ(scaler.state().growth_tracker, 0);
+      EXPECT_NE(snapshot(), before);
     }
-    EXPECT_EQ(scaler.get_scale(), 1024.0);
-    EXPECT_EQ(scaler.state().growth_tracker, 0);
-    EXPECT_NE(snapshot(), before);
   });
 }
 
@@ -378,8 +391,8 @@ TEST(GradScaler, CheckpointWithTheScalerResumesIdentically) {
     };
     auto steps = [&](Run& run, int first, int last, std::vector<double>& losses) {
       for (int step = first; step < last; ++step)
-        scaled_step(*run.net, *run.reducer, *run.adamw, *run.scaler, x, target, step == 1 ? 0 : -1,
-                    &losses);
+        scaled_step(*run.net, run.reducer.get(), *run.adamw, *run.scaler, x, target,
+                    step == 1 ? 0 : -1, &losses);
     };
     std::vector<double> straight, resumed;
     Run uninterrupted = make_run();
