@@ -28,6 +28,7 @@ tessera_option(MPI "MPI communication backend")
 tessera_option(HDF5 "HDF5 input and output")
 tessera_option(DNNL "oneDNN CPU convolution")
 tessera_option(OPENMP "OpenMP threads in the CPU kernels")
+tessera_option(ONNX "ONNX model import (libonnx-dev, libprotobuf-dev)")
 
 # CUDA: a working nvcc is enough to build; a GPU is only needed to run.
 set(cuda_found FALSE)
@@ -148,3 +149,21 @@ if(NOT TESSERA_WITH_OPENMP STREQUAL "OFF")
   set(openmp_found ${OpenMP_CXX_FOUND})
 endif()
 tessera_resolve(OPENMP openmp_found)
+
+# ONNX: the protobuf classes of the onnx library (libonnx-dev) and protobuf itself
+# (libprotobuf-dev) parse model files (io/onnx). Located directly, as plain library paths, so the
+# exported package needs no ONNX or protobuf CMake targets.
+set(onnx_found FALSE)
+if(NOT TESSERA_WITH_ONNX STREQUAL "OFF")
+  find_package(Protobuf QUIET)
+  find_path(ONNX_INCLUDE_DIR onnx/onnx_pb.h)
+  find_library(ONNX_PROTO_LIBRARY onnx_proto)
+  if(Protobuf_FOUND AND ONNX_INCLUDE_DIR AND ONNX_PROTO_LIBRARY)
+    set(onnx_found TRUE)
+  endif()
+endif()
+tessera_resolve(ONNX onnx_found)
+if(NOT TESSERA_HAVE_ONNX AND NOT TESSERA_WITH_ONNX STREQUAL "OFF")
+  message(STATUS "ONNX import disabled: onnx/onnx_pb.h, libonnx_proto or protobuf not found "
+                 "(Debian: libonnx-dev libprotobuf-dev; scripts/install-deps.sh)")
+endif()

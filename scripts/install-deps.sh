@@ -21,8 +21,9 @@ packages=(
   libgtest-dev libgmock-dev
   "${mpi_packages[@]}" hdf5-tools
   libdnnl-dev
+  libonnx-dev libprotobuf-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev
-  python3 python3-numpy python3-h5py
+  python3 python3-numpy python3-h5py python3-onnx
 )
 
 missing=()

@@ -52,6 +52,9 @@ void register_run_op_na(CLI::App& run_op);
 /// `tessera run-op OP` for every registered op with a signature and no command of its own
 /// (registered under `run-op` by register_run_op).
 void register_run_op_generic(CLI::App& run_op);
+/// `tessera infer --model M.onnx --in IN.h5 --out OUT.h5`: a network exported from PyTorch,
+/// sharded.
+void register_infer(CLI::App& app);
 /// `tessera ops [--json]`: the registered ops, their signatures, devices and gradients.
 void register_ops_list(CLI::App& app);
 /// `tessera inspect FILE.h5` and `tessera scatter FILE.h5:/dataset`.

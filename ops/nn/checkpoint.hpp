@@ -4,9 +4,11 @@
 // the module's first parameter and moved to each parameter's (and state buffer's) layout, so a
 // run saved on 2x2 ranks continues on one rank or on another decomposition with the same losses.
 //
-// File layout: "model/<parameter path>", "optim/<state key>" and "run/<counter>" (0-d i64)
-// datasets, each with the attributes of docs/io.md ("Checkpoints"); with a GradScaler also
-// "scaler/scale" (0-d f64) and "scaler/growth_tracker" (0-d i64).
+// File layout: "model/<parameter path>", "optim/<state key>", "run/<counter>" (0-d i64: the
+// caller's counters) and "counter/<module path>" (0-d i64: the module's counters, such as
+// Dropout's call count, so resumed masks continue the uninterrupted run's) datasets, each with
+// the attributes of docs/io.md ("Checkpoints"); with a GradScaler also "scaler/scale" (0-d f64)
+// and "scaler/growth_tracker" (0-d i64).
 #pragma once
 
 #include <cstdint>

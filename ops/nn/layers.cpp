@@ -260,11 +260,13 @@ ShardTensor Linear::forward(const ShardTensor& x) {
 
 Dropout::Dropout(double p, uint64_t seed) : p_(p), seed_(seed) {
   check_arg(p >= 0 && p <= 1, "dropout", "p = {} is not a probability in [0, 1]", p);
+  add_counter("calls", 0);
 }
 
 ShardTensor Dropout::forward(const ShardTensor& x) {
   if (!training()) return x;
-  return ops::dropout(x, p_, seed_ + calls_++, true);
+  const int64_t call = counter("calls")++;
+  return ops::dropout(x, p_, seed_ + static_cast<uint64_t>(call), true);
 }
 
 Activation::Activation(std::string kind) : kind_(std::move(kind)) {

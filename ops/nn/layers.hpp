@@ -176,6 +176,8 @@ class Linear : public Module {
 /// torch.nn.Dropout: in training, zeroes each element with probability p (the identity in
 /// eval). Call k uses the mask of seed (seed + k): a new mask every step, the same on every
 /// layout and rank count (ops::dropout's mask is a function of the seed and the global index).
+/// k is the module's counter "calls", saved by training checkpoints, so a resumed run continues
+/// with the masks the uninterrupted run would have drawn.
 class Dropout : public Module {
  public:
   Dropout(double p, uint64_t seed);
@@ -184,7 +186,6 @@ class Dropout : public Module {
  private:
   double p_;
   uint64_t seed_;
-  uint64_t calls_ = 0;
 };
 
 /// Elementwise activations: "relu", "gelu", "silu", "tanh", "sigmoid" or "softplus".

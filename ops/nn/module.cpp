@@ -21,6 +21,8 @@ void Module::check_new_name(const std::string& name) const {
                                  [&](const auto& entry) { return entry.first == name; }) ||
                      std::any_of(buffers_.begin(), buffers_.end(),
                                  [&](const auto& entry) { return entry.first == name; }) ||
+                     std::any_of(counters_.begin(), counters_.end(),
+                                 [&](const auto& entry) { return entry.first == name; }) ||
                      std::any_of(children_.begin(), children_.end(),
                                  [&](const auto& entry) { return entry.first == name; });
   check_arg(!taken, "module", "name '{}' is registered twice", name);
@@ -54,6 +56,44 @@ void Module::set_buffer(const std::string& name, ShardTensor value) {
             "module", "buffer '{}' of global shape {} {} set to {} {}", name, target.global_shape(),
             dtype_name(target.dtype()), value.global_shape(), dtype_name(value.dtype()));
   target = std::move(value);
+}
+
+void Module::add_counter(const std::string& name, int64_t value) {
+  check_new_name(name);
+  counters_.emplace_back(name, value);
+}
+
+int64_t& Module::counter(const std::string& name) {
+  for (auto& [key, value] : counters_)
+    if (key == name) return value;
+  throw InvalidArgument("module", fmt::format("no counter '{}'", name));
+}
+
+void Module::collect_counters(const std::string& prefix,
+                              std::vector<std::pair<std::string, int64_t*>>& out) const {
+  for (const auto& [name, value] : counters_)
+    out.emplace_back(prefix + name, const_cast<int64_t*>(&value));
+  for (const auto& [name, child] : children_) child->collect_counters(prefix + name + ".", out);
+}
+
+std::vector<std::pair<std::string, int64_t>> Module::named_counters() const {
+  std::vector<std::pair<std::string, int64_t*>> slots;
+  collect_counters("", slots);
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (const auto& [name, slot] : slots) out.emplace_back(name, *slot);
+  return out;
+}
+
+void Module::load_counters(const std::map<std::string, int64_t>& values) {
+  std::vector<std::pair<std::string, int64_t*>> slots;
+  collect_counters("", slots);
+  for (const auto& [name, slot] : slots)
+    check_arg(values.count(name) == 1, "load_counters", "counter '{}' is missing", name);
+  for (const auto& [name, value] : values)
+    check_arg(std::any_of(slots.begin(), slots.end(),
+                          [&](const auto& slot) { return slot.first == name; }),
+              "load_counters", "'{}' is not a counter of the module", name);
+  for (const auto& [name, slot] : slots) *slot = values.at(name);
 }
 
 void Module::add_child(const std::string& name, std::shared_ptr<Module> module) {

@@ -17,6 +17,7 @@
 //   };
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
@@ -48,6 +49,14 @@ class Module {
   }
   /// Every buffer of the tree with its dotted path, depth first in registration order.
   std::vector<std::pair<std::string, ShardTensor>> named_buffers() const;
+  /// Every counter of the tree (integer state such as Dropout's call count, which picks its next
+  /// mask) with its dotted path, depth first in registration order. Training checkpoints save
+  /// them, so a resumed run draws the same masks.
+  std::vector<std::pair<std::string, int64_t>> named_counters() const;
+  /// Sets the counters from `values` (every counter of the tree, no other key: else one error
+  /// naming the key, before any counter is set). Counters are the same on every rank, so this is
+  /// local.
+  void load_counters(const std::map<std::string, int64_t>& values);
   /// Values of every parameter (sharing storage with the parameters) and buffer by dotted path.
   std::map<std::string, ShardTensor> state_dict() const;
   /// Collective: copies `state` into the parameters and buffers (each value any layout of the
@@ -82,6 +91,10 @@ class Module {
   std::optional<ShardTensor> compute_optional(const Parameter& parameter) const;
   /// `x` cast to the compute dtype when one is set (activations flow in it), x otherwise.
   ShardTensor compute_input(const ShardTensor& x) const;
+  /// Registers an integer counter under `name` with its initial value.
+  void add_counter(const std::string& name, int64_t value);
+  /// The counter called `name`, to read or advance.
+  int64_t& counter(const std::string& name);
   /// Registers a child module under `name`; returns it.
   template <typename M>
   std::shared_ptr<M> add_module(const std::string& name, std::shared_ptr<M> module) {
@@ -96,10 +109,13 @@ class Module {
                std::vector<std::pair<std::string, Parameter>>& out) const;
   void collect_buffers(const std::string& prefix,
                        std::vector<std::pair<std::string, Module*>>& out) const;
+  void collect_counters(const std::string& prefix,
+                        std::vector<std::pair<std::string, int64_t*>>& out) const;
   size_t buffer_index(const std::string& name) const;
 
   std::vector<std::pair<std::string, Parameter>> parameters_;
   std::vector<std::pair<std::string, ShardTensor>> buffers_;
+  std::vector<std::pair<std::string, int64_t>> counters_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
   std::optional<DType> compute_dtype_;

@@ -100,5 +100,57 @@ TEST(TrainingCheckpoint, ResumesOnAnotherLayoutWithTheSameLosses) {
   });
 }
 
+/// make_net with a Dropout after the first conv: its masks depend on its call counter.
+std::shared_ptr<nn::Sequential> make_dropout_net(const DeviceMesh& mesh) {
+  auto net = std::make_shared<nn::Sequential>();
+  net->append(std::make_shared<nn::Conv>(
+      mesh, nn::ConvConfig{.in_channels = 2, .out_channels = 4, .dtype = DType::f64}, 21));
+  net->append(std::make_shared<nn::Dropout>(0.3, 77));
+  net->append(std::make_shared<nn::Activation>("tanh"));
+  net->append(std::make_shared<nn::Conv>(
+      mesh, nn::ConvConfig{.in_channels = 4, .out_channels = 2, .dtype = DType::f64}, 22));
+  return net;
+}
+
+TEST(TrainingCheckpoint, DropoutMasksContinueAfterResuming) {
+  testing::run_world(4, [](std::shared_ptr<Comm> comm) {
+    const std::string dir = testing::make_test_dir(*comm, "training_checkpoint", "dropout");
+    const std::string file = dir + "/run.h5";
+    DeviceMesh single(comm->split(comm->rank(), 0), {1, 1});
+    const std::vector<Placement> whole{Placement::replicate(), Placement::replicate()};
+    auto reference_net = make_dropout_net(single);
+    optim::Sgd reference_sgd(reference_net->parameters(), {.lr = 0.05, .momentum = 0.9});
+    const std::vector<double> reference =
+        steps(*reference_net, reference_sgd, single, whole, {}, 10);
+
+    DeviceMesh grid(comm, {2, 2});
+    auto net = make_dropout_net(grid);
+    optim::Sgd sgd(net->parameters(), {.lr = 0.05, .momentum = 0.9});
+    steps(*net, sgd, grid, {Placement::shard(2), Placement::shard(3)}, {{7, 5}, {3, 5}}, 5);
+    ASSERT_EQ(net->named_counters(),
+              (std::vector<std::pair<std::string, int64_t>>{{"1.calls", 5}}));
+    nn::save_training_checkpoint(file, *net, sgd, {{"step", 5}});
+
+    auto resumed = make_dropout_net(single);
+    optim::Sgd resumed_sgd(resumed->parameters(), {.lr = 0.05, .momentum = 0.9});
+    nn::load_training_checkpoint(file, *resumed, resumed_sgd);
+    EXPECT_EQ(resumed->named_counters().at(0).second, 5);
+    const std::vector<double> second = steps(*resumed, resumed_sgd, single, whole, {}, 5);
+    for (int i = 0; i < 5; ++i)
+      EXPECT_NEAR(second[i], reference[5 + i], 1e-10 * std::fabs(reference[5 + i]))
+          << "resumed, step " << 5 + i;
+    // The masks differ from step to step: a run restarted at call 0 would not match.
+    EXPECT_NE(reference[5], reference[6]);
+
+    // A model without the counter (no dropout) refuses the file; nothing is written.
+    auto other = make_net(single);
+    optim::Sgd other_sgd(other->parameters(), {.lr = 0.05, .momentum = 0.9});
+    const Tensor before = other->parameters()[0].tensor().full_tensor();
+    EXPECT_THROW(nn::load_training_checkpoint(file, *other, other_sgd), Error);
+    EXPECT_TRUE(bitwise_equal(other->parameters()[0].tensor().full_tensor(), before));
+    testing::remove_test_dir(*comm, dir);
+  });
+}
+
 }  // namespace
 }  // namespace tessera

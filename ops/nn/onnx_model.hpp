@@ -1,0 +1,66 @@
+// OnnxModel: a network exported from PyTorch (torch.onnx.export, opset 13..17) as a graph of
+// Tessera ops on a DeviceMesh. The io layer parses the file (io/onnx/onnx_graph.hpp); this layer
+// maps each node to a sharded op (Conv -> ops::conv, Resize -> ops::interpolate, ...), so the
+// inputs may be sharded on any layout and the outputs equal one rank's. Float initializers become
+// replicated Parameters named after the initializer (BatchNormalization's running statistics
+// become buffers); subgraphs that only compute shapes (Shape, Gather, Unsqueeze, Concat, Cast,
+// ...) are folded into constants every forward, so spatial sizes may differ from the exported
+// ones. PyTorch's GroupNorm pattern (Reshape -> InstanceNormalization -> Reshape(Shape(x))) runs
+// as ops::group_norm, never flattening sharded spatial dims. Layout ops without a sharded rule
+// (Reshape, Flatten, Transpose, ... on sharded data) run through the op fallback: the inputs
+// gathered, the node computed on every rank, the result re-sharded (one warning per node).
+// Everything that can be refused is refused when the model is built: one error naming the node
+// and its op type.
+//
+//   nn::OnnxModel model = nn::OnnxModel::load("unet.onnx", mesh, DType::f64);
+//   ShardTensor y = model.forward(x);  // x sharded on its spatial dims
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/parameter.hpp"
+#include "io/onnx/onnx_graph.hpp"
+
+namespace tessera::nn {
+
+class OnnxModel {
+ public:
+  /// Builds the model from a parsed graph on `mesh`, parameters in `dtype` (f32 or f64; f16/bf16
+  /// also work where every op does) on the calling rank's device. Validates every node first.
+  OnnxModel(io::OnnxGraph graph, const DeviceMesh& mesh, DType dtype = DType::f32);
+  /// Reads `file` (io::read_onnx) and builds the model.
+  static OnnxModel load(const std::string& file, const DeviceMesh& mesh, DType dtype = DType::f32);
+
+  /// The graph's inputs and outputs (names, element types, exported shapes).
+  const std::vector<io::OnnxValue>& inputs() const;
+  const std::vector<io::OnnxValue>& outputs() const;
+  /// The parameters (float initializers) by initializer name, in file order.
+  std::vector<std::pair<std::string, Parameter>> named_parameters() const;
+  /// BatchNormalization's running statistics by initializer name.
+  std::vector<std::pair<std::string, ShardTensor>> named_buffers() const;
+  /// The nodes that run through the op fallback (gathered), by name.
+  std::vector<std::string> fallback_nodes() const;
+
+  /// Collective: runs the graph on `inputs` (one per graph input, by name, any layout); returns
+  /// every graph output by name.
+  std::map<std::string, ShardTensor> forward(const std::map<std::string, ShardTensor>& inputs);
+  /// Collective: the one-input graph on `x`; its first output.
+  ShardTensor forward(const ShardTensor& x);
+
+  /// Collective: writes the model back as ONNX to `file` (rank 0 writes): the graph as read, with
+  /// every parameter's and buffer's initializer holding its current values (in the file's
+  /// element type), so a trained network goes back to PyTorch's ONNX consumers under the same
+  /// names. A problem is the same error on every rank.
+  void save(const std::string& file) const;
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace tessera::nn

@@ -1,0 +1,347 @@
+// Networks exported from PyTorch (tests/fixtures/onnx, made by
+// tests/fixtures/make_onnx_fixtures.py: a 2-d U-Net, a 3-d conv net with GroupNorm and BatchNorm,
+// an MLP block on [B, S, C], a channels-last ConvNeXt block, each at opsets 13 and 17) run as
+// nn::OnnxModel on 1 rank, on 2 ranks (one dim sharded unevenly) and on a 2x2 mesh (two dims
+// sharded unevenly), on the exported grid and on a larger one: the outputs equal PyTorch's within
+// 1e-10 in f64, and the sharded outputs equal one rank's within 1e-12 relative. Hand-built graphs
+// check the op fallback, folded shape arithmetic and the errors for unsupported or malformed
+// graphs.
+#include "ops/nn/onnx_model.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "io/onnx/onnx_graph.hpp"
+#include "ops/ops.hpp"
+#include "tests/common/fixtures.hpp"
+#include "tests/dist/harness.hpp"
+
+namespace tessera {
+namespace {
+
+using Json = nlohmann::json;
+
+/// The fixture's input sharded over `mesh` on the case's dims (lopsided extents), replicated
+/// on a 1-rank mesh.
+ShardTensor sharded_input(const Tensor& values, const DeviceMesh& mesh,
+                          const std::vector<int>& shard_dims) {
+  std::vector<Placement> placements(mesh.ndim(), Placement::replicate());
+  std::vector<std::vector<int64_t>> extents(mesh.ndim());
+  if (mesh.size() > 1)
+    for (int m = 0; m < mesh.ndim(); ++m) {
+      placements[m] = Placement::shard(shard_dims[m]);
+      extents[m] = testing::lopsided(values.shape(shard_dims[m]), mesh.size(m));
+    }
+  return ShardTensor::distribute(values, mesh, placements, extents);
+}
+
+TEST(OnnxModel, ExportedNetworksMatchPyTorchOnUnevenShardsAndLargerGrids) {
+  if (!io::onnx_available()) GTEST_SKIP() << "built without ONNX support";
+  const std::string dir = testing::fixture_dir("onnx");
+  const Json manifest = testing::read_manifest(dir);
+  ASSERT_EQ(manifest["cases"].size(), 8u);
+  for (int world : {1, 2, 4}) {
+    testing::run_world(world, [&](std::shared_ptr<Comm> comm) {
+      const std::vector<int> shape = world == 4 ? std::vector<int>{2, 2} : std::vector<int>{world};
+      DeviceMesh mesh(comm, shape);
+      for (const Json& fixture : manifest["cases"]) {
+        nn::OnnxModel model =
+            nn::OnnxModel::load(dir + fixture["model"].get<std::string>(), mesh, DType::f64);
+        // Every node maps to a sharded op: nothing is gathered (GroupNorm recognised).
+        EXPECT_TRUE(model.fallback_nodes().empty()) << fixture["name"];
+        std::vector<int> shard_dims = fixture["shard_dims"].get<std::vector<int>>();
+        shard_dims.resize(mesh.ndim());
+        for (size_t g = 0; g < fixture["grids"].size(); ++g) {
+          const Json& grid = fixture["grids"][g];
+          const std::string where =
+              fmt::format("{} grid {} on {} rank(s)", fixture["name"].get<std::string>(), g, world);
+          const Json& input = grid["inputs"][0];
+          const Tensor x = testing::read_fixture(dir, input["file"], input["shape"].get<Shape>());
+          const ShardTensor y = model.forward(sharded_input(x, mesh, shard_dims));
+          const Json& output = grid["outputs"][0];
+          const Shape y_shape = output["shape"].get<Shape>();
+          EXPECT_EQ(y.global_shape(), y_shape) << where;
+          if (y.global_shape() != y_shape) continue;
+          const Tensor reference = testing::read_fixture(dir, output["file"], y_shape);
+          const Tensor full = y.full_tensor();
+          EXPECT_LT(max_abs_diff(full, reference), 1e-10) << where;
+          // Sharded against one rank (the same model on a 1-rank mesh of this rank).
+          if (world > 1) {
+            DeviceMesh single(comm->split(comm->rank(), 0), {1});
+            nn::OnnxModel alone =
+                nn::OnnxModel::load(dir + fixture["model"].get<std::string>(), single, DType::f64);
+            const Tensor one = alone.forward(sharded_input(x, single, {})).full_tensor();
+            EXPECT_LT(testing::relative_error(full, one), 1e-12) << where;
+          }
+        }
+      }
+    });
+  }
+}
+
+TEST(OnnxModel, InitializersBecomeNamedParametersAndBatchNormStatisticsBuffers) {
+  if (!io::onnx_available()) GTEST_SKIP() << "built without ONNX support";
+  testing::run_world(1, [&](std::shared_ptr<Comm> comm) {
+    DeviceMesh mesh(comm, {1});
+    nn::OnnxModel model =
+        nn::OnnxModel::load(testing::fixture_dir("onnx") + "conv3d.opset17.onnx", mesh, DType::f64);
+    std::vector<std::string> names;
+    for (const auto& [name, parameter] : model.named_parameters()) {
+      names.push_back(name);
+      EXPECT_EQ(parameter.name(), name);
+      EXPECT_EQ(parameter.tensor().dtype(), DType::f64);
+    }
+    EXPECT_NE(std::find(names.begin(), names.end(), "conv1.weight"), names.end());
+    EXPECT_NE(std::find(names.begin(), names.end(), "head.bias"), names.end());
+    std::vector<std::string> buffers;
+    for (const auto& [name, buffer] : model.named_buffers()) buffers.push_back(name);
+    EXPECT_EQ(buffers, (std::vector<std::string>{"norm2.running_mean", "norm2.running_var"}));
+  });
+}
+
+/// The export back: every parameter scaled by 1.5 on a 2-rank mesh, the model saved, read back:
+/// the same parameters (exactly) and outputs. With TESSERA_ONNX_EXPORT_DIR set, the saved file is
+/// also written there for tests/cli/onnx_export_check.py (python3-onnx's checker).
+TEST(OnnxModel, SavedModelHoldsTheCurrentParametersAndLoadsBack) {
+  if (!io::onnx_available()) GTEST_SKIP() << "built without ONNX support";
+  const std::string dir = testing::fixture_dir("onnx");
+  const char* export_dir = std::getenv("TESSERA_ONNX_EXPORT_DIR");
+  const std::string saved = export_dir ? std::string(export_dir) + "/conv3d.scaled.onnx"
+                                       : ::testing::TempDir() + "conv3d.scaled.onnx";
+  const Json manifest = testing::read_manifest(dir);
+  const Json& grid = manifest["cases"][2]["grids"][1];  // conv3d opset 13, the larger grid
+  ASSERT_EQ(manifest["cases"][2]["model"], "conv3d.opset13.onnx");
+  const Tensor x = testing::read_fixture(dir, grid["inputs"][0]["file"],
+                                         grid["inputs"][0]["shape"].get<Shape>());
+  testing::run_world(2, [&](std::shared_ptr<Comm> comm) {
+    DeviceMesh mesh(comm, {2});
+    nn::OnnxModel model = nn::OnnxModel::load(dir + "conv3d.opset13.onnx", mesh, DType::f64);
+    for (auto& [name, parameter] : model.named_parameters()) {
+      Tensor values = parameter.tensor().to_local().contiguous().clone();
+      for (int64_t i = 0; i < values.numel(); ++i) values.data<double>()[i] *= 1.5;
+      parameter.assign_local(values);
+    }
+    const ShardTensor y = model.forward(sharded_input(x, mesh, {2}));
+    model.save(saved);
+    nn::OnnxModel loaded = nn::OnnxModel::load(saved, mesh, DType::f64);
+    const auto before = model.named_parameters();
+    const auto after = loaded.named_parameters();
+    EXPECT_EQ(before.size(), after.size());
+    for (size_t i = 0; i < std::min(before.size(), after.size()); ++i) {
+      EXPECT_EQ(before[i].first, after[i].first);
+      EXPECT_EQ(max_abs_diff(before[i].second.tensor().full_tensor(),
+                             after[i].second.tensor().full_tensor()),
+                0.0)
+          << before[i].first;
+    }
+    EXPECT_EQ(
+        max_abs_diff(loaded.forward(sharded_input(x, mesh, {2})).full_tensor(), y.full_tensor()),
+        0.0);
+    // Scaled parameters change the network: the saved model is not the original.
+    EXPECT_GT(max_abs_diff(y.full_tensor(),
+                           testing::read_fixture(dir, grid["outputs"][0]["file"],
+                                                 grid["outputs"][0]["shape"].get<Shape>())),
+              1e-3);
+  });
+}
+
+io::OnnxNode node(const std::string& op, std::vector<std::string> inputs,
+                  std::vector<std::string> outputs) {
+  io::OnnxNode made;
+  made.op_type = op;
+  made.name = op + "_node";
+  made.inputs = std::move(inputs);
+  made.outputs = std::move(outputs);
+  return made;
+}
+
+io::OnnxAttribute integers(std::vector<int64_t> values) {
+  io::OnnxAttribute attribute;
+  attribute.kind = io::OnnxAttribute::Kind::integers;
+  attribute.integers = std::move(values);
+  return attribute;
+}
+
+/// x [2, 3, 4, 5] -> Transpose(perm 0,2,1,3) -> Shape-derived Reshape to [2, 4, 15] -> Relu: the
+/// Transpose relabels the layout (ops::permute), the Reshape of sharded data runs through the
+/// fallback, the shape arithmetic is folded.
+io::OnnxGraph fallback_graph() {
+  io::OnnxGraph graph;
+  graph.source = "fallback";
+  graph.opset = 17;
+  graph.inputs = {{"x", 11, {-1, -1, -1, -1}}};
+  graph.outputs = {{"y", 11, {}}};
+  io::OnnxNode transpose = node("Transpose", {"x"}, {"t"});
+  transpose.attributes["perm"] = integers({0, 2, 1, 3});
+  io::OnnxNode shape = node("Shape", {"t"}, {"s"});
+  io::OnnxNode slice = node("Slice", {"s", "zero", "two"}, {"s2"});
+  io::OnnxNode concat = node("Concat", {"s2", "minus_one"}, {"target"});
+  concat.attributes["axis"] = io::OnnxAttribute{io::OnnxAttribute::Kind::integer, 0};
+  io::OnnxNode reshape = node("Reshape", {"t", "target"}, {"r"});
+  io::OnnxNode relu = node("Relu", {"r"}, {"y"});
+  graph.nodes = {transpose, shape, slice, concat, reshape, relu};
+  graph.initializers = {{"zero", Tensor::from_values<int64_t>({1}, std::vector<int64_t>{0})},
+                        {"two", Tensor::from_values<int64_t>({1}, std::vector<int64_t>{2})},
+                        {"minus_one", Tensor::from_values<int64_t>({1}, std::vector<int64_t>{-1})}};
+  io::validate_onnx_graph(graph);
+  return graph;
+}
+
+TEST(OnnxModel, ReshapeOfShardedDataRunsThroughTheFallbackTransposeRelabelsShapesFold) {
+  Tensor x = Tensor::empty({2, 3, 4, 5}, DType::f64);
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<double>()[i] = std::sin(0.7 * i) - 0.2;
+  // The expected result by plain loops: relu of x transposed (0,2,1,3), as [2, 4, 15].
+  Tensor expected = Tensor::empty({2, 4, 15}, DType::f64);
+  for (int64_t n = 0; n < 2; ++n)
+    for (int64_t h = 0; h < 4; ++h)
+      for (int64_t c = 0; c < 3; ++c)
+        for (int64_t w = 0; w < 5; ++w)
+          expected.data<double>()[(n * 4 + h) * 15 + c * 5 + w] =
+              std::max(0.0, x.data<double>()[((n * 3 + c) * 4 + h) * 5 + w]);
+  for (int world : {1, 3}) {
+    testing::run_world(world, [&](std::shared_ptr<Comm> comm) {
+      DeviceMesh mesh(comm, {world});
+      nn::OnnxModel model(fallback_graph(), mesh, DType::f64);
+      const ShardTensor y = model.forward(sharded_input(x, mesh, {2}));
+      EXPECT_EQ(y.global_shape(), (Shape{2, 4, 15}));
+      EXPECT_EQ(max_abs_diff(y.full_tensor(), expected), 0.0);
+      // Only a sharded input is gathered (and named); one rank has nothing to gather.
+      const std::vector<std::string> gathered =
+          world == 1 ? std::vector<std::string>{} : std::vector<std::string>{"Reshape_node"};
+      EXPECT_EQ(model.fallback_nodes(), gathered);
+    });
+  }
+}
+
+/// x [2, 3, 7, 5] -> Slice(dims 2 and 3: [1, -1) and [2, 5)) -> Slice(dim 2, step 2): the unit
+/// steps run as ops::split on the sharded dims, the step 2 through the fallback.
+TEST(OnnxModel, SliceOfShardedDataSplitsWithUnitStepsAndFallsBackOtherwise) {
+  io::OnnxGraph graph;
+  graph.source = "slice";
+  graph.opset = 13;
+  graph.inputs = {{"x", 11, {-1, -1, -1, -1}}};
+  graph.outputs = {{"y", 11, {}}};
+  auto i64 = [](std::vector<int64_t> values) {
+    const Shape shape{static_cast<int64_t>(values.size())};
+    return Tensor::from_values<int64_t>(shape, values);
+  };
+  graph.initializers = {{"starts", i64({1, 2})}, {"ends", i64({-1, 9})}, {"axes", i64({2, 3})},
+                        {"s2", i64({0})},        {"e2", i64({100})},     {"a2", i64({2})},
+                        {"step2", i64({2})}};
+  graph.nodes = {node("Slice", {"x", "starts", "ends", "axes"}, {"cut"}),
+                 node("Slice", {"cut", "s2", "e2", "a2", "step2"}, {"y"})};
+  graph.nodes[1].name = "Strided";
+  io::validate_onnx_graph(graph);
+  Tensor x = Tensor::empty({2, 3, 7, 5}, DType::f64);
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<double>()[i] = std::cos(0.3 * i);
+  // y = x[:, :, 1:6:2, 2:5] by plain loops.
+  Tensor expected = Tensor::empty({2, 3, 3, 3}, DType::f64);
+  for (int64_t nc = 0; nc < 6; ++nc)
+    for (int64_t h = 0; h < 3; ++h)
+      for (int64_t w = 0; w < 3; ++w)
+        expected.data<double>()[(nc * 3 + h) * 3 + w] =
+            x.data<double>()[(nc * 7 + 1 + 2 * h) * 5 + 2 + w];
+  for (int world : {1, 4}) {
+    testing::run_world(world, [&](std::shared_ptr<Comm> comm) {
+      DeviceMesh mesh(comm, world == 4 ? std::vector<int>{2, 2} : std::vector<int>{1});
+      nn::OnnxModel model(graph, mesh, DType::f64);
+      const ShardTensor y = model.forward(sharded_input(x, mesh, {2, 3}));
+      EXPECT_EQ(y.global_shape(), (Shape{2, 3, 3, 3}));
+      EXPECT_EQ(max_abs_diff(y.full_tensor(), expected), 0.0);
+      const std::vector<std::string> gathered =
+          world == 1 ? std::vector<std::string>{} : std::vector<std::string>{"Strided"};
+      EXPECT_EQ(model.fallback_nodes(), gathered);
+    });
+  }
+}
+
+TEST(OnnxModel, UnsupportedOpIsOneErrorNamingNodeAndOpType) {
+  io::OnnxGraph graph = fallback_graph();
+  graph.nodes[5].op_type = "NonMaxSuppression";
+  testing::run_world(1, [&](std::shared_ptr<Comm> comm) {
+    DeviceMesh mesh(comm, {1});
+    try {
+      nn::OnnxModel model(graph, mesh, DType::f64);
+      ADD_FAILURE() << "expected an error";
+    } catch (const InvalidArgument& error) {
+      EXPECT_STREQ(error.what(),
+                   "[onnx] node 'Relu_node' (NonMaxSuppression): op type 'NonMaxSuppression' is "
+                   "not supported (no sharded op and no fallback; see docs/models.md)");
+    }
+  });
+}
+
+TEST(OnnxModel, BadAttributeIsRefusedWhenTheModelIsBuilt) {
+  io::OnnxGraph graph = fallback_graph();
+  graph.nodes[5] = node("MaxPool", {"r"}, {"y"});
+  graph.nodes[5].attributes["kernel_shape"] = integers({2});
+  graph.nodes[5].attributes["pads"] = integers({0, 1});
+  testing::run_world(1, [&](std::shared_ptr<Comm> comm) {
+    DeviceMesh mesh(comm, {1});
+    EXPECT_THROW(
+        {
+          try {
+            nn::OnnxModel model(graph, mesh, DType::f64);
+          } catch (const InvalidArgument& error) {
+            EXPECT_NE(std::string(error.what()).find("node 'MaxPool_node' (MaxPool): asymmetric"),
+                      std::string::npos)
+                << error.what();
+            throw;
+          }
+        },
+        InvalidArgument);
+  });
+}
+
+TEST(OnnxGraph, ValidationNamesTheNodeAndTheMissingInput) {
+  io::OnnxGraph graph = fallback_graph();
+  std::swap(graph.nodes[0], graph.nodes[1]);  // Shape before the Transpose defining its input
+  try {
+    io::validate_onnx_graph(graph);
+    ADD_FAILURE() << "expected an error";
+  } catch (const InvalidArgument& error) {
+    EXPECT_STREQ(error.what(),
+                 "[onnx] node 'Shape_node' (Shape): input 't' is not defined before the node (a "
+                 "graph input, an initializer or an earlier node's output)");
+  }
+  graph = fallback_graph();
+  graph.opset = 11;
+  EXPECT_THROW(io::validate_onnx_graph(graph), InvalidArgument);
+}
+
+TEST(OnnxGraph, TruncatedAndCorruptedFilesAreOneInvalidArgument) {
+  if (!io::onnx_available()) GTEST_SKIP() << "built without ONNX support";
+  std::ifstream in(testing::fixture_dir("onnx") + "unet2d.opset13.onnx", std::ios::binary);
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  const std::string bytes = buffer.str();
+  ASSERT_GT(bytes.size(), 1000u);
+  EXPECT_NO_THROW(io::parse_onnx(bytes, "unet2d"));
+  uint64_t state = 12345;
+  auto next = [&state] {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return state >> 33;
+  };
+  int refused = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    std::string damaged = bytes;
+    if (trial % 2 == 0) {
+      damaged.resize(next() % bytes.size());
+    } else {
+      for (int flip = 0; flip < 4; ++flip) damaged[next() % damaged.size()] ^= (1 << (next() % 8));
+    }
+    try {
+      io::parse_onnx(damaged, "damaged");
+    } catch (const InvalidArgument& error) {
+      ++refused;
+      EXPECT_EQ(std::string(error.what()).rfind("[onnx] ", 0), 0u) << error.what();
+    }
+  }
+  EXPECT_GT(refused, 100);  // every truncation but the harmless ones is refused
+}
+
+}  // namespace
+}  // namespace tessera
