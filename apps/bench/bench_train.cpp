@@ -6,7 +6,9 @@
 // shards the model over dp instead (FSDP / ZeRO-3, ops/nn/fsdp.hpp): its exposed communication is
 // the time blocked on parameter gathers and gradient reductions. Peak host
 // memory is the process's allocator peak (local ranks share one process: per rank = peak /
-// local ranks; under mpiexec each rank is its own process).
+// local ranks; under mpiexec each rank is its own process). `--mixed bf16|f16` adds the DDP
+// (overlapped) and FSDP rows again with f32 master weights computing in that dtype
+// (ops/nn/mixed_precision.hpp; f16 with the GradScaler).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -22,6 +24,7 @@
 #include "ops/nn/data_parallel.hpp"
 #include "ops/nn/fsdp.hpp"
 #include "ops/nn/layers.hpp"
+#include "ops/nn/mixed_precision.hpp"
 #include "ops/ops.hpp"
 #include "ops/optim/optimizer.hpp"
 
@@ -37,6 +40,7 @@ struct TrainBenchOptions {
   double bucket_mb = 25;
   int steps = 3;
   int threads = 0;
+  std::string mixed;  // "", "bf16" or "f16": compute dtype of the extra rows
   bool json = false;
 };
 
@@ -62,7 +66,8 @@ struct StepFigures {
 };
 
 StepFigures measure(std::shared_ptr<Comm> world, const TrainBenchOptions& options,
-                    const Shape& shape, const std::vector<int>& mesh_shape, Reduction reduction) {
+                    const Shape& shape, const std::vector<int>& mesh_shape, Reduction reduction,
+                    std::optional<DType> mixed) {
   DeviceMesh mesh(world, mesh_shape, {"dp", "x"});
   auto model = std::make_shared<nn::Sequential>();
   int64_t channels = shape[1];
@@ -74,6 +79,7 @@ StepFigures measure(std::shared_ptr<Comm> world, const TrainBenchOptions& option
     if (layer + 1 < options.layers) model->append(std::make_shared<nn::Activation>("gelu"));
     channels = out;
   }
+  if (mixed) nn::apply_mixed_precision(*model, {.compute = *mixed});
   std::unique_ptr<nn::FullyShardedDataParallel> fsdp;
   if (reduction == Reduction::fsdp)
     fsdp = std::make_unique<nn::FullyShardedDataParallel>(mesh, model,
@@ -86,6 +92,8 @@ StepFigures measure(std::shared_ptr<Comm> world, const TrainBenchOptions& option
         net.parameters(),
         nn::ReducerOptions{.bucket_bytes = static_cast<size_t>(options.bucket_mb * (1 << 20)),
                            .overlap = reduction == Reduction::overlapped});
+  std::unique_ptr<nn::GradScaler> scaler;
+  if (mixed == DType::f16) scaler = std::make_unique<nn::GradScaler>(net.parameters());
   const std::vector<Placement> placements{Placement::shard(0), Placement::shard(2)};
   const ShardTensor x = ShardTensor::distribute(bench::random_tensor(shape, 1), mesh, placements);
   const ShardTensor target =
@@ -96,15 +104,20 @@ StepFigures measure(std::shared_ptr<Comm> world, const TrainBenchOptions& option
     trace::Span span("step", "train step");
     optimizer.zero_grad();
     Tape tape;
-    const ShardTensor loss = ops::mse_loss(net.forward(x), target);
-    tape.backward(loss);
+    const ShardTensor loss = ops::mse_loss(ops::cast(net.forward(x), DType::f32), target);
+    tape.backward(scaler ? scaler->scale(loss) : loss);
     figures.loss = loss.full_tensor().item_as_double({});
     if (reducer) {
       const double start = now_seconds();
       reducer->finish();
       exposed += now_seconds() - start;
     }
-    optimizer.step();
+    if (scaler) {
+      scaler->step(optimizer);
+      scaler->update();
+    } else {
+      optimizer.step();
+    }
   };
   figures.step = bench::time_collective(*world, Device::cpu(), 1, options.steps, [&] { step(); });
   if (fsdp) exposed = fsdp->stats().wait_seconds;
@@ -132,6 +145,10 @@ void run_train_bench(const TrainBenchOptions& options) {
             "--layers {}, --hidden {} and --steps {} must be at least 1", options.layers,
             options.hidden, options.steps);
   check_arg(options.bucket_mb > 0, "bench", "--bucket-mb {} must be positive", options.bucket_mb);
+  check_arg(options.mixed.empty() || options.mixed == "bf16" || options.mixed == "f16", "bench",
+            "--mixed '{}' (expected bf16 or f16)", options.mixed);
+  const std::optional<DType> mixed =
+      options.mixed.empty() ? std::nullopt : std::optional<DType>(dtype_from_name(options.mixed));
   check_arg(shape[0] % mesh_shape[0] == 0, "bench",
             "--shape batch {} is not divisible by dp {} (the fsdp row splits it evenly)", shape[0],
             mesh_shape[0]);
@@ -150,7 +167,7 @@ void run_train_bench(const TrainBenchOptions& options) {
       fmt::format("tessera bench train: {} conv3d layers (hidden {}), x {} f32 on dp x domain {}, "
                   "AdamW, {} backend",
                   options.layers, options.hidden, shape, options.mesh, backend_name(backend)),
-      {{"reduction", "gradient reduction", "", 22},
+      {{"reduction", "gradient reduction", "", 28},
        {"ranks", "ranks", "", 6},
        {"threads_per_rank", "threads", "", 7},
        {"step_ms", "step", "ms", 10, 1},
@@ -158,13 +175,22 @@ void run_train_bench(const TrainBenchOptions& options) {
        {"collectives", "colls", "", 8},
        {"bytes_reduced", "moved", "bytes", 10},
        {"peak_mib_per_rank", "peak/rank", "MiB", 10, 1}});
-  for (Reduction reduction :
-       {Reduction::tape, Reduction::overlapped, Reduction::at_finish, Reduction::fsdp}) {
+  // The f32 rows, then (with --mixed) DDP and FSDP with f32 master weights computing in it.
+  std::vector<std::pair<Reduction, std::optional<DType>>> rows{
+      {Reduction::tape, std::nullopt},
+      {Reduction::overlapped, std::nullopt},
+      {Reduction::at_finish, std::nullopt},
+      {Reduction::fsdp, std::nullopt}};
+  if (mixed) {
+    rows.emplace_back(Reduction::overlapped, mixed);
+    rows.emplace_back(Reduction::fsdp, mixed);
+  }
+  for (const auto& [reduction, compute] : rows) {
     StepFigures figures;
     host_allocator_reset_peak();
     launch(backend, ranks, [&](std::shared_ptr<Comm> world) {
       if (options.threads > 0) set_compute_threads(options.threads);
-      StepFigures mine = measure(world, options, shape, mesh_shape, reduction);
+      StepFigures mine = measure(world, options, shape, mesh_shape, reduction, compute);
       if (world->rank() == 0) figures = mine;
     });
     const int local_ranks = backend == Backend::local ? ranks : 1;
@@ -172,7 +198,10 @@ void run_train_bench(const TrainBenchOptions& options) {
         options.threads > 0
             ? options.threads
             : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local_ranks);
-    table.add({{"reduction", reduction_name(reduction)},
+    const std::string name =
+        compute ? fmt::format("{}, {}", reduction_name(reduction), dtype_name(*compute))
+                : std::string(reduction_name(reduction));
+    table.add({{"reduction", name},
                {"ranks", ranks},
                {"threads_per_rank", threads},
                {"step_ms", figures.step * 1e3},
@@ -206,6 +235,9 @@ void register_train_bench(CLI::App& bench) {
       ->capture_default_str();
   train->add_option("--threads", options->threads, "Compute threads per rank (0: cores / ranks)")
       ->check(CLI::Range(0, 4096));
+  train->add_option("--mixed", options->mixed,
+                    "Also the DDP and FSDP rows with f32 master weights computing in bf16 or f16 "
+                    "(f16 with loss scaling)");
   add_trace_option(*train);
   train->add_flag("--json", options->json, "Print JSON instead of the table");
   train->callback([options] { run_train_bench(*options); });

@@ -11,6 +11,8 @@ constexpr const char* kModel = "model/";
 constexpr const char* kOptim = "optim/";
 constexpr const char* kRun = "run/";
 constexpr const char* kCounter = "counter/";
+constexpr const char* kScalerScale = "scaler/scale";
+constexpr const char* kScalerTracker = "scaler/growth_tracker";
 
 const DeviceMesh& mesh_of(const Module& module, const std::string& op) {
   const auto parameters = module.named_parameters();
@@ -26,7 +28,8 @@ bool starts_with(const std::string& text, const std::string& prefix) {
 
 void save_training_checkpoint(const std::string& file, const Module& module,
                               const optim::Optimizer& optimizer,
-                              const std::map<std::string, int64_t>& counters) {
+                              const std::map<std::string, int64_t>& counters,
+                              const GradScaler* scaler) {
   const DeviceMesh& mesh = mesh_of(module, "save_training_checkpoint");
   std::vector<std::pair<std::string, ShardTensor>> tensors;
   for (const auto& [name, value] : module.state_dict()) tensors.emplace_back(kModel + name, value);
@@ -39,19 +42,35 @@ void save_training_checkpoint(const std::string& file, const Module& module,
   for (const auto& [name, value] : counters) tensors.emplace_back(kRun + name, scalar(value));
   for (const auto& [name, value] : module.named_counters())
     tensors.emplace_back(kCounter + name, scalar(value));
+  if (scaler != nullptr) {
+    tensors.emplace_back(
+        kScalerScale, ShardTensor::distribute(Tensor::from_values<double>(
+                                                  {}, std::vector<double>{scaler->state().scale}),
+                                              mesh, replicated));
+    tensors.emplace_back(kScalerTracker, scalar(scaler->state().growth_tracker));
+  }
   io::save_checkpoint(file, tensors);
 }
 
 std::map<std::string, int64_t> load_training_checkpoint(const std::string& file, Module& module,
-                                                        optim::Optimizer& optimizer) {
+                                                        optim::Optimizer& optimizer,
+                                                        GradScaler* scaler) {
   const DeviceMesh& mesh = mesh_of(module, "load_training_checkpoint");
   std::map<std::string, ShardTensor> model, state;
   std::map<std::string, int64_t> counters, module_counters;
-  auto integer = [](const ShardTensor& tensor) {
-    return static_cast<int64_t>(tensor.full_tensor().to(Device::cpu()).item_as_double({}));
+  auto value_of = [](const ShardTensor& tensor) {
+    return tensor.full_tensor().to(Device::cpu()).item_as_double({});
   };
+  auto integer = [&](const ShardTensor& tensor) { return static_cast<int64_t>(value_of(tensor)); };
+  std::optional<GradScalerState> scaler_state;
   for (const auto& [name, tensor] : io::load_checkpoint(file, mesh)) {
-    if (starts_with(name, kCounter) && tensor.global_shape().empty()) {
+    if (name == kScalerScale || name == kScalerTracker) {
+      if (!scaler_state) scaler_state = GradScalerState{};
+      if (name == kScalerScale)
+        scaler_state->scale = value_of(tensor);
+      else
+        scaler_state->growth_tracker = integer(tensor);
+    } else if (starts_with(name, kCounter) && tensor.global_shape().empty()) {
       module_counters[name.substr(std::string(kCounter).size())] = integer(tensor);
     } else if (starts_with(name, kModel)) {
       model.emplace(name.substr(std::string(kModel).size()), tensor);
@@ -65,7 +84,11 @@ std::map<std::string, int64_t> load_training_checkpoint(const std::string& file,
     }
   }
   // Every check before anything is written. A file without module counters (written before
-  // checkpoints held them) leaves the module's counters as they are.
+  // checkpoints held them) leaves the module's counters as they are. The file is the same on every
+  // rank, so these checks agree everywhere.
+  check_arg(scaler_state.has_value() == (scaler != nullptr), "load_training_checkpoint",
+            "'{}' {} a GradScaler state but {} scaler was given", file,
+            scaler_state ? "holds" : "does not hold", scaler ? "a" : "no");
   optimizer.check_state_dict(state);
   if (!module_counters.empty()) {
     std::map<std::string, int64_t> checked;
@@ -80,6 +103,7 @@ std::map<std::string, int64_t> load_training_checkpoint(const std::string& file,
   module.load_state_dict(model);
   if (!module_counters.empty()) module.load_counters(module_counters);
   optimizer.load_state_dict(state);
+  if (scaler != nullptr) scaler->load_state(*scaler_state);
   return counters;
 }
 

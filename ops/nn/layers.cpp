@@ -34,6 +34,18 @@ std::optional<ShardTensor> optional_of(const Parameter& parameter) {
   return parameter.defined() ? std::optional<ShardTensor>(parameter.tensor()) : std::nullopt;
 }
 
+/// The cpu convolutions run f32 and f64 only. Under an f16/bf16 compute dtype a conv layer on the
+/// cpu convolves its already rounded input, weight and bias widened to f32 (exact) and rounds the
+/// result to the compute dtype: what a half-precision kernel accumulating in f32 gives; the
+/// gradients pass through the same casts, so they are rounded to the compute dtype as well.
+bool conv_widens_on_cpu(const ShardTensor& x) {
+  return (x.dtype() == DType::f16 || x.dtype() == DType::bf16) && x.to_local().device().is_cpu();
+}
+
+std::optional<ShardTensor> widened(const std::optional<ShardTensor>& value) {
+  return value ? std::optional<ShardTensor>(ops::cast(*value, DType::f32)) : std::nullopt;
+}
+
 /// weight = 1 and bias = 0 of `shape`, registered on `module` when `affine`.
 void add_affine(const DeviceMesh& mesh, const Shape& shape, bool affine, DType dtype,
                 Parameter& weight, Parameter& bias,
@@ -75,9 +87,13 @@ ShardTensor Conv::forward(const ShardTensor& x) {
   check_arg(static_cast<int>(x.global_shape().size()) == config_.spatial_dims + 2, "conv",
             "conv{}d expects an input [N, C, {} spatial dims], got global shape {}",
             config_.spatial_dims, config_.spatial_dims, x.global_shape());
-  return ops::conv(x, weight_.tensor(),
-                   bias_.defined() ? std::optional<ShardTensor>(bias_.tensor()) : std::nullopt,
-                   config_.options);
+  const ShardTensor input = compute_input(x);
+  if (conv_widens_on_cpu(input))
+    return ops::cast(
+        ops::conv(ops::cast(input, DType::f32), ops::cast(compute_value(weight_), DType::f32),
+                  widened(compute_optional(bias_)), config_.options),
+        input.dtype());
+  return ops::conv(input, compute_value(weight_), compute_optional(bias_), config_.options);
 }
 
 ConvTranspose::ConvTranspose(const DeviceMesh& mesh, ConvTransposeConfig config, uint64_t seed)
@@ -112,7 +128,14 @@ ShardTensor ConvTranspose::forward(const ShardTensor& x) {
   check_arg(static_cast<int>(x.global_shape().size()) == config_.spatial_dims + 2, "conv_transpose",
             "conv_transpose{}d expects an input [N, C, {} spatial dims], got global shape {}",
             config_.spatial_dims, config_.spatial_dims, x.global_shape());
-  return ops::conv_transpose(x, weight_.tensor(), optional_of(bias_), config_.options);
+  const ShardTensor input = compute_input(x);
+  if (conv_widens_on_cpu(input))
+    return ops::cast(ops::conv_transpose(ops::cast(input, DType::f32),
+                                         ops::cast(compute_value(weight_), DType::f32),
+                                         widened(compute_optional(bias_)), config_.options),
+                     input.dtype());
+  return ops::conv_transpose(input, compute_value(weight_), compute_optional(bias_),
+                             config_.options);
 }
 
 MaxPool::MaxPool(ops::PoolOptions options) : options_(std::move(options)) {}
@@ -145,7 +168,8 @@ GroupNorm::GroupNorm(const DeviceMesh& mesh, int64_t groups, int64_t channels, d
 }
 
 ShardTensor GroupNorm::forward(const ShardTensor& x) {
-  return ops::group_norm(x, groups_, optional_of(weight_), optional_of(bias_), eps_);
+  return ops::group_norm(compute_input(x), groups_, compute_optional(weight_),
+                         compute_optional(bias_), eps_);
 }
 
 BatchNorm::BatchNorm(const DeviceMesh& mesh, int64_t channels, double eps, double momentum,
@@ -161,16 +185,20 @@ BatchNorm::BatchNorm(const DeviceMesh& mesh, int64_t channels, double eps, doubl
 }
 
 ShardTensor BatchNorm::forward(const ShardTensor& x) {
-  const ops::BatchNormResult result = ops::batch_norm(
-      x, buffer("running_mean"), buffer("running_var"), optional_of(weight_), optional_of(bias_),
-      {.training = training(), .momentum = momentum_, .eps = eps_});
+  // Under mixed precision the statistics stay in the buffers' dtype (as torch.autocast runs
+  // batch_norm in f32): x is widened to it and the output cast to the compute dtype.
+  const DType statistics_dtype = buffer("running_mean").dtype();
+  const ops::BatchNormResult result =
+      ops::batch_norm(compute_dtype() ? ops::cast(x, statistics_dtype) : x, buffer("running_mean"),
+                      buffer("running_var"), optional_of(weight_), optional_of(bias_),
+                      {.training = training(), .momentum = momentum_, .eps = eps_});
   if (training()) {
     // New values outside any autograd record (buffers are state, not part of the graph).
     for (const auto& [name, value] : {std::pair{"running_mean", *result.running_mean},
                                       std::pair{"running_var", *result.running_var}})
       set_buffer(name, ShardTensor(value.to_local(), value.mesh(), value.spec()));
   }
-  return result.y;
+  return compute_input(result.y);
 }
 
 InstanceNorm::InstanceNorm(const DeviceMesh& mesh, int64_t channels, double eps, bool affine,
@@ -184,7 +212,8 @@ InstanceNorm::InstanceNorm(const DeviceMesh& mesh, int64_t channels, double eps,
 }
 
 ShardTensor InstanceNorm::forward(const ShardTensor& x) {
-  return ops::instance_norm(x, optional_of(weight_), optional_of(bias_), eps_);
+  return ops::instance_norm(compute_input(x), compute_optional(weight_), compute_optional(bias_),
+                            eps_);
 }
 
 LayerNorm::LayerNorm(const DeviceMesh& mesh, Shape normalized_shape, double eps,
@@ -203,8 +232,8 @@ ShardTensor LayerNorm::forward(const ShardTensor& x) {
   check_arg(shape.size() >= n && Shape(shape.end() - n, shape.end()) == normalized_shape_,
             "layer_norm", "input of shape {} does not end in the normalized shape {}", shape,
             normalized_shape_);
-  return ops::layer_norm(x, static_cast<int64_t>(n), optional_of(weight_), optional_of(bias_),
-                         eps_);
+  return ops::layer_norm(compute_input(x), static_cast<int64_t>(n), compute_optional(weight_),
+                         compute_optional(bias_), eps_);
 }
 
 Linear::Linear(const DeviceMesh& mesh, int64_t in_features, int64_t out_features, bool bias,
@@ -226,8 +255,7 @@ Linear::Linear(const DeviceMesh& mesh, int64_t in_features, int64_t out_features
 }
 
 ShardTensor Linear::forward(const ShardTensor& x) {
-  return ops::linear(x, weight_.tensor(),
-                     bias_.defined() ? std::optional<ShardTensor>(bias_.tensor()) : std::nullopt);
+  return ops::linear(compute_input(x), compute_value(weight_), compute_optional(bias_));
 }
 
 Dropout::Dropout(double p, uint64_t seed) : p_(p), seed_(seed) {

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <set>
 
+#include "ops/cast/cast_op.hpp"
+
 namespace tessera::nn {
 
 ShardTensor Module::forward(const ShardTensor&) {
@@ -194,6 +196,23 @@ void Module::train(bool on) {
 
 void Module::zero_grad() {
   for (auto& [name, parameter] : named_parameters()) parameter.zero_grad();
+}
+
+void Module::set_compute_dtype(std::optional<DType> dtype) {
+  compute_dtype_ = dtype;
+  for (const auto& [name, child] : children_) child->set_compute_dtype(dtype);
+}
+
+ShardTensor Module::compute_value(const Parameter& parameter) const {
+  return compute_dtype_ ? ops::cast(parameter.tensor(), *compute_dtype_) : parameter.tensor();
+}
+
+std::optional<ShardTensor> Module::compute_optional(const Parameter& parameter) const {
+  return parameter.defined() ? std::optional<ShardTensor>(compute_value(parameter)) : std::nullopt;
+}
+
+ShardTensor Module::compute_input(const ShardTensor& x) const {
+  return compute_dtype_ ? ops::cast(x, *compute_dtype_) : x;
 }
 
 Sequential& Sequential::append(std::shared_ptr<Module> module) {

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -69,6 +70,10 @@ class Module {
   bool training() const { return training_; }
   /// Drops every parameter's gradient.
   void zero_grad();
+  /// Sets the dtype the layers of the whole tree compute in (mixed precision: parameters cast to
+  /// it where used, inputs cast to it; ops/nn/mixed_precision.hpp); nullopt: the parameters' own.
+  void set_compute_dtype(std::optional<DType> dtype);
+  std::optional<DType> compute_dtype() const { return compute_dtype_; }
 
  protected:
   /// Registers a parameter under `name` (unique among this module's parameters and children).
@@ -79,6 +84,13 @@ class Module {
   const ShardTensor& buffer(const std::string& name) const;
   /// Replaces the value of buffer `name` (same global shape and dtype).
   void set_buffer(const std::string& name, ShardTensor value);
+  /// `parameter` as the forward uses it: cast to the compute dtype when one is set (the gradient
+  /// comes back to the parameter in its own dtype), the parameter's tensor otherwise.
+  ShardTensor compute_value(const Parameter& parameter) const;
+  /// The same for an optional parameter (nullopt when undefined).
+  std::optional<ShardTensor> compute_optional(const Parameter& parameter) const;
+  /// `x` cast to the compute dtype when one is set (activations flow in it), x otherwise.
+  ShardTensor compute_input(const ShardTensor& x) const;
   /// Registers an integer counter under `name` with its initial value.
   void add_counter(const std::string& name, int64_t value);
   /// The counter called `name`, to read or advance.
@@ -106,6 +118,7 @@ class Module {
   std::vector<std::pair<std::string, int64_t>> counters_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
+  std::optional<DType> compute_dtype_;
 };
 
 /// Runs its children in order.
