@@ -179,7 +179,7 @@ io::OnnxGraph fallback_graph() {
   io::OnnxNode shape = node("Shape", {"t"}, {"s"});
   io::OnnxNode slice = node("Slice", {"s", "zero", "two"}, {"s2"});
   io::OnnxNode concat = node("Concat", {"s2", "minus_one"}, {"target"});
-  concat.attributes["axis"] = io::OnnxAttribute{io::OnnxAttribute::Kind::integer, 0};
+  concat.attributes["axis"].kind = io::OnnxAttribute::Kind::integer;  // axis 0
   io::OnnxNode reshape = node("Reshape", {"t", "target"}, {"r"});
   io::OnnxNode relu = node("Relu", {"r"}, {"y"});
   graph.nodes = {transpose, shape, slice, concat, reshape, relu};
