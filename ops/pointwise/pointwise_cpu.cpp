@@ -309,8 +309,10 @@ ElementwiseLayout lead_and_view_layout(const Shape& shape, const std::vector<int
 template <typename Row>
 TESSERA_VM_INLINE void for_rows(const ElementwiseLayout& layout, int64_t lo, int64_t hi,
                                 const Row& row) {
+  // Nothing to visit (an empty shard has zero-length rows: no division by their length).
+  if (lo >= hi) return;
   if (layout.ndim == 0) {
-    if (lo < hi) row(lo, int64_t{0}, hi - lo, int64_t{0});
+    row(lo, int64_t{0}, hi - lo, int64_t{0});
     return;
   }
   const int inner = layout.ndim - 1;

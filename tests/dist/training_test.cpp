@@ -234,6 +234,66 @@ TEST(Training, SgdAndAdamWStepsEqualOneRankOnUnevenDomainDecompositions) {
   }
 }
 
+// The gradients an optimizer consumes, checked against central finite differences of the loss:
+// on a 2x2 domain decomposition (reduced by the tape) and on dp 2 x rows 2 (reduced by the
+// bucketed reducer), for a seeded sample of elements of every parameter.
+TEST(Training, ReducedParameterGradientsMatchCentralFiniteDifferences) {
+  testing::run_world(4, [](std::shared_ptr<Comm> comm) {
+    DeviceMesh mesh(comm, {2, 2});
+    testing::CaseRng rng(17);
+    const Shape shape{2, 2, 11, 9};
+    const Tensor x_full = testing::integer_tensor(shape, DType::f64, rng, -5, 5);
+    const Tensor target_full = testing::integer_tensor(shape, DType::f64, rng, -5, 5);
+    struct Layout {
+      std::vector<Placement> placements;
+      std::vector<std::vector<int64_t>> extents;
+      bool reducer;
+    };
+    const std::vector<Layout> layouts{
+        {{Placement::shard(2), Placement::shard(3)}, {{7, 4}, {6, 3}}, false},
+        {{Placement::shard(0), Placement::shard(2)}, {{1, 1}, {5, 6}}, true}};
+    for (const Layout& layout : layouts) {
+      const ShardTensor x = ShardTensor::distribute(x_full, mesh, layout.placements, layout.extents);
+      const ShardTensor target =
+          ShardTensor::distribute(target_full, mesh, layout.placements, layout.extents);
+      ConvNet net(mesh, 2, 3, 23);
+      std::unique_ptr<nn::GradReducer> reducer;
+      if (layout.reducer) reducer = std::make_unique<nn::GradReducer>(net.parameters);
+      {
+        Tape tape;
+        tape.backward(net.loss(x, target));
+      }
+      if (reducer) reducer->finish();
+      auto loss_value = [&] {
+        NoGrad no_grad;
+        return values_of(net.loss(x, target).full_tensor())[0];
+      };
+      constexpr double eps = 1e-5;
+      for (Parameter& parameter : net.parameters) {
+        const std::vector<double> grad = values_of(parameter.grad()->full_tensor());
+        Tensor values = parameter.tensor().full_tensor();
+        for (int sample = 0; sample < 4; ++sample) {
+          const int64_t index = rng.uniform(0, values.numel() - 1);
+          double* element = values.data<double>() + index;
+          const double original = *element;
+          *element = original + eps;
+          parameter.assign_local(values.view_box(parameter.tensor().local_box()));
+          const double plus = loss_value();
+          *element = original - eps;
+          parameter.assign_local(values.view_box(parameter.tensor().local_box()));
+          const double minus = loss_value();
+          *element = original;
+          parameter.assign_local(values.view_box(parameter.tensor().local_box()));
+          const double numeric = (plus - minus) / (2 * eps);
+          EXPECT_NEAR(grad[index], numeric, 1e-6 * (1 + std::fabs(numeric)))
+              << parameter.name() << " element " << index
+              << (layout.reducer ? " (dp x rows, reducer)" : " (2x2 domain)");
+        }
+      }
+    }
+  });
+}
+
 // Data parallelism: the batch sharded over "dp" (and the rows over a domain dim), gradients
 // reduced by the bucketed reducer (one bucket per parameter, or all in one; overlapped with
 // backward or not): the same losses and parameters as one rank, replicas bit-identical.
