@@ -63,8 +63,14 @@ Tensor pad_forward_cpu(const PadPlan& plan, const Tensor& x, const Shape& y_shap
         int64_t o = 0;
         for (int64_t a : taps[0])
           for (int64_t b : taps[1]) {
+            // A padding row has no source row (the input piece may even be empty): no pointer
+            // into it is formed.
+            if (a < 0 || b < 0) {
+              for (size_t c = 0; c < taps[2].size(); ++c) target[o++] = value;
+              continue;
+            }
             const T* row = plane + (a * in1 + b) * in2;
-            for (int64_t c : taps[2]) target[o++] = a < 0 || b < 0 || c < 0 ? value : row[c];
+            for (int64_t c : taps[2]) target[o++] = c < 0 ? value : row[c];
           }
       }
     });
@@ -92,10 +98,14 @@ Tensor pad_backward_cpu(const PadPlan& plan, const Shape& x_shape, const Tensor&
         int64_t o = 0;
         for (int64_t a : taps[0])
           for (int64_t b : taps[1]) {
+            if (a < 0 || b < 0) {  // gradients of padding cells go nowhere
+              o += static_cast<int64_t>(taps[2].size());
+              continue;
+            }
             C* row = acc.data() + (a * in1 + b) * in2;
             for (int64_t c : taps[2]) {
               const C value = static_cast<C>(g_plane[o++]);
-              if (a >= 0 && b >= 0 && c >= 0) row[c] += value;
+              if (c >= 0) row[c] += value;
             }
           }
         T* target = out + p * in_plane;
