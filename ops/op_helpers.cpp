@@ -22,6 +22,22 @@ ShardSpec partial_over_sharding(const ShardSpec& activation, const Shape& param_
   return ShardSpec::make(param_shape, activation.mesh_shape, placements);
 }
 
+ShardSpec param_grad_layout(const ShardSpec& x, const ShardSpec& param) {
+  std::vector<Placement> placements;
+  std::vector<std::vector<int64_t>> extents;
+  for (size_t m = 0; m < param.placements.size(); ++m) {
+    if (param.placements[m].is_shard()) {
+      placements.push_back(param.placements[m]);
+      extents.push_back(param.extents[m]);
+    } else {
+      placements.push_back(x.placements[m].is_shard() ? Placement::partial(ReduceOp::sum)
+                                                      : Placement::replicate());
+      extents.emplace_back();
+    }
+  }
+  return ShardSpec::make(param.global_shape, param.mesh_shape, placements, extents);
+}
+
 std::vector<int64_t> strided_output_extents(const std::vector<int64_t>& input_extents,
                                             int64_t length, int64_t outputs, int64_t stride) {
   const std::vector<int64_t> offsets = offsets_of(input_extents);

@@ -21,6 +21,11 @@ ShardSpec without_partial(const ShardSpec& spec);
 /// saw different elements), Replicate along the others.
 ShardSpec partial_over_sharding(const ShardSpec& activation, const Shape& param_shape);
 
+/// The layout of a weight's (or bias's) gradient for a parameter laid out as `param` by a rule
+/// that may shard it (tensor parallelism): its Shard placements kept, Partial(sum) over the other
+/// mesh dims that shard the activation `x`, Replicate elsewhere.
+ShardSpec param_grad_layout(const ShardSpec& x, const ShardSpec& param);
+
 /// Outputs owned by each part of a split of a strided op's input (conv, pooling): output o goes to
 /// the part owning input clamp(o*stride, 0, length-1); `input_extents` are the parts' extents.
 std::vector<int64_t> strided_output_extents(const std::vector<int64_t>& input_extents,

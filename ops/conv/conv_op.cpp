@@ -140,25 +140,6 @@ ConvParallel conv_parallel_kind(const ShardSpec& w, size_t m, int64_t groups) {
   return p.dim == 0 ? ConvParallel::filter : ConvParallel::channel;
 }
 
-/// The layout of dw (or db) for a parameter laid out as `param` (as the rule made it): its Shard
-/// placements over the tensor-parallel mesh dims, Partial(sum) over the other mesh dims that
-/// shard x, Replicate elsewhere.
-ShardSpec conv_param_grad_layout(const ShardSpec& x, const ShardSpec& param) {
-  std::vector<Placement> placements;
-  std::vector<std::vector<int64_t>> extents;
-  for (size_t m = 0; m < param.placements.size(); ++m) {
-    if (param.placements[m].is_shard()) {
-      placements.push_back(param.placements[m]);
-      extents.push_back(param.extents[m]);
-    } else {
-      placements.push_back(x.placements[m].is_shard() ? Placement::partial(ReduceOp::sum)
-                                                      : Placement::replicate());
-      extents.emplace_back();
-    }
-  }
-  return ShardSpec::make(param.global_shape, param.mesh_shape, placements, extents);
-}
-
 OpRule conv_rule(const std::vector<ShardSpec>& inputs, const OpAttrs& attrs) {
   check_arg(inputs.size() == 2 || inputs.size() == 3, "conv", "expects inputs x, w[, b], got {}",
             inputs.size());
@@ -423,10 +404,10 @@ std::vector<std::optional<ShardTensor>> conv_backward(
   // dw, db: local sums over this rank's outputs; partial along the mesh dims that shard x.
   result.emplace_back(
       ShardTensor(conv_backward_weight(x_haloed, g_local, w.to_local().shape(), geometry), w.mesh(),
-                  conv_param_grad_layout(x.spec(), w.spec())));
+                  param_grad_layout(x.spec(), w.spec())));
   if (record.inputs.size() == 3)
     result.emplace_back(ShardTensor(conv_backward_bias(g_local), w.mesh(),
-                                    conv_param_grad_layout(x.spec(), record.inputs[2].spec())));
+                                    param_grad_layout(x.spec(), record.inputs[2].spec())));
   return result;
 }
 

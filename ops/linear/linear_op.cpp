@@ -183,25 +183,6 @@ ShardSpec linear_input_grad_layout(const ShardSpec& x, const ShardSpec& w) {
   return ShardSpec::make(x.global_shape, x.mesh_shape, placements, extents);
 }
 
-/// The layout of dw (or db) for a parameter laid out as `param` (as the rule made it): the
-/// parameter's Shard placements over the tensor-parallel mesh dims, Partial(sum) over the other
-/// mesh dims that shard x's rows, Replicate elsewhere.
-ShardSpec linear_param_grad_layout(const ShardSpec& x, const ShardSpec& param) {
-  std::vector<Placement> placements;
-  std::vector<std::vector<int64_t>> extents;
-  for (size_t m = 0; m < param.placements.size(); ++m) {
-    if (param.placements[m].is_shard()) {
-      placements.push_back(param.placements[m]);
-      extents.push_back(param.extents[m]);
-    } else {
-      placements.push_back(x.placements[m].is_shard() ? Placement::partial(ReduceOp::sum)
-                                                      : Placement::replicate());
-      extents.emplace_back();
-    }
-  }
-  return ShardSpec::make(param.global_shape, param.mesh_shape, placements, extents);
-}
-
 void check_linear(const std::vector<ShardSpec>& inputs) {
   check_arg(inputs.size() == 2 || inputs.size() == 3, "linear", "expects inputs x, w[, b], got {}",
             inputs.size());
@@ -304,15 +285,14 @@ void register_linear() {
     batched_gemm(gc, xc, dw, 1, 0, 0, true, false, out, in, rows, false, stream);  // g^T @ x
     std::vector<std::optional<ShardTensor>> result{
         ShardTensor(dx.to_dtype(x.dtype()), x.mesh(), linear_input_grad_layout(x.spec(), w.spec())),
-        ShardTensor(dw.to_dtype(w.dtype()), w.mesh(),
-                    linear_param_grad_layout(x.spec(), w.spec()))};
+        ShardTensor(dw.to_dtype(w.dtype()), w.mesh(), param_grad_layout(x.spec(), w.spec()))};
     if (record.inputs.size() == 3) {
       Tensor db = Tensor::empty({out}, gc.dtype(), device);  // ones [1, rows] @ g
       batched_gemm(ones(rows, gc.dtype(), device), gc, db, 1, 0, 0, false, false, 1, out, rows,
                    false, stream);
       const ShardTensor& b = record.inputs[2];
-      result.push_back(ShardTensor(db.to_dtype(b.dtype()), x.mesh(),
-                                   linear_param_grad_layout(x.spec(), b.spec())));
+      result.push_back(
+          ShardTensor(db.to_dtype(b.dtype()), x.mesh(), param_grad_layout(x.spec(), b.spec())));
     }
     return result;
   };
