@@ -32,10 +32,9 @@
 namespace tessera {
 namespace {
 
-std::vector<double> values_of(const Tensor& tensor) {
-  const Tensor host = tensor.to(Device::cpu()).to_dtype(DType::f64).contiguous();
-  return {host.data<double>(), host.data<double>() + host.numel()};
-}
+using testing::expect_close;
+using testing::RunResult;
+using testing::values_of;
 
 // The nonblocking all-gather FSDP prefetches with: uneven counts (an empty block included), other
 // collectives run while it is in flight, and the result equals the blocking all_gather_v.
@@ -79,11 +78,6 @@ struct Layout {
   std::vector<std::vector<int64_t>> extents;
   std::optional<nn::FsdpOptions> fsdp;
   bool ddp = false;  // gradients through the bucketed reducer instead
-};
-
-struct RunResult {
-  std::vector<double> losses;
-  std::vector<std::vector<double>> parameters;
 };
 
 using MakeOptimizer =
@@ -167,19 +161,6 @@ RunResult train(std::shared_ptr<Comm> comm, const Layout& layout, const MakeOpti
   for (const Parameter& parameter : model.module().parameters())
     result.parameters.push_back(values_of(parameter.tensor().full_tensor()));
   return result;
-}
-
-void expect_close(const RunResult& got, const RunResult& expected, const std::string& what) {
-  ASSERT_EQ(got.losses.size(), expected.losses.size()) << what;
-  for (size_t i = 0; i < got.losses.size(); ++i)
-    EXPECT_NEAR(got.losses[i], expected.losses[i], 1e-10 * std::fabs(expected.losses[i]))
-        << what << " loss of step " << i;
-  ASSERT_EQ(got.parameters.size(), expected.parameters.size()) << what;
-  for (size_t p = 0; p < got.parameters.size(); ++p)
-    for (size_t i = 0; i < got.parameters[p].size(); ++i)
-      EXPECT_NEAR(got.parameters[p][i], expected.parameters[p][i],
-                  1e-10 * (1 + std::fabs(expected.parameters[p][i])))
-          << what << " parameter " << p << " element " << i;
 }
 
 Layout one_rank() {

@@ -25,6 +25,7 @@
 #include "ops/optim/optimizer.hpp"
 #include "tests/dist/harness.hpp"
 #include "tests/dist/shard_cases.hpp"
+#include "tests/dist/training_support.hpp"
 #ifdef TESSERA_TEST_HAVE_HDF5
 #include "ops/nn/checkpoint.hpp"
 #include "tests/dist/io_test_support.hpp"
@@ -33,10 +34,8 @@
 namespace tessera {
 namespace {
 
-std::vector<double> values_of(const Tensor& tensor) {
-  const Tensor host = tensor.to(Device::cpu()).to_dtype(DType::f64).contiguous();
-  return {host.data<double>(), host.data<double>() + host.numel()};
-}
+using testing::RunResult;
+using testing::values_of;
 
 // cast rounds to nearest even like Tensor::to_dtype on every layout, keeps the layout, and its
 // gradient comes back in the input's dtype.
@@ -115,11 +114,6 @@ void expect_replicas_identical(const DeviceMesh& mesh, const Layout& layout, nn:
         << parameter.name() << " differs between replicas after step " << step;
   }
 }
-
-struct RunResult {
-  std::vector<double> losses;
-  std::vector<std::vector<double>> parameters;
-};
 
 /// 10 steps of SGD with momentum with f32 master weights computing in bf16; checks after every
 /// step that the master weights and gradients are f32 and replicas bit-identical.

@@ -20,14 +20,14 @@
 #include "ops/optim/optimizer.hpp"
 #include "tests/dist/harness.hpp"
 #include "tests/dist/shard_cases.hpp"
+#include "tests/dist/training_support.hpp"
 
 namespace tessera {
 namespace {
 
-std::vector<double> values_of(const Tensor& tensor) {
-  const Tensor host = tensor.to(Device::cpu()).to_dtype(DType::f64).contiguous();
-  return {host.data<double>(), host.data<double>() + host.numel()};
-}
+using testing::expect_close;
+using testing::RunResult;
+using testing::values_of;
 
 /// The model of a run: which block, its sizes; a mesh and how the data lies on it.
 enum class Block { mlp, attention, transformer, filter_conv, channel_conv, conv_pair };
@@ -74,11 +74,6 @@ std::shared_ptr<nn::Module> make_block(const DeviceMesh& mesh, Block block,
   pair->append(std::make_shared<nn::ChannelParallelConv>(mesh, config(4, 2), 44, tp));
   return pair;
 }
-
-struct RunResult {
-  std::vector<double> losses;
-  std::vector<std::vector<double>> parameters;
-};
 
 using MakeOptimizer =
     std::function<std::unique_ptr<optim::Optimizer>(const std::vector<Parameter>&)>;
@@ -152,19 +147,6 @@ RunResult train(std::shared_ptr<Comm> comm, const Layout& layout, Block block,
   for (const Parameter& parameter : model->parameters())
     result.parameters.push_back(values_of(parameter.tensor().full_tensor()));
   return result;
-}
-
-void expect_close(const RunResult& got, const RunResult& expected, const std::string& what) {
-  ASSERT_EQ(got.losses.size(), expected.losses.size()) << what;
-  for (size_t i = 0; i < got.losses.size(); ++i)
-    EXPECT_NEAR(got.losses[i], expected.losses[i], 1e-10 * std::fabs(expected.losses[i]))
-        << what << " loss of step " << i;
-  ASSERT_EQ(got.parameters.size(), expected.parameters.size()) << what;
-  for (size_t p = 0; p < got.parameters.size(); ++p)
-    for (size_t i = 0; i < got.parameters[p].size(); ++i)
-      EXPECT_NEAR(got.parameters[p][i], expected.parameters[p][i],
-                  1e-10 * (1 + std::fabs(expected.parameters[p][i])))
-          << what << " parameter " << p << " element " << i;
 }
 
 /// The plain layers on one rank (no tp dim).

@@ -1,6 +1,11 @@
-// Training loop shared by the module, training and checkpoint tests.
+// Training loop and run comparison shared by the module, training, checkpoint, FSDP, tensor-
+// parallel and mixed-precision tests.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
 #include <vector>
 
 #include "core/tessera.hpp"
@@ -23,6 +28,32 @@ inline std::vector<double> train_steps(nn::Module& net, optim::Optimizer& optimi
     optimizer.step();
   }
   return losses;
+}
+
+/// The values of a tensor of any device and dtype, as doubles in row-major order.
+inline std::vector<double> values_of(const Tensor& tensor) {
+  const Tensor host = tensor.to(Device::cpu()).to_dtype(DType::f64).contiguous();
+  return {host.data<double>(), host.data<double>() + host.numel()};
+}
+
+/// The losses of a training run and its final parameters (full values).
+struct RunResult {
+  std::vector<double> losses;
+  std::vector<std::vector<double>> parameters;
+};
+
+/// Losses and parameters equal within 1e-10 relative (the layout-equivalence tests' tolerance).
+inline void expect_close(const RunResult& got, const RunResult& expected, const std::string& what) {
+  ASSERT_EQ(got.losses.size(), expected.losses.size()) << what;
+  for (size_t i = 0; i < got.losses.size(); ++i)
+    EXPECT_NEAR(got.losses[i], expected.losses[i], 1e-10 * std::fabs(expected.losses[i]))
+        << what << " loss of step " << i;
+  ASSERT_EQ(got.parameters.size(), expected.parameters.size()) << what;
+  for (size_t p = 0; p < got.parameters.size(); ++p)
+    for (size_t i = 0; i < got.parameters[p].size(); ++i)
+      EXPECT_NEAR(got.parameters[p][i], expected.parameters[p][i],
+                  1e-10 * (1 + std::fabs(expected.parameters[p][i])))
+          << what << " parameter " << p << " element " << i;
 }
 
 }  // namespace tessera::testing

@@ -18,19 +18,19 @@
 #include "ops/optim/optimizer.hpp"
 #include "tests/dist/harness.hpp"
 #include "tests/dist/shard_cases.hpp"
+#include "tests/dist/training_support.hpp"
 
 namespace tessera {
 namespace {
+
+using testing::expect_close;
+using testing::RunResult;
+using testing::values_of;
 
 using Json = nlohmann::json;
 
 Tensor f64_values(const std::vector<double>& values, const Shape& shape) {
   return Tensor::from_values<double>(shape, values);
-}
-
-std::vector<double> values_of(const Tensor& tensor) {
-  const Tensor host = tensor.to(Device::cpu()).to_dtype(DType::f64).contiguous();
-  return {host.data<double>(), host.data<double>() + host.numel()};
 }
 
 TEST(Training, ParameterGradientsAccumulateUntilZeroGradAndMatchTheTape) {
@@ -128,10 +128,6 @@ struct ConvNet {
 /// laid out as given; checks after every step that the replicated parameters are bit-identical
 /// on every rank. With `resume_at` the optimizer's state and the parameters are saved after that
 /// step and loaded into a fresh net and optimizer, which finishes the run.
-struct RunResult {
-  std::vector<double> losses;
-  std::vector<std::vector<double>> parameters;
-};
 
 template <typename MakeOptimizer>
 RunResult train(const DeviceMesh& mesh, const std::vector<Placement>& placements,
@@ -185,18 +181,6 @@ RunResult train(const DeviceMesh& mesh, const std::vector<Placement>& placements
   for (const Parameter& parameter : net->parameters)
     result.parameters.push_back(values_of(parameter.tensor().full_tensor()));
   return result;
-}
-
-void expect_close(const RunResult& got, const RunResult& expected, const std::string& what) {
-  ASSERT_EQ(got.losses.size(), expected.losses.size());
-  for (size_t i = 0; i < got.losses.size(); ++i)
-    EXPECT_NEAR(got.losses[i], expected.losses[i], 1e-10 * std::fabs(expected.losses[i]))
-        << what << " loss of step " << i;
-  for (size_t p = 0; p < got.parameters.size(); ++p)
-    for (size_t i = 0; i < got.parameters[p].size(); ++i)
-      EXPECT_NEAR(got.parameters[p][i], expected.parameters[p][i],
-                  1e-10 * (1 + std::fabs(expected.parameters[p][i])))
-          << what << " parameter " << p << " element " << i;
 }
 
 /// The optimizers of the layout tests: SGD with momentum and weight decay, and AdamW.
@@ -253,7 +237,8 @@ TEST(Training, ReducedParameterGradientsMatchCentralFiniteDifferences) {
         {{Placement::shard(2), Placement::shard(3)}, {{7, 4}, {6, 3}}, false},
         {{Placement::shard(0), Placement::shard(2)}, {{1, 1}, {5, 6}}, true}};
     for (const Layout& layout : layouts) {
-      const ShardTensor x = ShardTensor::distribute(x_full, mesh, layout.placements, layout.extents);
+      const ShardTensor x =
+          ShardTensor::distribute(x_full, mesh, layout.placements, layout.extents);
       const ShardTensor target =
           ShardTensor::distribute(target_full, mesh, layout.placements, layout.extents);
       ConvNet net(mesh, 2, 3, 23);
