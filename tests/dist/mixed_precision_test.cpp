@@ -83,7 +83,7 @@ struct Layout {
   std::vector<std::string> names;
   std::vector<Placement> placements;
   std::vector<std::vector<int64_t>> extents;
-  std::optional<nn::FsdpOptions> fsdp;
+  std::optional<nn::FsdpOptions> fsdp = std::nullopt;
   bool ddp = false;
 };
 
@@ -382,7 +382,9 @@ TEST(GradScaler, UnscaledGradientsEqualTheUnscaledRun) {
         const ShardTensor loss = ops::mse_loss(ops::cast(net->forward(x), DType::f32), target);
         tape.backward(scaled ? scaler.scale(loss) : loss);
       }
-      if (scaled) EXPECT_FALSE(scaler.unscale());
+      if (scaled) {
+        EXPECT_FALSE(scaler.unscale());
+      }
       for (const Parameter& parameter : net->parameters())
         (scaled ? unscaled : plain).push_back(values_of(parameter.grad()->to_local()));
     }
