@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <iostream>
@@ -48,6 +49,68 @@ std::pair<std::string, std::string> split_target(const std::string& op, const st
   return {target.substr(0, colon), target.substr(colon + 1)};
 }
 
+/// A dataset named on the command line, FILE.h5:/dataset, optionally with a range of its first
+/// dim in Python's slice notation, FILE.h5:/dataset[a:b] (negative ends count from the end;
+/// either end may be left out), e.g. run.h5:/snapshots[1:] for every snapshot but the first.
+struct DatasetRef {
+  std::string file, dataset;
+  std::optional<std::pair<int64_t, int64_t>> rows;  // [a, b) as written (not yet resolved)
+  bool open_start = true, open_stop = true;
+};
+
+DatasetRef parse_dataset_ref(const std::string& op, const std::string& text,
+                             const std::string& default_dataset = "") {
+  DatasetRef ref;
+  std::string path = text;
+  if (!path.empty() && path.back() == ']') {
+    const size_t open = path.rfind('[');
+    const std::string inside =
+        open == std::string::npos ? "" : path.substr(open + 1, path.size() - open - 2);
+    const size_t colon = inside.find(':');
+    if (open == std::string::npos || colon == std::string::npos ||
+        inside.find(':', colon + 1) != std::string::npos)
+      throw AgreedError(op, fmt::format("expected FILE.h5:/dataset[a:b], got '{}'", text));
+    auto bound = [&](const std::string& part, bool& open_end) -> int64_t {
+      if (part.empty()) return 0;
+      open_end = false;
+      size_t used = 0;
+      int64_t value = 0;
+      try {
+        value = std::stoll(part, &used);
+      } catch (const std::exception&) {
+        used = std::string::npos;
+      }
+      if (used != part.size())
+        throw AgreedError(op, fmt::format("'{}' in '{}' is not an integer", part, text));
+      return value;
+    };
+    ref.rows = std::pair{bound(inside.substr(0, colon), ref.open_start),
+                         bound(inside.substr(colon + 1), ref.open_stop)};
+    path = path.substr(0, open);
+  }
+  std::tie(ref.file, ref.dataset) = split_target(op, path, default_dataset);
+  return ref;
+}
+
+/// The rows [first, last) of dataset `ref` whose first extent is `extent` (Python's clamping).
+std::pair<int64_t, int64_t> resolve_rows(const std::string& op, const DatasetRef& ref,
+                                         int64_t extent) {
+  if (!ref.rows) return {0, extent};
+  auto resolve = [&](int64_t value, bool open_end, int64_t fallback) {
+    if (open_end) return fallback;
+    if (value < 0) value += extent;
+    return std::clamp<int64_t>(value, 0, extent);
+  };
+  const int64_t first = resolve(ref.rows->first, ref.open_start, 0);
+  const int64_t last = resolve(ref.rows->second, ref.open_stop, extent);
+  if (last <= first)
+    throw AgreedError(op,
+                      fmt::format("{}:{}[{}:{}] selects no rows of {}", ref.file, ref.dataset,
+                                  ref.open_start ? "" : std::to_string(ref.rows->first),
+                                  ref.open_stop ? "" : std::to_string(ref.rows->second), extent));
+  return {first, last};
+}
+
 /// The layout of --mesh/--shard-dims/--extents (Replicate over mesh dims without a shard dim).
 struct MeshLayout {
   std::vector<Placement> placements;
@@ -66,6 +129,29 @@ MeshLayout parse_layout(const std::string& op, const DeviceMesh& mesh,
   }
   if (!extents.empty()) layout.extents = parse_extents(extents);
   return layout;
+}
+
+/// Collective: every rank reads its own box of the rows `ref` selects (the whole dataset without
+/// a range) in the layout given, with per-rank hyperslab reads.
+ShardTensor read_rows_sharded(const std::string& op, const DatasetRef& ref, const DeviceMesh& mesh,
+                              const MeshLayout& layout, std::optional<DType> as = std::nullopt) {
+  const io::DatasetInfo info = io::dataset_info(ref.file, ref.dataset);
+  if (info.shape.empty())
+    throw AgreedError(op, fmt::format("{}:{} is a scalar; a row range needs a leading dim",
+                                      ref.file, ref.dataset));
+  const auto [first, last] = resolve_rows(op, ref, info.shape[0]);
+  Shape global = info.shape;
+  global[0] = last - first;
+  const ShardSpec spec =
+      ShardSpec::make(global, mesh.shape(), layout.placements, layout.extents, op);
+  const Box box = spec.local_box(mesh.coord());
+  Box in_file = box;
+  in_file.lo[0] += first;
+  in_file.hi[0] += first;
+  const DType dtype = as ? *as : info.dtype.value_or(DType::f32);
+  const Tensor local = box.empty() ? Tensor::empty(box.shape(), dtype)
+                                   : io::read_hyperslab(ref.file, ref.dataset, in_file, as);
+  return ShardTensor(local, mesh, spec);
 }
 
 void check_mode(const std::string& op, const std::string& mode) {
@@ -144,7 +230,9 @@ int64_t representable_count(const Tensor& values, DType dtype) {
 
 void run_convert(std::shared_ptr<Comm> world, const ConvertOptions& options) {
   const std::string op = "convert";
-  const auto [in_file, in_dataset] = split_target(op, options.source);
+  const DatasetRef source = parse_dataset_ref(op, options.source);
+  const std::string& in_file = source.file;
+  const std::string& in_dataset = source.dataset;
   const auto [out_file, out_dataset] = split_target(op, options.target, in_dataset);
   std::error_code error;
   if (std::filesystem::weakly_canonical(in_file, error) ==
@@ -182,10 +270,12 @@ void run_convert(std::shared_ptr<Comm> world, const ConvertOptions& options) {
   const std::optional<DType> read_as = float_to_integer ? std::optional(DType::f64) : as;
   world->barrier();
   const double start = now_seconds();
-  ShardTensor tensor = options.mode == "root" ? io::scatter(in_file, in_dataset, mesh, placements,
-                                                            extents, 0, size_t{256} << 20, read_as)
-                                              : io::read_sharded(in_file, in_dataset, mesh,
-                                                                 placements, extents, read_as);
+  ShardTensor tensor =
+      source.rows ? read_rows_sharded(op, source, mesh, {placements, extents}, read_as)
+      : options.mode == "root"
+          ? io::scatter(in_file, in_dataset, mesh, placements, extents, 0, size_t{256} << 20,
+                        read_as)
+          : io::read_sharded(in_file, in_dataset, mesh, placements, extents, read_as);
   if (float_to_integer) {
     const Tensor local = tensor.to_local().contiguous();
     int32_t unrepresentable = representable_count(local, *as) != local.numel() ? 1 : 0;
@@ -214,8 +304,8 @@ void run_convert(std::shared_ptr<Comm> world, const ConvertOptions& options) {
   }
   if (world->rank() == 0) {
     const io::DatasetInfo info = io::dataset_info(out_file, out_dataset);
-    fmt::print("{}:{} -> {}:{}: {} ({}), chunks {}, {}, mode {}, {} rank(s), {:.3f} ms\n", in_file,
-               in_dataset, out_file, info.path, fmt::join(info.shape, "x"), info.file_type,
+    fmt::print("{} -> {}:{}: {} ({}), chunks {}, {}, mode {}, {} rank(s), {:.3f} ms\n",
+               options.source, out_file, info.path, fmt::join(info.shape, "x"), info.file_type,
                info.chunks ? fmt::format("{}", fmt::join(*info.chunks, "x")) : "-",
                info.compression.empty() ? "uncompressed" : info.compression, options.mode,
                world->size(), seconds * 1e3);
@@ -224,6 +314,82 @@ void run_convert(std::shared_ptr<Comm> world, const ConvertOptions& options) {
                  same ? "yes" : "NO");
   }
   if (!same) throw Error(op, "the written dataset differs from the input");
+}
+
+struct CompareOptions {
+  std::string reference, test;  // FILE.h5:/dataset[a:b]
+  MeshOptions layout;
+  bool json = false;
+};
+
+/// The differences of two datasets of one shape, every rank reading and comparing its own box.
+void run_compare(std::shared_ptr<Comm> world, const CompareOptions& options) {
+  const std::string op = "compare";
+  const DatasetRef reference = parse_dataset_ref(op, options.reference);
+  const DatasetRef test = parse_dataset_ref(op, options.test);
+  DeviceMesh mesh(world, parse_mesh(options.layout.mesh));
+  const MeshLayout layout =
+      parse_layout(op, mesh, options.layout.shard_dims, options.layout.extents);
+  const ShardTensor ref = read_rows_sharded(op, reference, mesh, layout, DType::f64);
+  // The test dataset must have the reference's (selected) shape: checked before reading it.
+  const io::DatasetInfo test_info = io::dataset_info(test.file, test.dataset);
+  Shape test_shape = test_info.shape;
+  if (!test_shape.empty()) {
+    const auto [first, last] = resolve_rows(op, test, test_shape[0]);
+    test_shape[0] = last - first;
+  }
+  if (test_shape != ref.global_shape())
+    throw AgreedError(op, fmt::format("{} has shape {} but {} has shape {}", options.test,
+                                      test_shape, options.reference, ref.global_shape()));
+  const ShardTensor values = read_rows_sharded(op, test, mesh, layout, DType::f64);
+  // Sums over this rank's box; replicated copies of a box count once (mesh coordinate 0 of the
+  // dims that do not shard).
+  bool counts = true;
+  for (int m = 0; m < mesh.ndim(); ++m)
+    counts = counts && (ref.spec().placements[m].is_shard() || mesh.coord()[m] == 0);
+  const Tensor a = ref.to_local().contiguous();
+  const Tensor b = values.to_local().contiguous();
+  double sums[4] = {0, 0, 0, 0};  // squared difference, squared reference, elements, NaN pairs
+  double max_abs = 0;
+  if (counts) {
+    const double* x = a.data<double>();
+    const double* y = b.data<double>();
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      const double d = y[i] - x[i];
+      if (std::isnan(d)) {
+        sums[3] += 1;
+        continue;
+      }
+      sums[0] += d * d;
+      sums[1] += x[i] * x[i];
+      max_abs = std::max(max_abs, std::abs(d));
+    }
+    sums[2] = static_cast<double>(a.numel());
+  }
+  world->all_reduce(sums, sums, 4, DType::f64, ReduceOp::sum);
+  world->all_reduce(&max_abs, &max_abs, 1, DType::f64, ReduceOp::max);
+  if (world->rank() != 0) return;
+  const double compared = sums[2] - sums[3];
+  const double rms = compared > 0 ? std::sqrt(sums[0] / compared) : 0;
+  const double relative = sums[1] > 0 ? std::sqrt(sums[0] / sums[1]) : std::sqrt(sums[0]);
+  if (options.json) {
+    std::cout << nlohmann::json{{"reference", options.reference},
+                                {"test", options.test},
+                                {"shape", ref.global_shape()},
+                                {"elements", static_cast<int64_t>(sums[2])},
+                                {"nan_pairs", static_cast<int64_t>(sums[3])},
+                                {"max_abs_error", max_abs},
+                                {"rms_error", rms},
+                                {"relative_l2_error", relative}}
+                     .dump()
+              << "\n";
+    return;
+  }
+  fmt::print(
+      "{} vs {}: shape {}, max abs error {:.6g}, rms error {:.6g}, relative L2 error "
+      "{:.6g}{}\n",
+      options.test, options.reference, fmt::join(ref.global_shape(), "x"), max_abs, rms, relative,
+      sums[3] > 0 ? fmt::format(" ({} elements NaN, not counted)", sums[3]) : "");
 }
 
 }  // namespace
@@ -277,7 +443,11 @@ void register_io_commands(CLI::App& app) {
       "convert",
       "Re-store a dataset with another dtype, chunking or compression, read and written through "
       "a mesh");
-  convert->add_option("source", convert_options->source, "IN.h5:/dataset")->required();
+  convert
+      ->add_option("source", convert_options->source,
+                   "IN.h5:/dataset, optionally with a range of rows (every rank then reads its "
+                   "own box), e.g. run.h5:/snapshots[:-1]")
+      ->required();
   convert->add_option("target", convert_options->target, "OUT.h5[:/dataset] (same dataset path)")
       ->required();
   convert->add_option("--dtype", convert_options->dtype,
@@ -298,6 +468,23 @@ void register_io_commands(CLI::App& app) {
   convert->callback([convert_options] {
     launch(backend_from_env(), convert_options->layout.local_ranks(),
            [&](std::shared_ptr<Comm> world) { run_convert(world, *convert_options); });
+  });
+
+  auto compare_options = std::make_shared<CompareOptions>();
+  auto* compare = app.add_subcommand(
+      "compare",
+      "Differences of two datasets of one shape (max abs, rms and relative L2 error), read "
+      "through a mesh");
+  compare
+      ->add_option("reference", compare_options->reference,
+                   "REF.h5:/dataset, optionally with a range of rows, e.g. run.h5:/snapshots[1:]")
+      ->required();
+  compare->add_option("test", compare_options->test, "TEST.h5:/dataset[a:b]")->required();
+  add_mesh_options(*compare, compare_options->layout, "0,2");
+  compare->add_flag("--json", compare_options->json, "Print one JSON object");
+  compare->callback([compare_options] {
+    launch(backend_from_env(), compare_options->layout.local_ranks(),
+           [&](std::shared_ptr<Comm> world) { run_compare(world, *compare_options); });
   });
 
   scatter->callback([options] {

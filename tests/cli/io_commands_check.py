@@ -1,8 +1,9 @@
 #!/usr/bin/python3
-# Acceptance check of `tessera inspect`, `tessera scatter` and `tessera convert` on the h5py-written
-# sample file (tests/fixtures/h5py): inspect --json reports every dataset's shape and type; scatter
-# in both modes verifies bit for bit on uneven (and empty) shards; convert writes another dtype
-# and storage that h5py reads back as numpy's conversion; bad input exits 2 with one line.
+# Acceptance check of `tessera inspect`, `tessera scatter`, `tessera convert` and `tessera compare` on
+# the h5py-written sample file (tests/fixtures/h5py): inspect --json reports every dataset's shape and
+# type; scatter in both modes verifies bit for bit on uneven (and empty) shards; convert writes
+# another dtype and storage that h5py reads back as numpy's conversion, and a range of rows;
+# compare gives numpy's error figures; bad input exits 2 with one line.
 # Launcher for scatter in TESSERA_LAUNCH (e.g. "mpiexec -n 4"), local ranks otherwise.
 # Usage: io_commands_check.py TESSERA_BINARY FIXTURE_DIR
 import json
@@ -86,6 +87,49 @@ with tempfile.TemporaryDirectory() as scratch:
     check(result.returncode == 2 and ok and "both the input and the output" in lines[0],
           f"convert onto itself: exit {result.returncode}, {lines}")
     check(not [name for name in os.listdir(scratch) if ".tmp-" in name], "convert leaves no temporary file")
+
+    # A range of rows (Python's slice notation on the first dim), each rank reading its own box.
+    with h5py.File(sample) as g:
+        source = g["f32_3d"][...]
+    for rows, picked in [("1:", source[1:]), (":-1", source[:-1]), ("-2:-1", source[-2:-1])]:
+        result = subprocess.run(launch + [tessera, "convert", f"{sample}:/f32_3d[{rows}]", f"{out}:/rows",
+                                          "--mesh", "2x2", "--shard-dims", "0,2", "--verify"],
+                                capture_output=True, text=True, timeout=300)
+        ok = result.returncode == 0 and "bit for bit: yes" in result.stdout
+        if ok:
+            with h5py.File(out) as f:
+                ok = np.array_equal(f["rows"][...], picked)
+        check(ok, f"convert /f32_3d[{rows}] writes those rows")
+        if not ok:
+            print(result.stdout + result.stderr)
+
+    # compare: the differences of two datasets, sharded, against numpy's.
+    with h5py.File(out, "a") as f:
+        f["shifted"] = (source[1:] + np.float32(0.25) * np.arange(source[1:].size, dtype=np.float32).reshape(
+            source[1:].shape) / source.size).astype(np.float32)
+        shifted = f["shifted"][...].astype(np.float64)
+    reference = source[1:].astype(np.float64)
+    difference = shifted - reference
+    for args in (["--mesh", "2x2", "--shard-dims", "0,1", "--extents", "2,0;1,3"], ["--mesh", "4", "--shard-dims", "2", "--extents", "2,0,2,1"]):
+        result = subprocess.run(launch + [tessera, "compare", f"{sample}:/f32_3d[1:]", f"{out}:/shifted", "--json"] + args,
+                                capture_output=True, text=True, timeout=300)
+        ok = result.returncode == 0
+        if ok:
+            figures = json.loads(result.stdout)
+            ok = (figures["shape"] == [2, 4, 5] and figures["elements"] == reference.size and
+                  abs(figures["max_abs_error"] - np.abs(difference).max()) <= 1e-15 and
+                  abs(figures["rms_error"] - np.sqrt(np.mean(difference ** 2))) <= 1e-12 and
+                  abs(figures["relative_l2_error"] - np.linalg.norm(difference) / np.linalg.norm(reference)) <= 1e-12)
+        check(ok, f"compare --json {' '.join(args)} gives numpy's max abs, rms and relative L2 error")
+        if not ok:
+            print(result.stdout + result.stderr)
+    for first, second, message in [(f"{sample}:/f32_3d[2:1]", f"{out}:/shifted", "selects no rows"),
+                                   (f"{sample}:/f32_3d[a:]", f"{out}:/shifted", "is not an integer"),
+                                   (f"{sample}:/f32_3d", f"{out}:/shifted", "has shape")]:
+        result = subprocess.run(launch + [tessera, "compare", first, second, "--mesh", "2x2", "--shard-dims", "1,2"],
+                                capture_output=True, text=True, timeout=300)
+        ok, lines = single_error_line(result.stderr, bool(launch))
+        check(result.returncode == 2 and ok and message in lines[0], f"compare {first}: exit {result.returncode}, {lines}")
 
 data_dir = os.path.join(os.path.dirname(os.path.dirname(fixtures)), "data")
 with tempfile.TemporaryDirectory() as scratch:
