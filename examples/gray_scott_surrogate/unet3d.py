@@ -8,7 +8,8 @@ and `tessera infer`.
 One level of down- and up-sampling: two 3x3x3 convolutions (GroupNorm, GELU) at full resolution, a
 2x max pool, two convolutions at half resolution, a 2x transposed convolution back, the skip
 connection concatenated, two convolutions, and a 1x1x1 convolution to the two fields, added to the
-input (the network learns the change over K steps). Convolutional throughout, so the exported graph
+input (the network learns the change over K steps; its last layer starts at zero, so before
+training it forecasts no change). Convolutional throughout, so the exported graph
 runs on any grid whose sides are even (the batch and the spatial dims are dynamic axes).
 """
 import argparse
@@ -32,6 +33,10 @@ class UNet3d(nn.Module):
         self.up = nn.ConvTranspose3d(2 * width, width, 2, stride=2)
         self.decode = block(2 * width, width)
         self.head = nn.Conv3d(width, channels, 1)
+        # The head starts at zero, so the untrained network is the persistence forecast (the
+        # state K steps later equals the state now) and training improves on that baseline.
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
 
     def forward(self, x):
         skip = self.encode(x)
