@@ -585,6 +585,54 @@ std::optional<Step> compile_sharded(const OnnxNode& node, int64_t opset) {
       return std::vector<Value>{data_value(ops::permute(x, dims))};
     });
   }
+  if (op == "Reshape") {
+    // The reshapes of attention blocks keep their shards: [.., E] -> [.., heads, E / heads]
+    // (ops::split_last) and back (ops::merge_last), and a reshape to the same shape is nothing.
+    // Any other reshape of sharded data runs through the op fallback.
+    const bool allow_zero = node.integer("allowzero", 0) != 0;
+    return Step([&node, allow_zero](const RunContext& context, const Values& inputs) {
+      check_arg(inputs.size() >= 2 && inputs[1] && inputs[1]->constant, "onnx",
+                "{}: the shape (input 1) must be known without data", node.where());
+      const ShardTensor x = data_of(context, node, inputs, 0);
+      const Shape& from = x.global_shape();
+      Shape to = inputs[1]->constant->as_integers();
+      int64_t known = 1, inferred = -1;
+      for (size_t d = 0; d < to.size(); ++d) {
+        if (to[d] == 0 && !allow_zero) {
+          check_arg(d < from.size(), "onnx", "{}: shape {} copies dim {} of a {}-d input",
+                    node.where(), to, d, from.size());
+          to[d] = from[d];
+        }
+        if (to[d] == -1) {
+          check_arg(inferred < 0, "onnx", "{}: shape {} has two -1", node.where(), to);
+          inferred = static_cast<int64_t>(d);
+        } else {
+          check_arg(to[d] >= 0, "onnx", "{}: shape {} has a negative extent", node.where(), to);
+          known *= to[d];
+        }
+      }
+      int64_t numel = 1;
+      for (int64_t extent : from) numel *= extent;
+      if (inferred >= 0) {
+        check_arg(known > 0 && numel % known == 0, "onnx", "{}: cannot reshape {} to {}",
+                  node.where(), from, to);
+        to[inferred] = numel / known;
+      }
+      const size_t rank = from.size();
+      const auto same_lead = [&](size_t count) {
+        return std::equal(from.begin(), from.begin() + static_cast<std::ptrdiff_t>(count),
+                          to.begin());
+      };
+      if (to == from) return std::vector<Value>{data_value(x)};
+      if (rank >= 1 && to.size() == rank + 1 && same_lead(rank - 1) &&
+          to[rank - 1] * to[rank] == from[rank - 1] && to[rank] > 0)
+        return std::vector<Value>{data_value(ops::split_last(x, to[rank]))};
+      if (rank >= 2 && to.size() == rank - 1 && same_lead(rank - 2) &&
+          to[rank - 2] == from[rank - 2] * from[rank - 1])
+        return std::vector<Value>{data_value(ops::merge_last(x))};
+      throw UseFallback{};
+    });
+  }
   if (op == "Slice") return compile_slice(node);
   if (op == "Concat") return compile_concat(node);
   if (op == "Split") return compile_split(node);
