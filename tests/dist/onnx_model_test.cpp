@@ -165,10 +165,10 @@ io::OnnxAttribute integers(std::vector<int64_t> values) {
   return attribute;
 }
 
-/// x [2, 3, 4, 5] -> Transpose(perm 0,2,1,3) -> Shape-derived Reshape to [2, 4, 15] -> Relu: the
-/// Transpose relabels the layout (ops::permute), the Reshape of sharded data runs through the
-/// fallback, the shape arithmetic is folded.
-io::OnnxGraph fallback_graph() {
+/// x [2, 3, 4, 5] -> Transpose(perm 0,2,1,3) -> Reshape to the first `keep` dims and -1 (shape
+/// arithmetic: Shape, Slice, Concat) -> Relu: the Transpose relabels the layout (ops::permute), the
+/// shape arithmetic is folded.
+io::OnnxGraph reshape_graph(int64_t keep) {
   io::OnnxGraph graph;
   graph.source = "fallback";
   graph.opset = 17;
@@ -184,35 +184,45 @@ io::OnnxGraph fallback_graph() {
   io::OnnxNode relu = node("Relu", {"r"}, {"y"});
   graph.nodes = {transpose, shape, slice, concat, reshape, relu};
   graph.initializers = {{"zero", Tensor::from_values<int64_t>({1}, std::vector<int64_t>{0})},
-                        {"two", Tensor::from_values<int64_t>({1}, std::vector<int64_t>{2})},
+                        {"two", Tensor::from_values<int64_t>({1}, std::vector<int64_t>{keep})},
                         {"minus_one", Tensor::from_values<int64_t>({1}, std::vector<int64_t>{-1})}};
   io::validate_onnx_graph(graph);
   return graph;
 }
 
-TEST(OnnxModel, ReshapeOfShardedDataRunsThroughTheFallbackTransposeRelabelsShapesFold) {
+/// A Reshape that merges the last two dims (or keeps the shape) runs as ops::merge_last on the
+/// shards; one that merges a sharded dim runs through the fallback.
+TEST(OnnxModel, ReshapeKeepsShardsUnlessItMergesAShardedDimTransposeRelabelsShapesFold) {
   Tensor x = Tensor::empty({2, 3, 4, 5}, DType::f64);
   for (int64_t i = 0; i < x.numel(); ++i) x.data<double>()[i] = std::sin(0.7 * i) - 0.2;
-  // The expected result by plain loops: relu of x transposed (0,2,1,3), as [2, 4, 15].
-  Tensor expected = Tensor::empty({2, 4, 15}, DType::f64);
+  // The expected values by plain loops: relu of x transposed (0,2,1,3), in row-major order.
+  Tensor expected = Tensor::empty({2, 4, 3, 5}, DType::f64);
   for (int64_t n = 0; n < 2; ++n)
     for (int64_t h = 0; h < 4; ++h)
       for (int64_t c = 0; c < 3; ++c)
         for (int64_t w = 0; w < 5; ++w)
-          expected.data<double>()[(n * 4 + h) * 15 + c * 5 + w] =
+          expected.data<double>()[((n * 4 + h) * 3 + c) * 5 + w] =
               std::max(0.0, x.data<double>()[((n * 3 + c) * 4 + h) * 5 + w]);
-  for (int world : {1, 3}) {
-    testing::run_world(world, [&](std::shared_ptr<Comm> comm) {
-      DeviceMesh mesh(comm, {world});
-      nn::OnnxModel model(fallback_graph(), mesh, DType::f64);
-      const ShardTensor y = model.forward(sharded_input(x, mesh, {2}));
-      EXPECT_EQ(y.global_shape(), (Shape{2, 4, 15}));
-      EXPECT_EQ(max_abs_diff(y.full_tensor(), expected), 0.0);
-      // Only a sharded input is gathered (and named); one rank has nothing to gather.
-      const std::vector<std::string> gathered =
-          world == 1 ? std::vector<std::string>{} : std::vector<std::string>{"Reshape_node"};
-      EXPECT_EQ(model.fallback_nodes(), gathered);
-    });
+  // keep 3: the same shape; 2: [2, 4, 15] (merge_last; dim 1 stays sharded); 1: [2, 60] merges
+  // the sharded dim 1 (the input's dim 2) and falls back.
+  for (const auto& [keep, shape] :
+       std::vector<std::pair<int64_t, Shape>>{{3, {2, 4, 3, 5}}, {2, {2, 4, 15}}, {1, {2, 60}}}) {
+    for (int world : {1, 3}) {
+      testing::run_world(world, [&](std::shared_ptr<Comm> comm) {
+        DeviceMesh mesh(comm, {world});
+        nn::OnnxModel model(reshape_graph(keep), mesh, DType::f64);
+        const ShardTensor y = model.forward(sharded_input(x, mesh, {2}));
+        EXPECT_EQ(y.global_shape(), shape) << "keep " << keep;
+        EXPECT_EQ(max_abs_diff(y.full_tensor(), expected.reshape(shape)), 0.0) << "keep " << keep;
+        // Only a sharded input is gathered (and named); one rank has nothing to gather.
+        const std::vector<std::string> gathered = world == 1 || keep > 1
+                                                      ? std::vector<std::string>{}
+                                                      : std::vector<std::string>{"Reshape_node"};
+        EXPECT_EQ(model.fallback_nodes(), gathered) << "keep " << keep;
+        if (keep == 2 && world == 3)
+          EXPECT_TRUE(y.placements()[0].is_shard() && y.placements()[0].dim == 1);
+      });
+    }
   }
 }
 
@@ -259,7 +269,7 @@ TEST(OnnxModel, SliceOfShardedDataSplitsWithUnitStepsAndFallsBackOtherwise) {
 }
 
 TEST(OnnxModel, UnsupportedOpIsOneErrorNamingNodeAndOpType) {
-  io::OnnxGraph graph = fallback_graph();
+  io::OnnxGraph graph = reshape_graph(2);
   graph.nodes[5].op_type = "NonMaxSuppression";
   testing::run_world(1, [&](std::shared_ptr<Comm> comm) {
     DeviceMesh mesh(comm, {1});
@@ -275,7 +285,7 @@ TEST(OnnxModel, UnsupportedOpIsOneErrorNamingNodeAndOpType) {
 }
 
 TEST(OnnxModel, BadAttributeIsRefusedWhenTheModelIsBuilt) {
-  io::OnnxGraph graph = fallback_graph();
+  io::OnnxGraph graph = reshape_graph(2);
   graph.nodes[5] = node("MaxPool", {"r"}, {"y"});
   graph.nodes[5].attributes["kernel_shape"] = integers({2});
   graph.nodes[5].attributes["pads"] = integers({0, 1});
@@ -297,7 +307,7 @@ TEST(OnnxModel, BadAttributeIsRefusedWhenTheModelIsBuilt) {
 }
 
 TEST(OnnxGraph, ValidationNamesTheNodeAndTheMissingInput) {
-  io::OnnxGraph graph = fallback_graph();
+  io::OnnxGraph graph = reshape_graph(2);
   std::swap(graph.nodes[0], graph.nodes[1]);  // Shape before the Transpose defining its input
   try {
     io::validate_onnx_graph(graph);
@@ -307,7 +317,7 @@ TEST(OnnxGraph, ValidationNamesTheNodeAndTheMissingInput) {
                  "[onnx] node 'Shape_node' (Shape): input 't' is not defined before the node (a "
                  "graph input, an initializer or an earlier node's output)");
   }
-  graph = fallback_graph();
+  graph = reshape_graph(2);
   graph.opset = 11;
   EXPECT_THROW(io::validate_onnx_graph(graph), InvalidArgument);
 }
