@@ -84,9 +84,9 @@ double median(std::vector<double> values) {
 void check_options(const TrainOptions& options, const std::vector<int>& domain, int world_size) {
   check_arg(options.loss == "mse" || options.loss == "l1", kOp, "--loss {} (expected mse or l1)",
             options.loss);
-  check_arg(options.optimizer == "sgd" || options.optimizer == "adam" ||
-                options.optimizer == "adamw",
-            kOp, "--optimizer {} (expected sgd, adam or adamw)", options.optimizer);
+  check_arg(
+      options.optimizer == "sgd" || options.optimizer == "adam" || options.optimizer == "adamw",
+      kOp, "--optimizer {} (expected sgd, adam or adamw)", options.optimizer);
   check_arg(options.parallel == "ddp" || options.parallel == "fsdp" || options.parallel == "hybrid",
             kOp, "--parallel {} (expected ddp, fsdp or hybrid)", options.parallel);
   check_arg(options.dtype == "f32" || options.dtype == "f64" || options.dtype == "bf16", kOp,
@@ -104,13 +104,13 @@ void check_options(const TrainOptions& options, const std::vector<int>& domain, 
             "--dp {})",
             options.parallel, options.dp);
   if (options.parallel == "hybrid") {
-    check_arg(options.dp_shard > 1 && options.dp_shard < options.dp &&
-                  options.dp % options.dp_shard == 0,
-              kOp,
-              "--parallel hybrid needs --dp-shard S with 1 < S < --dp {} dividing it (the "
-              "parameters are sharded over S ranks and replicated over dp / S), got --dp-shard "
-              "{}",
-              options.dp, options.dp_shard);
+    check_arg(
+        options.dp_shard > 1 && options.dp_shard < options.dp && options.dp % options.dp_shard == 0,
+        kOp,
+        "--parallel hybrid needs --dp-shard S with 1 < S < --dp {} dividing it (the "
+        "parameters are sharded over S ranks and replicated over dp / S), got --dp-shard "
+        "{}",
+        options.dp, options.dp_shard);
   } else {
     check_arg(options.dp_shard == 0, kOp, "--dp-shard is an option of --parallel hybrid, not {}",
               options.parallel);
@@ -167,9 +167,8 @@ DataShapes survey_data(Comm& world, const nn::OnnxModel& model, const TrainOptio
                 shapes.target[0], options.input, shapes.input[0]);
       const io::OnnxValue& graph_input = model.inputs()[0];
       check_arg(graph_input.shape.empty() || graph_input.shape.size() == shapes.input.size(), kOp,
-                "--input '{}' has shape {} ({}-d), the model's input '{}' is {}-d",
-                options.input, shapes.input, shapes.input.size(), graph_input.name,
-                graph_input.shape.size());
+                "--input '{}' has shape {} ({}-d), the model's input '{}' is {}-d", options.input,
+                shapes.input, shapes.input.size(), graph_input.name, graph_input.shape.size());
       // A static channel count in the exported graph must match the data's.
       check_arg(graph_input.shape.size() < 2 || graph_input.shape[1] <= 0 ||
                     graph_input.shape[1] == shapes.input[1],
@@ -392,9 +391,9 @@ class Masters {
       placements.insert(placements.begin(), placements.front());
       if (!extents.empty()) extents.insert(extents.begin(), std::vector<int64_t>{});
     }
-    return ShardTensor(std::move(local), *mesh_,
-                       ShardSpec::make(grad.global_shape(), mesh_->shape(), placements, extents,
-                                       kOp));
+    return ShardTensor(
+        std::move(local), *mesh_,
+        ShardSpec::make(grad.global_shape(), mesh_->shape(), placements, extents, kOp));
   }
 
   std::optional<DeviceMesh> mesh_;
@@ -406,14 +405,15 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& options,
                                                  std::vector<Parameter> parameters) {
   if (options.optimizer == "sgd")
     return std::make_unique<optim::Sgd>(
-        std::move(parameters), optim::SgdOptions{.lr = options.lr,
-                                                 .momentum = options.momentum,
-                                                 .weight_decay = options.weight_decay});
-  const optim::AdamOptions adam{
-      .lr = options.lr,
-      .weight_decay = options.weight_decay_given ? std::optional<double>(options.weight_decay)
-                                                 : std::nullopt};
-  if (options.optimizer == "adam") return std::make_unique<optim::Adam>(std::move(parameters), adam);
+        std::move(parameters),
+        optim::SgdOptions{
+            .lr = options.lr, .momentum = options.momentum, .weight_decay = options.weight_decay});
+  const optim::AdamOptions adam{.lr = options.lr,
+                                .weight_decay = options.weight_decay_given
+                                                    ? std::optional<double>(options.weight_decay)
+                                                    : std::nullopt};
+  if (options.optimizer == "adam")
+    return std::make_unique<optim::Adam>(std::move(parameters), adam);
   return std::make_unique<optim::AdamW>(std::move(parameters), adam);
 }
 
@@ -458,13 +458,14 @@ void save_checkpoint(const std::string& file, const std::vector<Parameter>& para
   std::vector<std::pair<std::string, ShardTensor>> tensors;
   for (const Parameter& parameter : parameters)
     tensors.emplace_back("model/" + parameter.name(), parameter.tensor());
-  for (const auto& [key, value] : optimizer.state_dict()) tensors.emplace_back("optim/" + key, value);
+  for (const auto& [key, value] : optimizer.state_dict())
+    tensors.emplace_back("optim/" + key, value);
   const std::vector<Placement> replicated(mesh.ndim(), Placement::replicate());
   for (const auto& [name, value] : run)
-    tensors.emplace_back("run/" + name,
-                         ShardTensor::distribute(
-                             Tensor::from_values<int64_t>({}, std::vector<int64_t>{value}), mesh,
-                             replicated));
+    tensors.emplace_back(
+        "run/" + name,
+        ShardTensor::distribute(Tensor::from_values<int64_t>({}, std::vector<int64_t>{value}), mesh,
+                                replicated));
   io::save_checkpoint(file, tensors);
 }
 
@@ -484,8 +485,8 @@ int64_t load_checkpoint(const std::string& file, const std::vector<Parameter>& p
     } else {
       check_arg(name.rfind("run/", 0) == 0 && tensor.global_shape().empty(), kOp,
                 "'{}' in {} is not part of a training checkpoint", name, file);
-      run[name.substr(4)] = static_cast<int64_t>(
-          tensor.full_tensor().to(Device::cpu()).item_as_double({}));
+      run[name.substr(4)] =
+          static_cast<int64_t>(tensor.full_tensor().to(Device::cpu()).item_as_double({}));
     }
   }
   for (const auto& [name, value] : run_counters(options, 0)) {
@@ -495,8 +496,8 @@ int64_t load_checkpoint(const std::string& file, const std::vector<Parameter>& p
               file, name, run.count(name) ? fmt::format("{}", run.at(name)) : "?", value);
   }
   check_arg(run.count("step") == 1, kOp, "{} holds no run/step", file);
-  check_arg(model.size() == parameters.size(), kOp,
-            "{} holds {} parameters, the model has {}", file, model.size(), parameters.size());
+  check_arg(model.size() == parameters.size(), kOp, "{} holds {} parameters, the model has {}",
+            file, model.size(), parameters.size());
   for (const Parameter& parameter : parameters) {
     const auto found = model.find(parameter.name());
     check_arg(found != model.end(), kOp, "{} lacks the model's parameter '{}'", file,
@@ -543,9 +544,15 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
     if (root) {
       for (const std::string* file : {&options.losses_out, &options.save_model})
         if (!file->empty()) io::check_output_path(kOp, *file);
+      // The directory is made by the first checkpoint: a refused run leaves nothing behind.
       if (!options.checkpoint.empty()) {
-        std::filesystem::create_directories(options.checkpoint);
-        io::check_output_path(kOp, checkpoint_file(options.checkpoint, 0));
+        if (std::filesystem::exists(options.checkpoint)) {
+          check_arg(std::filesystem::is_directory(options.checkpoint), kOp,
+                    "--checkpoint {} is not a directory", options.checkpoint);
+          io::check_output_path(kOp, checkpoint_file(options.checkpoint, 0));
+        } else {
+          io::check_output_path(kOp, options.checkpoint);
+        }
       }
     }
   });
@@ -608,8 +615,8 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
     agreed_everywhere(*world, kOp,
                       [&] { first_step = load_checkpoint(file, trained, *optimizer, options); });
     agreed_everywhere(*world, kOp, [&] {
-      check_arg(first_step <= options.steps, kOp,
-                "--resume: {} is at step {}, beyond --steps {}", file, first_step, options.steps);
+      check_arg(first_step <= options.steps, kOp, "--resume: {} is at step {}, beyond --steps {}",
+                file, first_step, options.steps);
     });
   }
 
@@ -637,9 +644,8 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
                 "the model's output for a batch of --input '{}' has shape {}, the batch of "
                 "--target '{}' has {}",
                 options.input, y.global_shape(), options.target, target.global_shape());
-      const ShardTensor loss = options.loss == "mse"
-                                   ? ops::mse_loss(y, target)
-                                   : ops::mean(ops::abs(ops::sub(y, target)));
+      const ShardTensor loss = options.loss == "mse" ? ops::mse_loss(y, target)
+                                                     : ops::mean(ops::abs(ops::sub(y, target)));
       tape.backward(loss);
       loss_value = loss.full_tensor().to(Device::cpu()).item_as_double({});
     });
@@ -650,16 +656,18 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
 
     const int64_t done = step + 1;
     if (!options.checkpoint.empty() &&
-        ((options.every > 0 && done % options.every == 0) || done == options.steps))
+        ((options.every > 0 && done % options.every == 0) || done == options.steps)) {
+      if (root) std::filesystem::create_directories(options.checkpoint);
       save_checkpoint(checkpoint_file(options.checkpoint, done), trained, *optimizer,
                       run_counters(options, done));
+    }
     if (!root) continue;
     const double per_step = median(step_seconds);
     const double samples_per_second =
         per_step > 0 ? static_cast<double>(options.batch) / per_step : 0;
-    const std::string detail = fmt::format("loss {:.6g}, {:.4g} samples/s, ETA {}", loss_value,
-                                           samples_per_second,
-                                           format_eta(per_step * (options.steps - done)));
+    const std::string detail =
+        fmt::format("loss {:.6g}, {:.4g} samples/s, ETA {}", loss_value, samples_per_second,
+                    format_eta(per_step * (options.steps - done)));
     if (terminal)
       bar(done, options.steps, detail);
     else if (!options.json)
@@ -678,8 +686,8 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
   const double step_median = median(step_seconds);
   const double samples_per_second =
       step_median > 0 ? static_cast<double>(options.batch) / step_median : 0;
-  const std::optional<double> final_loss =
-      losses.empty() ? std::nullopt : std::optional<double>(losses.back().second);
+  const bool ran = !losses.empty();
+  const double final_loss = ran ? losses.back().second : 0;
   if (options.json) {
     nlohmann::json json = {
         {"command", "train"},
@@ -703,16 +711,16 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
         {"peak_bytes_per_rank", peak_bytes_per_rank},
         {"total_seconds", total_seconds},
     };
-    json["final_loss"] = final_loss ? nlohmann::json(*final_loss) : nlohmann::json(nullptr);
+    json["final_loss"] = ran ? nlohmann::json(final_loss) : nlohmann::json(nullptr);
     fmt::print("{}\n", json.dump());
     return;
   }
-  fmt::print("train: {} on mesh {} (dp {}, {}), {} backend: steps {}..{} of batch {}, final loss "
-             "{}, median step {:.3f} ms, {:.4g} samples/s\n",
-             options.model, mesh_shape, options.dp, options.parallel, world->backend(), first_step,
-             options.steps, options.batch,
-             final_loss ? fmt::format("{:.17g}", *final_loss) : std::string("-"),
-             step_median * 1e3, samples_per_second);
+  fmt::print(
+      "train: {} on mesh {} (dp {}, {}), {} backend: steps {}..{} of batch {}, final loss "
+      "{}, median step {:.3f} ms, {:.4g} samples/s\n",
+      options.model, mesh_shape, options.dp, options.parallel, world->backend(), first_step,
+      options.steps, options.batch, ran ? fmt::format("{:.17g}", final_loss) : std::string("-"),
+      step_median * 1e3, samples_per_second);
 }
 
 }  // namespace
@@ -752,8 +760,9 @@ void register_train(CLI::App& app) {
                    "ddp (replicated parameters, reduced gradients), fsdp (parameters sharded over "
                    "dp) or hybrid (sharded over --dp-shard ranks, replicated over dp / dp-shard)")
       ->capture_default_str();
-  command->add_option("--dp-shard", options->dp_shard,
-                      "With --parallel hybrid: the ranks of dp each parameter is sharded over")
+  command
+      ->add_option("--dp-shard", options->dp_shard,
+                   "With --parallel hybrid: the ranks of dp each parameter is sharded over")
       ->check(integer_at_least(2));
   add_mesh_options(*command, options->layout, "2,3 (spatial dims of [samples, C, spatial..])");
   command->add_option("--shuffle", options->shuffle, "0: file order; 1: seeded shuffle per epoch")
