@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from run_op_check_support import Checks, error_lines, run_cli, single_error_line
+from run_op_check_support import Checks, run_cli, single_error_line
 
 tessera, fixture_dir, scratch = sys.argv[1], sys.argv[2], sys.argv[3]
 launch_template = os.environ.get("TESSERA_LAUNCH", "").strip()
