@@ -55,6 +55,9 @@ void register_run_op_generic(CLI::App& run_op);
 /// `tessera infer --model M.onnx --in IN.h5 --out OUT.h5`: a network exported from PyTorch,
 /// sharded.
 void register_infer(CLI::App& app);
+/// `tessera train --model M.onnx --data D.h5 --input x --target y ...`: trains an exported
+/// network on HDF5 samples over a dp x domain mesh (DDP, FSDP or hybrid sharding).
+void register_train(CLI::App& app);
 /// `tessera ops [--json]`: the registered ops, their signatures, devices and gradients.
 void register_ops_list(CLI::App& app);
 /// `tessera inspect FILE.h5` and `tessera scatter FILE.h5:/dataset`.

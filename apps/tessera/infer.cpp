@@ -30,22 +30,6 @@ struct InferOptions {
   std::string device = "cpu", dtype = "f32";
 };
 
-/// Runs `body` on every rank; an Error any rank raises becomes an AgreedError on every rank, with
-/// the lowest such rank's message, tagged as that error was (`tag` where this rank raised none),
-/// so an error every rank meets alike prints one line, not one per rank.
-template <typename Body>
-void agreed_everywhere(Comm& world, const std::string& tag, Body body) {
-  std::optional<std::string> problem;
-  std::string raised_tag = tag;
-  try {
-    body();
-  } catch (const Error& error) {
-    problem = untagged(error);
-    raised_tag = error.op();
-  }
-  agree_on_error(world, raised_tag, problem);
-}
-
 /// Rank 0 checks that the input file holds every graph input and reads their shapes; every rank
 /// gets them.
 std::vector<Shape> survey_inputs(Comm& world, const nn::OnnxModel& model, const std::string& file) {

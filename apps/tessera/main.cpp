@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   tessera::cli::register_demo(app);
   tessera::cli::register_run_op(app);
   tessera::cli::register_infer(app);
+  tessera::cli::register_train(app);
   tessera::cli::register_ops_list(app);
   tessera::cli::register_io_commands(app);
   tessera::cli::register_generate(app);

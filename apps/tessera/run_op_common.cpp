@@ -20,6 +20,18 @@ std::string untagged(const Error& error) {
   return end == std::string::npos ? text : text.substr(end + 2);
 }
 
+void agreed_everywhere(Comm& world, const std::string& tag, const std::function<void()>& body) {
+  std::optional<std::string> problem;
+  std::string raised_tag = tag;
+  try {
+    body();
+  } catch (const Error& error) {
+    problem = untagged(error);
+    raised_tag = error.op();
+  }
+  agree_on_error(world, raised_tag, problem);
+}
+
 void read_on_root(Comm& world, const std::function<void()>& read) {
   std::optional<std::string> problem;
   if (world.rank() == 0) {

@@ -16,6 +16,11 @@ namespace tessera::cli {
 /// The message of `error` without its "[op] " tag.
 std::string untagged(const Error& error);
 
+/// Collective: runs `body` on every rank; an Error any rank raises becomes an AgreedError on every
+/// rank, with the lowest such rank's message, tagged as that error was (`tag` where this rank
+/// raised none), so an error every rank meets alike prints one line, not one per rank.
+void agreed_everywhere(Comm& world, const std::string& tag, const std::function<void()>& body);
+
 /// Collective: runs `read` on rank 0 only; an Error it throws becomes the same AgreedError
 /// (tagged "run-op") on every rank.
 void read_on_root(Comm& world, const std::function<void()>& read);

@@ -12,6 +12,7 @@
 #include "apps/sim/gray_scott.hpp"
 #include "apps/tessera/cli_parse.hpp"
 #include "apps/tessera/commands.hpp"
+#include "apps/tessera/progress_bar.hpp"
 #include "apps/tessera/run_op_common.hpp"
 
 namespace tessera::cli {
@@ -35,26 +36,6 @@ Shape parse_size(const std::string& text) {
   if (size.size() == 1) size = {size[0], size[0], size[0]};
   return size;
 }
-
-/// A progress bar on stderr, redrawn at most every 0.1 s, ended by a newline when done.
-class ProgressBar {
- public:
-  void operator()(int64_t done, int64_t total) {
-    const double now = now_seconds();
-    if (done < total && now - last_ < 0.1) return;
-    last_ = now;
-    constexpr int kWidth = 40;
-    const int filled = total > 0 ? static_cast<int>(kWidth * done / total) : kWidth;
-    std::fprintf(stderr, "\r[%s%s] %lld/%lld steps", std::string(filled, '#').c_str(),
-                 std::string(kWidth - filled, '.').c_str(), static_cast<long long>(done),
-                 static_cast<long long>(total));
-    if (done >= total) std::fputc('\n', stderr);
-    std::fflush(stderr);
-  }
-
- private:
-  double last_ = 0;
-};
 
 double median(std::vector<double> values) {
   if (values.empty()) return 0;
@@ -96,7 +77,8 @@ void run_simulate(std::shared_ptr<Comm> world, const SimulateCliOptions& options
   run.out = options.out;
   run.restart = options.restart;
   ProgressBar bar;
-  if (root && ::isatty(STDERR_FILENO)) run.progress = std::ref(bar);
+  if (root && ::isatty(STDERR_FILENO))
+    run.progress = [&bar](int64_t done, int64_t total) { bar(done, total); };
   const sim::SimulateReport report =
       sim::simulate(mesh, std::move(placements), std::move(extents), config, run);
   if (!root) return;

@@ -1,0 +1,806 @@
+// `tessera train --model M.onnx --data D.h5 --input x --target y`: trains a network exported from
+// PyTorch (nn::OnnxModel) on HDF5 samples, sharded over a dp x domain mesh (docs/models.md,
+// "Training an exported network").
+//
+// The mesh is ("dp", domain0, ..): --dp splits the batch (default split: the first B % dp ranks
+// get one more sample), --mesh/--shard-dims/--extents split the spatial dims. The loss is the
+// mean over every element of the GLOBAL batch, computed exactly over the shards, so every layout
+// trains the same function as one rank. Gradients: the tape reduces them over the domain dims;
+// with --dp > 1 the bucketed DDP reducer (nn::GradReducer), or, with --parallel fsdp|hybrid, each
+// gradient goes straight into the rank's shard of the parameter (reduce-scatter over the shard
+// dim, all-reduce over the rest) and the optimizer updates shards only.
+//
+// Data: step t's global batch is samples (t*B + i) mod S, i < B, in file order (--shuffle 0; each
+// rank reads only its own rows and spatial box), or io::BatchReader's seeded order (--shuffle 1).
+// Either way the data position is a function of t, so a checkpoint's step count is enough to
+// continue the data exactly.
+//
+// Bad options and inputs give one `tessera: error: [train] ...` line and exit 2 on every rank,
+// before anything is written.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <regex>
+
+#include "apps/tessera/cli_parse.hpp"
+#include "apps/tessera/commands.hpp"
+#include "apps/tessera/progress_bar.hpp"
+#include "apps/tessera/run_op_common.hpp"
+#include "core/backend/backend.hpp"
+#include "core/host_allocator.hpp"
+#include "core/tessera.hpp"
+#include "io/hdf5/batch_reader.hpp"
+#include "io/hdf5/checkpoint.hpp"
+#include "io/hdf5/h5_file.hpp"
+#include "io/output_path.hpp"
+#include "ops/cast/cast_op.hpp"
+#include "ops/nn/data_parallel.hpp"
+#include "ops/nn/onnx_model.hpp"
+#include "ops/ops.hpp"
+#include "ops/optim/optimizer.hpp"
+
+namespace tessera::cli {
+
+namespace {
+
+constexpr const char* kOp = "train";
+
+struct TrainOptions {
+  std::string model, data, input, target;
+  int64_t steps = 0, batch = 0;
+  std::string loss = "mse", optimizer = "sgd";
+  double lr = 0, momentum = 0, weight_decay = 0;
+  bool weight_decay_given = false;  ///< else the optimizer's default (adamw: 1e-2)
+  int dp = 1, dp_shard = 0;
+  std::string parallel = "ddp";
+  MeshOptions layout;
+  int shuffle = 0;
+  uint64_t seed = 0;
+  std::string dtype = "f32", device = "cpu";
+  std::string checkpoint;
+  int64_t every = 0;
+  bool resume = false, json = false;
+  std::string losses_out, save_model;
+
+  bool sharded_parameters() const { return parallel == "fsdp" || parallel == "hybrid"; }
+};
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t middle = values.size() / 2;
+  return values.size() % 2 ? values[middle] : 0.5 * (values[middle - 1] + values[middle]);
+}
+
+/// The checks that need nothing but the options (every rank makes them alike).
+void check_options(const TrainOptions& options, const std::vector<int>& domain, int world_size) {
+  check_arg(options.loss == "mse" || options.loss == "l1", kOp, "--loss {} (expected mse or l1)",
+            options.loss);
+  check_arg(
+      options.optimizer == "sgd" || options.optimizer == "adam" || options.optimizer == "adamw",
+      kOp, "--optimizer {} (expected sgd, adam or adamw)", options.optimizer);
+  check_arg(options.parallel == "ddp" || options.parallel == "fsdp" || options.parallel == "hybrid",
+            kOp, "--parallel {} (expected ddp, fsdp or hybrid)", options.parallel);
+  check_arg(options.dtype == "f32" || options.dtype == "f64" || options.dtype == "bf16", kOp,
+            "--dtype {} (expected f32, f64 or bf16)", options.dtype);
+  check_arg(std::isfinite(options.lr) && options.lr > 0, kOp,
+            "--lr {} (expected a finite rate > 0)", options.lr);
+  check_arg(std::isfinite(options.momentum) && options.momentum >= 0, kOp,
+            "--momentum {} (expected a finite value >= 0)", options.momentum);
+  check_arg(options.momentum == 0 || options.optimizer == "sgd", kOp,
+            "--momentum is an option of --optimizer sgd, not {}", options.optimizer);
+  check_arg(std::isfinite(options.weight_decay) && options.weight_decay >= 0, kOp,
+            "--weight-decay {} (expected a finite value >= 0)", options.weight_decay);
+  check_arg(!options.sharded_parameters() || options.dp > 1, kOp,
+            "--parallel {} shards the parameters over the data-parallel dim: give --dp > 1 (got "
+            "--dp {})",
+            options.parallel, options.dp);
+  if (options.parallel == "hybrid") {
+    check_arg(
+        options.dp_shard > 1 && options.dp_shard < options.dp && options.dp % options.dp_shard == 0,
+        kOp,
+        "--parallel hybrid needs --dp-shard S with 1 < S < --dp {} dividing it (the "
+        "parameters are sharded over S ranks and replicated over dp / S), got --dp-shard "
+        "{}",
+        options.dp, options.dp_shard);
+  } else {
+    check_arg(options.dp_shard == 0, kOp, "--dp-shard is an option of --parallel hybrid, not {}",
+              options.parallel);
+  }
+  check_arg(options.batch >= options.dp, kOp,
+            "--batch {} is smaller than --dp {}: every data-parallel rank needs a sample",
+            options.batch, options.dp);
+  check_arg(options.every == 0 || !options.checkpoint.empty(), kOp,
+            "--every {} needs --checkpoint DIR", options.every);
+  check_arg(!options.resume || !options.checkpoint.empty(), kOp,
+            "--resume continues from --checkpoint DIR: give it");
+  const int64_t ranks = int64_t{options.dp} * mesh_size(domain);
+  check_arg(ranks == world_size, kOp,
+            "--dp {} x --mesh {} has {} ranks, the run has {} (--ranks or mpiexec -n)", options.dp,
+            options.layout.mesh, ranks, world_size);
+  for (const std::string* file : {&options.losses_out, &options.save_model}) {
+    if (file->empty()) continue;
+    io::check_output_is_not_input(kOp, options.data, *file);
+    io::check_output_is_not_input(kOp, options.model, *file);
+  }
+}
+
+/// What rank 0 learns about the data file, shared with every rank.
+struct DataShapes {
+  Shape input, target;
+};
+
+/// Collective: rank 0 checks the data file against the model (both datasets present, floating,
+/// the same number of samples, the input's rank and channels those of the model's input) and
+/// every rank gets the shapes.
+DataShapes survey_data(Comm& world, const nn::OnnxModel& model, const TrainOptions& options) {
+  DataShapes shapes;
+  std::optional<std::string> problem;
+  if (world.rank() == 0) {
+    try {
+      check_arg(std::filesystem::exists(options.data), kOp, "--data {} does not exist",
+                options.data);
+      for (const auto& [option, name] :
+           {std::pair{"--input", options.input}, std::pair{"--target", options.target}}) {
+        check_arg(io::has_dataset(options.data, name), kOp, "{} '{}': {} has no such dataset",
+                  option, name, options.data);
+        const io::DatasetInfo info = io::dataset_info(options.data, name);
+        check_arg(info.dtype && is_floating(*info.dtype), kOp,
+                  "{} '{}' of {} holds {}, not floating values", option, name, options.data,
+                  info.file_type);
+        check_arg(info.shape.size() >= 2 && info.shape[0] >= 1, kOp,
+                  "{} '{}' of {} has shape {}: expected [samples, channels, spatial..]", option,
+                  name, options.data, info.shape);
+      }
+      shapes.input = io::dataset_info(options.data, options.input).shape;
+      shapes.target = io::dataset_info(options.data, options.target).shape;
+      check_arg(shapes.target[0] == shapes.input[0], kOp,
+                "--target '{}' has {} samples, --input '{}' has {}", options.target,
+                shapes.target[0], options.input, shapes.input[0]);
+      const io::OnnxValue& graph_input = model.inputs()[0];
+      check_arg(graph_input.shape.empty() || graph_input.shape.size() == shapes.input.size(), kOp,
+                "--input '{}' has shape {} ({}-d), the model's input '{}' is {}-d", options.input,
+                shapes.input, shapes.input.size(), graph_input.name, graph_input.shape.size());
+      // A static channel count in the exported graph must match the data's.
+      check_arg(graph_input.shape.size() < 2 || graph_input.shape[1] <= 0 ||
+                    graph_input.shape[1] == shapes.input[1],
+                kOp, "--input '{}' has {} channels (shape {}), the model's input '{}' takes {}",
+                options.input, shapes.input[1], shapes.input, graph_input.name,
+                graph_input.shape[1]);
+    } catch (const Error& error) {
+      problem = untagged(error);
+    }
+  }
+  agree_on_error(world, kOp, problem);
+  for (Shape* shape : {&shapes.input, &shapes.target}) {
+    int64_t rank = static_cast<int64_t>(shape->size());
+    world.broadcast(&rank, 1, DType::i64, 0);
+    shape->resize(static_cast<size_t>(rank));
+    world.broadcast(shape->data(), shape->size(), DType::i64, 0);
+  }
+  return shapes;
+}
+
+/// The batch layout on the ("dp", domain..) mesh: dp shards the batch (dim 0) with the default
+/// split; each domain mesh dim shards the --shard-dims dim (default: the last spatial dims) with
+/// --extents (default balanced); a domain dim of size 1 replicates unless extents are given.
+struct BatchLayout {
+  std::vector<Placement> placements;
+  std::vector<std::vector<int64_t>> extents;  ///< per mesh dim; the dp entry empty
+  std::vector<int> shard_dims;                ///< per domain mesh dim: the data dim, or -1
+};
+
+BatchLayout batch_layout(const TrainOptions& options, const std::vector<int>& domain,
+                         int64_t ndim) {
+  const int domain_dims = static_cast<int>(domain.size());
+  std::vector<int64_t> dims;
+  if (options.layout.shard_dims.empty()) {
+    for (int m = 0; m < domain_dims; ++m) dims.push_back(ndim - domain_dims + m);
+  } else {
+    dims = parse_list(options.layout.shard_dims);
+  }
+  check_arg(static_cast<int>(dims.size()) == domain_dims, kOp,
+            "--shard-dims {} names {} dims for the {}-d --mesh {}", options.layout.shard_dims,
+            dims.size(), domain_dims, options.layout.mesh);
+  std::vector<std::vector<int64_t>> domain_extents;
+  if (!options.layout.extents.empty()) {
+    domain_extents = parse_extents(options.layout.extents);
+    check_arg(static_cast<int>(domain_extents.size()) == domain_dims, kOp,
+              "--extents {} has {} groups for the {}-d --mesh {}", options.layout.extents,
+              domain_extents.size(), domain_dims, options.layout.mesh);
+  }
+  BatchLayout layout;
+  layout.placements.push_back(options.dp > 1 ? Placement::shard(0) : Placement::replicate());
+  layout.extents.emplace_back();
+  for (int m = 0; m < domain_dims; ++m) {
+    const int64_t dim = dims[m];
+    check_arg(dim >= 2 && dim < ndim, kOp,
+              "--shard-dims {}: dim {} is not a spatial dim of the {}-d data [samples, channels, "
+              "spatial..] (expected 2 to {})",
+              options.layout.shard_dims.empty() ? fmt::format("{}", fmt::join(dims, ","))
+                                                : options.layout.shard_dims,
+              dim, ndim, ndim - 1);
+    const bool sharded = domain[m] > 1 || !domain_extents.empty();
+    layout.placements.push_back(sharded ? Placement::shard(static_cast<int>(dim))
+                                        : Placement::replicate());
+    layout.extents.push_back(domain_extents.empty() ? std::vector<int64_t>{} : domain_extents[m]);
+    layout.shard_dims.push_back(sharded ? static_cast<int>(dim) : -1);
+  }
+  if (domain_extents.empty()) layout.extents.clear();
+  return layout;
+}
+
+/// The global batches of --input and --target, each rank holding its own piece.
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  /// Collective: step t's (input, target) batches.
+  virtual std::pair<ShardTensor, ShardTensor> batch(int64_t step) = 0;
+};
+
+/// --shuffle 0: step t holds samples (t*B + i) mod S. Each rank reads only its rows (its dp share
+/// of the batch) and its spatial box, as at most a few hyperslabs: the rows of one step are one
+/// run of consecutive samples, broken where they wrap around the end of the file.
+class FileOrderBatches final : public BatchSource {
+ public:
+  FileOrderBatches(const TrainOptions& options, const DeviceMesh& mesh, const BatchLayout& layout,
+                   const DataShapes& shapes, DType as)
+      : options_(options), mesh_(mesh), samples_(shapes.input[0]), as_(as) {
+    for (const Shape* shape : {&shapes.input, &shapes.target}) {
+      Shape batch_shape = *shape;
+      batch_shape[0] = options.batch;
+      specs_.push_back(
+          ShardSpec::make(batch_shape, mesh.shape(), layout.placements, layout.extents, kOp));
+    }
+  }
+
+  std::pair<ShardTensor, ShardTensor> batch(int64_t step) override {
+    const int64_t first = (step % samples_) * (options_.batch % samples_) % samples_;
+    std::vector<ShardTensor> pieces;
+    std::optional<std::string> problem;
+    for (size_t k = 0; k < specs_.size(); ++k) {
+      const std::string& dataset = k == 0 ? options_.input : options_.target;
+      const Box box = specs_[k].local_box(mesh_.coord());
+      Tensor local = Tensor::empty(box.shape(), as_, current_rank_context().device());
+      try {
+        for (int64_t row = box.lo[0]; row < box.hi[0] && !box.empty();) {
+          const int64_t sample = (first + row) % samples_;
+          const int64_t run = std::min(box.hi[0] - row, samples_ - sample);
+          Box in_file = box;
+          in_file.lo[0] = sample;
+          in_file.hi[0] = sample + run;
+          local.slice(0, row - box.lo[0], row - box.lo[0] + run)
+              .copy_from(io::read_hyperslab(options_.data, dataset, in_file, as_, local.device()));
+          row += run;
+        }
+      } catch (const Error& error) {
+        if (!problem) problem = untagged(error);
+      }
+      pieces.emplace_back(local, mesh_, specs_[k]);
+    }
+    agree_on_error(mesh_.comm(), kOp, problem);
+    return {pieces[0], pieces[1]};
+  }
+
+ private:
+  const TrainOptions& options_;
+  DeviceMesh mesh_;
+  int64_t samples_;
+  DType as_;
+  std::vector<ShardSpec> specs_;
+};
+
+/// --shuffle 1: io::BatchReader's seeded order (full batches: an epoch's incomplete tail is
+/// skipped), one reader per dataset with the same options, so both visit the same samples.
+class ShuffledBatches final : public BatchSource {
+ public:
+  ShuffledBatches(const TrainOptions& options, const DeviceMesh& mesh, const BatchLayout& layout,
+                  DType as) {
+    io::BatchReaderOptions reader{.batch_size = options.batch,
+                                  .seed = options.seed,
+                                  .shuffle = true,
+                                  .drop_last = true,
+                                  .dp_dim = "dp",
+                                  .shard_dims = layout.shard_dims,
+                                  .extents = layout.extents,
+                                  .as = as};
+    input_.emplace(options.data, options.input, mesh, reader);
+    target_.emplace(options.data, options.target, mesh, reader);
+    check_arg(input_->steps_per_epoch() > 0, kOp,
+              "--batch {} is larger than the {} samples of --input '{}' (--shuffle 1 takes full "
+              "batches of one epoch)",
+              options.batch, input_->samples(), options.input);
+  }
+
+  std::pair<ShardTensor, ShardTensor> batch(int64_t step) override {
+    const int64_t per_epoch = input_->steps_per_epoch();
+    const io::BatchPosition position{step / per_epoch, step % per_epoch};
+    for (std::optional<io::BatchReader>* reader : {&input_, &target_})
+      if ((*reader)->position() != position) (*reader)->seek(position);
+    ShardTensor x = input_->next();
+    return {x, target_->next()};
+  }
+
+ private:
+  std::optional<io::BatchReader> input_, target_;
+};
+
+/// The trained values: the model's own replicated parameters (DDP), or, with --parallel
+/// fsdp|hybrid or a bf16 model, separate master parameters that the optimizer updates (sharded
+/// over the shard dim, and f32 for a bf16 model). Before each step the masters are gathered into
+/// the model's parameters; in backward each model parameter's gradient, still a Partial sum over
+/// the mesh dims that shard the activations, goes straight into its master's layout (a
+/// reduce-scatter over the shard dim and an all-reduce over the others, in one redistribute whose
+/// reduction order does not depend on the rank, so replicas stay bit-identical).
+///
+/// Hybrid sharding views the ("dp", domain..) mesh as ("dp_replicate", "dp_shard", domain..)
+/// (DeviceMesh::split: the same ranks in the same order): dp rank i is (i / S, i % S), so the batch
+/// stays split over all of dp while the masters are sharded over S ranks only.
+class Masters {
+ public:
+  Masters(nn::OnnxModel& model, const DeviceMesh& mesh, const TrainOptions& options,
+          DType master_dtype) {
+    const bool hybrid = options.parallel == "hybrid";
+    mesh_ = hybrid ? mesh.split(0, {options.dp / options.dp_shard, options.dp_shard},
+                                {"dp_replicate", "dp_shard"})
+                   : mesh;
+    const int shard_dim = hybrid ? 1 : 0;
+    for (const auto& [name, parameter] : model.named_parameters()) {
+      std::vector<Placement> placements(mesh_->ndim(), Placement::replicate());
+      if (options.sharded_parameters() && !parameter.tensor().global_shape().empty())
+        placements[shard_dim] = Placement::shard(0);
+      const Tensor full = parameter.tensor().to_local().to_dtype(master_dtype);
+      model_.push_back(parameter);
+      masters_.emplace_back(ShardTensor::distribute(full, *mesh_, placements), name);
+    }
+    for (size_t k = 0; k < model_.size(); ++k)
+      sinks_.push_back(set_grad_sink(model_[k].tensor().id(), [this, k](const ShardTensor& grad) {
+        masters_[k].accumulate_grad(on_master_mesh(grad, masters_[k].tensor().dtype()));
+      }));
+  }
+
+  const std::vector<Parameter>& parameters() const { return masters_; }
+
+  /// Collective: every model parameter takes its master's current values.
+  void gather_into_model() {
+    NoGrad no_grad;
+    for (size_t k = 0; k < model_.size(); ++k) {
+      const Parameter& master = masters_[k];
+      const std::vector<Placement> replicated(mesh_->ndim(), Placement::replicate());
+      const Tensor full = master.tensor().redistribute(replicated).to_local();
+      model_[k].assign_local(full.to_dtype(model_[k].tensor().dtype()));
+    }
+  }
+
+ private:
+  /// A gradient on the model's mesh as the same tensor on the masters' mesh (in the masters'
+  /// dtype): with hybrid sharding the dp placement holds for both dims it was split into.
+  ShardTensor on_master_mesh(const ShardTensor& grad, DType dtype) const {
+    Tensor local = grad.to_local().to_dtype(dtype);
+    std::vector<Placement> placements = grad.placements();
+    std::vector<std::vector<int64_t>> extents = grad.spec().extents;
+    if (mesh_->ndim() != grad.mesh().ndim()) {
+      placements.insert(placements.begin(), placements.front());
+      if (!extents.empty()) extents.insert(extents.begin(), std::vector<int64_t>{});
+    }
+    return ShardTensor(
+        std::move(local), *mesh_,
+        ShardSpec::make(grad.global_shape(), mesh_->shape(), placements, extents, kOp));
+  }
+
+  std::optional<DeviceMesh> mesh_;
+  std::vector<Parameter> model_, masters_;
+  std::vector<GradHookHandle> sinks_;
+};
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& options,
+                                                 std::vector<Parameter> parameters) {
+  if (options.optimizer == "sgd")
+    return std::make_unique<optim::Sgd>(
+        std::move(parameters),
+        optim::SgdOptions{
+            .lr = options.lr, .momentum = options.momentum, .weight_decay = options.weight_decay});
+  const optim::AdamOptions adam{.lr = options.lr,
+                                .weight_decay = options.weight_decay_given
+                                                    ? std::optional<double>(options.weight_decay)
+                                                    : std::nullopt};
+  if (options.optimizer == "adam")
+    return std::make_unique<optim::Adam>(std::move(parameters), adam);
+  return std::make_unique<optim::AdamW>(std::move(parameters), adam);
+}
+
+/// The counters a checkpoint holds besides the step: a resumed run must read the same batches.
+std::map<std::string, int64_t> run_counters(const TrainOptions& options, int64_t step) {
+  return {{"step", step},
+          {"batch", options.batch},
+          {"shuffle", options.shuffle},
+          {"seed", static_cast<int64_t>(options.seed)}};
+}
+
+std::string checkpoint_file(const std::string& dir, int64_t step) {
+  return fmt::format("{}/step_{:08}.h5", dir, step);
+}
+
+/// Collective: the step of the newest checkpoint in `dir` (rank 0 looks; an AgreedError when
+/// there is none).
+int64_t newest_checkpoint(Comm& world, const std::string& dir) {
+  int64_t newest = -1;
+  std::optional<std::string> problem;
+  if (world.rank() == 0) {
+    const std::regex pattern("step_([0-9]{8})\\.h5");
+    std::error_code error;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
+      std::smatch match;
+      const std::string name = entry.path().filename().string();
+      if (std::regex_match(name, match, pattern))
+        newest = std::max<int64_t>(newest, std::stoll(match[1].str()));
+    }
+    if (newest < 0)
+      problem = fmt::format("--resume: no checkpoint (step_NNNNNNNN.h5) in --checkpoint {}", dir);
+  }
+  agree_on_error(world, kOp, problem);
+  world.broadcast(&newest, 1, DType::i64, 0);
+  return newest;
+}
+
+/// Collective: writes the parameters, the optimizer state and the run's counters.
+void save_checkpoint(const std::string& file, const std::vector<Parameter>& parameters,
+                     const optim::Optimizer& optimizer, const std::map<std::string, int64_t>& run) {
+  const DeviceMesh& mesh = parameters.front().tensor().mesh();
+  std::vector<std::pair<std::string, ShardTensor>> tensors;
+  for (const Parameter& parameter : parameters)
+    tensors.emplace_back("model/" + parameter.name(), parameter.tensor());
+  for (const auto& [key, value] : optimizer.state_dict())
+    tensors.emplace_back("optim/" + key, value);
+  const std::vector<Placement> replicated(mesh.ndim(), Placement::replicate());
+  for (const auto& [name, value] : run)
+    tensors.emplace_back(
+        "run/" + name,
+        ShardTensor::distribute(Tensor::from_values<int64_t>({}, std::vector<int64_t>{value}), mesh,
+                                replicated));
+  io::save_checkpoint(file, tensors);
+}
+
+/// Collective: restores the parameters and optimizer state of `file` (any layout it was saved
+/// in) and returns its step. Every check comes before any value is written: a missing or unknown
+/// parameter, a shape mismatch, or counters of another data order are one error on every rank.
+int64_t load_checkpoint(const std::string& file, const std::vector<Parameter>& parameters,
+                        optim::Optimizer& optimizer, const TrainOptions& options) {
+  const DeviceMesh& mesh = parameters.front().tensor().mesh();
+  std::map<std::string, ShardTensor> model, state;
+  std::map<std::string, int64_t> run;
+  for (const auto& [name, tensor] : io::load_checkpoint(file, mesh)) {
+    if (name.rfind("model/", 0) == 0) {
+      model.emplace(name.substr(6), tensor);
+    } else if (name.rfind("optim/", 0) == 0) {
+      state.emplace(name.substr(6), tensor);
+    } else {
+      check_arg(name.rfind("run/", 0) == 0 && tensor.global_shape().empty(), kOp,
+                "'{}' in {} is not part of a training checkpoint", name, file);
+      run[name.substr(4)] =
+          static_cast<int64_t>(tensor.full_tensor().to(Device::cpu()).item_as_double({}));
+    }
+  }
+  for (const auto& [name, value] : run_counters(options, 0)) {
+    if (name == "step") continue;
+    check_arg(run.count(name) == 1 && run.at(name) == value, kOp,
+              "--resume: {} was written with --{} {}, this run has {} (the batches would differ)",
+              file, name, run.count(name) ? fmt::format("{}", run.at(name)) : "?", value);
+  }
+  check_arg(run.count("step") == 1, kOp, "{} holds no run/step", file);
+  check_arg(model.size() == parameters.size(), kOp, "{} holds {} parameters, the model has {}",
+            file, model.size(), parameters.size());
+  for (const Parameter& parameter : parameters) {
+    const auto found = model.find(parameter.name());
+    check_arg(found != model.end(), kOp, "{} lacks the model's parameter '{}'", file,
+              parameter.name());
+    check_arg(found->second.global_shape() == parameter.tensor().global_shape(), kOp,
+              "'{}' in {} has shape {}, the model's parameter has {}", parameter.name(), file,
+              found->second.global_shape(), parameter.tensor().global_shape());
+  }
+  optimizer.check_state_dict(state);
+  for (Parameter parameter : parameters) {
+    const ShardTensor& tensor = parameter.tensor();
+    const ShardTensor moved =
+        model.at(parameter.name()).redistribute(tensor.placements(), tensor.spec().extents);
+    parameter.assign_local(moved.to_local().to_dtype(tensor.dtype()));
+  }
+  optimizer.load_state_dict(state);
+  return run.at("step");
+}
+
+/// Writes `[{"step": 1, "loss": ...}, ...]` with every loss to full double precision.
+void write_losses(const std::string& file, const std::vector<std::pair<int64_t, double>>& losses) {
+  std::string text = "[";
+  for (size_t i = 0; i < losses.size(); ++i)
+    text += fmt::format("{}\n {{\"step\": {}, \"loss\": {:.17g}}}", i ? "," : "", losses[i].first,
+                        losses[i].second);
+  text += "\n]\n";
+  const std::string temporary = fmt::format("{}.tmp-{}", file, static_cast<long>(::getpid()));
+  {
+    std::ofstream out(temporary);
+    out << text;
+    check_arg(out.good(), kOp, "--losses-out {}: cannot write", file);
+  }
+  std::filesystem::rename(temporary, file);
+}
+
+void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
+  const bool root = world->rank() == 0;
+  std::vector<int> domain;
+  DType dtype = DType::f32;
+  agreed_everywhere(*world, kOp, [&] {
+    domain = parse_mesh(options.layout.mesh);
+    check_options(options, domain, world->size());
+    dtype = dtype_from_name(options.dtype);
+    if (root) {
+      for (const std::string* file : {&options.losses_out, &options.save_model})
+        if (!file->empty()) io::check_output_path(kOp, *file);
+      // The directory is made by the first checkpoint: a refused run leaves nothing behind.
+      if (!options.checkpoint.empty()) {
+        if (std::filesystem::exists(options.checkpoint)) {
+          check_arg(std::filesystem::is_directory(options.checkpoint), kOp,
+                    "--checkpoint {} is not a directory", options.checkpoint);
+          io::check_output_path(kOp, checkpoint_file(options.checkpoint, 0));
+        } else {
+          io::check_output_path(kOp, options.checkpoint);
+        }
+      }
+    }
+  });
+  std::vector<int> mesh_shape{options.dp};
+  std::vector<std::string> names{"dp"};
+  for (size_t m = 0; m < domain.size(); ++m) {
+    mesh_shape.push_back(domain[m]);
+    names.push_back(fmt::format("domain{}", m));
+  }
+  const DeviceMesh mesh(world, mesh_shape, names);
+
+  // bf16 computes in bf16 with f32 master weights and an f32 loss; the data is read as f32.
+  const DType read_dtype = dtype == DType::bf16 ? DType::f32 : dtype;
+  std::optional<nn::OnnxModel> model;
+  agreed_everywhere(*world, "onnx",
+                    [&] { model.emplace(nn::OnnxModel::load(options.model, mesh, dtype)); });
+  agreed_everywhere(*world, kOp, [&] {
+    check_arg(model->inputs().size() == 1 && model->outputs().size() == 1, kOp,
+              "--model {} has {} inputs and {} outputs; training takes one of each", options.model,
+              model->inputs().size(), model->outputs().size());
+    check_arg(!model->named_parameters().empty(), kOp, "--model {} has no parameters to train",
+              options.model);
+  });
+  const DataShapes shapes = survey_data(*world, *model, options);
+
+  BatchLayout layout;
+  std::unique_ptr<BatchSource> batches;
+  agreed_everywhere(*world, kOp, [&] {
+    layout = batch_layout(options, domain, static_cast<int64_t>(shapes.input.size()));
+    check_arg(shapes.target.size() == shapes.input.size(), kOp,
+              "--target '{}' has shape {}, --input '{}' has {}: the target must be laid out like "
+              "the input (same rank)",
+              options.target, shapes.target, options.input, shapes.input);
+  });
+  if (options.shuffle == 1) {
+    batches = std::make_unique<ShuffledBatches>(options, mesh, layout, read_dtype);
+  } else {
+    agreed_everywhere(*world, kOp, [&] {
+      batches = std::make_unique<FileOrderBatches>(options, mesh, layout, shapes, read_dtype);
+    });
+  }
+
+  const bool use_masters = options.sharded_parameters() || dtype == DType::bf16;
+  std::optional<Masters> masters;
+  std::vector<Parameter> trained;
+  if (use_masters) {
+    masters.emplace(*model, mesh, options, read_dtype);
+    trained = masters->parameters();
+  } else {
+    for (const auto& [name, parameter] : model->named_parameters()) trained.push_back(parameter);
+  }
+  std::unique_ptr<optim::Optimizer> optimizer = make_optimizer(options, trained);
+  std::optional<nn::GradReducer> reducer;
+  if (!use_masters && options.dp > 1) reducer.emplace(trained);
+
+  int64_t first_step = 0;
+  if (options.resume) {
+    const int64_t newest = newest_checkpoint(*world, options.checkpoint);
+    const std::string file = checkpoint_file(options.checkpoint, newest);
+    agreed_everywhere(*world, kOp,
+                      [&] { first_step = load_checkpoint(file, trained, *optimizer, options); });
+    agreed_everywhere(*world, kOp, [&] {
+      check_arg(first_step <= options.steps, kOp, "--resume: {} is at step {}, beyond --steps {}",
+                file, first_step, options.steps);
+    });
+  }
+
+  ProgressBar bar;
+  const bool terminal = root && ::isatty(STDERR_FILENO);
+  std::vector<std::pair<int64_t, double>> losses;
+  std::vector<double> step_seconds;
+  host_allocator_reset_peak();
+  const double start = now_seconds();
+  for (int64_t step = first_step; step < options.steps; ++step) {
+    const double step_start = now_seconds();
+    optimizer->zero_grad();
+    if (masters) masters->gather_into_model();
+    double loss_value = 0;
+    agreed_everywhere(*world, kOp, [&] {
+      auto [x, target] = batches->batch(step);
+      if (dtype == DType::bf16) {
+        NoGrad no_grad;
+        x = ops::cast(x, DType::bf16);
+      }
+      Tape tape;
+      ShardTensor y = model->forward(x);
+      if (dtype == DType::bf16) y = ops::cast(y, DType::f32);
+      check_arg(y.global_shape() == target.global_shape(), kOp,
+                "the model's output for a batch of --input '{}' has shape {}, the batch of "
+                "--target '{}' has {}",
+                options.input, y.global_shape(), options.target, target.global_shape());
+      const ShardTensor loss = options.loss == "mse" ? ops::mse_loss(y, target)
+                                                     : ops::mean(ops::abs(ops::sub(y, target)));
+      tape.backward(loss);
+      loss_value = loss.full_tensor().to(Device::cpu()).item_as_double({});
+    });
+    if (reducer) reducer->finish();
+    optimizer->step();
+    step_seconds.push_back(now_seconds() - step_start);
+    losses.emplace_back(step + 1, loss_value);
+
+    const int64_t done = step + 1;
+    if (!options.checkpoint.empty() &&
+        ((options.every > 0 && done % options.every == 0) || done == options.steps)) {
+      if (root) std::filesystem::create_directories(options.checkpoint);
+      save_checkpoint(checkpoint_file(options.checkpoint, done), trained, *optimizer,
+                      run_counters(options, done));
+    }
+    if (!root) continue;
+    const double per_step = median(step_seconds);
+    const double samples_per_second =
+        per_step > 0 ? static_cast<double>(options.batch) / per_step : 0;
+    const std::string detail =
+        fmt::format("loss {:.6g}, {:.4g} samples/s, ETA {}", loss_value, samples_per_second,
+                    format_eta(per_step * (options.steps - done)));
+    if (terminal)
+      bar(done, options.steps, detail);
+    else if (!options.json)
+      fmt::print("step {}/{}: {}\n", done, options.steps, detail);
+  }
+  const double total_seconds = now_seconds() - start;
+  const int local_ranks = world->backend() == "local" ? world->size() : 1;
+  const double peak_bytes_per_rank =
+      static_cast<double>(host_allocator_stats().peak_in_use) / local_ranks;
+
+  if (masters) masters->gather_into_model();
+  if (!options.save_model.empty())
+    agreed_everywhere(*world, "onnx", [&] { model->save(options.save_model); });
+  if (!root) return;
+  if (!options.losses_out.empty()) write_losses(options.losses_out, losses);
+  const double step_median = median(step_seconds);
+  const double samples_per_second =
+      step_median > 0 ? static_cast<double>(options.batch) / step_median : 0;
+  const bool ran = !losses.empty();
+  const double final_loss = ran ? losses.back().second : 0;
+  if (options.json) {
+    nlohmann::json json = {
+        {"command", "train"},
+        {"model", options.model},
+        {"data", options.data},
+        {"loss", options.loss},
+        {"optimizer", options.optimizer},
+        {"parallel", options.parallel},
+        {"dp", options.dp},
+        {"mesh", mesh_shape},
+        {"ranks", world->size()},
+        {"backend", world->backend()},
+        {"dtype", options.dtype},
+        {"device", options.device},
+        {"batch", options.batch},
+        {"steps", options.steps},
+        {"first_step", first_step},
+        {"steps_run", static_cast<int64_t>(losses.size())},
+        {"step_seconds", step_median},
+        {"samples_per_second", samples_per_second},
+        {"peak_bytes_per_rank", peak_bytes_per_rank},
+        {"total_seconds", total_seconds},
+    };
+    json["final_loss"] = ran ? nlohmann::json(final_loss) : nlohmann::json(nullptr);
+    fmt::print("{}\n", json.dump());
+    return;
+  }
+  fmt::print(
+      "train: {} on mesh {} (dp {}, {}), {} backend: steps {}..{} of batch {}, final loss "
+      "{}, median step {:.3f} ms, {:.4g} samples/s\n",
+      options.model, mesh_shape, options.dp, options.parallel, world->backend(), first_step,
+      options.steps, options.batch, ran ? fmt::format("{:.17g}", final_loss) : std::string("-"),
+      step_median * 1e3, samples_per_second);
+}
+
+}  // namespace
+
+void register_train(CLI::App& app) {
+  auto options = std::make_shared<TrainOptions>();
+  auto* command = app.add_subcommand(
+      "train", "Train a network exported from PyTorch (ONNX) on HDF5 samples, sharded");
+  command->add_option("--model", options->model, "The ONNX model file (torch.onnx.export)")
+      ->required();
+  command->add_option("--data", options->data, "HDF5 file of the samples")->required();
+  command->add_option("--input", options->input, "Dataset of the inputs, [samples, C, spatial..]")
+      ->required();
+  command
+      ->add_option("--target", options->target,
+                   "Dataset of the targets, [samples, C_out, spatial..] (the model's output shape)")
+      ->required();
+  command->add_option("--steps", options->steps, "Training steps")
+      ->check(integer_at_least(1))
+      ->required();
+  command->add_option("--batch", options->batch, "Samples per step (the global batch)")
+      ->check(integer_at_least(1))
+      ->required();
+  command->add_option("--loss", options->loss, "mse or l1 (the mean over the global batch)")
+      ->capture_default_str();
+  command->add_option("--optimizer", options->optimizer, "sgd, adam or adamw")
+      ->capture_default_str();
+  command->add_option("--lr", options->lr, "Learning rate")->required();
+  command->add_option("--momentum", options->momentum, "SGD momentum")->capture_default_str();
+  command->add_option("--weight-decay", options->weight_decay,
+                      "Weight decay (default: 0; adamw 1e-2, as PyTorch)");
+  command->add_option("--dp", options->dp, "Data-parallel ranks (a mesh dim before --mesh)")
+      ->check(integer_at_least(1))
+      ->capture_default_str();
+  command
+      ->add_option("--parallel", options->parallel,
+                   "ddp (replicated parameters, reduced gradients), fsdp (parameters sharded over "
+                   "dp) or hybrid (sharded over --dp-shard ranks, replicated over dp / dp-shard)")
+      ->capture_default_str();
+  command
+      ->add_option("--dp-shard", options->dp_shard,
+                   "With --parallel hybrid: the ranks of dp each parameter is sharded over")
+      ->check(integer_at_least(2));
+  add_mesh_options(*command, options->layout, "2,3 (spatial dims of [samples, C, spatial..])");
+  command->add_option("--shuffle", options->shuffle, "0: file order; 1: seeded shuffle per epoch")
+      ->check(CLI::Range(0, 1))
+      ->capture_default_str();
+  command->add_option("--seed", options->seed, "Shuffling seed")
+      ->check(integer_at_least(0))
+      ->capture_default_str();
+  command->add_option("--dtype", options->dtype, "f32, f64 or bf16 (f32 master weights)")
+      ->capture_default_str();
+  command->add_option("--device", options->device, "cpu, cuda or cuda:N")->capture_default_str();
+  command->add_option("--checkpoint", options->checkpoint,
+                      "Directory of training checkpoints (step_NNNNNNNN.h5)");
+  command->add_option("--every", options->every, "A checkpoint every K steps (and at the end)")
+      ->check(integer_at_least(1));
+  command->add_flag("--resume", options->resume,
+                    "Continue from the newest checkpoint in --checkpoint");
+  command->add_option("--losses-out", options->losses_out,
+                      "JSON file of each step's loss: [{\"step\": 1, \"loss\": ...}, ...]");
+  command->add_option("--save-model", options->save_model,
+                      "Write the trained network as ONNX (the same initializer names)");
+  command->add_flag("--json", options->json, "End with one JSON object of the run's figures");
+  add_trace_option(*command);
+  command->callback([options, command] {
+    options->weight_decay_given = command->count("--weight-decay") > 0;
+    select_device(options->device);
+    int ranks = options->layout.ranks;
+    if (ranks == 0) {
+      const int64_t size = int64_t{options->dp} * mesh_size(parse_mesh(options->layout.mesh));
+      check_arg(size <= kMaxLocalRanks, "cli",
+                "--dp {} x --mesh {} has {} ranks; without mpiexec at most {} local ranks run "
+                "(give --ranks or use mpiexec)",
+                options->dp, options->layout.mesh, size, kMaxLocalRanks);
+      ranks = static_cast<int>(size);
+    }
+    launch(backend_from_env(), ranks,
+           [&](std::shared_ptr<Comm> world) { run_train(world, *options); });
+  });
+}
+
+}  // namespace tessera::cli
