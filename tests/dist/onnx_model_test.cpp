@@ -42,7 +42,7 @@ TEST(OnnxModel, ExportedNetworksMatchPyTorchOnUnevenShardsAndLargerGrids) {
   if (!io::onnx_available()) GTEST_SKIP() << "built without ONNX support";
   const std::string dir = testing::fixture_dir("onnx");
   const Json manifest = testing::read_manifest(dir);
-  ASSERT_EQ(manifest["cases"].size(), 8u);
+  ASSERT_EQ(manifest["cases"].size(), 10u);
   for (int world : {1, 2, 4}) {
     testing::run_world(world, [&](std::shared_ptr<Comm> comm) {
       const std::vector<int> shape = world == 4 ? std::vector<int>{2, 2} : std::vector<int>{world};
