@@ -63,8 +63,8 @@ void write_atomically(const std::string& out, const std::function<void(const std
     std::error_code error;
     fs::rename(temporary, out, error);
     if (error)
-      throw InvalidArgument(kOp, fmt::format("--out {}: cannot replace it ({})", out,
-                                             error.message()));
+      throw InvalidArgument(kOp,
+                            fmt::format("--out {}: cannot replace it ({})", out, error.message()));
   } catch (...) {
     std::error_code ignored;
     fs::remove(temporary, ignored);
@@ -111,9 +111,8 @@ nlohmann::json read_json(const std::string& file, bool allow_lines) {
   std::ifstream stream(file);
   if (!stream) {
     std::error_code error;
-    throw InvalidArgument(kOp, fs::exists(file, error)
-                                   ? fmt::format("{}: cannot be read", file)
-                                   : fmt::format("{}: no such file", file));
+    throw InvalidArgument(kOp, fs::exists(file, error) ? fmt::format("{}: cannot be read", file)
+                                                       : fmt::format("{}: no such file", file));
   }
   std::stringstream buffer;
   buffer << stream.rdbuf();
@@ -136,8 +135,7 @@ nlohmann::json read_json(const std::string& file, bool allow_lines) {
       }
       if (ok && !values.empty()) return values;
     }
-    throw InvalidArgument(kOp, fmt::format("{}: malformed JSON ({})", file,
-                                           whole_error.what()));
+    throw InvalidArgument(kOp, fmt::format("{}: malformed JSON ({})", file, whole_error.what()));
   }
 }
 
@@ -145,7 +143,9 @@ nlohmann::json read_json(const std::string& file, bool allow_lines) {
 
 // ---- general ---------------------------------------------------------------------------------
 
-bool available() { return detail::compiled(); }
+bool available() {
+  return detail::compiled();
+}
 
 std::string library_version() {
   if (!detail::compiled()) return "";
@@ -173,20 +173,26 @@ ImageSize parse_size(const std::string& text, const std::string& option) {
   return {static_cast<int>(*width), static_cast<int>(*height)};
 }
 
-std::vector<std::string> colormap_names() { return {"viridis", "magma", "inferno", "cividis", "gray"}; }
+std::vector<std::string> colormap_names() {
+  return {"viridis", "magma", "inferno", "cividis", "gray"};
+}
 
 std::vector<std::array<uint8_t, 3>> colormap_stops(const std::string& name) {
   // Ten evenly spaced samples of each published map (sRGB hex values); PLplot interpolates
   // linearly between them, which keeps the lightness monotonic.
   static const std::map<std::string, std::vector<uint32_t>> kStops = {
-      {"viridis", {0x440154, 0x482878, 0x3e4989, 0x31688e, 0x26828e, 0x1f9e89, 0x35b779, 0x6ece58,
-                   0xb5de2b, 0xfde725}},
-      {"magma", {0x000004, 0x180f3d, 0x440f76, 0x721f81, 0x9e2f7f, 0xcd4071, 0xf1605d, 0xfd9668,
-                 0xfeca8d, 0xfcfdbf}},
-      {"inferno", {0x000004, 0x1b0c41, 0x4a0c6b, 0x781c6d, 0xa52c60, 0xcf4446, 0xed6925,
-                   0xfb9b06, 0xf7d13d, 0xfcffa4}},
-      {"cividis", {0x00224e, 0x123570, 0x3b496c, 0x575d6d, 0x707173, 0x8a8779, 0xa69d75,
-                   0xc4b56c, 0xe4cf5b, 0xfee838}},
+      {"viridis",
+       {0x440154, 0x482878, 0x3e4989, 0x31688e, 0x26828e, 0x1f9e89, 0x35b779, 0x6ece58, 0xb5de2b,
+        0xfde725}},
+      {"magma",
+       {0x000004, 0x180f3d, 0x440f76, 0x721f81, 0x9e2f7f, 0xcd4071, 0xf1605d, 0xfd9668, 0xfeca8d,
+        0xfcfdbf}},
+      {"inferno",
+       {0x000004, 0x1b0c41, 0x4a0c6b, 0x781c6d, 0xa52c60, 0xcf4446, 0xed6925, 0xfb9b06, 0xf7d13d,
+        0xfcffa4}},
+      {"cividis",
+       {0x00224e, 0x123570, 0x3b496c, 0x575d6d, 0x707173, 0x8a8779, 0xa69d75, 0xc4b56c, 0xe4cf5b,
+        0xfee838}},
       {"gray", {0x000000, 0xffffff}},
   };
   const auto found = kStops.find(name);
@@ -332,15 +338,15 @@ void plot_slice(const std::string& file, const std::string& dataset, const Slice
   std::string indices;
   if (leading == 2) indices = fmt::format(" t={} c={}", plan.index[0], plan.index[1]);
   if (leading == 1) indices = fmt::format(" c={}", plan.index[0]);
-  figure.title = !style.title.empty()
-                     ? style.title
-                     : fmt::format("{}:{}{}, {}={} (index {} of {})", fs::path(file).filename().string(),
-                                   dataset, indices, kAxisNames[spec.axis], spec.at, plan.position,
-                                   shape[leading + spec.axis]);
+  figure.title = !style.title.empty() ? style.title
+                                      : fmt::format("{}:{}{}, {}={} (index {} of {})",
+                                                    fs::path(file).filename().string(), dataset,
+                                                    indices, kAxisNames[spec.axis], spec.at,
+                                                    plan.position, shape[leading + spec.axis]);
   figure.x_label = kAxisNames[plan.horizontal];
   figure.y_label = kAxisNames[plan.vertical];
-  figure.value_label = "value";
-  write_atomically(out, [&](const std::string& png) { detail::render_image(figure, style.size, png); });
+  write_atomically(out,
+                   [&](const std::string& png) { detail::render_image(figure, style.size, png); });
 }
 
 // ---- losses ----------------------------------------------------------------------------------
@@ -393,9 +399,8 @@ void plot_losses(const std::vector<LossCurve>& curves, const ImageSize& size,
     panel.series.push_back(std::move(series));
   }
   panel.title = panel.log_y ? "" : "(linear axis: a loss is <= 0)";
-  write_atomically(out, [&](const std::string& png) {
-    detail::render_panels({panel}, title, size, png);
-  });
+  write_atomically(
+      out, [&](const std::string& png) { detail::render_panels({panel}, title, size, png); });
 }
 
 std::string write_loss_plot(const std::string& directory, const LossCurve& curve) {
@@ -425,8 +430,8 @@ std::optional<std::pair<std::string, double>> time_column(const nlohmann::json& 
                                                           const std::string& time_key) {
   auto unit_of = [](const std::string& key) -> std::optional<double> {
     auto ends = [&](const std::string& suffix) {
-      return key.size() >= suffix.size() && key.compare(key.size() - suffix.size(), suffix.size(),
-                                                        suffix) == 0;
+      return key.size() >= suffix.size() &&
+             key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0;
     };
     if (ends("seconds")) return 1.0;
     if (ends("ms")) return 1e-3;
@@ -453,7 +458,8 @@ double work_of(const nlohmann::json& record) {
   for (const char* key : {"size", "shape"})
     if (record.contains(key) && record[key].is_array() && !record[key].empty()) {
       double product = 1;
-      for (const auto& extent : record[key]) product *= extent.is_number() ? extent.get<double>() : 1;
+      for (const auto& extent : record[key])
+        product *= extent.is_number() ? extent.get<double>() : 1;
       if (product > 0) return product;
     }
   return 1;
@@ -490,10 +496,9 @@ std::vector<ScalingSeries> read_scaling(const std::string& file, const std::stri
       records.push_back({&object, ""});
       return;
     }
-    const std::string benchmark =
-        object.contains("benchmark") && object["benchmark"].is_string()
-            ? object["benchmark"].get<std::string>()
-            : "";
+    const std::string benchmark = object.contains("benchmark") && object["benchmark"].is_string()
+                                      ? object["benchmark"].get<std::string>()
+                                      : "";
     for (const auto& [key, table] : object.items())
       if (table.is_array())
         for (const auto& row : table)
@@ -620,29 +625,28 @@ MeshLayout layout_mesh(const std::vector<int>& shape) {
   constexpr double kGap = 0.012, kLabelBand = 0.045, kInset = 0.008;
   MeshLayout layout;
   std::vector<int> coordinate(ndim, 0);
-  std::function<void(int, double, double, double, double)> place = [&](int dim, double x0,
-                                                                       double y0, double x1,
-                                                                       double y1) {
-    // The last dim runs left to right, the one before it top to bottom, alternately outwards.
-    const bool horizontal = (ndim - 1 - dim) % 2 == 0;
-    const int parts = shape[dim];
-    const double length = horizontal ? x1 - x0 : y1 - y0;
-    const double step = (length - kGap * (parts - 1)) / parts;
-    for (int i = 0; i < parts; ++i) {
-      coordinate[dim] = i;
-      const double start = (horizontal ? x0 : y0) + i * (step + kGap);
-      const double a0 = horizontal ? start : x0, a1 = horizontal ? start + step : x1;
-      const double b0 = horizontal ? y0 : start, b1 = horizontal ? y1 : start + step;
-      if (dim == ndim - 1) {
-        int rank = 0;
-        for (int d = 0; d < ndim; ++d) rank = rank * shape[d] + coordinate[d];
-        layout.ranks.push_back({rank, coordinate, a0, b0, a1, b1});
-      } else {
-        layout.groups.push_back({dim, i, a0, b0, a1, b1});
-        place(dim + 1, a0 + kInset, b0 + kLabelBand, a1 - kInset, b1 - kInset);
-      }
-    }
-  };
+  std::function<void(int, double, double, double, double)> place =
+      [&](int dim, double x0, double y0, double x1, double y1) {
+        // The last dim runs left to right, the one before it top to bottom, alternately outwards.
+        const bool horizontal = (ndim - 1 - dim) % 2 == 0;
+        const int parts = shape[dim];
+        const double length = horizontal ? x1 - x0 : y1 - y0;
+        const double step = (length - kGap * (parts - 1)) / parts;
+        for (int i = 0; i < parts; ++i) {
+          coordinate[dim] = i;
+          const double start = (horizontal ? x0 : y0) + i * (step + kGap);
+          const double a0 = horizontal ? start : x0, a1 = horizontal ? start + step : x1;
+          const double b0 = horizontal ? y0 : start, b1 = horizontal ? y1 : start + step;
+          if (dim == ndim - 1) {
+            int rank = 0;
+            for (int d = 0; d < ndim; ++d) rank = rank * shape[d] + coordinate[d];
+            layout.ranks.push_back({rank, coordinate, a0, b0, a1, b1});
+          } else {
+            layout.groups.push_back({dim, i, a0, b0, a1, b1});
+            place(dim + 1, a0 + kInset, b0 + kLabelBand, a1 - kInset, b1 - kInset);
+          }
+        }
+      };
   place(0, 0, 0, 1, 1);
   std::sort(layout.ranks.begin(), layout.ranks.end(),
             [](const MeshRankBox& a, const MeshRankBox& b) { return a.rank < b.rank; });
@@ -671,8 +675,8 @@ void plot_mesh(const std::vector<int>& shape, const std::vector<std::string>& na
   std::vector<std::string> name_text;
   for (size_t d = 0; d < shape.size(); ++d)
     name_text.push_back(names.empty() ? fmt::format("dim{}", d) : names[d]);
-  figure.title = fmt::format("{} mesh ({}): {} ranks, rank (coordinate)",
-                             fmt::join(shape_text, "x"), fmt::join(name_text, ", "), ranks);
+  figure.title = fmt::format("{} mesh ({}, outermost first): {} ranks", fmt::join(shape_text, "x"),
+                             fmt::join(name_text, ", "), ranks);
   write_atomically(out, [&](const std::string& png) { detail::render_mesh(figure, size, png); });
 }
 
@@ -691,9 +695,8 @@ void prepare_plot_directory(const std::string& directory, const std::string& opt
   }
 }
 
-std::vector<std::string> write_snapshot_plots(const std::string& directory,
-                                              const std::string& file, const std::string& dataset,
-                                              int64_t snapshot) {
+std::vector<std::string> write_snapshot_plots(const std::string& directory, const std::string& file,
+                                              const std::string& dataset, int64_t snapshot) {
   const io::DatasetInfo info = io::dataset_info(file, dataset);
   int64_t every = 0;
   if (const auto found = info.attributes.find("every"); found != info.attributes.end())

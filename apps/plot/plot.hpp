@@ -51,17 +51,17 @@ struct SliceSpec {
   /// The indices of the leading dims (t, c): as many as the dataset has dims before X, Y, Z;
   /// negative values count from the end (-1: the last snapshot).
   std::vector<int64_t> index;
-  int axis = 2;      ///< the spatial dim cut across: 0 = x, 1 = y, 2 = z
-  double at = 0.5;   ///< where along `axis`, as a fraction in [0, 1]
+  int axis = 2;     ///< the spatial dim cut across: 0 = x, 1 = y, 2 = z
+  double at = 0.5;  ///< where along `axis`, as a fraction in [0, 1]
 };
 
 /// The hyperslab of one slice and how it maps onto the image.
 struct SlicePlan {
-  Box box;                        ///< the dataset's index box that is read (one plane)
-  std::vector<int64_t> index;     ///< the leading indices, negative ones resolved
-  int64_t position = 0;           ///< the index along `axis`: min(n - 1, floor(at n))
+  Box box;                           ///< the dataset's index box that is read (one plane)
+  std::vector<int64_t> index;        ///< the leading indices, negative ones resolved
+  int64_t position = 0;              ///< the index along `axis`: min(n - 1, floor(at n))
   int horizontal = 0, vertical = 1;  ///< the spatial dims (0..2) along the image's axes
-  int64_t columns = 0, rows = 0;  ///< the slice's extents along them
+  int64_t columns = 0, rows = 0;     ///< the slice's extents along them
 };
 
 /// "x", "y", "z" or "0", "1", "2" -> 0..2 (InvalidArgument naming --axis otherwise).
@@ -181,9 +181,8 @@ void plot_mesh(const std::vector<int>& shape, const std::vector<std::string>& na
 /// For `tessera simulate --plot DIR`: draws the z = 0.5 slice of u and v of snapshot `snapshot`
 /// of `file`:`dataset` ([T, 2, X, Y, Z]) to DIR/snapshot_NNNN_u.png and _v.png; returns their
 /// paths.
-std::vector<std::string> write_snapshot_plots(const std::string& directory,
-                                              const std::string& file, const std::string& dataset,
-                                              int64_t snapshot);
+std::vector<std::string> write_snapshot_plots(const std::string& directory, const std::string& file,
+                                              const std::string& dataset, int64_t snapshot);
 
 /// Creates `directory` when missing and checks that it is a writable directory (InvalidArgument
 /// naming `option` otherwise).

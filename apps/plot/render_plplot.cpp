@@ -122,6 +122,27 @@ std::pair<double, double> padded_range(const std::vector<double>& values, double
   return {low - pad * span, high + pad * span};
 }
 
+/// Tick values of a log axis spanning 10^low .. 10^high: 1-2-5 steps, or only the decades
+/// (every second, third ... when they are many) so that about 3 to 10 are labelled.
+std::vector<double> log_y_ticks(double low, double high) {
+  std::vector<double> ticks;
+  const int first = static_cast<int>(std::floor(low)), last = static_cast<int>(std::ceil(high));
+  const int decades = last - first;
+  const std::vector<double> mantissas =
+      decades <= 1 ? std::vector<double>{1, 1.5, 2, 3, 4, 5, 6, 8}
+                   : (decades <= 3 ? std::vector<double>{1, 2, 5} : std::vector<double>{1});
+  const int stride = std::max(1, decades / 10 + (decades % 10 ? 1 : 0));
+  for (int exponent = first; exponent <= last; ++exponent) {
+    if (decades > 3 && (exponent - first) % stride) continue;
+    for (double mantissa : mantissas) {
+      const double value = mantissa * std::pow(10.0, exponent);
+      const double position = std::log10(value);
+      if (position >= low && position <= high) ticks.push_back(value);
+    }
+  }
+  return ticks;
+}
+
 void draw_panel(const LinePanel& panel, double x0, double x1, double y0, double y1,
                 Palette& palette) {
   auto transform_x = [&](double x) { return panel.log_x ? std::log2(x) : x; };
@@ -133,7 +154,8 @@ void draw_panel(const LinePanel& panel, double x0, double x1, double y0, double 
   }
   auto [wx0, wx1] = padded_range(all_x, 0.04);
   auto [wy0, wy1] = padded_range(all_y, 0.06);
-  if (!panel.log_y && !panel.log_x && panel.integer_x) wx0 = std::max(wx0, all_x.empty() ? 0.0 : *std::min_element(all_x.begin(), all_x.end()) - 0.5);
+  if (!panel.log_y && !panel.log_x && panel.integer_x)
+    wx0 = std::max(wx0, all_x.empty() ? 0.0 : *std::min_element(all_x.begin(), all_x.end()) - 0.5);
   plvpor(x0, x1, y0, y1);
   plwind(wx0, wx1, wy0, wy1);
   plcol0(1);
@@ -142,12 +164,21 @@ void draw_panel(const LinePanel& panel, double x0, double x1, double y0, double 
   static AxisLabels labels;  // read by the callback during plbox, under the lock
   labels = {panel.log_x, panel.log_y, panel.integer_x};
   plslabelfunc(label_axis, &labels);
-  // Log axes: a tick per power of two of ranks, per decade of y when y spans decades.
+  // A log x axis has a tick per power of two (ranks); a log y axis gets its ticks and labels
+  // from log_y_ticks (PLplot's would sit at even steps of the logarithm: 0.0398, 0.0251, ...).
   const double x_tick = panel.log_x ? std::max(1.0, std::ceil((wx1 - wx0) / 8)) : 0;
-  const double y_tick = panel.log_y && wy1 - wy0 >= 2 ? 1.0 : 0;
   plschr(0, 0.85);
-  plbox("bcnsto", x_tick, 0, "bcnstvo", y_tick, 0);
+  plbox("bcnsto", x_tick, 0, panel.log_y ? "bc" : "bcnstvo", 0, 0);
   plslabelfunc(nullptr, nullptr);
+  if (panel.log_y) {
+    const double tick = 0.012 * (wx1 - wx0);
+    for (double value : log_y_ticks(wy0, wy1)) {
+      const double y = std::log10(value);
+      pljoin(wx0, y, wx0 + tick, y);
+      pljoin(wx1, y, wx1 - tick, y);
+      plmtex("lv", 0.6, (y - wy0) / (wy1 - wy0), 1.0, fmt::format("{:g}", value).c_str());
+    }
+  }
   plschr(0, 0.95);
   pllab(escaped(panel.x_label).c_str(), escaped(panel.y_label).c_str(),
         escaped(panel.title).c_str());
@@ -217,7 +248,9 @@ void outline_box(double x0, double y0, double x1, double y1) {
 
 }  // namespace
 
-bool compiled() { return true; }
+bool compiled() {
+  return true;
+}
 
 std::string plplot_version() {
   char version[80] = {};
@@ -240,8 +273,8 @@ bool has_png_device() {
 
 const std::vector<Rgb>& line_colours() {
   // The Okabe-Ito colours, distinguishable with the common colour-vision deficiencies.
-  static const std::vector<Rgb> kColours = {{0, 114, 178},  {213, 94, 0},   {0, 158, 115},
-                                            {204, 121, 167}, {230, 159, 0}, {86, 180, 233},
+  static const std::vector<Rgb> kColours = {{0, 114, 178},   {213, 94, 0},   {0, 158, 115},
+                                            {204, 121, 167}, {230, 159, 0},  {86, 180, 233},
                                             {0, 0, 0},       {153, 153, 153}};
   return kColours;
 }
@@ -264,7 +297,7 @@ void render_image(const ImageFigure& figure, const ImageSize& size, const std::s
   const double columns = static_cast<double>(figure.columns);
   const double rows = static_cast<double>(figure.rows);
   // Cells are square: the viewport keeps the slice's aspect, leaving room for the colorbar.
-  plvpas(0.08, 0.80, 0.1, 0.9, rows / columns);
+  plvpas(0.1, 0.8, 0.1, 0.9, rows / columns);
   plwind(0, columns, 0, rows);
   // Clamped to the colour range (non-finite values to its low end): plimagefr leaves values
   // outside [zmin, zmax] undrawn.
@@ -286,18 +319,19 @@ void render_image(const ImageFigure& figure, const ImageSize& size, const std::s
   PLFLT bar_values[2] = {figure.vmin, figure.vmax};
   const PLFLT* bar_matrix[1] = {bar_values};
   PLINT value_counts[1] = {2};
+  // The colorbar's label, when there is one, above it (beside it, it would cross the ticks).
   const std::string label = escaped(figure.value_label);
   const char* labels[1] = {label.c_str()};
-  PLINT label_options[1] = {PL_COLORBAR_LABEL_RIGHT};
+  PLINT label_options[1] = {PL_COLORBAR_LABEL_TOP};
   const char* axis_options[1] = {"bcvtm"};
   PLFLT ticks[1] = {0};
   PLINT sub_ticks[1] = {0};
   PLFLT bar_width = 0, bar_height = 0;
   plschr(0, 0.8);
   plcolorbar(&bar_width, &bar_height, PL_COLORBAR_IMAGE | PL_COLORBAR_BOUNDING_BOX,
-             PL_POSITION_RIGHT | PL_POSITION_OUTSIDE | PL_POSITION_VIEWPORT, 0.03, 0, 0.04, 1.0,
-             0, 1, 1, 0, 0, 0, 0, 1, label_options, labels, 1, axis_options, ticks, sub_ticks,
-             value_counts, bar_matrix);
+             PL_POSITION_RIGHT | PL_POSITION_OUTSIDE | PL_POSITION_VIEWPORT, 0.03, 0, 0.04, 1.0, 0,
+             1, 1, 0, 0, 0, 0, label.empty() ? 0 : 1, label_options, labels, 1, axis_options, ticks,
+             sub_ticks, value_counts, bar_matrix);
 }
 
 void render_panels(const std::vector<LinePanel>& panels, const std::string& title,
@@ -308,7 +342,8 @@ void render_panels(const std::vector<LinePanel>& panels, const std::string& titl
   const double count = static_cast<double>(panels.size());
   for (size_t i = 0; i < panels.size(); ++i) {
     const double left = static_cast<double>(i) / count, right = static_cast<double>(i + 1) / count;
-    draw_panel(panels[i], left + 0.09 / count * 1.4, right - 0.025, 0.12, 0.84, palette);
+    // Margins in pixels: room for the tick labels and the axis titles.
+    draw_panel(panels[i], left + 95.0 / size.width, right - 25.0 / size.width, 0.12, 0.84, palette);
   }
   plvpor(0, 1, 0, 1);
   plwind(0, 1, 0, 1);
@@ -341,8 +376,8 @@ void render_mesh(const MeshFigure& figure, const ImageSize& size, const std::str
     plwidth(2.5);
     outline_box(group.x0, flip(group.y0), group.x1, flip(group.y1));
     plwidth(1);
-    const std::string name = figure.dim_labels[group.dim].substr(
-        0, figure.dim_labels[group.dim].find(" ("));
+    const std::string name =
+        figure.dim_labels[group.dim].substr(0, figure.dim_labels[group.dim].find(" ("));
     plschr(0, 0.75);
     plcol0(1);
     plptex(group.x0 + 0.006, flip(group.y0) - 0.028, 1, 0, 0,
@@ -364,9 +399,9 @@ void render_mesh(const MeshFigure& figure, const ImageSize& size, const std::str
     // (a character is about 0.75 of its height wide).
     const double box_w = (box.x1 - box.x0) * mm_x, box_h = (box.y1 - box.y0) * mm_y;
     const double longest = static_cast<double>(std::max(rank.size(), where.size()));
-    const double scale =
-        std::clamp(std::min(box_h / (3.4 * default_height), 0.9 * box_w / (0.75 * longest * default_height)),
-                   0.3, 1.2);
+    const double scale = std::clamp(
+        std::min(box_h / (3.4 * default_height), 0.9 * box_w / (0.75 * longest * default_height)),
+        0.3, 1.2);
     plschr(0, scale);
     plcol0(1);
     const double middle_x = 0.5 * (box.x0 + box.x1), middle_y = flip(0.5 * (box.y0 + box.y1));
@@ -389,10 +424,7 @@ void render_mesh(const MeshFigure& figure, const ImageSize& size, const std::str
     outline_box(x, 0.25, x + 0.04, 0.75);
     plwidth(1);
     plcol0(1);
-    plptex(x + 0.05, 0.38, 1, 0, 0,
-           escaped(fmt::format("{}{}", figure.dim_labels[d],
-                               d == 0 ? ", outermost" : (d + 1 == figure.dim_labels.size() ? ", innermost" : "")))
-               .c_str());
+    plptex(x + 0.05, 0.38, 1, 0, 0, escaped(figure.dim_labels[d]).c_str());
   }
   plvpor(0, 1, 0, 1);
   plwind(0, 1, 0, 1);

@@ -4,6 +4,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "apps/plot/plot.hpp"
 #include "apps/tessera/commands.hpp"
 #include "core/comm/launch.hpp"
 #include "core/comm/mpi_comm.hpp"
@@ -11,7 +12,6 @@
 #include "core/config.hpp"
 #include "core/gpu_runtime.hpp"
 #include "core/parallel_for.hpp"
-#include "apps/plot/plot.hpp"
 #include "io/hdf5/hdf5_support.hpp"
 #include "ops/dnnl/dnnl_support.hpp"
 

@@ -1,10 +1,11 @@
 // `tessera plot slice|losses|scaling|mesh`: PNG plots of a field slice in HDF5, loss curves,
 // scaling measurements and a device mesh (apps/plot, docs/plots.md). Bad input gives one error
 // line naming the option and exit code 2; no partial PNG is left behind.
+#include "apps/plot/plot.hpp"
+
 #include <cmath>
 #include <memory>
 
-#include "apps/plot/plot.hpp"
 #include "apps/tessera/commands.hpp"
 #include "core/errors.hpp"
 
@@ -43,8 +44,8 @@ std::vector<std::string> split_names(const std::string& text) {
   size_t start = 0;
   while (true) {
     const size_t comma = text.find(',', start);
-    names.push_back(text.substr(start, comma == std::string::npos ? std::string::npos
-                                                                  : comma - start));
+    names.push_back(
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
@@ -52,8 +53,7 @@ std::vector<std::string> split_names(const std::string& text) {
 }
 
 struct SliceCliOptions {
-  std::string target, index, axis = "z", out, size = "800x600", cmap = "viridis", vmin, vmax,
-                                         title;
+  std::string target, index, axis = "z", out, size = "800x600", cmap = "viridis", vmin, vmax, title;
   double at = 0.5;
 };
 

@@ -100,11 +100,11 @@ void run_simulate(std::shared_ptr<Comm> world, const SimulateCliOptions& options
     // Rank 0 draws the slices of each snapshot once it is in the file (reading it back); a plot
     // that fails is reported and the simulation goes on.
     std::optional<std::string> problem;
-    if (root) try {
-        plot::prepare_plot_directory(options.plot);
-      } catch (const Error& error) {
-        problem = untagged(error);
-      }
+    try {
+      if (root) plot::prepare_plot_directory(options.plot);
+    } catch (const Error& error) {
+      problem = untagged(error);
+    }
     agree_on_error(*world, kOp, problem);
     run.snapshot_written = [&options](int64_t snapshot) {
       try {

@@ -2,6 +2,8 @@
 // formulas and the mesh layout as plain functions; and each plot drawn to a PNG read back with
 // libpng: the asked size, more than one colour, and no file (nor temporary) left on bad input.
 // The drawing tests skip, saying why, in a build without PLplot.
+#include "apps/plot/plot.hpp"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -9,7 +11,6 @@
 #include <filesystem>
 #include <fstream>
 
-#include "apps/plot/plot.hpp"
 #include "core/config.hpp"
 #include "core/layout.hpp"
 #include "core/tensor.hpp"
@@ -294,13 +295,11 @@ TEST_F(Plot, SliceBadInputLeavesNoFile) {
   expect_error([&] { plot::plot_slice(path("run.h5"), "/snapshots", spec, {}, out); }, "--index");
   spec.index = {0, 0};
   expect_error([&] { plot::plot_slice(path("run.h5"), "/missing", spec, {}, out); }, "/missing");
-  expect_error([&] { plot::plot_slice(path("none.h5"), "/snapshots", spec, {}, out); },
-               "none.h5");
+  expect_error([&] { plot::plot_slice(path("none.h5"), "/snapshots", spec, {}, out); }, "none.h5");
   plot::SliceStyle style;
   style.vmin = 2;
   style.vmax = 1;
-  expect_error([&] { plot::plot_slice(path("run.h5"), "/snapshots", spec, style, out); },
-               "--vmin");
+  expect_error([&] { plot::plot_slice(path("run.h5"), "/snapshots", spec, style, out); }, "--vmin");
   expect_error(
       [&] { plot::plot_slice(path("run.h5"), "/snapshots", spec, {}, path("no/such/dir.png")); },
       "--out");
@@ -355,8 +354,7 @@ TEST(PlotUnavailable, RefusedWithOneErrorWithoutPlplot) {
     plot::check_available();
     ADD_FAILURE() << "no error";
   } catch (const NotAvailable& error) {
-    EXPECT_NE(std::string(error.what()).find("built without plotting (PLplot)"),
-              std::string::npos);
+    EXPECT_NE(std::string(error.what()).find("built without plotting (PLplot)"), std::string::npos);
   }
 }
 
