@@ -29,6 +29,7 @@ tessera_option(HDF5 "HDF5 input and output")
 tessera_option(DNNL "oneDNN CPU convolution")
 tessera_option(OPENMP "OpenMP threads in the CPU kernels")
 tessera_option(ONNX "ONNX model import (libonnx-dev, libprotobuf-dev)")
+tessera_option(PLPLOT "PNG plots of the tessera tool (libplplot-dev, plplot-driver-cairo)")
 
 # CUDA: a working nvcc is enough to build; a GPU is only needed to run.
 set(cuda_found FALSE)
@@ -166,4 +167,21 @@ tessera_resolve(ONNX onnx_found)
 if(NOT TESSERA_HAVE_ONNX AND NOT TESSERA_WITH_ONNX STREQUAL "OFF")
   message(STATUS "ONNX import disabled: onnx/onnx_pb.h, libonnx_proto or protobuf not found "
                  "(Debian: libonnx-dev libprotobuf-dev; scripts/install-deps.sh)")
+endif()
+
+# PLplot: the PNG plots of the tessera tool (apps/plot; its pngcairo device comes from the
+# plplot-driver-cairo package and is looked for at run time). Located directly, as plain paths:
+# only the tool links it, never the exported library.
+set(plplot_found FALSE)
+if(NOT TESSERA_WITH_PLPLOT STREQUAL "OFF")
+  find_path(PLPLOT_INCLUDE_DIR plplot.h PATH_SUFFIXES plplot)
+  find_library(PLPLOT_LIBRARY plplot)
+  if(PLPLOT_INCLUDE_DIR AND PLPLOT_LIBRARY)
+    set(plplot_found TRUE)
+  endif()
+endif()
+tessera_resolve(PLPLOT plplot_found)
+if(NOT TESSERA_HAVE_PLPLOT AND NOT TESSERA_WITH_PLPLOT STREQUAL "OFF")
+  message(STATUS "Plots disabled: plplot.h or libplplot not found "
+                 "(Debian: libplplot-dev plplot-driver-cairo; scripts/install-deps.sh)")
 endif()

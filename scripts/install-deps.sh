@@ -23,6 +23,7 @@ packages=(
   libdnnl-dev
   libonnx-dev libprotobuf-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev
+  libplplot-dev plplot-driver-cairo libpng-dev
   python3 python3-numpy python3-h5py python3-onnx
 )
 

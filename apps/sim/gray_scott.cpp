@@ -348,6 +348,7 @@ SimulateReport simulate(const DeviceMesh& mesh, std::vector<Placement> placement
     report.write_seconds += seconds_now() - begin;
     report.bytes_written += snapshot_bytes;
     ++report.snapshots_written;
+    if (options.snapshot_written && comm.rank() == 0) options.snapshot_written(index);
   };
 
   if (options.restart) {

@@ -112,6 +112,9 @@ struct SimulateOptions {
   int gzip_level = -1;   ///< compress the snapshots (only for independent writes)
   /// Called on rank 0 after every step with (steps done, steps to do); may be empty.
   std::function<void(int64_t, int64_t)> progress;
+  /// Called on rank 0 with t once snapshot t is complete in `out` (every box written, `written`
+  /// updated), outside the write timing; may be empty. It must not change the file.
+  std::function<void(int64_t)> snapshot_written;
 };
 
 /// What a simulate() run did (the same on every rank).

@@ -66,6 +66,8 @@ void register_io_commands(CLI::App& app);
 void register_generate(CLI::App& app);
 /// `tessera simulate gray-scott`: the sharded Gray-Scott simulation writing HDF5 snapshots.
 void register_simulate(CLI::App& app);
+/// `tessera plot slice|losses|scaling|mesh`: PNG plots (apps/plot, docs/plots.md).
+void register_plot(CLI::App& app);
 /// `tessera bench comm`: collectives and redistribute beside the raw MPI collectives.
 void register_bench(CLI::App& app);
 

@@ -4,6 +4,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "apps/plot/plot.hpp"
 #include "apps/tessera/commands.hpp"
 #include "core/comm/launch.hpp"
 #include "core/comm/mpi_comm.hpp"
@@ -49,6 +50,7 @@ nlohmann::json collect_info() {
   info["hdf5"] = {{"version", io::hdf5_version()}, {"parallel", io::hdf5_is_parallel()}};
   info["onednn"] = dnnl_version();
   info["openmp"] = parallel_for_has_threads();
+  info["plplot"] = plot::library_version();
   return info;
 }
 
@@ -84,6 +86,7 @@ void register_info(CLI::App& app) {
                info["hdf5"]["parallel"].get<bool>() ? " (parallel)" : "");
     fmt::print("  oneDNN          {}\n", or_none(info["onednn"]));
     fmt::print("  OpenMP          {}\n", info["openmp"].get<bool>() ? "yes" : "not built");
+    fmt::print("  PLplot (plots)  {}\n", or_none(info["plplot"]));
   });
 }
 

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "apps/plot/plot.hpp"
 #include "apps/sim/gray_scott.hpp"
 #include "apps/tessera/cli_parse.hpp"
 #include "apps/tessera/commands.hpp"
@@ -22,7 +23,7 @@ namespace {
 constexpr const char* kOp = "simulate";
 
 struct SimulateCliOptions {
-  std::string size = "64", out, dtype = "f32", device = "cpu";
+  std::string size = "64", out, dtype = "f32", device = "cpu", plot;
   int64_t steps = 100, every = 10;
   uint64_t seed = 7;
   sim::GrayScottParams params;
@@ -57,6 +58,7 @@ void run_simulate(std::shared_ptr<Comm> world, const SimulateCliOptions& options
     config.dtype = dtype_from_name(options.dtype);
     config.params = options.params;
     sim::check_config(config);
+    if (!options.plot.empty()) plot::check_available();
     check_arg(mesh_size(mesh_shape) == world->size(), kOp,
               "--mesh {} has {} ranks but {} ranks run (give --ranks {} or mpiexec -n {})",
               options.layout.mesh, mesh_size(mesh_shape), world->size(), mesh_size(mesh_shape),
@@ -75,6 +77,25 @@ void run_simulate(std::shared_ptr<Comm> world, const SimulateCliOptions& options
                  static_cast<long long>(config.steps - config.steps_run()));
   sim::SimulateOptions run;
   run.out = options.out;
+  if (!options.plot.empty()) {
+    // Rank 0 draws the slices of each snapshot once it is in the file (reading it back); a plot
+    // that fails is reported and the simulation goes on.
+    std::optional<std::string> problem;
+    try {
+      if (root) plot::prepare_plot_directory(options.plot);
+    } catch (const Error& error) {
+      problem = untagged(error);
+    }
+    agree_on_error(*world, kOp, problem);
+    run.snapshot_written = [&options](int64_t snapshot) {
+      try {
+        plot::write_snapshot_plots(options.plot, options.out, "/snapshots", snapshot);
+      } catch (const std::exception& error) {
+        std::fprintf(stderr, "tessera: warning: snapshot %lld not plotted: %s\n",
+                     static_cast<long long>(snapshot), error.what());
+      }
+    };
+  }
   run.restart = options.restart;
   ProgressBar bar;
   if (root && ::isatty(STDERR_FILENO))
@@ -163,6 +184,8 @@ void register_simulate(CLI::App& app) {
       ->capture_default_str();
   gray_scott->add_flag("--restart", options->restart,
                        "Continue the run in --out from its last snapshot (same options)");
+  gray_scott->add_option("--plot", options->plot,
+                         "Write a z = 0.5 slice PNG of u and v per snapshot to this directory");
   gray_scott->add_flag("--json", options->json,
                        "Print one JSON object with the figures at the end");
   gray_scott->callback([options] {
