@@ -30,6 +30,7 @@
 #include <optional>
 #include <regex>
 
+#include "apps/plot/plot.hpp"
 #include "apps/tessera/cli_parse.hpp"
 #include "apps/tessera/commands.hpp"
 #include "apps/tessera/progress_bar.hpp"
@@ -69,6 +70,7 @@ struct TrainOptions {
   int64_t every = 0;
   bool resume = false, json = false;
   std::string losses_out, save_model;
+  std::string plot;  ///< directory of loss.png, redrawn as the run goes ("" = none)
 
   bool sharded_parameters() const { return parallel == "fsdp" || parallel == "hybrid"; }
 };
@@ -541,6 +543,7 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
     domain = parse_mesh(options.layout.mesh);
     check_options(options, domain, world->size());
     dtype = dtype_from_name(options.dtype);
+    if (!options.plot.empty()) plot::check_available();
     if (root) {
       for (const std::string* file : {&options.losses_out, &options.save_model})
         if (!file->empty()) io::check_output_path(kOp, *file);
@@ -625,6 +628,24 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
   std::vector<std::pair<int64_t, double>> losses;
   std::vector<double> step_seconds;
   host_allocator_reset_peak();
+  if (!options.plot.empty())
+    agreed_everywhere(*world, kOp, [&] {
+      if (root) plot::prepare_plot_directory(options.plot);
+    });
+  // Rank 0 redraws DIR/loss.png every 10 steps and at the end; a plot that fails is reported
+  // and training goes on.
+  const auto draw_losses = [&] {
+    plot::LossCurve curve{.label = "train", .step = {}, .loss = {}};
+    for (const auto& [step, loss] : losses) {
+      curve.step.push_back(static_cast<double>(step));
+      curve.loss.push_back(loss);
+    }
+    try {
+      plot::write_loss_plot(options.plot, curve);
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "tessera: warning: losses not plotted: %s\n", error.what());
+    }
+  };
   const double start = now_seconds();
   for (int64_t step = first_step; step < options.steps; ++step) {
     const double step_start = now_seconds();
@@ -662,6 +683,7 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
                       run_counters(options, done));
     }
     if (!root) continue;
+    if (!options.plot.empty() && (done % 10 == 0 || done == options.steps)) draw_losses();
     const double per_step = median(step_seconds);
     const double samples_per_second =
         per_step > 0 ? static_cast<double>(options.batch) / per_step : 0;
@@ -785,6 +807,8 @@ void register_train(CLI::App& app) {
   command->add_option("--save-model", options->save_model,
                       "Write the trained network as ONNX (the same initializer names)");
   command->add_flag("--json", options->json, "End with one JSON object of the run's figures");
+  command->add_option("--plot", options->plot,
+                      "Directory for loss.png, redrawn every 10 steps and at the end");
   add_trace_option(*command);
   command->callback([options, command] {
     options->weight_decay_given = command->count("--weight-decay") > 0;

@@ -14,6 +14,7 @@ import json
 import os
 import shlex
 import shutil
+import subprocess
 import sys
 
 import h5py
@@ -183,6 +184,19 @@ else:
     report(keys <= set(summary) and summary["steps"] == 3 and summary["step_seconds"] > 0 and
            abs(summary["final_loss"] - runs[0]["losses"][2]["loss"]) < 1e-8,
            f"--json: one summary line with {sorted(keys)}")
+
+# --plot DIR: loss.png (800x500), redrawn as the run goes.
+if "PLplot" in subprocess.run([tessera, "info"], capture_output=True, text=True).stdout:
+    plots = os.path.join(scratch, "plots")
+    shutil.rmtree(plots, ignore_errors=True)
+    result = train(run_args(runs[0], steps=3) + ["--ranks", "1", "--plot", plots], 1)
+    png = os.path.join(plots, "loss.png")
+    header = open(png, "rb").read(24) if os.path.exists(png) else b""
+    report(result is not None and header[:8] == b"\x89PNG\r\n\x1a\n" and
+           int.from_bytes(header[16:20], "big") == 800 and int.from_bytes(header[20:24], "big") == 500,
+           "--plot DIR writes DIR/loss.png (800x500)")
+else:
+    print("skip: --plot (built without PLplot)")
 
 # Bad input: one error line naming the option, exit 2, nothing written.
 bad = os.path.join(scratch, "bad.h5")
