@@ -57,9 +57,10 @@ std::optional<std::string> options_problem(const DeviceMesh& mesh, int layers,
         return fmt::format("stages starting at layers {}: stage {} holds no layer",
                            options.stage_starts, s - 1);
     if (options.stage_starts.back() >= layers)
-      return fmt::format("stages starting at layers {} for a model of {} layers: stage {} holds "
-                         "no layer",
-                         options.stage_starts, layers, stages - 1);
+      return fmt::format(
+          "stages starting at layers {} for a model of {} layers: stage {} holds "
+          "no layer",
+          options.stage_starts, layers, stages - 1);
   }
   const int stage_count =
       stages > 0 ? stages
@@ -93,8 +94,8 @@ std::optional<std::string> options_problem(const DeviceMesh& mesh, int layers,
 std::optional<std::string> data_problem(const std::optional<ShardTensor>& data,
                                         const std::string& what, const DeviceMesh& stage_mesh,
                                         int batch_dim, int micro_batches) {
-  if (!data) return fmt::format("no {} on rank {} of the stage that takes it", what,
-                                stage_mesh.rank());
+  if (!data)
+    return fmt::format("no {} on rank {} of the stage that takes it", what, stage_mesh.rank());
   if (data->mesh().shape() != stage_mesh.shape() || data->mesh().names() != stage_mesh.names())
     return fmt::format("the {} on {} (the stage's mesh is {})", what, data->mesh().str(),
                        stage_mesh.str());
@@ -104,8 +105,7 @@ std::optional<std::string> data_problem(const std::optional<ShardTensor>& data,
                        spec.global_shape);
   const int mesh_dim = spec.mesh_dim_sharding(batch_dim);
   const std::vector<int64_t> parts =
-      mesh_dim >= 0 ? spec.extents[mesh_dim]
-                    : std::vector<int64_t>{spec.global_shape[batch_dim]};
+      mesh_dim >= 0 ? spec.extents[mesh_dim] : std::vector<int64_t>{spec.global_shape[batch_dim]};
   for (int64_t part : parts)
     if (part % micro_batches != 0)
       return fmt::format(
@@ -189,10 +189,11 @@ Pipeline::Pipeline(const DeviceMesh& mesh, std::vector<LayerBuilder> layers,
           for (const Placement& placement : entry) texts.push_back(placement.str());
           placements.push_back(fmt::format("[{}]", fmt::join(texts, " ")));
         }
-        return fmt::format("dim {} schedule {} micro-batches {} batch dim {} layers {} stage "
-                           "starts {} input placements {}",
-                           options.dim, schedule_name(options.schedule), options.micro_batches,
-                           options.batch_dim, layer_count, options.stage_starts, placements);
+        return fmt::format(
+            "dim {} schedule {} micro-batches {} batch dim {} layers {} stage "
+            "starts {} input placements {}",
+            options.dim, schedule_name(options.schedule), options.micro_batches, options.batch_dim,
+            layer_count, options.stage_starts, placements);
       });
   state.pp_dim = mesh.dim_index(options.dim);
   state.pp_size = mesh.size(state.pp_dim);
@@ -206,8 +207,9 @@ Pipeline::Pipeline(const DeviceMesh& mesh, std::vector<LayerBuilder> layers,
   state.options = std::move(options);
 
   // The stage mesh: this rank's slice at its pp coordinate (collective over the mesh).
-  if (mesh.ndim() == 1) {
-    state.stage_mesh = mesh.slice(state.pp_dim, state.pp_rank, state.pp_rank + 1);
+  if (mesh.ndim() == 1) {  // each rank alone, on a mesh of the pp dim of size 1
+    state.stage_mesh.emplace(mesh.comm().split(state.pp_rank, 0), std::vector<int>{1},
+                             std::vector<std::string>{state.options.dim});
   } else {
     std::vector<int> others;
     for (int m = 0; m < mesh.ndim(); ++m)
@@ -231,8 +233,7 @@ Pipeline::Pipeline(const DeviceMesh& mesh, std::vector<LayerBuilder> layers,
     for (auto& [name, parameter] : held.module->named_parameters()) {
       const size_t dot = name.find('.');
       std::string key = fmt::format("stage{}.{}", held.stage, name);
-      if (dot != std::string::npos && dot > 0 &&
-          name.find_first_not_of("0123456789") == dot)
+      if (dot != std::string::npos && dot > 0 && name.find_first_not_of("0123456789") == dot)
         key = fmt::format("{}{}", first + std::stoi(name.substr(0, dot)), name.substr(dot));
       held.parameters.emplace_back(key, parameter);
     }
@@ -248,10 +249,9 @@ Pipeline::Pipeline(const DeviceMesh& mesh, std::vector<LayerBuilder> layers,
       sender_ranks.push_back(state.world_rank(sender, i));
       receiver_ranks.push_back(state.world_rank(receiver, i));
     }
-    state.boundaries.emplace(
-        boundary, std::make_unique<StageBoundary>(mesh.comm_ptr(), std::move(sender_ranks),
-                                                  std::move(receiver_ranks),
-                                                  kTagBase + 3 * boundary));
+    state.boundaries.emplace(boundary, std::make_unique<StageBoundary>(
+                                           mesh.comm_ptr(), std::move(sender_ranks),
+                                           std::move(receiver_ranks), kTagBase + 3 * boundary));
   }
 }
 
@@ -310,12 +310,13 @@ double Pipeline::step(const std::optional<ShardTensor>& input,
   trace::Span span("pipeline", "pipeline step");
   std::vector<ShardTensor> inputs, targets;
   for (int m = 0; m < micro_batches; ++m) {
-    if (holds_first_stage()) inputs.push_back(micro_batch(*input, options.batch_dim, m, micro_batches));
+    if (holds_first_stage())
+      inputs.push_back(micro_batch(*input, options.batch_dim, m, micro_batches));
     if (holds_last_stage())
       targets.push_back(micro_batch(*target, options.batch_dim, m, micro_batches));
   }
-  const std::vector<PipelineAction> actions = schedule_actions(
-      options.schedule, state.pp_size, state.pp_rank, micro_batches, state.chunks);
+  const std::vector<PipelineAction> actions =
+      schedule_actions(options.schedule, state.pp_size, state.pp_rank, micro_batches, state.chunks);
   size_t last_backward = 0;
   for (size_t i = 0; i < actions.size(); ++i)
     if (actions[i].kind == PipelineAction::Kind::backward) last_backward = i;
@@ -344,7 +345,8 @@ double Pipeline::step(const std::optional<ShardTensor>& input,
       TapeScope scope(*tape);
       std::optional<ShardTensor> received;
       if (stage > 0)
-        received = state.boundaries.at(stage - 1)->receive(*state.stage_mesh, action.micro_batch == 0);
+        received =
+            state.boundaries.at(stage - 1)->receive(*state.stage_mesh, action.micro_batch == 0);
       const ShardTensor x = received ? *received : inputs[action.micro_batch];
       const ShardTensor y = held.module->forward(x);
       std::optional<ShardTensor> output;
@@ -370,7 +372,8 @@ double Pipeline::step(const std::optional<ShardTensor>& input,
       // Data-parallel gradients are reduced once, from the step's last backward on this rank.
       if (state.reducer) state.reducer->set_sync(index == last_backward);
       it->second.tape->backward(it->second.output);
-      if (it->second.received) state.boundaries.at(stage - 1)->finish_backward(*it->second.received);
+      if (it->second.received)
+        state.boundaries.at(stage - 1)->finish_backward(*it->second.received);
       units.erase(it);
     }
     compute_seconds += seconds_since(began);
@@ -379,8 +382,7 @@ double Pipeline::step(const std::optional<ShardTensor>& input,
   const double wall = seconds_since(start);
 
   // Every rank returns the loss, which the last stage's ranks computed.
-  state.mesh.dim_comm(options.dim)->broadcast(&loss_sum, 1, DType::f64,
-                                              last_stage % state.pp_size);
+  state.mesh.dim_comm(options.dim)->broadcast(&loss_sum, 1, DType::f64, last_stage % state.pp_size);
   PipelineStats& stats = state.stats;
   ++stats.steps;
   stats.max_in_flight = most_alive;

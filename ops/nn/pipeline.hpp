@@ -51,7 +51,8 @@ using StageWrapper =
     std::function<std::shared_ptr<Module>(const DeviceMesh& mesh, std::shared_ptr<Sequential>)>;
 
 /// The loss of one micro-batch from the last stage's output and the target.
-using PipelineLoss = std::function<ShardTensor(const ShardTensor& output, const ShardTensor& target)>;
+using PipelineLoss =
+    std::function<ShardTensor(const ShardTensor& output, const ShardTensor& target)>;
 
 struct PipelineOptions {
   std::string dim = "pp";  ///< the mesh dim the stages are placed along
@@ -71,13 +72,13 @@ struct PipelineOptions {
 
 /// What this rank's pipeline did in its last step (times on this rank).
 struct PipelineStats {
-  int64_t steps = 0;          ///< steps since construction
-  int max_in_flight = 0;      ///< most micro-batches alive at once (forward run, backward not)
-  double step_seconds = 0;    ///< the schedule's wall time, first action to last send done
-  double busy_seconds = 0;    ///< of which computing (stage forwards and backwards with their
-                              ///< collectives), not waiting for another stage
-  int64_t bytes_sent = 0;     ///< activation and gradient bytes sent to other stages
-  int64_t bytes_received = 0; ///< activation and gradient bytes received from other stages
+  int64_t steps = 0;           ///< steps since construction
+  int max_in_flight = 0;       ///< most micro-batches alive at once (forward run, backward not)
+  double step_seconds = 0;     ///< the schedule's wall time, first action to last send done
+  double busy_seconds = 0;     ///< of which computing (stage forwards and backwards with their
+                               ///< collectives), not waiting for another stage
+  int64_t bytes_sent = 0;      ///< activation and gradient bytes sent to other stages
+  int64_t bytes_received = 0;  ///< activation and gradient bytes received from other stages
   /// 1 - busy / wall: the share of the step this rank waited.
   double bubble_fraction() const { return step_seconds > 0 ? 1 - busy_seconds / step_seconds : 0; }
 };

@@ -21,8 +21,8 @@ std::string schedule_name(PipelineSchedule schedule) {
 }
 
 PipelineSchedule parse_schedule(const std::string& name) {
-  for (PipelineSchedule schedule : {PipelineSchedule::gpipe, PipelineSchedule::one_f_one_b,
-                                    PipelineSchedule::interleaved})
+  for (PipelineSchedule schedule :
+       {PipelineSchedule::gpipe, PipelineSchedule::one_f_one_b, PipelineSchedule::interleaved})
     if (schedule_name(schedule) == name) return schedule;
   throw InvalidArgument("pipeline",
                         fmt::format("unknown schedule '{}' (gpipe, 1f1b or interleaved)", name));
@@ -71,9 +71,8 @@ std::vector<PipelineAction> schedule_actions(PipelineSchedule schedule, int pp_s
   // Warm-up: the forwards that must run before this rank's first backward can have its
   // gradient: p - r - 1 for 1F1B; with chunks, the rest of the first group plus the distance to
   // the last rank and back.
-  const int warmup =
-      v == 1 ? std::min(pp_size - pp_rank - 1, total)
-             : std::min((pp_size - pp_rank - 1) * 2 + (v - 1) * pp_size, total);
+  const int warmup = v == 1 ? std::min(pp_size - pp_rank - 1, total)
+                            : std::min((pp_size - pp_rank - 1) * 2 + (v - 1) * pp_size, total);
   for (int k = 0; k < warmup; ++k) actions.push_back(unit(Kind::forward, k));
   for (int k = 0; k < total - warmup; ++k) {
     actions.push_back(unit(Kind::forward, warmup + k));

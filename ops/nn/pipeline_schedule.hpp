@@ -58,7 +58,6 @@ int max_in_flight(const std::vector<PipelineAction>& actions);
 
 /// The bubble fraction of `schedule` when every stage's forward and backward take the same time
 /// and transfers none: (p - 1) / (m + p - 1), interleaved (p - 1) / (v m + p - 1).
-double ideal_bubble_fraction(PipelineSchedule schedule, int pp_size, int micro_batches,
-                             int chunks);
+double ideal_bubble_fraction(PipelineSchedule schedule, int pp_size, int micro_batches, int chunks);
 
 }  // namespace tessera::nn

@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <optional>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "core/autograd.hpp"
@@ -112,8 +112,8 @@ struct StageBoundary::State {
   /// Posts the pieces of `local` (laid out by `pieces`' source spec on this rank, whose box
   /// starts at `origin`) that `pieces` send from `my_index` to ranks of `peers`, on `channel`.
   void post_pieces(const Tensor& local, const std::vector<int64_t>& origin,
-                   const std::vector<StageBox>& pieces, int my_index,
-                   const std::vector<int>& peers, Channel channel, Posted posting = {}) {
+                   const std::vector<StageBox>& pieces, int my_index, const std::vector<int>& peers,
+                   Channel channel, Posted posting = {}) {
     std::vector<P2POp> ops;
     if (!posting.header_words.empty()) {
       ops.push_back(P2POp::send(posting.header_words.data(),
@@ -128,8 +128,8 @@ struct StageBoundary::State {
     for (const StageBox& piece : pieces) {
       if (piece.sender != my_index) continue;
       Tensor buffer = local.view_box(piece.box.relative_to(origin)).contiguous();
-      ops.push_back(P2POp::send(buffer.raw_data(), buffer.nbytes(), peers[piece.receiver],
-                                tag + channel));
+      ops.push_back(
+          P2POp::send(buffer.raw_data(), buffer.nbytes(), peers[piece.receiver], tag + channel));
       stats.bytes_sent += static_cast<int64_t>(buffer.nbytes());
       posting.buffers.push_back(std::move(buffer));
     }
@@ -149,8 +149,8 @@ struct StageBoundary::State {
     for (const StageBox& piece : pieces) {
       if (piece.receiver != my_index) continue;
       Tensor buffer = Tensor::empty(piece.box.shape(), dtype, device);
-      ops.push_back(P2POp::recv(buffer.raw_data(), buffer.nbytes(), peers[piece.sender],
-                                tag + channel));
+      ops.push_back(
+          P2POp::recv(buffer.raw_data(), buffer.nbytes(), peers[piece.sender], tag + channel));
       stats.bytes_received += static_cast<int64_t>(buffer.nbytes());
       buffers.emplace_back(piece.box.relative_to(origin), std::move(buffer));
     }
@@ -210,16 +210,16 @@ ShardTensor StageBoundary::send(const ShardTensor& y, const std::vector<Placemen
     sent = y.redistribute(reduced.placements, reduced.extents);
   }
   const ShardSpec from = sent.spec();
-  const ShardSpec to = ShardSpec::make(from.global_shape, from.mesh_shape,
-                                       placements.empty() ? from.placements : placements, {},
-                                       "pipeline");
+  const ShardSpec to =
+      ShardSpec::make(from.global_shape, from.mesh_shape,
+                      placements.empty() ? from.placements : placements, {}, "pipeline");
   State::Posted posting;
   if (with_layout) {
     posting.header_words = header_of(from, to, sent.dtype());
     posting.extent_words = extents_of(from);
   }
-  state.post_pieces(sent.to_local(), sent.local_box().lo, stage_boxes(from, to),
-                    state.sender_index, state.receiver_ranks, activations, std::move(posting));
+  state.post_pieces(sent.to_local(), sent.local_box().lo, stage_boxes(from, to), state.sender_index,
+                    state.receiver_ranks, activations, std::move(posting));
   ShardTensor token = scalar_on(sent.mesh(), sent.dtype(), sent.device());
   if (Tape* tape = Tape::active()) {
     // The token's backward: y's gradient comes back the way y went, into y's (reduced) layout.
@@ -257,8 +257,8 @@ ShardTensor StageBoundary::receive(const DeviceMesh& mesh, bool with_layout) {
     state.world->send_recv(first);
     std::vector<int64_t> extents(extents_count(header, mesh.shape()));
     if (!extents.empty()) {
-      const std::vector<P2POp> second{P2POp::recv(
-          extents.data(), extents.size() * sizeof(int64_t), peer, state.tag + layouts)};
+      const std::vector<P2POp> second{
+          P2POp::recv(extents.data(), extents.size() * sizeof(int64_t), peer, state.tag + layouts)};
       state.world->send_recv(second);
     }
     state.stats.wait_seconds += seconds_since(start);
@@ -293,19 +293,19 @@ ShardTensor StageBoundary::receive(const DeviceMesh& mesh, bool with_layout) {
   state.unanswered.emplace(x.id(), State::Received{from, to, dtype});
   if (Tape* tape = Tape::active()) {
     // x's backward: its gradient goes back to the sending stage, in the layout x came in.
-    auto op = std::make_shared<const OpDef>(OpDef{
-        .name = "pipeline_receive",
-        .summary = "An activation received from the previous pipeline stage (not registered)",
-        .backward = [weak = std::weak_ptr<State>(state_), from = from, to = to, dtype](
-                        const OpRecord& record,
-                        const std::vector<std::optional<ShardTensor>>& grads)
-            -> std::vector<std::optional<ShardTensor>> {
-          auto state = weak.lock();
-          check_arg(state != nullptr, "pipeline", "a gradient for a boundary that is gone");
-          if (grads[0] && state->unanswered.erase(record.outputs[0].id()))
-            state->send_gradient(*grads[0], from, to, dtype);
-          return {};
-        }});
+    auto op = std::make_shared<const OpDef>(
+        OpDef{.name = "pipeline_receive",
+              .summary = "An activation received from the previous pipeline stage (not registered)",
+              .backward = [weak = std::weak_ptr<State>(state_), from = from, to = to, dtype](
+                              const OpRecord& record,
+                              const std::vector<std::optional<ShardTensor>>& grads)
+                  -> std::vector<std::optional<ShardTensor>> {
+                auto state = weak.lock();
+                check_arg(state != nullptr, "pipeline", "a gradient for a boundary that is gone");
+                if (grads[0] && state->unanswered.erase(record.outputs[0].id()))
+                  state->send_gradient(*grads[0], from, to, dtype);
+                return {};
+              }});
     tape->record(OpRecord{op, {}, {}, {}, {}, {}, {x}});
   }
   return x;

@@ -3,6 +3,8 @@
 // backward once and never deadlocks (simulated with blocking receives and non-blocking sends),
 // keeps at most the activations it promises, and with equal stage times has the bubble of its
 // formula; the transfer pieces give every receiving rank exactly its box once.
+#include "ops/nn/pipeline_schedule.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,7 +12,6 @@
 #include <set>
 
 #include "core/errors.hpp"
-#include "ops/nn/pipeline_schedule.hpp"
 #include "ops/nn/stage_boxes.hpp"
 
 namespace tessera::nn {
@@ -110,8 +111,8 @@ TEST(PipelineSchedule, EveryUnitRunsForwardThenBackwardOnce) {
           EXPECT_TRUE(backwarded.insert(unit).second) << name(c) << " rank " << r;
         }
       }
-      const size_t units = static_cast<size_t>(c.m) *
-                           (c.schedule == PipelineSchedule::interleaved ? c.v : 1);
+      const size_t units =
+          static_cast<size_t>(c.m) * (c.schedule == PipelineSchedule::interleaved ? c.v : 1);
       EXPECT_EQ(forwarded.size(), units) << name(c);
       EXPECT_EQ(backwarded.size(), units) << name(c);
     }
@@ -132,7 +133,8 @@ TEST(PipelineSchedule, EachChunkRunsItsMicroBatchesInOrder) {
 }
 
 TEST(PipelineSchedule, NoScheduleDeadlocksWithBlockingReceives) {
-  for (const Case& c : cases()) EXPECT_FALSE(simulate(c.schedule, c.p, c.m, c.v, 1).deadlocked) << name(c);
+  for (const Case& c : cases())
+    EXPECT_FALSE(simulate(c.schedule, c.p, c.m, c.v, 1).deadlocked) << name(c);
 }
 
 // GPipe keeps every micro-batch alive; 1F1B at most p - r on rank r (stage s = r); interleaved
@@ -199,8 +201,8 @@ void expect_exact_cover(const ShardSpec& from, const ShardSpec& to) {
       }
       covered += piece.box.volume();
     }
-    EXPECT_EQ(covered, needed.volume()) << "receiver " << receiver << " " << from.str() << " -> "
-                                        << to.str();
+    EXPECT_EQ(covered, needed.volume())
+        << "receiver " << receiver << " " << from.str() << " -> " << to.str();
   }
   EXPECT_EQ(stage_boxes_volume(boxes), expected_volume);
 }
@@ -214,8 +216,8 @@ TEST(StageBoxes, EveryReceiverGetsExactlyItsBoxOnce) {
   const ShardSpec rows = ShardSpec::make(shape, mesh, {P::shard(0), P::replicate(), P::shard(2)});
   const ShardSpec channels =
       ShardSpec::make(shape, mesh, {P::shard(0), P::replicate(), P::shard(1)});
-  const ShardSpec uneven = ShardSpec::make(shape, mesh, {P::shard(0), P::shard(3), P::shard(2)},
-                                           {{}, {1, 7}, {0, 11}});
+  const ShardSpec uneven =
+      ShardSpec::make(shape, mesh, {P::shard(0), P::shard(3), P::shard(2)}, {{}, {1, 7}, {0, 11}});
   const ShardSpec replicated =
       ShardSpec::make(shape, mesh, {P::replicate(), P::replicate(), P::replicate()});
   for (const ShardSpec* from : {&rows, &channels, &uneven, &replicated})
@@ -228,10 +230,10 @@ TEST(StageBoxes, EveryReceiverGetsExactlyItsBoxOnce) {
   // From a replicated layout each receiver reads its own coordinate's replica.
   for (const StageBox& piece : stage_boxes(replicated, channels))
     EXPECT_EQ(piece.sender, piece.receiver);
-  EXPECT_THROW(stage_boxes(ShardSpec::make(shape, mesh, {P::partial(), P::replicate(),
-                                                         P::replicate()}),
-                           rows),
-               InvalidArgument);
+  EXPECT_THROW(
+      stage_boxes(ShardSpec::make(shape, mesh, {P::partial(), P::replicate(), P::replicate()}),
+                  rows),
+      InvalidArgument);
 }
 
 }  // namespace
