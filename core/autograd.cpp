@@ -97,7 +97,15 @@ const std::shared_ptr<const OpDef>& redistribute_op() {
 Tape::Tape() : previous_(active_tape) {
   active_tape = this;
 }
+Tape::Tape(Idle) : restores_(false) {}
 Tape::~Tape() {
+  if (restores_) active_tape = previous_;
+}
+
+TapeScope::TapeScope(Tape& tape) : previous_(active_tape) {
+  active_tape = &tape;
+}
+TapeScope::~TapeScope() {
   active_tape = previous_;
 }
 Tape* Tape::active() {

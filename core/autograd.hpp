@@ -25,6 +25,12 @@ class Tape {
  public:
   /// Starts recording on this thread (restores the previously active tape when destroyed).
   Tape();
+  /// Tag of a tape that does not start recording when made.
+  struct Idle {};
+  /// A tape that records only while a TapeScope of it is alive: schedules that keep several
+  /// tapes alive at once and record into each in turn (pipeline micro-batches, whose forwards
+  /// and backwards interleave) make their tapes this way, so no tape's lifetime has to nest.
+  explicit Tape(Idle);
   ~Tape();
   Tape(const Tape&) = delete;
   Tape& operator=(const Tape&) = delete;
@@ -53,7 +59,21 @@ class Tape {
   std::map<uint64_t, ShardTensor> grads_;   // finalized leaf gradients
   std::set<uint64_t> produced_;             // ids of recorded outputs
   bool released_ = false;                   // saved tensors released by a backward pass
+  bool restores_ = true;                    // made active at construction (not Idle)
   Tape* previous_ = nullptr;
+};
+
+/// While alive, `tape` records on this thread; the tape active before is restored when the scope
+/// ends. Nests with Tape and NoGrad (NoGrad still turns recording off).
+class TapeScope {
+ public:
+  explicit TapeScope(Tape& tape);
+  ~TapeScope();
+  TapeScope(const TapeScope&) = delete;
+  TapeScope& operator=(const TapeScope&) = delete;
+
+ private:
+  Tape* previous_;
 };
 
 /// While alive on this thread, nothing is recorded (Tape::active() is null) and results of ops

@@ -8,7 +8,11 @@
 // memory is the process's allocator peak (local ranks share one process: per rank = peak /
 // local ranks; under mpiexec each rank is its own process). `--mixed bf16|f16` adds the DDP
 // (overlapped) and FSDP rows again with f32 master weights computing in that dtype
-// (ops/nn/mixed_precision.hpp; f16 with the GradScaler).
+// (ops/nn/mixed_precision.hpp; f16 with the GradScaler). `--pp P` benchmarks pipeline
+// parallelism instead (ops/nn/pipeline.hpp): the same conv3d layers split into stages over a
+// pp x dp x domain mesh (x tp with `--tp N`: filter- and channel-parallel convs in turn), one row
+// per schedule with the step time and the measured bubble (1 - busy / wall per rank, mean and
+// max over the ranks) beside the formula's (p-1)/(m+p-1), interleaved (p-1)/(v m+p-1).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -25,6 +29,8 @@
 #include "ops/nn/fsdp.hpp"
 #include "ops/nn/layers.hpp"
 #include "ops/nn/mixed_precision.hpp"
+#include "ops/nn/pipeline.hpp"
+#include "ops/nn/tensor_parallel.hpp"
 #include "ops/ops.hpp"
 #include "ops/optim/optimizer.hpp"
 
@@ -41,6 +47,11 @@ struct TrainBenchOptions {
   int steps = 3;
   int threads = 0;
   std::string mixed;  // "", "bf16" or "f16": compute dtype of the extra rows
+  int pp = 0;         // > 0: the pipeline benchmark over this many pp ranks
+  int tp = 1;         // tensor-parallel ranks of the pipeline benchmark
+  int micro_batches = 4;
+  std::string schedule = "all";  // gpipe, 1f1b, interleaved or all
+  int chunks = 2;                // model chunks per pp rank of the interleaved schedule
   bool json = false;
 };
 
@@ -135,6 +146,148 @@ StepFigures measure(std::shared_ptr<Comm> world, const TrainBenchOptions& option
   return figures;
 }
 
+/// The measured figures of one pipeline schedule (this rank's, then reduced over the world).
+struct PipelineFigures {
+  double step = 0;         // seconds per step (slowest rank)
+  double bubble_mean = 0;  // measured bubble fraction, mean over ranks (last timed step)
+  double bubble_max = 0;   // and the largest
+  int64_t bytes = 0;       // bytes sent between stages per step, all ranks
+  int max_in_flight = 0;   // most micro-batches alive on a rank
+  double loss = 0;
+};
+
+PipelineFigures measure_pipeline(std::shared_ptr<Comm> world, const TrainBenchOptions& options,
+                                 const Shape& shape, const std::vector<int>& mesh_shape,
+                                 nn::PipelineSchedule schedule) {
+  const bool with_tp = options.tp > 1;
+  std::vector<int> shape_of_mesh{options.pp, mesh_shape[0]};
+  std::vector<std::string> names{"pp", "dp"};
+  if (with_tp) {
+    shape_of_mesh.push_back(options.tp);
+    names.push_back("tp");
+  }
+  shape_of_mesh.push_back(mesh_shape[1]);
+  names.push_back("x");
+  DeviceMesh mesh(world, shape_of_mesh, names);
+  // The conv3d layers of the other rows (gelu between), filter- and channel-parallel in turn
+  // over tp when there is one.
+  const nn::TensorParallelOptions tp{.dim = with_tp ? "tp" : ""};
+  std::vector<nn::LayerBuilder> layers;
+  int64_t channels = shape[1];
+  for (int64_t layer = 0; layer < options.layers; ++layer) {
+    const int64_t out = layer + 1 == options.layers ? shape[1] : options.hidden;
+    const nn::ConvConfig config{.spatial_dims = 3, .in_channels = channels, .out_channels = out};
+    const uint64_t seed = 100 + static_cast<uint64_t>(layer);
+    layers.push_back([=](const DeviceMesh& stage) -> std::shared_ptr<nn::Module> {
+      if (!with_tp) return std::make_shared<nn::Conv>(stage, config, seed);
+      if (layer % 2 == 0) return std::make_shared<nn::FilterParallelConv>(stage, config, seed, tp);
+      return std::make_shared<nn::ChannelParallelConv>(stage, config, seed, tp);
+    });
+    if (layer + 1 < options.layers)
+      layers.push_back([](const DeviceMesh&) { return std::make_shared<nn::Activation>("gelu"); });
+    channels = out;
+  }
+  const int stages =
+      options.pp * (schedule == nn::PipelineSchedule::interleaved ? options.chunks : 1);
+  // Stages start at conv layers (each conv with the gelu after it), split as evenly as they go.
+  std::vector<int> starts;
+  for (int s = 0; s < stages; ++s)
+    starts.push_back(2 * static_cast<int>(s * options.layers / stages));
+  nn::Pipeline pipe(
+      mesh, layers,
+      {.schedule = schedule, .micro_batches = options.micro_batches, .stage_starts = starts});
+  optim::AdamW optimizer(pipe.parameters(), {.lr = 1e-3});
+  nn::GradReducer reducer(pipe.parameters());
+  pipe.set_grad_reducer(&reducer);
+  std::vector<Placement> placements{Placement::shard(0), Placement::shard(2)};
+  if (with_tp) placements.insert(placements.begin() + 1, Placement::replicate());
+  std::optional<ShardTensor> x, target;
+  if (pipe.holds_first_stage())
+    x = ShardTensor::distribute(bench::random_tensor(shape, 1), pipe.stage_mesh(), placements);
+  if (pipe.holds_last_stage())
+    target = ShardTensor::distribute(bench::random_tensor(shape, 2), pipe.stage_mesh(), placements);
+  PipelineFigures figures;
+  figures.step = bench::time_collective(*world, Device::cpu(), 1, options.steps, [&] {
+    trace::Span span("step", "pipeline train step");
+    optimizer.zero_grad();
+    figures.loss = pipe.step(x, target);
+    reducer.finish();
+    optimizer.step();
+  });
+  const nn::PipelineStats stats = pipe.stats();
+  double bubble = stats.bubble_fraction();
+  figures.bubble_max = bubble;
+  world->all_reduce(&bubble, &figures.bubble_mean, 1, DType::f64, ReduceOp::avg);
+  world->all_reduce(&figures.bubble_max, &figures.bubble_max, 1, DType::f64, ReduceOp::max);
+  figures.bytes = stats.bytes_sent;
+  world->all_reduce(&figures.bytes, &figures.bytes, 1, DType::i64, ReduceOp::sum);
+  int32_t alive = stats.max_in_flight;
+  world->all_reduce(&alive, &alive, 1, DType::i32, ReduceOp::max);
+  figures.max_in_flight = alive;
+  return figures;
+}
+
+void run_pipeline_bench(const TrainBenchOptions& options, const Shape& shape,
+                        const std::vector<int>& mesh_shape) {
+  check_arg(options.tp >= 1 && options.micro_batches >= 1 && options.chunks >= 2, "bench",
+            "--tp {}, --micro-batches {} and --chunks {} (at least 1, 1 and 2)", options.tp,
+            options.micro_batches, options.chunks);
+  std::vector<nn::PipelineSchedule> schedules;
+  if (options.schedule == "all")
+    schedules = {nn::PipelineSchedule::gpipe, nn::PipelineSchedule::one_f_one_b,
+                 nn::PipelineSchedule::interleaved};
+  else
+    schedules = {nn::parse_schedule(options.schedule)};
+  const int ranks = options.pp * mesh_shape[0] * options.tp * mesh_shape[1];
+  const Backend backend = backend_from_env();
+  bench::BenchReport report("train_pipeline", options.json, bench::is_reporter(backend));
+  report.set("shape", shape);
+  report.set("pp", options.pp);
+  report.set("mesh", mesh_shape);
+  report.set("tp", options.tp);
+  report.set("micro_batches", options.micro_batches);
+  report.set("layers", options.layers);
+  report.set("hidden", options.hidden);
+  report.set("backend", backend_name(backend));
+  bench::BenchTable& table = report.table(
+      "rows",
+      fmt::format("tessera bench train --pp {}: {} conv3d layers (hidden {}), x {} f32 on pp {} x "
+                  "dp x domain {}{}, {} micro-batches, AdamW, {} backend",
+                  options.pp, options.layers, options.hidden, shape, options.pp, options.mesh,
+                  options.tp > 1 ? fmt::format(" x tp {}", options.tp) : "", options.micro_batches,
+                  backend_name(backend)),
+      {{"schedule", "schedule", "", 12},
+       {"stages", "stages", "", 7},
+       {"ranks", "ranks", "", 6},
+       {"step_ms", "step", "ms", 10, 1},
+       {"bubble", "bubble", "mean", 8, 3},
+       {"bubble_max", "bubble", "max", 8, 3},
+       {"bubble_formula", "formula", "", 8, 3},
+       {"max_in_flight", "alive", "", 6},
+       {"bytes_between_stages", "moved", "bytes", 11}});
+  for (nn::PipelineSchedule schedule : schedules) {
+    const int chunks = schedule == nn::PipelineSchedule::interleaved ? options.chunks : 1;
+    PipelineFigures figures;
+    launch(backend, ranks, [&](std::shared_ptr<Comm> world) {
+      if (options.threads > 0) set_compute_threads(options.threads);
+      PipelineFigures mine = measure_pipeline(world, options, shape, mesh_shape, schedule);
+      if (world->rank() == 0) figures = mine;
+    });
+    table.add({{"schedule", nn::schedule_name(schedule)},
+               {"stages", options.pp * chunks},
+               {"ranks", ranks},
+               {"step_ms", figures.step * 1e3},
+               {"bubble", figures.bubble_mean},
+               {"bubble_max", figures.bubble_max},
+               {"bubble_formula",
+                nn::ideal_bubble_fraction(schedule, options.pp, options.micro_batches, chunks)},
+               {"max_in_flight", figures.max_in_flight},
+               {"bytes_between_stages", figures.bytes},
+               {"loss", figures.loss}});
+  }
+  report.finish();
+}
+
 void run_train_bench(const TrainBenchOptions& options) {
   const Shape shape = parse_list(options.shape);
   check_arg(shape.size() == 5, "bench", "--shape needs N,C,X,Y,Z, got '{}'", options.shape);
@@ -145,6 +298,10 @@ void run_train_bench(const TrainBenchOptions& options) {
             "--layers {}, --hidden {} and --steps {} must be at least 1", options.layers,
             options.hidden, options.steps);
   check_arg(options.bucket_mb > 0, "bench", "--bucket-mb {} must be positive", options.bucket_mb);
+  if (options.pp > 0) {
+    run_pipeline_bench(options, shape, mesh_shape);
+    return;
+  }
   check_arg(options.mixed.empty() || options.mixed == "bf16" || options.mixed == "f16", "bench",
             "--mixed '{}' (expected bf16 or f16)", options.mixed);
   const std::optional<DType> mixed =
@@ -238,6 +395,21 @@ void register_train_bench(CLI::App& bench) {
   train->add_option("--mixed", options->mixed,
                     "Also the DDP and FSDP rows with f32 master weights computing in bf16 or f16 "
                     "(f16 with loss scaling)");
+  train
+      ->add_option("--pp", options->pp,
+                   "Pipeline parallelism over this many ranks instead of the DDP/FSDP rows (the "
+                   "mesh becomes pp x dp x domain)")
+      ->check(CLI::Range(0, 4096));
+  train->add_option("--tp", options->tp, "Tensor-parallel ranks of the pipeline rows")
+      ->check(CLI::Range(1, 4096));
+  train->add_option("--micro-batches", options->micro_batches, "Micro-batches per pipeline step")
+      ->capture_default_str();
+  train
+      ->add_option("--schedule", options->schedule,
+                   "Pipeline schedule: gpipe, 1f1b, interleaved or all")
+      ->capture_default_str();
+  train->add_option("--chunks", options->chunks, "Model chunks per pp rank (interleaved)")
+      ->capture_default_str();
   add_trace_option(*train);
   train->add_flag("--json", options->json, "Print JSON instead of the table");
   train->callback([options] { run_train_bench(*options); });
