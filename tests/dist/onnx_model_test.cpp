@@ -219,8 +219,9 @@ TEST(OnnxModel, ReshapeKeepsShardsUnlessItMergesAShardedDimTransposeRelabelsShap
                                                       ? std::vector<std::string>{}
                                                       : std::vector<std::string>{"Reshape_node"};
         EXPECT_EQ(model.fallback_nodes(), gathered) << "keep " << keep;
-        if (keep == 2 && world == 3)
+        if (keep == 2 && world == 3) {
           EXPECT_TRUE(y.placements()[0].is_shard() && y.placements()[0].dim == 1);
+        }
       });
     }
   }
