@@ -11,7 +11,8 @@
 // dim, all-reduce over the rest) and the optimizer updates shards only.
 //
 // Data: step t's global batch is samples (t*B + i) mod S, i < B, in file order (--shuffle 0; each
-// rank reads only its own rows and spatial box), or io::BatchReader's seeded order (--shuffle 1).
+// rank reads only its own rows and spatial box), or io::BatchReader's seeded order (--shuffle 1);
+// with --crop every sample is a random crop (CropBatches).
 // Either way the data position is a function of t, so a checkpoint's step count is enough to
 // continue the data exactly.
 //
@@ -71,6 +72,7 @@ struct TrainOptions {
   bool resume = false, json = false;
   std::string losses_out, save_model;
   std::string plot;  ///< directory of loss.png, redrawn as the run goes ("" = none)
+  std::string crop;  ///< spatial extents of the random crop each sample is cut to ("" = none)
 
   bool sharded_parameters() const { return parallel == "fsdp" || parallel == "hybrid"; }
 };
@@ -335,6 +337,116 @@ class ShuffledBatches final : public BatchSource {
   std::optional<io::BatchReader> input_, target_;
 };
 
+/// splitmix64: the mixing function of the crop positions and the crop order's shuffle.
+uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+/// --crop: every sample of a batch is a crop of the given spatial extents, at a position drawn
+/// from (seed, step, index in the batch), the same box of the input and of the target. Samples
+/// come in file order, (t*B + i) mod S (--shuffle 0), or in a seeded permutation per epoch of S
+/// samples (--shuffle 1: Fisher-Yates driven by splitmix64 of the seed and the epoch). Each rank
+/// reads only its rows and its box of each crop: one hyperslab per sample.
+class CropBatches final : public BatchSource {
+ public:
+  CropBatches(const TrainOptions& options, const DeviceMesh& mesh, const BatchLayout& layout,
+              const DataShapes& shapes, DType as)
+      : options_(options), mesh_(mesh), samples_(shapes.input[0]), as_(as) {
+    crop_ = parse_list(options.crop);
+    const size_t spatial = shapes.input.size() - 2;
+    check_arg(crop_.size() == spatial, kOp,
+              "--crop {} gives {} extents for the {} spatial dims of --input '{}' (shape {})",
+              options.crop, crop_.size(), spatial, options.input, shapes.input);
+    check_arg(std::equal(shapes.input.begin() + 2, shapes.input.end(), shapes.target.begin() + 2),
+              kOp,
+              "--crop cuts the same box of input and target: their spatial shapes differ ({} and "
+              "{})",
+              shapes.input, shapes.target);
+    for (size_t d = 0; d < spatial; ++d) {
+      data_extent_.push_back(shapes.input[d + 2]);
+      check_arg(crop_[d] >= 1 && crop_[d] <= data_extent_[d], kOp,
+                "--crop {}: extent {} of spatial dim {} is not within 1..{} (the data's)",
+                options.crop, crop_[d], d, data_extent_[d]);
+    }
+    for (const Shape* shape : {&shapes.input, &shapes.target}) {
+      Shape batch_shape = *shape;
+      batch_shape[0] = options.batch;
+      std::copy(crop_.begin(), crop_.end(), batch_shape.begin() + 2);
+      specs_.push_back(
+          ShardSpec::make(batch_shape, mesh.shape(), layout.placements, layout.extents, kOp));
+    }
+  }
+
+  std::pair<ShardTensor, ShardTensor> batch(int64_t step) override {
+    std::vector<ShardTensor> pieces;
+    std::optional<std::string> problem;
+    for (size_t k = 0; k < specs_.size(); ++k) {
+      const std::string& dataset = k == 0 ? options_.input : options_.target;
+      const Box box = specs_[k].local_box(mesh_.coord());
+      Tensor local = Tensor::empty(box.shape(), as_, current_rank_context().device());
+      try {
+        for (int64_t row = box.lo[0]; row < box.hi[0] && !box.empty(); ++row) {
+          const int64_t index = step * options_.batch + row;  // in the run's stream of samples
+          Box in_file = box;
+          in_file.lo[0] = sample_of(index);
+          in_file.hi[0] = in_file.lo[0] + 1;
+          for (size_t d = 0; d < crop_.size(); ++d) {
+            const int64_t origin = origin_of(index, d);
+            in_file.lo[d + 2] += origin;
+            in_file.hi[d + 2] += origin;
+          }
+          local.slice(0, row - box.lo[0], row - box.lo[0] + 1)
+              .copy_from(io::read_hyperslab(options_.data, dataset, in_file, as_, local.device()));
+        }
+      } catch (const Error& error) {
+        if (!problem) problem = untagged(error);
+      }
+      pieces.emplace_back(local, mesh_, specs_[k]);
+    }
+    agree_on_error(mesh_.comm(), kOp, problem);
+    return {pieces[0], pieces[1]};
+  }
+
+ private:
+  /// The dataset row of the run's `index`-th sample.
+  int64_t sample_of(int64_t index) {
+    const int64_t epoch = index / samples_, position = index % samples_;
+    if (options_.shuffle == 0) return position;
+    if (epoch != order_epoch_) {
+      order_.resize(static_cast<size_t>(samples_));
+      for (int64_t i = 0; i < samples_; ++i) order_[static_cast<size_t>(i)] = i;
+      uint64_t state = mix64(options_.seed ^ mix64(static_cast<uint64_t>(epoch)));
+      for (int64_t i = samples_ - 1; i > 0; --i) {
+        state = mix64(state);
+        std::swap(order_[static_cast<size_t>(i)],
+                  order_[static_cast<size_t>(state % static_cast<uint64_t>(i + 1))]);
+      }
+      order_epoch_ = epoch;
+    }
+    return order_[static_cast<size_t>(position)];
+  }
+
+  /// Where the crop of the run's `index`-th sample starts along spatial dim `d`.
+  int64_t origin_of(int64_t index, size_t d) const {
+    const uint64_t positions = static_cast<uint64_t>(data_extent_[d] - crop_[d] + 1);
+    const uint64_t draw = mix64(mix64(options_.seed + 0x5851F42D4C957F2Dull) ^
+                                mix64(static_cast<uint64_t>(index) * 8 + d));
+    return static_cast<int64_t>(draw % positions);
+  }
+
+  const TrainOptions& options_;
+  DeviceMesh mesh_;
+  int64_t samples_;
+  DType as_;
+  std::vector<int64_t> crop_, data_extent_;
+  std::vector<ShardSpec> specs_;
+  std::vector<int64_t> order_;
+  int64_t order_epoch_ = -1;
+};
+
 /// The trained values: the model's own replicated parameters (DDP), or, with --parallel
 /// fsdp|hybrid or a bf16 model, separate master parameters that the optimizer updates (sharded
 /// over the shard dim, and f32 for a bf16 model). Before each step the masters are gathered into
@@ -421,10 +533,15 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& options,
 
 /// The counters a checkpoint holds besides the step: a resumed run must read the same batches.
 std::map<std::string, int64_t> run_counters(const TrainOptions& options, int64_t step) {
-  return {{"step", step},
-          {"batch", options.batch},
-          {"shuffle", options.shuffle},
-          {"seed", static_cast<int64_t>(options.seed)}};
+  std::map<std::string, int64_t> counters{{"step", step},
+                                          {"batch", options.batch},
+                                          {"shuffle", options.shuffle},
+                                          {"seed", static_cast<int64_t>(options.seed)}};
+  const std::vector<int64_t> crop =
+      options.crop.empty() ? std::vector<int64_t>{} : parse_list(options.crop);
+  counters["crop_dims"] = static_cast<int64_t>(crop.size());
+  for (size_t d = 0; d < crop.size(); ++d) counters[fmt::format("crop_{}", d)] = crop[d];
+  return counters;
 }
 
 std::string checkpoint_file(const std::string& dir, int64_t step) {
@@ -590,7 +707,11 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
               "the input (same rank)",
               options.target, shapes.target, options.input, shapes.input);
   });
-  if (options.shuffle == 1) {
+  if (!options.crop.empty()) {
+    agreed_everywhere(*world, kOp, [&] {
+      batches = std::make_unique<CropBatches>(options, mesh, layout, shapes, read_dtype);
+    });
+  } else if (options.shuffle == 1) {
     batches = std::make_unique<ShuffledBatches>(options, mesh, layout, read_dtype);
   } else {
     agreed_everywhere(*world, kOp, [&] {
@@ -807,6 +928,9 @@ void register_train(CLI::App& app) {
   command->add_option("--save-model", options->save_model,
                       "Write the trained network as ONNX (the same initializer names)");
   command->add_flag("--json", options->json, "End with one JSON object of the run's figures");
+  command->add_option("--crop", options->crop,
+                      "Train on random crops of these spatial extents, e.g. 32,32,32 (positions "
+                      "drawn from --seed, the step and the sample)");
   command->add_option("--plot", options->plot,
                       "Directory for loss.png, redrawn every 10 steps and at the end");
   add_trace_option(*command);

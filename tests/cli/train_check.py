@@ -185,6 +185,30 @@ else:
            abs(summary["final_loss"] - runs[0]["losses"][2]["loss"]) < 1e-8,
            f"--json: one summary line with {sorted(keys)}")
 
+# --crop: a crop of the whole grid is the data itself (file order: the same losses bit for bit);
+# random crops give the same losses on every layout (within 1e-12 relative), and not those of
+# the whole grid.
+whole, plain = os.path.join(scratch, "crop.whole.json"), os.path.join(scratch, "crop.none.json")
+train(run_args(runs[0]) + ["--ranks", "1", "--losses-out", whole, "--crop", "10,9"], 1)
+train(run_args(runs[0]) + ["--ranks", "1", "--losses-out", plain], 1)
+report(os.path.exists(whole) and os.path.exists(plain) and losses_of(whole) == losses_of(plain),
+       "--crop 10,9 (the whole grid) trains exactly as without --crop")
+cropped = {}
+for label, ranks, layout in [layouts[0], ("dp=2 x domain 2 FSDP", 4,
+                                          ["--dp", "2", "--mesh", "2", "--shard-dims", "3",
+                                           "--extents", "1,4", "--parallel", "fsdp"])]:
+    out = os.path.join(scratch, f"crop.{ranks}.json")
+    if train(run_args(runs[1]) + layout + ["--crop", "6,5", "--shuffle", "1", "--seed", "3",
+                                           "--losses-out", out], ranks) is None:
+        tally.failures += 1
+        continue
+    cropped[label] = [loss for _, loss in losses_of(out)]
+if len(cropped) == 2:
+    a, b = cropped.values()
+    report(max(abs(x - y) / abs(x) for x, y in zip(a, b)) < 1e-12 and
+           a != [entry["loss"] for entry in runs[1]["losses"]],
+           "--crop 6,5 --shuffle 1: 1 rank and dp=2 x domain 2 FSDP (uneven) give the same losses")
+
 # --plot DIR: loss.png (800x500), redrawn as the run goes.
 if "PLplot" in subprocess.run([tessera, "info"], capture_output=True, text=True).stdout:
     plots = os.path.join(scratch, "plots")
@@ -223,6 +247,8 @@ bad_cases = [
     (["--dp", "4", "--parallel", "hybrid", "--dp-shard", "3"], 4, "[train] --parallel hybrid"),
     (["--lr", "abc"], 1, "[cli] Could not convert: --lr = abc"),
     (["--lr", "nan"], 1, "[train] --lr nan"),
+    (["--crop", "6,12"], 1, "[train] --crop 6,12: extent 12 of spatial dim 1"),
+    (["--crop", "6"], 1, "[train] --crop 6 gives 1 extents for the 2 spatial dims"),
 ]
 for args, ranks, expected_text in bad_cases:
     for path in (losses_out, model_out):
