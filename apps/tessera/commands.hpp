@@ -63,6 +63,8 @@ void register_io_commands(CLI::App& app);
 void register_generate(CLI::App& app);
 /// `tessera simulate gray-scott`: the sharded Gray-Scott simulation writing HDF5 snapshots.
 void register_simulate(CLI::App& app);
+/// `tessera estimate`: predict a traced run on a modeled machine, or calibrate this one.
+void register_estimate(CLI::App& app);
 /// `tessera bench comm`: collectives and redistribute beside the raw MPI collectives.
 void register_bench(CLI::App& app);
 

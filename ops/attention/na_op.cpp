@@ -12,6 +12,7 @@
 // Backward: dq is local; dk and dv are computed on the haloed tile and the halo rows are sent
 // back to their owners, who add them (halo_adjoint); d rpb is a local sum over this rank's
 // queries, Partial(sum) over the mesh dims that shard q.
+#include "ops/op_costs.hpp"
 #include "ops/attention/na_op.hpp"
 
 #include <fmt/format.h>
@@ -236,7 +237,8 @@ void register_attention_ops() {
       .rule = na_rule,
       .cpu = na_cpu,
       .cuda = na_cuda,
-      .backward = na_backward_op});
+      .backward = na_backward_op,
+      .cost = na_cost});
 }
 
 NaResult neighborhood_attention(const ShardTensor& q, const ShardTensor& k, const ShardTensor& v,

@@ -17,6 +17,7 @@
 // is Partial(sum) (each rank's share of the channel sum; a bias would be counted once per rank,
 // so it is refused: add it after the reduction); the gradient of y arrives replicated there. dw
 // (db) keeps w's (b's) Shard and is Partial(sum) over the other mesh dims that shard x.
+#include "ops/op_costs.hpp"
 #include "ops/conv/conv_op.hpp"
 
 #include <fmt/format.h>
@@ -446,7 +447,8 @@ void register_conv_ops() {
       .cuda = conv_local,
       .backward = conv_backward,
       .cpu_overlap = overlap,
-      .cuda_overlap = overlap});
+      .cuda_overlap = overlap,
+      .cost = conv_cost});
   register_conv_transpose_op();
 }
 

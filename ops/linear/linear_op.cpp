@@ -21,6 +21,7 @@
 // (and f32 without oneDNN) through a row-parallel loop accumulating in the dtype. cuda: cuBLAS
 // (linear_cuda.hpp). f16/bf16 compute in f32. Bias rows come from a product with a vector of
 // ones, so one code path serves both devices.
+#include "ops/op_costs.hpp"
 #include "ops/linear/linear_op.hpp"
 
 #include <fmt/format.h>
@@ -304,7 +305,8 @@ void register_linear() {
                     .rule = std::move(rule),
                     .cpu = kernel,
                     .cuda = kernel,
-                    .backward = std::move(backward)});
+                    .backward = std::move(backward),
+                    .cost = matmul_cost});
 }
 
 // --- matmul ---------------------------------------------------------------------------------
@@ -418,7 +420,8 @@ void register_matmul() {
                     .rule = std::move(rule),
                     .cpu = kernel,
                     .cuda = kernel,
-                    .backward = std::move(backward)});
+                    .backward = std::move(backward),
+                    .cost = matmul_cost});
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 // E[x^2]. The backward recomputes the statistics the same way and reduces its two per-slot sums
 // (of dxhat and of dxhat * xhat) over the same ranks, summed in rank order; dw and db are
 // Partial(sum) over the mesh dims that shard x.
+#include "ops/op_costs.hpp"
 #include "ops/norm/norm_op.hpp"
 
 #include <fmt/format.h>
@@ -429,7 +430,8 @@ void register_norm_ops() {
                  .rule = rule(kind),
                  .cpu = kernel_of(kind),
                  .cuda = kernel_of(kind),
-                 .backward = backward_of(kind)};
+                 .backward = backward_of(kind),
+                 .cost = norm_cost};
   };
   const OpInput x{.name = "x"}, w{.name = "w", .optional = true}, b{.name = "b", .optional = true};
   register_op(def(NormKind::group,

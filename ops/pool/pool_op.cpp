@@ -9,6 +9,7 @@
 // windows may start before or end past the piece: every cell outside [0, L) is padding (as is any
 // zero-filled cell a plan puts past a global edge), and one kernel serves sharded and unsharded
 // calls. The channel and batch dims may stay sharded: pooling works on each (n, c) plane alone.
+#include "ops/op_costs.hpp"
 #include "ops/pool/pool_op.hpp"
 
 #include <fmt/format.h>
@@ -267,7 +268,8 @@ void register_pool_ops() {
       .rule = rule(PoolKind::max),
       .cpu = kernel_of(PoolKind::max),
       .cuda = kernel_of(PoolKind::max),
-      .backward = backward_of(PoolKind::max)});
+      .backward = backward_of(PoolKind::max),
+      .cost = pool_cost});
   register_op(OpDef{
       .name = "avg_pool",
       .summary = "avg_pool1d/2d/3d (by the rank of x) of x [N, C, spatial..], PyTorch's semantics",
@@ -287,7 +289,8 @@ void register_pool_ops() {
       .rule = rule(PoolKind::avg),
       .cpu = kernel_of(PoolKind::avg),
       .cuda = kernel_of(PoolKind::avg),
-      .backward = backward_of(PoolKind::avg)});
+      .backward = backward_of(PoolKind::avg),
+      .cost = pool_cost});
 }
 
 ShardTensor max_pool(const ShardTensor& x, const PoolOptions& options) {

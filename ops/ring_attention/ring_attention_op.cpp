@@ -11,6 +11,7 @@
 // p = exp(s - lse) for the block it holds, adds dq += scale ds k, and adds into the block's
 // travelling dK, dV, which arrive back at their owner after P passes. Sums run in another order
 // than on one rank: sharded equals one rank within 1e-12 relative in f64, not bit for bit.
+#include "ops/op_costs.hpp"
 #include "ops/ring_attention/ring_attention_op.hpp"
 
 #include <fmt/format.h>
@@ -387,7 +388,8 @@ void register_ring_attention_ops() {
                                .doc = "the scores' factor (unset: 1/sqrt(D))"}},
                     .rule = std::move(rule),
                     .cpu = std::move(cpu),
-                    .backward = std::move(backward)});
+                    .backward = std::move(backward),
+                    .cost = attention_cost});
 }
 
 std::vector<ShardTensor> attention(const ShardTensor& q, const ShardTensor& k, const ShardTensor& v,
