@@ -205,8 +205,8 @@ class RecordingComm final : public Comm {
     const int64_t id = span.recording() ? next_async_id() : -1;
     span.arg("id", id);
     return std::make_unique<RecordingPending>(
-        inner_->start_all_gather_v(send, send_count, recv, recv_counts, dtype),
-        "all_gather_v wait", id);
+        inner_->start_all_gather_v(send, send_count, recv, recv_counts, dtype), "all_gather_v wait",
+        id);
   }
   void all_gather_v(const void* send, size_t send_count, void* recv,
                     std::span<const size_t> recv_counts, DType dtype) override {

@@ -15,7 +15,9 @@ double window_of(const OpAttrs& attrs, const char* name, size_t spatial) {
   const std::vector<int64_t>& values = attrs.get_ints(name);
   double window = 1;
   for (size_t d = 0; d < spatial; ++d)
-    window *= static_cast<double>(values.size() == 1 ? values[0] : d < values.size() ? values[d] : 1);
+    window *= static_cast<double>(values.size() == 1  ? values[0]
+                                  : d < values.size() ? values[d]
+                                                      : 1);
   return window;
 }
 
@@ -30,7 +32,8 @@ double per_leading(const Tensor& tensor) {
 
 double bytes_of(const std::vector<Tensor>& tensors) {
   double bytes = 0;
-  for (const Tensor& tensor : tensors) bytes += numel(tensor) * static_cast<double>(tensor.element_size());
+  for (const Tensor& tensor : tensors)
+    bytes += numel(tensor) * static_cast<double>(tensor.element_size());
   return bytes;
 }
 

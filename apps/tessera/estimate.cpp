@@ -2,6 +2,8 @@
 // (--cluster NAME|FILE --trace-in TRACE.json), and measures this machine into a machine file
 // (--calibrate --out MACHINE.json). The model is core/cost/; docs/scaling.md describes it, the
 // shipped cluster files and the validation.
+#include "apps/tessera/estimate.hpp"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <unistd.h>
@@ -17,7 +19,6 @@
 #include <thread>
 
 #include "apps/tessera/commands.hpp"
-#include "apps/tessera/estimate.hpp"
 #include "core/comm/mpi_comm.hpp"
 #include "core/cost/cost_model.hpp"
 #include "core/errors.hpp"
@@ -40,8 +41,8 @@ nlohmann::json read_json(const std::string& file, const char* what) {
   try {
     return nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& error) {
-    throw InvalidArgument(kOp, fmt::format("the {} '{}' is not valid JSON: {}", what, file,
-                                           one_line(error.what())));
+    throw InvalidArgument(
+        kOp, fmt::format("the {} '{}' is not valid JSON: {}", what, file, one_line(error.what())));
   }
 }
 
@@ -154,9 +155,9 @@ void calibrate(const EstimateOptions& options) {
   machine.links["local"] = local;
   if (mpi_compiled() && std::system("command -v mpiexec > /dev/null 2>&1") == 0) {
     cost::LinkSet mpi{.algorithm = cost::Algorithm::mpi, .asynchronous = true};
-    mpi.intra = mpi.inter = fit_comm(
-        run_json("TESSERA_TRACE= mpiexec -n 2 " + exe + comm_args, at("comm_mpi.json")),
-        "bench comm (mpiexec -n 2)");
+    mpi.intra = mpi.inter =
+        fit_comm(run_json("TESSERA_TRACE= mpiexec -n 2 " + exe + comm_args, at("comm_mpi.json")),
+                 "bench comm (mpiexec -n 2)");
     machine.links["mpi"] = mpi;
   }
 

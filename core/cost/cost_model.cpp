@@ -80,7 +80,8 @@ Machine machine_from_json(const nlohmann::json& document) {
     links.algorithm = algorithm_from(set.value("algorithm", fallback), where);
     check_arg(set.contains("intra"), kOp, "machine file: {} has no 'intra'", where);
     links.intra = link_from(set.at("intra"), where + ".intra");
-    links.inter = set.contains("inter") ? link_from(set.at("inter"), where + ".inter") : links.intra;
+    links.inter =
+        set.contains("inter") ? link_from(set.at("inter"), where + ".inter") : links.intra;
     links.asynchronous = set.value("asynchronous", backend != "local");
     machine.links[backend] = links;
   }
@@ -215,7 +216,8 @@ double collective_seconds(Algorithm algorithm, const Link& link, Collective coll
       break;
     case Algorithm::mpi:
       switch (collective) {
-        case Collective::all_reduce:  // recursive doubling vs Rabenseifner (reduce-scatter + gather)
+        case Collective::all_reduce:  // recursive doubling vs Rabenseifner (reduce-scatter +
+                                      // gather)
           return std::min(lg * (a + largest / b), 2 * lg * a + 2 * share * largest / b);
         case Collective::all_gather_v:
         case Collective::reduce_scatter_v: return lg * a + share * largest / b;

@@ -31,8 +31,8 @@ enum class Algorithm : uint8_t {
 /// The links of one backend.
 struct LinkSet {
   Algorithm algorithm = Algorithm::ring;
-  Link intra;  ///< between ranks of one node
-  Link inter;  ///< between ranks of different nodes
+  Link intra{};  ///< between ranks of one node
+  Link inter{};  ///< between ranks of different nodes
   /// Whether a started collective (start_all_reduce, start_all_gather_v) proceeds while its rank
   /// computes (mpi, nccl) or completes before returning (local).
   bool asynchronous = true;
@@ -52,11 +52,11 @@ struct Machine {
   /// True when the ranks of a node share its compute (cpu cores): each gets 1/k of the
   /// throughputs with k ranks on the node. False: one device per rank (GPUs).
   bool shared_compute = false;
-  std::string backend;                     ///< the backend modeled unless the caller names one
-  std::map<std::string, LinkSet> links;    ///< by backend name
-  double op_overhead = 0;                  ///< seconds added to every op (launch, dispatch)
-  double memory_bandwidth = 1;             ///< bytes/s of local copies (halo packing, redistribute)
-  std::map<std::string, Throughput> families;  ///< by op family; "default" for the rest
+  std::string backend;                   ///< the backend modeled unless the caller names one
+  std::map<std::string, LinkSet> links;  ///< by backend name
+  double op_overhead = 0;                ///< seconds added to every op (launch, dispatch)
+  double memory_bandwidth = 1;           ///< bytes/s of local copies (halo packing, redistribute)
+  std::map<std::string, Throughput> families;        ///< by op family; "default" for the rest
   nlohmann::json source = nlohmann::json::object();  ///< the file as read (sources, notes)
 };
 
@@ -102,10 +102,18 @@ double collective_seconds(Algorithm algorithm, const Link& link, Collective coll
 
 /// The prediction of a replayed trace.
 struct RankTimes {
-  double compute = 0;        ///< seconds of op kernels and local copies
-  double comm = 0;           ///< seconds of the rank's collectives and messages (hidden or not)
-  double exposed_comm = 0;   ///< seconds the rank waited in communication
-  double end = 0;            ///< when the rank finished
+  double compute = 0;       ///< seconds of op kernels and local copies
+  double comm = 0;          ///< seconds of the rank's collectives and messages (hidden or not)
+  double exposed_comm = 0;  ///< seconds the rank waited in communication
+  double end = 0;           ///< when the rank finished
+};
+
+/// Modeled time of the calls of one kind (a collective, or a redistribute between two layouts):
+/// from the call's start on its rank to its end there, waiting for peers included.
+struct CallTimes {
+  int64_t calls = 0;
+  double seconds = 0;  ///< summed over calls and ranks
+  double mean() const { return calls > 0 ? seconds / static_cast<double>(calls) : 0; }
 };
 
 struct Prediction {
@@ -116,8 +124,11 @@ struct Prediction {
   double compute_seconds = 0;  ///< per step: the mean over ranks
   double comm_seconds = 0;
   double exposed_comm_seconds = 0;
-  std::vector<double> step_times;  ///< each step's time
+  std::vector<double> step_times;   ///< each step's time
   std::vector<RankTimes> per_rank;  ///< over the whole trace
+  /// By call kind: the event's name ("all_gather_v"), for a redistribute "redistribute FROM ->
+  /// TO" (the layouts as recorded).
+  std::map<std::string, CallTimes> calls;
 };
 
 struct ReplayOptions {

@@ -45,8 +45,17 @@ struct Message {
 };
 
 struct Action {
-  enum class Kind : uint8_t { compute, collective, collective_wait, p2p_start, p2p_wait, step_begin,
-                              step_end };
+  enum class Kind : uint8_t {
+    compute,
+    collective,
+    collective_wait,
+    p2p_start,
+    p2p_wait,
+    step_begin,
+    step_end,
+    call_begin,
+    call_end
+  };
   Kind kind = Kind::compute;
   double seconds = 0;  // compute
   Collective collective = Collective::barrier;
@@ -74,8 +83,8 @@ std::vector<Message> parse_peers(const Event& event) {
     message.send = token[0] == '>';
     const size_t colon = token.find(':');
     try {
-      message.peer = std::stoi(token.substr(1, colon == std::string::npos ? std::string::npos
-                                                                          : colon - 1));
+      message.peer =
+          std::stoi(token.substr(1, colon == std::string::npos ? std::string::npos : colon - 1));
       message.bytes = colon == std::string::npos ? -1 : std::stod(token.substr(colon + 1));
     } catch (const std::exception&) {
       throw InvalidArgument(kOp, fmt::format("trace: '{}' in the peers of '{}' is not "
@@ -188,8 +197,12 @@ class RankProgram {
       return;
     }
     if (event.cat == "redistribute") {
+      const std::string call =
+          "redistribute " + text_arg(event, "from") + " -> " + text_arg(event, "to");
+      actions_.push_back({.kind = Action::Kind::call_begin, .name = call});
       visit_children(event);
       compute(copy_seconds(number_arg(event, "local_bytes")), "redistribute copy");
+      actions_.push_back({.kind = Action::Kind::call_end, .name = call});
       return;
     }
     if (event.cat == "comm") {
@@ -217,14 +230,16 @@ class RankProgram {
         return;
       }
       if (collective_of(event.name, collective)) {
-        Action action{.kind = Action::Kind::collective, .collective = collective,
-                      .name = event.name};
+        Action action{
+            .kind = Action::Kind::collective, .collective = collective, .name = event.name};
         action.asynchronous = asynchronous_ && event.name.ends_with(" start");
         group_of(event, action);
         action.bytes = number_arg(event, "bytes");
         action.root = static_cast<int>(number_arg(event, "root", 0));
         action.id = static_cast<int64_t>(number_arg(event, "id", -1));
+        actions_.push_back({.kind = Action::Kind::call_begin, .name = event.name});
         actions_.push_back(std::move(action));
+        actions_.push_back({.kind = Action::Kind::call_end, .name = event.name});
         return;
       }
     }
@@ -315,10 +330,10 @@ struct RankState {
   double t = 0;
   bool arrived = false;  // registered at the blocking collective it stands at
   std::pair<std::string, int64_t> at_instance;
-  std::map<std::string, int64_t> sequence;                             // per group
+  std::map<std::string, int64_t> sequence;                                 // per group
   std::map<int64_t, std::pair<std::string, int64_t>> pending_collectives;  // by id
-  std::map<int64_t, size_t> batches;                                     // by id
-  std::vector<double> step_begin_stack;
+  std::map<int64_t, size_t> batches;                                       // by id
+  std::vector<double> step_begin_stack, call_begin_stack;
   std::vector<double> steps;
   int step_depth = 0;
   RankTimes total, in_steps;
@@ -373,8 +388,7 @@ Prediction replay(const nlohmann::json& trace, const Machine& machine,
     }
   const auto world_of = [&](const std::string& group, int rank) {
     const auto it = members.find(group);
-    if (it == members.end() || rank < 0 || rank >= static_cast<int>(it->second.size()))
-      return -1;
+    if (it == members.end() || rank < 0 || rank >= static_cast<int>(it->second.size())) return -1;
     return it->second[static_cast<size_t>(rank)];
   };
 
@@ -393,16 +407,16 @@ Prediction replay(const nlohmann::json& trace, const Machine& machine,
       channels;
   std::vector<Batch> batches;
   std::vector<RankState> states(static_cast<size_t>(ranks));
+  std::map<std::string, CallTimes> calls;
 
   const auto complete = [&](Instance& instance) {
     const int p = instance.expected;
     bool crosses = false;
-    for (int m : instance.members) crosses = crosses || m < 0 || node_of(m) != node_of(instance.members[0]);
-    instance.seconds = collective_seconds(links.algorithm, crosses ? links.inter : links.intra,
-                                          instance.collective,
-                                          std::span<const double>(instance.bytes.data(),
-                                                                  static_cast<size_t>(p)),
-                                          instance.root);
+    for (int m : instance.members)
+      crosses = crosses || m < 0 || node_of(m) != node_of(instance.members[0]);
+    instance.seconds = collective_seconds(
+        links.algorithm, crosses ? links.inter : links.intra, instance.collective,
+        std::span<const double>(instance.bytes.data(), static_cast<size_t>(p)), instance.root);
     instance.done = instance.last + instance.seconds;
   };
   const auto arrive = [&](int rank, RankState& state, const Action& action) {
@@ -436,10 +450,10 @@ Prediction replay(const nlohmann::json& trace, const Machine& machine,
       const Post send = sends.front(), recv = recvs.front();
       sends.pop_front();
       recvs.pop_front();
-      const double transfer = send.world == recv.world
-                                  ? send.bytes / machine.memory_bandwidth
-                                  : link_between(send.world, recv.world).seconds(send.bytes) +
-                                        send.offset;
+      const double transfer =
+          send.world == recv.world
+              ? send.bytes / machine.memory_bandwidth
+              : link_between(send.world, recv.world).seconds(send.bytes) + send.offset;
       const double arrival = std::max(send.time, recv.time) + transfer;
       for (size_t b : {send.batch, recv.batch}) {
         batches[b].done = std::max(batches[b].done, arrival);
@@ -474,6 +488,15 @@ Prediction replay(const nlohmann::json& trace, const Machine& machine,
             state.step_begin_stack.pop_back();
           }
           --state.step_depth;
+          break;
+        case Action::Kind::call_begin: state.call_begin_stack.push_back(state.t); break;
+        case Action::Kind::call_end:
+          if (!state.call_begin_stack.empty()) {
+            CallTimes& times = calls[action.name];
+            ++times.calls;
+            times.seconds += state.t - state.call_begin_stack.back();
+            state.call_begin_stack.pop_back();
+          }
           break;
         case Action::Kind::collective: {
           if (action.asynchronous) {
@@ -551,8 +574,8 @@ Prediction replay(const nlohmann::json& trace, const Machine& machine,
     bool moved = false, finished = true;
     for (int r = 0; r < ranks; ++r) {
       moved = advance(r) || moved;
-      finished = finished &&
-                 states[static_cast<size_t>(r)].pc == programs[static_cast<size_t>(r)].actions().size();
+      finished = finished && states[static_cast<size_t>(r)].pc ==
+                                 programs[static_cast<size_t>(r)].actions().size();
     }
     if (finished) break;
     if (!moved) {
@@ -592,6 +615,7 @@ Prediction replay(const nlohmann::json& trace, const Machine& machine,
     prediction.step_times.push_back(end);
   }
   prediction.step_seconds = median(prediction.step_times);
+  prediction.calls = std::move(calls);
   const double per = static_cast<double>(std::max<size_t>(steps, 1)) * ranks;
   for (const RankState& state : states) {
     const RankTimes& times = steps > 0 ? state.in_steps : state.total;
@@ -639,6 +663,9 @@ nlohmann::json prediction_to_json(const Prediction& prediction) {
                      {"comm_seconds", times.comm},
                      {"exposed_comm_seconds", times.exposed_comm},
                      {"end_seconds", times.end}});
+  nlohmann::json calls = nlohmann::json::object();
+  for (const auto& [name, times] : prediction.calls)
+    calls[name] = {{"calls", times.calls}, {"mean_seconds", times.mean()}};
   return {{"machine", prediction.machine},
           {"backend", prediction.backend},
           {"ranks", prediction.ranks},
@@ -648,6 +675,7 @@ nlohmann::json prediction_to_json(const Prediction& prediction) {
           {"comm_seconds", prediction.comm_seconds},
           {"exposed_comm_seconds", prediction.exposed_comm_seconds},
           {"step_times", prediction.step_times},
+          {"calls", calls},
           {"per_rank", ranks}};
 }
 

@@ -12,7 +12,6 @@
 // Backward: dq is local; dk and dv are computed on the haloed tile and the halo rows are sent
 // back to their owners, who add them (halo_adjoint); d rpb is a local sum over this rank's
 // queries, Partial(sum) over the mesh dims that shard q.
-#include "ops/op_costs.hpp"
 #include "ops/attention/na_op.hpp"
 
 #include <fmt/format.h>
@@ -25,6 +24,7 @@
 #include "core/op_registry.hpp"
 #include "ops/attention/na_cpu.hpp"
 #include "ops/attention/na_cuda.hpp"
+#include "ops/op_costs.hpp"
 #include "ops/op_helpers.hpp"
 
 namespace tessera::ops {

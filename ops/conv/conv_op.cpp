@@ -17,7 +17,6 @@
 // is Partial(sum) (each rank's share of the channel sum; a bias would be counted once per rank,
 // so it is refused: add it after the reduction); the gradient of y arrives replicated there. dw
 // (db) keeps w's (b's) Shard and is Partial(sum) over the other mesh dims that shard x.
-#include "ops/op_costs.hpp"
 #include "ops/conv/conv_op.hpp"
 
 #include <fmt/format.h>
@@ -29,6 +28,7 @@
 #include "core/halo/halo_exchange.hpp"
 #include "core/op_registry.hpp"
 #include "ops/conv/conv_kernels.hpp"
+#include "ops/op_costs.hpp"
 #include "ops/op_helpers.hpp"
 
 namespace tessera::ops {

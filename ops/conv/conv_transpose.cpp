@@ -21,9 +21,9 @@
 #include "core/halo/halo_exchange.hpp"
 #include "core/op_registry.hpp"
 #include "core/runtime/rank_context.hpp"
-#include "ops/op_costs.hpp"
 #include "ops/conv/conv_kernels.hpp"
 #include "ops/conv/conv_op.hpp"
+#include "ops/op_costs.hpp"
 #include "ops/op_helpers.hpp"
 
 namespace tessera::ops {

@@ -21,7 +21,6 @@
 // (and f32 without oneDNN) through a row-parallel loop accumulating in the dtype. cuda: cuBLAS
 // (linear_cuda.hpp). f16/bf16 compute in f32. Bias rows come from a product with a vector of
 // ones, so one code path serves both devices.
-#include "ops/op_costs.hpp"
 #include "ops/linear/linear_op.hpp"
 
 #include <fmt/format.h>
@@ -34,6 +33,7 @@
 #include "core/parallel_for.hpp"
 #include "ops/dnnl/dnnl_support.hpp"
 #include "ops/linear/linear_cuda.hpp"
+#include "ops/op_costs.hpp"
 #include "ops/op_helpers.hpp"
 
 namespace tessera::ops {

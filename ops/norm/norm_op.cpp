@@ -12,7 +12,6 @@
 // E[x^2]. The backward recomputes the statistics the same way and reduces its two per-slot sums
 // (of dxhat and of dxhat * xhat) over the same ranks, summed in rank order; dw and db are
 // Partial(sum) over the mesh dims that shard x.
-#include "ops/op_costs.hpp"
 #include "ops/norm/norm_op.hpp"
 
 #include <fmt/format.h>
@@ -24,6 +23,7 @@
 #include "core/op_registry.hpp"
 #include "core/runtime/rank_context.hpp"
 #include "ops/norm/norm_kernels.hpp"
+#include "ops/op_costs.hpp"
 #include "ops/op_helpers.hpp"
 
 namespace tessera::ops {

@@ -9,7 +9,6 @@
 // windows may start before or end past the piece: every cell outside [0, L) is padding (as is any
 // zero-filled cell a plan puts past a global edge), and one kernel serves sharded and unsharded
 // calls. The channel and batch dims may stay sharded: pooling works on each (n, c) plane alone.
-#include "ops/op_costs.hpp"
 #include "ops/pool/pool_op.hpp"
 
 #include <fmt/format.h>
@@ -21,6 +20,7 @@
 #include "core/halo/halo_exchange.hpp"
 #include "core/op_registry.hpp"
 #include "core/runtime/rank_context.hpp"
+#include "ops/op_costs.hpp"
 #include "ops/op_helpers.hpp"
 #include "ops/pool/pool_cpu.hpp"
 #include "ops/pool/pool_cuda.hpp"

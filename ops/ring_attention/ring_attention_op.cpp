@@ -11,7 +11,6 @@
 // p = exp(s - lse) for the block it holds, adds dq += scale ds k, and adds into the block's
 // travelling dK, dV, which arrive back at their owner after P passes. Sums run in another order
 // than on one rank: sharded equals one rank within 1e-12 relative in f64, not bit for bit.
-#include "ops/op_costs.hpp"
 #include "ops/ring_attention/ring_attention_op.hpp"
 
 #include <fmt/format.h>
@@ -22,6 +21,7 @@
 #include "core/autograd.hpp"
 #include "core/compute_threads.hpp"
 #include "core/parallel_for.hpp"
+#include "ops/op_costs.hpp"
 #include "ops/op_helpers.hpp"
 
 namespace tessera::ops {

@@ -1,11 +1,12 @@
 // The cost model of `tessera estimate` (core/cost): toy traces whose replay equals a cost
 // computed by hand, the collective formulas, machine files and malformed input.
+#include "core/cost/cost_model.hpp"
+
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "core/cost/cost_model.hpp"
 #include "core/errors.hpp"
 
 namespace tessera::cost {
@@ -40,7 +41,10 @@ json event(int pid, const std::string& cat, const std::string& name, double ts, 
 }
 
 json rank_name(int pid) {
-  return {{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"tid", 0},
+  return {{"name", "process_name"},
+          {"ph", "M"},
+          {"pid", pid},
+          {"tid", 0},
           {"args", {{"name", "rank " + std::to_string(pid)}}}};
 }
 
@@ -75,8 +79,8 @@ json halo_trace(double interior_flops) {
   json events = json::array();
   for (int r = 0; r < 2; ++r) {
     const int peer = 1 - r;
-    const std::string peers = ">" + std::to_string(peer) + ":1000000 <" + std::to_string(peer) +
-                              ":1000000";
+    const std::string peers =
+        ">" + std::to_string(peer) + ":1000000 <" + std::to_string(peer) + ":1000000";
     events.push_back(rank_name(r));
     events.push_back(event(r, "step", "gray-scott step", 0, 100));
     events.push_back(event(r, "halo", "halo_begin", 1, 10));
@@ -88,8 +92,8 @@ json halo_trace(double interior_flops) {
                             {"ranks", 2},
                             {"rank", r},
                             {"id", 0}}));
-    events.push_back(event(r, "op", "gray_scott interior", 20, 10,
-                           {{"flops", interior_flops}, {"bytes", 0}}));
+    events.push_back(
+        event(r, "op", "gray_scott interior", 20, 10, {{"flops", interior_flops}, {"bytes", 0}}));
     events.push_back(event(r, "halo", "halo_end", 40, 10));
     events.push_back(event(r, "comm", "send_recv wait", 41, 5, {{"id", 0}}));
     events.push_back(event(r, "op", "gray_scott boundary", 60, 10, {{"flops", 5e5}, {"bytes", 0}}));
