@@ -9,14 +9,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <vector>
 
 #include "apps/tessera/commands.hpp"
 #include "core/comm/mpi_comm.hpp"
@@ -123,6 +126,23 @@ cost::Link fit_comm(const nlohmann::json& document, const std::string& what) {
   return cost::fit_link(bytes, seconds);
 }
 
+/// Bytes read plus written per second of a large memcpy on this thread (what halo packing and
+/// redistribute's local copies do).
+double copy_bandwidth() {
+  const size_t bytes = size_t{64} << 20;
+  std::vector<char> from(bytes, 1), to(bytes, 0);
+  double best = 0;
+  for (int run = 0; run < 5; ++run) {
+    const auto start = std::chrono::steady_clock::now();
+    std::memcpy(to.data(), from.data(), bytes);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    from[static_cast<size_t>(run)] = to[bytes - 1 - static_cast<size_t>(run)];  // keep the copy
+    if (seconds > 0) best = std::max(best, 2.0 * static_cast<double>(bytes) / seconds);
+  }
+  return best;
+}
+
 nlohmann::json run_json(const std::string& command, const std::string& out) {
   run_checked(command + " > " + out);
   return read_json(out, "benchmark output");
@@ -172,25 +192,27 @@ void calibrate(const EstimateOptions& options) {
   run_checked(env + at("sim.json") + " " + exe +
               " simulate gray-scott --size 96,96,96 --steps 10 --every 10 --out " + at("gs.h5") +
               " --json > /dev/null");
-  std::map<std::string, cost::FamilySample> samples;
-  for (const char* name : {"train.json", "na.json", "sim.json"})
-    for (const auto& [family, sample] : cost::family_samples(read_json(at(name), "trace"))) {
-      cost::FamilySample& total = samples[family];
-      total.flops += sample.flops;
-      total.bytes += sample.bytes;
-      total.seconds += sample.seconds;
-      total.count += sample.count;
-    }
-  // Copies and unlisted ops move bytes at the pointwise ops' rate.
-  const auto pointwise = samples.find("pointwise");
-  check_arg(pointwise != samples.end() && pointwise->second.seconds > 0, kOp,
-            "calibration: the traced runs recorded no pointwise op");
-  machine.memory_bandwidth = pointwise->second.bytes / pointwise->second.seconds;
+  // Per family (for ops these runs did not meet) and per op (each op's own rate: on a CPU the
+  // ops of one family differ widely, e.g. gelu's transcendental math against a plain add).
+  std::map<std::string, cost::FamilySample> samples, per_op;
+  for (const char* name : {"train.json", "na.json", "sim.json"}) {
+    const nlohmann::json trace = read_json(at(name), "trace");
+    for (bool by_op : {false, true})
+      for (const auto& [key, sample] : cost::family_samples(trace, by_op)) {
+        cost::FamilySample& total = (by_op ? per_op : samples)[key];
+        total.flops += sample.flops;
+        total.bytes += sample.bytes;
+        total.seconds += sample.seconds;
+        total.count += sample.count;
+      }
+  }
+  machine.memory_bandwidth = copy_bandwidth();
   double peak = 0;
   for (const auto& [family, sample] : samples)
     if (sample.seconds > 0) peak = std::max(peak, sample.flops / sample.seconds);
-  cost::fit_families(machine, samples, peak);
   machine.families["default"] = {peak, machine.memory_bandwidth};
+  cost::fit_families(machine, samples, peak);
+  cost::fit_families(machine, per_op, peak);
   machine.op_overhead = 0;
 
   nlohmann::json document = cost::machine_to_json(machine);
@@ -198,7 +220,7 @@ void calibrate(const EstimateOptions& options) {
   char stamp[32];
   std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   nlohmann::json measured = nlohmann::json::object();
-  for (const auto& [family, sample] : samples)
+  for (const auto& [family, sample] : per_op)
     measured[family] = {{"flops", sample.flops},
                         {"bytes", sample.bytes},
                         {"seconds", sample.seconds},
@@ -209,8 +231,10 @@ void calibrate(const EstimateOptions& options) {
       {"load_average_before", load_before},
       {"load_average_after", load_average()},
       {"links", "bench comm all_gather_v at 2 ranks, 64 KiB..16 MiB (local; mpiexec -n 2)"},
+      {"memory_bandwidth", "a 64 MiB memcpy, the best of 5 (bytes read + written per second)"},
       {"compute",
-       "traced one-rank runs: bench train (conv3d 2x8x24^3, hidden 16, 3 layers), bench na "
+       "per op and per op family, flops or bytes over self time in traced one-rank runs: bench "
+       "train (conv3d 2x8x24^3, hidden 16, 3 layers), bench na "
        "(32x32, 2 heads, D 32, k 7), simulate gray-scott 96^3"},
       {"samples", measured}};
   {

@@ -153,6 +153,28 @@ std::string op_family(std::string_view event_name) {
   return family + suffix;
 }
 
+std::string op_key(std::string_view event_name) {
+  std::string key(event_name);
+  constexpr std::string_view kBackward = " backward";
+  if (key.size() > kBackward.size() && key.ends_with(kBackward))
+    key = key.substr(0, key.size() - kBackward.size()) + "_backward";
+  std::replace(key.begin(), key.end(), ' ', '_');
+  return key;
+}
+
+Throughput op_throughput(const Machine& machine, std::string_view event_name) {
+  if (auto it = machine.families.find(op_key(event_name)); it != machine.families.end())
+    return it->second;
+  return family_throughput(machine, op_family(event_name));
+}
+
+double event_seconds(const Machine& machine, std::string_view event_name, double flops,
+                     double bytes, double share) {
+  const Throughput throughput = op_throughput(machine, event_name);
+  return machine.op_overhead +
+         std::max(flops / (throughput.flops * share), bytes / (throughput.bytes * share));
+}
+
 Throughput family_throughput(const Machine& machine, const std::string& family) {
   if (auto it = machine.families.find(family); it != machine.families.end()) return it->second;
   constexpr std::string_view kBackward = "_backward";
@@ -249,9 +271,14 @@ double collective_seconds(Algorithm algorithm, const Link& link, Collective coll
 
 void fit_families(Machine& machine, const std::map<std::string, FamilySample>& samples,
                   double peak_flops) {
-  const auto computes = [](const std::string& family) {
-    for (const char* name : {"conv", "matmul", "na", "attention"})
-      if (family == name || family == std::string(name) + "_backward") return true;
+  const auto computes = [](const std::string& key) {
+    // An op key names its family through the event name it came from.
+    std::string name = key;
+    if (name.ends_with("_backward")) name = name.substr(0, name.size() - 9) + " backward";
+    const std::string family = op_family(name);
+    for (const std::string& known : {family, key})
+      for (const char* compute : {"conv", "matmul", "na", "attention"})
+        if (known == compute || known == std::string(compute) + "_backward") return true;
     return false;
   };
   for (const auto& [family, sample] : samples) {

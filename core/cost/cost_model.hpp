@@ -69,14 +69,25 @@ nlohmann::json machine_to_json(const Machine& machine);
 /// matmul, na, attention, norm, pool, stencil, pointwise).
 std::string op_family(std::string_view event_name);
 
+/// The key of one op in a machine file's families: its name, " backward" as "_backward"
+/// ("gelu backward" -> "gelu_backward").
+std::string op_key(std::string_view event_name);
+
 /// The throughput `machine` models for `family` (its backward falls back to the forward's,
 /// then to "default").
 Throughput family_throughput(const Machine& machine, const std::string& family);
+
+/// The throughput of the op event `event_name`: the machine's entry for the op itself (a
+/// calibrated machine measures each op it ran), else its family's.
+Throughput op_throughput(const Machine& machine, std::string_view event_name);
 
 /// Roofline seconds of one op: overhead + max(flops / F, bytes / B), the throughputs scaled by
 /// `share` (the part of the node's compute the rank has).
 double op_seconds(const Machine& machine, const std::string& family, double flops, double bytes,
                   double share = 1);
+/// The same for an op event by its name (op_throughput).
+double event_seconds(const Machine& machine, std::string_view event_name, double flops,
+                     double bytes, double share = 1);
 
 enum class Collective : uint8_t {
   all_reduce,
@@ -156,13 +167,14 @@ struct FamilySample {
   int64_t count = 0;
 };
 
-/// Per op family, the summed cost args and self times of the op events of `trace` (every launch,
-/// every rank): what calibration fits throughputs to.
-std::map<std::string, FamilySample> family_samples(const nlohmann::json& trace);
+/// Per op family (or per op, `by_op`: keys of op_key), the summed cost args and self times of
+/// the op events of `trace` (every launch, every rank): what calibration fits throughputs to.
+std::map<std::string, FamilySample> family_samples(const nlohmann::json& trace, bool by_op = false);
 
-/// Sets `machine`'s throughputs from `samples`: flops/s for the families that compute (conv,
-/// matmul, na, attention, and their backward), bytes/s for the others; the unmeasured part of
-/// each roofline gets `peak_flops` or the machine's memory bandwidth.
+/// Sets `machine`'s throughputs from `samples` (by family or by op key): flops/s for the
+/// families that compute (conv, matmul, na, attention, and their backward), bytes/s for the
+/// others; the unmeasured part of each roofline gets `peak_flops` or the machine's memory
+/// bandwidth.
 void fit_families(Machine& machine, const std::map<std::string, FamilySample>& samples,
                   double peak_flops);
 

@@ -156,8 +156,8 @@ class RankProgram {
     }
     if (event.cat == "op" && event.args != nullptr &&
         (event.args->contains("flops") || event.args->contains("bytes"))) {
-      const double seconds = op_seconds(machine_, op_family(event.name), number_arg(event, "flops"),
-                                        number_arg(event, "bytes"), share_);
+      const double seconds = event_seconds(machine_, event.name, number_arg(event, "flops"),
+                                           number_arg(event, "bytes"), share_);
       const double interior = std::clamp(number_arg(event, "interior"), 0.0, 1.0);
       if (interior > 0) {  // the interior runs while the halos travel: before the first halo_end
         size_t split = event.children.size();
@@ -626,7 +626,7 @@ Prediction replay(const nlohmann::json& trace, const Machine& machine,
   return prediction;
 }
 
-std::map<std::string, FamilySample> family_samples(const nlohmann::json& trace) {
+std::map<std::string, FamilySample> family_samples(const nlohmann::json& trace, bool by_op) {
   std::map<std::string, FamilySample> samples;
   for (Launch& launch : launches_of(trace))
     for (auto& [pid, events] : launch.events) {
@@ -646,7 +646,7 @@ std::map<std::string, FamilySample> family_samples(const nlohmann::json& trace) 
       for (size_t i = 0; i < events.size(); ++i) {
         const Event& event = events[i];
         if (event.cat != "op" || event.args == nullptr || !event.args->contains("flops")) continue;
-        FamilySample& sample = samples[op_family(event.name)];
+        FamilySample& sample = samples[by_op ? op_key(event.name) : op_family(event.name)];
         sample.flops += number_arg(event, "flops");
         sample.bytes += number_arg(event, "bytes");
         sample.seconds += std::max(0.0, self[i]) * 1e-6;

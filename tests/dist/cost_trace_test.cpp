@@ -19,6 +19,7 @@
 #include "ops/op_costs.hpp"
 #include "ops/ops.hpp"
 #include "tests/dist/harness.hpp"
+#include "tests/dist/io_test_support.hpp"
 #include "tests/dist/shard_cases.hpp"
 
 namespace tessera {
@@ -79,7 +80,7 @@ TEST(OpCost, TracedEventsCarryWhatTheCostModelNeeds) {
       if (comm->rank() == 0 || testing::mpi_backend()) trace::start(file);
       comm->barrier();
       trace::traced(comm, [&](std::shared_ptr<Comm> traced_comm) {
-        DeviceMesh mesh(traced_comm, {2, world / 2}, {"dp", "x"});
+        DeviceMesh mesh(traced_comm, {world / 2, 2}, {"dp", "x"});
         nn::Conv conv(mesh, nn::ConvConfig{.in_channels = 2, .out_channels = 3}, 3);
         nn::GradReducer reducer(conv.parameters());
         testing::CaseRng rng(5);
@@ -110,8 +111,8 @@ TEST(OpCost, TracedEventsCarryWhatTheCostModelNeeds) {
           const nlohmann::json& args = event["args"];
           const std::string name = event["name"].get<std::string>();
           if (event["cat"] == "op" && name == "conv") {
-            // Local y [1, 3, 12 / (world / 2), 6] (same padding), w [3, 2, 3, 3].
-            const double y_local = 3.0 * (12 / (world / 2)) * 6;
+            // Local y [2 / dp, 3, 12 / 2, 6] (same padding), w [3, 2, 3, 3].
+            const double y_local = (2.0 / (world / 2)) * 3 * 6 * 6;
             EXPECT_DOUBLE_EQ(args["flops"].get<double>(), 2 * y_local * 2 * 9);
             EXPECT_GT(args["bytes"].get<double>(), 0);
             conv_flops[pid] = args["flops"].get<double>();

@@ -200,6 +200,17 @@ TEST(CostModel, RooflineTakesTheSlowerOfFlopsAndBytes) {
   EXPECT_DOUBLE_EQ(op_seconds(machine, "conv", 1e10, 0, 0.5), 2.0);      // half the node
 }
 
+TEST(CostModel, AnOpsOwnThroughputWinsOverItsFamilys) {
+  nlohmann::json document = toy_machine(1);
+  document["compute"]["families"]["gelu_backward"] = {{"flops", 1e12}, {"bytes", 1e8}};
+  const Machine machine = machine_from_json(document);
+  EXPECT_EQ(op_key("gelu backward"), "gelu_backward");
+  EXPECT_EQ(op_key("gray_scott interior"), "gray_scott_interior");
+  EXPECT_DOUBLE_EQ(event_seconds(machine, "gelu backward", 0, 1e8), 1.0);   // its own entry
+  EXPECT_DOUBLE_EQ(event_seconds(machine, "gelu", 0, 1e10), 1.0);           // the default's
+  EXPECT_DOUBLE_EQ(event_seconds(machine, "conv backward", 1e10, 0), 1.0);  // conv's
+}
+
 TEST(CostModel, OpFamilies) {
   EXPECT_EQ(op_family("conv"), "conv");
   EXPECT_EQ(op_family("conv_transpose backward"), "conv_backward");
