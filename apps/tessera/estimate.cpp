@@ -182,7 +182,10 @@ void calibrate(const EstimateOptions& options) {
   }
 
   // Compute: traced one-rank runs of the workloads' kernels; throughputs from their op events.
-  const std::string env = "TESSERA_BACKEND=local TESSERA_TRACE=";
+  // One thread: the per-core rate, times the cores for the node. (Several OpenMP threads on
+  // cores that other processes also use stall each other at every barrier; one thread per core
+  // is what the ranks of a multi-rank run use too.)
+  const std::string env = "TESSERA_BACKEND=local TESSERA_THREADS_PER_RANK=1 TESSERA_TRACE=";
   run_checked(env + at("train.json") + " " + exe +
               " bench train --shape 2,8,24,24,24 --hidden 16 --layers 3 --mesh 1x1 --steps 2 "
               "--json > /dev/null");
@@ -206,6 +209,10 @@ void calibrate(const EstimateOptions& options) {
         total.count += sample.count;
       }
   }
+  // Each op's rate from one thread, times the cores: the node's (its ranks split it).
+  const double cores = std::max(1u, std::thread::hardware_concurrency());
+  for (auto* map : {&samples, &per_op})
+    for (auto& [key, sample] : *map) sample.seconds /= cores;
   machine.memory_bandwidth = copy_bandwidth();
   double peak = 0;
   for (const auto& [family, sample] : samples)

@@ -300,24 +300,24 @@ double median(std::vector<double> values) {
 Link fit_link(std::span<const double> bytes, std::span<const double> seconds) {
   check_arg(bytes.size() == seconds.size() && bytes.size() >= 2, kOp,
             "fitting a link needs two or more samples");
-  const double n = static_cast<double>(bytes.size());
-  const double mean_x = std::accumulate(bytes.begin(), bytes.end(), 0.0) / n;
-  const double mean_y = std::accumulate(seconds.begin(), seconds.end(), 0.0) / n;
-  double sxx = 0, sxy = 0;
+  // Least squares of the relative error (weights 1/t^2): the sizes span decades, and an
+  // absolute fit would let the largest messages' noise set alpha.
+  double sw = 0, swx = 0, swy = 0, swxx = 0, swxy = 0;
   for (size_t i = 0; i < bytes.size(); ++i) {
-    sxx += (bytes[i] - mean_x) * (bytes[i] - mean_x);
-    sxy += (bytes[i] - mean_x) * (seconds[i] - mean_y);
+    check_arg(seconds[i] > 0, kOp, "fitting a link: a sample of {} seconds", seconds[i]);
+    const double w = 1 / (seconds[i] * seconds[i]);
+    sw += w;
+    swx += w * bytes[i];
+    swy += w * seconds[i];
+    swxx += w * bytes[i] * bytes[i];
+    swxy += w * bytes[i] * seconds[i];
   }
-  double slope = sxx > 0 ? sxy / sxx : 0;
-  double alpha = mean_y - slope * mean_x;
+  const double det = sw * swxx - swx * swx;
+  double slope = det > 0 ? (sw * swxy - swx * swy) / det : 0;
+  double alpha = det > 0 ? (swy - slope * swx) / sw : 0;
   if (alpha < 0 || slope <= 0) {  // through the origin instead
-    double xx = 0, xy = 0;
-    for (size_t i = 0; i < bytes.size(); ++i) {
-      xx += bytes[i] * bytes[i];
-      xy += bytes[i] * seconds[i];
-    }
     alpha = 0;
-    slope = xx > 0 ? xy / xx : 0;
+    slope = swxx > 0 ? swxy / swxx : 0;
   }
   return {alpha, slope > 0 ? 1 / slope : 1e30};
 }
