@@ -157,7 +157,7 @@ void calibrate(const EstimateOptions& options) {
   const std::string exe = self.string();
   const double load_before = load_average();
   const auto at = [&dir](const char* name) { return (dir / name).string(); };
-  std::fprintf(stderr, "tessera estimate: calibrating (about a minute; load %.2f)\n", load_before);
+  std::fprintf(stderr, "tessera estimate: calibrating (load %.2f)\n", load_before);
 
   cost::Machine machine;
   machine.name = "calibrated";
