@@ -208,6 +208,11 @@ void Tape::backward(const ShardTensor& output, const ShardTensor& output_grad, b
       if (any) {
         CommOpScope op_scope(record->op->name + " backward");
         trace::Span span("op", record->op->name + " backward");
+        if (span.recording()) {
+          const OpCost cost = backward_cost(*record);
+          span.real_arg("flops", cost.flops);
+          span.real_arg("bytes", cost.bytes);
+        }
         const auto input_grads = record->op->backward(*record, output_grads);
         check_arg(input_grads.size() == record->inputs.size(), record->op->name,
                   "backward returned {} gradients for {} inputs", input_grads.size(),

@@ -207,10 +207,76 @@ std::vector<std::string> registered_ops() {
   return names;
 }
 
+OpCost op_cost(const OpDef& op, const KernelContext& context, const std::vector<Tensor>& inputs,
+               const std::vector<Tensor>& outputs) {
+  if (op.cost) return op.cost(context, inputs, outputs);
+  OpCost cost;
+  for (const Tensor& input : inputs)
+    cost.bytes += static_cast<double>(input.numel()) * static_cast<double>(input.element_size());
+  for (const Tensor& output : outputs) {
+    cost.bytes += static_cast<double>(output.numel()) * static_cast<double>(output.element_size());
+    cost.flops += static_cast<double>(output.numel());
+  }
+  return cost;
+}
+
+OpCost backward_cost(const OpRecord& record) {
+  if (record.inputs.empty()) return {};
+  const DeviceMesh& mesh = record.inputs[0].mesh();
+  KernelContext context{mesh, record.attrs, record.rule.inputs, {}, record.rule.outputs, {}, {}};
+  context.device = record.inputs[0].device();
+  for (size_t i = 0; i < record.inputs.size(); ++i) {
+    const bool haloed = i < record.plans.size() && record.plans[i] != nullptr;
+    context.input_boxes.push_back(haloed ? record.plans[i]->needed_box()
+                                         : record.inputs[i].local_box());
+    context.owned_boxes.push_back(record.inputs[i].local_box());
+  }
+  std::vector<Tensor> outputs;
+  for (const ShardTensor& output : record.outputs) {
+    context.output_boxes.push_back(output.local_box());
+    outputs.push_back(output.to_local());
+  }
+  const OpCost forward = op_cost(*record.op, context, record.kernel_inputs, outputs);
+  return {2 * forward.flops, 2 * forward.bytes};
+}
+
 std::shared_ptr<const HaloPlan> cached_halo_plan(const ShardSpec& spec, const HaloNeed& need,
                                                  int rank) {
   return cached_halo_plan(HaloPlanKey{spec, need.needed, need.boundary, rank});
 }
+
+namespace {
+
+/// The share of an overlapped kernel's work its interior does while the halos travel: per dim,
+/// the owned extent less the halo around it, over the owned extent (of the first haloed input).
+double interior_share(const KernelContext& context,
+                      const std::vector<std::shared_ptr<const HaloPlan>>& plans) {
+  for (size_t i = 0; i < plans.size(); ++i) {
+    if (!plans[i]) continue;
+    const Shape owned = context.owned_boxes[i].shape();
+    const Shape haloed = context.input_boxes[i].shape();
+    double share = 1;
+    for (size_t d = 0; d < owned.size() && d < haloed.size(); ++d) {
+      if (owned[d] <= 0) return 0;
+      const int64_t inner = std::max<int64_t>(0, owned[d] - (haloed[d] - owned[d]));
+      share *= static_cast<double>(inner) / static_cast<double>(owned[d]);
+    }
+    return share;
+  }
+  return 0;
+}
+
+/// Adds the kernel's cost (and the overlapped share) to the op's trace event.
+void note_cost(trace::Span& span, const OpDef& op, const KernelContext& context,
+               const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+               double interior) {
+  const OpCost cost = op_cost(op, context, inputs, outputs);
+  span.real_arg("flops", cost.flops);
+  span.real_arg("bytes", cost.bytes);
+  if (interior > 0) span.real_arg("interior", interior);
+}
+
+}  // namespace
 
 std::vector<ShardTensor> apply_op(const std::string& name, const std::vector<ShardTensor>& inputs,
                                   const OpAttrs& attrs) {
@@ -320,6 +386,8 @@ std::vector<ShardTensor> apply_op(const std::string& name, const std::vector<Sha
   check_arg(results.size() == rule.outputs.size(), name,
             "the kernel returned {} outputs, the rule promised {}", results.size(),
             rule.outputs.size());
+  if (span.recording())
+    note_cost(span, op, context, locals, results, overlap ? interior_share(context, plans) : 0);
   std::vector<ShardTensor> outputs;
   for (size_t o = 0; o < results.size(); ++o) {
     check_arg(results[o].shape() == context.output_boxes[o].shape(), name,

@@ -80,6 +80,18 @@ struct OverlapKernel {
       boundary;
 };
 
+/// What one call of an op's local kernel costs: floating-point operations and bytes read plus
+/// written (what a roofline model needs; recorded on the op's trace event).
+struct OpCost {
+  double flops = 0;
+  double bytes = 0;
+};
+
+/// The cost of the local kernel from its context and its local (haloed) inputs and outputs
+/// (read for their shapes and dtypes only: they may hold no data).
+using CostFn = std::function<OpCost(const KernelContext& context, const std::vector<Tensor>& inputs,
+                                    const std::vector<Tensor>& outputs)>;
+
 /// A registered op. Built with designated initializers, e.g.
 ///   OpDef{.name = "laplacian7", .summary = "...", .inputs = {{.name = "u"}},
 ///         .outputs = {"y"}, .attrs = {...}, .rule = rule, .cpu = kernel, .backward = backward}
@@ -103,12 +115,23 @@ struct OpDef {
   /// The same for the cuda kernel: `interior` is queued on the compute stream while the halos
   /// travel, `boundary` after halo_end has ordered the compute stream after them.
   std::optional<OverlapKernel> cuda_overlap = std::nullopt;
+  /// The local kernel's cost (empty: the bytes of the inputs and outputs, one flop per output
+  /// element). Its backward is costed as twice the forward (the gradients of the inputs and of
+  /// the weights each take about one forward).
+  CostFn cost{};
 
   /// Whether the op declares its signature (inputs).
   bool has_signature() const { return !inputs.empty(); }
   /// "cpu", "cuda": the devices it has kernels for.
   std::vector<std::string> devices() const;
 };
+
+/// The cost of one call of `op`'s local kernel (its `cost`, or the default above).
+OpCost op_cost(const OpDef& op, const KernelContext& context, const std::vector<Tensor>& inputs,
+               const std::vector<Tensor>& outputs);
+
+/// The cost of the backward of a recorded call: twice the forward's.
+OpCost backward_cost(const OpRecord& record);
 
 /// Whether apply_op overlaps halo exchanges with ops' interior compute on tensors of `kind`
 /// (ops with an OverlapKernel, when halo cells come from other ranks). By default on for cuda

@@ -46,6 +46,7 @@ Settings& settings() {
 struct RankEvents {
   int pid = 0;
   std::vector<std::string> events;  // JSON objects
+  int64_t next_async = 0;           // ids pairing a started batch or collective with its wait
 };
 thread_local RankEvents* current = nullptr;
 
@@ -110,12 +111,17 @@ void check_file(const std::string& file) {
 /// The buffer of the calling thread's rank while alive.
 class RankScope {
  public:
-  explicit RankScope(int pid) : previous_(current) {
+  RankScope(int pid, int ranks, const std::string& backend) : previous_(current) {
     events_.pid = pid;
     events_.events.push_back(fmt::format(
         "{{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": {}, \"tid\": 0, \"args\": "
         "{{\"name\": \"rank {}\"}}}}",
         pid, pid));
+    // What the cost model needs to place the rank: the world's size and backend.
+    events_.events.push_back(fmt::format(
+        "{{\"name\": \"process_labels\", \"ph\": \"M\", \"pid\": {}, \"tid\": 0, \"args\": "
+        "{{\"labels\": \"backend={} ranks={}\", \"backend\": {}, \"ranks\": {}}}}}",
+        pid, backend, ranks, json_string(backend), ranks));
     current = &events_;
   }
   ~RankScope() { current = previous_; }
@@ -134,18 +140,28 @@ int64_t bytes_of(std::span<const size_t> counts, DType dtype) {
                               dtype_size(dtype));
 }
 
+/// ">3:4096 <1:2048": a send of 4096 bytes to rank 3 and a receive of 2048 from rank 1 (ranks
+/// of the batch's communicator), in the order of the batch.
 std::string peers_text(std::span<const P2POp> ops) {
   std::string text;
   for (const P2POp& op : ops)
-    text += fmt::format("{}{}{}", text.empty() ? "" : " ", op.kind == P2POp::Kind::send ? ">" : "<",
-                        op.peer);
+    text += fmt::format("{}{}{}:{}", text.empty() ? "" : " ",
+                        op.kind == P2POp::Kind::send ? ">" : "<", op.peer, op.bytes);
   return text;
+}
+
+/// A new id for a started batch or collective of the calling rank (-1 outside a traced rank).
+int64_t next_async_id() {
+  return current != nullptr ? current->next_async++ : -1;
 }
 
 /// A Comm that records each call as a comm event and forwards it.
 class RecordingComm final : public Comm {
  public:
-  explicit RecordingComm(std::shared_ptr<Comm> inner) : inner_(std::move(inner)) {}
+  /// `group`: the communicator's id, the same on every member ("w" for the world; a split's
+  /// id is its parent's, the parent's split count and the color, e.g. "w.0c1").
+  RecordingComm(std::shared_ptr<Comm> inner, std::string group)
+      : inner_(std::move(inner)), group_(std::move(group)) {}
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
@@ -154,12 +170,17 @@ class RecordingComm final : public Comm {
 
   std::unique_ptr<P2PBatch> start_send_recv(std::span<const P2POp> ops) override {
     Span span("comm", "send_recv start");
-    int64_t sent = 0, received = 0;
-    for (const P2POp& op : ops) (op.kind == P2POp::Kind::send ? sent : received) += op.bytes;
-    span.arg("bytes_sent", sent);
-    span.arg("bytes_received", received);
-    span.arg("peers", peers_text(ops));
-    return std::make_unique<RecordingBatch>(inner_->start_send_recv(ops));
+    const int64_t id = span.recording() ? next_async_id() : -1;
+    if (span.recording()) {
+      int64_t sent = 0, received = 0;
+      for (const P2POp& op : ops) (op.kind == P2POp::Kind::send ? sent : received) += op.bytes;
+      span.arg("bytes_sent", sent);
+      span.arg("bytes_received", received);
+      span.arg("peers", peers_text(ops));
+      note_group(span);
+      span.arg("id", id);
+    }
+    return std::make_unique<RecordingBatch>(inner_->start_send_recv(ops), id);
   }
   void all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) override {
     Span span("comm", "all_reduce");
@@ -170,7 +191,10 @@ class RecordingComm final : public Comm {
                                                       DType dtype, ReduceOp op) override {
     Span span("comm", "all_reduce start");
     note(span, static_cast<int64_t>(count * dtype_size(dtype)));
-    return inner_->start_all_reduce(send, recv, count, dtype, op);
+    const int64_t id = span.recording() ? next_async_id() : -1;
+    span.arg("id", id);
+    return std::make_unique<RecordingPending>(
+        inner_->start_all_reduce(send, recv, count, dtype, op), "all_reduce wait", id);
   }
   std::unique_ptr<PendingCollective> start_all_gather_v(const void* send, size_t send_count,
                                                         void* recv,
@@ -178,7 +202,11 @@ class RecordingComm final : public Comm {
                                                         DType dtype) override {
     Span span("comm", "all_gather_v start");
     note(span, bytes_of(recv_counts, dtype));
-    return inner_->start_all_gather_v(send, send_count, recv, recv_counts, dtype);
+    const int64_t id = span.recording() ? next_async_id() : -1;
+    span.arg("id", id);
+    return std::make_unique<RecordingPending>(
+        inner_->start_all_gather_v(send, send_count, recv, recv_counts, dtype), "all_gather_v wait",
+        id);
   }
   void all_gather_v(const void* send, size_t send_count, void* recv,
                     std::span<const size_t> recv_counts, DType dtype) override {
@@ -239,30 +267,78 @@ class RecordingComm final : public Comm {
   std::shared_ptr<Comm> split(int color, int key) override {
     Span span("comm", "split");
     note(span, 0);
+    // Every member of this communicator splits it in the same order, so the count and the color
+    // name the part alike on each of its members.
+    const std::string child = fmt::format("{}.{}c{}", group_, splits_++, color);
     std::shared_ptr<Comm> part = inner_->split(color, key);
-    return part ? std::make_shared<RecordingComm>(std::move(part)) : nullptr;
+    if (part && span.recording()) {
+      span.arg("child", child);
+      span.arg("child_rank", part->rank());
+      span.arg("child_ranks", part->size());
+    }
+    return part ? std::make_shared<RecordingComm>(std::move(part), child) : nullptr;
   }
 
  private:
   /// The wait of a send/recv batch, recorded when it happens.
   class RecordingBatch final : public P2PBatch {
    public:
-    explicit RecordingBatch(std::unique_ptr<P2PBatch> inner) : inner_(std::move(inner)) {}
+    RecordingBatch(std::unique_ptr<P2PBatch> inner, int64_t id)
+        : inner_(std::move(inner)), id_(id) {}
     void wait() override {
       Span span("comm", "send_recv wait");
+      span.arg("id", id_);
       inner_->wait();
     }
 
    private:
     std::unique_ptr<P2PBatch> inner_;
+    int64_t id_;
   };
 
-  void note(Span& span, int64_t bytes) const {
-    span.arg("bytes", bytes);
+  /// The wait of a started collective, recorded when it happens (or when dropped unwaited).
+  class RecordingPending final : public PendingCollective {
+   public:
+    RecordingPending(std::unique_ptr<PendingCollective> inner, const char* name, int64_t id)
+        : inner_(std::move(inner)), name_(name), id_(id) {}
+    ~RecordingPending() override {
+      if (!waited_) {
+        Span span("comm", name_);
+        span.arg("id", id_);
+        inner_.reset();  // the inner one waits when destroyed
+      }
+    }
+    void wait() override {
+      Span span("comm", name_);
+      span.arg("id", id_);
+      waited_ = true;
+      inner_->wait();
+    }
+
+   private:
+    std::unique_ptr<PendingCollective> inner_;
+    const char* name_;
+    int64_t id_;
+    bool waited_ = false;
+  };
+
+  /// The communicator's id, size and this rank's rank in it: what matches a collective across
+  /// its members and places them on the modeled machine.
+  void note_group(Span& span) const {
+    span.arg("group", group_);
     span.arg("ranks", inner_->size());
+    span.arg("rank", inner_->rank());
+  }
+
+  void note(Span& span, int64_t bytes) const {
+    if (!span.recording()) return;
+    span.arg("bytes", bytes);
+    note_group(span);
   }
 
   std::shared_ptr<Comm> inner_;
+  std::string group_;
+  int splits_ = 0;
 };
 
 }  // namespace
@@ -321,13 +397,17 @@ void Span::arg(std::string_view key, int64_t value) {
   if (recording()) args_.emplace_back(std::string(key), fmt::format("{}", value));
 }
 
+void Span::real_arg(std::string_view key, double value) {
+  if (recording()) args_.emplace_back(std::string(key), fmt::format("{:.9g}", value));
+}
+
 void Span::arg(std::string_view key, std::string_view value) {
   if (recording()) args_.emplace_back(std::string(key), json_string(value));
 }
 
 std::shared_ptr<Comm> recording_comm(std::shared_ptr<Comm> comm) {
   if (!enabled() || comm == nullptr) return comm;
-  return std::make_shared<RecordingComm>(std::move(comm));
+  return std::make_shared<RecordingComm>(std::move(comm), "w");
 }
 
 void traced(const std::shared_ptr<Comm>& world,
@@ -337,7 +417,7 @@ void traced(const std::shared_ptr<Comm>& world,
     return;
   }
   check_file(file());  // TESSERA_TRACE is read here first: a bad name fails before any work
-  RankScope scope(world->rank());
+  RankScope scope(world->rank(), world->size(), world->backend());
   body(recording_comm(world));
   // Every rank's events, as one text each, to world rank 0 (outside any span).
   std::string mine;

@@ -47,6 +47,8 @@ class Span {
   Span& operator=(const Span&) = delete;
   /// Adds an integer argument.
   void arg(std::string_view key, int64_t value);
+  /// Adds a floating argument (finite values only: JSON has no inf or nan).
+  void real_arg(std::string_view key, double value);
   /// Adds a text argument.
   void arg(std::string_view key, std::string_view value);
   /// True when this span records.

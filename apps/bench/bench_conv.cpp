@@ -27,6 +27,7 @@
 #include "core/halo/halo_exchange.hpp"
 #include "core/runtime/rank_context.hpp"
 #include "core/tessera.hpp"
+#include "core/trace.hpp"
 #include "ops/conv/conv_kernels.hpp"
 #include "ops/ops.hpp"
 
@@ -144,6 +145,7 @@ ConvFigures measure(std::shared_ptr<Comm> world, const Shape& x_shape, int64_t k
   w.set_requires_grad();
   b.set_requires_grad();
   figures.forward_backward = timed([&] {
+    trace::Span span("step", "conv forward+backward");
     Tape tape;
     const ShardTensor out = ops::conv(x, w, b, same);
     tape.backward(out, gy);
@@ -266,6 +268,7 @@ void run_conv_bench(const ConvBenchOptions& options_given) {
                  {"forward_gflops", flops / figures.forward / 1e9},
                  {"forward_gbps", forward_bytes / figures.forward / 1e9},
                  {"forward_backward_ms", figures.forward_backward * 1e3},
+                 {"step_seconds", figures.forward_backward},
                  {"forward_backward_gflops", backward_flops / figures.forward_backward / 1e9},
                  {"forward_backward_gbps", forward_backward_bytes / figures.forward_backward / 1e9},
                  {"halo_ms", figures.halo * 1e3},

@@ -21,6 +21,7 @@
 #include "core/compute_threads.hpp"
 #include "core/gpu_runtime.hpp"
 #include "core/tessera.hpp"
+#include "core/trace.hpp"
 #include "ops/attention/na_cpu.hpp"
 #include "ops/attention/na_cuda.hpp"
 #include "ops/attention/na_op.hpp"
@@ -106,6 +107,7 @@ NaFigures measure(std::shared_ptr<Comm> world, const Shape& shape, int64_t kerne
   k.set_requires_grad();
   v.set_requires_grad();
   figures.forward_backward = timed([&] {
+    trace::Span span("step", "na forward+backward");
     Tape tape;
     const ops::NaResult out = ops::neighborhood_attention(q, k, v, options);
     tape.backward(out.output, grad);
@@ -278,6 +280,7 @@ void run_na_bench(const NaBenchOptions& options) {
                  {"forward_ms", figures.forward * 1e3},
                  {"forward_gflops", flops / figures.forward / 1e9},
                  {"forward_backward_ms", figures.forward_backward * 1e3},
+                 {"step_seconds", figures.forward_backward},
                  {"forward_backward_gflops", backward_flops / figures.forward_backward / 1e9},
                  {"wrong", wrong}});
     }
@@ -375,6 +378,7 @@ void register_na_bench(CLI::App& bench) {
       ->check(integer_at_least(0))
       ->capture_default_str();
   na->add_flag("--json", options->json, "Print JSON instead of the tables");
+  add_trace_option(*na);
   na->callback([options] { run_na_bench(*options); });
 }
 

@@ -362,6 +362,7 @@ void run_train_bench(const TrainBenchOptions& options) {
                {"ranks", ranks},
                {"threads_per_rank", threads},
                {"step_ms", figures.step * 1e3},
+               {"step_seconds", figures.step},
                {"exposed_ms", figures.exposed * 1e3},
                {"collectives", figures.collectives},
                {"bytes_reduced", figures.bytes},

@@ -68,6 +68,8 @@ void register_generate(CLI::App& app);
 void register_simulate(CLI::App& app);
 /// `tessera plot slice|losses|scaling|mesh`: PNG plots (apps/plot, docs/plots.md).
 void register_plot(CLI::App& app);
+/// `tessera estimate`: predict a traced run on a modeled machine, or calibrate this one.
+void register_estimate(CLI::App& app);
 /// `tessera bench comm`: collectives and redistribute beside the raw MPI collectives.
 void register_bench(CLI::App& app);
 

@@ -10,11 +10,14 @@
 #include <fmt/ranges.h>
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
 
 #include "apps/tessera/cli_parse.hpp"
 #include "apps/tessera/commands.hpp"
 #include "apps/tessera/run_op_common.hpp"
 #include "core/tessera.hpp"
+#include "core/trace.hpp"
 #include "io/hdf5/h5_file.hpp"
 #include "io/hdf5/sharded_io.hpp"
 #include "io/output_path.hpp"
@@ -28,6 +31,7 @@ struct InferOptions {
   std::string model, in, out;
   MeshOptions layout;
   std::string device = "cpu", dtype = "f32";
+  bool json = false;
 };
 
 /// Rank 0 checks that the input file holds every graph input and reads their shapes; every rank
@@ -103,6 +107,7 @@ void run_infer(std::shared_ptr<Comm> world, const InferOptions& options) {
 
   const double start = now_seconds();
   std::map<std::string, ShardTensor> inputs, outputs;
+  std::optional<trace::Span> step_span(std::in_place, "step", "infer");
   // The ops agree on what only some ranks could see; errors of the graph itself (a shape that
   // does not fit a node) are met by every rank alike and printed once.
   agreed_everywhere(*world, "infer", [&] {
@@ -116,7 +121,10 @@ void run_infer(std::shared_ptr<Comm> world, const InferOptions& options) {
     }
     outputs = model->forward(inputs);
   });
-  const double seconds = now_seconds() - start;
+  step_span.reset();
+  double seconds = now_seconds() - start;
+  // The slowest rank's time is the run's (every rank has the same options).
+  if (options.json) world->all_reduce(&seconds, &seconds, 1, DType::f64, ReduceOp::max);
 
   // The outputs are the only datasets of --out: an old file is removed first, then every rank
   // writes its own boxes (each write_sharded replaces the file atomically, keeping the datasets
@@ -130,6 +138,14 @@ void run_infer(std::shared_ptr<Comm> world, const InferOptions& options) {
     written.push_back(fmt::format("{} {}", output.name, y.global_shape()));
   }
   if (world->rank() != 0) return;
+  if (options.json) {
+    const nlohmann::json summary = {{"command", "infer"},     {"model", options.model},
+                                    {"mesh", mesh_shape},     {"backend", world->backend()},
+                                    {"ranks", world->size()}, {"outputs", written},
+                                    {"out", options.out},     {"step_seconds", seconds}};
+    fmt::print("{}\n", summary.dump());
+    return;
+  }
   fmt::print("infer: {} {} {} -> {} on mesh {} ({}), {} backend, {:.3f} ms; wrote {}\n",
              options.model, model->inputs()[0].name, first, fmt::join(written, ", "), mesh_shape,
              inputs.begin()->second.spec().str(), world->backend(), seconds * 1e3, options.out);
@@ -154,6 +170,9 @@ void register_infer(CLI::App& app) {
   command->add_option("--dtype", options->dtype, "f32 or f64: the model's parameters and data")
       ->capture_default_str();
   command->add_option("--device", options->device, "cpu, cuda or cuda:N")->capture_default_str();
+  command->add_flag("--json", options->json,
+                    "Print one JSON object at the end (step_seconds: read and forward, slowest "
+                    "rank)");
   add_trace_option(*command);
   command->callback([options] {
     select_device(options->device);

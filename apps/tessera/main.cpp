@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   tessera::cli::register_generate(app);
   tessera::cli::register_simulate(app);
   tessera::cli::register_plot(app);
+  tessera::cli::register_estimate(app);
   tessera::cli::register_bench(app);
   try {
     app.parse(argc, argv);

@@ -188,6 +188,7 @@ void register_simulate(CLI::App& app) {
                          "Write a z = 0.5 slice PNG of u and v per snapshot to this directory");
   gray_scott->add_flag("--json", options->json,
                        "Print one JSON object with the figures at the end");
+  add_trace_option(*gray_scott);
   gray_scott->callback([options] {
     select_device(options->device);
     launch(backend_from_env(), options->layout.local_ranks(),

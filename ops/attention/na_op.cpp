@@ -24,6 +24,7 @@
 #include "core/op_registry.hpp"
 #include "ops/attention/na_cpu.hpp"
 #include "ops/attention/na_cuda.hpp"
+#include "ops/op_costs.hpp"
 #include "ops/op_helpers.hpp"
 
 namespace tessera::ops {
@@ -236,7 +237,8 @@ void register_attention_ops() {
       .rule = na_rule,
       .cpu = na_cpu,
       .cuda = na_cuda,
-      .backward = na_backward_op});
+      .backward = na_backward_op,
+      .cost = na_cost});
 }
 
 NaResult neighborhood_attention(const ShardTensor& q, const ShardTensor& k, const ShardTensor& v,

@@ -28,6 +28,7 @@
 #include "core/halo/halo_exchange.hpp"
 #include "core/op_registry.hpp"
 #include "ops/conv/conv_kernels.hpp"
+#include "ops/op_costs.hpp"
 #include "ops/op_helpers.hpp"
 
 namespace tessera::ops {
@@ -446,7 +447,8 @@ void register_conv_ops() {
       .cuda = conv_local,
       .backward = conv_backward,
       .cpu_overlap = overlap,
-      .cuda_overlap = overlap});
+      .cuda_overlap = overlap,
+      .cost = conv_cost});
   register_conv_transpose_op();
 }
 

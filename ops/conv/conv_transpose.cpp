@@ -23,6 +23,7 @@
 #include "core/runtime/rank_context.hpp"
 #include "ops/conv/conv_kernels.hpp"
 #include "ops/conv/conv_op.hpp"
+#include "ops/op_costs.hpp"
 #include "ops/op_helpers.hpp"
 
 namespace tessera::ops {
@@ -326,7 +327,8 @@ void register_conv_transpose_op() {
       .rule = conv_transpose_rule,
       .cpu = conv_transpose_local,
       .cuda = conv_transpose_local,
-      .backward = conv_transpose_backward});
+      .backward = conv_transpose_backward,
+      .cost = conv_transpose_cost});
 }
 
 ShardTensor conv_transpose(const ShardTensor& x, const ShardTensor& w,

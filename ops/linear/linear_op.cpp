@@ -33,6 +33,7 @@
 #include "core/parallel_for.hpp"
 #include "ops/dnnl/dnnl_support.hpp"
 #include "ops/linear/linear_cuda.hpp"
+#include "ops/op_costs.hpp"
 #include "ops/op_helpers.hpp"
 
 namespace tessera::ops {
@@ -304,7 +305,8 @@ void register_linear() {
                     .rule = std::move(rule),
                     .cpu = kernel,
                     .cuda = kernel,
-                    .backward = std::move(backward)});
+                    .backward = std::move(backward),
+                    .cost = matmul_cost});
 }
 
 // --- matmul ---------------------------------------------------------------------------------
@@ -418,7 +420,8 @@ void register_matmul() {
                     .rule = std::move(rule),
                     .cpu = kernel,
                     .cuda = kernel,
-                    .backward = std::move(backward)});
+                    .backward = std::move(backward),
+                    .cost = matmul_cost});
 }
 
 }  // namespace

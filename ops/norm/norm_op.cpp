@@ -23,6 +23,7 @@
 #include "core/op_registry.hpp"
 #include "core/runtime/rank_context.hpp"
 #include "ops/norm/norm_kernels.hpp"
+#include "ops/op_costs.hpp"
 #include "ops/op_helpers.hpp"
 
 namespace tessera::ops {
@@ -429,7 +430,8 @@ void register_norm_ops() {
                  .rule = rule(kind),
                  .cpu = kernel_of(kind),
                  .cuda = kernel_of(kind),
-                 .backward = backward_of(kind)};
+                 .backward = backward_of(kind),
+                 .cost = norm_cost};
   };
   const OpInput x{.name = "x"}, w{.name = "w", .optional = true}, b{.name = "b", .optional = true};
   register_op(def(NormKind::group,

@@ -17,6 +17,7 @@
 #include <limits>
 
 #include "core/autograd.hpp"
+#include "ops/op_costs.hpp"
 #include "ops/op_helpers.hpp"
 #include "ops/pointwise/broadcast.hpp"
 #include "ops/pointwise/pointwise_cpu.hpp"
@@ -130,7 +131,8 @@ void register_unary(const UnaryMath& math) {
                     .rule = std::move(rule),
                     .cpu = std::move(cpu),
                     .cuda = std::move(cuda),
-                    .backward = std::move(backward)});
+                    .backward = std::move(backward),
+                    .cost = pointwise_cost});
 }
 
 /// b seen over a's local box (the global box `a_box`): through stride 0 along broadcast dims,
@@ -353,7 +355,8 @@ void register_binary(const BinaryMath& math, const std::string& name, int64_t de
             .rule = std::move(rule),
             .cpu = std::move(cpu),
             .cuda = std::move(cuda),
-            .backward = std::move(backward)});
+            .backward = std::move(backward),
+            .cost = pointwise_cost});
 }
 
 /// where(cond, a, b): the three operands broadcast together, led by the first of a, b, cond
@@ -468,7 +471,8 @@ void register_where() {
                     .rule = std::move(rule),
                     .cpu = std::move(cpu),
                     .cuda = std::move(cuda),
-                    .backward = std::move(backward)});
+                    .backward = std::move(backward),
+                    .cost = pointwise_cost});
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include "core/halo/halo_exchange.hpp"
 #include "core/op_registry.hpp"
 #include "core/runtime/rank_context.hpp"
+#include "ops/op_costs.hpp"
 #include "ops/op_helpers.hpp"
 #include "ops/pool/pool_cpu.hpp"
 #include "ops/pool/pool_cuda.hpp"
@@ -267,7 +268,8 @@ void register_pool_ops() {
       .rule = rule(PoolKind::max),
       .cpu = kernel_of(PoolKind::max),
       .cuda = kernel_of(PoolKind::max),
-      .backward = backward_of(PoolKind::max)});
+      .backward = backward_of(PoolKind::max),
+      .cost = pool_cost});
   register_op(OpDef{
       .name = "avg_pool",
       .summary = "avg_pool1d/2d/3d (by the rank of x) of x [N, C, spatial..], PyTorch's semantics",
@@ -287,7 +289,8 @@ void register_pool_ops() {
       .rule = rule(PoolKind::avg),
       .cpu = kernel_of(PoolKind::avg),
       .cuda = kernel_of(PoolKind::avg),
-      .backward = backward_of(PoolKind::avg)});
+      .backward = backward_of(PoolKind::avg),
+      .cost = pool_cost});
 }
 
 ShardTensor max_pool(const ShardTensor& x, const PoolOptions& options) {

@@ -21,6 +21,7 @@
 #include "core/autograd.hpp"
 #include "core/compute_threads.hpp"
 #include "core/parallel_for.hpp"
+#include "ops/op_costs.hpp"
 #include "ops/op_helpers.hpp"
 
 namespace tessera::ops {
@@ -387,7 +388,8 @@ void register_ring_attention_ops() {
                                .doc = "the scores' factor (unset: 1/sqrt(D))"}},
                     .rule = std::move(rule),
                     .cpu = std::move(cpu),
-                    .backward = std::move(backward)});
+                    .backward = std::move(backward),
+                    .cost = attention_cost});
 }
 
 std::vector<ShardTensor> attention(const ShardTensor& q, const ShardTensor& k, const ShardTensor& v,

@@ -1,0 +1,317 @@
+// `tessera estimate`: predicts the step time of a traced run on a modeled machine
+// (--cluster NAME|FILE --trace-in TRACE.json), and measures this machine into a machine file
+// (--calibrate --out MACHINE.json). The model is core/cost/; docs/scaling.md describes it, the
+// shipped cluster files and the validation.
+#include "apps/tessera/estimate.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <thread>
+#include <vector>
+
+#include "apps/tessera/commands.hpp"
+#include "core/comm/mpi_comm.hpp"
+#include "core/cost/cost_model.hpp"
+#include "core/errors.hpp"
+
+namespace tessera::cli {
+
+namespace {
+
+constexpr const char* kOp = "estimate";
+
+struct EstimateOptions {
+  std::string cluster, trace_in, out, backend, scaling;
+  int launch = -1;
+  bool json = false, calibrate = false;
+};
+
+nlohmann::json read_json(const std::string& file, const char* what) {
+  std::ifstream in(file);
+  check_arg(static_cast<bool>(in), kOp, "cannot read the {} '{}'", what, file);
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& error) {
+    throw InvalidArgument(
+        kOp, fmt::format("the {} '{}' is not valid JSON: {}", what, file, one_line(error.what())));
+  }
+}
+
+/// Where shipped cluster files are looked for: $TESSERA_CLUSTERS, the install's share folder,
+/// the source tree's.
+std::vector<std::filesystem::path> cluster_dirs() {
+  std::vector<std::filesystem::path> dirs;
+  if (const char* env = std::getenv("TESSERA_CLUSTERS"); env != nullptr && *env != '\0')
+    dirs.emplace_back(env);
+  std::error_code error;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (!error) dirs.push_back(self.parent_path().parent_path() / "share" / "tessera" / "clusters");
+  dirs.emplace_back(TESSERA_CLUSTER_DIR);
+  return dirs;
+}
+
+std::vector<std::string> known_clusters() {
+  std::vector<std::string> names;
+  for (const auto& dir : cluster_dirs()) {
+    std::error_code error;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, error))
+      if (entry.path().extension() == ".json") {
+        const std::string name = entry.path().stem().string();
+        if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+      }
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+}  // namespace
+
+/// The machine named `cluster`: a file path (with a '/' or ending in .json) or the name of a
+/// shipped cluster file.
+cost::Machine load_machine(const std::string& cluster) {
+  check_arg(!cluster.empty(), kOp, "--cluster is empty");
+  std::string file;
+  if (cluster.find('/') != std::string::npos || cluster.ends_with(".json")) {
+    file = cluster;
+  } else {
+    for (const auto& dir : cluster_dirs())
+      if (std::filesystem::exists(dir / (cluster + ".json"))) {
+        file = (dir / (cluster + ".json")).string();
+        break;
+      }
+    check_arg(!file.empty(), kOp, "unknown cluster '{}' (known: {}; or give a machine file)",
+              cluster, fmt::join(known_clusters(), ", "));
+  }
+  return cost::machine_from_json(read_json(file, "machine file"));
+}
+
+namespace {
+
+/// Runs `command` in a shell; throws naming it when it fails.
+void run_checked(const std::string& command) {
+  const int status = std::system(command.c_str());
+  check_arg(status == 0, kOp, "calibration step failed (exit status {}): {}", status, command);
+}
+
+double load_average() {
+  std::ifstream in("/proc/loadavg");
+  double load = -1;
+  in >> load;
+  return load;
+}
+
+/// Fits a backend's link from the all_gather_v rows of `bench comm --json` at 2 ranks: the
+/// model's all_gather_v is steps * alpha + (P-1)/P * N / beta (steps 1 for both backends at 2
+/// ranks), so a line through (N/2, seconds) gives alpha and beta.
+cost::Link fit_comm(const nlohmann::json& document, const std::string& what) {
+  std::vector<double> bytes, seconds;
+  for (const nlohmann::json& row : document.value("rows", nlohmann::json::array()))
+    if (row.value("op", std::string()) == "all_gather_v") {
+      bytes.push_back(0.5 * row.at("bytes").get<double>());
+      seconds.push_back(row.at("time_us").get<double>() * 1e-6);
+    }
+  check_arg(bytes.size() >= 2, kOp, "calibration: {} gave fewer than two all_gather_v rows", what);
+  return cost::fit_link(bytes, seconds);
+}
+
+/// Bytes read plus written per second of a large memcpy on this thread (what halo packing and
+/// redistribute's local copies do).
+double copy_bandwidth() {
+  const size_t bytes = size_t{64} << 20;
+  std::vector<char> from(bytes, 1), to(bytes, 0);
+  double best = 0;
+  for (int run = 0; run < 5; ++run) {
+    const auto start = std::chrono::steady_clock::now();
+    std::memcpy(to.data(), from.data(), bytes);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    from[static_cast<size_t>(run)] = to[bytes - 1 - static_cast<size_t>(run)];  // keep the copy
+    if (seconds > 0) best = std::max(best, 2.0 * static_cast<double>(bytes) / seconds);
+  }
+  return best;
+}
+
+nlohmann::json run_json(const std::string& command, const std::string& out) {
+  run_checked(command + " > " + out);
+  return read_json(out, "benchmark output");
+}
+
+void calibrate(const EstimateOptions& options) {
+  check_arg(!options.out.empty(), kOp, "--calibrate needs --out MACHINE.json");
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe");
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / fmt::format("tessera-calibrate-{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string exe = self.string();
+  const double load_before = load_average();
+  const auto at = [&dir](const char* name) { return (dir / name).string(); };
+  std::fprintf(stderr, "tessera estimate: calibrating (load %.2f)\n", load_before);
+
+  cost::Machine machine;
+  machine.name = "calibrated";
+  machine.ranks_per_node = 4096;  // every rank of a run on this machine shares it
+  machine.shared_compute = true;
+  machine.backend = "local";
+
+  // Links: bench comm's all_gather_v at 2 ranks, 64 KiB .. 16 MiB.
+  const std::string comm_args =
+      " bench comm --ranks 2 --min-bytes 65536 --max-bytes 16777216 --iterations 10 --json";
+  cost::LinkSet local{.algorithm = cost::Algorithm::direct, .asynchronous = false};
+  local.intra = local.inter = fit_comm(
+      run_json("TESSERA_BACKEND=local TESSERA_TRACE= " + exe + comm_args, at("comm_local.json")),
+      "bench comm (local)");
+  machine.links["local"] = local;
+  if (mpi_compiled() && std::system("command -v mpiexec > /dev/null 2>&1") == 0) {
+    cost::LinkSet mpi{.algorithm = cost::Algorithm::mpi, .asynchronous = true};
+    mpi.intra = mpi.inter =
+        fit_comm(run_json("TESSERA_TRACE= mpiexec -n 2 " + exe + comm_args, at("comm_mpi.json")),
+                 "bench comm (mpiexec -n 2)");
+    machine.links["mpi"] = mpi;
+  }
+
+  // Compute: traced one-rank runs of the workloads' kernels; throughputs from their op events.
+  // One thread: the per-core rate, times the cores for the node. (Several OpenMP threads on
+  // cores that other processes also use stall each other at every barrier; one thread per core
+  // is what the ranks of a multi-rank run use too.)
+  const std::string env = "TESSERA_BACKEND=local TESSERA_THREADS_PER_RANK=1 TESSERA_TRACE=";
+  run_checked(env + at("train.json") + " " + exe +
+              " bench train --shape 2,8,24,24,24 --hidden 16 --layers 3 --mesh 1x1 --steps 2 "
+              "--json > /dev/null");
+  run_checked(env + at("na.json") + " " + exe +
+              " bench na --size 32 --heads 2 --dim 32 --kernel 7 --ranks 1 --iterations 2 --json "
+              "> /dev/null");
+  run_checked(env + at("sim.json") + " " + exe +
+              " simulate gray-scott --size 96,96,96 --steps 10 --every 10 --out " + at("gs.h5") +
+              " --json > /dev/null");
+  // Per family (for ops these runs did not meet) and per op (each op's own rate: on a CPU the
+  // ops of one family differ widely, e.g. gelu's transcendental math against a plain add).
+  std::map<std::string, cost::FamilySample> samples, per_op;
+  for (const char* name : {"train.json", "na.json", "sim.json"}) {
+    const nlohmann::json trace = read_json(at(name), "trace");
+    for (bool by_op : {false, true})
+      for (const auto& [key, sample] : cost::family_samples(trace, by_op)) {
+        cost::FamilySample& total = (by_op ? per_op : samples)[key];
+        total.flops += sample.flops;
+        total.bytes += sample.bytes;
+        total.seconds += sample.seconds;
+        total.count += sample.count;
+      }
+  }
+  // Each op's rate from one thread, times the cores: the node's (its ranks split it).
+  const double cores = std::max(1u, std::thread::hardware_concurrency());
+  for (auto* map : {&samples, &per_op})
+    for (auto& [key, sample] : *map) sample.seconds /= cores;
+  machine.memory_bandwidth = copy_bandwidth();
+  double peak = 0;
+  for (const auto& [family, sample] : samples)
+    if (sample.seconds > 0) peak = std::max(peak, sample.flops / sample.seconds);
+  machine.families["default"] = {peak, machine.memory_bandwidth};
+  cost::fit_families(machine, samples, peak);
+  cost::fit_families(machine, per_op, peak);
+  machine.op_overhead = 0;
+
+  nlohmann::json document = cost::machine_to_json(machine);
+  std::time_t now = std::time(nullptr);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  nlohmann::json measured = nlohmann::json::object();
+  for (const auto& [family, sample] : per_op)
+    measured[family] = {{"flops", sample.flops},
+                        {"bytes", sample.bytes},
+                        {"seconds", sample.seconds},
+                        {"events", sample.count}};
+  document["calibration"] = {
+      {"date", stamp},
+      {"cores", std::thread::hardware_concurrency()},
+      {"load_average_before", load_before},
+      {"load_average_after", load_average()},
+      {"links", "bench comm all_gather_v at 2 ranks, 64 KiB..16 MiB (local; mpiexec -n 2)"},
+      {"memory_bandwidth", "a 64 MiB memcpy, the best of 5 (bytes read + written per second)"},
+      {"compute",
+       "per op and per op family, flops or bytes over self time in traced one-rank runs: bench "
+       "train (conv3d 2x8x24^3, hidden 16, 3 layers), bench na "
+       "(32x32, 2 heads, D 32, k 7), simulate gray-scott 96^3"},
+      {"samples", measured}};
+  {
+    std::ofstream out(options.out);
+    check_arg(static_cast<bool>(out), kOp, "cannot write the machine file '{}'", options.out);
+    out << document.dump(2) << "\n";
+    check_arg(static_cast<bool>(out), kOp, "cannot write the machine file '{}'", options.out);
+  }
+  std::filesystem::remove_all(dir);
+  std::fprintf(stderr, "tessera estimate: wrote %s\n", options.out.c_str());
+}
+
+void estimate_trace(const EstimateOptions& options) {
+  check_arg(!options.cluster.empty(), kOp, "--trace-in needs --cluster NAME|FILE");
+  const cost::Machine machine = load_machine(options.cluster);
+  const nlohmann::json trace = read_json(options.trace_in, "trace");
+  const cost::Prediction prediction =
+      cost::replay(trace, machine, {.backend = options.backend, .launch = options.launch});
+  if (options.json) {
+    nlohmann::json document = cost::prediction_to_json(prediction);
+    document["trace"] = options.trace_in;
+    std::cout << document.dump(2) << "\n";
+    return;
+  }
+  fmt::print(
+      "estimate of {} on {} ({} backend, {} ranks, {} steps)\n"
+      "  step time         {:10.3f} ms (median over steps, slowest rank)\n"
+      "  compute           {:10.3f} ms per step and rank\n"
+      "  communication     {:10.3f} ms per step and rank\n"
+      "  exposed comm      {:10.3f} ms per step and rank (waiting, not hidden by compute)\n",
+      options.trace_in, prediction.machine, prediction.backend, prediction.ranks, prediction.steps,
+      prediction.step_seconds * 1e3, prediction.compute_seconds * 1e3,
+      prediction.comm_seconds * 1e3, prediction.exposed_comm_seconds * 1e3);
+}
+
+}  // namespace
+
+void register_estimate(CLI::App& app) {
+  auto options = std::make_shared<EstimateOptions>();
+  auto* estimate = app.add_subcommand(
+      "estimate", "Predict a traced run's step time on a modeled machine, or calibrate this one");
+  estimate->add_option("--cluster", options->cluster,
+                       "Machine: a shipped cluster (h100-ib, h200-ib) or a machine file");
+  estimate->add_option("--trace-in", options->trace_in,
+                       "Trace of the run to predict (from --trace or TESSERA_TRACE)");
+  estimate->add_option("--backend", options->backend,
+                       "Backend to model (default: the trace's if the machine has it, else the "
+                       "machine's)");
+  estimate->add_option("--launch", options->launch,
+                       "Which launch of a trace with several (0, 1, ...; default: the last)");
+  estimate->add_flag("--json", options->json, "Print JSON (step_seconds and the breakdown)");
+  estimate->add_flag("--calibrate", options->calibrate,
+                     "Measure this machine (links and op throughputs) into --out");
+  estimate->add_option("--out", options->out, "Machine file written by --calibrate");
+  // The hook for estimate mode (a COMMAND run on shape-only tensors at several rank counts):
+  // each count's trace goes through cost::replay like --trace-in's does.
+  estimate->add_option("--scaling", options->scaling,
+                       "Rank counts of a scaling table (needs a COMMAND in estimate mode)");
+  estimate->callback([options] {
+    check_arg(options->scaling.empty(), kOp,
+              "--scaling needs a command run in estimate mode, which this build does not have; "
+              "give --trace-in");
+    if (options->calibrate) {
+      check_arg(options->trace_in.empty(), kOp, "--calibrate and --trace-in exclude each other");
+      calibrate(*options);
+      return;
+    }
+    check_arg(!options->trace_in.empty(), kOp, "give --trace-in TRACE.json (or --calibrate)");
+    estimate_trace(*options);
+  });
+}
+
+}  // namespace tessera::cli

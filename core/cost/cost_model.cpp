@@ -1,0 +1,325 @@
+// Machine files, op and collective costs (core/cost/cost_model.hpp). The replay is replay.cpp.
+#include "core/cost/cost_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/errors.hpp"
+
+namespace tessera::cost {
+
+namespace {
+
+constexpr const char* kOp = "estimate";
+
+double positive_number(const nlohmann::json& object, const char* key, const std::string& where,
+                       bool allow_zero = false) {
+  check_arg(object.is_object() && object.contains(key), kOp, "machine file: {} has no '{}'", where,
+            key);
+  const nlohmann::json& value = object.at(key);
+  check_arg(value.is_number(), kOp, "machine file: {}.{} is not a number", where, key);
+  const double number = value.get<double>();
+  check_arg(std::isfinite(number) && (allow_zero ? number >= 0 : number > 0), kOp,
+            "machine file: {}.{} = {} must be {}", where, key, number,
+            allow_zero ? "finite and >= 0" : "finite and > 0");
+  return number;
+}
+
+Link link_from(const nlohmann::json& object, const std::string& where) {
+  check_arg(object.is_object(), kOp, "machine file: {} is not an object", where);
+  return {positive_number(object, "alpha", where, /*allow_zero=*/true),
+          positive_number(object, "beta", where)};
+}
+
+Algorithm algorithm_from(const std::string& name, const std::string& where) {
+  if (name == "direct") return Algorithm::direct;
+  if (name == "mpi") return Algorithm::mpi;
+  if (name == "ring") return Algorithm::ring;
+  throw InvalidArgument(kOp, fmt::format("machine file: {}.algorithm '{}' is not one of direct, "
+                                         "mpi, ring",
+                                         where, name));
+}
+
+const char* algorithm_name(Algorithm algorithm) {
+  switch (algorithm) {
+    case Algorithm::direct: return "direct";
+    case Algorithm::mpi: return "mpi";
+    case Algorithm::ring: return "ring";
+  }
+  return "ring";
+}
+
+/// ceil(log2(p)) for p >= 1.
+double log2_ceil(int p) {
+  int steps = 0;
+  while ((1 << steps) < p) ++steps;
+  return steps;
+}
+
+}  // namespace
+
+Machine machine_from_json(const nlohmann::json& document) {
+  check_arg(document.is_object(), kOp, "machine file: the document is not a JSON object");
+  Machine machine;
+  machine.source = document;
+  machine.name = document.value("name", std::string("machine"));
+  const double per_node = positive_number(document, "ranks_per_node", "machine");
+  machine.ranks_per_node = static_cast<int>(per_node);
+  check_arg(machine.ranks_per_node == per_node, kOp,
+            "machine file: ranks_per_node = {} is not an integer", per_node);
+  machine.shared_compute = document.value("shared_compute", false);
+  check_arg(document.contains("links") && document.at("links").is_object() &&
+                !document.at("links").empty(),
+            kOp, "machine file: 'links' must be an object with one entry per backend");
+  for (const auto& [backend, set] : document.at("links").items()) {
+    const std::string where = "links." + backend;
+    check_arg(set.is_object(), kOp, "machine file: {} is not an object", where);
+    LinkSet links;
+    const std::string fallback = backend == "local" ? "direct" : backend == "mpi" ? "mpi" : "ring";
+    links.algorithm = algorithm_from(set.value("algorithm", fallback), where);
+    check_arg(set.contains("intra"), kOp, "machine file: {} has no 'intra'", where);
+    links.intra = link_from(set.at("intra"), where + ".intra");
+    links.inter =
+        set.contains("inter") ? link_from(set.at("inter"), where + ".inter") : links.intra;
+    links.asynchronous = set.value("asynchronous", backend != "local");
+    machine.links[backend] = links;
+  }
+  machine.backend = document.value("backend", machine.links.begin()->first);
+  check_arg(machine.links.count(machine.backend) == 1, kOp,
+            "machine file: backend '{}' has no entry in 'links'", machine.backend);
+  check_arg(document.contains("compute") && document.at("compute").is_object(), kOp,
+            "machine file: 'compute' must be an object");
+  const nlohmann::json& compute = document.at("compute");
+  machine.op_overhead = positive_number(compute, "op_overhead", "compute", /*allow_zero=*/true);
+  machine.memory_bandwidth = positive_number(compute, "memory_bandwidth", "compute");
+  check_arg(compute.contains("families") && compute.at("families").is_object(), kOp,
+            "machine file: compute.families must be an object");
+  for (const auto& [family, value] : compute.at("families").items()) {
+    const std::string where = "compute.families." + family;
+    machine.families[family] = {positive_number(value, "flops", where),
+                                positive_number(value, "bytes", where)};
+  }
+  check_arg(machine.families.count("default") == 1, kOp,
+            "machine file: compute.families has no 'default'");
+  return machine;
+}
+
+nlohmann::json machine_to_json(const Machine& machine) {
+  nlohmann::json document = machine.source.is_object() ? machine.source : nlohmann::json::object();
+  document["name"] = machine.name;
+  document["ranks_per_node"] = machine.ranks_per_node;
+  document["shared_compute"] = machine.shared_compute;
+  document["backend"] = machine.backend;
+  nlohmann::json links = nlohmann::json::object();
+  for (const auto& [backend, set] : machine.links)
+    links[backend] = {{"algorithm", algorithm_name(set.algorithm)},
+                      {"asynchronous", set.asynchronous},
+                      {"intra", {{"alpha", set.intra.alpha}, {"beta", set.intra.beta}}},
+                      {"inter", {{"alpha", set.inter.alpha}, {"beta", set.inter.beta}}}};
+  document["links"] = links;
+  nlohmann::json families = nlohmann::json::object();
+  for (const auto& [family, throughput] : machine.families)
+    families[family] = {{"flops", throughput.flops}, {"bytes", throughput.bytes}};
+  document["compute"] = {{"op_overhead", machine.op_overhead},
+                         {"memory_bandwidth", machine.memory_bandwidth},
+                         {"families", families}};
+  return document;
+}
+
+std::string op_family(std::string_view event_name) {
+  std::string_view base = event_name;
+  std::string suffix;
+  constexpr std::string_view kBackward = " backward";
+  if (base.size() > kBackward.size() && base.ends_with(kBackward)) {
+    base.remove_suffix(kBackward.size());
+    suffix = "_backward";
+  }
+  std::string family = "pointwise";
+  if (base == "conv" || base == "conv_transpose")
+    family = "conv";
+  else if (base == "linear" || base == "matmul")
+    family = "matmul";
+  else if (base == "na")
+    family = "na";
+  else if (base.find("attention") != std::string_view::npos)
+    family = "attention";
+  else if (base.ends_with("_norm"))
+    family = "norm";
+  else if (base.ends_with("_pool"))
+    family = "pool";
+  else if (base.starts_with("gray_scott"))
+    family = "stencil";
+  return family + suffix;
+}
+
+std::string op_key(std::string_view event_name) {
+  std::string key(event_name);
+  constexpr std::string_view kBackward = " backward";
+  if (key.size() > kBackward.size() && key.ends_with(kBackward))
+    key = key.substr(0, key.size() - kBackward.size()) + "_backward";
+  std::replace(key.begin(), key.end(), ' ', '_');
+  return key;
+}
+
+Throughput op_throughput(const Machine& machine, std::string_view event_name) {
+  if (auto it = machine.families.find(op_key(event_name)); it != machine.families.end())
+    return it->second;
+  return family_throughput(machine, op_family(event_name));
+}
+
+double event_seconds(const Machine& machine, std::string_view event_name, double flops,
+                     double bytes, double share) {
+  const Throughput throughput = op_throughput(machine, event_name);
+  return machine.op_overhead +
+         std::max(flops / (throughput.flops * share), bytes / (throughput.bytes * share));
+}
+
+Throughput family_throughput(const Machine& machine, const std::string& family) {
+  if (auto it = machine.families.find(family); it != machine.families.end()) return it->second;
+  constexpr std::string_view kBackward = "_backward";
+  if (family.ends_with(kBackward)) {
+    const std::string forward = family.substr(0, family.size() - kBackward.size());
+    if (auto it = machine.families.find(forward); it != machine.families.end()) return it->second;
+  }
+  return machine.families.at("default");
+}
+
+double op_seconds(const Machine& machine, const std::string& family, double flops, double bytes,
+                  double share) {
+  const Throughput throughput = family_throughput(machine, family);
+  return machine.op_overhead +
+         std::max(flops / (throughput.flops * share), bytes / (throughput.bytes * share));
+}
+
+bool collective_of(std::string_view name, Collective& collective) {
+  constexpr std::string_view kStart = " start";
+  if (name.ends_with(kStart)) name.remove_suffix(kStart.size());
+  static const std::pair<std::string_view, Collective> kNames[] = {
+      {"all_reduce", Collective::all_reduce},
+      {"all_gather_v", Collective::all_gather_v},
+      {"reduce_scatter_v", Collective::reduce_scatter_v},
+      {"all_to_all_v", Collective::all_to_all_v},
+      {"all_to_all_w", Collective::all_to_all_v},
+      {"broadcast", Collective::broadcast},
+      {"scatter_v", Collective::scatter_v},
+      {"gather_v", Collective::gather_v},
+      {"barrier", Collective::barrier},
+      {"split", Collective::split}};
+  for (const auto& [text, value] : kNames)
+    if (name == text) {
+      collective = value;
+      return true;
+    }
+  return false;
+}
+
+double collective_seconds(Algorithm algorithm, const Link& link, Collective collective,
+                          std::span<const double> bytes, int root) {
+  const int p = static_cast<int>(bytes.size());
+  if (p <= 1) return 0;
+  const double a = link.alpha, b = link.beta, lg = log2_ceil(p), share = (p - 1.0) / p;
+  const double largest = *std::max_element(bytes.begin(), bytes.end());
+  double others = std::accumulate(bytes.begin(), bytes.end(), 0.0);
+  if (root >= 0 && root < p) others -= bytes[static_cast<size_t>(root)];
+  switch (algorithm) {
+    case Algorithm::direct:  // each rank copies (and reduces) straight from its peers' buffers
+      switch (collective) {
+        case Collective::all_reduce: return a + (p - 1) * largest / b;
+        case Collective::all_gather_v:
+        case Collective::reduce_scatter_v:
+        case Collective::all_to_all_v: return a + share * largest / b;
+        case Collective::broadcast: return a + largest / b;
+        case Collective::scatter_v: return a + largest / b;
+        case Collective::gather_v: return a + others / b;
+        case Collective::barrier:
+        case Collective::split: return a;
+      }
+      break;
+    case Algorithm::mpi:
+      switch (collective) {
+        case Collective::all_reduce:  // recursive doubling vs Rabenseifner (reduce-scatter +
+                                      // gather)
+          return std::min(lg * (a + largest / b), 2 * lg * a + 2 * share * largest / b);
+        case Collective::all_gather_v:
+        case Collective::reduce_scatter_v: return lg * a + share * largest / b;
+        case Collective::all_to_all_v: return (p - 1) * a + share * largest / b;  // pairwise
+        case Collective::broadcast:  // binomial tree vs scatter + ring all-gather
+          return std::min(lg * (a + largest / b), (lg + p - 1) * a + 2 * share * largest / b);
+        case Collective::scatter_v:
+        case Collective::gather_v: return lg * a + others / b;  // binomial tree, root's link
+        case Collective::barrier:
+        case Collective::split: return lg * a;
+      }
+      break;
+    case Algorithm::ring:
+      switch (collective) {
+        case Collective::all_reduce: return 2 * (p - 1) * a + 2 * share * largest / b;
+        case Collective::all_gather_v:
+        case Collective::reduce_scatter_v: return (p - 1) * a + share * largest / b;
+        case Collective::all_to_all_v: return (p - 1) * a + share * largest / b;
+        case Collective::broadcast: return (p - 1) * a + largest / b;  // pipelined chain
+        case Collective::scatter_v:
+        case Collective::gather_v: return (p - 1) * a + others / b;  // the root's sends in turn
+        case Collective::barrier: return 2 * (p - 1) * a;
+        case Collective::split: return lg * a;
+      }
+      break;
+  }
+  return 0;
+}
+
+void fit_families(Machine& machine, const std::map<std::string, FamilySample>& samples,
+                  double peak_flops) {
+  const auto computes = [](const std::string& key) {
+    // An op key names its family through the event name it came from.
+    std::string name = key;
+    if (name.ends_with("_backward")) name = name.substr(0, name.size() - 9) + " backward";
+    const std::string family = op_family(name);
+    for (const std::string& known : {family, key})
+      for (const char* compute : {"conv", "matmul", "na", "attention"})
+        if (known == compute || known == std::string(compute) + "_backward") return true;
+    return false;
+  };
+  for (const auto& [family, sample] : samples) {
+    if (sample.seconds <= 0 || sample.count == 0) continue;
+    if (computes(family) && sample.flops > 0)
+      machine.families[family] = {sample.flops / sample.seconds, machine.memory_bandwidth};
+    else if (sample.bytes > 0)
+      machine.families[family] = {peak_flops, sample.bytes / sample.seconds};
+  }
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t middle = values.size() / 2;
+  return values.size() % 2 ? values[middle] : 0.5 * (values[middle - 1] + values[middle]);
+}
+
+Link fit_link(std::span<const double> bytes, std::span<const double> seconds) {
+  check_arg(bytes.size() == seconds.size() && bytes.size() >= 2, kOp,
+            "fitting a link needs two or more samples");
+  // Least squares of the relative error (weights 1/t^2): the sizes span decades, and an
+  // absolute fit would let the largest messages' noise set alpha.
+  double sw = 0, swx = 0, swy = 0, swxx = 0, swxy = 0;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    check_arg(seconds[i] > 0, kOp, "fitting a link: a sample of {} seconds", seconds[i]);
+    const double w = 1 / (seconds[i] * seconds[i]);
+    sw += w;
+    swx += w * bytes[i];
+    swy += w * seconds[i];
+    swxx += w * bytes[i] * bytes[i];
+    swxy += w * bytes[i] * seconds[i];
+  }
+  const double det = sw * swxx - swx * swx;
+  double slope = det > 0 ? (sw * swxy - swx * swy) / det : 0;
+  double alpha = det > 0 ? (swy - slope * swx) / sw : 0;
+  if (alpha < 0 || slope <= 0) {  // through the origin instead
+    alpha = 0;
+    slope = swxx > 0 ? swxy / swxx : 0;
+  }
+  return {alpha, slope > 0 ? 1 / slope : 1e30};
+}
+
+}  // namespace tessera::cost

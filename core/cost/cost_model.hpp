@@ -1,0 +1,188 @@
+// The cost model behind `tessera estimate`: a machine description (links per backend and link
+// class, per-op-family throughputs), the alpha-beta cost of every collective and message as the
+// backends implement them, the roofline cost of an op, and the replay of a trace (one recorded
+// by a real run or by estimate mode) on a modeled machine. Plain functions over nlohmann::json,
+// tested on cpu (docs/scaling.md has the formulas and the validation).
+#pragma once
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tessera::cost {
+
+/// One link class: a message of n bytes takes alpha + n / beta seconds.
+struct Link {
+  double alpha = 0;  ///< seconds per message (latency and software overhead)
+  double beta = 1;   ///< bytes per second
+  double seconds(double bytes) const { return alpha + bytes / beta; }
+};
+
+/// How a backend runs its collectives (the formulas are in collective_seconds).
+enum class Algorithm : uint8_t {
+  direct,  ///< shared memory: every rank reads its peers' buffers (the local backend)
+  mpi,     ///< MPICH / Open MPI: recursive doubling for small messages, ring-like for large ones
+  ring,    ///< NCCL: rings (and pipelined chains for rooted collectives)
+};
+
+/// The links of one backend.
+struct LinkSet {
+  Algorithm algorithm = Algorithm::ring;
+  Link intra{};  ///< between ranks of one node
+  Link inter{};  ///< between ranks of different nodes
+  /// Whether a started collective (start_all_reduce, start_all_gather_v) proceeds while its rank
+  /// computes (mpi, nccl) or completes before returning (local).
+  bool asynchronous = true;
+};
+
+/// Sustained throughput of one op family on one rank's device (or on the whole node for a
+/// machine whose ranks share it).
+struct Throughput {
+  double flops = 1;  ///< floating-point operations per second
+  double bytes = 1;  ///< bytes read plus written per second
+};
+
+/// A modeled machine: nodes of `ranks_per_node` ranks.
+struct Machine {
+  std::string name;
+  int ranks_per_node = 1;
+  /// True when the ranks of a node share its compute (cpu cores): each gets 1/k of the
+  /// throughputs with k ranks on the node. False: one device per rank (GPUs).
+  bool shared_compute = false;
+  std::string backend;                   ///< the backend modeled unless the caller names one
+  std::map<std::string, LinkSet> links;  ///< by backend name
+  double op_overhead = 0;                ///< seconds added to every op (launch, dispatch)
+  double memory_bandwidth = 1;           ///< bytes/s of local copies (halo packing, redistribute)
+  std::map<std::string, Throughput> families;        ///< by op family; "default" for the rest
+  nlohmann::json source = nlohmann::json::object();  ///< the file as read (sources, notes)
+};
+
+/// Parses a machine file; throws InvalidArgument("estimate", ...) naming what is wrong.
+Machine machine_from_json(const nlohmann::json& document);
+/// The machine file of `machine` (what --calibrate writes).
+nlohmann::json machine_to_json(const Machine& machine);
+
+/// The op family of a trace event's name ("conv backward" -> "conv_backward"; families: conv,
+/// matmul, na, attention, norm, pool, stencil, pointwise).
+std::string op_family(std::string_view event_name);
+
+/// The key of one op in a machine file's families: its name, " backward" as "_backward"
+/// ("gelu backward" -> "gelu_backward").
+std::string op_key(std::string_view event_name);
+
+/// The throughput `machine` models for `family` (its backward falls back to the forward's,
+/// then to "default").
+Throughput family_throughput(const Machine& machine, const std::string& family);
+
+/// The throughput of the op event `event_name`: the machine's entry for the op itself (a
+/// calibrated machine measures each op it ran), else its family's.
+Throughput op_throughput(const Machine& machine, std::string_view event_name);
+
+/// Roofline seconds of one op: overhead + max(flops / F, bytes / B), the throughputs scaled by
+/// `share` (the part of the node's compute the rank has).
+double op_seconds(const Machine& machine, const std::string& family, double flops, double bytes,
+                  double share = 1);
+/// The same for an op event by its name (op_throughput).
+double event_seconds(const Machine& machine, std::string_view event_name, double flops,
+                     double bytes, double share = 1);
+
+enum class Collective : uint8_t {
+  all_reduce,
+  all_gather_v,
+  reduce_scatter_v,
+  all_to_all_v,
+  broadcast,
+  scatter_v,
+  gather_v,
+  barrier,
+  split,
+};
+
+/// The collective of a trace event's name ("all_reduce start" -> all_reduce); false if none.
+bool collective_of(std::string_view event_name, Collective& collective);
+
+/// Seconds of one collective over `bytes.size()` members with `link` and `algorithm`. `bytes`
+/// holds each member's recorded bytes: all_reduce, broadcast: the buffer; all_gather_v,
+/// reduce_scatter_v: the whole (gathered / reduced) buffer; all_to_all: what the member sends;
+/// scatter_v, gather_v: the member's block. `root` is the member rank of a rooted collective.
+double collective_seconds(Algorithm algorithm, const Link& link, Collective collective,
+                          std::span<const double> bytes, int root = 0);
+
+/// The prediction of a replayed trace.
+struct RankTimes {
+  double compute = 0;       ///< seconds of op kernels and local copies
+  double comm = 0;          ///< seconds of the rank's collectives and messages (hidden or not)
+  double exposed_comm = 0;  ///< seconds the rank waited in communication
+  double end = 0;           ///< when the rank finished
+};
+
+/// Modeled time of the calls of one kind (a collective, or a redistribute between two layouts):
+/// from the call's start on its rank to its end there, waiting for peers included.
+struct CallTimes {
+  int64_t calls = 0;
+  double seconds = 0;  ///< summed over calls and ranks
+  double mean() const { return calls > 0 ? seconds / static_cast<double>(calls) : 0; }
+};
+
+struct Prediction {
+  std::string machine, backend;
+  int ranks = 0;
+  int steps = 0;               ///< step events per rank (0: the whole trace is one step)
+  double step_seconds = 0;     ///< median over steps of the slowest rank's step time
+  double compute_seconds = 0;  ///< per step: the mean over ranks
+  double comm_seconds = 0;
+  double exposed_comm_seconds = 0;
+  std::vector<double> step_times;   ///< each step's time
+  std::vector<RankTimes> per_rank;  ///< over the whole trace
+  /// By call kind: the event's name ("all_gather_v"), for a redistribute "redistribute FROM ->
+  /// TO" (the layouts as recorded).
+  std::map<std::string, CallTimes> calls;
+};
+
+struct ReplayOptions {
+  std::string backend{};  ///< the backend to model ("": the machine's, else the trace's)
+  /// Which launch of the trace (a process that launches several times records them all);
+  /// -1: the last one.
+  int launch = -1;
+};
+
+/// Replays every rank's events of `trace` (a Chrome trace as core/trace.cpp writes it) on
+/// `machine`: each rank runs its ops, copies and communication in order; a collective starts
+/// when every member has reached it; a message arrives alpha + n / beta after both of its ends
+/// are posted; a halo_begin..halo_end window lets the compute inside it overlap the messages.
+/// Throws InvalidArgument("estimate", ...) on a malformed or incomplete trace.
+Prediction replay(const nlohmann::json& trace, const Machine& machine,
+                  const ReplayOptions& options = {});
+
+/// The prediction as JSON (step_seconds, the breakdown, per-rank times).
+nlohmann::json prediction_to_json(const Prediction& prediction);
+
+/// What a trace's op events of one family cost and took.
+struct FamilySample {
+  double flops = 0, bytes = 0;
+  double seconds = 0;  ///< self time: the events' durations less the events nested in them
+  int64_t count = 0;
+};
+
+/// Per op family (or per op, `by_op`: keys of op_key), the summed cost args and self times of
+/// the op events of `trace` (every launch, every rank): what calibration fits throughputs to.
+std::map<std::string, FamilySample> family_samples(const nlohmann::json& trace, bool by_op = false);
+
+/// Sets `machine`'s throughputs from `samples` (by family or by op key): flops/s for the
+/// families that compute (conv, matmul, na, attention, and their backward), bytes/s for the
+/// others; the unmeasured part of each roofline gets `peak_flops` or the machine's memory
+/// bandwidth.
+void fit_families(Machine& machine, const std::map<std::string, FamilySample>& samples,
+                  double peak_flops);
+
+/// The median of `values` (0 when empty).
+double median(std::vector<double> values);
+
+/// Least-squares fit of seconds = alpha + bytes / beta over (bytes, seconds) samples (alpha
+/// clamped at 0; beta positive).
+Link fit_link(std::span<const double> bytes, std::span<const double> seconds);
+
+}  // namespace tessera::cost

@@ -1,0 +1,89 @@
+#!/usr/bin/python3
+# Acceptance check of `tessera estimate`: a traced 2-rank simulate run is predicted on a shipped
+# cluster (text and --json with step_seconds and the breakdown); --calibrate writes a machine file
+# that the same trace replays on; bad input (unknown cluster, malformed or missing trace or
+# machine file, missing options) exits 2 with one line.
+# Usage: estimate_check.py TESSERA_BINARY SCRATCH_DIR [--no-calibrate]
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from run_op_check_support import single_error_line  # noqa: E402
+
+tessera, scratch = sys.argv[1], sys.argv[2]
+calibrate = "--no-calibrate" not in sys.argv[3:]
+os.makedirs(scratch, exist_ok=True)
+failures = 0
+
+
+def check(ok, what):
+    global failures
+    failures += not ok
+    print(f"{'ok' if ok else 'FAIL'}: {what}")
+
+
+def run(*args, timeout=300, env=None):
+    return subprocess.run([tessera] + list(args), capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, **(env or {})))
+
+
+trace = os.path.join(scratch, "sim.json")
+result = run("simulate", "gray-scott", "--size", "16,12,10", "--mesh", "2", "--steps", "4",
+             "--every", "4", "--out", os.path.join(scratch, "sim.h5"), "--trace", trace,
+             env={"TESSERA_BACKEND": "local"})
+check(result.returncode == 0 and os.path.exists(trace), f"a traced simulate run: {result.stderr.strip()}")
+
+result = run("estimate", "--cluster", "h100-ib", "--trace-in", trace, "--json")
+check(result.returncode == 0, f"estimate --json runs: {result.stderr.strip()}")
+if result.returncode == 0:
+    summary = json.loads(result.stdout)
+    check(summary["ranks"] == 2 and summary["steps"] == 4, f"2 ranks, 4 steps: {summary['ranks']}, {summary['steps']}")
+    check(summary["step_seconds"] > 0 and summary["compute_seconds"] > 0, "step and compute seconds > 0")
+    check(summary["comm_seconds"] > 0 and summary["exposed_comm_seconds"] >= 0, "comm seconds")
+    check(summary["backend"] == "nccl" and summary["machine"] == "h100-ib", "the cluster's backend")
+result = run("estimate", "--cluster", "h200-ib", "--trace-in", trace)
+check(result.returncode == 0 and "step time" in result.stdout, "the text summary")
+
+if calibrate:
+    machine = os.path.join(scratch, "machine.json")
+    result = run("estimate", "--calibrate", "--out", machine, timeout=900)
+    check(result.returncode == 0 and os.path.exists(machine), f"--calibrate: {result.stderr.strip()[-300:]}")
+    if os.path.exists(machine):
+        with open(machine) as f:
+            document = json.load(f)
+        check(document["links"]["local"]["intra"]["beta"] > 0 and
+              document["compute"]["families"]["conv"]["flops"] > 0 and
+              document["compute"]["families"]["stencil"]["bytes"] > 0,
+              "the machine file has links and per-family throughputs")
+        result = run("estimate", "--cluster", machine, "--trace-in", trace, "--json")
+        check(result.returncode == 0 and json.loads(result.stdout)["backend"] == "local",
+              f"the calibrated machine replays a local trace: {result.stderr.strip()}")
+
+not_json = os.path.join(scratch, "not.json")
+with open(not_json, "w") as f:
+    f.write("{\"traceEvents\": [")
+no_events = os.path.join(scratch, "no_events.json")
+with open(no_events, "w") as f:
+    json.dump({"events": []}, f)
+bad_machine = os.path.join(scratch, "bad_machine.json")
+with open(bad_machine, "w") as f:
+    json.dump({"ranks_per_node": 8, "links": {}}, f)
+for what, args in [
+        ("unknown cluster", ["--cluster", "no-such-cluster", "--trace-in", trace]),
+        ("a trace that is not JSON", ["--cluster", "h100-ib", "--trace-in", not_json]),
+        ("a trace without traceEvents", ["--cluster", "h100-ib", "--trace-in", no_events]),
+        ("a missing trace", ["--cluster", "h100-ib", "--trace-in", os.path.join(scratch, "none.json")]),
+        ("a malformed machine file", ["--cluster", bad_machine, "--trace-in", trace]),
+        ("a machine file that is not JSON", ["--cluster", not_json, "--trace-in", trace]),
+        ("no --cluster", ["--trace-in", trace]),
+        ("neither --trace-in nor --calibrate", ["--cluster", "h100-ib"]),
+        ("--calibrate without --out", ["--calibrate"]),
+        ("--scaling without estimate mode", ["--cluster", "h100-ib", "--trace-in", trace, "--scaling", "1,8"])]:
+    result = run("estimate", *args)
+    ok, lines = single_error_line(result.stderr, False)
+    check(result.returncode == 2 and ok and "[estimate]" in lines[0], f"{what}: exit {result.returncode}, {lines}")
+
+print(f"{failures} failure(s)")
+sys.exit(1 if failures else 0)

@@ -1,0 +1,293 @@
+// The cost model of `tessera estimate` (core/cost): toy traces whose replay equals a cost
+// computed by hand, the collective formulas, machine files and malformed input.
+#include "core/cost/cost_model.hpp"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/errors.hpp"
+
+namespace tessera::cost {
+namespace {
+
+using nlohmann::json;
+
+/// A machine of `per_node` ranks per node: intra 1 us + n / 1 GB/s, inter 10 us + n / 100 MB/s,
+/// ring collectives; conv at 10 GFLOP/s, everything else 1 GFLOP/s; copies at 10 GB/s.
+json toy_machine(int per_node) {
+  return {{"name", "toy"},
+          {"ranks_per_node", per_node},
+          {"backend", "nccl"},
+          {"links",
+           {{"nccl",
+             {{"algorithm", "ring"},
+              {"intra", {{"alpha", 1e-6}, {"beta", 1e9}}},
+              {"inter", {{"alpha", 1e-5}, {"beta", 1e8}}}}}}},
+          {"compute",
+           {{"op_overhead", 0.0},
+            {"memory_bandwidth", 1e10},
+            {"families",
+             {{"default", {{"flops", 1e9}, {"bytes", 1e10}}},
+              {"conv", {{"flops", 1e10}, {"bytes", 1e10}}}}}}}};
+}
+
+/// A complete event of rank `pid` (times in microseconds).
+json event(int pid, const std::string& cat, const std::string& name, double ts, double dur,
+           json args = json::object()) {
+  return {{"name", name}, {"cat", cat}, {"ph", "X"}, {"ts", ts},
+          {"dur", dur},   {"pid", pid}, {"tid", 0},  {"args", std::move(args)}};
+}
+
+json rank_name(int pid) {
+  return {{"name", "process_name"},
+          {"ph", "M"},
+          {"pid", pid},
+          {"tid", 0},
+          {"args", {{"name", "rank " + std::to_string(pid)}}}};
+}
+
+TEST(CostModel, RingAllReduceStartsWhenTheLastMemberArrives) {
+  // 4 ranks on 2 nodes; rank r computes (r + 1) ms of conv, then all-reduces 1 MB.
+  json events = json::array();
+  for (int r = 0; r < 4; ++r) {
+    events.push_back(rank_name(r));
+    events.push_back(event(r, "step", "train step", 0, 100));
+    events.push_back(event(r, "op", "conv", 1, 10, {{"flops", (r + 1) * 1e7}, {"bytes", 0}}));
+    events.push_back(event(r, "comm", "all_reduce", 20, 10,
+                           {{"bytes", 1000000}, {"group", "w"}, {"ranks", 4}, {"rank", r}}));
+  }
+  const Machine machine = machine_from_json(toy_machine(2));
+  const Prediction prediction = replay({{"traceEvents", events}}, machine);
+  // The group spans two nodes: ring over the inter link, 2(P-1) alpha + 2 (P-1)/P n / beta.
+  const double ring = 2 * 3 * 1e-5 + 2 * 0.75 * 1e6 / 1e8;
+  EXPECT_EQ(prediction.ranks, 4);
+  EXPECT_EQ(prediction.steps, 1);
+  EXPECT_NEAR(prediction.step_seconds, 4e-3 + ring, 1e-12);
+  EXPECT_NEAR(prediction.per_rank[0].compute, 1e-3, 1e-12);
+  EXPECT_NEAR(prediction.per_rank[0].comm, ring, 1e-12);
+  EXPECT_NEAR(prediction.per_rank[0].exposed_comm, 3e-3 + ring, 1e-12);
+  EXPECT_NEAR(prediction.per_rank[3].exposed_comm, ring, 1e-12);
+  // On one node the same trace uses the intra link.
+  const Prediction one_node = replay({{"traceEvents", events}}, machine_from_json(toy_machine(8)));
+  EXPECT_NEAR(one_node.step_seconds, 4e-3 + 2 * 3 * 1e-6 + 2 * 0.75 * 1e6 / 1e9, 1e-12);
+}
+
+/// Two ranks exchanging 1 MB halos around an interior op of `interior_flops` (1 GFLOP/s).
+json halo_trace(double interior_flops) {
+  json events = json::array();
+  for (int r = 0; r < 2; ++r) {
+    const int peer = 1 - r;
+    const std::string peers =
+        ">" + std::to_string(peer) + ":1000000 <" + std::to_string(peer) + ":1000000";
+    events.push_back(rank_name(r));
+    events.push_back(event(r, "step", "gray-scott step", 0, 100));
+    events.push_back(event(r, "halo", "halo_begin", 1, 10));
+    events.push_back(event(r, "comm", "send_recv start", 2, 5,
+                           {{"bytes_sent", 1000000},
+                            {"bytes_received", 1000000},
+                            {"peers", peers},
+                            {"group", "w"},
+                            {"ranks", 2},
+                            {"rank", r},
+                            {"id", 0}}));
+    events.push_back(
+        event(r, "op", "gray_scott interior", 20, 10, {{"flops", interior_flops}, {"bytes", 0}}));
+    events.push_back(event(r, "halo", "halo_end", 40, 10));
+    events.push_back(event(r, "comm", "send_recv wait", 41, 5, {{"id", 0}}));
+    events.push_back(event(r, "op", "gray_scott boundary", 60, 10, {{"flops", 5e5}, {"bytes", 0}}));
+  }
+  return {{"traceEvents", events}};
+}
+
+TEST(CostModel, HaloExchangeOverlapsTheInteriorCompute) {
+  const Machine machine = machine_from_json(toy_machine(2));
+  const double pack = 1e6 / 1e10, message = 1e-6 + 1e6 / 1e9, unpack = 1e6 / 1e10;
+  const double boundary = 5e5 / 1e9;
+  // Interior (2 ms) longer than the message (1.001 ms): the message is hidden.
+  const Prediction hidden = replay(halo_trace(2e6), machine);
+  EXPECT_NEAR(hidden.step_seconds, pack + 2e-3 + unpack + boundary, 1e-12);
+  EXPECT_NEAR(hidden.exposed_comm_seconds, 0, 1e-12);
+  EXPECT_NEAR(hidden.comm_seconds, message, 1e-12);
+  // Interior (0.5 ms) shorter: the rest of the message is exposed.
+  const Prediction exposed = replay(halo_trace(5e5), machine);
+  EXPECT_NEAR(exposed.step_seconds, pack + message + unpack + boundary, 1e-12);
+  EXPECT_NEAR(exposed.exposed_comm_seconds, message - 5e-4, 1e-12);
+}
+
+TEST(CostModel, PointToPointChainAddsComputeAndMessages) {
+  // rank 0 computes 1 ms and sends 1000 bytes to rank 1, which then computes 2 ms and sends to
+  // rank 2; one rank per node: every message takes the inter link.
+  const auto start = [](int pid, double ts, const std::string& peers, int rank, int id) {
+    return event(pid, "comm", "send_recv start", ts, 1,
+                 {{"peers", peers}, {"group", "w"}, {"ranks", 3}, {"rank", rank}, {"id", id}});
+  };
+  const auto wait = [](int pid, double ts, int id) {
+    return event(pid, "comm", "send_recv wait", ts, 1, {{"id", id}});
+  };
+  json events = json::array({rank_name(0), rank_name(1), rank_name(2)});
+  events.push_back(event(0, "op", "conv", 0, 5, {{"flops", 1e7}, {"bytes", 0}}));
+  events.push_back(start(0, 10, ">1:1000", 0, 0));
+  events.push_back(wait(0, 12, 0));
+  events.push_back(start(1, 0, "<0:1000", 1, 0));
+  events.push_back(wait(1, 2, 0));
+  events.push_back(event(1, "op", "conv", 10, 5, {{"flops", 2e7}, {"bytes", 0}}));
+  events.push_back(start(1, 20, ">2:1000", 1, 1));
+  events.push_back(wait(1, 22, 1));
+  events.push_back(start(2, 0, "<1:1000", 2, 0));
+  events.push_back(wait(2, 2, 0));
+  const Prediction prediction =
+      replay({{"traceEvents", events}}, machine_from_json(toy_machine(1)));
+  const double message = 1e-5 + 1000 / 1e8;
+  EXPECT_EQ(prediction.steps, 0);
+  EXPECT_NEAR(prediction.step_seconds, 1e-3 + message + 2e-3 + message, 1e-12);
+  EXPECT_NEAR(prediction.per_rank[2].exposed_comm, 1e-3 + message + 2e-3 + message, 1e-12);
+}
+
+TEST(CostModel, SubCommunicatorsMatchByGroupAndPlaceMembersByWorldRank) {
+  // Ranks 0 and 2 form group "w.0c0" (on nodes 0 and 1 with 2 ranks per node): inter link.
+  json events = json::array();
+  for (int r = 0; r < 4; ++r) {
+    events.push_back(rank_name(r));
+    const std::string group = r % 2 == 0 ? "w.0c0" : "w.0c1";
+    events.push_back(event(r, "comm", "split", 0, 1,
+                           {{"bytes", 0},
+                            {"group", "w"},
+                            {"ranks", 4},
+                            {"rank", r},
+                            {"child", group},
+                            {"child_rank", r / 2},
+                            {"child_ranks", 2}}));
+    events.push_back(event(r, "comm", "all_gather_v", 10, 1,
+                           {{"bytes", 2000}, {"group", group}, {"ranks", 2}, {"rank", r / 2}}));
+  }
+  const Machine machine = machine_from_json(toy_machine(2));
+  const Prediction prediction = replay({{"traceEvents", events}}, machine);
+  const double split = collective_seconds(Algorithm::ring, machine.links.at("nccl").inter,
+                                          Collective::split, std::vector<double>(4, 0.0));
+  // Members 0 and 2 (or 1 and 3) sit on different nodes.
+  EXPECT_NEAR(prediction.step_seconds, split + 1e-5 + 0.5 * 2000 / 1e8, 1e-12);
+}
+
+TEST(CostModel, CollectiveFormulas) {
+  const Link link{1e-6, 1e9};
+  const std::vector<double> four(4, 1e6);
+  EXPECT_DOUBLE_EQ(collective_seconds(Algorithm::ring, link, Collective::all_reduce, four),
+                   6e-6 + 1.5e6 / 1e9);
+  EXPECT_DOUBLE_EQ(collective_seconds(Algorithm::ring, link, Collective::all_gather_v, four),
+                   3e-6 + 0.75e6 / 1e9);
+  // MPI: recursive doubling (2 steps of the whole buffer) vs Rabenseifner, the cheaper.
+  EXPECT_DOUBLE_EQ(collective_seconds(Algorithm::mpi, link, Collective::all_reduce, four),
+                   std::min(2 * (1e-6 + 1e6 / 1e9), 4e-6 + 1.5e6 / 1e9));
+  // Shared memory: each rank reads its 3 peers' buffers.
+  EXPECT_DOUBLE_EQ(collective_seconds(Algorithm::direct, link, Collective::all_reduce, four),
+                   1e-6 + 3e6 / 1e9);
+  // Gather to root 1: the other members' blocks cross the root's link.
+  EXPECT_DOUBLE_EQ(collective_seconds(Algorithm::mpi, link, Collective::gather_v,
+                                      std::vector<double>{1, 2, 3, 4}, 1),
+                   2e-6 + 8 / 1e9);
+  for (Algorithm algorithm : {Algorithm::direct, Algorithm::mpi, Algorithm::ring})
+    EXPECT_EQ(collective_seconds(algorithm, link, Collective::all_reduce, std::vector{1e6}), 0);
+}
+
+TEST(CostModel, RooflineTakesTheSlowerOfFlopsAndBytes) {
+  const Machine machine = machine_from_json(toy_machine(1));
+  EXPECT_DOUBLE_EQ(op_seconds(machine, "conv", 1e10, 1e9), 1.0);
+  EXPECT_DOUBLE_EQ(op_seconds(machine, "conv", 1e9, 1e11), 10.0);
+  EXPECT_DOUBLE_EQ(op_seconds(machine, "conv_backward", 1e10, 0), 1.0);  // the forward's rate
+  EXPECT_DOUBLE_EQ(op_seconds(machine, "norm", 1e9, 0), 1.0);            // the default's
+  EXPECT_DOUBLE_EQ(op_seconds(machine, "conv", 1e10, 0, 0.5), 2.0);      // half the node
+}
+
+TEST(CostModel, AnOpsOwnThroughputWinsOverItsFamilys) {
+  nlohmann::json document = toy_machine(1);
+  document["compute"]["families"]["gelu_backward"] = {{"flops", 1e12}, {"bytes", 1e8}};
+  const Machine machine = machine_from_json(document);
+  EXPECT_EQ(op_key("gelu backward"), "gelu_backward");
+  EXPECT_EQ(op_key("gray_scott interior"), "gray_scott_interior");
+  EXPECT_DOUBLE_EQ(event_seconds(machine, "gelu backward", 0, 1e8), 1.0);   // its own entry
+  EXPECT_DOUBLE_EQ(event_seconds(machine, "gelu", 0, 1e10), 1.0);           // the default's
+  EXPECT_DOUBLE_EQ(event_seconds(machine, "conv backward", 1e10, 0), 1.0);  // conv's
+}
+
+TEST(CostModel, OpFamilies) {
+  EXPECT_EQ(op_family("conv"), "conv");
+  EXPECT_EQ(op_family("conv_transpose backward"), "conv_backward");
+  EXPECT_EQ(op_family("linear"), "matmul");
+  EXPECT_EQ(op_family("na backward"), "na_backward");
+  EXPECT_EQ(op_family("ring_attention"), "attention");
+  EXPECT_EQ(op_family("group_norm"), "norm");
+  EXPECT_EQ(op_family("max_pool"), "pool");
+  EXPECT_EQ(op_family("gray_scott interior"), "stencil");
+  EXPECT_EQ(op_family("gelu"), "pointwise");
+}
+
+TEST(CostModel, FitLinkRecoversAlphaAndBeta) {
+  const std::vector<double> bytes{1e3, 1e5, 1e6, 1e7};
+  std::vector<double> seconds;
+  for (double n : bytes) seconds.push_back(5e-6 + n / 2e9);
+  const Link link = fit_link(bytes, seconds);
+  EXPECT_NEAR(link.alpha, 5e-6, 1e-12);
+  EXPECT_NEAR(link.beta, 2e9, 1e-3);
+}
+
+TEST(CostModel, MachineFileRoundTrips) {
+  const Machine machine = machine_from_json(toy_machine(8));
+  const Machine again = machine_from_json(machine_to_json(machine));
+  EXPECT_EQ(again.ranks_per_node, 8);
+  EXPECT_EQ(again.backend, "nccl");
+  EXPECT_DOUBLE_EQ(again.links.at("nccl").inter.beta, 1e8);
+  EXPECT_DOUBLE_EQ(again.families.at("conv").flops, 1e10);
+}
+
+TEST(CostModel, BadMachineFilesAreRefusedByName) {
+  json missing_links = toy_machine(1);
+  missing_links.erase("links");
+  EXPECT_THROW(machine_from_json(missing_links), InvalidArgument);
+  json negative = toy_machine(1);
+  negative["links"]["nccl"]["intra"]["beta"] = -1;
+  try {
+    machine_from_json(negative);
+    FAIL() << "a negative beta was accepted";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("links.nccl.intra.beta"), std::string::npos);
+  }
+  json no_default = toy_machine(1);
+  no_default["compute"]["families"].erase("default");
+  EXPECT_THROW(machine_from_json(no_default), InvalidArgument);
+  EXPECT_THROW(machine_from_json(json::array()), InvalidArgument);
+}
+
+TEST(CostModel, MalformedOrIncompleteTracesAreRefused) {
+  const Machine machine = machine_from_json(toy_machine(2));
+  EXPECT_THROW(replay(json{{"events", json::array()}}, machine), InvalidArgument);
+  EXPECT_THROW(replay(json{{"traceEvents", json::array({{{"ph", "X"}}})}}, machine),
+               InvalidArgument);
+  // Rank 1 never reaches the all-reduce rank 0 waits in.
+  json events = json::array({rank_name(0), rank_name(1)});
+  events.push_back(event(0, "comm", "all_reduce", 0, 1,
+                         {{"bytes", 8}, {"group", "w"}, {"ranks", 2}, {"rank", 0}}));
+  events.push_back(event(1, "op", "gelu", 0, 1, {{"flops", 1}, {"bytes", 8}}));
+  try {
+    replay({{"traceEvents", events}}, machine);
+    FAIL() << "an incomplete trace replayed";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("stuck"), std::string::npos);
+  }
+}
+
+TEST(CostModel, TheLastLaunchOfATraceIsReplayedUnlessOneIsNamed) {
+  json events = json::array();
+  for (double flops : {1e6, 3e6}) {  // two launches of one rank
+    events.push_back(rank_name(0));
+    events.push_back(event(0, "op", "gelu", 0, 1, {{"flops", flops}, {"bytes", 0}}));
+  }
+  const Machine machine = machine_from_json(toy_machine(1));
+  EXPECT_NEAR(replay({{"traceEvents", events}}, machine).step_seconds, 3e-3, 1e-12);
+  EXPECT_NEAR(replay({{"traceEvents", events}}, machine, {.launch = 0}).step_seconds, 1e-3, 1e-12);
+  EXPECT_THROW(replay({{"traceEvents", events}}, machine, {.launch = 2}), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace tessera::cost
