@@ -69,4 +69,11 @@ void traced(const std::shared_ptr<Comm>& world,
 /// tracing off).
 std::shared_ptr<Comm> recording_comm(std::shared_ptr<Comm> comm);
 
+/// Runs `body` as rank `pid` on `comm` wrapped in the recording communicator, recording its
+/// events whether or not tracing is on, and returns them (JSON objects in the trace's format, the
+/// rank's process_name first) instead of writing them. Not collective: estimate mode records its
+/// simulated ranks this way and writes the events itself.
+std::vector<std::string> capture(int pid, std::shared_ptr<Comm> comm,
+                                 const std::function<void(std::shared_ptr<Comm>)>& body);
+
 }  // namespace tessera::trace

@@ -1,0 +1,156 @@
+// Estimate mode (core/estimate/): a program recorded on P simulated ranks without data sends
+// exactly the messages and collectives a real P-rank local run sends (names, bytes, peers, in
+// order per rank; timings aside), allocates no tensor data, opens no file, and counts the peak
+// tensor bytes of each rank; P = 1024 records a Gray-Scott run.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <regex>
+
+#include "apps/sim/gray_scott.hpp"
+#include "core/autograd.hpp"
+#include "core/backend/backend.hpp"
+#include "core/comm/launch.hpp"
+#include "core/estimate/estimate_mode.hpp"
+#include "core/estimate/record.hpp"
+#include "core/host_allocator.hpp"
+#include "io/hdf5/h5_file.hpp"
+#include "ops/ops.hpp"
+
+namespace tessera {
+namespace {
+
+/// An event without what differs between runs: its time, duration and thread id.
+std::string without_timing(const std::string& event) {
+  static const std::regex timing(R"("(ts|dur|tid)": [0-9.]+, )");
+  return std::regex_replace(event, timing, "");
+}
+
+std::vector<std::string> comparable(const std::vector<std::string>& events) {
+  std::vector<std::string> result;
+  for (const std::string& event : events) result.push_back(without_timing(event));
+  return result;
+}
+
+/// Expects both recordings to hold the same events per rank, in order.
+void expect_same_events(const estimate::Recording& real, const estimate::Recording& estimated) {
+  ASSERT_EQ(real.ranks, estimated.ranks);
+  for (int rank = 0; rank < real.ranks; ++rank) {
+    const auto expected = comparable(real.events[rank]);
+    const auto got = comparable(estimated.events[rank]);
+    EXPECT_EQ(expected.size(), got.size()) << "rank " << rank;
+    for (size_t i = 0; i < std::min(expected.size(), got.size()); ++i)
+      ASSERT_EQ(expected[i], got[i]) << "rank " << rank << ", event " << i;
+  }
+}
+
+size_t count_category(const estimate::Recording& recording, const std::string& category) {
+  size_t count = 0;
+  for (const auto& events : recording.events)
+    for (const std::string& event : events)
+      count += event.find("\"cat\": \"" + category + "\"") != std::string::npos;
+  return count;
+}
+
+/// conv forward and backward of x [2, 3, 11, 9] on a 2x2 mesh sharding the spatial dims unevenly.
+void conv_program(std::shared_ptr<Comm> world) {
+  DeviceMesh mesh(world, {2, 2});
+  const std::vector<Placement> replicated(2, Placement::replicate());
+  Tape tape;
+  ShardTensor x = ShardTensor::distribute(Tensor::zeros({2, 3, 11, 9}, DType::f64), mesh,
+                                          {Placement::shard(2), Placement::shard(3)},
+                                          {{7, 4}, {2, 7}});
+  x.set_requires_grad();
+  ShardTensor w = ShardTensor::distribute(Tensor::zeros({4, 3, 3, 3}, DType::f64), mesh, replicated);
+  w.set_requires_grad();
+  ops::ConvOptions options;
+  options.padding = {1};
+  const ShardTensor y = ops::conv(x, w, std::nullopt, options);
+  tape.backward(ops::sum(y));
+  ASSERT_TRUE(tape.grad(x).has_value());
+  ASSERT_TRUE(tape.grad(w).has_value());
+}
+
+/// Three steps of a 3-d Gray-Scott simulation on `mesh_shape`, sharding x and y unevenly.
+void gray_scott_program(std::shared_ptr<Comm> world, std::vector<int> mesh_shape, Shape size) {
+  DeviceMesh mesh(world, mesh_shape);
+  sim::GrayScottConfig config;
+  config.size = size;
+  config.dtype = DType::f64;
+  std::vector<Placement> placements;
+  for (size_t m = 0; m < mesh_shape.size(); ++m)
+    placements.push_back(Placement::shard(static_cast<int>(m)));
+  sim::GrayScott simulation(mesh, placements, {}, config);
+  for (int step = 0; step < 3; ++step) simulation.step();
+}
+
+TEST(Estimate, ConvForwardBackwardRecordsTheRealRunsMessages) {
+  const estimate::Recording real = estimate::record_local(4, conv_program);
+  const AllocatorStats before = host_allocator_stats();
+  const int64_t opened = io::file_open_count();
+  const estimate::Recording estimated = estimate::record(4, conv_program);
+  const AllocatorStats after = host_allocator_stats();
+  EXPECT_EQ(after.raw_allocations, before.raw_allocations) << "no tensor data was allocated";
+  EXPECT_EQ(after.in_use, before.in_use);
+  EXPECT_EQ(io::file_open_count(), opened) << "no file was opened";
+  EXPECT_GT(count_category(real, "comm"), 0u);
+  EXPECT_GT(count_category(real, "halo"), 0u);
+  expect_same_events(real, estimated);
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_GT(estimated.peak_bytes[rank], 0u);
+    // The kernels' own temporaries are not counted in estimate mode: a lower bound.
+    EXPECT_LE(estimated.peak_bytes[rank], real.peak_bytes[rank]) << "rank " << rank;
+    std::printf("rank %d: peak tensor bytes estimated %zu, real %zu\n", rank,
+                estimated.peak_bytes[rank], real.peak_bytes[rank]);
+  }
+}
+
+TEST(Estimate, GrayScottRecordsTheRealRunsMessagesAndPeakBytes) {
+  const auto program = [](std::shared_ptr<Comm> world) {
+    gray_scott_program(std::move(world), {2, 2}, {9, 7, 6});
+  };
+  const estimate::Recording real = estimate::record_local(4, program);
+  const estimate::Recording estimated = estimate::record(4, program);
+  expect_same_events(real, estimated);
+  // The simulation's tensors are its haloed fields: the same bytes with and without data.
+  for (int rank = 0; rank < 4; ++rank)
+    EXPECT_EQ(estimated.peak_bytes[rank], real.peak_bytes[rank]) << "rank " << rank;
+  EXPECT_NE(estimated.json().find("\"peak_bytes_per_rank\": ["), std::string::npos);
+}
+
+TEST(Estimate, TouchingDataOfAShapeOnlyTensorIsOneClearError) {
+  try {
+    estimate::record(2, [](std::shared_ptr<Comm>) {
+      const Tensor t = Tensor::zeros({3, 4}, DType::f32);
+      EXPECT_TRUE(t.is_shape_only());
+      EXPECT_EQ(t.comm_data(), nullptr);
+      (void)t.data<float>();
+    });
+    FAIL() << "expected an error";
+  } catch (const NotAvailable& error) {
+    EXPECT_NE(std::string(error.what()).find("[estimate]"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("touched tensor data"), std::string::npos)
+        << error.what();
+  }
+}
+
+TEST(Estimate, LaunchOfAnotherRankCountIsRefused) {
+  estimate::RecordLaunches recording(8);
+  EXPECT_THROW(launch(Backend::local, 4, [](std::shared_ptr<Comm>) {}), InvalidArgument);
+}
+
+TEST(Estimate, GrayScottOn1024RanksRecords) {
+  const auto begin = std::chrono::steady_clock::now();
+  const estimate::Recording estimated = estimate::record(1024, [](std::shared_ptr<Comm> world) {
+    gray_scott_program(std::move(world), {16, 8, 8}, {64, 64, 64});
+  });
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  std::printf("P = 1024, Gray-Scott 64^3, 3 steps: recorded in %.2f s\n", seconds);
+  ASSERT_EQ(estimated.ranks, 1024);
+  for (int rank = 0; rank < 1024; ++rank) ASSERT_GT(estimated.events[rank].size(), 1u);
+}
+
+}  // namespace
+}  // namespace tessera
