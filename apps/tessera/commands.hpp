@@ -63,6 +63,9 @@ void register_io_commands(CLI::App& app);
 void register_generate(CLI::App& app);
 /// `tessera simulate gray-scott`: the sharded Gray-Scott simulation writing HDF5 snapshots.
 void register_simulate(CLI::App& app);
+/// `tessera estimate-record --ranks P --out EVENTS.json -- COMMAND ...`: a command recorded in
+/// estimate mode on P simulated ranks.
+void register_estimate_record(CLI::App& app);
 /// `tessera bench comm`: collectives and redistribute beside the raw MPI collectives.
 void register_bench(CLI::App& app);
 

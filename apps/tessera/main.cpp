@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   tessera::cli::register_generate(app);
   tessera::cli::register_simulate(app);
   tessera::cli::register_bench(app);
+  tessera::cli::register_estimate_record(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

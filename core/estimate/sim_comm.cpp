@@ -52,9 +52,9 @@ struct LaunchState {
 struct Slot {
   const char* name = "";
   bool real = false;
-  std::vector<std::byte> bytes;
-  std::vector<size_t> counts;
-  std::vector<size_t> displs;
+  std::vector<std::byte> bytes{};
+  std::vector<size_t> counts{};
+  std::vector<size_t> displs{};
   int color = 0;
   int key = 0;
 };

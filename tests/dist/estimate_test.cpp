@@ -23,7 +23,7 @@ namespace {
 
 /// An event without what differs between runs: its time, duration and thread id.
 std::string without_timing(const std::string& event) {
-  static const std::regex timing(R"("(ts|dur|tid)": [0-9.]+, )");
+  static const std::regex timing(R"re("(ts|dur|tid)": [0-9.]+, )re");
   return std::regex_replace(event, timing, "");
 }
 
