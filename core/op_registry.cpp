@@ -131,8 +131,8 @@ std::vector<ShardTensor> apply_fallback(const std::shared_ptr<const OpDef>& defi
 std::vector<Tensor> shape_only_outputs(const KernelContext& context,
                                        const std::vector<ShardTensor>& inputs,
                                        const OpAttrs& attrs) {
-  const DType dtype = attrs.has("dtype") ? dtype_from_name(attrs.get_string("dtype"))
-                                         : inputs.at(0).dtype();
+  const DType dtype =
+      attrs.has("dtype") ? dtype_from_name(attrs.get_string("dtype")) : inputs.at(0).dtype();
   std::vector<Tensor> outputs;
   for (const Box& box : context.output_boxes)
     outputs.push_back(Tensor::empty(box.shape(), dtype, context.device));

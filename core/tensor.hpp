@@ -152,7 +152,8 @@ Tensor Tensor::from_values(const Shape& shape, std::span<const T> values) {
   check_arg(static_cast<int64_t>(values.size()) == shape_numel(shape), "tensor",
             "{} values given for shape {}", values.size(), shape);
   Tensor result = empty(shape, dtype_of<T>());
-  if (!values.empty() && !result.is_shape_only()) std::memcpy(result.raw_data(), values.data(), values.size_bytes());
+  if (!values.empty() && !result.is_shape_only())
+    std::memcpy(result.raw_data(), values.data(), values.size_bytes());
   return result;
 }
 

@@ -64,8 +64,7 @@ void register_estimate_record(CLI::App& app) {
     check_arg(!rest.empty(), "estimate-record",
               "no command given (e.g. -- simulate gray-scott --mesh 2x2 ...)");
     // Checked before anything runs, so a bad path costs nothing.
-    const std::filesystem::path parent =
-        std::filesystem::absolute(options->out).parent_path();
+    const std::filesystem::path parent = std::filesystem::absolute(options->out).parent_path();
     check_arg(std::filesystem::is_directory(parent), "estimate-record",
               "--out {}: '{}' is not a directory", options->out, parent.string());
     CLI::App inner{"tessera " + rest.front()};
@@ -75,15 +74,14 @@ void register_estimate_record(CLI::App& app) {
     try {
       inner.parse(arguments);
     } catch (const CLI::ParseError& error) {
-      throw InvalidArgument("estimate-record", fmt::format("{}: {}", rest.front(),
-                                                           one_line(error.what())));
+      throw InvalidArgument("estimate-record",
+                            fmt::format("{}: {}", rest.front(), one_line(error.what())));
     }
     check_arg(recording.launches() > 0, "estimate-record",
               "'{}' launched no ranks: nothing was recorded", fmt::join(rest, " "));
     write_recording(options->out, recording.recording().json());
-    std::printf("recorded %d ranks (%d launch%s) into %s\n", options->ranks,
-                recording.launches(), recording.launches() == 1 ? "" : "es",
-                options->out.c_str());
+    std::printf("recorded %d ranks (%d launch%s) into %s\n", options->ranks, recording.launches(),
+                recording.launches() == 1 ? "" : "es", options->out.c_str());
   });
 }
 

@@ -89,8 +89,8 @@ Recording record_local(int ranks, const std::function<void(std::shared_ptr<Comm>
 }
 
 RecordLaunches::RecordLaunches(int ranks) : ranks_(ranks) {
-  check_arg(ranks > 0 && ranks <= kMaxSimulatedRanks, "estimate",
-            "--ranks {} (expected 1 to {})", ranks, kMaxSimulatedRanks);
+  check_arg(ranks > 0 && ranks <= kMaxSimulatedRanks, "estimate", "--ranks {} (expected 1 to {})",
+            ranks, kMaxSimulatedRanks);
   RecordLaunches* expected = nullptr;
   check_arg(active_launches.compare_exchange_strong(expected, this), "estimate",
             "launches are already being recorded");

@@ -171,11 +171,11 @@ class SimBatch final : public P2PBatch {
     for (const P2POp& recv : recvs_) {
       Message message = group_->take(rank_, recv.peer, recv.tag);
       if (message.bytes.size() != recv.bytes)
-        throw CommError(current_comm_op(),
-                        fmt::format("rank {} expected {} bytes from rank {} (tag {}), rank {} "
-                                    "sent {}",
-                                    rank_, recv.bytes, recv.peer, recv.tag, recv.peer,
-                                    message.bytes.size()));
+        throw CommError(
+            current_comm_op(),
+            fmt::format("rank {} expected {} bytes from rank {} (tag {}), rank {} "
+                        "sent {}",
+                        rank_, recv.bytes, recv.peer, recv.tag, recv.peer, message.bytes.size()));
       std::memcpy(recv.buffer, message.bytes.data(), recv.bytes);
     }
     recvs_.clear();
@@ -215,7 +215,8 @@ class SimComm final : public Comm {
     if (recv == nullptr || bytes == 0) return;
     for (int r = 0; r < size(); ++r) require_real(slots, r, "all_reduce");
     std::vector<std::byte> result = slots[0].bytes;
-    for (int r = 1; r < size(); ++r) reduce_into(result.data(), slots[r].bytes.data(), count, dtype, op);
+    for (int r = 1; r < size(); ++r)
+      reduce_into(result.data(), slots[r].bytes.data(), count, dtype, op);
     if (op == ReduceOp::avg) divide_by(result.data(), count, dtype, size());
     std::memcpy(recv, result.data(), bytes);
   }
@@ -327,8 +328,7 @@ class SimComm final : public Comm {
   void broadcast(void* buffer, size_t count, DType dtype, int root) override {
     check_root("broadcast", root);
     const size_t bytes = count * dtype_size(dtype);
-    const auto& slots =
-        collective("broadcast", rank_ == root ? published(buffer, bytes) : Slot{});
+    const auto& slots = collective("broadcast", rank_ == root ? published(buffer, bytes) : Slot{});
     if (rank_ == root || buffer == nullptr || bytes == 0) return;
     require_real(slots, root, "broadcast");
     check_size("broadcast", root, slots[root].bytes.size(), bytes);
@@ -422,11 +422,11 @@ class SimComm final : public Comm {
   /// A real buffer of this rank reads rank `r`'s contribution, which must be real too.
   void require_real(const std::vector<Slot>& slots, int r, const char* name) const {
     if (!slots[r].real)
-      throw NotAvailable("estimate",
-                         fmt::format("{}{}: rank {} reads a real buffer from rank {}, whose "
-                                     "buffer is a shape-only tensor's (no data in estimate mode)",
-                                     current_comm_op() == "comm" ? "" : current_comm_op() + ": ",
-                                     name, rank_, r));
+      throw NotAvailable(
+          "estimate",
+          fmt::format("{}{}: rank {} reads a real buffer from rank {}, whose "
+                      "buffer is a shape-only tensor's (no data in estimate mode)",
+                      current_comm_op() == "comm" ? "" : current_comm_op() + ": ", name, rank_, r));
   }
   void check_size(const char* name, int peer, size_t theirs, size_t mine) const {
     if (theirs != mine)

@@ -14,8 +14,8 @@
 
 #include "core/checked_math.hpp"
 #include "core/compute_threads.hpp"
-#include "core/parallel_for.hpp"
 #include "core/estimate/estimate_mode.hpp"
+#include "core/parallel_for.hpp"
 #include "ops/conv/conv_cudnn.hpp"
 #include "ops/conv/conv_cudnn_key.hpp"
 #include "ops/conv/conv_kernels.hpp"

@@ -58,11 +58,12 @@ void conv_program(std::shared_ptr<Comm> world) {
   DeviceMesh mesh(world, {2, 2});
   const std::vector<Placement> replicated(2, Placement::replicate());
   Tape tape;
-  ShardTensor x = ShardTensor::distribute(Tensor::zeros({2, 3, 11, 9}, DType::f64), mesh,
-                                          {Placement::shard(2), Placement::shard(3)},
-                                          {{7, 4}, {2, 7}});
+  ShardTensor x =
+      ShardTensor::distribute(Tensor::zeros({2, 3, 11, 9}, DType::f64), mesh,
+                              {Placement::shard(2), Placement::shard(3)}, {{7, 4}, {2, 7}});
   x.set_requires_grad();
-  ShardTensor w = ShardTensor::distribute(Tensor::zeros({4, 3, 3, 3}, DType::f64), mesh, replicated);
+  ShardTensor w =
+      ShardTensor::distribute(Tensor::zeros({4, 3, 3, 3}, DType::f64), mesh, replicated);
   w.set_requires_grad();
   ops::ConvOptions options;
   options.padding = {1};
