@@ -15,8 +15,10 @@
 #include "core/estimate/estimate_mode.hpp"
 #include "core/estimate/record.hpp"
 #include "core/host_allocator.hpp"
+#include "core/parameter.hpp"
 #include "io/hdf5/h5_file.hpp"
 #include "ops/ops.hpp"
+#include "ops/optim/optimizer.hpp"
 
 namespace tessera {
 namespace {
@@ -73,6 +75,32 @@ void conv_program(std::shared_ptr<Comm> world) {
   ASSERT_TRUE(tape.grad(w).has_value());
 }
 
+/// One training step of a 2-d conv (same padding, bias) with an mse loss and SGD, x [2, 4, H, W]
+/// sharded over the spatial dims by a 2-d mesh (uneven when the mesh does not divide H and W).
+void conv_training_program(std::shared_ptr<Comm> world, std::vector<int> mesh_shape, int64_t height,
+                           int64_t width) {
+  DeviceMesh mesh(world, mesh_shape);
+  const std::vector<Placement> replicated(2, Placement::replicate());
+  const std::vector<Placement> spatial{Placement::shard(2), Placement::shard(3)};
+  Parameter w(ShardTensor::distribute(Tensor::zeros({8, 4, 3, 3}, DType::f32), mesh, replicated),
+              "w");
+  Parameter b(ShardTensor::distribute(Tensor::zeros({8}, DType::f32), mesh, replicated), "b");
+  optim::Sgd sgd({w, b}, {.lr = 0.1, .momentum = 0.9});
+  const ShardTensor x =
+      ShardTensor::distribute(Tensor::zeros({2, 4, height, width}, DType::f32), mesh, spatial);
+  const ShardTensor target =
+      ShardTensor::distribute(Tensor::zeros({2, 8, height, width}, DType::f32), mesh, spatial);
+  ops::ConvOptions same;
+  same.padding_name = "same";
+  {
+    Tape tape;
+    tape.backward(
+        ops::mse_loss(ops::conv(x, w, std::optional<ShardTensor>(b.tensor()), same), target));
+  }
+  ASSERT_TRUE(w.grad().has_value());
+  sgd.step();
+}
+
 /// Three steps of a 3-d Gray-Scott simulation on `mesh_shape`, sharding x and y unevenly.
 void gray_scott_program(std::shared_ptr<Comm> world, std::vector<int> mesh_shape, Shape size) {
   DeviceMesh mesh(world, mesh_shape);
@@ -105,6 +133,16 @@ TEST(Estimate, ConvForwardBackwardRecordsTheRealRunsMessages) {
     std::printf("rank %d: peak tensor bytes estimated %zu, real %zu\n", rank,
                 estimated.peak_bytes[rank], real.peak_bytes[rank]);
   }
+}
+
+TEST(Estimate, ConvTrainingStepRecordsTheRealRunsMessages) {
+  const auto program = [](std::shared_ptr<Comm> world) {
+    conv_training_program(std::move(world), {2, 2}, 13, 10);
+  };
+  const estimate::Recording real = estimate::record_local(4, program);
+  const estimate::Recording estimated = estimate::record(4, program);
+  EXPECT_GT(count_category(real, "optimizer"), 0u);
+  expect_same_events(real, estimated);
 }
 
 TEST(Estimate, GrayScottRecordsTheRealRunsMessagesAndPeakBytes) {
@@ -149,6 +187,18 @@ TEST(Estimate, GrayScottOn1024RanksRecords) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
   std::printf("P = 1024, Gray-Scott 64^3, 3 steps: recorded in %.2f s\n", seconds);
+  ASSERT_EQ(estimated.ranks, 1024);
+  for (int rank = 0; rank < 1024; ++rank) ASSERT_GT(estimated.events[rank].size(), 1u);
+}
+
+TEST(Estimate, ConvTrainingStepOn1024RanksRecords) {
+  const auto begin = std::chrono::steady_clock::now();
+  const estimate::Recording estimated = estimate::record(1024, [](std::shared_ptr<Comm> world) {
+    conv_training_program(std::move(world), {32, 32}, 512, 512);
+  });
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  std::printf("P = 1024, conv training step on [2, 4, 512, 512]: recorded in %.2f s\n", seconds);
   ASSERT_EQ(estimated.ranks, 1024);
   for (int rank = 0; rank < 1024; ++rank) ASSERT_GT(estimated.events[rank].size(), 1u);
 }
