@@ -26,7 +26,9 @@ namespace tessera::estimate {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr auto poll_interval = std::chrono::milliseconds(50);
+// Waiting ranks wake this often to look for a failed peer: rarely, since thousands of them
+// polling one mutex would slow the ranks that still work.
+constexpr auto poll_interval = std::chrono::seconds(1);
 // Estimate mode runs rules, plans and bookkeeping, no kernels: 2 MiB of stack is plenty, and
 // 4096 ranks then reserve 8 GiB of address space instead of 32.
 constexpr size_t kStackBytes = size_t{2} << 20;
