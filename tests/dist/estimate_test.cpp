@@ -14,6 +14,7 @@
 #include "core/comm/launch.hpp"
 #include "core/estimate/estimate_mode.hpp"
 #include "core/estimate/record.hpp"
+#include "core/halo/halo_plan.hpp"
 #include "core/host_allocator.hpp"
 #include "core/parameter.hpp"
 #include "io/hdf5/h5_file.hpp"
@@ -112,6 +113,45 @@ void gray_scott_program(std::shared_ptr<Comm> world, std::vector<int> mesh_shape
     placements.push_back(Placement::shard(static_cast<int>(m)));
   sim::GrayScott simulation(mesh, placements, {}, config);
   for (int step = 0; step < 3; ++step) simulation.step();
+}
+
+// Every rank builds its halo plan's sends from its own transfers only (O(ranks) per plan):
+// what rank r sends to q must be exactly what q's plan receives from r, box for box, in order.
+TEST(Estimate, HaloPlanSendsMatchThePeersReceives) {
+  struct Layout {
+    std::vector<int> mesh;
+    std::vector<Placement> placements;
+    std::vector<std::vector<int64_t>> extents;
+  };
+  const std::vector<Layout> layouts{
+      {{3, 2}, {Placement::shard(0), Placement::shard(1)}, {{5, 1, 4}, {2, 5}}},
+      {{3, 2}, {Placement::shard(1), Placement::replicate()}, {{0, 3, 4}, {}}},
+      {{2, 3}, {Placement::replicate(), Placement::shard(0)}, {{}, {6, 0, 4}}},
+      {{6}, {Placement::shard(0)}, {{1, 1, 3, 0, 2, 3}}}};
+  for (const Layout& layout : layouts) {
+    for (BoundaryMode mode : {BoundaryMode::zero, BoundaryMode::periodic}) {
+      const ShardSpec spec =
+          ShardSpec::make({10, 7}, layout.mesh, layout.placements, layout.extents);
+      const std::vector<Box> needed = grown_boxes(spec, {3, 1}, {2, 2});
+      const int ranks = mesh_size(layout.mesh);
+      std::vector<HaloPlan> plans;
+      for (int rank = 0; rank < ranks; ++rank)
+        plans.push_back(HaloPlan::build(spec, needed, {mode, mode}, rank));
+      size_t messages = 0;
+      for (const HaloPlan& plan : plans) messages += plan.sends().size();
+      EXPECT_GT(messages, 0u) << spec.str();
+      for (int from = 0; from < ranks; ++from) {
+        for (int to = 0; to < ranks; ++to) {
+          std::vector<std::string> sent, received;
+          for (const HaloTransfer& t : plans[from].sends())
+            if (t.peer == to) sent.push_back(t.owned_box.str() + t.haloed_box.str());
+          for (const HaloTransfer& t : plans[to].recvs())
+            if (t.peer == from) received.push_back(t.owned_box.str() + t.haloed_box.str());
+          EXPECT_EQ(sent, received) << spec.str() << ": rank " << from << " to " << to;
+        }
+      }
+    }
+  }
 }
 
 TEST(Estimate, ConvForwardBackwardRecordsTheRealRunsMessages) {
