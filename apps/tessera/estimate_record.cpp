@@ -20,6 +20,7 @@ namespace {
 struct EstimateRecordOptions {
   int ranks = 1;
   std::string out;
+  std::vector<std::string> command;
 };
 
 /// The subcommands a recording may run, on a fresh app (the same ones `tessera` has).
@@ -57,10 +58,10 @@ void register_estimate_record(CLI::App& app) {
       ->required()
       ->check(CLI::Range(1, estimate::kMaxSimulatedRanks));
   command->add_option("--out", options->out, "Events JSON to write")->required();
-  command->prefix_command();
-  command->callback([options, command] {
-    std::vector<std::string> rest = command->remaining();
-    if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
+  command->add_option("command", options->command,
+                      "The command and its arguments, after --: e.g. -- simulate gray-scott ...");
+  command->callback([options] {
+    const std::vector<std::string>& rest = options->command;
     check_arg(!rest.empty(), "estimate-record",
               "no command given (e.g. -- simulate gray-scott --mesh 2x2 ...)");
     // Checked before anything runs, so a bad path costs nothing.
@@ -74,6 +75,10 @@ void register_estimate_record(CLI::App& app) {
     try {
       inner.parse(arguments);
     } catch (const CLI::ParseError& error) {
+      if (error.get_exit_code() == 0) {  // the command's --help
+        inner.exit(error);
+        return;
+      }
       throw InvalidArgument("estimate-record",
                             fmt::format("{}: {}", rest.front(), one_line(error.what())));
     }

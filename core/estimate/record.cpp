@@ -100,6 +100,10 @@ RecordLaunches::~RecordLaunches() {
   active_launches.store(nullptr);
 }
 
+bool recording_launches() {
+  return active_launches.load() != nullptr;
+}
+
 bool record_launch(int ranks, const std::function<void(std::shared_ptr<Comm>)>& program) {
   RecordLaunches* launches = active_launches.load();
   if (launches == nullptr) return false;

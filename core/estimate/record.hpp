@@ -58,6 +58,9 @@ class RecordLaunches {
   Recording recording_;
 };
 
+/// True while a RecordLaunches is alive (the CLI then allows worlds of up to kMaxSimulatedRanks).
+bool recording_launches();
+
 /// Called by launch(): with a RecordLaunches alive, records `program` on `ranks` simulated ranks
 /// and returns true; otherwise returns false (launch runs it for real).
 bool record_launch(int ranks, const std::function<void(std::shared_ptr<Comm>)>& program);
