@@ -4,10 +4,11 @@
 // per rank (its world rank), one tid per thread, and the categories
 //   op (forward and backward of each op), halo (begin, end, adjoint), comm (each collective and
 //   send/recv batch, with bytes and peers in args), redistribute, io, optimizer, step.
-// Off, a Span costs two relaxed atomic loads (tracing on? a capture() of estimate mode running?). On, the launcher runs each rank's body under
-// trace::traced: the rank's events are kept in memory, its communicator is wrapped so that every
-// collective is recorded, and when the body returns the events of every rank are gathered to
-// world rank 0, which (re)writes FILE with all the launches of the process so far.
+// Off, a Span costs two relaxed atomic loads (tracing on? a capture() of estimate mode running?).
+// On, the launcher runs each rank's body under trace::traced: the rank's events are kept in
+// memory, its communicator is wrapped so that every collective is recorded, and when the body
+// returns the events of every rank are gathered to world rank 0, which (re)writes FILE with all
+// the launches of the process so far.
 #pragma once
 
 #include <cstdint>
