@@ -14,6 +14,7 @@
 
 #include "core/agree.hpp"
 #include "core/autograd.hpp"
+#include "core/estimate/estimate_mode.hpp"
 #include "core/halo/halo_exchange.hpp"
 #include "core/trace.hpp"
 
@@ -122,6 +123,19 @@ std::vector<ShardTensor> apply_fallback(const std::shared_ptr<const OpDef>& defi
                                              inputs[0].spec().extents);
     outputs.push_back(output.redistribute(target.placements, target.extents));
   }
+  return outputs;
+}
+
+/// The outputs of a kernel skipped in estimate mode: shape-only tensors of the rule's output
+/// boxes, of the dtype an attribute "dtype" names (cast) or else the first input's.
+std::vector<Tensor> shape_only_outputs(const KernelContext& context,
+                                       const std::vector<ShardTensor>& inputs,
+                                       const OpAttrs& attrs) {
+  const DType dtype =
+      attrs.has("dtype") ? dtype_from_name(attrs.get_string("dtype")) : inputs.at(0).dtype();
+  std::vector<Tensor> outputs;
+  for (const Box& box : context.output_boxes)
+    outputs.push_back(Tensor::empty(box.shape(), dtype, context.device));
   return outputs;
 }
 
@@ -371,13 +385,18 @@ std::vector<ShardTensor> apply_op(const std::string& name, const std::vector<Sha
   const OverlapKernel* split = nullptr;
   if (all_on(Device::Kind::cpu) && op.cpu_overlap) split = &*op.cpu_overlap;
   if (all_on(Device::Kind::cuda) && op.cuda_overlap) split = &*op.cuda_overlap;
-  const bool overlap = split != nullptr && remote && halo_overlap(context.device.kind);
+  // Estimate mode: the messages travel (halo_end below), the kernel does not run.
+  const bool estimating = estimate::active();
+  const bool overlap =
+      !estimating && split != nullptr && remote && halo_overlap(context.device.kind);
   if (overlap) {
     for (size_t e = 0; e < exchanges.size(); ++e) locals[exchanged[e]] = exchanges[e].haloed();
     results = split->interior(context, locals);
   }
   for (size_t e = 0; e < exchanges.size(); ++e) locals[exchanged[e]] = halo_end(exchanges[e]);
-  if (overlap)
+  if (estimating)
+    results = shape_only_outputs(context, inputs, attrs);
+  else if (overlap)
     split->boundary(context, locals, results);
   else
     results = kernel_for(op, inputs)(context, locals);

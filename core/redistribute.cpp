@@ -39,10 +39,7 @@ StridedBlock empty_block() {
 StridedBlock block_of(const Tensor& base, const Box& box) {
   if (box.empty()) return empty_block();
   const Tensor view = base.view_box(box);
-  const int64_t offset_bytes =
-      static_cast<const char*>(view.raw_data()) - static_cast<const char*>(base.raw_data());
-  return StridedBlock{offset_bytes / static_cast<int64_t>(base.element_size()), view.shape(),
-                      view.strides()};
+  return StridedBlock{view.storage_offset() - base.storage_offset(), view.shape(), view.strides()};
 }
 
 /// True when blocks of `shape` split along `dim` are contiguous runs of a row-major buffer.
@@ -71,8 +68,8 @@ Tensor reduce_scatter_partial(const Tensor& local, const DeviceMesh& mesh, int m
   } else {
     packed = Tensor::empty(source.shape(), source.dtype(), source.device());
     const std::vector<size_t> displs = displacements_of(counts);
-    auto* out = static_cast<char*>(packed.raw_data());
-    for (size_t c = 0; c < extents.size(); ++c) {
+    auto* out = static_cast<char*>(packed.comm_data());
+    for (size_t c = 0; c < extents.size() && out != nullptr; ++c) {
       block.lo[dim] = offsets[c];
       block.hi[dim] = offsets[c + 1];
       source.pack_box(block, out + displs[c] * source.element_size());
@@ -81,7 +78,7 @@ Tensor reduce_scatter_partial(const Tensor& local, const DeviceMesh& mesh, int m
   Shape shape = source.shape();
   shape[dim] = extents[mesh.coord()[mesh_dim]];
   Tensor result = Tensor::empty(shape, source.dtype(), source.device());
-  comm->reduce_scatter_v(packed.raw_data(), result.raw_data(), counts, source.dtype(), op);
+  comm->reduce_scatter_v(packed.comm_data(), result.comm_data(), counts, source.dtype(), op);
   return result;
 }
 
@@ -98,15 +95,16 @@ Tensor all_gather_shards(const Tensor& local, const DeviceMesh& mesh, const Shar
   for (size_t c = 0; c < extents.size(); ++c) counts[c] = static_cast<size_t>(extents[c] * slab);
   Tensor result = Tensor::empty(out_shape, source.dtype(), source.device());
   if (blocks_contiguous_along(out_shape, dim)) {
-    comm->all_gather_v(source.raw_data(), counts[mesh.coord()[mesh_dim]], result.raw_data(), counts,
-                       source.dtype());
+    comm->all_gather_v(source.comm_data(), counts[mesh.coord()[mesh_dim]], result.comm_data(),
+                       counts, source.dtype());
     return result;
   }
   const std::vector<size_t> displs = displacements_of(counts);
   const Tensor staging =
       staging_buffer((displs.back() + counts.back()) * source.element_size(), source.device());
-  comm->all_gather_v(source.raw_data(), counts[mesh.coord()[mesh_dim]], staging.raw_data(), counts,
-                     source.dtype());
+  comm->all_gather_v(source.comm_data(), counts[mesh.coord()[mesh_dim]], staging.comm_data(),
+                     counts, source.dtype());
+  if (staging.is_shape_only()) return result;  // estimate mode: nothing to unpack
   const std::vector<int64_t> offsets = offsets_of(extents);
   Box block = Box::of_shape(out_shape);
   for (size_t c = 0; c < extents.size(); ++c) {
@@ -159,7 +157,8 @@ Tensor exchange_boxes(const Tensor& local, const DeviceMesh& mesh, const ShardSp
   if (!kept.empty())
     result.view_box(kept.relative_to(my_to.lo))
         .copy_from(local.view_box(kept.relative_to(my_from.lo)));
-  comm->all_to_all_w(local.raw_data(), send_blocks, result.raw_data(), recv_blocks, local.dtype());
+  comm->all_to_all_w(local.comm_data(), send_blocks, result.comm_data(), recv_blocks,
+                     local.dtype());
   return result;
 }
 
@@ -214,7 +213,7 @@ ShardTensor ShardTensor::redistribute(std::vector<Placement> placements,
       current.extents[m] = target.extents[m];
     } else {
       local = local.contiguous().clone();
-      mesh_.sub_comm({m})->all_reduce(local.raw_data(), local.raw_data(),
+      mesh_.sub_comm({m})->all_reduce(local.comm_data(), local.comm_data(),
                                       static_cast<size_t>(local.numel()), local.dtype(),
                                       from.reduce);
       current.placements[m] = Placement::replicate();

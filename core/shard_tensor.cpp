@@ -150,13 +150,13 @@ ShardTensor ShardTensor::scatter(const Tensor& full, DeviceMesh mesh,
     const std::vector<size_t> displs = displacements_of(counts);
     packed =
         Tensor::empty({static_cast<int64_t>(displs.back() + counts.back())}, dtype, wire_device);
-    for (int rank = 0; rank < comm.size(); ++rank)
+    for (int rank = 0; rank < comm.size() && !packed.is_shape_only(); ++rank)
       if (counts[rank])
         full.pack_box(spec.local_box_of_rank(rank),
                       static_cast<char*>(packed.raw_data()) + displs[rank] * dtype_size(dtype));
   }
   Tensor local = Tensor::empty(spec.local_shape(mesh.coord()), dtype, wire_device);
-  comm.scatter_v(packed.raw_data(), counts, local.raw_data(), counts[comm.rank()], dtype, root);
+  comm.scatter_v(packed.comm_data(), counts, local.comm_data(), counts[comm.rank()], dtype, root);
   if (!counts[comm.rank()]) local.fill(0);
   // Pieces live on their rank's device; where that is the cpu, the root keeps its tensor's.
   const Device device =
@@ -210,10 +210,10 @@ Tensor ShardTensor::gather(int root) const {
   if (comm.rank() == root)
     staging =
         Tensor::empty({static_cast<int64_t>(displs.back() + counts.back())}, dtype(), device());
-  comm.gather_v(local.raw_data(), counts[comm.rank()], staging.raw_data(), counts, dtype(), root);
+  comm.gather_v(local.comm_data(), counts[comm.rank()], staging.comm_data(), counts, dtype(), root);
   if (comm.rank() != root) return Tensor();
   Tensor full = Tensor::empty(spec.global_shape, dtype(), device());
-  for (int rank = 0; rank < comm.size(); ++rank)
+  for (int rank = 0; rank < comm.size() && !staging.is_shape_only(); ++rank)
     if (counts[rank])
       full.unpack_box(spec.local_box_of_rank(rank),
                       static_cast<const char*>(staging.raw_data()) + displs[rank] * element);

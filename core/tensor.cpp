@@ -14,6 +14,7 @@
 #include "core/backend/strided_plan.hpp"
 #include "core/backend/transfer.hpp"
 #include "core/checked_math.hpp"
+#include "core/estimate/estimate_mode.hpp"
 
 namespace tessera {
 
@@ -31,12 +32,19 @@ Device Device::parse(const std::string& text) {
 }
 
 Storage::Storage(size_t bytes, Device device)
-    : bytes_(bytes), device_(device), stream_(compute_stream_for(device)) {
-  if (bytes == 0) return;
+    : bytes_(bytes),
+      device_(device),
+      shape_only_(estimate::active()),
+      counter_(estimate::tensor_bytes()) {
+  if (counter_) counter_->add(bytes);
+  // A shape-only block asks nothing of the device (an estimate of cuda ranks needs no GPU).
+  if (shape_only_ || bytes == 0) return;
+  stream_ = compute_stream_for(device);
   data_ = backend_for(device).allocate(bytes, device, stream_, "tensor");
 }
 
 Storage::~Storage() {
+  if (counter_) counter_->remove(bytes_);
   if (data_) backend_for(device_).release(data_, bytes_, device_, stream_);
 }
 
@@ -92,7 +100,16 @@ bool Tensor::is_contiguous() const {
   return true;
 }
 
+bool Tensor::is_shape_only() const {
+  return storage_ && storage_->shape_only();
+}
+
+void* Tensor::comm_data() const {
+  return is_shape_only() ? nullptr : raw_data();
+}
+
 void* Tensor::raw_data() const {
+  if (is_shape_only() && numel_ > 0) estimate::throw_touched("a kernel or element loop", str());
   if (!storage_ || !storage_->data()) return nullptr;
   return static_cast<char*>(storage_->data()) + offset_ * static_cast<int64_t>(element_size());
 }
@@ -151,7 +168,7 @@ Tensor Tensor::to_dtype(DType dtype) const {
   if (dtype == dtype_) return *this;
   const Tensor source = contiguous();
   Tensor result = empty(shape_, dtype, device_);
-  if (numel() > 0)
+  if (numel() > 0 && !result.is_shape_only())
     backend_for(device_).convert(result.raw_data(), dtype, source.raw_data(), dtype_,
                                  static_cast<size_t>(numel()), compute_stream_for(device_));
   return result;
@@ -203,6 +220,9 @@ void Tensor::copy_from(const Tensor& source) {
   if (source.shape_ != shape_ || source.dtype_ != dtype_)  // formatted only on failure
     throw InvalidArgument("tensor", fmt::format("copy of {} into {}", source.str(), str()));
   if (numel() == 0) return;
+  // Estimate mode moves no data; a real tensor cannot take a shape-only one's values.
+  if (is_shape_only()) return;
+  if (source.is_shape_only()) estimate::throw_touched("a copy into a real tensor", source.str());
   if (device_ == source.device_) {
     backend_for(device_).copy(strided_ref(*this), strided_ref(source), element_size(),
                               compute_stream_for(device_));
@@ -223,6 +243,7 @@ void Tensor::pack_box(const Box& box, void* dst) const {
   const Tensor view = view_box(box);
   const std::vector<int64_t> dst_strides = contiguous_strides(view.shape_);
   if (view.numel() == 0) return;
+  if (is_shape_only() && dst == nullptr) return;  // estimate mode: a message without payload
   backend_for(device_).copy({dst, view.shape_.data(), dst_strides.data(), ndim()},
                             strided_ref(view), element_size(), compute_stream_for(device_));
 }
@@ -231,13 +252,14 @@ void Tensor::unpack_box(const Box& box, const void* src) {
   Tensor view = view_box(box);
   const std::vector<int64_t> src_strides = contiguous_strides(view.shape_);
   if (view.numel() == 0) return;
+  if (is_shape_only() && src == nullptr) return;  // estimate mode: a message without payload
   backend_for(device_).copy(
       strided_ref(view), {const_cast<void*>(src), view.shape_.data(), src_strides.data(), ndim()},
       element_size(), compute_stream_for(device_));
 }
 
 void Tensor::fill(double value) {
-  if (numel() == 0) return;
+  if (numel() == 0 || is_shape_only()) return;
   backend_for(device_).fill(strided_ref(*this), dtype_, value, compute_stream_for(device_));
 }
 

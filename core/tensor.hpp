@@ -16,12 +16,15 @@
 
 namespace tessera {
 
+struct TensorBytes;  // core/estimate/estimate_mode.hpp
+
 /// Owned memory block on one device, from that device's caching allocator. Device memory is
 /// stream-ordered: allocated for, and returned on, the stream that was current for the device
-/// when it was made.
+/// when it was made. In estimate mode (core/estimate/estimate_mode.hpp) a block is shape-only:
+/// no memory, its bytes only counted.
 class Storage {
  public:
-  /// Allocates `bytes` on `device` (uninitialised).
+  /// Allocates `bytes` on `device` (uninitialised); in estimate mode allocates nothing.
   Storage(size_t bytes, Device device);
   ~Storage();
   Storage(const Storage&) = delete;
@@ -29,12 +32,16 @@ class Storage {
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
   Device device() const { return device_; }
+  /// True for a block made in estimate mode: `bytes()` long, with no memory behind it.
+  bool shape_only() const { return shape_only_; }
 
  private:
   void* data_ = nullptr;
   size_t bytes_ = 0;
   Device device_;
   Stream stream_;  // where a device block is returned to the allocator
+  bool shape_only_ = false;
+  std::shared_ptr<TensorBytes> counter_;  // the making rank's byte counter, if it had one
 };
 
 /// Row-major strides (in elements) of a contiguous tensor of `shape`.
@@ -67,8 +74,17 @@ class Tensor {
   size_t nbytes() const { return static_cast<size_t>(numel()) * element_size(); }
   /// True when the elements are laid out row-major with no gaps.
   bool is_contiguous() const;
-  /// Pointer to the first element (may be null for a 0-element tensor).
+  /// Pointer to the first element (may be null for a 0-element tensor). Throws for a shape-only
+  /// tensor with elements (estimate mode: there is no data to touch).
   void* raw_data() const;
+  /// True for a tensor made in estimate mode: shape, dtype and device, no data. Copies, fills and
+  /// views of shape-only tensors are shape-only and move nothing.
+  bool is_shape_only() const;
+  /// The pointer communication carries as a payload: raw_data(), or null for a shape-only tensor
+  /// (whose messages the estimate's communicator records without moving them).
+  void* comm_data() const;
+  /// Where the first element lies in the storage, in elements (views share one storage).
+  int64_t storage_offset() const { return offset_; }
   /// Typed pointer to the first element; throws when T does not match the dtype.
   template <typename T>
   T* data() const;
@@ -136,7 +152,8 @@ Tensor Tensor::from_values(const Shape& shape, std::span<const T> values) {
   check_arg(static_cast<int64_t>(values.size()) == shape_numel(shape), "tensor",
             "{} values given for shape {}", values.size(), shape);
   Tensor result = empty(shape, dtype_of<T>());
-  if (!values.empty()) std::memcpy(result.raw_data(), values.data(), values.size_bytes());
+  if (!values.empty() && !result.is_shape_only())
+    std::memcpy(result.raw_data(), values.data(), values.size_bytes());
   return result;
 }
 

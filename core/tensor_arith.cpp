@@ -11,6 +11,7 @@ void add_into(Tensor dst, const Tensor& src) {
   check_arg(dst.device() == src.device(), "add", "add_into of a {} tensor into a {} tensor",
             src.device().str(), dst.device().str());
   if (dst.numel() == 0) return;
+  if (dst.is_shape_only()) return;  // estimate mode: no data to add
   backend_for(dst.device())
       .accumulate(strided_ref(dst), strided_ref(src), dst.dtype(), ReduceOp::sum,
                   compute_stream_for(dst.device()));

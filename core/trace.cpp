@@ -23,6 +23,7 @@ namespace tessera::trace {
 namespace {
 
 std::atomic<bool> on{false};
+std::atomic<int> capturing{0};  // threads inside capture(): spans record there with tracing off
 
 struct Settings {
   std::mutex mutex;
@@ -372,7 +373,9 @@ std::string file() {
 }
 
 Span::Span(const char* category, std::string_view name) : category_(category) {
-  if (!on.load(std::memory_order_relaxed) || current == nullptr) return;
+  if ((!on.load(std::memory_order_relaxed) && capturing.load(std::memory_order_relaxed) == 0) ||
+      current == nullptr)
+    return;
   name_ = name;
   gpu::range_push(name_.c_str());  // the same range for Nsight Systems on cuda builds
   start_ns_ = now_ns();
@@ -408,6 +411,17 @@ void Span::arg(std::string_view key, std::string_view value) {
 std::shared_ptr<Comm> recording_comm(std::shared_ptr<Comm> comm) {
   if (!enabled() || comm == nullptr) return comm;
   return std::make_shared<RecordingComm>(std::move(comm), "w");
+}
+
+std::vector<std::string> capture(int pid, std::shared_ptr<Comm> comm,
+                                 const std::function<void(std::shared_ptr<Comm>)>& body) {
+  capturing.fetch_add(1);
+  struct Release {
+    ~Release() { capturing.fetch_sub(1); }
+  } release;
+  RankScope scope(pid);
+  body(std::make_shared<RecordingComm>(std::move(comm)));
+  return std::move(scope.events());
 }
 
 void traced(const std::shared_ptr<Comm>& world,

@@ -4,10 +4,11 @@
 // per rank (its world rank), one tid per thread, and the categories
 //   op (forward and backward of each op), halo (begin, end, adjoint), comm (each collective and
 //   send/recv batch, with bytes and peers in args), redistribute, io, optimizer, step.
-// Off, a Span costs one relaxed atomic load. On, the launcher runs each rank's body under
-// trace::traced: the rank's events are kept in memory, its communicator is wrapped so that every
-// collective is recorded, and when the body returns the events of every rank are gathered to
-// world rank 0, which (re)writes FILE with all the launches of the process so far.
+// Off, a Span costs two relaxed atomic loads (tracing on? a capture() of estimate mode running?).
+// On, the launcher runs each rank's body under trace::traced: the rank's events are kept in
+// memory, its communicator is wrapped so that every collective is recorded, and when the body
+// returns the events of every rank are gathered to world rank 0, which (re)writes FILE with all
+// the launches of the process so far.
 #pragma once
 
 #include <cstdint>
@@ -70,5 +71,12 @@ void traced(const std::shared_ptr<Comm>& world,
 /// The communicator that records each call of `comm` as a comm event (the wrapped one with
 /// tracing off).
 std::shared_ptr<Comm> recording_comm(std::shared_ptr<Comm> comm);
+
+/// Runs `body` as rank `pid` on `comm` wrapped in the recording communicator, recording its
+/// events whether or not tracing is on, and returns them (JSON objects in the trace's format, the
+/// rank's process_name first) instead of writing them. Not collective: estimate mode records its
+/// simulated ranks this way and writes the events itself.
+std::vector<std::string> capture(int pid, std::shared_ptr<Comm> comm,
+                                 const std::function<void(std::shared_ptr<Comm>)>& body);
 
 }  // namespace tessera::trace

@@ -17,6 +17,7 @@
 #include "apps/sim/gray_scott_cell.hpp"
 #include "apps/sim/gray_scott_cuda.hpp"
 #include "core/compute_threads.hpp"
+#include "core/estimate/estimate_mode.hpp"
 #include "core/parallel_for.hpp"
 #include "core/runtime/rank_context.hpp"
 #include "core/shard_tensor_detail.hpp"
@@ -143,6 +144,8 @@ InitialCubes initial_cubes(const Shape& size, uint64_t seed) {
 }
 
 Tensor initial_field(const GrayScottConfig& config, int species, const Box& box) {
+  // Estimate mode: the field's shape, no values (core/estimate/estimate_mode.hpp).
+  if (estimate::active()) return Tensor::empty(box.shape(), config.dtype);
   const InitialCubes cubes = initial_cubes(config.size, config.seed);
   const size_t count = cubes.centres.size();
   // near[d][c][i]: index box.lo[d] + i of dim d lies within half of cube c's centre.
@@ -172,7 +175,7 @@ Tensor initial_field(const GrayScottConfig& config, int species, const Box& box)
 
 void step_cells(const Tensor& u, const Tensor& v, const Tensor& u_next, const Tensor& v_next,
                 const Box& cells, const GrayScottParams& params) {
-  if (cells.empty()) return;
+  if (cells.empty() || u.is_shape_only()) return;  // estimate mode computes nothing
   for (const Tensor* t : {&v, &u_next, &v_next})
     check_arg(t->shape() == u.shape() && t->dtype() == u.dtype() && t->device() == u.device() &&
                   t->is_contiguous() && u.is_contiguous(),
@@ -368,6 +371,7 @@ SimulateReport simulate(const DeviceMesh& mesh, std::vector<Placement> placement
       io::write_sharded_at(sim.field(s), options.out, kDataset, {index, s});
     comm.barrier();  // every box is in the file before `written` says so
     on_root(comm, [&] {
+      if (estimate::active()) return;  // estimate mode opens no file
       io::write_attributes(options.out, kDataset, {{"written", fmt::format("{}", index + 1)}});
     });
     report.write_seconds += seconds_now() - begin;
@@ -397,7 +401,9 @@ SimulateReport simulate(const DeviceMesh& mesh, std::vector<Placement> placement
     agree_on_error(comm, kOp, problem);
     sim.set_state(state[0], state[1], (written - 1) * config.every);
   } else {
-    on_root(comm, [&] { create_run_file(options.out, config, options.gzip_level); });
+    on_root(comm, [&] {
+      if (!estimate::active()) create_run_file(options.out, config, options.gzip_level);
+    });
     write_snapshot(0);
   }
   report.first_step = sim.steps_done();

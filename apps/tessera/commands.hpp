@@ -70,6 +70,9 @@ void register_simulate(CLI::App& app);
 void register_plot(CLI::App& app);
 /// `tessera estimate`: predict a traced run on a modeled machine, or calibrate this one.
 void register_estimate(CLI::App& app);
+/// `tessera estimate-record --ranks P --out EVENTS.json -- COMMAND ...`: a command recorded in
+/// estimate mode on P simulated ranks.
+void register_estimate_record(CLI::App& app);
 /// `tessera bench comm`: collectives and redistribute beside the raw MPI collectives.
 void register_bench(CLI::App& app);
 

@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   tessera::cli::register_plot(app);
   tessera::cli::register_estimate(app);
   tessera::cli::register_bench(app);
+  tessera::cli::register_estimate_record(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

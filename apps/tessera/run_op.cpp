@@ -5,10 +5,12 @@
 #include <fmt/ranges.h>
 
 #include <filesystem>
+#include <sstream>
 
 #include "apps/tessera/cli_parse.hpp"
 #include "apps/tessera/commands.hpp"
 #include "apps/tessera/run_op_common.hpp"
+#include "core/estimate/estimate_mode.hpp"
 #include "core/tessera.hpp"
 #include "io/hdf5/h5_file.hpp"
 #include "ops/ops.hpp"
@@ -24,6 +26,7 @@ struct ConvRunOptions {
   MeshOptions layout;
   bool backward = false;
   std::string device = "cpu", dtype = "f64";
+  std::string shapes;  // estimate mode: the inputs' shapes instead of reading --in
 };
 
 /// The inputs as read on rank 0.
@@ -32,7 +35,44 @@ struct ConvInputs {
   bool has_bias = false;
 };
 
+/// Estimate mode (docs/scaling.md) opens no file: the inputs are shape-only tensors of the
+/// shapes --shapes gives, "x=2,3,64,64;w=8,3,3,3[;b=8][;gy=2,8,64,64]".
+ConvInputs shape_only_inputs(const ConvRunOptions& options, DType dtype) {
+  check_arg(!options.shapes.empty(), "run-op",
+            "estimate mode opens no file: give the inputs' shapes with --shapes "
+            "\"x=N,C,..;w=Cout,C,k..[;b=Cout][;gy=..]\" instead of reading {}",
+            options.in);
+  ConvInputs inputs;
+  std::stringstream entries(options.shapes);
+  std::string entry;
+  while (std::getline(entries, entry, ';')) {
+    const size_t equals = entry.find('=');
+    check_arg(equals != std::string::npos, "run-op", "--shapes entry '{}' (expected NAME=D0,D1,..)",
+              entry);
+    const std::string name = entry.substr(0, equals);
+    Shape shape;
+    for (int64_t extent : parse_list(entry.substr(equals + 1))) shape.push_back(extent);
+    Tensor* target = name == "x"    ? &inputs.x
+                     : name == "w"  ? &inputs.w
+                     : name == "b"  ? &inputs.b
+                     : name == "gy" ? &inputs.gy
+                                    : nullptr;
+    check_arg(target != nullptr, "run-op", "--shapes names '{}' (expected x, w, b or gy)", name);
+    *target = Tensor::empty(shape, dtype);
+    inputs.has_bias = inputs.has_bias || name == "b";
+  }
+  check_arg(inputs.x.ndim() >= 3 && inputs.x.ndim() <= 5 && inputs.w.ndim() == inputs.x.ndim(),
+            "run-op",
+            "--shapes gives x {} and w {}; conv needs x [N, C, spatial..] and w [Cout, "
+            "C/groups, k..] of the same rank",
+            inputs.x.shape(), inputs.w.shape());
+  check_arg(!options.backward || inputs.gy.ndim() == inputs.x.ndim(), "run-op",
+            "--backward needs gy's shape in --shapes");
+  return inputs;
+}
+
 ConvInputs read_inputs(const ConvRunOptions& options, DType dtype) {
+  if (estimate::active()) return shape_only_inputs(options, dtype);
   ConvInputs inputs;
   check_arg(std::filesystem::exists(options.in), "run-op", "input file {} does not exist",
             options.in);
@@ -117,6 +157,11 @@ void run_conv(std::shared_ptr<Comm> world, const ConvRunOptions& options) {
   }
   const double seconds = now_seconds() - start;
   if (!root) return;
+  if (estimate::active()) {  // estimate mode writes no file
+    fmt::print("conv{}d: x {} -> y {} on mesh {} ({}), recorded without data\n", ndim - 2,
+               x.global_shape(), y.global_shape(), mesh_shape, x.spec().str());
+    return;
+  }
   std::vector<std::pair<std::string, Tensor>> outputs{{"y", y_full}};
   if (options.backward) {
     outputs.emplace_back("gx", gx);
@@ -159,6 +204,9 @@ void register_run_op(CLI::App& app) {
                    "cpu, cuda (local ranks round-robin over the GPUs) or cuda:N")
       ->capture_default_str();
   conv->add_option("--dtype", options->dtype, "f32 or f64")->capture_default_str();
+  conv->add_option("--shapes", options->shapes,
+                   "Under estimate-record only: the inputs' shapes instead of reading --in, e.g. "
+                   "\"x=2,3,64,64;w=8,3,3,3;b=8\" (docs/scaling.md)");
   conv->callback([options] {
     select_device(options->device);
     launch(backend_from_env(), options->layout.local_ranks(),

@@ -15,6 +15,7 @@
 #include "apps/tessera/commands.hpp"
 #include "apps/tessera/progress_bar.hpp"
 #include "apps/tessera/run_op_common.hpp"
+#include "core/estimate/estimate_mode.hpp"
 
 namespace tessera::cli {
 
@@ -140,6 +141,14 @@ void run_simulate(std::shared_ptr<Comm> world, const SimulateCliOptions& options
         {"bandwidth_bound_cells_per_second", bandwidth / bytes_per_cell},
     };
     fmt::print("{}\n", json.dump());
+    return;
+  }
+  if (estimate::active()) {  // estimate-record: nothing was computed or written
+    fmt::print(
+        "gray-scott {} {}: steps {}..{} on mesh {} recorded without data ({} snapshot(s) "
+        "would be written to {})\n",
+        grid, options.dtype, report.first_step, report.first_step + report.steps_run,
+        options.layout.mesh, report.snapshots_written, options.out);
     return;
   }
   fmt::print(

@@ -6,6 +6,7 @@
 #include "core/comm/local_comm.hpp"
 #include "core/comm/mpi_comm.hpp"
 #include "core/comm/nccl_comm.hpp"
+#include "core/estimate/record.hpp"
 #include "core/gpu_runtime.hpp"
 #include "core/runtime/rank_context.hpp"
 #include "core/trace.hpp"
@@ -28,6 +29,8 @@ Device launch_device(int local_rank) {
 
 void launch(Backend backend, int local_ranks,
             const std::function<void(std::shared_ptr<Comm>)>& user_body) {
+  // `tessera estimate-record` (core/estimate/record.hpp): simulated ranks, no data.
+  if (estimate::record_launch(local_ranks, user_body)) return;
   // Each rank's body runs traced when TESSERA_TRACE (or --trace) is on.
   const auto body = [&](std::shared_ptr<Comm> world) { trace::traced(world, user_body); };
   if (backend == Backend::local) {

@@ -87,18 +87,20 @@ HaloExchange start_exchange(const HaloPlan& plan, const Tensor& source, Tensor h
   state.incoming = group_by_peer(plan.recvs());
   for (const PeerMessage& message : state.incoming) {
     state.recv_buffers.push_back(message_buffer(message.elements, source));
-    ops.push_back(P2POp::recv(state.recv_buffers.back().raw_data(), message.elements * element,
+    ops.push_back(P2POp::recv(state.recv_buffers.back().comm_data(), message.elements * element,
                               message.peer, tag));
   }
   for (const PeerMessage& message : group_by_peer(plan.sends())) {
     Tensor buffer = message_buffer(message.elements, source);
-    auto* out = static_cast<char*>(buffer.raw_data());
-    for (size_t index : message.transfers) {
-      const Box& box = plan.sends()[index].owned_box;
-      source.pack_box(box, out);
-      out += static_cast<size_t>(box.volume()) * element;
+    if (!buffer.is_shape_only()) {  // estimate mode sends the message without packing it
+      auto* out = static_cast<char*>(buffer.raw_data());
+      for (size_t index : message.transfers) {
+        const Box& box = plan.sends()[index].owned_box;
+        source.pack_box(box, out);
+        out += static_cast<size_t>(box.volume()) * element;
+      }
     }
-    ops.push_back(P2POp::send(buffer.raw_data(), message.elements * element, message.peer, tag));
+    ops.push_back(P2POp::send(buffer.comm_data(), message.elements * element, message.peer, tag));
     state.send_buffers.push_back(std::move(buffer));
   }
   state.batch = comm.start_send_recv(ops);
@@ -187,18 +189,20 @@ Tensor halo_adjoint(const HaloPlan& plan, const Tensor& haloed_grad, Comm& comm,
   std::vector<P2POp> ops;
   for (const PeerMessage& message : incoming) {
     recv_buffers.push_back(message_buffer(message.elements, grad));
-    ops.push_back(
-        P2POp::recv(recv_buffers.back().raw_data(), message.elements * element, message.peer, tag));
+    ops.push_back(P2POp::recv(recv_buffers.back().comm_data(), message.elements * element,
+                              message.peer, tag));
   }
   for (const PeerMessage& message : outgoing) {
     Tensor buffer = message_buffer(message.elements, grad);
-    auto* out = static_cast<char*>(buffer.raw_data());
-    for (size_t index : message.transfers) {
-      const Box& box = plan.recvs()[index].haloed_box;
-      grad.pack_box(box, out);
-      out += static_cast<size_t>(box.volume()) * element;
+    if (!buffer.is_shape_only()) {  // estimate mode sends the message without packing it
+      auto* out = static_cast<char*>(buffer.raw_data());
+      for (size_t index : message.transfers) {
+        const Box& box = plan.recvs()[index].haloed_box;
+        grad.pack_box(box, out);
+        out += static_cast<size_t>(box.volume()) * element;
+      }
     }
-    ops.push_back(P2POp::send(buffer.raw_data(), message.elements * element, message.peer, tag));
+    ops.push_back(P2POp::send(buffer.comm_data(), message.elements * element, message.peer, tag));
     send_buffers.push_back(std::move(buffer));
   }
   auto batch = comm.start_send_recv(ops);

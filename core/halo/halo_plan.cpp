@@ -79,11 +79,12 @@ std::vector<int> candidate_owners(const ShardSpec& spec, const std::vector<int>&
   return owners;
 }
 
-/// Transfers that fill receiver `receiver`'s haloed tensor, in message order.
+/// Transfers from `owners` (a subsequence of the receiver's candidate owners) that fill the
+/// haloed tensor of a receiver needing `needed`, in message order.
 std::vector<HaloTransfer> transfers_into(const ShardSpec& spec, const Box& needed,
-                                         const std::vector<BoundaryMode>& boundary, int receiver) {
+                                         const std::vector<BoundaryMode>& boundary,
+                                         const std::vector<int>& owners) {
   std::vector<HaloTransfer> transfers;
-  const std::vector<int> owners = candidate_owners(spec, coord_of(receiver, spec.mesh_shape));
   for (const Piece& piece : pieces_of(needed, spec.global_shape, boundary)) {
     const Box wrapped = piece.unwrapped.shifted(piece.shift);
     for (int owner : owners) {
@@ -119,17 +120,28 @@ HaloPlan HaloPlan::build(const ShardSpec& spec, const std::vector<Box>& needed,
   plan.rank_ = rank;
   plan.needed_ = needed[rank];
   plan.owned_ = spec.local_box_of_rank(rank);
-  for (HaloTransfer& transfer : transfers_into(spec, needed[rank], boundary, rank)) {
+  const std::vector<int> coord = coord_of(rank, spec.mesh_shape);
+  for (HaloTransfer& transfer :
+       transfers_into(spec, needed[rank], boundary, candidate_owners(spec, coord))) {
     if (transfer.peer == rank)
       plan.self_copies_.push_back(transfer);
     else
       plan.recvs_.push_back(transfer);
   }
-  // What this rank sends: its part of every other receiver's transfers, in their order.
+  // What this rank sends: its part of every other receiver's transfers, in their order. Only
+  // this rank's transfers are formed (not every owner's), so the plan costs O(ranks), not
+  // O(ranks^2): estimate mode builds it on each of thousands of simulated ranks.
+  const std::vector<int> only_this_rank{rank};
   for (int receiver = 0; receiver < ranks; ++receiver) {
     if (receiver == rank) continue;
-    for (HaloTransfer& transfer : transfers_into(spec, needed[receiver], boundary, receiver)) {
-      if (transfer.peer != rank) continue;
+    // This rank serves a receiver only when their coordinates agree on the non-shard mesh dims.
+    const std::vector<int> receiver_coord = coord_of(receiver, spec.mesh_shape);
+    bool serves = true;
+    for (size_t m = 0; m < spec.mesh_shape.size(); ++m)
+      serves = serves && (spec.placements[m].is_shard() || coord[m] == receiver_coord[m]);
+    if (!serves) continue;
+    for (HaloTransfer& transfer :
+         transfers_into(spec, needed[receiver], boundary, only_this_rank)) {
       transfer.peer = receiver;
       plan.sends_.push_back(transfer);
     }

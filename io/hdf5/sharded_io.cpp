@@ -13,6 +13,7 @@
 
 #include "core/agree.hpp"
 #include "core/autograd.hpp"
+#include "core/estimate/estimate_mode.hpp"
 #include "core/runtime/rank_context.hpp"
 #include "core/shard_tensor_detail.hpp"
 #include "core/trace.hpp"
@@ -129,6 +130,25 @@ bool holds_written_copy(const ShardSpec& spec, const DeviceMesh& mesh, int rank)
   for (int m = 0; m < mesh.ndim(); ++m)
     if (!spec.placements[m].is_shard() && coord[m] != 0) return false;
   return true;
+}
+
+/// Estimate mode (core/estimate/estimate_mode.hpp): a write opens no file; it is one `io` event
+/// with the bytes this rank would write.
+void record_estimated_write(const std::string& op, const ShardTensor& tensor,
+                            const std::string& file, const std::string& dataset) {
+  trace::Span span("io", op);
+  span.arg("file", file);
+  span.arg("dataset", dataset);
+  const bool writes = holds_written_copy(tensor.spec(), tensor.mesh(), tensor.mesh().rank());
+  span.arg("bytes", writes ? static_cast<int64_t>(tensor.to_local().nbytes()) : 0);
+}
+
+/// Estimate mode: a read would open the file, which estimate mode never does.
+void refuse_estimated_read(const std::string& op, const std::string& file) {
+  throw NotAvailable("estimate",
+                     fmt::format("{}: reading '{}' would open the file, which estimate mode never "
+                                 "does; give the input's shape instead (docs/scaling.md)",
+                                 op, file));
 }
 
 }  // namespace
@@ -267,6 +287,7 @@ ShardTensor read_sharded(const std::string& file, const std::string& dataset,
                          std::vector<std::vector<int64_t>> extents, std::optional<DType> as,
                          bool collective) {
   const std::string op = "read_sharded";
+  if (estimate::active()) refuse_estimated_read(op, file);
   trace::Span span("io", op);
   span.arg("file", file);
   span.arg("dataset", dataset);
@@ -298,6 +319,7 @@ ShardTensor read_sharded(const std::string& file, const std::string& dataset,
 ShardTensor scatter(const std::string& file, const std::string& dataset, const DeviceMesh& mesh,
                     std::vector<Placement> placements, std::vector<std::vector<int64_t>> extents,
                     int root, size_t staging_bytes, std::optional<DType> as) {
+  if (estimate::active()) refuse_estimated_read("scatter", file);
   const std::string op = "scatter";
   trace::Span span("io", op);
   span.arg("file", file);
@@ -435,6 +457,7 @@ void detail::finish_temporary(const std::string& op, Comm& comm, const std::stri
 
 void gather_write(const ShardTensor& tensor, const std::string& file, const std::string& dataset,
                   int root, size_t staging_bytes, const WriteOptions& storage) {
+  if (estimate::active()) return record_estimated_write("gather_write", tensor, file, dataset);
   const std::string op = "gather_write";
   trace::Span span("io", op);
   span.arg("file", file);
@@ -499,6 +522,7 @@ std::optional<std::string> write_own_boxes(Comm& comm, const std::string& file,
 void write_sharded(const ShardTensor& tensor, const std::string& file, const std::string& dataset,
                    bool collective, const WriteOptions& storage) {
   const std::string op = "write_sharded";
+  if (estimate::active()) return record_estimated_write(op, tensor, file, dataset);
   trace::Span span("io", op);
   span.arg("file", file);
   span.arg("dataset", dataset);
@@ -520,6 +544,7 @@ void write_sharded_at(const ShardTensor& tensor, const std::string& file,
                       const std::string& dataset, const std::vector<int64_t>& leading,
                       bool collective) {
   const std::string op = "write_sharded_at";
+  if (estimate::active()) return record_estimated_write(op, tensor, file, dataset);
   CommOpScope scope(op);
   const DeviceMesh& mesh = tensor.mesh();
   Comm& comm = mesh.comm();

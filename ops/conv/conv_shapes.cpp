@@ -14,6 +14,7 @@
 
 #include "core/checked_math.hpp"
 #include "core/compute_threads.hpp"
+#include "core/estimate/estimate_mode.hpp"
 #include "core/parallel_for.hpp"
 #include "ops/conv/conv_cudnn.hpp"
 #include "ops/conv/conv_cudnn_key.hpp"
@@ -279,6 +280,8 @@ Tensor conv_forward(const Tensor& x, const Tensor& w, const Tensor* bias,
               "bias has shape {}, expected ({}) (one entry per output channel)",
               shape_text(bias->shape()), problem.out_channels);
   }
+  // Estimate mode: the output's shape, no arithmetic (core/estimate/estimate_mode.hpp).
+  if (estimate::active()) return Tensor::empty(problem.y_shape(), problem.dtype, x.device());
   if (use_cudnn(backend, x.device())) {
     Tensor y = Tensor::empty(problem.y_shape(), problem.dtype, x.device());
     conv_forward_into(x, w, bias, geometry, y, ConvBackend::cudnn);
@@ -308,6 +311,7 @@ Tensor conv_forward(const Tensor& x, const Tensor& w, const Tensor* bias,
 void conv_forward_into(const Tensor& x, const Tensor& w, const Tensor* bias,
                        const ConvGeometry& geometry, Tensor& y, ConvBackend backend) {
   check_same_dtype(x, "x", y, "y");
+  if (y.is_shape_only()) return;
   if (!use_cudnn(backend, x.device())) {
     y.copy_from(conv_forward(x, w, bias, geometry, backend));
     return;
@@ -329,6 +333,7 @@ Tensor conv_backward_data(const Tensor& dy, const Tensor& w, const Shape& x_shap
   check_same_dtype(dy, "dy", w, "w");
   const ConvProblem problem = make_problem(x_shape, w.shape(), geometry, dy.dtype());
   check_output_gradient(dy, problem);
+  if (estimate::active()) return Tensor::empty(x_shape, problem.dtype, dy.device());
   const bool cudnn = use_cudnn(backend, dy.device());
   if (!pads_natively(problem, !cudnn && use_onednn(backend, problem.dtype), dy.device())) {
     // The gradient of the padded input, cut to x's cells.
@@ -362,6 +367,7 @@ Tensor conv_backward_weight(const Tensor& x, const Tensor& dy, const Shape& w_sh
   check_same_dtype(x, "x", dy, "dy");
   const ConvProblem problem = make_problem(x.shape(), w_shape, geometry, x.dtype());
   check_output_gradient(dy, problem);
+  if (estimate::active()) return Tensor::empty(w_shape, problem.dtype, x.device());
   const bool cudnn = use_cudnn(backend, x.device());
   if (!pads_natively(problem, !cudnn && use_onednn(backend, problem.dtype), x.device()))
     return conv_backward_weight(zero_padded(x, geometry), dy, w_shape, unpadded(geometry), backend);
@@ -392,6 +398,7 @@ Tensor conv_backward_bias(const Tensor& dy) {
             "expected a 3-, 4- or 5-d dy for conv1d/2d/3d, got shape {}", shape_text(dy.shape()));
   const int64_t batch = dy.shape(0);
   const int64_t channels = dy.shape(1);
+  if (estimate::active()) return Tensor::empty({channels}, dy.dtype(), dy.device());
   if (dy.device().is_cuda()) {
     Tensor db = Tensor::empty({channels}, dy.dtype(), dy.device());
     conv_backward_bias_cudnn(conv_operand(dy), conv_operand(db));

@@ -146,7 +146,7 @@ struct GradReducer::State {
       }
       flight.comm = group.grads.front().second.mesh().sub_comm(group.dims);
       flight.pending =
-          flight.comm->start_all_reduce(flight.flat.raw_data(), flight.flat.raw_data(),
+          flight.comm->start_all_reduce(flight.flat.comm_data(), flight.flat.comm_data(),
                                         static_cast<size_t>(total), group.dtype, group.op);
       ++stats.collectives;
       stats.bytes_reduced += static_cast<int64_t>(flight.flat.nbytes());

@@ -93,8 +93,8 @@ struct FullyShardedDataParallel::State {
           counts.push_back(static_cast<size_t>(extent * row));
         // Shard(0) of a row-major tensor: the rank-ordered concatenation is the full tensor.
         gather.pending.push_back(
-            gather.comm->start_all_gather_v(local.raw_data(), static_cast<size_t>(local.numel()),
-                                            full.raw_data(), counts, value.dtype()));
+            gather.comm->start_all_gather_v(local.comm_data(), static_cast<size_t>(local.numel()),
+                                            full.comm_data(), counts, value.dtype()));
       } else {
         full.copy_from(local);
         gather.pending.push_back(nullptr);

@@ -56,6 +56,7 @@ Operands operands_of(const Parameter& parameter, const std::string& op) {
 /// Sum of squares of a local tensor in f64, in a fixed order (chunks of kChunk elements summed
 /// on their own, then the chunks in order): the same on every rank and thread count.
 double sum_of_squares(const Tensor& tensor) {
+  if (tensor.is_shape_only()) return 0;  // estimate mode: the norm's collectives still run
   const Tensor values = tensor.to(Device::cpu()).to_dtype(DType::f64).contiguous();
   const double* x = values.data<double>();
   const int64_t count = values.numel();
@@ -191,6 +192,7 @@ void Sgd::step() {
       first = buffer(index, "momentum_buffer", false) == nullptr;
       momentum = buffer(index, "momentum_buffer", true);
     }
+    if (operands.value.is_shape_only()) continue;  // estimate mode: state made, no arithmetic
     dispatch_dtype(operands.value.dtype(), [&]<typename T>() {
       if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
         const rules::Sgd<T> rule{.lr = static_cast<T>(lr_),
@@ -253,6 +255,7 @@ void Adam::step() {
     Tensor* exp_avg = buffer(index, "exp_avg", true);
     Tensor* exp_avg_sq = buffer(index, "exp_avg_sq", true);
     Tensor* max_exp_avg_sq = options_.amsgrad ? buffer(index, "max_exp_avg_sq", true) : nullptr;
+    if (operands.value.is_shape_only()) continue;  // estimate mode: state made, no arithmetic
     dispatch_dtype(operands.value.dtype(), [&]<typename T>() {
       if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
         const rules::Adam<T> rule{.beta1_weight = static_cast<T>(1 - options_.beta1),

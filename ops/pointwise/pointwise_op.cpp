@@ -98,6 +98,9 @@ void register_unary(const UnaryMath& math) {
       const ShardTensor& g = *grads[0];
       const Tensor& g_local = g.to_local();
       const double slope = math.derivative(0, 0, p);
+      if (g_local.is_shape_only())  // estimate mode: the gradient's shape, no arithmetic
+        return {ShardTensor(Tensor::empty(g_local.shape(), g_local.dtype(), g_local.device()),
+                            g.mesh(), g.spec())};
       if (g_local.device().is_cuda())
         return {ShardTensor(unary_backward_cuda("scale", g_local, g_local, g_local, slope, 0,
                                                 compute_stream_for(g_local.device())),
@@ -110,6 +113,9 @@ void register_unary(const UnaryMath& math) {
     const ShardTensor g = grads[0]->redistribute(x.placements(), x.spec().extents);
     const Tensor& x_local = x.to_local();
     const Tensor& y = record.outputs[0].to_local();
+    if (g.to_local().is_shape_only())  // estimate mode: the gradient's shape, no arithmetic
+      return {ShardTensor(Tensor::empty(x_local.shape(), g.dtype(), x_local.device()), x.mesh(),
+                          x.spec())};
     if (x_local.device().is_cuda())
       return {ShardTensor(unary_backward_cuda(name, x_local, y, g.to_local(), p.a, p.b,
                                               compute_stream_for(x_local.device())),
@@ -295,7 +301,12 @@ void register_binary(const BinaryMath& math, const std::string& name, int64_t de
     const Box box = lead.local_box();
     const Tensor& lead_local = lead.to_local();
     Tensor grad_lead, grad_other_local;
-    if (lead_local.device().is_cuda()) {
+    if (g.to_local().is_shape_only()) {  // estimate mode: the gradients' shapes, no arithmetic
+      const Tensor& g_local = g.to_local();
+      grad_lead = Tensor::empty(g_local.shape(), g_local.dtype(), g_local.device());
+      grad_other_local = Tensor::empty(al.broadcast ? other.global_shape() : g_local.shape(),
+                                       g_local.dtype(), g_local.device());
+    } else if (lead_local.device().is_cuda()) {
       const Stream stream = compute_stream_for(lead_local.device());
       const Tensor& other_raw = other.to_local();
       std::tie(grad_lead, grad_other_local) = binary_backward_cuda(

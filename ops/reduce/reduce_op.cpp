@@ -11,6 +11,7 @@
 
 #include <algorithm>
 
+#include "core/estimate/estimate_mode.hpp"
 #include "ops/op_helpers.hpp"
 #include "ops/reduce/reduce_cpu.hpp"
 #include "ops/reduce/reduce_cuda.hpp"
@@ -110,6 +111,7 @@ Tensor local_sum(const Tensor& x, const std::vector<int64_t>& dims, double scale
 /// Tensor `g` (keepdim shape, `dims` reduced) broadcast back to `shape`, times `scale`.
 Tensor broadcast_back(const Tensor& g, const Shape& shape, const std::vector<int64_t>& dims,
                       double scale) {
+  if (estimate::active()) return Tensor::empty(shape, g.dtype(), g.device());  // no arithmetic
   if (std::optional<Tensor> dx = blocked_broadcast_cpu(g, shape, dims, scale)) return *dx;
   Box box = Box::of_shape(shape);
   Tensor expanded = Tensor::empty(shape, g.dtype());
@@ -235,6 +237,9 @@ void register_mse_loss() {
                                         compute_stream_for(g_local.device()));
       return {ShardTensor(da, a.mesh(), a.spec()), ShardTensor(db, b.mesh(), b.spec())};
     }
+    if (g_local.is_shape_only())  // estimate mode: the gradients' shapes, no arithmetic
+      return {ShardTensor(Tensor::empty(a.to_local().shape(), a.dtype()), a.mesh(), a.spec()),
+              ShardTensor(Tensor::empty(b.to_local().shape(), b.dtype()), b.mesh(), b.spec())};
     const double g = g_local.to_dtype(DType::f64).data<double>()[0];
     const double factor = 2.0 * g / count;
     const Tensor da = zip_elements(a.to_local(), b.to_local(),
