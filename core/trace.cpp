@@ -419,8 +419,8 @@ std::vector<std::string> capture(int pid, std::shared_ptr<Comm> comm,
   struct Release {
     ~Release() { capturing.fetch_sub(1); }
   } release;
-  RankScope scope(pid);
-  body(std::make_shared<RecordingComm>(std::move(comm)));
+  RankScope scope(pid, comm->size(), comm->backend());
+  body(std::make_shared<RecordingComm>(std::move(comm), "w"));
   return std::move(scope.events());
 }
 

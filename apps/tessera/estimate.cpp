@@ -1,7 +1,8 @@
-// `tessera estimate`: predicts the step time of a traced run on a modeled machine
-// (--cluster NAME|FILE --trace-in TRACE.json), and measures this machine into a machine file
-// (--calibrate --out MACHINE.json). The model is core/cost/; docs/scaling.md describes it, the
-// shipped cluster files and the validation.
+// `tessera estimate`: predicts the step time of a run on a modeled machine, either of a command
+// run in estimate mode on P simulated ranks (--cluster C --ranks P -- COMMAND ...; --scaling
+// for a table over several P) or of a traced run (--cluster C --trace-in TRACE.json), and
+// measures this machine into a machine file (--calibrate --out MACHINE.json). The model is
+// core/cost/; docs/scaling.md describes it, the shipped cluster files and the validation.
 #include "apps/tessera/estimate.hpp"
 
 #include <fmt/format.h>
@@ -21,10 +22,14 @@
 #include <thread>
 #include <vector>
 
+#include "apps/plot/plot.hpp"
+#include "apps/tessera/cli_parse.hpp"
 #include "apps/tessera/commands.hpp"
 #include "core/comm/mpi_comm.hpp"
 #include "core/cost/cost_model.hpp"
 #include "core/errors.hpp"
+#include "core/estimate/sim_comm.hpp"
+#include "io/output_path.hpp"
 
 namespace tessera::cli {
 
@@ -33,9 +38,11 @@ namespace {
 constexpr const char* kOp = "estimate";
 
 struct EstimateOptions {
-  std::string cluster, trace_in, out, backend, scaling;
+  std::string cluster, trace_in, out, backend, scaling, plot;
   int launch = -1;
+  int ranks = 0;  ///< simulated ranks of the COMMAND (estimate mode)
   bool json = false, calibrate = false;
+  std::vector<std::string> command;  ///< after --: the command to run in estimate mode
 };
 
 nlohmann::json read_json(const std::string& file, const char* what) {
@@ -277,6 +284,198 @@ void estimate_trace(const EstimateOptions& options) {
       prediction.comm_seconds * 1e3, prediction.exposed_comm_seconds * 1e3);
 }
 
+/// P's prime factors spread over `dims` mesh dims as evenly as they go (largest first), e.g.
+/// 1024 over 3 dims: 16x8x8.
+std::vector<int64_t> balanced_mesh(int64_t ranks, int dims) {
+  std::vector<int64_t> primes;
+  for (int64_t p = 2, rest = ranks; rest > 1; ++p)
+    while (rest % p == 0) {
+      primes.push_back(p);
+      rest /= p;
+      if (p * p > rest && rest > 1) {
+        primes.push_back(rest);
+        rest = 1;
+      }
+    }
+  std::sort(primes.rbegin(), primes.rend());
+  std::vector<int64_t> mesh(static_cast<size_t>(dims), 1);
+  for (int64_t p : primes) *std::min_element(mesh.begin(), mesh.end()) *= p;
+  std::sort(mesh.rbegin(), mesh.rend());
+  return mesh;
+}
+
+/// The command of one row of a scaling table: {P} is the rank count, {meshK} a balanced K-d
+/// mesh of P ranks ("16x8x8"), {weak:N1,N2,..} the extents as given (strong scaling) or, for weak
+/// scaling, the first K of them times the mesh's extents (a single N stands for K of them;
+/// N*P without a mesh placeholder): {weak:256} with {mesh3} at 1024 ranks is "4096,2048,2048".
+std::vector<std::string> scaling_command(const std::vector<std::string>& command, int64_t ranks,
+                                         bool weak) {
+  int dims = 1;
+  for (const std::string& argument : command)
+    for (int k = 1; k <= 8; ++k)
+      if (argument.find(fmt::format("{{mesh{}}}", k)) != std::string::npos) dims = k;
+  const std::vector<int64_t> mesh = balanced_mesh(ranks, dims);
+  std::vector<std::string> out;
+  for (std::string argument : command) {
+    for (size_t at; (at = argument.find("{P}")) != std::string::npos;)
+      argument.replace(at, 3, std::to_string(ranks));
+    for (int k = 1; k <= 8; ++k) {
+      const std::string key = fmt::format("{{mesh{}}}", k);
+      for (size_t at; (at = argument.find(key)) != std::string::npos;)
+        argument.replace(at, key.size(),
+                         fmt::format("{}", fmt::join(balanced_mesh(ranks, k), "x")));
+    }
+    for (size_t at; (at = argument.find("{weak:")) != std::string::npos;) {
+      const size_t close = argument.find('}', at);
+      check_arg(close != std::string::npos, kOp, "'{}': {{weak:N}} is not closed", argument);
+      std::vector<int64_t> bases;
+      try {
+        bases = parse_list(argument.substr(at + 6, close - at - 6));
+      } catch (const Error&) {
+      }
+      check_arg(!bases.empty() && std::all_of(bases.begin(), bases.end(),
+                                              [](int64_t base) { return base >= 1; }),
+                kOp, "'{}': {{weak:N}} needs integers N >= 1 (N or N1,N2,..)", argument);
+      // Weak scaling: the first extents grow with the mesh, one per mesh dim (a single N stands
+      // for one per mesh dim); the rest stay.
+      if (weak) {
+        if (bases.size() == 1 && dims > 1) bases.assign(static_cast<size_t>(dims), bases[0]);
+        if (dims == 1 && bases.size() == 1) {
+          bases[0] *= ranks;
+        } else {
+          for (size_t d = 0; d < bases.size() && d < mesh.size(); ++d) bases[d] *= mesh[d];
+        }
+      }
+      argument.replace(at, close + 1 - at, fmt::format("{}", fmt::join(bases, ",")));
+    }
+    out.push_back(argument);
+  }
+  return out;
+}
+
+/// One estimate of a command in estimate mode.
+struct CommandEstimate {
+  cost::Prediction prediction;
+  size_t peak_bytes = 0;  ///< the most any rank held
+  double record_seconds = 0;
+};
+
+CommandEstimate estimate_command(const std::vector<std::string>& command, int ranks,
+                                 const cost::Machine& machine, const EstimateOptions& options) {
+  CommandEstimate result;
+  const auto start = std::chrono::steady_clock::now();
+  // What the command prints goes to stderr, so that this command's own output (the --json
+  // document, the table) is all of stdout.
+  std::cout.flush();
+  std::fflush(stdout);
+  const int saved_stdout = dup(STDOUT_FILENO);
+  dup2(STDERR_FILENO, STDOUT_FILENO);
+  struct Restore {
+    int saved;
+    ~Restore() {
+      std::cout.flush();
+      std::fflush(stdout);
+      dup2(saved, STDOUT_FILENO);
+      close(saved);
+    }
+  } restore{saved_stdout};
+  const estimate::Recording recording = record_command(ranks, command, kOp);
+  result.record_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (size_t bytes : recording.peak_bytes) result.peak_bytes = std::max(result.peak_bytes, bytes);
+  result.prediction = cost::replay(nlohmann::json::parse(recording.json()), machine,
+                                   {.backend = options.backend, .launch = options.launch});
+  return result;
+}
+
+void estimate_mode(const EstimateOptions& options) {
+  check_arg(!options.cluster.empty(), kOp, "a COMMAND needs --cluster NAME|FILE");
+  check_arg(options.trace_in.empty(), kOp, "give a COMMAND or --trace-in, not both");
+  const cost::Machine machine = load_machine(options.cluster);
+  const std::string text = fmt::format("{}", fmt::join(options.command, " "));
+  if (options.scaling.empty()) {
+    check_arg(options.ranks >= 1, kOp, "a COMMAND needs --ranks P (its mesh's size)");
+    const CommandEstimate one = estimate_command(options.command, options.ranks, machine, options);
+    const cost::Prediction& p = one.prediction;
+    if (options.json) {
+      nlohmann::json document = cost::prediction_to_json(p);
+      document["command"] = options.command;
+      document["peak_bytes_per_rank"] = one.peak_bytes;
+      document["record_seconds"] = one.record_seconds;
+      std::cout << document.dump(2) << "\n";
+      return;
+    }
+    fmt::print(
+        "estimate of `tessera {}` on {} ({} backend, {} ranks, {} steps; recorded in {:.1f} s)\n"
+        "  step time         {:10.3f} ms (median over steps, slowest rank)\n"
+        "  compute           {:10.3f} ms per step and rank\n"
+        "  communication     {:10.3f} ms per step and rank\n"
+        "  exposed comm      {:10.3f} ms per step and rank (waiting, not hidden by compute)\n"
+        "  peak bytes        {:10.3f} MiB per rank (tensor storage, the most any rank holds)\n",
+        text, p.machine, p.backend, p.ranks, p.steps, one.record_seconds, p.step_seconds * 1e3,
+        p.compute_seconds * 1e3, p.comm_seconds * 1e3, p.exposed_comm_seconds * 1e3,
+        static_cast<double>(one.peak_bytes) / (1 << 20));
+    return;
+  }
+  check_arg(options.ranks == 0, kOp, "--scaling gives the rank counts: drop --ranks");
+  std::vector<int64_t> counts;
+  for (int64_t count : parse_list(options.scaling)) {
+    check_arg(count >= 1 && count <= estimate::kMaxSimulatedRanks, kOp,
+              "--scaling {}: {} is not within 1..{}", options.scaling, count,
+              estimate::kMaxSimulatedRanks);
+    counts.push_back(count);
+  }
+  check_arg(!counts.empty(), kOp, "--scaling: give rank counts, e.g. 1,8,64");
+  const bool has_weak = text.find("{weak:") != std::string::npos;
+  nlohmann::json document{{"command", options.command}, {"cluster", machine.name}};
+  std::vector<plot::ScalingSeries> series;
+  for (const bool weak : {false, true}) {
+    if (weak && !has_weak) break;
+    const char* kind = weak ? "weak" : "strong";
+    plot::ScalingSeries line{.label = fmt::format("{} scaling on {}", kind, machine.name),
+                             .points = {}};
+    nlohmann::json rows = nlohmann::json::array();
+    if (!options.json)
+      fmt::print(
+          "{} scaling of `tessera {}` on {}:\n{:>6} {:>12} {:>10} {:>12} {:>12} {:>12} "
+          "{:>12}\n",
+          kind, text, machine.name, "ranks", "step ms", "efficiency", "compute ms", "comm ms",
+          "exposed ms", "peak MiB");
+    for (int64_t count : counts) {
+      const std::vector<std::string> command = scaling_command(options.command, count, weak);
+      const CommandEstimate one =
+          estimate_command(command, static_cast<int>(count), machine, options);
+      const cost::Prediction& p = one.prediction;
+      const plot::ScalingPoint point{.ranks = count,
+                                     .seconds = p.step_seconds,
+                                     .work = weak ? static_cast<double>(count) : 1.0};
+      line.points.push_back(point);
+      const double efficiency = plot::efficiency(line.points.front(), point);
+      rows.push_back({{"ranks", count},
+                      {"command", command},
+                      {"step_seconds", p.step_seconds},
+                      {"efficiency", efficiency},
+                      {"compute_seconds", p.compute_seconds},
+                      {"comm_seconds", p.comm_seconds},
+                      {"exposed_comm_seconds", p.exposed_comm_seconds},
+                      {"peak_bytes_per_rank", one.peak_bytes},
+                      {"record_seconds", one.record_seconds}});
+      if (!options.json)
+        fmt::print("{:>6} {:>12.3f} {:>10.3f} {:>12.3f} {:>12.3f} {:>12.3f} {:>12.2f}\n", count,
+                   p.step_seconds * 1e3, efficiency, p.compute_seconds * 1e3, p.comm_seconds * 1e3,
+                   p.exposed_comm_seconds * 1e3, static_cast<double>(one.peak_bytes) / (1 << 20));
+    }
+    document[kind] = rows;
+    series.push_back(line);
+  }
+  if (!options.plot.empty()) {
+    plot::plot_scaling(series, plot::ImageSize{}, options.plot,
+                       fmt::format("estimated on {}", machine.name));
+    if (!options.json) fmt::print("plot: {}\n", options.plot);
+  }
+  if (options.json) std::cout << document.dump(2) << "\n";
+}
+
 }  // namespace
 
 void register_estimate(CLI::App& app) {
@@ -298,12 +497,31 @@ void register_estimate(CLI::App& app) {
   estimate->add_option("--out", options->out, "Machine file written by --calibrate");
   // The hook for estimate mode (a COMMAND run on shape-only tensors at several rank counts):
   // each count's trace goes through cost::replay like --trace-in's does.
+  estimate
+      ->add_option("--ranks", options->ranks,
+                   "Simulated ranks of the COMMAND (its mesh's size), 1 to " +
+                       std::to_string(estimate::kMaxSimulatedRanks))
+      ->check(CLI::Range(1, estimate::kMaxSimulatedRanks));
   estimate->add_option("--scaling", options->scaling,
-                       "Rank counts of a scaling table (needs a COMMAND in estimate mode)");
+                       "Rank counts of a strong (and, with {weak:N} in the COMMAND, weak) scaling "
+                       "table, e.g. 1,8,64,512,1024; the COMMAND may use {P}, {mesh1}..{mesh4}, "
+                       "{weak:N}");
+  estimate->add_option("--plot", options->plot, "With --scaling: a PNG of the table");
+  estimate->add_option("command", options->command,
+                       "After --: the command to estimate, e.g. -- simulate gray-scott ...");
   estimate->callback([options] {
-    check_arg(options->scaling.empty(), kOp,
-              "--scaling needs a command run in estimate mode, which this build does not have; "
-              "give --trace-in");
+    if (!options->command.empty()) {
+      check_arg(!options->calibrate, kOp, "--calibrate takes no COMMAND");
+      if (!options->plot.empty()) {
+        check_arg(!options->scaling.empty(), kOp, "--plot draws the --scaling table");
+        plot::check_available();
+        io::check_output_path(kOp, options->plot);
+      }
+      estimate_mode(*options);
+      return;
+    }
+    check_arg(options->scaling.empty() && options->ranks == 0, kOp,
+              "--scaling and --ranks estimate a COMMAND: give it after --");
     if (options->calibrate) {
       check_arg(options->trace_in.empty(), kOp, "--calibrate and --trace-in exclude each other");
       calibrate(*options);

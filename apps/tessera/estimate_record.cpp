@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "apps/tessera/commands.hpp"
+#include "apps/tessera/estimate.hpp"
 #include "core/errors.hpp"
 #include "core/estimate/record.hpp"
 #include "core/estimate/sim_comm.hpp"
@@ -44,6 +45,24 @@ void write_recording(const std::string& file, const std::string& text) {
 }
 
 }  // namespace
+
+estimate::Recording record_command(int ranks, const std::vector<std::string>& command,
+                                   const std::string& op) {
+  check_arg(!command.empty(), op, "no command given (e.g. -- simulate gray-scott --mesh 2x2 ...)");
+  CLI::App inner{"tessera " + command.front()};
+  register_recordable(inner);
+  std::vector<std::string> arguments(command.rbegin(),
+                                     command.rend());  // CLI11 parses from the back
+  estimate::RecordLaunches recording(ranks);
+  try {
+    inner.parse(arguments);
+  } catch (const CLI::ParseError& error) {
+    throw InvalidArgument(op, fmt::format("{}: {}", command.front(), one_line(error.what())));
+  }
+  check_arg(recording.launches() > 0, op, "'{}' launched no ranks: nothing was recorded",
+            fmt::join(command, " "));
+  return recording.recording();
+}
 
 void register_estimate_record(CLI::App& app) {
   auto options = std::make_shared<EstimateRecordOptions>();

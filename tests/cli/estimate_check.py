@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 # Acceptance check of `tessera estimate`: a traced 2-rank simulate run is predicted on a shipped
 # cluster (text and --json with step_seconds and the breakdown); --calibrate writes a machine file
-# that the same trace replays on; bad input (unknown cluster, malformed or missing trace or
+# that the same trace replays on; a command estimated on simulated ranks predicts what its real
+# run's trace predicts, and --scaling makes strong and weak tables and a plot; bad input (unknown cluster, malformed or missing trace or
 # machine file, missing options) exits 2 with one line.
 # Usage: estimate_check.py TESSERA_BINARY SCRATCH_DIR [--no-calibrate]
 import json
@@ -61,6 +62,43 @@ if calibrate:
         check(result.returncode == 0 and json.loads(result.stdout)["backend"] == "local",
               f"the calibrated machine replays a local trace: {result.stderr.strip()}")
 
+# Estimate mode: the command run on simulated ranks without data predicts what its real traced
+# run predicts (the same events; the model reads their flops, bytes and messages, not the
+# measured times), writes no file, and reports the peak tensor bytes per rank.
+command = ["simulate", "gray-scott", "--size", "16,12,10", "--mesh", "2x2", "--steps", "4",
+           "--every", "4"]
+real_trace = os.path.join(scratch, "sim4.json")
+result = run(*command, "--out", os.path.join(scratch, "sim4.h5"), "--trace", real_trace,
+             env={"TESSERA_BACKEND": "local"})
+check(result.returncode == 0, f"a traced 4-rank simulate run: {result.stderr.strip()}")
+real = run("estimate", "--cluster", "h100-ib", "--trace-in", real_trace, "--json")
+never = os.path.join(scratch, "never.h5")
+estimated = run("estimate", "--cluster", "h100-ib", "--ranks", "4", "--json", "--", *command,
+                "--out", never)
+check(estimated.returncode == 0, f"estimate -- simulate runs: {estimated.stderr.strip()[-300:]}")
+if real.returncode == 0 and estimated.returncode == 0:
+    a, b = json.loads(real.stdout), json.loads(estimated.stdout)
+    check(b["ranks"] == 4 and b["steps"] == 4 and b["peak_bytes_per_rank"] > 0 and not os.path.exists(never),
+          "4 ranks, 4 steps, peak bytes reported, no file written")
+    check(abs(a["step_seconds"] - b["step_seconds"]) <= 1e-9 * a["step_seconds"] and
+          abs(a["comm_seconds"] - b["comm_seconds"]) <= 1e-9 * max(a["comm_seconds"], 1e-30),
+          f"estimate mode predicts what the real run's trace predicts ({b['step_seconds']} s, "
+          f"{a['step_seconds']} s)")
+plot = os.path.join(scratch, "scaling.png")
+result = run("estimate", "--cluster", "h200-ib", "--scaling", "1,2,4", "--json", "--plot", plot, "--",
+             "simulate", "gray-scott", "--size", "{weak:8,8,6}", "--mesh", "{mesh2}", "--shard-dims", "0,1",
+             "--steps", "2", "--every", "2", "--out", never)
+check(result.returncode == 0, f"--scaling runs: {result.stderr.strip()[-300:]}")
+if result.returncode == 0:
+    table = json.loads(result.stdout)
+    check([row["ranks"] for row in table["strong"]] == [1, 2, 4] and
+          [row["ranks"] for row in table["weak"]] == [1, 2, 4] and
+          table["weak"][2]["command"][3] == "16,16,6" and table["strong"][2]["command"][3] == "8,8,6" and
+          table["strong"][2]["command"][5] == "2x2" and
+          all(row["step_seconds"] > 0 for row in table["strong"] + table["weak"]) and
+          os.path.getsize(plot) > 1000,
+          "--scaling: strong rows keep {weak:8,8,6}, weak rows grow its first two with the mesh, {mesh2} = 2x2, a plot")
+
 not_json = os.path.join(scratch, "not.json")
 with open(not_json, "w") as f:
     f.write("{\"traceEvents\": [")
@@ -80,7 +118,12 @@ for what, args in [
         ("no --cluster", ["--trace-in", trace]),
         ("neither --trace-in nor --calibrate", ["--cluster", "h100-ib"]),
         ("--calibrate without --out", ["--calibrate"]),
-        ("--scaling without estimate mode", ["--cluster", "h100-ib", "--trace-in", trace, "--scaling", "1,8"])]:
+        ("--scaling without estimate mode", ["--cluster", "h100-ib", "--trace-in", trace, "--scaling", "1,8"]),
+        ("a COMMAND without --ranks", ["--cluster", "h100-ib", "--", *command, "--out", never]),
+        ("a COMMAND on another rank count", ["--cluster", "h100-ib", "--ranks", "8", "--", *command, "--out", never]),
+        ("a COMMAND without --cluster", ["--ranks", "4", "--", *command, "--out", never]),
+        ("--plot without --scaling", ["--cluster", "h100-ib", "--ranks", "4", "--plot", plot, "--", *command,
+                                      "--out", never])]:
     result = run("estimate", *args)
     ok, lines = single_error_line(result.stderr, False)
     check(result.returncode == 2 and ok and "[estimate]" in lines[0], f"{what}: exit {result.returncode}, {lines}")
