@@ -11,14 +11,14 @@
 #   7. plot       the losses and slices of truth and forecast
 # Usage: pipeline.sh [OUT_DIR]  (default: surrogate-run). Sizes from the environment:
 #   SIZE (grid side, default 64; training crops SIZE/2), STEPS (simulation steps, 400), EVERY
-#   (K, 20), TRAIN_STEPS (100), BATCH (4), TESSERA (the binary, default build/apps/tessera).
+#   (K, 20), TRAIN_STEPS (200), BATCH (4), TESSERA (the binary, default build/apps/tessera).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 tessera=${TESSERA:-$root/build/apps/tessera}
 out=${1:-surrogate-run}
 size=${SIZE:-64} steps=${STEPS:-400} every=${EVERY:-20}
-train_steps=${TRAIN_STEPS:-100} batch=${BATCH:-4}
+train_steps=${TRAIN_STEPS:-200} batch=${BATCH:-4}
 crop=$((size / 2))
 mkdir -p "$out/plots"
 stage() { printf '\n== %s\n' "$*"; }
