@@ -36,7 +36,7 @@ stage "2. pairs: (snapshot t, snapshot t+1) = (state, state $every steps later)"
 
 stage "3. train: the U-Net from unet3d.py (ONNX), $train_steps Adam steps of batch $batch, ${crop}^3 crops, dp 2 x domain 2"
 "$tessera" train --model "$here/unet3d.onnx" --data "$out/pairs.h5" --input /x --target /y \
-  --steps "$train_steps" --batch "$batch" --loss mse --optimizer adam --lr 2e-3 \
+  --steps "$train_steps" --batch "$batch" --loss mse --optimizer adam --lr 5e-4 \
   --crop "$crop,$crop,$crop" --shuffle 1 --seed 1 --dp 2 --mesh 2 --shard-dims 2 \
   --losses-out "$out/losses.json" --save-model "$out/unet3d_trained.onnx" --plot "$out/plots" \
   --json > "$out/train.json"
