@@ -31,7 +31,12 @@ class OnnxModel {
  public:
   /// Builds the model from a parsed graph on `mesh`, parameters in `dtype` (f32 or f64; f16/bf16
   /// also work where every op does) on the calling rank's device. Validates every node first.
-  OnnxModel(io::OnnxGraph graph, const DeviceMesh& mesh, DType dtype = DType::f32);
+  /// Parameters are replicated, except those named in `placements` (one placement per mesh dim):
+  /// tensor parallelism shards weights this way (ops/nn/onnx_partition.hpp finds which), and the
+  /// MatMul, Gemm and Conv steps run a weight split on its in features as a row-parallel
+  /// (channel-parallel) product whose Partial sum is reduced before the bias is added.
+  OnnxModel(io::OnnxGraph graph, const DeviceMesh& mesh, DType dtype = DType::f32,
+            const std::map<std::string, std::vector<Placement>>& placements = {});
   /// Reads `file` (io::read_onnx) and builds the model.
   static OnnxModel load(const std::string& file, const DeviceMesh& mesh, DType dtype = DType::f32);
 
@@ -52,8 +57,8 @@ class OnnxModel {
   ShardTensor forward(const ShardTensor& x);
 
   /// Collective: writes the model back as ONNX to `file` (rank 0 writes): the graph as read, with
-  /// every parameter's and buffer's initializer holding its current values (in the file's
-  /// element type), so a trained network goes back to PyTorch's ONNX consumers under the same
+  /// every parameter's and buffer's initializer holding its current (gathered) values (in the
+  /// file's element type), so a trained network goes back to PyTorch's ONNX consumers under the same
   /// names. A problem is the same error on every rank.
   void save(const std::string& file) const;
 
