@@ -288,7 +288,7 @@ BatchLayout batch_layout(const TrainOptions& options, const std::vector<int>& do
   if (options.tp == 1) return layout;
   // The tp dim (after dp) replicates the data: the tensor-parallel products split the weights.
   layout.placements.insert(layout.placements.begin() + 1, Placement::replicate());
-  if (!layout.extents.empty()) layout.extents.insert(layout.extents.begin() + 1, {});
+  if (!layout.extents.empty()) layout.extents.insert(layout.extents.begin() + 1, std::vector<int64_t>{});
   layout.shard_dims.insert(layout.shard_dims.begin(), -1);
   return layout;
 }
