@@ -88,8 +88,8 @@ struct TrainOptions {
   std::string crop;  ///< spatial extents of the random crop each sample is cut to ("" = none)
   int pp = 1, tp = 1, micro_batches = 1;
   std::string schedule = "1f1b";
-  int chunks = 0;           ///< model chunks per pp rank (0: 2 for interleaved, else 1)
-  std::string stage_cuts;   ///< crossing tensors to cut at, comma separated ("" = balanced)
+  int chunks = 0;          ///< model chunks per pp rank (0: 2 for interleaved, else 1)
+  std::string stage_cuts;  ///< crossing tensors to cut at, comma separated ("" = balanced)
   bool schedule_given = false;
 
   bool sharded_parameters() const { return parallel == "fsdp" || parallel == "hybrid"; }
@@ -153,8 +153,8 @@ void check_model_parallel_options(const TrainOptions& options) {
               options.micro_batches, options.batch, options.dp,
               fmt::join(dp_shares(options.batch, options.dp), ", "));
   if (const std::optional<std::string> problem =
-          nn::schedule_problem(nn::parse_schedule(options.schedule), options.pp,
-                               options.stages(), options.micro_batches))
+          nn::schedule_problem(nn::parse_schedule(options.schedule), options.pp, options.stages(),
+                               options.micro_batches))
     check_arg(false, kOp, "--schedule {} --pp {} --micro-batches {}: {}", options.schedule,
               options.pp, options.micro_batches, *problem);
 }
@@ -222,8 +222,7 @@ struct DataShapes {
 /// Collective: rank 0 checks the data file against the model (both datasets present, floating,
 /// the same number of samples, the input's rank and channels those of the model's input) and
 /// every rank gets the shapes.
-DataShapes survey_data(Comm& world, const io::OnnxValue& graph_input,
-                       const TrainOptions& options) {
+DataShapes survey_data(Comm& world, const io::OnnxValue& graph_input, const TrainOptions& options) {
   DataShapes shapes;
   std::optional<std::string> problem;
   if (world.rank() == 0) {
@@ -288,7 +287,8 @@ BatchLayout batch_layout(const TrainOptions& options, const std::vector<int>& do
   if (options.tp == 1) return layout;
   // The tp dim (after dp) replicates the data: the tensor-parallel products split the weights.
   layout.placements.insert(layout.placements.begin() + 1, Placement::replicate());
-  if (!layout.extents.empty()) layout.extents.insert(layout.extents.begin() + 1, std::vector<int64_t>{});
+  if (!layout.extents.empty())
+    layout.extents.insert(layout.extents.begin() + 1, std::vector<int64_t>{});
   layout.shard_dims.insert(layout.shard_dims.begin(), -1);
   return layout;
 }
@@ -892,12 +892,12 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
       for (const auto& pattern : tp_plan.skipped)
         skipped.push_back(fmt::format("{} {} -> {} of width {}", pattern.kind, pattern.first,
                                       pattern.second, pattern.width));
-      check_arg(!tp_plan.patterns.empty(), kOp,
-                "--tp {}: {} has no tensor-parallel pattern (MatMul/Gemm .. MatMul/Gemm or Conv "
-                ".. Conv through elementwise ops) whose width {} ranks divide{}",
-                options.tp, options.model, options.tp,
-                skipped.empty() ? std::string()
-                                : fmt::format(" (found {})", fmt::join(skipped, "; ")));
+      check_arg(
+          !tp_plan.patterns.empty(), kOp,
+          "--tp {}: {} has no tensor-parallel pattern (MatMul/Gemm .. MatMul/Gemm or Conv "
+          ".. Conv through elementwise ops) whose width {} ranks divide{}",
+          options.tp, options.model, options.tp,
+          skipped.empty() ? std::string() : fmt::format(" (found {})", fmt::join(skipped, "; ")));
     }
     if (options.pp > 1) {
       if (options.stage_cuts.empty()) {
@@ -926,8 +926,8 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
     }
   });
 
-  std::optional<nn::OnnxModel> model;           // unpipelined
-  std::unique_ptr<nn::Pipeline> pipe;           // --pp > 1
+  std::optional<nn::OnnxModel> model;              // unpipelined
+  std::unique_ptr<nn::Pipeline> pipe;              // --pp > 1
   std::map<int, std::shared_ptr<OnnxStage>> held;  // this rank's stages
   agreed_everywhere(*world, "onnx", [&] {
     if (options.pp == 1) {
@@ -1062,23 +1062,24 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
         loss_value = pipe->step(x, target, loss_of);
       });
       bubble_fractions.push_back(pipe->stats().bubble_fraction());
-    } else agreed_everywhere(*world, kOp, [&] {
-      auto [x, target] = batches->batch(step);
-      if (dtype == DType::bf16) {
-        NoGrad no_grad;
-        x = ops::cast(x, DType::bf16);
-      }
-      Tape tape;
-      ShardTensor y = model->forward(x);
-      if (dtype == DType::bf16) y = ops::cast(y, DType::f32);
-      check_arg(y.global_shape() == target.global_shape(), kOp,
-                "the model's output for a batch of --input '{}' has shape {}, the batch of "
-                "--target '{}' has {}",
-                options.input, y.global_shape(), options.target, target.global_shape());
-      const ShardTensor loss = loss_of(y, target);
-      tape.backward(loss);
-      loss_value = loss.full_tensor().to(Device::cpu()).item_as_double({});
-    });
+    } else
+      agreed_everywhere(*world, kOp, [&] {
+        auto [x, target] = batches->batch(step);
+        if (dtype == DType::bf16) {
+          NoGrad no_grad;
+          x = ops::cast(x, DType::bf16);
+        }
+        Tape tape;
+        ShardTensor y = model->forward(x);
+        if (dtype == DType::bf16) y = ops::cast(y, DType::f32);
+        check_arg(y.global_shape() == target.global_shape(), kOp,
+                  "the model's output for a batch of --input '{}' has shape {}, the batch of "
+                  "--target '{}' has {}",
+                  options.input, y.global_shape(), options.target, target.global_shape());
+        const ShardTensor loss = loss_of(y, target);
+        tape.backward(loss);
+        loss_value = loss.full_tensor().to(Device::cpu()).item_as_double({});
+      });
     if (reducer) reducer->finish();
     if (optimizer) optimizer->step();
     step_seconds.push_back(now_seconds() - step_start);
@@ -1096,9 +1097,9 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
     const double per_step = median(step_seconds);
     const double samples_per_second =
         per_step > 0 ? static_cast<double>(options.batch) / per_step : 0;
-    std::string detail = fmt::format("loss {:.6g}, {:.4g} samples/s, ETA {}", loss_value,
-                                     samples_per_second,
-                                     format_eta(per_step * (options.steps - done)));
+    std::string detail =
+        fmt::format("loss {:.6g}, {:.4g} samples/s, ETA {}", loss_value, samples_per_second,
+                    format_eta(per_step * (options.steps - done)));
     if (pipe) detail += fmt::format(", bubble {:.1f}%", 100 * bubble_fractions.back());
     if (terminal)
       bar(done, options.steps, detail);
@@ -1182,10 +1183,10 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
     return;
   }
   const std::string model_parallel =
-      (options.pp > 1 ? fmt::format(", pp {} ({} x {} micro-batches, bubble {:.1f}%)", options.pp,
-                                    options.schedule, options.micro_batches,
-                                    100 * median(bubble_fractions))
-                      : std::string()) +
+      (options.pp > 1
+           ? fmt::format(", pp {} ({} x {} micro-batches, bubble {:.1f}%)", options.pp,
+                         options.schedule, options.micro_batches, 100 * median(bubble_fractions))
+           : std::string()) +
       (options.tp > 1 ? fmt::format(", tp {} ({} pattern(s))", options.tp, tp_plan.patterns.size())
                       : std::string());
   fmt::print(
@@ -1271,14 +1272,16 @@ void register_train(CLI::App& app) {
                    "patterns of the graph split their weights over it")
       ->check(integer_at_least(1))
       ->capture_default_str();
-  command->add_option("--micro-batches", options->micro_batches,
-                      "With --pp: micro-batches per step (dividing every dp rank's batch)")
+  command
+      ->add_option("--micro-batches", options->micro_batches,
+                   "With --pp: micro-batches per step (dividing every dp rank's batch)")
       ->check(integer_at_least(1))
       ->capture_default_str();
   command->add_option("--schedule", options->schedule, "With --pp: gpipe, 1f1b or interleaved")
       ->capture_default_str();
-  command->add_option("--chunks", options->chunks,
-                      "With --schedule interleaved: model chunks per pp rank (default 2)")
+  command
+      ->add_option("--chunks", options->chunks,
+                   "With --schedule interleaved: model chunks per pp rank (default 2)")
       ->check(integer_at_least(1));
   command->add_option("--stage-cuts", options->stage_cuts,
                       "With --pp: the activations to cut the graph at, comma separated (default: "
@@ -1297,8 +1300,7 @@ void register_train(CLI::App& app) {
       check_arg(size <= kMaxLocalRanks, "cli",
                 "--pp {} x --dp {} x --tp {} x --mesh {} has {} ranks; without mpiexec at most {} "
                 "local ranks run (give --ranks or use mpiexec)",
-                options->pp, options->dp, options->tp, options->layout.mesh, size,
-                kMaxLocalRanks);
+                options->pp, options->dp, options->tp, options->layout.mesh, size, kMaxLocalRanks);
       ranks = static_cast<int>(size);
     }
     launch(backend_from_env(), ranks,

@@ -194,9 +194,9 @@ OnnxModel::OnnxModel(io::OnnxGraph graph, const DeviceMesh& mesh, DType dtype,
       check_arg(placed == placements.end() || statistics.count(name) == 0, "onnx",
                 "{}: '{}' holds running statistics; only parameters take a placement", g.source,
                 name);
-      ShardTensor values = ShardTensor::distribute(
-          tensor.to_dtype(dtype).to(device), mesh,
-          placed == placements.end() ? replicated : placed->second);
+      ShardTensor values =
+          ShardTensor::distribute(tensor.to_dtype(dtype).to(device), mesh,
+                                  placed == placements.end() ? replicated : placed->second);
       if (statistics.count(name) > 0) {
         state.buffers.emplace_back(name, values);
         value.sharded = values;

@@ -58,8 +58,8 @@ class OnnxModel {
 
   /// Collective: writes the model back as ONNX to `file` (rank 0 writes): the graph as read, with
   /// every parameter's and buffer's initializer holding its current (gathered) values (in the
-  /// file's element type), so a trained network goes back to PyTorch's ONNX consumers under the same
-  /// names. A problem is the same error on every rank.
+  /// file's element type), so a trained network goes back to PyTorch's ONNX consumers under the
+  /// same names. A problem is the same error on every rank.
   void save(const std::string& file) const;
 
   struct State;

@@ -20,7 +20,7 @@ using io::OnnxNode;
 
 /// Who makes and who reads each value of a graph, and which values are constants.
 struct GraphIndex {
-  std::map<std::string, size_t> producer;  ///< node index; graph inputs are absent
+  std::map<std::string, size_t> producer;                ///< node index; graph inputs are absent
   std::map<std::string, std::vector<size_t>> consumers;  ///< node indices, n for a graph output
   std::map<std::string, const Tensor*> initializers;
   std::set<std::string> constants;  ///< initializers and values computed from constants only
@@ -90,8 +90,8 @@ std::vector<OnnxCutPoint> onnx_cut_points(const OnnxGraph& graph) {
       states.push_back({name, readers.front() + 1, readers.back()});
     } else if (index.constants.count(name) == 0) {
       const auto made = index.producer.find(name);
-      activations.push_back({name, made == index.producer.end() ? 0 : made->second + 1,
-                             readers.back()});
+      activations.push_back(
+          {name, made == index.producer.end() ? 0 : made->second + 1, readers.back()});
     }
   }
   std::vector<OnnxCutPoint> cuts;
@@ -200,8 +200,8 @@ io::OnnxGraph onnx_stage_graph(const OnnxGraph& graph, const std::vector<OnnxCut
                                int stage) {
   const GraphIndex index(graph);
   const size_t begin = stage == 0 ? 0 : cuts[stage - 1].position;
-  const size_t end = stage < static_cast<int>(cuts.size()) ? cuts[stage].position
-                                                          : graph.nodes.size();
+  const size_t end =
+      stage < static_cast<int>(cuts.size()) ? cuts[stage].position : graph.nodes.size();
   // The constant nodes before the stage that it reads, with the constant nodes they read.
   std::set<size_t> earlier;
   std::vector<std::string> wanted;
@@ -211,8 +211,8 @@ io::OnnxGraph onnx_stage_graph(const OnnxGraph& graph, const std::vector<OnnxCut
     const std::string name = wanted.back();
     wanted.pop_back();
     const auto made = index.producer.find(name);
-    if (made == index.producer.end() || made->second >= begin ||
-        index.constants.count(name) == 0 || !earlier.insert(made->second).second)
+    if (made == index.producer.end() || made->second >= begin || index.constants.count(name) == 0 ||
+        !earlier.insert(made->second).second)
       continue;
     for (const std::string& input : graph.nodes[made->second].inputs) wanted.push_back(input);
   }
@@ -255,9 +255,9 @@ struct Product {
 };
 
 const std::set<std::string>& unary_ops() {
-  static const std::set<std::string> ops = {"Erf",  "Tanh", "Sigmoid",  "Relu", "LeakyRelu",
-                                            "Softplus", "Exp", "Log", "Neg", "Abs",
-                                            "Sqrt", "Identity", "Gelu", "Elu", "Selu"};
+  static const std::set<std::string> ops = {"Erf",      "Tanh",     "Sigmoid", "Relu", "LeakyRelu",
+                                            "Softplus", "Exp",      "Log",     "Neg",  "Abs",
+                                            "Sqrt",     "Identity", "Gelu",    "Elu",  "Selu"};
   return ops;
 }
 
@@ -276,8 +276,7 @@ bool scalar_constant(const OnnxGraph& graph, const GraphIndex& index, const std:
   if (node.op_type != "Constant") return false;
   if (node.has("value_float") || node.has("value_int")) return true;
   const auto value = node.attributes.find("value");
-  return value != node.attributes.end() &&
-         value->second.kind == io::OnnxAttribute::Kind::tensor &&
+  return value != node.attributes.end() && value->second.kind == io::OnnxAttribute::Kind::tensor &&
          value->second.tensor.numel() == 1;
 }
 
@@ -330,8 +329,7 @@ std::optional<Product> as_product(const OnnxGraph& graph, const GraphIndex& inde
     if (readers.size() == 1 && readers[0] < graph.nodes.size()) {
       const OnnxNode& add = graph.nodes[readers[0]];
       if (add.op_type == "Add" && add.inputs.size() == 2 && add.outputs.size() == 1) {
-        const std::string& other =
-            add.inputs[0] == product.output ? add.inputs[1] : add.inputs[0];
+        const std::string& other = add.inputs[0] == product.output ? add.inputs[1] : add.inputs[0];
         const Tensor* b = own_weight(index, other, 1, 1);
         if (b && b->shape()[0] == product.out) {
           bias = other;
@@ -381,8 +379,8 @@ OnnxTensorParallelPlan onnx_tensor_parallel_plan(const OnnxGraph& graph, int tp)
         second = product;
         continue;
       }
-      bool elementwise = node.outputs.size() == 1 && unary_ops().count(node.op_type) &&
-                         node.inputs.size() == 1;
+      bool elementwise =
+          node.outputs.size() == 1 && unary_ops().count(node.op_type) && node.inputs.size() == 1;
       if (binary_ops().count(node.op_type) && node.outputs.size() == 1) {
         elementwise = std::all_of(node.inputs.begin(), node.inputs.end(), [&](const auto& v) {
           return region.count(v) > 0 || scalar_constant(graph, index, v);

@@ -65,8 +65,8 @@ io::OnnxGraph onnx_stage_graph(const io::OnnxGraph& graph, const std::vector<Onn
 
 /// One tensor-parallel pattern found in a graph.
 struct OnnxTensorParallelPattern {
-  std::string kind;   ///< "mlp" (MatMul/Gemm ... MatMul/Gemm) or "conv" (Conv ... Conv)
-  std::string first;  ///< the column-parallel (filter-parallel) node
+  std::string kind;    ///< "mlp" (MatMul/Gemm ... MatMul/Gemm) or "conv" (Conv ... Conv)
+  std::string first;   ///< the column-parallel (filter-parallel) node
   std::string second;  ///< the row-parallel (channel-parallel) node
   int64_t width = 0;   ///< the hidden features (channels) split over tp
 };

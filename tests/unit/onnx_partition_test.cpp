@@ -224,10 +224,8 @@ TEST(OnnxTensorParallelPlan, WidthNotDividedIsSkipped) {
 
 TEST(OnnxTensorParallelPlan, GemmWithTransposedWeight) {
   OnnxGraph graph = graph_with_io();
-  graph.initializers = {{"w1", weight({16, 8})},
-                        {"b1", weight({16})},
-                        {"w2", weight({8, 16})},
-                        {"b2", weight({8})}};
+  graph.initializers = {
+      {"w1", weight({16, 8})}, {"b1", weight({16})}, {"w2", weight({8, 16})}, {"b2", weight({8})}};
   io::OnnxAttribute trans;
   trans.kind = io::OnnxAttribute::Kind::integer;
   trans.integer = 1;
