@@ -1059,7 +1059,22 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
       agreed_everywhere(*world, kOp, [&] {
         std::optional<ShardTensor> x, target;
         if (reads_data) std::tie(x, target) = batches->batch(step);
-        loss_value = pipe->step(x, target, loss_of);
+        // A target unlike the output is seen by the last stage's ranks only: they train that
+        // micro-batch on a zero loss (0 x mean(y), which still sends the earlier stages a
+        // gradient) so the schedule completes, and every rank then raises the one error before
+        // any update.
+        std::optional<std::string> problem;
+        const auto checked_loss = [&](const ShardTensor& y, const ShardTensor& t) {
+          if (y.global_shape() == t.global_shape()) return loss_of(y, t);
+          if (!problem)
+            problem = fmt::format(
+                "the model's output for a micro-batch of --input '{}' has shape {}, the "
+                "micro-batch of --target '{}' has {}",
+                options.input, y.global_shape(), options.target, t.global_shape());
+          return ops::scale(ops::mean(y), 0.0);
+        };
+        loss_value = pipe->step(x, target, checked_loss);
+        agree_on_error(*world, kOp, problem);
       });
       bubble_fractions.push_back(pipe->stats().bubble_fraction());
     } else

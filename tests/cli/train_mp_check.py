@@ -80,6 +80,12 @@ def weight_error(saved, reference):
 
 
 nets = {"cnn": (cnn_model, cnn_data), "mlp": (mlp_model, mlp_data)}
+# Targets of another spatial shape than the conv net's output ([6, 2, 10, 9]).
+small_target = os.path.join(scratch, "small_target.h5")
+with h5py.File(small_target, "w") as f:
+    f["x"] = load(json.load(open(os.path.join(fixture_dir, "training.json")))["x"])
+    f["y"] = np.zeros((6, 2, 8, 9))
+bad_nets = dict(nets, small_target=(cnn_model, small_target))
 reference = {}
 for net, (model, data) in nets.items():
     stem = os.path.join(scratch, f"{net}.1rank")
@@ -169,11 +175,13 @@ bad_cases = [
     ("cnn", ["--tp", "3"], 3, "[train] --tp 3:"),
     ("mlp", ["--micro-batches", "2"], 1, "[train] --micro-batches, --schedule"),
     ("cnn", ["--pp", "2", "--dp", "2", "--parallel", "fsdp"], 4, "[train] --parallel fsdp with"),
+    ("small_target", ["--pp", "2", "--micro-batches", "2"], 2,
+     "[train] the model's output for a micro-batch"),
 ]
 for net, args, ranks, expected_text in bad_cases:
     if os.path.exists(losses_out):
         os.remove(losses_out)
-    model, data = nets[net]
+    model, data = bad_nets[net]
     result = train(model, data, args + ["--losses-out", losses_out], ranks, 2)
     if result is None:
         tally.failures += 1
