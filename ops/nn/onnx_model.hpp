@@ -2,8 +2,9 @@
 // Tessera ops on a DeviceMesh. The io layer parses the file (io/onnx/onnx_graph.hpp); this layer
 // maps each node to a sharded op (Conv -> ops::conv, Resize -> ops::interpolate, ...), so the
 // inputs may be sharded on any layout and the outputs equal one rank's. Float initializers become
-// replicated Parameters named after the initializer (BatchNormalization's running statistics
-// become buffers); subgraphs that only compute shapes (Shape, Gather, Unsqueeze, Concat, Cast,
+// Parameters named after the initializer, replicated or laid out as the caller names them
+// (tensor parallelism: ops/nn/onnx_partition.hpp), BatchNormalization's running statistics
+// buffers; subgraphs that only compute shapes (Shape, Gather, Unsqueeze, Concat, Cast,
 // ...) are folded into constants every forward, so spatial sizes may differ from the exported
 // ones. PyTorch's GroupNorm pattern (Reshape -> InstanceNormalization -> Reshape(Shape(x))) runs
 // as ops::group_norm, never flattening sharded spatial dims. Layout ops without a sharded rule
