@@ -16,6 +16,14 @@
 // Either way the data position is a function of t, so a checkpoint's step count is enough to
 // continue the data exactly.
 //
+// Model parallelism (docs/parallelism.md, "Model parallelism for exported networks"): the mesh
+// is ("pp", "dp", "tp", domain0, ..), pp and tp present when > 1. --pp cuts the graph into stages
+// (nn::onnx_cut_points: one activation crossing; balanced by parameter count, or --stage-cuts),
+// each an OnnxModel of its subgraph on its stage's mesh, run by nn::Pipeline under --schedule
+// with --micro-batches. --tp shards the weights of the patterns nn::onnx_tensor_parallel_plan
+// finds (MatMul/Gemm .. MatMul/Gemm column- then row-parallel, Conv .. Conv filter- then channel-
+// parallel); every other parameter is replicated over tp.
+//
 // Bad options and inputs give one `tessera: error: [train] ...` line and exit 2 on every rank,
 // before anything is written.
 #include <fmt/format.h>
@@ -30,6 +38,8 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <regex>
+#include <set>
+#include <tuple>
 
 #include "apps/plot/plot.hpp"
 #include "apps/tessera/cli_parse.hpp"
@@ -46,6 +56,9 @@
 #include "ops/cast/cast_op.hpp"
 #include "ops/nn/data_parallel.hpp"
 #include "ops/nn/onnx_model.hpp"
+#include "ops/nn/onnx_nodes.hpp"
+#include "ops/nn/onnx_partition.hpp"
+#include "ops/nn/pipeline.hpp"
 #include "ops/ops.hpp"
 #include "ops/optim/optimizer.hpp"
 
@@ -73,8 +86,15 @@ struct TrainOptions {
   std::string losses_out, save_model;
   std::string plot;  ///< directory of loss.png, redrawn as the run goes ("" = none)
   std::string crop;  ///< spatial extents of the random crop each sample is cut to ("" = none)
+  int pp = 1, tp = 1, micro_batches = 1;
+  std::string schedule = "1f1b";
+  int chunks = 0;          ///< model chunks per pp rank (0: 2 for interleaved, else 1)
+  std::string stage_cuts;  ///< crossing tensors to cut at, comma separated ("" = balanced)
+  bool schedule_given = false;
 
   bool sharded_parameters() const { return parallel == "fsdp" || parallel == "hybrid"; }
+  int chunks_per_rank() const { return chunks > 0 ? chunks : schedule == "interleaved" ? 2 : 1; }
+  int stages() const { return pp * chunks_per_rank(); }
 };
 
 double median(std::vector<double> values) {
@@ -82,6 +102,61 @@ double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const size_t middle = values.size() / 2;
   return values.size() % 2 ? values[middle] : 0.5 * (values[middle - 1] + values[middle]);
+}
+
+/// The batch rows of each data-parallel rank (the default split: the first B % dp get one more).
+std::vector<int64_t> dp_shares(int64_t batch, int dp) {
+  std::vector<int64_t> shares;
+  for (int r = 0; r < dp; ++r) shares.push_back(batch / dp + (r < batch % dp ? 1 : 0));
+  return shares;
+}
+
+/// The checks of --pp/--tp and their companions that need only the options.
+void check_model_parallel_options(const TrainOptions& options) {
+  check_arg(options.pp >= 1 && options.tp >= 1, kOp, "--pp {} --tp {} (expected sizes >= 1)",
+            options.pp, options.tp);
+  check_arg(options.schedule == "gpipe" || options.schedule == "1f1b" ||
+                options.schedule == "interleaved",
+            kOp, "--schedule {} (expected gpipe, 1f1b or interleaved)", options.schedule);
+  if (options.pp == 1) {
+    check_arg(options.micro_batches == 1 && options.chunks == 0 && options.stage_cuts.empty() &&
+                  !options.schedule_given,
+              kOp,
+              "--micro-batches, --schedule, --chunks and --stage-cuts are options of a pipeline: "
+              "give --pp > 1");
+  }
+  if (options.pp > 1 || options.tp > 1) {
+    check_arg(!options.sharded_parameters(), kOp,
+              "--parallel {} with --pp {} --tp {}: sharded parameters are not combined with model "
+              "parallelism here (use --parallel ddp)",
+              options.parallel, options.pp, options.tp);
+    check_arg(options.dtype != "bf16", kOp,
+              "--dtype bf16 with --pp {} --tp {}: master weights are not combined with model "
+              "parallelism here (use f32 or f64)",
+              options.pp, options.tp);
+  }
+  if (options.pp == 1) return;
+  check_arg(options.checkpoint.empty() && !options.resume, kOp,
+            "--checkpoint with --pp {}: pipelined runs are not checkpointed yet", options.pp);
+  if (options.schedule == "interleaved")
+    check_arg(options.chunks == 0 || options.chunks >= 2, kOp,
+              "--schedule interleaved needs --chunks >= 2 model chunks per pp rank, got {}",
+              options.chunks);
+  else
+    check_arg(options.chunks <= 1, kOp,
+              "--chunks {} is an option of --schedule interleaved, not {}", options.chunks,
+              options.schedule);
+  for (const int64_t share : dp_shares(options.batch, options.dp))
+    check_arg(share % options.micro_batches == 0, kOp,
+              "--micro-batches {} does not divide the batch of every data-parallel rank (--batch "
+              "{} over --dp {}: {} rows)",
+              options.micro_batches, options.batch, options.dp,
+              fmt::join(dp_shares(options.batch, options.dp), ", "));
+  if (const std::optional<std::string> problem =
+          nn::schedule_problem(nn::parse_schedule(options.schedule), options.pp, options.stages(),
+                               options.micro_batches))
+    check_arg(false, kOp, "--schedule {} --pp {} --micro-batches {}: {}", options.schedule,
+              options.pp, options.micro_batches, *problem);
 }
 
 /// The checks that need nothing but the options (every rank makes them alike).
@@ -126,10 +201,12 @@ void check_options(const TrainOptions& options, const std::vector<int>& domain, 
             "--every {} needs --checkpoint DIR", options.every);
   check_arg(!options.resume || !options.checkpoint.empty(), kOp,
             "--resume continues from --checkpoint DIR: give it");
-  const int64_t ranks = int64_t{options.dp} * mesh_size(domain);
+  check_model_parallel_options(options);
+  const int64_t ranks = int64_t{options.pp} * options.dp * options.tp * mesh_size(domain);
   check_arg(ranks == world_size, kOp,
-            "--dp {} x --mesh {} has {} ranks, the run has {} (--ranks or mpiexec -n)", options.dp,
-            options.layout.mesh, ranks, world_size);
+            "--pp {} x --dp {} x --tp {} x --mesh {} has {} ranks, the run has {} (--ranks or "
+            "mpiexec -n)",
+            options.pp, options.dp, options.tp, options.layout.mesh, ranks, world_size);
   for (const std::string* file : {&options.losses_out, &options.save_model}) {
     if (file->empty()) continue;
     io::check_output_is_not_input(kOp, options.data, *file);
@@ -145,7 +222,7 @@ struct DataShapes {
 /// Collective: rank 0 checks the data file against the model (both datasets present, floating,
 /// the same number of samples, the input's rank and channels those of the model's input) and
 /// every rank gets the shapes.
-DataShapes survey_data(Comm& world, const nn::OnnxModel& model, const TrainOptions& options) {
+DataShapes survey_data(Comm& world, const io::OnnxValue& graph_input, const TrainOptions& options) {
   DataShapes shapes;
   std::optional<std::string> problem;
   if (world.rank() == 0) {
@@ -169,7 +246,6 @@ DataShapes survey_data(Comm& world, const nn::OnnxModel& model, const TrainOptio
       check_arg(shapes.target[0] == shapes.input[0], kOp,
                 "--target '{}' has {} samples, --input '{}' has {}", options.target,
                 shapes.target[0], options.input, shapes.input[0]);
-      const io::OnnxValue& graph_input = model.inputs()[0];
       check_arg(graph_input.shape.empty() || graph_input.shape.size() == shapes.input.size(), kOp,
                 "--input '{}' has shape {} ({}-d), the model's input '{}' is {}-d", options.input,
                 shapes.input, shapes.input.size(), graph_input.name, graph_input.shape.size());
@@ -199,11 +275,26 @@ DataShapes survey_data(Comm& world, const nn::OnnxModel& model, const TrainOptio
 struct BatchLayout {
   std::vector<Placement> placements;
   std::vector<std::vector<int64_t>> extents;  ///< per mesh dim; the dp entry empty
-  std::vector<int> shard_dims;                ///< per domain mesh dim: the data dim, or -1
+  std::vector<int> shard_dims;                ///< per non-dp mesh dim: the data dim, or -1
 };
+
+BatchLayout domain_batch_layout(const TrainOptions& options, const std::vector<int>& domain,
+                                int64_t ndim);
 
 BatchLayout batch_layout(const TrainOptions& options, const std::vector<int>& domain,
                          int64_t ndim) {
+  BatchLayout layout = domain_batch_layout(options, domain, ndim);
+  if (options.tp == 1) return layout;
+  // The tp dim (after dp) replicates the data: the tensor-parallel products split the weights.
+  layout.placements.insert(layout.placements.begin() + 1, Placement::replicate());
+  if (!layout.extents.empty())
+    layout.extents.insert(layout.extents.begin() + 1, std::vector<int64_t>{});
+  layout.shard_dims.insert(layout.shard_dims.begin(), -1);
+  return layout;
+}
+
+BatchLayout domain_batch_layout(const TrainOptions& options, const std::vector<int>& domain,
+                                int64_t ndim) {
   const int domain_dims = static_cast<int>(domain.size());
   std::vector<int64_t> dims;
   if (options.layout.shard_dims.empty()) {
@@ -652,6 +743,91 @@ void write_losses(const std::string& file, const std::vector<std::pair<int64_t, 
   std::filesystem::rename(temporary, file);
 }
 
+/// One pipeline stage: the OnnxModel of the stage's subgraph on the stage's mesh. Its parameters
+/// stay the model's own (the optimizer and reducer take them from model()), so the Module holds
+/// none itself.
+class OnnxStage final : public nn::Module {
+ public:
+  OnnxStage(io::OnnxGraph graph, const DeviceMesh& mesh, DType dtype,
+            const std::map<std::string, std::vector<Placement>>& placements)
+      : model_(std::move(graph), mesh, dtype, placements) {}
+  ShardTensor forward(const ShardTensor& x) override { return model_.forward(x); }
+  nn::OnnxModel& model() { return model_; }
+
+ private:
+  nn::OnnxModel model_;
+};
+
+/// The placements of the tensor-parallel plan's weights on `mesh` (Shard(dim) over its "tp" dim;
+/// none without one).
+std::map<std::string, std::vector<Placement>> tensor_parallel_placements(
+    const nn::OnnxTensorParallelPlan& plan, const DeviceMesh& mesh) {
+  std::map<std::string, std::vector<Placement>> placements;
+  const auto& names = mesh.names();
+  const auto tp = std::find(names.begin(), names.end(), "tp");
+  if (tp == names.end()) return placements;
+  for (const auto& [name, dim] : plan.sharded) {
+    std::vector<Placement> entry(mesh.ndim(), Placement::replicate());
+    entry[tp - names.begin()] = Placement::shard(dim);
+    placements[name] = entry;
+  }
+  return placements;
+}
+
+/// Collective over the world: writes the trained network of a pipelined run as ONNX. Each
+/// parameter and buffer lives on the stage that uses it: that stage's ranks gather it on their
+/// mesh (tp shards included) and its first rank broadcasts it to every rank; rank 0 writes the
+/// whole graph with the same initializer names (io::write_onnx).
+void save_pipelined_model(Comm& world, const io::OnnxGraph& graph,
+                          const std::vector<io::OnnxGraph>& stage_graphs,
+                          const std::map<int, std::shared_ptr<OnnxStage>>& held, int pp,
+                          DType dtype, const std::string& file) {
+  // Every rank lists the same (name, owner stage) pairs: the float initializers each stage reads
+  // in a data position, the first stage that reads one owning it.
+  std::vector<std::pair<std::string, int>> owned;
+  std::set<std::string> seen;
+  for (size_t s = 0; s < stage_graphs.size(); ++s) {
+    std::set<std::string> data_inputs;
+    for (const io::OnnxNode& node : stage_graphs[s].nodes)
+      for (size_t k = 0; k < node.inputs.size(); ++k)
+        if (!nn::onnx::is_constant_position(node.op_type, k)) data_inputs.insert(node.inputs[k]);
+    for (const auto& [name, tensor] : stage_graphs[s].initializers)
+      if (is_floating(tensor.dtype()) && data_inputs.count(name) && seen.insert(name).second)
+        owned.emplace_back(name, static_cast<int>(s));
+  }
+  const int ranks_per_stage = world.size() / pp;
+  std::vector<std::pair<std::string, Tensor>> values;
+  for (const auto& [name, stage] : owned) {
+    const Shape shape = [&] {
+      for (const auto& [initializer, tensor] : graph.initializers)
+        if (initializer == name) return tensor.shape();
+      return Shape{};
+    }();
+    Tensor value = Tensor::empty(shape, dtype, Device::cpu());
+    const auto holder = held.find(stage);
+    if (holder != held.end()) {
+      std::optional<ShardTensor> stored;
+      for (const auto& [key, parameter] : holder->second->model().named_parameters())
+        if (key == name) stored = parameter.tensor();
+      for (const auto& [key, buffer] : holder->second->model().named_buffers())
+        if (key == name) stored = buffer;
+      value.copy_from(stored->full_tensor().to(Device::cpu()).to_dtype(dtype));
+    }
+    world.broadcast(value.raw_data(), static_cast<size_t>(value.numel()), dtype,
+                    (stage % pp) * ranks_per_stage);
+    values.emplace_back(name, value);
+  }
+  std::optional<std::string> problem;
+  if (world.rank() == 0) {
+    try {
+      io::write_onnx(graph, values, file);
+    } catch (const Error& error) {
+      problem = untagged(error);
+    }
+  }
+  agree_on_error(world, "onnx", problem);
+}
+
 void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
   const bool root = world->rank() == 0;
   std::vector<int> domain;
@@ -676,8 +852,19 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
       }
     }
   });
-  std::vector<int> mesh_shape{options.dp};
-  std::vector<std::string> names{"dp"};
+  // The mesh: pp outermost, then dp, tp, the domain dims (pp and tp only when > 1).
+  std::vector<int> mesh_shape;
+  std::vector<std::string> names;
+  if (options.pp > 1) {
+    mesh_shape.push_back(options.pp);
+    names.push_back("pp");
+  }
+  mesh_shape.push_back(options.dp);
+  names.push_back("dp");
+  if (options.tp > 1) {
+    mesh_shape.push_back(options.tp);
+    names.push_back("tp");
+  }
   for (size_t m = 0; m < domain.size(); ++m) {
     mesh_shape.push_back(domain[m]);
     names.push_back(fmt::format("domain{}", m));
@@ -686,18 +873,98 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
 
   // bf16 computes in bf16 with f32 master weights and an f32 loss; the data is read as f32.
   const DType read_dtype = dtype == DType::bf16 ? DType::f32 : dtype;
-  std::optional<nn::OnnxModel> model;
-  agreed_everywhere(*world, "onnx",
-                    [&] { model.emplace(nn::OnnxModel::load(options.model, mesh, dtype)); });
+  io::OnnxGraph graph;
+  agreed_everywhere(*world, "onnx", [&] { graph = io::read_onnx(options.model); });
   agreed_everywhere(*world, kOp, [&] {
-    check_arg(model->inputs().size() == 1 && model->outputs().size() == 1, kOp,
+    check_arg(graph.inputs.size() == 1 && graph.outputs.size() == 1, kOp,
               "--model {} has {} inputs and {} outputs; training takes one of each", options.model,
-              model->inputs().size(), model->outputs().size());
-    check_arg(!model->named_parameters().empty(), kOp, "--model {} has no parameters to train",
-              options.model);
+              graph.inputs.size(), graph.outputs.size());
   });
-  const DataShapes shapes = survey_data(*world, *model, options);
 
+  // Model parallelism: the tensor-parallel plan and the pipeline's cuts, from the graph alone.
+  nn::OnnxTensorParallelPlan tp_plan;
+  std::vector<nn::OnnxCutPoint> cuts;
+  std::vector<io::OnnxGraph> stage_graphs;
+  agreed_everywhere(*world, kOp, [&] {
+    if (options.tp > 1) {
+      tp_plan = nn::onnx_tensor_parallel_plan(graph, options.tp);
+      std::vector<std::string> skipped;
+      for (const auto& pattern : tp_plan.skipped)
+        skipped.push_back(fmt::format("{} {} -> {} of width {}", pattern.kind, pattern.first,
+                                      pattern.second, pattern.width));
+      check_arg(
+          !tp_plan.patterns.empty(), kOp,
+          "--tp {}: {} has no tensor-parallel pattern (MatMul/Gemm .. MatMul/Gemm or Conv "
+          ".. Conv through elementwise ops) whose width {} ranks divide{}",
+          options.tp, options.model, options.tp,
+          skipped.empty() ? std::string() : fmt::format(" (found {})", fmt::join(skipped, "; ")));
+    }
+    if (options.pp > 1) {
+      if (options.stage_cuts.empty()) {
+        cuts = nn::balanced_stage_cuts(
+            graph, options.stages(), kOp,
+            options.schedule == "interleaved"
+                ? fmt::format("--pp {} x --chunks {}", options.pp, options.chunks_per_rank())
+                : fmt::format("--pp {}", options.pp));
+      } else {
+        std::vector<std::string> tensors;
+        for (size_t start = 0;;) {
+          const size_t comma = options.stage_cuts.find(',', start);
+          tensors.push_back(options.stage_cuts.substr(start, comma - start));
+          if (comma == std::string::npos) break;
+          start = comma + 1;
+        }
+        check_arg(static_cast<int>(tensors.size()) == options.stages() - 1, kOp,
+                  "--stage-cuts names {} cut(s) for {} stages (--pp {} x {} chunk(s) per rank "
+                  "need {})",
+                  tensors.size(), options.stages(), options.pp, options.chunks_per_rank(),
+                  options.stages() - 1);
+        cuts = nn::named_stage_cuts(graph, tensors, kOp);
+      }
+      for (int s = 0; s < options.stages(); ++s)
+        stage_graphs.push_back(nn::onnx_stage_graph(graph, cuts, s));
+    }
+  });
+
+  std::optional<nn::OnnxModel> model;              // unpipelined
+  std::unique_ptr<nn::Pipeline> pipe;              // --pp > 1
+  std::map<int, std::shared_ptr<OnnxStage>> held;  // this rank's stages
+  agreed_everywhere(*world, "onnx", [&] {
+    if (options.pp == 1) {
+      model.emplace(graph, mesh, dtype, tensor_parallel_placements(tp_plan, mesh));
+      return;
+    }
+    std::vector<nn::LayerBuilder> layers;
+    for (int s = 0; s < options.stages(); ++s)
+      layers.push_back([&, s](const DeviceMesh& stage_mesh) {
+        auto stage = std::make_shared<OnnxStage>(stage_graphs[s], stage_mesh, dtype,
+                                                 tensor_parallel_placements(tp_plan, stage_mesh));
+        held[s] = stage;
+        return stage;
+      });
+    std::vector<int> starts;
+    for (int s = 0; s < options.stages(); ++s) starts.push_back(s);
+    pipe = std::make_unique<nn::Pipeline>(
+        mesh, std::move(layers),
+        nn::PipelineOptions{.dim = "pp",
+                            .schedule = nn::parse_schedule(options.schedule),
+                            .micro_batches = options.micro_batches,
+                            .batch_dim = 0,
+                            .stage_starts = starts});
+  });
+  agreed_everywhere(*world, kOp, [&] {
+    const bool has_parameters =
+        model ? !model->named_parameters().empty()
+              : std::any_of(graph.initializers.begin(), graph.initializers.end(),
+                            [](const auto& entry) { return is_floating(entry.second.dtype()); });
+    check_arg(has_parameters, kOp, "--model {} has no parameters to train", options.model);
+  });
+  const DataShapes shapes = survey_data(*world, graph.inputs[0], options);
+
+  // The data lives on the model's mesh, or with a pipeline on the stage meshes of the first
+  // stage (the input) and the last (the target).
+  const DeviceMesh& data_mesh = pipe ? pipe->stage_mesh() : mesh;
+  const bool reads_data = !pipe || pipe->holds_first_stage() || pipe->holds_last_stage();
   BatchLayout layout;
   std::unique_ptr<BatchSource> batches;
   agreed_everywhere(*world, kOp, [&] {
@@ -709,13 +976,17 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
   });
   if (!options.crop.empty()) {
     agreed_everywhere(*world, kOp, [&] {
-      batches = std::make_unique<CropBatches>(options, mesh, layout, shapes, read_dtype);
+      if (reads_data)
+        batches = std::make_unique<CropBatches>(options, data_mesh, layout, shapes, read_dtype);
     });
   } else if (options.shuffle == 1) {
-    batches = std::make_unique<ShuffledBatches>(options, mesh, layout, read_dtype);
+    if (reads_data)
+      batches = std::make_unique<ShuffledBatches>(options, data_mesh, layout, read_dtype);
   } else {
     agreed_everywhere(*world, kOp, [&] {
-      batches = std::make_unique<FileOrderBatches>(options, mesh, layout, shapes, read_dtype);
+      if (reads_data)
+        batches =
+            std::make_unique<FileOrderBatches>(options, data_mesh, layout, shapes, read_dtype);
     });
   }
 
@@ -725,12 +996,23 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
   if (use_masters) {
     masters.emplace(*model, mesh, options, read_dtype);
     trained = masters->parameters();
-  } else {
+  } else if (model) {
     for (const auto& [name, parameter] : model->named_parameters()) trained.push_back(parameter);
+  } else {
+    for (const auto& [stage, held_stage] : held)
+      for (const auto& [name, parameter] : held_stage->model().named_parameters())
+        trained.push_back(parameter);
   }
-  std::unique_ptr<optim::Optimizer> optimizer = make_optimizer(options, trained);
+  // A pipeline rank whose stages hold no parameter (only parameter-free ops) has nothing to update.
+  std::unique_ptr<optim::Optimizer> optimizer =
+      trained.empty() ? nullptr : make_optimizer(options, trained);
   std::optional<nn::GradReducer> reducer;
-  if (!use_masters && options.dp > 1) reducer.emplace(trained);
+  if (!use_masters && options.dp > 1 && !trained.empty()) reducer.emplace(trained);
+  if (pipe && reducer) pipe->set_grad_reducer(&*reducer);
+  const auto loss_of = [&](const ShardTensor& y, const ShardTensor& target) {
+    return options.loss == "mse" ? ops::mse_loss(y, target)
+                                 : ops::mean(ops::abs(ops::sub(y, target)));
+  };
 
   int64_t first_step = 0;
   if (options.resume) {
@@ -747,7 +1029,7 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
   ProgressBar bar;
   const bool terminal = root && ::isatty(STDERR_FILENO);
   std::vector<std::pair<int64_t, double>> losses;
-  std::vector<double> step_seconds;
+  std::vector<double> step_seconds, bubble_fractions;
   host_allocator_reset_peak();
   if (!options.plot.empty())
     agreed_everywhere(*world, kOp, [&] {
@@ -770,29 +1052,51 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
   const double start = now_seconds();
   for (int64_t step = first_step; step < options.steps; ++step) {
     const double step_start = now_seconds();
-    optimizer->zero_grad();
+    if (optimizer) optimizer->zero_grad();
     if (masters) masters->gather_into_model();
     double loss_value = 0;
-    agreed_everywhere(*world, kOp, [&] {
-      auto [x, target] = batches->batch(step);
-      if (dtype == DType::bf16) {
-        NoGrad no_grad;
-        x = ops::cast(x, DType::bf16);
-      }
-      Tape tape;
-      ShardTensor y = model->forward(x);
-      if (dtype == DType::bf16) y = ops::cast(y, DType::f32);
-      check_arg(y.global_shape() == target.global_shape(), kOp,
-                "the model's output for a batch of --input '{}' has shape {}, the batch of "
-                "--target '{}' has {}",
-                options.input, y.global_shape(), options.target, target.global_shape());
-      const ShardTensor loss = options.loss == "mse" ? ops::mse_loss(y, target)
-                                                     : ops::mean(ops::abs(ops::sub(y, target)));
-      tape.backward(loss);
-      loss_value = loss.full_tensor().to(Device::cpu()).item_as_double({});
-    });
+    if (pipe) {
+      agreed_everywhere(*world, kOp, [&] {
+        std::optional<ShardTensor> x, target;
+        if (reads_data) std::tie(x, target) = batches->batch(step);
+        // A target unlike the output is seen by the last stage's ranks only: they train that
+        // micro-batch on a zero loss (0 x mean(y), which still sends the earlier stages a
+        // gradient) so the schedule completes, and every rank then raises the one error before
+        // any update.
+        std::optional<std::string> problem;
+        const auto checked_loss = [&](const ShardTensor& y, const ShardTensor& t) {
+          if (y.global_shape() == t.global_shape()) return loss_of(y, t);
+          if (!problem)
+            problem = fmt::format(
+                "the model's output for a micro-batch of --input '{}' has shape {}, the "
+                "micro-batch of --target '{}' has {}",
+                options.input, y.global_shape(), options.target, t.global_shape());
+          return ops::scale(ops::mean(y), 0.0);
+        };
+        loss_value = pipe->step(x, target, checked_loss);
+        agree_on_error(*world, kOp, problem);
+      });
+      bubble_fractions.push_back(pipe->stats().bubble_fraction());
+    } else
+      agreed_everywhere(*world, kOp, [&] {
+        auto [x, target] = batches->batch(step);
+        if (dtype == DType::bf16) {
+          NoGrad no_grad;
+          x = ops::cast(x, DType::bf16);
+        }
+        Tape tape;
+        ShardTensor y = model->forward(x);
+        if (dtype == DType::bf16) y = ops::cast(y, DType::f32);
+        check_arg(y.global_shape() == target.global_shape(), kOp,
+                  "the model's output for a batch of --input '{}' has shape {}, the batch of "
+                  "--target '{}' has {}",
+                  options.input, y.global_shape(), options.target, target.global_shape());
+        const ShardTensor loss = loss_of(y, target);
+        tape.backward(loss);
+        loss_value = loss.full_tensor().to(Device::cpu()).item_as_double({});
+      });
     if (reducer) reducer->finish();
-    optimizer->step();
+    if (optimizer) optimizer->step();
     step_seconds.push_back(now_seconds() - step_start);
     losses.emplace_back(step + 1, loss_value);
 
@@ -808,9 +1112,10 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
     const double per_step = median(step_seconds);
     const double samples_per_second =
         per_step > 0 ? static_cast<double>(options.batch) / per_step : 0;
-    const std::string detail =
+    std::string detail =
         fmt::format("loss {:.6g}, {:.4g} samples/s, ETA {}", loss_value, samples_per_second,
                     format_eta(per_step * (options.steps - done)));
+    if (pipe) detail += fmt::format(", bubble {:.1f}%", 100 * bubble_fractions.back());
     if (terminal)
       bar(done, options.steps, detail);
     else if (!options.json)
@@ -823,7 +1128,13 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
 
   if (masters) masters->gather_into_model();
   if (!options.save_model.empty())
-    agreed_everywhere(*world, "onnx", [&] { model->save(options.save_model); });
+    agreed_everywhere(*world, "onnx", [&] {
+      if (model)
+        model->save(options.save_model);
+      else
+        save_pipelined_model(*world, graph, stage_graphs, held, options.pp, dtype,
+                             options.save_model);
+    });
   if (!root) return;
   if (!options.losses_out.empty()) write_losses(options.losses_out, losses);
   const double step_median = median(step_seconds);
@@ -840,7 +1151,10 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
         {"optimizer", options.optimizer},
         {"parallel", options.parallel},
         {"dp", options.dp},
+        {"pp", options.pp},
+        {"tp", options.tp},
         {"mesh", mesh_shape},
+        {"mesh_dims", names},
         {"ranks", world->size()},
         {"backend", world->backend()},
         {"dtype", options.dtype},
@@ -855,15 +1169,48 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
         {"total_seconds", total_seconds},
     };
     json["final_loss"] = ran ? nlohmann::json(final_loss) : nlohmann::json(nullptr);
+    if (options.tp > 1) {
+      nlohmann::json patterns = nlohmann::json::array();
+      for (const auto& pattern : tp_plan.patterns)
+        patterns.push_back({{"kind", pattern.kind},
+                            {"first", pattern.first},
+                            {"second", pattern.second},
+                            {"width", pattern.width}});
+      json["tp_patterns"] = patterns;
+      json["tp_sharded_parameters"] = tp_plan.sharded.size();
+    }
+    if (pipe) {
+      std::vector<std::string> cut_names;
+      for (const nn::OnnxCutPoint& cut : cuts) cut_names.push_back(cut.tensor);
+      json["schedule"] = options.schedule;
+      json["micro_batches"] = options.micro_batches;
+      json["chunks"] = options.chunks_per_rank();
+      json["stages"] = options.stages();
+      json["stage_cuts"] = cut_names;
+      // Rank 0's share of each step spent waiting on other stages (median over the steps), and
+      // the schedule's ideal (p-1)/(m+p-1) (interleaved: (p-1)/(vm+p-1)).
+      json["bubble_fraction"] = median(bubble_fractions);
+      json["ideal_bubble_fraction"] =
+          nn::ideal_bubble_fraction(nn::parse_schedule(options.schedule), options.pp,
+                                    options.micro_batches, options.chunks_per_rank());
+    }
     fmt::print("{}\n", json.dump());
     return;
   }
+  const std::string model_parallel =
+      (options.pp > 1
+           ? fmt::format(", pp {} ({} x {} micro-batches, bubble {:.1f}%)", options.pp,
+                         options.schedule, options.micro_batches, 100 * median(bubble_fractions))
+           : std::string()) +
+      (options.tp > 1 ? fmt::format(", tp {} ({} pattern(s))", options.tp, tp_plan.patterns.size())
+                      : std::string());
   fmt::print(
-      "train: {} on mesh {} (dp {}, {}), {} backend: steps {}..{} of batch {}, final loss "
+      "train: {} on mesh {} (dp {}, {}{}), {} backend: steps {}..{} of batch {}, final loss "
       "{}, median step {:.3f} ms, {:.4g} samples/s\n",
-      options.model, mesh_shape, options.dp, options.parallel, world->backend(), first_step,
-      options.steps, options.batch, ran ? fmt::format("{:.17g}", final_loss) : std::string("-"),
-      step_median * 1e3, samples_per_second);
+      options.model, mesh_shape, options.dp, options.parallel, model_parallel, world->backend(),
+      first_step, options.steps, options.batch,
+      ran ? fmt::format("{:.17g}", final_loss) : std::string("-"), step_median * 1e3,
+      samples_per_second);
 }
 
 }  // namespace
@@ -931,19 +1278,44 @@ void register_train(CLI::App& app) {
   command->add_option("--crop", options->crop,
                       "Train on random crops of these spatial extents, e.g. 32,32,32 (positions "
                       "drawn from --seed, the step and the sample)");
+  command->add_option("--pp", options->pp, "Pipeline stages (a mesh dim before --dp)")
+      ->check(integer_at_least(1))
+      ->capture_default_str();
+  command
+      ->add_option("--tp", options->tp,
+                   "Tensor-parallel ranks (a mesh dim after --dp): the MLP and Conv..Conv "
+                   "patterns of the graph split their weights over it")
+      ->check(integer_at_least(1))
+      ->capture_default_str();
+  command
+      ->add_option("--micro-batches", options->micro_batches,
+                   "With --pp: micro-batches per step (dividing every dp rank's batch)")
+      ->check(integer_at_least(1))
+      ->capture_default_str();
+  command->add_option("--schedule", options->schedule, "With --pp: gpipe, 1f1b or interleaved")
+      ->capture_default_str();
+  command
+      ->add_option("--chunks", options->chunks,
+                   "With --schedule interleaved: model chunks per pp rank (default 2)")
+      ->check(integer_at_least(1));
+  command->add_option("--stage-cuts", options->stage_cuts,
+                      "With --pp: the activations to cut the graph at, comma separated (default: "
+                      "cuts balancing the stages' parameters)");
   command->add_option("--plot", options->plot,
                       "Directory for loss.png, redrawn every 10 steps and at the end");
   add_trace_option(*command);
   command->callback([options, command] {
     options->weight_decay_given = command->count("--weight-decay") > 0;
+    options->schedule_given = command->count("--schedule") > 0;
     select_device(options->device);
     int ranks = options->layout.ranks;
     if (ranks == 0) {
-      const int64_t size = int64_t{options->dp} * mesh_size(parse_mesh(options->layout.mesh));
+      const int64_t size = int64_t{options->pp} * options->dp * options->tp *
+                           mesh_size(parse_mesh(options->layout.mesh));
       check_arg(size <= kMaxLocalRanks, "cli",
-                "--dp {} x --mesh {} has {} ranks; without mpiexec at most {} local ranks run "
-                "(give --ranks or use mpiexec)",
-                options->dp, options->layout.mesh, size, kMaxLocalRanks);
+                "--pp {} x --dp {} x --tp {} x --mesh {} has {} ranks; without mpiexec at most {} "
+                "local ranks run (give --ranks or use mpiexec)",
+                options->pp, options->dp, options->tp, options->layout.mesh, size, kMaxLocalRanks);
       ranks = static_cast<int>(size);
     }
     launch(backend_from_env(), ranks,

@@ -138,7 +138,8 @@ std::optional<GroupNormMatch> match_group_norm(const io::OnnxGraph& graph, size_
 
 }  // namespace
 
-OnnxModel::OnnxModel(io::OnnxGraph graph, const DeviceMesh& mesh, DType dtype)
+OnnxModel::OnnxModel(io::OnnxGraph graph, const DeviceMesh& mesh, DType dtype,
+                     const std::map<std::string, std::vector<Placement>>& placements)
     : state_(std::make_shared<State>(std::move(graph), mesh, dtype)) {
   State& state = *state_;
   check_arg(
@@ -189,8 +190,13 @@ OnnxModel::OnnxModel(io::OnnxGraph graph, const DeviceMesh& mesh, DType dtype)
     Value value;
     value.constant = onnx::host_array(tensor);
     if (is_floating(tensor.dtype()) && data_inputs.count(name) > 0) {
+      const auto placed = placements.find(name);
+      check_arg(placed == placements.end() || statistics.count(name) == 0, "onnx",
+                "{}: '{}' holds running statistics; only parameters take a placement", g.source,
+                name);
       ShardTensor values =
-          ShardTensor::distribute(tensor.to_dtype(dtype).to(device), mesh, replicated);
+          ShardTensor::distribute(tensor.to_dtype(dtype).to(device), mesh,
+                                  placed == placements.end() ? replicated : placed->second);
       if (statistics.count(name) > 0) {
         state.buffers.emplace_back(name, values);
         value.sharded = values;
@@ -380,8 +386,7 @@ ShardTensor OnnxModel::forward(const ShardTensor& x) {
 
 void OnnxModel::save(const std::string& file) const {
   const State& state = *state_;
-  // Parameters and buffers are replicated: every rank's piece is the whole value (full_tensor
-  // moves nothing then), and only rank 0 writes.
+  // Every rank gathers each value (nothing moves for a replicated one); only rank 0 writes.
   std::vector<std::pair<std::string, Tensor>> values;
   for (const auto& [name, parameter] : state.parameters)
     values.emplace_back(name, parameter.tensor().full_tensor());

@@ -2,8 +2,9 @@
 // Tessera ops on a DeviceMesh. The io layer parses the file (io/onnx/onnx_graph.hpp); this layer
 // maps each node to a sharded op (Conv -> ops::conv, Resize -> ops::interpolate, ...), so the
 // inputs may be sharded on any layout and the outputs equal one rank's. Float initializers become
-// replicated Parameters named after the initializer (BatchNormalization's running statistics
-// become buffers); subgraphs that only compute shapes (Shape, Gather, Unsqueeze, Concat, Cast,
+// Parameters named after the initializer, replicated or laid out as the caller names them
+// (tensor parallelism: ops/nn/onnx_partition.hpp), BatchNormalization's running statistics
+// buffers; subgraphs that only compute shapes (Shape, Gather, Unsqueeze, Concat, Cast,
 // ...) are folded into constants every forward, so spatial sizes may differ from the exported
 // ones. PyTorch's GroupNorm pattern (Reshape -> InstanceNormalization -> Reshape(Shape(x))) runs
 // as ops::group_norm, never flattening sharded spatial dims. Layout ops without a sharded rule
@@ -31,7 +32,12 @@ class OnnxModel {
  public:
   /// Builds the model from a parsed graph on `mesh`, parameters in `dtype` (f32 or f64; f16/bf16
   /// also work where every op does) on the calling rank's device. Validates every node first.
-  OnnxModel(io::OnnxGraph graph, const DeviceMesh& mesh, DType dtype = DType::f32);
+  /// Parameters are replicated, except those named in `placements` (one placement per mesh dim):
+  /// tensor parallelism shards weights this way (ops/nn/onnx_partition.hpp finds which), and the
+  /// MatMul, Gemm and Conv steps run a weight split on its in features as a row-parallel
+  /// (channel-parallel) product whose Partial sum is reduced before the bias is added.
+  OnnxModel(io::OnnxGraph graph, const DeviceMesh& mesh, DType dtype = DType::f32,
+            const std::map<std::string, std::vector<Placement>>& placements = {});
   /// Reads `file` (io::read_onnx) and builds the model.
   static OnnxModel load(const std::string& file, const DeviceMesh& mesh, DType dtype = DType::f32);
 
@@ -52,9 +58,9 @@ class OnnxModel {
   ShardTensor forward(const ShardTensor& x);
 
   /// Collective: writes the model back as ONNX to `file` (rank 0 writes): the graph as read, with
-  /// every parameter's and buffer's initializer holding its current values (in the file's
-  /// element type), so a trained network goes back to PyTorch's ONNX consumers under the same
-  /// names. A problem is the same error on every rank.
+  /// every parameter's and buffer's initializer holding its current (gathered) values (in the
+  /// file's element type), so a trained network goes back to PyTorch's ONNX consumers under the
+  /// same names. A problem is the same error on every rank.
   void save(const std::string& file) const;
 
   struct State;

@@ -104,6 +104,36 @@ std::vector<int64_t> symmetric_pads(const OnnxNode& node) {
   return begins.empty() ? std::vector<int64_t>{0} : begins;
 }
 
+/// True when the tensor-parallel plan split `w` on tensor dim `dim` over some mesh dim.
+bool split_on(const ShardTensor& w, int dim) {
+  for (const Placement& placement : w.placements())
+    if (placement.is_shard() && placement.dim == dim) return true;
+  return false;
+}
+
+/// `y` with every Partial(sum) reduced: the one all-reduce after a row-parallel (channel-
+/// parallel) product, before its bias and the ops that follow.
+ShardTensor reduced(const ShardTensor& y) {
+  std::vector<Placement> placements = y.placements();
+  std::vector<std::vector<int64_t>> extents = y.spec().extents;
+  bool partial = false;
+  for (size_t m = 0; m < placements.size(); ++m)
+    if (placements[m].is_partial()) {
+      placements[m] = Placement::replicate();
+      if (m < extents.size()) extents[m].clear();
+      partial = true;
+    }
+  return partial ? y.redistribute(placements, extents) : y;
+}
+
+/// a @ b for a 2-d weight b [in, out]: the linear op with b's transpose, whose rule knows a
+/// weight split over a tp dim (column- or row-parallel), when the plan split b; matmul otherwise.
+ShardTensor weighted_matmul(const ShardTensor& a, const ShardTensor& b) {
+  if (b.global_shape().size() == 2 && (split_on(b, 0) || split_on(b, 1)))
+    return reduced(ops::linear(a, ops::permute(b, {1, 0})));
+  return ops::matmul(a, b);
+}
+
 // ---- the node compilers: attributes read and checked once, a step returned ------------------
 
 Step compile_conv(const OnnxNode& node) {
@@ -129,8 +159,12 @@ Step compile_conv(const OnnxNode& node) {
                    std::equal(kernel_shape.begin(), kernel_shape.end(), shape.begin() + 2)),
               "onnx", "{}: kernel_shape [{}] does not match the weight's shape {}", node.where(),
               fmt::join(kernel_shape, ", "), shape);
-    return std::vector<Value>{
-        data_value(ops::conv(x, w, optional_data(context, node, inputs, 2, x.dtype()), options))};
+    const std::optional<ShardTensor> b = optional_data(context, node, inputs, 2, x.dtype());
+    if (split_on(w, 1)) {  // channel-parallel: the channel sum reduced once, then the bias
+      const ShardTensor y = reduced(ops::conv(x, w, std::nullopt, options));
+      return std::vector<Value>{data_value(b ? ops::bias_add(y, *b) : y)};
+    }
+    return std::vector<Value>{data_value(ops::conv(x, w, b, options))};
   };
 }
 
@@ -299,9 +333,12 @@ Step compile_gemm(const OnnxNode& node) {
     std::optional<ShardTensor> c = optional_data(context, node, inputs, 2, a.dtype());
     if (c && beta == 0) c.reset();
     // F.linear's form (the bias a vector) in one op; anything else as its terms.
-    if (trans_b && alpha == 1 && beta == 1 && (!c || c->global_shape().size() == 1))
+    // A row-parallel b (split on its in features) gets its bias after the reduction.
+    const bool row_parallel = split_on(b, trans_b ? 1 : 0);
+    if (trans_b && alpha == 1 && beta == 1 && (!c || c->global_shape().size() == 1) &&
+        !row_parallel)
       return std::vector<Value>{data_value(ops::linear(a, b, c))};
-    ShardTensor y = trans_b ? ops::linear(a, b) : ops::matmul(a, b);
+    ShardTensor y = trans_b ? reduced(ops::linear(a, b)) : weighted_matmul(a, b);
     if (alpha != 1) y = ops::scale(y, alpha);
     if (c) y = ops::add(y, beta == 1 ? *c : ops::scale(*c, beta));
     return std::vector<Value>{data_value(y)};
@@ -569,7 +606,7 @@ std::optional<Step> compile_sharded(const OnnxNode& node, int64_t opset) {
     return Step([&node](const RunContext& context, const Values& inputs) {
       const ShardTensor a = data_of(context, node, inputs, 0);
       return std::vector<Value>{
-          data_value(ops::matmul(a, data_of(context, node, inputs, 1, a.dtype())))};
+          data_value(weighted_matmul(a, data_of(context, node, inputs, 1, a.dtype())))};
     });
   if (op == "Softmax") return compile_softmax(node, false);
   if (op == "LogSoftmax") return compile_softmax(node, true);

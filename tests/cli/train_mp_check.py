@@ -1,0 +1,195 @@
+#!/usr/bin/python3
+# Acceptance check of `tessera train --pp/--tp` (model parallelism of an exported network) on the
+# training fixtures made by tests/fixtures/make_onnx_fixtures.py: the conv net traincnn.onnx
+# (Conv -> GELU -> Conv) and the MLP trainmlp.onnx (four Linear layers on [B, S, C], GELU
+# between). Each layout trains 10 steps in f64 (SGD with momentum) and must give the 1-rank run's
+# losses within 1e-10 relative, and through --save-model the 1-rank run's trained initializers
+# (same names, within 1e-10 relative): PP with 2 stages under gpipe, 1f1b and interleaved, with and
+# without --dp 2; --tp 2 on both nets; --tp 2 --dp 2; --pp 2 --tp 2. The MLP's 1-rank losses equal
+# PyTorch's within 1e-8. --json reports the pp/tp figures; bad input is one error line, exit 2.
+# Multi-rank runs use local ranks, or the launcher in TESSERA_LAUNCH with "{n}" standing for the
+# rank count (e.g. "mpiexec -n {n}").
+# Usage: train_mp_check.py TESSERA_BINARY FIXTURE_DIR SCRATCH_DIR
+import json
+import os
+import shlex
+import sys
+
+import h5py
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from run_op_check_support import Checks, run_cli, single_error_line
+
+tessera, fixture_dir, scratch = sys.argv[1], sys.argv[2], sys.argv[3]
+launch_template = os.environ.get("TESSERA_LAUNCH", "").strip()
+os.makedirs(scratch, exist_ok=True)
+tally = Checks()
+report = tally.report
+TOLERANCE = 1e-10
+
+
+def load(entry):
+    return np.fromfile(os.path.join(fixture_dir, entry["file"]), dtype="<f8").reshape(entry["shape"])
+
+
+def prepare(manifest_name, data_name):
+    manifest = json.load(open(os.path.join(fixture_dir, manifest_name)))
+    data = os.path.join(scratch, data_name)
+    with h5py.File(data, "w") as f:
+        f["x"] = load(manifest["x"])
+        f["y"] = load(manifest["y"])
+    return os.path.join(fixture_dir, manifest["model"]), data, manifest
+
+
+cnn_model, cnn_data, _ = prepare("training.json", "cnn.h5")
+mlp_model, mlp_data, mlp_manifest = prepare("trainmlp.json", "mlp.h5")
+
+
+def launcher(ranks):
+    if ranks == 1 or not launch_template:
+        return []
+    return shlex.split(launch_template.replace("{n}", str(ranks)))
+
+
+def train(model, data, args, ranks, expect_code=0):
+    return run_cli(launcher(ranks) + [tessera, "train", "--model", model, "--data", data,
+                                      "--input", "x", "--target", "y", "--dtype", "f64",
+                                      "--steps", "10", "--batch", "4", "--optimizer", "sgd",
+                                      "--lr", "0.05", "--momentum", "0.9"] + args, expect_code)
+
+
+def losses_of(file):
+    return [entry["loss"] for entry in json.load(open(file))]
+
+
+def initializers(file):
+    return {t.name: numpy_helper.to_array(t) for t in onnx.load(file).graph.initializer}
+
+
+def relative(a, b):
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
+
+
+def weight_error(saved, reference):
+    if sorted(saved) != sorted(reference):
+        return float("inf")
+    return max(float(np.abs(saved[k] - reference[k]).max() / max(np.abs(reference[k]).max(), 1e-300))
+               for k in reference)
+
+
+nets = {"cnn": (cnn_model, cnn_data), "mlp": (mlp_model, mlp_data)}
+# Targets of another spatial shape than the conv net's output ([6, 2, 10, 9]).
+small_target = os.path.join(scratch, "small_target.h5")
+with h5py.File(small_target, "w") as f:
+    f["x"] = load(json.load(open(os.path.join(fixture_dir, "training.json")))["x"])
+    f["y"] = np.zeros((6, 2, 8, 9))
+bad_nets = dict(nets, small_target=(cnn_model, small_target))
+reference = {}
+for net, (model, data) in nets.items():
+    stem = os.path.join(scratch, f"{net}.1rank")
+    if train(model, data, ["--ranks", "1", "--losses-out", stem + ".json", "--save-model",
+                           stem + ".onnx"], 1) is None:
+        tally.failures += 1
+        continue
+    reference[net] = (losses_of(stem + ".json"), initializers(stem + ".onnx"))
+
+if "mlp" in reference:
+    expected = [entry["loss"] for entry in mlp_manifest["losses"]]
+    error = max(abs(a - b) for a, b in zip(reference["mlp"][0], expected))
+    report(error < 1e-8, f"mlp on 1 rank: 10 losses equal PyTorch's within 1e-8 ({error:.2e})")
+
+# (net, label, ranks, options)
+interleaved = ["--schedule", "interleaved", "--chunks", "2", "--micro-batches", "2"]
+layouts = [
+    ("cnn", "pp 2 gpipe", 2, ["--pp", "2", "--schedule", "gpipe", "--micro-batches", "2"]),
+    ("cnn", "pp 2 1f1b", 2, ["--pp", "2", "--schedule", "1f1b", "--micro-batches", "4"]),
+    ("cnn", "pp 2 interleaved", 2, ["--pp", "2"] + interleaved),
+    ("cnn", "pp 2 gpipe x dp 2", 4, ["--pp", "2", "--dp", "2", "--schedule", "gpipe",
+                                      "--micro-batches", "2"]),
+    ("cnn", "pp 2 1f1b x dp 2", 4, ["--pp", "2", "--dp", "2", "--micro-batches", "2"]),
+    ("cnn", "pp 2 interleaved x dp 2", 4, ["--pp", "2", "--dp", "2", "--schedule",
+                                            "interleaved", "--micro-batches", "2"]),
+    ("cnn", "pp 2 at --stage-cuts /Mul_output_0", 2, ["--pp", "2", "--stage-cuts",
+                                                      "/Mul_output_0"]),
+    ("cnn", "tp 2 (filter- then channel-parallel)", 2, ["--tp", "2"]),
+    ("cnn", "tp 2 x dp 2", 4, ["--tp", "2", "--dp", "2"]),
+    ("cnn", "pp 2 x tp 2", 4, ["--pp", "2", "--tp", "2", "--micro-batches", "2"]),
+    ("mlp", "tp 2 (column- then row-parallel)", 2, ["--tp", "2"]),
+    ("mlp", "tp 2 x dp 2", 4, ["--tp", "2", "--dp", "2"]),
+    ("mlp", "pp 2 x tp 2", 4, ["--pp", "2", "--tp", "2", "--schedule", "gpipe",
+                               "--micro-batches", "2"]),
+    ("mlp", "pp 2 interleaved x dp 2", 4, ["--pp", "2", "--dp", "2"] + interleaved),
+]
+if not launch_template:  # 8 local ranks: pp x tp x a domain dim sharded unevenly
+    layouts.append(("cnn", "pp 2 x tp 2 x domain 2 uneven", 8,
+                    ["--pp", "2", "--tp", "2", "--mesh", "2", "--shard-dims", "2", "--extents",
+                     "3,7", "--micro-batches", "2"]))
+for index, (net, label, ranks, options) in enumerate(layouts):
+    if net not in reference:
+        continue
+    model, data = nets[net]
+    stem = os.path.join(scratch, f"{net}.{index}")
+    if train(model, data, options + ["--losses-out", stem + ".json", "--save-model",
+                                     stem + ".onnx"], ranks) is None:
+        tally.failures += 1
+        continue
+    losses = losses_of(stem + ".json")
+    loss_error = relative(losses, reference[net][0]) if len(losses) == 10 else float("inf")
+    report(loss_error < TOLERANCE,
+           f"{net} on {label}: 10 losses equal 1 rank's within 1e-10 relative ({loss_error:.2e})")
+    onnx.checker.check_model(onnx.load(stem + ".onnx"))
+    error = weight_error(initializers(stem + ".onnx"), reference[net][1])
+    report(error < TOLERANCE,
+           f"{net} on {label}: --save-model writes 1 rank's trained initializers ({error:.2e})")
+
+# --json: the pp/tp figures.
+result = train(mlp_model, mlp_data, ["--pp", "2", "--tp", "2", "--micro-batches", "2", "--json"],
+               4)
+if result is None:
+    tally.failures += 1
+else:
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    report(summary.get("pp") == 2 and summary.get("tp") == 2 and summary.get("stages") == 2
+           and len(summary.get("stage_cuts", [])) == 1 and len(summary.get("tp_patterns", [])) == 2
+           and 0 <= summary.get("bubble_fraction", -1) <= 1
+           and abs(summary.get("ideal_bubble_fraction", 0) - 1 / 3) < 1e-12
+           and summary.get("mesh_dims") == ["pp", "dp", "tp", "domain0"],
+           f"--json: pp, tp, stages, stage_cuts, tp_patterns, bubble fractions "
+           f"({ {k: summary.get(k) for k in ('stage_cuts', 'bubble_fraction')} })")
+
+# Bad input: one error line naming the option, exit 2, nothing written.
+losses_out = os.path.join(scratch, "bad.losses.json")
+bad_cases = [
+    ("cnn", ["--pp", "5"], 5, "[train] --pp 5: the graph of"),
+    ("cnn", ["--pp", "2", "--schedule", "interleaved", "--chunks", "4", "--micro-batches", "2"],
+     2, "too few for 8 stages"),
+    ("cnn", ["--pp", "2", "--micro-batches", "3"], 2, "[train] --micro-batches 3 does not divide"),
+    ("cnn", ["--pp", "2", "--dp", "2", "--micro-batches", "4"], 4,
+     "[train] --micro-batches 4 does not divide"),
+    ("cnn", ["--pp", "2", "--schedule", "interleaved", "--micro-batches", "1"], 2,
+     "[train] --schedule interleaved --pp 2 --micro-batches 1"),
+    ("cnn", ["--pp", "2", "--stage-cuts", "/Div_output_0"], 2,
+     "[train] --stage-cuts: '/Div_output_0' is not a cut point"),
+    ("cnn", ["--tp", "3"], 3, "[train] --tp 3:"),
+    ("mlp", ["--micro-batches", "2"], 1, "[train] --micro-batches, --schedule"),
+    ("cnn", ["--pp", "2", "--dp", "2", "--parallel", "fsdp"], 4, "[train] --parallel fsdp with"),
+    ("small_target", ["--pp", "2", "--micro-batches", "2"], 2,
+     "[train] the model's output for a micro-batch"),
+]
+for net, args, ranks, expected_text in bad_cases:
+    if os.path.exists(losses_out):
+        os.remove(losses_out)
+    model, data = bad_nets[net]
+    result = train(model, data, args + ["--losses-out", losses_out], ranks, 2)
+    if result is None:
+        tally.failures += 1
+        continue
+    ok, lines = single_error_line(result.stderr, bool(launcher(ranks)))
+    report(ok and expected_text in lines[0] and not os.path.exists(losses_out),
+           f"{net} {' '.join(args)} on {ranks} rank(s): one error line containing "
+           f"'{expected_text}' ({lines[:1]})")
+
+print(f"{tally.failures} failure(s)")
+raise SystemExit(1 if tally.failures else 0)
