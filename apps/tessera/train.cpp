@@ -35,6 +35,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <regex>
@@ -341,6 +342,27 @@ class BatchSource {
   virtual std::pair<ShardTensor, ShardTensor> batch(int64_t step) = 0;
 };
 
+/// Collective: the (input, target) batches of `specs` (input first), each rank's piece filled by
+/// fill(dataset, box, local) for its non-empty box; a read error on any rank is one agreed error.
+std::pair<ShardTensor, ShardTensor> read_batch(
+    const TrainOptions& options, const DeviceMesh& mesh, const std::vector<ShardSpec>& specs,
+    DType as, const std::function<void(const std::string&, const Box&, Tensor&)>& fill) {
+  std::vector<ShardTensor> pieces;
+  std::optional<std::string> problem;
+  for (size_t k = 0; k < specs.size(); ++k) {
+    const Box box = specs[k].local_box(mesh.coord());
+    Tensor local = Tensor::empty(box.shape(), as, current_rank_context().device());
+    try {
+      if (!box.empty()) fill(k == 0 ? options.input : options.target, box, local);
+    } catch (const Error& error) {
+      if (!problem) problem = untagged(error);
+    }
+    pieces.emplace_back(local, mesh, specs[k]);
+  }
+  agree_on_error(mesh.comm(), kOp, problem);
+  return {pieces[0], pieces[1]};
+}
+
 /// --shuffle 0: step t holds samples (t*B + i) mod S. Each rank reads only its rows (its dp share
 /// of the batch) and its spatial box, as at most a few hyperslabs: the rows of one step are one
 /// run of consecutive samples, broken where they wrap around the end of the file.
@@ -359,30 +381,20 @@ class FileOrderBatches final : public BatchSource {
 
   std::pair<ShardTensor, ShardTensor> batch(int64_t step) override {
     const int64_t first = (step % samples_) * (options_.batch % samples_) % samples_;
-    std::vector<ShardTensor> pieces;
-    std::optional<std::string> problem;
-    for (size_t k = 0; k < specs_.size(); ++k) {
-      const std::string& dataset = k == 0 ? options_.input : options_.target;
-      const Box box = specs_[k].local_box(mesh_.coord());
-      Tensor local = Tensor::empty(box.shape(), as_, current_rank_context().device());
-      try {
-        for (int64_t row = box.lo[0]; row < box.hi[0] && !box.empty();) {
-          const int64_t sample = (first + row) % samples_;
-          const int64_t run = std::min(box.hi[0] - row, samples_ - sample);
-          Box in_file = box;
-          in_file.lo[0] = sample;
-          in_file.hi[0] = sample + run;
-          local.slice(0, row - box.lo[0], row - box.lo[0] + run)
-              .copy_from(io::read_hyperslab(options_.data, dataset, in_file, as_, local.device()));
-          row += run;
-        }
-      } catch (const Error& error) {
-        if (!problem) problem = untagged(error);
-      }
-      pieces.emplace_back(local, mesh_, specs_[k]);
-    }
-    agree_on_error(mesh_.comm(), kOp, problem);
-    return {pieces[0], pieces[1]};
+    return read_batch(options_, mesh_, specs_, as_,
+                      [&](const std::string& dataset, const Box& box, Tensor& local) {
+                        for (int64_t row = box.lo[0]; row < box.hi[0];) {
+                          const int64_t sample = (first + row) % samples_;
+                          const int64_t run = std::min(box.hi[0] - row, samples_ - sample);
+                          Box in_file = box;
+                          in_file.lo[0] = sample;
+                          in_file.hi[0] = sample + run;
+                          local.slice(0, row - box.lo[0], row - box.lo[0] + run)
+                              .copy_from(io::read_hyperslab(options_.data, dataset, in_file, as_,
+                                                            local.device()));
+                          row += run;
+                        }
+                      });
   }
 
  private:
@@ -472,33 +484,24 @@ class CropBatches final : public BatchSource {
   }
 
   std::pair<ShardTensor, ShardTensor> batch(int64_t step) override {
-    std::vector<ShardTensor> pieces;
-    std::optional<std::string> problem;
-    for (size_t k = 0; k < specs_.size(); ++k) {
-      const std::string& dataset = k == 0 ? options_.input : options_.target;
-      const Box box = specs_[k].local_box(mesh_.coord());
-      Tensor local = Tensor::empty(box.shape(), as_, current_rank_context().device());
-      try {
-        for (int64_t row = box.lo[0]; row < box.hi[0] && !box.empty(); ++row) {
-          const int64_t index = step * options_.batch + row;  // in the run's stream of samples
-          Box in_file = box;
-          in_file.lo[0] = sample_of(index);
-          in_file.hi[0] = in_file.lo[0] + 1;
-          for (size_t d = 0; d < crop_.size(); ++d) {
-            const int64_t origin = origin_of(index, d);
-            in_file.lo[d + 2] += origin;
-            in_file.hi[d + 2] += origin;
-          }
-          local.slice(0, row - box.lo[0], row - box.lo[0] + 1)
-              .copy_from(io::read_hyperslab(options_.data, dataset, in_file, as_, local.device()));
-        }
-      } catch (const Error& error) {
-        if (!problem) problem = untagged(error);
-      }
-      pieces.emplace_back(local, mesh_, specs_[k]);
-    }
-    agree_on_error(mesh_.comm(), kOp, problem);
-    return {pieces[0], pieces[1]};
+    return read_batch(options_, mesh_, specs_, as_,
+                      [&](const std::string& dataset, const Box& box, Tensor& local) {
+                        for (int64_t row = box.lo[0]; row < box.hi[0]; ++row) {
+                          const int64_t index =
+                              step * options_.batch + row;  // in the run's stream of samples
+                          Box in_file = box;
+                          in_file.lo[0] = sample_of(index);
+                          in_file.hi[0] = in_file.lo[0] + 1;
+                          for (size_t d = 0; d < crop_.size(); ++d) {
+                            const int64_t origin = origin_of(index, d);
+                            in_file.lo[d + 2] += origin;
+                            in_file.hi[d + 2] += origin;
+                          }
+                          local.slice(0, row - box.lo[0], row - box.lo[0] + 1)
+                              .copy_from(io::read_hyperslab(options_.data, dataset, in_file, as_,
+                                                            local.device()));
+                        }
+                      });
   }
 
  private:

@@ -22,6 +22,7 @@
 #include "core/backend/transfer.hpp"
 #include "core/comm/comm_device.hpp"
 #include "core/comm/launch.hpp"
+#include "core/comm/launch_state.hpp"
 #include "core/compute_threads.hpp"
 #include "core/tensor.hpp"
 
@@ -48,21 +49,7 @@ void count_if_crossing(int dst_device, int src_device, size_t bytes) {
     count_transfer(device_of_index(dst_device), device_of_index(src_device), bytes);
 }
 
-/// Launch-wide failure flag, shared by the world group and every group split from it.
-struct LaunchState {
-  std::atomic<bool> aborted{false};
-  std::mutex mu;
-  std::string reason;
-
-  void abort(const std::string& why) {
-    std::lock_guard lock(mu);
-    if (!aborted.exchange(true)) reason = why;
-  }
-  std::string why() {
-    std::lock_guard lock(mu);
-    return reason;
-  }
-};
+using detail::LaunchState;  // core/comm/launch_state.hpp
 
 /// What a rank brings to a collective.
 struct Contribution {

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <numeric>
 
+#include "core/comm/launch_state.hpp"
 #include "core/comm/local_comm.hpp"
 #include "core/compute_threads.hpp"
 #include "core/runtime/rank_context.hpp"
@@ -33,21 +34,7 @@ constexpr auto poll_interval = std::chrono::seconds(1);
 // 4096 ranks then reserve 8 GiB of address space instead of 32.
 constexpr size_t kStackBytes = size_t{2} << 20;
 
-/// Launch-wide failure flag, shared by the world group and every group split from it.
-struct LaunchState {
-  std::atomic<bool> aborted{false};
-  std::mutex mu;
-  std::string reason;
-
-  void abort(const std::string& why) {
-    std::lock_guard lock(mu);
-    if (!aborted.exchange(true)) reason = why;
-  }
-  std::string why() {
-    std::lock_guard lock(mu);
-    return reason;
-  }
-};
+using detail::LaunchState;  // core/comm/launch_state.hpp
 
 /// What a rank publishes for one collective: a copy of its real send bytes (none for a payload)
 /// and the per-rank counts the readers need.

@@ -117,7 +117,8 @@ ConvProblem make_problem(const Shape& x_shape, const Shape& w_shape, const ConvG
   return problem;
 }
 
-// cpu convs run f32 and f64; cuda (cuDNN) convs also f16 and bf16.
+// cpu convs run f32 and f64 (f16 and bf16 through f32: through_f32); cuda (cuDNN) convs also
+// f16 and bf16.
 void check_tensor(const Tensor& tensor, std::string_view name) {
   const DType dtype = tensor.dtype();
   if (tensor.device().is_cuda()) {
@@ -270,8 +271,28 @@ Shape conv_output_shape(const Shape& x_shape, const Shape& w_shape, const ConvGe
   return make_problem(x_shape, w_shape, geometry, DType::f32).y_shape();
 }
 
+namespace {
+
+/// True when a cpu conv of `a` (and the other operands, of its dtype) runs through f32: f16 and
+/// bf16 cpu tensors are converted to f32 (exactly), convolved with f32 sums, and the result
+/// rounded back to the dtype once, as a mixed-precision cpu run expects.
+bool through_f32(const Tensor& a, std::initializer_list<const Tensor*> others) {
+  if (a.device().is_cuda() || (a.dtype() != DType::f16 && a.dtype() != DType::bf16)) return false;
+  for (const Tensor* other : others)
+    if (other != nullptr && other->dtype() != a.dtype()) return false;
+  return true;
+}
+
+}  // namespace
+
 Tensor conv_forward(const Tensor& x, const Tensor& w, const Tensor* bias,
                     const ConvGeometry& geometry, ConvBackend backend) {
+  if (through_f32(x, {&w, bias})) {
+    const Tensor bias32 = bias != nullptr ? bias->to_dtype(DType::f32) : Tensor();
+    return conv_forward(x.to_dtype(DType::f32), w.to_dtype(DType::f32),
+                        bias != nullptr ? &bias32 : nullptr, geometry, backend)
+        .to_dtype(x.dtype());
+  }
   check_same_dtype(x, "x", w, "w");
   const ConvProblem problem = make_problem(x.shape(), w.shape(), geometry, x.dtype());
   if (bias != nullptr) {
@@ -310,6 +331,10 @@ Tensor conv_forward(const Tensor& x, const Tensor& w, const Tensor* bias,
 
 void conv_forward_into(const Tensor& x, const Tensor& w, const Tensor* bias,
                        const ConvGeometry& geometry, Tensor& y, ConvBackend backend) {
+  if (through_f32(x, {&w, bias, &y})) {
+    y.copy_from(conv_forward(x, w, bias, geometry, backend));
+    return;
+  }
   check_same_dtype(x, "x", y, "y");
   if (y.is_shape_only()) return;
   if (!use_cudnn(backend, x.device())) {
@@ -330,6 +355,10 @@ void conv_forward_into(const Tensor& x, const Tensor& w, const Tensor* bias,
 
 Tensor conv_backward_data(const Tensor& dy, const Tensor& w, const Shape& x_shape,
                           const ConvGeometry& geometry, ConvBackend backend) {
+  if (through_f32(dy, {&w}))
+    return conv_backward_data(dy.to_dtype(DType::f32), w.to_dtype(DType::f32), x_shape, geometry,
+                              backend)
+        .to_dtype(dy.dtype());
   check_same_dtype(dy, "dy", w, "w");
   const ConvProblem problem = make_problem(x_shape, w.shape(), geometry, dy.dtype());
   check_output_gradient(dy, problem);
@@ -364,6 +393,10 @@ Tensor conv_backward_data(const Tensor& dy, const Tensor& w, const Shape& x_shap
 
 Tensor conv_backward_weight(const Tensor& x, const Tensor& dy, const Shape& w_shape,
                             const ConvGeometry& geometry, ConvBackend backend) {
+  if (through_f32(x, {&dy}))
+    return conv_backward_weight(x.to_dtype(DType::f32), dy.to_dtype(DType::f32), w_shape, geometry,
+                                backend)
+        .to_dtype(x.dtype());
   check_same_dtype(x, "x", dy, "dy");
   const ConvProblem problem = make_problem(x.shape(), w_shape, geometry, x.dtype());
   check_output_gradient(dy, problem);
@@ -393,6 +426,7 @@ Tensor conv_backward_weight(const Tensor& x, const Tensor& dy, const Shape& w_sh
 }
 
 Tensor conv_backward_bias(const Tensor& dy) {
+  if (through_f32(dy, {})) return conv_backward_bias(dy.to_dtype(DType::f32)).to_dtype(dy.dtype());
   check_tensor(dy, "dy");
   check_arg(dy.ndim() >= 3 && dy.ndim() <= 5, kOp,
             "expected a 3-, 4- or 5-d dy for conv1d/2d/3d, got shape {}", shape_text(dy.shape()));

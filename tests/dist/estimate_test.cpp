@@ -24,10 +24,12 @@
 namespace tessera {
 namespace {
 
-/// An event without what differs between runs: its time, duration and thread id.
+/// An event without what differs between runs: its time, duration and thread id, and the
+/// backend its rank's label names (the real run's "local", the recording's "simulated").
 std::string without_timing(const std::string& event) {
   static const std::regex timing(R"re("(ts|dur|tid)": [0-9.]+, )re");
-  return std::regex_replace(event, timing, "");
+  static const std::regex backend(R"re((backend=|"backend": ")[a-z]+)re");
+  return std::regex_replace(std::regex_replace(event, timing, ""), backend, "$1");
 }
 
 std::vector<std::string> comparable(const std::vector<std::string>& events) {

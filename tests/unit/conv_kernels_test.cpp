@@ -513,6 +513,38 @@ TEST(ConvKernels, RejectsNegativeOrMisshapedPadding) {
       "[conv] padding has 2 entries, expected 1 (one per spatial dim)");
 }
 
+// cpu convs of f16 and bf16 tensors run through f32: forward and the three backward kernels
+// equal the f32 kernels on the half values (converted exactly), rounded to the dtype once.
+TEST(ConvKernels, HalfDtypesOnCpuEqualTheF32KernelsRoundedOnce) {
+  std::mt19937_64 rng(11);
+  const ConvGeometry geometry{{1, 2}, {1, 1}, 1, {1, 0}, {1, 2}};
+  for (DType half : {DType::bf16, DType::f16}) {
+    const Tensor x = to_tensor(random_array({2, 4, 7, 9}, rng), half);
+    const Tensor w = to_tensor(random_array({3, 4, 3, 2}, rng), half);
+    const Tensor b = to_tensor(random_array({3}, rng), half);
+    const Tensor y = conv_forward(x, w, &b, geometry);
+    const Tensor b32 = b.to_dtype(DType::f32);
+    const Tensor expected = conv_forward(x.to_dtype(DType::f32), w.to_dtype(DType::f32), &b32,
+                                         geometry)
+                                .to_dtype(half);
+    ASSERT_EQ(y.dtype(), half);
+    EXPECT_EQ(to_array(y).values, to_array(expected).values) << dtype_name(half);
+    const Tensor dy = to_tensor(random_array(y.shape(), rng), half);
+    EXPECT_EQ(to_array(conv_backward_data(dy, w, x.shape(), geometry)).values,
+              to_array(conv_backward_data(dy.to_dtype(DType::f32), w.to_dtype(DType::f32),
+                                          x.shape(), geometry)
+                           .to_dtype(half))
+                  .values);
+    EXPECT_EQ(to_array(conv_backward_weight(x, dy, w.shape(), geometry)).values,
+              to_array(conv_backward_weight(x.to_dtype(DType::f32), dy.to_dtype(DType::f32),
+                                            w.shape(), geometry)
+                           .to_dtype(half))
+                  .values);
+    EXPECT_EQ(to_array(conv_backward_bias(dy)).values,
+              to_array(conv_backward_bias(dy.to_dtype(DType::f32)).to_dtype(half)).values);
+  }
+}
+
 TEST(ConvKernels, RejectsBadArgumentsWithMessagesNamingTheValues) {
   const Tensor x3 = Tensor::zeros({2, 6, 8, 8, 8}, DType::f32);
   const Tensor w3 = Tensor::zeros({4, 3, 3, 3, 3}, DType::f32);
