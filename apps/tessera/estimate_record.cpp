@@ -31,6 +31,7 @@ void register_recordable(CLI::App& app) {
   register_run_op(app);
   register_infer(app);
   register_simulate(app);
+  register_train(app);
 }
 
 void write_recording(const std::string& file, const std::string& text) {
@@ -68,7 +69,7 @@ void register_estimate_record(CLI::App& app) {
   auto options = std::make_shared<EstimateRecordOptions>();
   CLI::App* command = app.add_subcommand(
       "estimate-record",
-      "Run a command (simulate, run-op, infer, demo) on P simulated ranks without data and write "
+      "Run a command (simulate, run-op, train, infer, demo) on P simulated ranks without data and write "
       "every rank's events and peak tensor bytes");
   command
       ->add_option("--ranks", options->ranks,

@@ -16,6 +16,7 @@
 #include "apps/tessera/cli_parse.hpp"
 #include "apps/tessera/commands.hpp"
 #include "apps/tessera/run_op_common.hpp"
+#include "core/estimate/estimate_mode.hpp"
 #include "core/tessera.hpp"
 #include "core/trace.hpp"
 #include "io/hdf5/h5_file.hpp"
@@ -129,7 +130,8 @@ void run_infer(std::shared_ptr<Comm> world, const InferOptions& options) {
   // The outputs are the only datasets of --out: an old file is removed first, then every rank
   // writes its own boxes (each write_sharded replaces the file atomically, keeping the datasets
   // written before it).
-  if (world->rank() == 0) std::filesystem::remove(options.out);
+  // Estimate mode writes nothing (the writes below are io events), so removes nothing either.
+  if (world->rank() == 0 && !estimate::active()) std::filesystem::remove(options.out);
   world->barrier();
   std::vector<std::string> written;
   for (const io::OnnxValue& output : model->outputs()) {

@@ -730,6 +730,11 @@ int64_t load_checkpoint(const std::string& file, const std::vector<Parameter>& p
   return run.at("step");
 }
 
+/// A loss for printing: "n/a" for the NaN of estimate mode (shape-only tensors have no value).
+std::string loss_text(double loss, fmt::format_string<double> format) {
+  return std::isnan(loss) ? std::string("n/a") : fmt::format(format, loss);
+}
+
 /// Writes `[{"step": 1, "loss": ...}, ...]` with every loss to full double precision.
 void write_losses(const std::string& file, const std::vector<std::pair<int64_t, double>>& losses) {
   std::string text = "[";
@@ -1096,7 +1101,9 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
                   options.input, y.global_shape(), options.target, target.global_shape());
         const ShardTensor loss = loss_of(y, target);
         tape.backward(loss);
-        loss_value = loss.full_tensor().to(Device::cpu()).item_as_double({});
+        // Estimate mode: the loss has no value (NaN, printed as n/a); the gather still runs.
+        const Tensor whole = loss.full_tensor().to(Device::cpu());
+        loss_value = whole.is_shape_only() ? std::nan("") : whole.item_as_double({});
       });
     if (reducer) reducer->finish();
     if (optimizer) optimizer->step();
@@ -1116,7 +1123,8 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
     const double samples_per_second =
         per_step > 0 ? static_cast<double>(options.batch) / per_step : 0;
     std::string detail =
-        fmt::format("loss {:.6g}, {:.4g} samples/s, ETA {}", loss_value, samples_per_second,
+        fmt::format("loss {}, {:.4g} samples/s, ETA {}", loss_text(loss_value, "{:.6g}"),
+                    samples_per_second,
                     format_eta(per_step * (options.steps - done)));
     if (pipe) detail += fmt::format(", bubble {:.1f}%", 100 * bubble_fractions.back());
     if (terminal)
@@ -1171,7 +1179,8 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
         {"peak_bytes_per_rank", peak_bytes_per_rank},
         {"total_seconds", total_seconds},
     };
-    json["final_loss"] = ran ? nlohmann::json(final_loss) : nlohmann::json(nullptr);
+    json["final_loss"] =
+        ran && !std::isnan(final_loss) ? nlohmann::json(final_loss) : nlohmann::json(nullptr);
     if (options.tp > 1) {
       nlohmann::json patterns = nlohmann::json::array();
       for (const auto& pattern : tp_plan.patterns)
@@ -1212,7 +1221,7 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
       "{}, median step {:.3f} ms, {:.4g} samples/s\n",
       options.model, mesh_shape, options.dp, options.parallel, model_parallel, world->backend(),
       first_step, options.steps, options.batch,
-      ran ? fmt::format("{:.17g}", final_loss) : std::string("-"), step_median * 1e3,
+      ran ? loss_text(final_loss, "{:.17g}") : std::string("-"), step_median * 1e3,
       samples_per_second);
 }
 

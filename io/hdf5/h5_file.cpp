@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "core/checked_math.hpp"
+#include "core/estimate/estimate_mode.hpp"
 #include "core/host_allocator.hpp"
 #include "io/hdf5/h5_handle.hpp"
 #include "io/hdf5/h5_transfer.hpp"
@@ -736,6 +737,9 @@ Tensor read_open_dataset(hid_t dataset, const Where& where, const Box* box, std:
   if (box != nullptr) check_box(*box, shape, where);
   const Box whole{Shape(shape.size(), 0), shape};
   const Box& selected = box != nullptr ? *box : whole;
+  // Estimate mode (core/estimate/estimate_mode.hpp) reads the dataset's metadata only: the box
+  // comes back shape-only, with the file's dtype (or `as`), and no element is read.
+  if (estimate::active()) return Tensor::empty(selected.shape(), dtype, device);
   Tensor result = device.is_cpu() ? allocate_for_read(selected.shape(), dtype, where)
                                   : Tensor::empty(selected.shape(), dtype, device);
   if (result.numel() == 0 && !how.collective) return result;

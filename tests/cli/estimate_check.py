@@ -84,6 +84,50 @@ if real.returncode == 0 and estimated.returncode == 0:
           abs(a["comm_seconds"] - b["comm_seconds"]) <= 1e-9 * max(a["comm_seconds"], 1e-30),
           f"estimate mode predicts what the real run's trace predicts ({b['step_seconds']} s, "
           f"{a['step_seconds']} s)")
+
+# Estimate mode of a training step and of inference: the 3-d U-Net of the Gray-Scott example
+# (conv, group_norm, gelu, max_pool, conv_transpose, concat, mse_loss, Adam, the gradient
+# all-reduce) at P = 4 (dp 2 x domain 2; infer on a 2x2 domain mesh) on a tiny generated file:
+# the estimate reads the files' metadata and the model only, predicts what the real traced run
+# predicts (the same events), and writes nothing.
+import h5py  # noqa: E402
+import numpy as np  # noqa: E402
+
+unet = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples",
+                    "gray_scott_surrogate", "unet3d.onnx")
+unet_dir = os.path.join(scratch, "unet")
+os.makedirs(unet_dir, exist_ok=True)
+pairs = os.path.join(unet_dir, "pairs.h5")
+rng = np.random.default_rng(1)
+with h5py.File(pairs, "w") as f:
+    f["x"] = rng.standard_normal((5, 2, 12, 12, 12)).astype(np.float32)
+    f["y"] = rng.standard_normal((5, 2, 12, 12, 12)).astype(np.float32)
+for name, command in [
+        ("train", ["train", "--model", unet, "--data", pairs, "--input", "/x", "--target", "/y",
+                   "--steps", "3", "--batch", "4", "--loss", "mse", "--optimizer", "adam",
+                   "--lr", "5e-4", "--crop", "8,8,8", "--shuffle", "1", "--seed", "1", "--dp", "2",
+                   "--mesh", "2", "--shard-dims", "2"]),
+        ("infer", ["infer", "--model", unet, "--in", pairs, "--mesh", "2x2", "--shard-dims", "2,3"])]:
+    out = ["--out", os.path.join(unet_dir, "forecast.h5")] if name == "infer" else []
+    real_trace = os.path.join(scratch, f"unet_{name}.json")
+    result = run(*command, *out, "--trace", real_trace, env={"TESSERA_BACKEND": "local"})
+    check(result.returncode == 0, f"a traced 4-rank {name} run of the U-Net: {result.stderr.strip()[-300:]}")
+    real = run("estimate", "--cluster", "h100-ib", "--trace-in", real_trace, "--json")
+    before = {entry: os.stat(os.path.join(unet_dir, entry)).st_mtime_ns for entry in os.listdir(unet_dir)}
+    never = os.path.join(unet_dir, "never.h5")
+    out = ["--out", never] if name == "infer" else []
+    estimated = run("estimate", "--cluster", "h100-ib", "--ranks", "4", "--json", "--", *command, *out)
+    check(estimated.returncode == 0, f"estimate -- {name} runs: {estimated.stderr.strip()[-300:]}")
+    after = {entry: os.stat(os.path.join(unet_dir, entry)).st_mtime_ns for entry in os.listdir(unet_dir)}
+    check(before == after, f"estimate -- {name} writes no file ({sorted(set(after) - set(before))})")
+    if real.returncode == 0 and estimated.returncode == 0:
+        a, b = json.loads(real.stdout), json.loads(estimated.stdout)
+        check(b["ranks"] == 4 and b["steps"] == a["steps"] and b["peak_bytes_per_rank"] > 0,
+              f"{name}: 4 ranks, {a['steps']} steps, peak bytes reported")
+        check(abs(a["step_seconds"] - b["step_seconds"]) <= 1e-9 * a["step_seconds"] and
+              abs(a["comm_seconds"] - b["comm_seconds"]) <= 1e-9 * max(a["comm_seconds"], 1e-30),
+              f"{name}: estimate mode predicts what the real run's trace predicts "
+              f"({b['step_seconds']} s, {a['step_seconds']} s)")
 plot = os.path.join(scratch, "scaling.png")
 result = run("estimate", "--cluster", "h200-ib", "--scaling", "1,2,4", "--json", "--plot", plot, "--",
              "simulate", "gray-scott", "--size", "{weak:8,8,6}", "--mesh", "{mesh2}", "--shard-dims", "0,1",
