@@ -58,7 +58,8 @@ std::vector<std::optional<ShardTensor>> single_input_halo_backward(
 
 /// Applies `fn(double) -> double` to every element of a floating cpu tensor (any strides);
 /// returns a contiguous tensor of the same dtype. f16/bf16 compute in float. Runs on the compute
-/// threads (chunks of kElementChunk elements): `fn` must not depend on the visiting order.
+/// threads (chunks of kElementChunk elements): `fn` must not depend on the visiting order. A
+/// shape-only input (estimate mode) gives a shape-only result without calling `fn`.
 template <typename Fn>
 Tensor map_elements(const Tensor& input, Fn&& fn);
 
@@ -74,6 +75,8 @@ inline constexpr int64_t kElementChunk = 1 << 15;
 
 template <typename Fn>
 Tensor map_elements(const Tensor& input, Fn&& fn) {
+  // Estimate mode: a shape-only input gives a shape-only result; no element is visited.
+  if (input.is_shape_only()) return Tensor::empty(input.shape(), input.dtype());
   const Tensor source = input.contiguous();
   Tensor result = Tensor::empty(source.shape(), source.dtype());
   const int64_t count = source.numel();
@@ -101,6 +104,8 @@ template <typename Fn>
 Tensor zip_elements(const Tensor& a, const Tensor& b, Fn&& fn) {
   check_arg(a.shape() == b.shape() && a.dtype() == b.dtype(), "ops", "elementwise {} and {}",
             a.str(), b.str());
+  // Estimate mode: shape-only inputs give a shape-only result; no element is visited.
+  if (a.is_shape_only() || b.is_shape_only()) return Tensor::empty(a.shape(), a.dtype());
   const Tensor left = a.contiguous(), right = b.contiguous();
   Tensor result = Tensor::empty(left.shape(), left.dtype());
   const int64_t count = left.numel();

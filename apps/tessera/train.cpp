@@ -731,8 +731,8 @@ int64_t load_checkpoint(const std::string& file, const std::vector<Parameter>& p
 }
 
 /// A loss for printing: "n/a" for the NaN of estimate mode (shape-only tensors have no value).
-std::string loss_text(double loss, fmt::format_string<double> format) {
-  return std::isnan(loss) ? std::string("n/a") : fmt::format(format, loss);
+std::string loss_text(double loss, int digits) {
+  return std::isnan(loss) ? std::string("n/a") : fmt::format("{:.{}g}", loss, digits);
 }
 
 /// Writes `[{"step": 1, "loss": ...}, ...]` with every loss to full double precision.
@@ -1123,7 +1123,7 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
     const double samples_per_second =
         per_step > 0 ? static_cast<double>(options.batch) / per_step : 0;
     std::string detail =
-        fmt::format("loss {}, {:.4g} samples/s, ETA {}", loss_text(loss_value, "{:.6g}"),
+        fmt::format("loss {}, {:.4g} samples/s, ETA {}", loss_text(loss_value, 6),
                     samples_per_second,
                     format_eta(per_step * (options.steps - done)));
     if (pipe) detail += fmt::format(", bubble {:.1f}%", 100 * bubble_fractions.back());
@@ -1221,7 +1221,7 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
       "{}, median step {:.3f} ms, {:.4g} samples/s\n",
       options.model, mesh_shape, options.dp, options.parallel, model_parallel, world->backend(),
       first_step, options.steps, options.batch,
-      ran ? loss_text(final_loss, "{:.17g}") : std::string("-"), step_median * 1e3,
+      ran ? loss_text(final_loss, 17) : std::string("-"), step_median * 1e3,
       samples_per_second);
 }
 
