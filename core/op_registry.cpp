@@ -15,6 +15,7 @@
 #include "core/agree.hpp"
 #include "core/autograd.hpp"
 #include "core/estimate/estimate_mode.hpp"
+#include "core/estimate/real_data.hpp"
 #include "core/halo/halo_exchange.hpp"
 #include "core/trace.hpp"
 
@@ -386,7 +387,8 @@ std::vector<ShardTensor> apply_op(const std::string& name, const std::vector<Sha
   if (all_on(Device::Kind::cpu) && op.cpu_overlap) split = &*op.cpu_overlap;
   if (all_on(Device::Kind::cuda) && op.cuda_overlap) split = &*op.cuda_overlap;
   // Estimate mode: the messages travel (halo_end below), the kernel does not run.
-  const bool estimating = estimate::active();
+  // A kernel that communicates (estimate/real_data.hpp) runs, on the shape-only pieces.
+  const bool estimating = estimate::active() && !estimate::runs_kernel_in_estimate_mode(name);
   const bool overlap =
       !estimating && split != nullptr && remote && halo_overlap(context.device.kind);
   if (overlap) {

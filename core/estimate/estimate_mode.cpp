@@ -4,9 +4,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <mutex>
+#include <set>
+#include <string>
 
 #include "core/comm/comm.hpp"
 #include "core/errors.hpp"
+#include "core/estimate/real_data.hpp"
 
 namespace tessera {
 
@@ -60,6 +64,40 @@ CountScope::CountScope(std::shared_ptr<TensorBytes> bytes)
 
 CountScope::~CountScope() {
   installed_bytes() = std::move(previous_);
+}
+
+namespace {
+
+struct KernelOps {
+  std::mutex mutex;
+  std::set<std::string, std::less<>> names;
+};
+
+KernelOps& kernel_ops() {
+  static KernelOps ops;
+  return ops;
+}
+
+}  // namespace
+
+void run_kernel_in_estimate_mode(const std::string& op) {
+  KernelOps& ops = kernel_ops();
+  const std::lock_guard lock(ops.mutex);
+  ops.names.insert(op);
+}
+
+bool runs_kernel_in_estimate_mode(std::string_view op) {
+  KernelOps& ops = kernel_ops();
+  const std::lock_guard lock(ops.mutex);
+  return ops.names.find(op) != ops.names.end();
+}
+
+RealDataScope::RealDataScope() : previous_active_(estimating) {
+  estimating = false;
+}
+
+RealDataScope::~RealDataScope() {
+  estimating = previous_active_;
 }
 
 void throw_touched(std::string_view what, std::string_view tensor) {

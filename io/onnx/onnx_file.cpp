@@ -13,10 +13,13 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 
 #include "core/errors.hpp"
+#include "core/estimate/estimate_mode.hpp"
+#include "core/estimate/real_data.hpp"
 #include "io/onnx/onnx_graph.hpp"
 
 namespace tessera::io {
@@ -54,6 +57,11 @@ Tensor tensor_of(const onnx::TensorProto& proto, const std::string& what) {
     numel *= dim;
     shape.push_back(dim);
   }
+  // Estimate mode reads the model file for real: the import folds constants and matches
+  // patterns (GroupNorm's scale and bias) by value. The model's parameters become shape-only
+  // when they are copied onto the mesh.
+  const estimate::RealDataScope real_data;
+  const bool values = true;
   const size_t element_size = dtype_size(*dtype);
   const size_t bytes = static_cast<size_t>(numel) * element_size;
   // Sized only after the file's data is known to hold that many elements.
@@ -66,9 +74,10 @@ Tensor tensor_of(const onnx::TensorProto& proto, const std::string& what) {
               "{}: holds {} bytes of data, its shape [{}] of {} needs {}", what,
               proto.raw_data().size(), fmt::join(shape, ", "), dtype_name(*dtype), bytes);
     Tensor tensor = Tensor::empty(shape, *dtype);
-    if (bytes > 0) std::memcpy(tensor.raw_data(), proto.raw_data().data(), bytes);
+    if (bytes > 0 && values) std::memcpy(tensor.raw_data(), proto.raw_data().data(), bytes);
     return tensor;
   }
+  if (!values) return Tensor::empty(shape, *dtype);  // floating, in estimate mode
   Tensor tensor;
   switch (proto.data_type()) {
     case onnx::TensorProto::FLOAT:

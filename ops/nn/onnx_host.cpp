@@ -12,6 +12,7 @@
 #include <map>
 
 #include "core/errors.hpp"
+#include "core/estimate/real_data.hpp"
 
 namespace tessera::nn::onnx {
 
@@ -459,6 +460,9 @@ double HostArray::scalar(const std::string& what) const {
 }
 
 HostArray host_array(const Tensor& tensor) {
+  // Host constants are values even in estimate mode: the import folds them and decides the
+  // graph's structure from them (the model file is read for real).
+  const estimate::RealDataScope real_data;
   HostArray array;
   array.shape = tensor.shape();
   const DType dtype = tensor.dtype();

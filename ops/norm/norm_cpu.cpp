@@ -290,6 +290,8 @@ void check_piece(const NormGeometry& g, const Tensor& x) {
 }  // namespace
 
 Tensor norm_moments_cpu(const NormGeometry& g, const Tensor& x) {
+  // Estimate mode (shape-only pieces): the results' shapes, no element visited.
+  if (x.is_shape_only()) return Tensor::empty({g.slots, 3}, DType::f64);
   check_piece(g, x);
   const Tensor input = x.contiguous();
   const int64_t chunks = chunks_of(g);
@@ -322,6 +324,7 @@ Tensor norm_moments_cpu(const NormGeometry& g, const Tensor& x) {
 }
 
 Tensor norm_statistics_cpu(const Tensor& gathered, double eps) {
+  if (gathered.is_shape_only()) return Tensor::empty({gathered.shape()[1], 4}, DType::f64);
   const Tensor source = gathered.contiguous();
   const int64_t ranks = source.shape()[0], slots = source.shape()[1];
   const double* in = source.data<double>();
@@ -344,6 +347,8 @@ Tensor norm_statistics_cpu(const Tensor& gathered, double eps) {
 
 Tensor norm_running_statistics_cpu(const Tensor& running_mean, const Tensor& running_var,
                                    double eps) {
+  if (running_mean.is_shape_only() || running_var.is_shape_only())
+    return Tensor::empty({running_mean.numel(), 4}, DType::f64);
   const std::vector<double> mean = values_of(running_mean), var = values_of(running_var);
   const int64_t channels = static_cast<int64_t>(mean.size());
   Tensor statistics = Tensor::zeros({channels, 4}, DType::f64);
@@ -358,6 +363,9 @@ Tensor norm_running_statistics_cpu(const Tensor& running_mean, const Tensor& run
 std::pair<Tensor, Tensor> norm_update_running_cpu(const Tensor& statistics,
                                                   const Tensor& running_mean,
                                                   const Tensor& running_var, double momentum) {
+  if (statistics.is_shape_only() || running_mean.is_shape_only() || running_var.is_shape_only())
+    return {Tensor::empty(running_mean.shape(), running_mean.dtype()),
+            Tensor::empty(running_var.shape(), running_var.dtype())};
   const Tensor stats = statistics.contiguous();
   std::vector<double> mean = values_of(running_mean), var = values_of(running_var);
   const double* s = stats.data<double>();
@@ -373,6 +381,10 @@ std::pair<Tensor, Tensor> norm_update_running_cpu(const Tensor& statistics,
 
 Tensor norm_forward_cpu(const NormGeometry& g, const Tensor& x, const Tensor& statistics,
                         const std::optional<Tensor>& w, const std::optional<Tensor>& b) {
+  if (x.is_shape_only() || statistics.is_shape_only()) {
+    check_piece(g, x);
+    return Tensor::empty(x.shape(), x.dtype());
+  }
   check_piece(g, x);
   const Tensor input = x.contiguous();
   const Tensor stats = statistics.contiguous();
@@ -406,6 +418,13 @@ Tensor norm_forward_cpu(const NormGeometry& g, const Tensor& x, const Tensor& st
 Tensor norm_backward_sums_cpu(const NormGeometry& g, const Tensor& x, const Tensor& dy,
                               const Tensor& statistics, const std::optional<Tensor>& w,
                               bool want_dw, bool want_db, NormParamGrads& grads) {
+  if (x.is_shape_only() || dy.is_shape_only() || statistics.is_shape_only()) {
+    check_piece(g, x);
+    const Shape param{g.per_element_affine ? g.length : g.channels};
+    if (want_dw) grads.dw = Tensor::empty(param, x.dtype());
+    if (want_db) grads.db = Tensor::empty(param, x.dtype());
+    return Tensor::empty({g.slots, 2}, DType::f64);
+  }
   check_piece(g, x);
   check_arg(dy.shape() == x.shape() && dy.dtype() == x.dtype(), op_name(g),
             "backward got the gradient {} for x {}", dy.str(), x.str());
@@ -509,6 +528,7 @@ Tensor norm_backward_sums_cpu(const NormGeometry& g, const Tensor& x, const Tens
 }
 
 Tensor norm_sum_ranks_cpu(const Tensor& gathered) {
+  if (gathered.is_shape_only()) return Tensor::empty({gathered.shape()[1], 2}, DType::f64);
   const Tensor source = gathered.contiguous();
   const int64_t ranks = source.shape()[0], slots = source.shape()[1];
   const double* in = source.data<double>();
@@ -522,6 +542,10 @@ Tensor norm_sum_ranks_cpu(const Tensor& gathered) {
 Tensor norm_backward_dx_cpu(const NormGeometry& g, const Tensor& x, const Tensor& dy,
                             const Tensor& statistics, const std::optional<Tensor>& sums,
                             const std::optional<Tensor>& w) {
+  if (x.is_shape_only() || dy.is_shape_only() || statistics.is_shape_only()) {
+    check_piece(g, x);
+    return Tensor::empty(x.shape(), x.dtype());
+  }
   check_piece(g, x);
   const Tensor input = x.contiguous(), grad = dy.contiguous();
   const Tensor stats = statistics.contiguous();

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <string>
 
+#include "core/estimate/real_data.hpp"
 #include "core/op_registry.hpp"
 #include "core/runtime/rank_context.hpp"
 #include "ops/norm/norm_kernels.hpp"
@@ -231,7 +232,7 @@ Tensor gather_slots(const DeviceMesh& mesh, const std::vector<int>& dims, const 
   const std::shared_ptr<Comm> comm = mesh.sub_comm(dims);
   const size_t count = static_cast<size_t>(local.numel());
   Tensor gathered = Tensor::empty({comm->size(), shape[0], shape[1]}, DType::f64, local.device());
-  comm->all_gather_v(local.raw_data(), count, gathered.raw_data(),
+  comm->all_gather_v(local.comm_data(), count, gathered.comm_data(),
                      std::vector<size_t>(static_cast<size_t>(comm->size()), count), DType::f64);
   return gathered;
 }
@@ -433,6 +434,9 @@ void register_norm_ops() {
                  .backward = backward_of(kind),
                  .cost = norm_cost};
   };
+  // The kernels gather statistics over the ranks: they run in estimate mode too, shape-only.
+  for (NormKind kind : {NormKind::group, NormKind::batch, NormKind::layer, NormKind::instance})
+    estimate::run_kernel_in_estimate_mode(name_of(kind));
   const OpInput x{.name = "x"}, w{.name = "w", .optional = true}, b{.name = "b", .optional = true};
   register_op(def(NormKind::group,
                   "group_norm of x [N, C, spatial..] over groups of C/groups channels and the "
