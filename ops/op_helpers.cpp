@@ -105,7 +105,13 @@ std::vector<std::optional<ShardTensor>> single_input_halo_backward(
       grads[0]->spec() == y ? *grads[0] : grads[0]->redistribute(y.placements, y.extents);
   const Tensor& x_haloed = record.kernel_inputs[0];
   const HaloPlan* plan = record.plans[0].get();  // null: the kernel read the owned piece
-  const Tensor dx_haloed = local(g.to_local(), x_haloed, plan ? plan->needed_box() : x.local_box());
+  const Tensor g_local = g.to_local();
+  // Estimate mode: the haloed piece's gradient is shape-only, the local step skipped; its halo
+  // cells still travel back below.
+  const Tensor dx_haloed =
+      g_local.is_shape_only() || x_haloed.is_shape_only()
+          ? Tensor::empty(x_haloed.shape(), x_haloed.dtype(), x_haloed.device())
+          : local(g_local, x_haloed, plan ? plan->needed_box() : x.local_box());
   const Tensor dx = plan ? halo_adjoint(*plan, dx_haloed, x.mesh().comm()) : dx_haloed;
   std::vector<std::optional<ShardTensor>> result;
   result.emplace_back(ShardTensor(dx, x.mesh(), x.spec()));
