@@ -50,6 +50,7 @@
 #include "core/backend/backend.hpp"
 #include "core/host_allocator.hpp"
 #include "core/tessera.hpp"
+#include "core/trace.hpp"
 #include "io/hdf5/batch_reader.hpp"
 #include "io/hdf5/checkpoint.hpp"
 #include "io/hdf5/h5_file.hpp"
@@ -1060,6 +1061,9 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
   const double start = now_seconds();
   for (int64_t step = first_step; step < options.steps; ++step) {
     const double step_start = now_seconds();
+    // One `step` event per training step (read, forward, backward, update): what the cost model
+    // takes the median of.
+    std::optional<trace::Span> step_span(std::in_place, "step", fmt::format("train step {}", step));
     if (optimizer) optimizer->zero_grad();
     if (masters) masters->gather_into_model();
     double loss_value = 0;
@@ -1107,6 +1111,7 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
       });
     if (reducer) reducer->finish();
     if (optimizer) optimizer->step();
+    step_span.reset();
     step_seconds.push_back(now_seconds() - step_start);
     losses.emplace_back(step + 1, loss_value);
 
