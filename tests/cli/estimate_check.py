@@ -114,8 +114,7 @@ for name, command in [
     check(result.returncode == 0, f"a traced 4-rank {name} run of the U-Net: {result.stderr.strip()[-300:]}")
     real = run("estimate", "--cluster", "h100-ib", "--trace-in", real_trace, "--json")
     before = {entry: os.stat(os.path.join(unet_dir, entry)).st_mtime_ns for entry in os.listdir(unet_dir)}
-    never = os.path.join(unet_dir, "never.h5")
-    out = ["--out", never] if name == "infer" else []
+    out = ["--out", os.path.join(unet_dir, "never.h5")] if name == "infer" else []
     estimated = run("estimate", "--cluster", "h100-ib", "--ranks", "4", "--json", "--", *command, *out)
     check(estimated.returncode == 0, f"estimate -- {name} runs: {estimated.stderr.strip()[-300:]}")
     after = {entry: os.stat(os.path.join(unet_dir, entry)).st_mtime_ns for entry in os.listdir(unet_dir)}
