@@ -48,6 +48,7 @@
 #include "apps/tessera/progress_bar.hpp"
 #include "apps/tessera/run_op_common.hpp"
 #include "core/backend/backend.hpp"
+#include "core/estimate/record.hpp"
 #include "core/host_allocator.hpp"
 #include "core/tessera.hpp"
 #include "core/trace.hpp"
@@ -1329,7 +1330,8 @@ void register_train(CLI::App& app) {
     if (ranks == 0) {
       const int64_t size = int64_t{options->pp} * options->dp * options->tp *
                            mesh_size(parse_mesh(options->layout.mesh));
-      check_arg(size <= kMaxLocalRanks, "cli",
+      // Recorded in estimate mode, the world may have up to kMaxSimulatedRanks ranks.
+      check_arg(size <= kMaxLocalRanks || estimate::recording_launches(), "cli",
                 "--pp {} x --dp {} x --tp {} x --mesh {} has {} ranks; without mpiexec at most {} "
                 "local ranks run (give --ranks or use mpiexec)",
                 options->pp, options->dp, options->tp, options->layout.mesh, size, kMaxLocalRanks);
