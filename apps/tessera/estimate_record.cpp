@@ -67,10 +67,10 @@ estimate::Recording record_command(int ranks, const std::vector<std::string>& co
 
 void register_estimate_record(CLI::App& app) {
   auto options = std::make_shared<EstimateRecordOptions>();
-  CLI::App* command = app.add_subcommand(
-      "estimate-record",
-      "Run a command (simulate, run-op, train, infer, demo) on P simulated ranks without data and write "
-      "every rank's events and peak tensor bytes");
+  CLI::App* command = app.add_subcommand("estimate-record",
+                                         "Run a command (simulate, run-op, train, infer, demo) on "
+                                         "P simulated ranks without data and write every rank's "
+                                         "events and peak tensor bytes");
   command
       ->add_option("--ranks", options->ranks,
                    "Simulated ranks, 1 to " + std::to_string(estimate::kMaxSimulatedRanks) +

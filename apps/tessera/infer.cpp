@@ -148,8 +148,8 @@ void run_infer(std::shared_ptr<Comm> world, const InferOptions& options) {
     fmt::print("{}\n", summary.dump());
     return;
   }
-  fmt::print("infer: {} {} {} -> {} on mesh {} ({}), {} backend, {:.3f} ms; {} {}\n",
-             options.model, model->inputs()[0].name, first, fmt::join(written, ", "), mesh_shape,
+  fmt::print("infer: {} {} {} -> {} on mesh {} ({}), {} backend, {:.3f} ms; {} {}\n", options.model,
+             model->inputs()[0].name, first, fmt::join(written, ", "), mesh_shape,
              inputs.begin()->second.spec().str(), world->backend(), seconds * 1e3,
              estimate::active() ? "would write" : "wrote", options.out);
 }

@@ -1130,8 +1130,7 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
         per_step > 0 ? static_cast<double>(options.batch) / per_step : 0;
     std::string detail =
         fmt::format("loss {}, {:.4g} samples/s, ETA {}", loss_text(loss_value, 6),
-                    samples_per_second,
-                    format_eta(per_step * (options.steps - done)));
+                    samples_per_second, format_eta(per_step * (options.steps - done)));
     if (pipe) detail += fmt::format(", bubble {:.1f}%", 100 * bubble_fractions.back());
     if (terminal)
       bar(done, options.steps, detail);
@@ -1226,9 +1225,8 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
       "train: {} on mesh {} (dp {}, {}{}), {} backend: steps {}..{} of batch {}, final loss "
       "{}, median step {:.3f} ms, {:.4g} samples/s\n",
       options.model, mesh_shape, options.dp, options.parallel, model_parallel, world->backend(),
-      first_step, options.steps, options.batch,
-      ran ? loss_text(final_loss, 17) : std::string("-"), step_median * 1e3,
-      samples_per_second);
+      first_step, options.steps, options.batch, ran ? loss_text(final_loss, 17) : std::string("-"),
+      step_median * 1e3, samples_per_second);
 }
 
 }  // namespace
