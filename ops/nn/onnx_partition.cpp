@@ -188,9 +188,12 @@ std::vector<OnnxCutPoint> named_stage_cuts(const OnnxGraph& graph,
               "--stage-cuts: '{}' is not a cut point of {} (the activations that alone cross "
               "between its nodes: {})",
               tensor, graph.source, describe(cuts));
-    check_arg(chosen.empty() || chosen.back().position < found->position, op,
-              "--stage-cuts: '{}' comes before '{}' in {}: give the cuts in graph order", tensor,
-              chosen.back().tensor, graph.source);
+    // (Not check_arg: its message would read chosen.back() of an empty vector.)
+    if (!chosen.empty() && chosen.back().position >= found->position)
+      throw InvalidArgument(
+          op,
+          fmt::format("--stage-cuts: '{}' comes before '{}' in {}: give the cuts in graph order",
+                      tensor, chosen.back().tensor, graph.source));
     chosen.push_back(*found);
   }
   return chosen;
