@@ -333,8 +333,8 @@ std::vector<std::string> scaling_command(const std::vector<std::string>& command
         bases = parse_list(argument.substr(at + 6, close - at - 6));
       } catch (const Error&) {
       }
-      check_arg(!bases.empty() && std::all_of(bases.begin(), bases.end(),
-                                              [](int64_t base) { return base >= 1; }),
+      check_arg(!bases.empty() &&
+                    std::all_of(bases.begin(), bases.end(), [](int64_t base) { return base >= 1; }),
                 kOp, "'{}': {{weak:N}} needs integers N >= 1 (N or N1,N2,..)", argument);
       // Weak scaling: the first extents grow with the mesh, one per mesh dim (a single N stands
       // for one per mesh dim); the rest stay.

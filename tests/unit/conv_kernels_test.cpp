@@ -352,20 +352,20 @@ TEST(ConvKernels, PaddingEqualsConvOfTheZeroPaddedInput) {
       const ConvBackend backend =
           dtype == DType::f32 ? ConvBackend::onednn : ConvBackend::reference;
       expect_close(to_array(conv_forward(x, w, bias, padded, backend)),
-                   to_array(conv_forward(x_big, w, bias, plain, ConvBackend::reference)),
-                   tolerance, "forward");
+                   to_array(conv_forward(x_big, w, bias, plain, ConvBackend::reference)), tolerance,
+                   "forward");
       Tensor y_into = Tensor::empty(y_shape, dtype);
       conv_forward_into(x, w, bias, padded, y_into, backend);
       expect_close(to_array(y_into),
-                   to_array(conv_forward(x_big, w, bias, plain, ConvBackend::reference)),
-                   tolerance, "forward into");
+                   to_array(conv_forward(x_big, w, bias, plain, ConvBackend::reference)), tolerance,
+                   "forward into");
       const Tensor dx_big = conv_backward_data(g, w, big, plain, ConvBackend::reference);
       expect_close(to_array(conv_backward_data(g, w, conv.x_shape(), padded, backend)),
                    to_array(dx_big.view_box(inside).contiguous()), tolerance, "backward data");
-      expect_close(to_array(conv_backward_weight(x, g, conv.w_shape(), padded, backend)),
-                   to_array(conv_backward_weight(x_big, g, conv.w_shape(), plain,
-                                                 ConvBackend::reference)),
-                   tolerance, "backward weight");
+      expect_close(
+          to_array(conv_backward_weight(x, g, conv.w_shape(), padded, backend)),
+          to_array(conv_backward_weight(x_big, g, conv.w_shape(), plain, ConvBackend::reference)),
+          tolerance, "backward weight");
     }
   }
   EXPECT_GT(all_padding, 10) << "the cases should include inputs that are all padding";
@@ -506,10 +506,14 @@ TEST(ConvKernels, RejectsNegativeOrMisshapedPadding) {
   const Tensor x = Tensor::zeros({1, 1, 5}, DType::f64);
   const Tensor w = Tensor::zeros({1, 1, 3}, DType::f64);
   expect_error<InvalidArgument>(
-      [&] { conv_forward(x, w, nullptr, {{1}, {1}, 1, {-1}, {0}}); },
+      [&] {
+        conv_forward(x, w, nullptr, {{1}, {1}, 1, {-1}, {0}});
+      },
       "[conv] padding (-1, 0) along spatial dim 0 must be >= 0");
   expect_error<InvalidArgument>(
-      [&] { conv_forward(x, w, nullptr, {{1}, {1}, 1, {1, 1}, {1, 1}}); },
+      [&] {
+        conv_forward(x, w, nullptr, {{1}, {1}, 1, {1, 1}, {1, 1}});
+      },
       "[conv] padding has 2 entries, expected 1 (one per spatial dim)");
 }
 
@@ -524,9 +528,8 @@ TEST(ConvKernels, HalfDtypesOnCpuEqualTheF32KernelsRoundedOnce) {
     const Tensor b = to_tensor(random_array({3}, rng), half);
     const Tensor y = conv_forward(x, w, &b, geometry);
     const Tensor b32 = b.to_dtype(DType::f32);
-    const Tensor expected = conv_forward(x.to_dtype(DType::f32), w.to_dtype(DType::f32), &b32,
-                                         geometry)
-                                .to_dtype(half);
+    const Tensor expected =
+        conv_forward(x.to_dtype(DType::f32), w.to_dtype(DType::f32), &b32, geometry).to_dtype(half);
     ASSERT_EQ(y.dtype(), half);
     EXPECT_EQ(to_array(y).values, to_array(expected).values) << dtype_name(half);
     const Tensor dy = to_tensor(random_array(y.shape(), rng), half);
