@@ -80,17 +80,9 @@ struct Layout {
   bool ddp = false;  // gradients through the bucketed reducer instead
 };
 
-using MakeOptimizer =
-    std::function<std::unique_ptr<optim::Optimizer>(const std::vector<Parameter>&)>;
-
-std::unique_ptr<optim::Optimizer> sgd(const std::vector<Parameter>& parameters) {
-  return std::make_unique<optim::Sgd>(
-      parameters, optim::SgdOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3});
-}
-
-std::unique_ptr<optim::Optimizer> adamw(const std::vector<Parameter>& parameters) {
-  return std::make_unique<optim::AdamW>(parameters, optim::AdamOptions{.lr = 0.01});
-}
+using testing::adamw;
+using testing::MakeOptimizer;
+using testing::sgd;
 
 /// A model on a layout: the plain Sequential, or its FSDP wrapper, and a reducer for DDP.
 struct Model {

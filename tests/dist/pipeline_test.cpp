@@ -31,17 +31,9 @@ using nn::PipelineSchedule;
 using testing::values_of;
 using P = Placement;
 
-using MakeOptimizer =
-    std::function<std::unique_ptr<optim::Optimizer>(const std::vector<Parameter>&)>;
-
-std::unique_ptr<optim::Optimizer> sgd(const std::vector<Parameter>& parameters) {
-  return std::make_unique<optim::Sgd>(
-      parameters, optim::SgdOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3});
-}
-
-std::unique_ptr<optim::Optimizer> adamw(const std::vector<Parameter>& parameters) {
-  return std::make_unique<optim::AdamW>(parameters, optim::AdamOptions{.lr = 0.01});
-}
+using testing::adamw;
+using testing::MakeOptimizer;
+using testing::sgd;
 
 /// Builds the model's layers for a tp setting (empty dim: the plain layers).
 using ModelLayers = std::function<std::vector<nn::LayerBuilder>(nn::TensorParallelOptions)>;

@@ -77,17 +77,9 @@ std::shared_ptr<nn::Module> make_block(const DeviceMesh& mesh, Block block,
   return pair;
 }
 
-using MakeOptimizer =
-    std::function<std::unique_ptr<optim::Optimizer>(const std::vector<Parameter>&)>;
-
-std::unique_ptr<optim::Optimizer> sgd(const std::vector<Parameter>& parameters) {
-  return std::make_unique<optim::Sgd>(
-      parameters, optim::SgdOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3});
-}
-
-std::unique_ptr<optim::Optimizer> adamw(const std::vector<Parameter>& parameters) {
-  return std::make_unique<optim::AdamW>(parameters, optim::AdamOptions{.lr = 0.01});
-}
+using testing::adamw;
+using testing::MakeOptimizer;
+using testing::sgd;
 
 /// x and target (small integers / 4) laid out as `layout` says: [B, S, E], or for the
 /// convolutions x [4, 2, 11, 9] and the target of the block's output channels.

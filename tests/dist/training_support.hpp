@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -54,6 +56,21 @@ inline void expect_close(const RunResult& got, const RunResult& expected, const 
       EXPECT_NEAR(got.parameters[p][i], expected.parameters[p][i],
                   1e-10 * (1 + std::fabs(expected.parameters[p][i])))
           << what << " parameter " << p << " element " << i;
+}
+
+/// Makes a test's optimizer over the parameters it is given.
+using MakeOptimizer =
+    std::function<std::unique_ptr<optim::Optimizer>(const std::vector<Parameter>&)>;
+
+/// SGD with momentum and weight decay, the training tests' first optimizer.
+inline std::unique_ptr<optim::Optimizer> sgd(const std::vector<Parameter>& parameters) {
+  return std::make_unique<optim::Sgd>(
+      parameters, optim::SgdOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3});
+}
+
+/// AdamW at PyTorch's default decay, the training tests' second optimizer.
+inline std::unique_ptr<optim::Optimizer> adamw(const std::vector<Parameter>& parameters) {
+  return std::make_unique<optim::AdamW>(parameters, optim::AdamOptions{.lr = 0.01});
 }
 
 }  // namespace tessera::testing

@@ -184,14 +184,8 @@ RunResult train(const DeviceMesh& mesh, const std::vector<Placement>& placements
 }
 
 /// The optimizers of the layout tests: SGD with momentum and weight decay, and AdamW.
-std::unique_ptr<optim::Optimizer> sgd(const std::vector<Parameter>& parameters) {
-  return std::make_unique<optim::Sgd>(
-      parameters, optim::SgdOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3});
-}
-
-std::unique_ptr<optim::Optimizer> adamw(const std::vector<Parameter>& parameters) {
-  return std::make_unique<optim::AdamW>(parameters, optim::AdamOptions{.lr = 0.01});
-}
+using testing::adamw;
+using testing::sgd;
 
 TEST(Training, SgdAndAdamWStepsEqualOneRankOnUnevenDomainDecompositions) {
   for (int world : {2, 4}) {
