@@ -23,6 +23,7 @@
 #include "core/parallel_for.hpp"
 #include "ops/op_costs.hpp"
 #include "ops/op_helpers.hpp"
+#include "ops/ring_attention/zigzag_plan.hpp"
 
 namespace tessera::ops {
 
@@ -95,33 +96,106 @@ Attrs attrs_of(const OpAttrs& attrs, int64_t d) {
 }
 
 /// One rank's view of the ring: its communicator (null: the sequence is not sharded), its
-/// position, the K/V blocks' global offsets and extents along the sequence, its queries' offset.
+/// position, where the caller's layout keeps the query and key rows (`caller_*`, contiguous
+/// shards) and where the ring works on them (the zigzag assignment for causal attention, else
+/// the caller's own). The local rows of a rank are its segments' rows in order.
 struct Ring {
   std::shared_ptr<Comm> comm;
   int size = 1, rank = 0;
-  std::vector<int64_t> key_offsets, key_extents;
-  int64_t query_offset = 0;
+  SequenceAssignment caller_queries, caller_keys, queries, keys;
+  bool zigzag = false;
   int holder(int step) const { return ((rank - step) % size + size) % size; }
+  const std::vector<SequenceSegment>& own_queries() const {
+    return queries[static_cast<size_t>(rank)];
+  }
+  int64_t key_rows(int owner) const { return rows_of(keys[static_cast<size_t>(owner)]); }
 };
 
-Ring ring_of(const DeviceMesh& mesh, const ShardSpec& q, const Box& q_box, const ShardSpec& k) {
+Ring ring_of(const Attrs& a, const DeviceMesh& mesh, const ShardSpec& q, const Box& q_box,
+             const ShardSpec& k) {
   Ring ring;
-  ring.query_offset = q_box.lo[1];
   const int m = mesh_dim_sharding(q, 1);
   if (m < 0) {
-    ring.key_extents = {k.global_shape[1]};
-    ring.key_offsets = {0};
-    return ring;
+    ring.caller_queries = {{{q_box.lo[1], q_box.hi[1] - q_box.lo[1]}}};
+    ring.caller_keys = {{{0, k.global_shape[1]}}};
+  } else {
+    ring.comm = mesh.sub_comm({m});
+    ring.size = ring.comm->size();
+    ring.rank = ring.comm->rank();
+    ring.caller_queries = contiguous_assignment(q.extents[m]);
+    ring.caller_keys = contiguous_assignment(k.extents[m]);
   }
-  ring.comm = mesh.sub_comm({m});
-  ring.size = ring.comm->size();
-  ring.rank = ring.comm->rank();
-  ring.key_extents = k.extents[m];
-  ring.key_offsets = offsets_of(ring.key_extents);
+  ring.zigzag = use_zigzag(a.causal, ring.size);
+  ring.queries =
+      ring.zigzag ? zigzag_assignment(q.global_shape[1], ring.size) : ring.caller_queries;
+  ring.keys = ring.zigzag ? zigzag_assignment(k.global_shape[1], ring.size) : ring.caller_keys;
   return ring;
 }
 
-/// The local sizes every rank on the ring shares: batch, heads, D, Dv, and the query count.
+/// `values` [batch, rows, per_row] (this rank's rows of `source`) as this rank's rows of
+/// `target`: one all_to_all_v over the ring, every rank packing the runs of row_moves for each
+/// peer (per batch entry) in the order the peer unpacks them.
+std::vector<double> move_rows(const Ring& ring, const SequenceAssignment& source,
+                              const SequenceAssignment& target, int64_t batch, int64_t per_row,
+                              const std::vector<double>& values) {
+  if (source == target) return values;
+  const int64_t source_rows = rows_of(source[static_cast<size_t>(ring.rank)]);
+  const int64_t target_rows = rows_of(target[static_cast<size_t>(ring.rank)]);
+  const size_t peers = static_cast<size_t>(ring.size);
+  std::vector<size_t> send_counts(peers), send_displs(peers), recv_counts(peers),
+      recv_displs(peers);
+  std::vector<double> send, moved(static_cast<size_t>(batch * target_rows * per_row));
+  for (int peer = 0; peer < ring.size; ++peer) {
+    send_displs[static_cast<size_t>(peer)] = send.size();
+    for (const RowMove& run : row_moves(source, target, ring.rank, peer))
+      for (int64_t bb = 0; bb < batch; ++bb) {
+        const double* first = values.data() + (bb * source_rows + run.from_row) * per_row;
+        send.insert(send.end(), first, first + run.count * per_row);
+      }
+    send_counts[static_cast<size_t>(peer)] = send.size() - send_displs[static_cast<size_t>(peer)];
+  }
+  size_t received = 0;
+  for (int peer = 0; peer < ring.size; ++peer) {
+    recv_displs[static_cast<size_t>(peer)] = received;
+    for (const RowMove& run : row_moves(source, target, peer, ring.rank))
+      received += static_cast<size_t>(batch * run.count * per_row);
+    recv_counts[static_cast<size_t>(peer)] = received - recv_displs[static_cast<size_t>(peer)];
+  }
+  std::vector<double> incoming(received);
+  ring.comm->all_to_all_v(send.data(), send_counts, send_displs, incoming.data(), recv_counts,
+                          recv_displs, DType::f64);
+  const double* next = incoming.data();
+  for (int peer = 0; peer < ring.size; ++peer)
+    for (const RowMove& run : row_moves(source, target, peer, ring.rank))
+      for (int64_t bb = 0; bb < batch; ++bb) {
+        std::copy(next, next + run.count * per_row,
+                  moved.data() + (bb * target_rows + run.to_row) * per_row);
+        next += run.count * per_row;
+      }
+  return moved;
+}
+
+/// Query rows between the caller's layout and the ring's (`per_row` values per row and batch).
+std::vector<double> queries_to_ring(const Ring& ring, int64_t batch, int64_t per_row,
+                                    const std::vector<double>& values) {
+  return move_rows(ring, ring.caller_queries, ring.queries, batch, per_row, values);
+}
+std::vector<double> queries_from_ring(const Ring& ring, int64_t batch, int64_t per_row,
+                                      const std::vector<double>& values) {
+  return move_rows(ring, ring.queries, ring.caller_queries, batch, per_row, values);
+}
+/// Key (or value) rows between the caller's layout and the ring's.
+std::vector<double> keys_to_ring(const Ring& ring, int64_t batch, int64_t per_row,
+                                 const std::vector<double>& values) {
+  return move_rows(ring, ring.caller_keys, ring.keys, batch, per_row, values);
+}
+std::vector<double> keys_from_ring(const Ring& ring, int64_t batch, int64_t per_row,
+                                   const std::vector<double>& values) {
+  return move_rows(ring, ring.keys, ring.caller_keys, batch, per_row, values);
+}
+
+/// The local sizes every rank on the ring shares: batch, heads, D, Dv, and the query count
+/// (this rank's rows in the ring's assignment).
 struct Dims {
   int64_t b, sq, h, d, dv;
 };
@@ -135,7 +209,7 @@ std::unique_ptr<P2PBatch> start_pass(const Ring& ring, int step,
                                      const std::vector<int64_t>& per_key) {
   if (!ring.comm || ring.size == 1) return nullptr;
   const int to = (ring.rank + 1) % ring.size, from = (ring.rank - 1 + ring.size) % ring.size;
-  const int64_t incoming = ring.key_extents[ring.holder(step + 1)];
+  const int64_t incoming = ring.key_rows(ring.holder(step + 1));
   std::vector<P2POp> ops;
   for (size_t i = 0; i < held.size(); ++i) {
     next[i]->assign(static_cast<size_t>(incoming * per_key[i]), 0.0);
@@ -175,66 +249,83 @@ void for_pairs(const Dims& n, Body&& body) {
   });
 }
 
-/// Whether query global index `i` may see key global index `j`.
-bool visible(const Attrs& a, int64_t i, int64_t j) {
-  return !a.causal || j <= i;
+/// Whether any query of `queries` sees any key of `keys` (blocks with nothing visible, those
+/// entirely above a causal diagonal, are skipped).
+bool block_has_work(const Attrs& a, const std::vector<SequenceSegment>& queries,
+                    const std::vector<SequenceSegment>& keys) {
+  for (const SequenceSegment& q : queries)
+    for (const SequenceSegment& k : keys)
+      if (q.extent > 0 && visible_keys(a.causal, q.offset + q.extent - 1, k) > 0) return true;
+  return false;
 }
 
-/// Whether a causal block of keys [k0, k0 + sk) is entirely above the diagonal of the queries
-/// [q0, q0 + sq) (nothing visible).
-bool hidden_block(const Attrs& a, int64_t q0, int64_t sq, int64_t k0, int64_t sk) {
-  return sk == 0 || sq == 0 || (a.causal && k0 > q0 + sq - 1);
+/// Calls body(i, gi) for every local query row i of the ring's assignment with its global index.
+template <typename Body>
+void for_queries(const Ring& ring, Body&& body) {
+  int64_t i = 0;
+  for (const SequenceSegment& segment : ring.own_queries())
+    for (int64_t gi = segment.offset; gi < segment.offset + segment.extent; ++gi, ++i) body(i, gi);
 }
 
-/// The forward on one rank: o [b, sq, h, dv] and lse [b, sq, h] (f64).
+/// Calls body(j) for every local key row j of `keys` that the query at global index gi sees:
+/// per key segment a prefix (all of it, part of it on the diagonal, or none).
+template <typename Body>
+void for_visible_keys(const Attrs& a, int64_t gi, const std::vector<SequenceSegment>& keys,
+                      Body&& body) {
+  int64_t first = 0;
+  for (const SequenceSegment& segment : keys) {
+    const int64_t seen = visible_keys(a.causal, gi, segment);
+    for (int64_t j = first; j < first + seen; ++j) body(j);
+    first += segment.extent;
+  }
+}
+
+/// The forward on one rank (ring layout): o [b, sq, h, dv] and lse [b, sq, h] (f64).
 std::pair<std::vector<double>, std::vector<double>> ring_forward(const Attrs& a, const Ring& ring,
                                                                  const Dims& n,
                                                                  const std::vector<double>& q,
                                                                  std::vector<double> k,
                                                                  std::vector<double> v) {
+  constexpr double kNone = -std::numeric_limits<double>::infinity();
   const int64_t rows = n.b * n.sq * n.h;
-  std::vector<double> peak(rows, -std::numeric_limits<double>::infinity()), total(rows, 0.0),
-      acc(rows * n.dv, 0.0);
+  std::vector<double> peak(rows, kNone), total(rows, 0.0), acc(rows * n.dv, 0.0);
   std::vector<double> next_k, next_v;
   for (int step = 0; step < ring.size; ++step) {
     const int holder = ring.holder(step);
-    const int64_t sk = ring.key_extents[holder], k0 = ring.key_offsets[holder];
+    const std::vector<SequenceSegment>& keys = ring.keys[static_cast<size_t>(holder)];
+    const int64_t sk = ring.key_rows(holder);
     // The block moves on while this rank computes with it.
     std::unique_ptr<P2PBatch> pass;
     if (step + 1 < ring.size)
       pass =
           start_pass(ring, step, {&k, &v}, {&next_k, &next_v}, {n.b * n.h * n.d, n.b * n.h * n.dv});
-    if (!hidden_block(a, ring.query_offset, n.sq, k0, sk)) {
+    if (block_has_work(a, ring.own_queries(), keys)) {
       for_pairs(n, [&](int64_t bb, int64_t hh) {
         std::vector<double> scores(static_cast<size_t>(sk));
-        for (int64_t i = 0; i < n.sq; ++i) {
+        for_queries(ring, [&](int64_t i, int64_t gi) {
           const int64_t row = (bb * n.sq + i) * n.h + hh;
           const double* qi = q.data() + row * n.d;
-          const int64_t gi = ring.query_offset + i;
-          double block_max = -std::numeric_limits<double>::infinity();
-          for (int64_t j = 0; j < sk; ++j) {
-            if (!visible(a, gi, k0 + j)) {
-              scores[j] = -std::numeric_limits<double>::infinity();
-              continue;
-            }
+          std::fill(scores.begin(), scores.end(), kNone);
+          double block_max = kNone;
+          for_visible_keys(a, gi, keys, [&](int64_t j) {
             scores[j] = a.scale * dot(qi, k.data() + ((bb * sk + j) * n.h + hh) * n.d, n.d);
             block_max = std::max(block_max, scores[j]);
-          }
-          if (block_max == -std::numeric_limits<double>::infinity()) continue;
+          });
+          if (block_max == kNone) return;
           const double updated = std::max(peak[row], block_max);
           const double carry = std::exp(peak[row] - updated);  // 0 for the first block
           double* out = acc.data() + row * n.dv;
           total[row] *= carry;
           for (int64_t e = 0; e < n.dv; ++e) out[e] *= carry;
           for (int64_t j = 0; j < sk; ++j) {
-            if (scores[j] == -std::numeric_limits<double>::infinity()) continue;
+            if (scores[j] == kNone) continue;
             const double p = std::exp(scores[j] - updated);
             total[row] += p;
             const double* vj = v.data() + ((bb * sk + j) * n.h + hh) * n.dv;
             for (int64_t e = 0; e < n.dv; ++e) out[e] += p * vj[e];
           }
           peak[row] = updated;
-        }
+        });
       });
     }
     if (pass) {
@@ -253,7 +344,8 @@ std::pair<std::vector<double>, std::vector<double>> ring_forward(const Attrs& a,
   return {acc, lse};
 }
 
-/// The gradients of q, k, v on one rank from o, lse and their gradients (glse may be empty).
+/// The gradients of q, k, v on one rank (ring layout) from o, lse and their gradients (glse may
+/// be empty).
 std::vector<std::vector<double>> ring_backward(const Attrs& a, const Ring& ring, const Dims& n,
                                                const std::vector<double>& q, std::vector<double> k,
                                                std::vector<double> v, const std::vector<double>& o,
@@ -269,17 +361,17 @@ std::vector<std::vector<double>> ring_backward(const Attrs& a, const Ring& ring,
   std::vector<double> next_k, next_v, next_dk, next_dv;
   for (int step = 0; step < ring.size; ++step) {
     const int holder = ring.holder(step);
-    const int64_t sk = ring.key_extents[holder], k0 = ring.key_offsets[holder];
-    if (!hidden_block(a, ring.query_offset, n.sq, k0, sk)) {
+    const std::vector<SequenceSegment>& keys = ring.keys[static_cast<size_t>(holder)];
+    const int64_t sk = ring.key_rows(holder);
+    if (block_has_work(a, ring.own_queries(), keys)) {
       for_pairs(n, [&](int64_t bb, int64_t hh) {
-        for (int64_t i = 0; i < n.sq; ++i) {
+        for_queries(ring, [&](int64_t i, int64_t gi) {
           const int64_t row = (bb * n.sq + i) * n.h + hh;
-          if (lse[row] == -std::numeric_limits<double>::infinity()) continue;  // no key seen
+          if (lse[row] == -std::numeric_limits<double>::infinity()) return;  // no key seen
           const double* qi = q.data() + row * n.d;
           const double* goi = go.data() + row * n.dv;
           double* dqi = dq.data() + row * n.d;
-          for (int64_t j = 0; j < sk; ++j) {
-            if (!visible(a, ring.query_offset + i, k0 + j)) continue;
+          for_visible_keys(a, gi, keys, [&](int64_t j) {
             const int64_t key = (bb * sk + j) * n.h + hh;
             const double* kj = k.data() + key * n.d;
             const double* vj = v.data() + key * n.dv;
@@ -292,8 +384,8 @@ std::vector<std::vector<double>> ring_backward(const Attrs& a, const Ring& ring,
               dkj[e] += a.scale * ds * qi[e];
             }
             for (int64_t e = 0; e < n.dv; ++e) dvj[e] += p * goi[e];
-          }
-        }
+          });
+        });
       });
     }
     // The block and its gradients move on; after the last pass each rank holds its own.
@@ -310,8 +402,35 @@ std::vector<std::vector<double>> ring_backward(const Attrs& a, const Ring& ring,
   return {dq, dk, dv};
 }
 
-Dims dims_of(const Shape& q_local, const Shape& v_local) {
-  return {q_local[0], q_local[1], q_local[2], q_local[3], v_local[3]};
+/// The ring's sizes from the caller's local q and v shapes.
+Dims dims_of(const Ring& ring, const Shape& q_local, const Shape& v_local) {
+  return {q_local[0], rows_of(ring.own_queries()), q_local[2], q_local[3], v_local[3]};
+}
+
+/// o and lse of the caller's local q, k, v (f64), in the caller's layout: the rows move to the
+/// ring's assignment, the ring runs, o and lse move back.
+std::pair<std::vector<double>, std::vector<double>> attention_forward(
+    const Attrs& a, const Ring& ring, const Dims& n, const std::vector<double>& q,
+    const std::vector<double>& k, const std::vector<double>& v) {
+  auto [o, lse] = ring_forward(a, ring, n, queries_to_ring(ring, n.b, n.h * n.d, q),
+                               keys_to_ring(ring, n.b, n.h * n.d, k),
+                               keys_to_ring(ring, n.b, n.h * n.dv, v));
+  return {queries_from_ring(ring, n.b, n.h * n.dv, o), queries_from_ring(ring, n.b, n.h, lse)};
+}
+
+/// dq, dk, dv in the caller's layout from the caller's local tensors (glse may be empty).
+std::vector<std::vector<double>> attention_backward(
+    const Attrs& a, const Ring& ring, const Dims& n, const std::vector<double>& q,
+    const std::vector<double>& k, const std::vector<double>& v, const std::vector<double>& o,
+    const std::vector<double>& lse, const std::vector<double>& go,
+    const std::vector<double>& glse) {
+  auto d = ring_backward(
+      a, ring, n, queries_to_ring(ring, n.b, n.h * n.d, q), keys_to_ring(ring, n.b, n.h * n.d, k),
+      keys_to_ring(ring, n.b, n.h * n.dv, v), queries_to_ring(ring, n.b, n.h * n.dv, o),
+      queries_to_ring(ring, n.b, n.h, lse), queries_to_ring(ring, n.b, n.h * n.dv, go),
+      glse.empty() ? glse : queries_to_ring(ring, n.b, n.h, glse));
+  return {queries_from_ring(ring, n.b, n.h * n.d, d[0]), keys_from_ring(ring, n.b, n.h * n.d, d[1]),
+          keys_from_ring(ring, n.b, n.h * n.dv, d[2])};
 }
 
 }  // namespace
@@ -337,14 +456,15 @@ void register_ring_attention_ops() {
   KernelFn cpu = [](const KernelContext& context, const std::vector<Tensor>& inputs) {
     for (const Tensor& input : inputs) require_floating_cpu(input, kOp);
     const Attrs a = attrs_of(context.attrs, context.input_specs[0].global_shape[3]);
-    const Ring ring = ring_of(context.mesh, context.input_specs[0], context.input_boxes[0],
+    const Ring ring = ring_of(a, context.mesh, context.input_specs[0], context.input_boxes[0],
                               context.input_specs[1]);
-    const Dims n = dims_of(inputs[0].shape(), inputs[2].shape());
-    auto [o, lse] = ring_forward(a, ring, n, to_doubles(inputs[0]), to_doubles(inputs[1]),
-                                 to_doubles(inputs[2]));
+    const Dims n = dims_of(ring, inputs[0].shape(), inputs[2].shape());
+    auto [o, lse] = attention_forward(a, ring, n, to_doubles(inputs[0]), to_doubles(inputs[1]),
+                                      to_doubles(inputs[2]));
     const DType dtype = inputs[0].dtype();
-    return std::vector<Tensor>{from_doubles(o, {n.b, n.sq, n.h, n.dv}, dtype),
-                               from_doubles(lse, {n.b, n.sq, n.h}, dtype)};
+    const int64_t sq = inputs[0].shape()[1];
+    return std::vector<Tensor>{from_doubles(o, {n.b, sq, n.h, n.dv}, dtype),
+                               from_doubles(lse, {n.b, sq, n.h}, dtype)};
   };
   BackwardFn backward = [](const OpRecord& record,
                            const std::vector<std::optional<ShardTensor>>& grads)
@@ -362,12 +482,12 @@ void register_ring_attention_ops() {
               : grads[index]->redistribute(like.placements(), like.spec().extents);
       return to_doubles(g.to_local());
     };
-    std::vector<double> go = local_grad(0, o);
-    const Dims n = dims_of(q.to_local().shape(), v.to_local().shape());
-    if (go.empty()) go.assign(static_cast<size_t>(n.b * n.sq * n.h * n.dv), 0.0);
     const Attrs a = attrs_of(record.attrs, q.global_shape()[3]);
-    const Ring ring = ring_of(q.mesh(), q.spec(), q.local_box(), k.spec());
-    const auto d = ring_backward(a, ring, n, to_doubles(q.to_local()), to_doubles(k.to_local()),
+    const Ring ring = ring_of(a, q.mesh(), q.spec(), q.local_box(), k.spec());
+    const Dims n = dims_of(ring, q.to_local().shape(), v.to_local().shape());
+    std::vector<double> go = local_grad(0, o);
+    if (go.empty()) go.assign(static_cast<size_t>(o.to_local().numel()), 0.0);
+    const auto d = attention_backward(a, ring, n, to_doubles(q.to_local()), to_doubles(k.to_local()),
                                  to_doubles(v.to_local()), to_doubles(o.to_local()),
                                  to_doubles(lse.to_local()), go, local_grad(1, lse));
     return {ShardTensor(from_doubles(d[0], q.to_local().shape(), q.dtype()), q.mesh(), q.spec()),
