@@ -418,17 +418,18 @@ std::pair<std::vector<double>, std::vector<double>> attention_forward(
   return {queries_from_ring(ring, n.b, n.h * n.dv, o), queries_from_ring(ring, n.b, n.h, lse)};
 }
 
-/// dq, dk, dv in the caller's layout from the caller's local tensors (glse may be empty).
+/// dq, dk, dv in the caller's layout from the caller's local tensors (glse: null when lse has no
+/// gradient; decided alike on every rank, since a rank with no queries holds no values either).
 std::vector<std::vector<double>> attention_backward(
     const Attrs& a, const Ring& ring, const Dims& n, const std::vector<double>& q,
     const std::vector<double>& k, const std::vector<double>& v, const std::vector<double>& o,
     const std::vector<double>& lse, const std::vector<double>& go,
-    const std::vector<double>& glse) {
+    const std::vector<double>* glse) {
   auto d = ring_backward(
       a, ring, n, queries_to_ring(ring, n.b, n.h * n.d, q), keys_to_ring(ring, n.b, n.h * n.d, k),
       keys_to_ring(ring, n.b, n.h * n.dv, v), queries_to_ring(ring, n.b, n.h * n.dv, o),
       queries_to_ring(ring, n.b, n.h, lse), queries_to_ring(ring, n.b, n.h * n.dv, go),
-      glse.empty() ? glse : queries_to_ring(ring, n.b, n.h, glse));
+      glse ? queries_to_ring(ring, n.b, n.h, *glse) : std::vector<double>{});
   return {queries_from_ring(ring, n.b, n.h * n.d, d[0]), keys_from_ring(ring, n.b, n.h * n.d, d[1]),
           keys_from_ring(ring, n.b, n.h * n.dv, d[2])};
 }
@@ -486,10 +487,11 @@ void register_ring_attention_ops() {
     const Ring ring = ring_of(a, q.mesh(), q.spec(), q.local_box(), k.spec());
     const Dims n = dims_of(ring, q.to_local().shape(), v.to_local().shape());
     std::vector<double> go = local_grad(0, o);
-    if (go.empty()) go.assign(static_cast<size_t>(o.to_local().numel()), 0.0);
+    if (!grads[0]) go.assign(static_cast<size_t>(o.to_local().numel()), 0.0);
+    const std::vector<double> glse = local_grad(1, lse);
     const auto d = attention_backward(a, ring, n, to_doubles(q.to_local()), to_doubles(k.to_local()),
                                  to_doubles(v.to_local()), to_doubles(o.to_local()),
-                                 to_doubles(lse.to_local()), go, local_grad(1, lse));
+                                 to_doubles(lse.to_local()), go, grads[1] ? &glse : nullptr);
     return {ShardTensor(from_doubles(d[0], q.to_local().shape(), q.dtype()), q.mesh(), q.spec()),
             ShardTensor(from_doubles(d[1], k.to_local().shape(), k.dtype()), k.mesh(), k.spec()),
             ShardTensor(from_doubles(d[2], v.to_local().shape(), v.dtype()), v.mesh(), v.spec())};
