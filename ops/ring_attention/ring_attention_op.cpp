@@ -17,12 +17,15 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
+#include <tuple>
 
 #include "core/autograd.hpp"
 #include "core/compute_threads.hpp"
 #include "core/parallel_for.hpp"
 #include "ops/op_costs.hpp"
 #include "ops/op_helpers.hpp"
+#include "ops/ring_attention/attention_cuda.hpp"
 #include "ops/ring_attention/zigzag_plan.hpp"
 
 namespace tessera::ops {
@@ -132,66 +135,75 @@ Ring ring_of(const Attrs& a, const DeviceMesh& mesh, const ShardSpec& q, const B
   return ring;
 }
 
-/// `values` [batch, rows, per_row] (this rank's rows of `source`) as this rank's rows of
-/// `target`: one all_to_all_v over the ring, every rank packing the runs of row_moves for each
-/// peer (per batch entry) in the order the peer unpacks them.
-std::vector<double> move_rows(const Ring& ring, const SequenceAssignment& source,
-                              const SequenceAssignment& target, int64_t batch, int64_t per_row,
-                              const std::vector<double>& values) {
+/// The box of `count` rows from `first` along dim 1 of a tensor of `shape` ([batch, rows, ...]).
+Box rows_box(const Shape& shape, int64_t first, int64_t count) {
+  Box box = Box::of_shape(shape);
+  box.lo[1] = first;
+  box.hi[1] = first + count;
+  return box;
+}
+
+/// `values` [batch, rows, ...] (this rank's rows of `source`, on any device) as this rank's rows
+/// of `target`: one all_to_all_v over the ring on the tensor's device, every rank packing the
+/// runs of row_moves for each peer in the order the peer unpacks them.
+Tensor move_rows(const Ring& ring, const SequenceAssignment& source,
+                 const SequenceAssignment& target, const Tensor& values) {
   if (source == target) return values;
-  const int64_t source_rows = rows_of(source[static_cast<size_t>(ring.rank)]);
-  const int64_t target_rows = rows_of(target[static_cast<size_t>(ring.rank)]);
+  Shape shape = values.shape();
+  shape[1] = rows_of(target[static_cast<size_t>(ring.rank)]);
+  // Elements per moved row across the batch (a run packs as [batch, rows, ...]).
+  int64_t per_row = 1;
+  for (size_t d = 0; d < shape.size(); ++d)
+    if (d != 1) per_row *= shape[d];
   const size_t peers = static_cast<size_t>(ring.size);
   std::vector<size_t> send_counts(peers), send_displs(peers), recv_counts(peers),
       recv_displs(peers);
-  std::vector<double> send, moved(static_cast<size_t>(batch * target_rows * per_row));
+  size_t sent = 0, received = 0;
   for (int peer = 0; peer < ring.size; ++peer) {
-    send_displs[static_cast<size_t>(peer)] = send.size();
+    send_displs[static_cast<size_t>(peer)] = sent;
     for (const RowMove& run : row_moves(source, target, ring.rank, peer))
-      for (int64_t bb = 0; bb < batch; ++bb) {
-        const double* first = values.data() + (bb * source_rows + run.from_row) * per_row;
-        send.insert(send.end(), first, first + run.count * per_row);
-      }
-    send_counts[static_cast<size_t>(peer)] = send.size() - send_displs[static_cast<size_t>(peer)];
-  }
-  size_t received = 0;
-  for (int peer = 0; peer < ring.size; ++peer) {
+      sent += static_cast<size_t>(run.count * per_row);
+    send_counts[static_cast<size_t>(peer)] = sent - send_displs[static_cast<size_t>(peer)];
     recv_displs[static_cast<size_t>(peer)] = received;
     for (const RowMove& run : row_moves(source, target, peer, ring.rank))
-      received += static_cast<size_t>(batch * run.count * per_row);
+      received += static_cast<size_t>(run.count * per_row);
     recv_counts[static_cast<size_t>(peer)] = received - recv_displs[static_cast<size_t>(peer)];
   }
-  std::vector<double> incoming(received);
-  ring.comm->all_to_all_v(send.data(), send_counts, send_displs, incoming.data(), recv_counts,
-                          recv_displs, DType::f64);
-  const double* next = incoming.data();
+  const size_t element = dtype_size(values.dtype());
+  Tensor send = Tensor::empty({static_cast<int64_t>(sent)}, values.dtype(), values.device());
+  Tensor incoming =
+      Tensor::empty({static_cast<int64_t>(received)}, values.dtype(), values.device());
+  Tensor moved = Tensor::empty(shape, values.dtype(), values.device());
+  char* packed = static_cast<char*>(send.raw_data());
   for (int peer = 0; peer < ring.size; ++peer)
-    for (const RowMove& run : row_moves(source, target, peer, ring.rank))
-      for (int64_t bb = 0; bb < batch; ++bb) {
-        std::copy(next, next + run.count * per_row,
-                  moved.data() + (bb * target_rows + run.to_row) * per_row);
-        next += run.count * per_row;
-      }
+    for (const RowMove& run : row_moves(source, target, ring.rank, peer)) {
+      values.pack_box(rows_box(values.shape(), run.from_row, run.count), packed);
+      packed += run.count * per_row * element;
+    }
+  ring.comm->all_to_all_v(send.raw_data(), send_counts, send_displs, incoming.raw_data(),
+                          recv_counts, recv_displs, values.dtype());
+  const char* next = static_cast<const char*>(incoming.raw_data());
+  for (int peer = 0; peer < ring.size; ++peer)
+    for (const RowMove& run : row_moves(source, target, peer, ring.rank)) {
+      moved.unpack_box(rows_box(shape, run.to_row, run.count), next);
+      next += run.count * per_row * element;
+    }
   return moved;
 }
 
-/// Query rows between the caller's layout and the ring's (`per_row` values per row and batch).
-std::vector<double> queries_to_ring(const Ring& ring, int64_t batch, int64_t per_row,
-                                    const std::vector<double>& values) {
-  return move_rows(ring, ring.caller_queries, ring.queries, batch, per_row, values);
+/// Query rows between the caller's layout and the ring's.
+Tensor queries_to_ring(const Ring& ring, const Tensor& values) {
+  return move_rows(ring, ring.caller_queries, ring.queries, values.contiguous());
 }
-std::vector<double> queries_from_ring(const Ring& ring, int64_t batch, int64_t per_row,
-                                      const std::vector<double>& values) {
-  return move_rows(ring, ring.queries, ring.caller_queries, batch, per_row, values);
+Tensor queries_from_ring(const Ring& ring, const Tensor& values) {
+  return move_rows(ring, ring.queries, ring.caller_queries, values.contiguous());
 }
 /// Key (or value) rows between the caller's layout and the ring's.
-std::vector<double> keys_to_ring(const Ring& ring, int64_t batch, int64_t per_row,
-                                 const std::vector<double>& values) {
-  return move_rows(ring, ring.caller_keys, ring.keys, batch, per_row, values);
+Tensor keys_to_ring(const Ring& ring, const Tensor& values) {
+  return move_rows(ring, ring.caller_keys, ring.keys, values.contiguous());
 }
-std::vector<double> keys_from_ring(const Ring& ring, int64_t batch, int64_t per_row,
-                                   const std::vector<double>& values) {
-  return move_rows(ring, ring.keys, ring.caller_keys, batch, per_row, values);
+Tensor keys_from_ring(const Ring& ring, const Tensor& values) {
+  return move_rows(ring, ring.keys, ring.caller_keys, values.contiguous());
 }
 
 /// The local sizes every rank on the ring shares: batch, heads, D, Dv, and the query count
@@ -407,34 +419,168 @@ Dims dims_of(const Ring& ring, const Shape& q_local, const Shape& v_local) {
   return {q_local[0], rows_of(ring.own_queries()), q_local[2], q_local[3], v_local[3]};
 }
 
-/// o and lse of the caller's local q, k, v (f64), in the caller's layout: the rows move to the
-/// ring's assignment, the ring runs, o and lse move back.
-std::pair<std::vector<double>, std::vector<double>> attention_forward(
-    const Attrs& a, const Ring& ring, const Dims& n, const std::vector<double>& q,
-    const std::vector<double>& k, const std::vector<double>& v) {
-  auto [o, lse] = ring_forward(a, ring, n, queries_to_ring(ring, n.b, n.h * n.d, q),
-                               keys_to_ring(ring, n.b, n.h * n.d, k),
-                               keys_to_ring(ring, n.b, n.h * n.dv, v));
-  return {queries_from_ring(ring, n.b, n.h * n.dv, o), queries_from_ring(ring, n.b, n.h, lse)};
+/// The position runs of a rank's segments for the device kernels (at most two: a contiguous
+/// shard or the zigzag assignment's two chunks).
+kernels::PositionRuns runs_of(const std::vector<SequenceSegment>& segments) {
+  check_arg(segments.size() <= 2, kOp, "internal: {} sequence segments on one rank",
+            segments.size());
+  kernels::PositionRuns runs;
+  for (const SequenceSegment& segment : segments) {
+    runs.offset[runs.count] = segment.offset;
+    runs.extent[runs.count] = segment.extent;
+    ++runs.count;
+  }
+  return runs;
+}
+
+/// This rank's queries against the block of ring rank `holder`, for the device kernels.
+kernels::AttentionBlock block_of(const Attrs& a, const Ring& ring, const Dims& n, int holder) {
+  return {.batch = n.b,
+          .heads = n.h,
+          .d = n.d,
+          .dv = n.dv,
+          .queries = n.sq,
+          .keys = ring.key_rows(holder),
+          .query_runs = runs_of(ring.own_queries()),
+          .key_runs = runs_of(ring.keys[static_cast<size_t>(holder)]),
+          .scale = a.scale,
+          .causal = a.causal};
+}
+
+/// start_pass for tensors on any device: `held` [b, rows, ...] goes to rank + 1 while `next`
+/// receives the blocks of holder(step + 1) (null when there is no ring to pass along).
+std::unique_ptr<P2PBatch> start_tensor_pass(const Ring& ring, int step,
+                                            const std::vector<const Tensor*>& held,
+                                            std::vector<Tensor>& next) {
+  if (!ring.comm || ring.size == 1) return nullptr;
+  const int to = (ring.rank + 1) % ring.size, from = (ring.rank - 1 + ring.size) % ring.size;
+  next.clear();
+  std::vector<P2POp> ops;
+  for (size_t i = 0; i < held.size(); ++i) {
+    Shape shape = held[i]->shape();
+    shape[1] = ring.key_rows(ring.holder(step + 1));
+    next.push_back(Tensor::empty(shape, held[i]->dtype(), held[i]->device()));
+    if (held[i]->numel() > 0)
+      ops.push_back(P2POp::send(held[i]->raw_data(), held[i]->nbytes(), to, static_cast<int>(i)));
+    if (next.back().numel() > 0)
+      ops.push_back(
+          P2POp::recv(next.back().raw_data(), next.back().nbytes(), from, static_cast<int>(i)));
+  }
+  return ring.comm->start_send_recv(ops);
+}
+
+/// ring_forward on cuda tensors (ring layout): the block kernels, the blocks passed on the
+/// device while the kernel runs.
+std::pair<Tensor, Tensor> ring_forward_cuda(const Attrs& a, const Ring& ring, const Dims& n,
+                                            const Tensor& q, Tensor k, Tensor v) {
+  const Stream stream = compute_stream_for(q.device());
+  AttentionState state =
+      attention_state_cuda(n.b * n.sq * n.h, n.dv, q.dtype(), q.device(), stream);
+  std::vector<Tensor> next;
+  for (int step = 0; step < ring.size; ++step) {
+    const int holder = ring.holder(step);
+    std::unique_ptr<P2PBatch> pass;
+    if (step + 1 < ring.size) pass = start_tensor_pass(ring, step, {&k, &v}, next);
+    if (block_has_work(a, ring.own_queries(), ring.keys[static_cast<size_t>(holder)]))
+      attention_forward_block_cuda(block_of(a, ring, n, holder), q, k, v, state, stream);
+    if (pass) {
+      pass->wait();
+      k = next[0];
+      v = next[1];
+    }
+  }
+  return attention_finish_cuda(state, {n.b, n.sq, n.h, n.dv}, {n.b, n.sq, n.h}, q.dtype(), stream);
+}
+
+/// ring_backward on cuda tensors (ring layout): dK and dV travel with their block in the
+/// accumulation dtype and arrive back at their owner after P passes.
+std::vector<Tensor> ring_backward_cuda(const Attrs& a, const Ring& ring, const Dims& n,
+                                       const Tensor& q, Tensor k, Tensor v, const Tensor& o,
+                                       const Tensor& lse, const Tensor& go, const Tensor* glse) {
+  const Stream stream = compute_stream_for(q.device());
+  const auto [delta, lse_acc] = attention_backward_prepare_cuda(o, go, lse, glse, stream);
+  const DType acc = attention_accumulation_dtype(q.dtype());
+  Tensor dq = Tensor::zeros(q.shape(), acc, q.device());
+  Tensor dk = Tensor::zeros(k.shape(), acc, k.device());
+  Tensor dv = Tensor::zeros(v.shape(), acc, v.device());
+  std::vector<Tensor> next;
+  for (int step = 0; step < ring.size; ++step) {
+    const int holder = ring.holder(step);
+    if (block_has_work(a, ring.own_queries(), ring.keys[static_cast<size_t>(holder)]))
+      attention_backward_block_cuda(block_of(a, ring, n, holder), q, k, v, go, lse_acc, delta, dq,
+                                    dk, dv, stream);
+    if (std::unique_ptr<P2PBatch> pass = start_tensor_pass(ring, step, {&k, &v, &dk, &dv}, next)) {
+      pass->wait();
+      k = next[0];
+      v = next[1];
+      dk = next[2];
+      dv = next[3];
+    }
+  }
+  return {dq.to_dtype(q.dtype()), dk.to_dtype(q.dtype()), dv.to_dtype(q.dtype())};
+}
+
+/// o and lse of the caller's local q, k, v, in the caller's layout: the rows move to the ring's
+/// assignment, the ring runs (cuda kernels for cuda tensors, else f64 on the cpu), o and lse
+/// move back.
+std::pair<Tensor, Tensor> attention_forward(const Attrs& a, const Ring& ring, const Dims& n,
+                                            const Tensor& q, const Tensor& k, const Tensor& v) {
+  const Tensor qr = queries_to_ring(ring, q), kr = keys_to_ring(ring, k),
+               vr = keys_to_ring(ring, v.to_dtype(q.dtype()));
+  Tensor o, lse;
+  if (q.device().is_cuda()) {
+    std::tie(o, lse) = ring_forward_cuda(a, ring, n, qr, kr.to_dtype(q.dtype()), vr);
+  } else {
+    auto [o_values, lse_values] =
+        ring_forward(a, ring, n, to_doubles(qr), to_doubles(kr), to_doubles(vr));
+    o = from_doubles(o_values, {n.b, n.sq, n.h, n.dv}, q.dtype());
+    lse = from_doubles(lse_values, {n.b, n.sq, n.h}, q.dtype());
+  }
+  return {queries_from_ring(ring, o), queries_from_ring(ring, lse)};
 }
 
 /// dq, dk, dv in the caller's layout from the caller's local tensors (glse: null when lse has no
 /// gradient; decided alike on every rank, since a rank with no queries holds no values either).
-std::vector<std::vector<double>> attention_backward(
-    const Attrs& a, const Ring& ring, const Dims& n, const std::vector<double>& q,
-    const std::vector<double>& k, const std::vector<double>& v, const std::vector<double>& o,
-    const std::vector<double>& lse, const std::vector<double>& go,
-    const std::vector<double>* glse) {
-  auto d = ring_backward(
-      a, ring, n, queries_to_ring(ring, n.b, n.h * n.d, q), keys_to_ring(ring, n.b, n.h * n.d, k),
-      keys_to_ring(ring, n.b, n.h * n.dv, v), queries_to_ring(ring, n.b, n.h * n.dv, o),
-      queries_to_ring(ring, n.b, n.h, lse), queries_to_ring(ring, n.b, n.h * n.dv, go),
-      glse ? queries_to_ring(ring, n.b, n.h, *glse) : std::vector<double>{});
-  return {queries_from_ring(ring, n.b, n.h * n.d, d[0]), keys_from_ring(ring, n.b, n.h * n.d, d[1]),
-          keys_from_ring(ring, n.b, n.h * n.dv, d[2])};
+std::vector<Tensor> attention_backward(const Attrs& a, const Ring& ring, const Dims& n,
+                                       const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const Tensor& o, const Tensor& lse, const Tensor& go,
+                                       const Tensor* glse) {
+  const DType dtype = q.dtype();
+  const Tensor qr = queries_to_ring(ring, q), kr = keys_to_ring(ring, k.to_dtype(dtype)),
+               vr = keys_to_ring(ring, v.to_dtype(dtype)), or_ = queries_to_ring(ring, o),
+               lr = queries_to_ring(ring, lse), gr = queries_to_ring(ring, go.to_dtype(dtype));
+  const std::optional<Tensor> glr =
+      glse ? std::optional<Tensor>(queries_to_ring(ring, glse->to_dtype(dtype))) : std::nullopt;
+  std::vector<Tensor> d;
+  if (q.device().is_cuda()) {
+    d = ring_backward_cuda(a, ring, n, qr, kr, vr, or_, lr, gr, glr ? &*glr : nullptr);
+  } else {
+    const auto values = ring_backward(a, ring, n, to_doubles(qr), to_doubles(kr), to_doubles(vr),
+                                      to_doubles(or_), to_doubles(lr), to_doubles(gr),
+                                      glr ? to_doubles(*glr) : std::vector<double>{});
+    d = {from_doubles(values[0], qr.shape(), dtype), from_doubles(values[1], kr.shape(), dtype),
+         from_doubles(values[2], vr.shape(), dtype)};
+  }
+  return {queries_from_ring(ring, d[0]), keys_from_ring(ring, d[1]).to_dtype(k.dtype()),
+          keys_from_ring(ring, d[2]).to_dtype(v.dtype())};
+}
+
+/// The forward of the op on one rank's pieces (any device).
+std::vector<Tensor> forward_kernel(const KernelContext& context,
+                                   const std::vector<Tensor>& inputs) {
+  const Attrs a = attrs_of(context.attrs, context.input_specs[0].global_shape[3]);
+  const Ring ring = ring_of(a, context.mesh, context.input_specs[0], context.input_boxes[0],
+                            context.input_specs[1]);
+  const Dims n = dims_of(ring, inputs[0].shape(), inputs[2].shape());
+  auto [o, lse] = attention_forward(a, ring, n, inputs[0], inputs[1], inputs[2]);
+  return {o, lse};
 }
 
 }  // namespace
+
+DType attention_accumulation_dtype(DType dtype) {
+  return dtype == DType::f64 ? DType::f64 : DType::f32;
+}
 
 void register_ring_attention_ops() {
   RuleFn rule = [](const std::vector<ShardSpec>& inputs, const OpAttrs& attrs) {
@@ -456,16 +602,7 @@ void register_ring_attention_ops() {
   };
   KernelFn cpu = [](const KernelContext& context, const std::vector<Tensor>& inputs) {
     for (const Tensor& input : inputs) require_floating_cpu(input, kOp);
-    const Attrs a = attrs_of(context.attrs, context.input_specs[0].global_shape[3]);
-    const Ring ring = ring_of(a, context.mesh, context.input_specs[0], context.input_boxes[0],
-                              context.input_specs[1]);
-    const Dims n = dims_of(ring, inputs[0].shape(), inputs[2].shape());
-    auto [o, lse] = attention_forward(a, ring, n, to_doubles(inputs[0]), to_doubles(inputs[1]),
-                                      to_doubles(inputs[2]));
-    const DType dtype = inputs[0].dtype();
-    const int64_t sq = inputs[0].shape()[1];
-    return std::vector<Tensor>{from_doubles(o, {n.b, sq, n.h, n.dv}, dtype),
-                               from_doubles(lse, {n.b, sq, n.h}, dtype)};
+    return forward_kernel(context, inputs);
   };
   BackwardFn backward = [](const OpRecord& record,
                            const std::vector<std::optional<ShardTensor>>& grads)
@@ -475,26 +612,25 @@ void register_ring_attention_ops() {
     const ShardTensor& v = record.inputs[2];
     const ShardTensor& o = record.outputs[0];
     const ShardTensor& lse = record.outputs[1];
-    auto local_grad = [&](size_t index, const ShardTensor& like) -> std::vector<double> {
-      if (!grads[index]) return {};
+    auto local_grad = [&](size_t index, const ShardTensor& like) -> std::optional<Tensor> {
+      if (!grads[index]) return std::nullopt;
       const ShardTensor g =
           grads[index]->spec() == like.spec()
               ? *grads[index]
               : grads[index]->redistribute(like.placements(), like.spec().extents);
-      return to_doubles(g.to_local());
+      return g.to_local();
     };
     const Attrs a = attrs_of(record.attrs, q.global_shape()[3]);
     const Ring ring = ring_of(a, q.mesh(), q.spec(), q.local_box(), k.spec());
     const Dims n = dims_of(ring, q.to_local().shape(), v.to_local().shape());
-    std::vector<double> go = local_grad(0, o);
-    if (!grads[0]) go.assign(static_cast<size_t>(o.to_local().numel()), 0.0);
-    const std::vector<double> glse = local_grad(1, lse);
-    const auto d = attention_backward(a, ring, n, to_doubles(q.to_local()), to_doubles(k.to_local()),
-                                 to_doubles(v.to_local()), to_doubles(o.to_local()),
-                                 to_doubles(lse.to_local()), go, grads[1] ? &glse : nullptr);
-    return {ShardTensor(from_doubles(d[0], q.to_local().shape(), q.dtype()), q.mesh(), q.spec()),
-            ShardTensor(from_doubles(d[1], k.to_local().shape(), k.dtype()), k.mesh(), k.spec()),
-            ShardTensor(from_doubles(d[2], v.to_local().shape(), v.dtype()), v.mesh(), v.spec())};
+    const std::optional<Tensor> go = local_grad(0, o), glse = local_grad(1, lse);
+    const Tensor& o_local = o.to_local();
+    const auto d = attention_backward(
+        a, ring, n, q.to_local(), k.to_local(), v.to_local(), o_local, lse.to_local(),
+        go ? *go : Tensor::zeros(o_local.shape(), o_local.dtype(), o_local.device()),
+        glse ? &*glse : nullptr);
+    return {ShardTensor(d[0], q.mesh(), q.spec()), ShardTensor(d[1], k.mesh(), k.spec()),
+            ShardTensor(d[2], v.mesh(), v.spec())};
   };
   register_op(OpDef{.name = kOp,
                     .summary = "softmax(scale q k^T) v of q, k, v [B, S, heads, D] with the "
@@ -510,6 +646,7 @@ void register_ring_attention_ops() {
                                .doc = "the scores' factor (unset: 1/sqrt(D))"}},
                     .rule = std::move(rule),
                     .cpu = std::move(cpu),
+                    .cuda = forward_kernel,
                     .backward = std::move(backward),
                     .cost = attention_cost});
 }

@@ -28,7 +28,9 @@ SequenceAssignment zigzag_assignment(int64_t length, int ranks) {
   return assignment;
 }
 
-bool use_zigzag(bool causal, int ring_size) { return causal && ring_size > 1; }
+bool use_zigzag(bool causal, int ring_size) {
+  return causal && ring_size > 1;
+}
 
 int64_t rows_of(const std::vector<SequenceSegment>& segments) {
   int64_t rows = 0;

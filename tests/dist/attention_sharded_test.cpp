@@ -217,9 +217,8 @@ TEST(RingAttention, ZigzagShardedEqualsOneRankAndDenseForwardAndBackward) {
         }
         const std::string where =
             fmt::format("ranks {} q {} k {} v {} causal {} scale {} layouts {} / {} / {}",
-                        comm->size(), c.q, c.k, c.v, c.options.causal,
-                        c.options.scale.value_or(-1), layouts[0].str(), layouts[1].str(),
-                        layouts[2].str());
+                        comm->size(), c.q, c.k, c.v, c.options.causal, c.options.scale.value_or(-1),
+                        layouts[0].str(), layouts[1].str(), layouts[2].str());
         const auto sharded = run(c, mesh, values, layouts, go, glse);
         const auto one = run(c, single, values, single_layouts, go, glse);
         for (size_t r = 0; r < sharded.size(); ++r)

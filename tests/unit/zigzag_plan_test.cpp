@@ -12,6 +12,7 @@
 #include <random>
 
 #include "core/layout.hpp"
+#include "ops/ring_attention/attention_block.hpp"
 
 namespace tessera::ops {
 namespace {
@@ -97,8 +98,8 @@ TEST(ZigzagPlan, ProductsOfAnyAssignmentSumToTheDenseCount) {
   for (int ranks = 1; ranks <= 6; ++ranks)
     for (const int64_t length : {0, 1, 7, 24, 61}) {
       const int64_t causal_total = length * (length + 1) / 2;
-      for (const SequenceAssignment& a :
-           {zigzag_assignment(length, ranks), contiguous_assignment(default_split(length, ranks))}) {
+      for (const SequenceAssignment& a : {zigzag_assignment(length, ranks),
+                                          contiguous_assignment(default_split(length, ranks))}) {
         int64_t causal = 0, full = 0;
         for (const auto& step : ring_step_products(true, a, a))
           for (const int64_t p : step) causal += p;
@@ -135,6 +136,47 @@ TEST(ZigzagPlan, ZigzagBalancesCausalWorkAndShortensTheRing) {
     EXPECT_EQ(after, ranks * block / 2 + chunk) << ranks;
     EXPECT_LT(after, before);
   }
+}
+
+// The device kernels' view of a block (attention_block.hpp): the global position of every local
+// row of the zigzag and contiguous assignments, and key_visible equal to visible_keys' prefix.
+TEST(AttentionBlock, PositionsAndMaskMatchTheAssignments) {
+  for (int ranks = 1; ranks <= 5; ++ranks)
+    for (const int64_t length : {0, 3, 10, 17}) {
+      const SequenceAssignment zigzag = zigzag_assignment(length, ranks);
+      for (int r = 0; r < ranks; ++r) {
+        kernels::PositionRuns runs;
+        for (const SequenceSegment& s : zigzag[r]) {
+          runs.offset[runs.count] = s.offset;
+          runs.extent[runs.count] = s.extent;
+          ++runs.count;
+        }
+        int64_t row = 0;
+        for (const SequenceSegment& s : zigzag[r])
+          for (int64_t g = s.offset; g < s.offset + s.extent; ++g, ++row)
+            EXPECT_EQ(kernels::global_position(runs, row), g);
+        kernels::AttentionBlock block;
+        block.keys = rows_of(zigzag[r]);
+        block.key_runs = runs;
+        block.causal = true;
+        for (int64_t query = 0; query < length; ++query) {
+          int64_t seen = 0;
+          for (int64_t key = 0; key < block.keys; ++key)
+            seen += kernels::key_visible(block, query, key);
+          EXPECT_EQ(seen, visible_keys(true, query, zigzag[r][0]) +
+                              visible_keys(true, query, zigzag[r][1]));
+        }
+      }
+    }
+}
+
+TEST(AttentionBlock, LaunchGivesOneWarpPerRowWithinTheGridLimit) {
+  EXPECT_EQ(kernels::attention_launch(0).blocks, 0u);
+  EXPECT_EQ(kernels::attention_launch(1).blocks, 1u);
+  EXPECT_EQ(kernels::attention_launch(kernels::kAttentionWarps).blocks, 1u);
+  EXPECT_EQ(kernels::attention_launch(kernels::kAttentionWarps + 1).blocks, 2u);
+  EXPECT_EQ(kernels::attention_launch(int64_t{1} << 40).blocks, 65535u);
+  EXPECT_EQ(kernels::attention_launch(5).threads, 32u * kernels::kAttentionWarps);
 }
 
 }  // namespace
