@@ -128,16 +128,6 @@ void check_model_parallel_options(const TrainOptions& options) {
               "--micro-batches, --schedule, --chunks and --stage-cuts are options of a pipeline: "
               "give --pp > 1");
   }
-  if (options.pp > 1 || options.tp > 1) {
-    check_arg(!options.sharded_parameters(), kOp,
-              "--parallel {} with --pp {} --tp {}: sharded parameters are not combined with model "
-              "parallelism here (use --parallel ddp)",
-              options.parallel, options.pp, options.tp);
-    check_arg(options.dtype != "bf16", kOp,
-              "--dtype bf16 with --pp {} --tp {}: master weights are not combined with model "
-              "parallelism here (use f32 or f64)",
-              options.pp, options.tp);
-  }
   if (options.pp == 1) return;
   check_arg(options.checkpoint.empty() && !options.resume, kOp,
             "--checkpoint with --pp {}: pipelined runs are not checkpointed yet", options.pp);
@@ -543,17 +533,23 @@ class CropBatches final : public BatchSource {
   int64_t order_epoch_ = -1;
 };
 
-/// The trained values: the model's own replicated parameters (DDP), or, with --parallel
-/// fsdp|hybrid or a bf16 model, separate master parameters that the optimizer updates (sharded
-/// over the shard dim, and f32 for a bf16 model). Before each step the masters are gathered into
-/// the model's parameters; in backward each model parameter's gradient, still a Partial sum over
-/// the mesh dims that shard the activations, goes straight into its master's layout (a
-/// reduce-scatter over the shard dim and an all-reduce over the others, in one redistribute whose
-/// reduction order does not depend on the rank, so replicas stay bit-identical).
+/// The trained values: the model's own parameters (DDP), or, with --parallel fsdp|hybrid or a
+/// bf16 model, separate master parameters that the optimizer updates (sharded over the shard dim,
+/// and f32 for a bf16 model). Before each step the masters are gathered into the model's
+/// parameters; in backward each model parameter's gradient, still a Partial sum over the mesh
+/// dims that shard the activations, goes straight into its master's layout (a reduce-scatter
+/// over the shard dim and an all-reduce over the others, in one redistribute whose reduction
+/// order does not depend on the rank, so replicas stay bit-identical).
 ///
-/// Hybrid sharding views the ("dp", domain..) mesh as ("dp_replicate", "dp_shard", domain..)
-/// (DeviceMesh::split: the same ranks in the same order): dp rank i is (i / S, i % S), so the batch
-/// stays split over all of dp while the masters are sharded over S ranks only.
+/// `mesh` is the model's: the whole ("dp", "tp"?, domain..) mesh, or with --pp one stage's mesh
+/// (one Masters per stage a rank holds; pp itself shards nothing). A tensor-parallel weight keeps
+/// its tp placement, and the shard dim splits the first tensor dim tp does not split (one mesh dim
+/// per tensor dim: a [out, in] weight split on out over tp is split on in over dp); a 1-d weight
+/// that tp already splits stays replicated over dp.
+///
+/// Hybrid sharding views the mesh as ("dp_replicate", "dp_shard", ..) (DeviceMesh::split: the same
+/// ranks in the same order): dp rank i is (i / S, i % S), so the batch stays split over all of dp
+/// while the masters are sharded over S ranks only.
 class Masters {
  public:
   Masters(nn::OnnxModel& model, const DeviceMesh& mesh, const TrainOptions& options,
@@ -563,47 +559,60 @@ class Masters {
                                 {"dp_replicate", "dp_shard"})
                    : mesh;
     const int shard_dim = hybrid ? 1 : 0;
+    NoGrad no_grad;
     for (const auto& [name, parameter] : model.named_parameters()) {
-      std::vector<Placement> placements(mesh_->ndim(), Placement::replicate());
-      if (options.sharded_parameters() && !parameter.tensor().global_shape().empty())
-        placements[shard_dim] = Placement::shard(0);
-      const Tensor full = parameter.tensor().to_local().to_dtype(master_dtype);
+      // A copy: the masters never share storage with the model.
+      const ShardTensor on_mesh = on_master_mesh(parameter.tensor(), master_dtype, true);
+      std::vector<Placement> placements = on_mesh.placements();
+      const Shape& shape = on_mesh.global_shape();
+      if (options.sharded_parameters()) {
+        for (int dim = 0; dim < static_cast<int>(shape.size()); ++dim) {
+          if (on_mesh.spec().mesh_dim_sharding(dim) >= 0) continue;
+          placements[shard_dim] = Placement::shard(dim);
+          break;
+        }
+      }
       model_.push_back(parameter);
-      masters_.emplace_back(ShardTensor::distribute(full, *mesh_, placements), name);
+      masters_.emplace_back(on_mesh.redistribute(placements), name);
     }
     for (size_t k = 0; k < model_.size(); ++k)
       sinks_.push_back(set_grad_sink(model_[k].tensor().id(), [this, k](const ShardTensor& grad) {
         masters_[k].accumulate_grad(on_master_mesh(grad, masters_[k].tensor().dtype()));
       }));
   }
+  Masters(const Masters&) = delete;
+  Masters& operator=(const Masters&) = delete;
 
   const std::vector<Parameter>& parameters() const { return masters_; }
 
-  /// Collective: every model parameter takes its master's current values.
+  /// Collective: every model parameter takes its master's current values, in its own layout
+  /// (replicated, or its tensor-parallel shard).
   void gather_into_model() {
     NoGrad no_grad;
     for (size_t k = 0; k < model_.size(); ++k) {
-      const Parameter& master = masters_[k];
-      const std::vector<Placement> replicated(mesh_->ndim(), Placement::replicate());
-      const Tensor full = master.tensor().redistribute(replicated).to_local();
-      model_[k].assign_local(full.to_dtype(model_[k].tensor().dtype()));
+      const ShardTensor target = on_master_mesh(model_[k].tensor(), masters_[k].tensor().dtype());
+      const Tensor local =
+          masters_[k].tensor().redistribute(target.placements(), target.spec().extents).to_local();
+      model_[k].assign_local(local.to_dtype(model_[k].tensor().dtype()));
     }
   }
 
  private:
-  /// A gradient on the model's mesh as the same tensor on the masters' mesh (in the masters'
-  /// dtype): with hybrid sharding the dp placement holds for both dims it was split into.
-  ShardTensor on_master_mesh(const ShardTensor& grad, DType dtype) const {
-    Tensor local = grad.to_local().to_dtype(dtype);
-    std::vector<Placement> placements = grad.placements();
-    std::vector<std::vector<int64_t>> extents = grad.spec().extents;
-    if (mesh_->ndim() != grad.mesh().ndim()) {
+  /// A tensor on the model's mesh (a gradient or a parameter) as the same tensor on the masters'
+  /// mesh, in `dtype`: with hybrid sharding the dp placement holds for both dims it was split
+  /// into.
+  ShardTensor on_master_mesh(const ShardTensor& value, DType dtype, bool copy = false) const {
+    Tensor local = value.to_local().to_dtype(dtype);
+    if (copy) local = local.clone();
+    std::vector<Placement> placements = value.placements();
+    std::vector<std::vector<int64_t>> extents = value.spec().extents;
+    if (mesh_->ndim() != value.mesh().ndim()) {
       placements.insert(placements.begin(), placements.front());
       if (!extents.empty()) extents.insert(extents.begin(), std::vector<int64_t>{});
     }
     return ShardTensor(
         std::move(local), *mesh_,
-        ShardSpec::make(grad.global_shape(), mesh_->shape(), placements, extents, kOp));
+        ShardSpec::make(value.global_shape(), mesh_->shape(), placements, extents, kOp));
   }
 
   std::optional<DeviceMesh> mesh_;
@@ -1001,11 +1010,19 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
   }
 
   const bool use_masters = options.sharded_parameters() || dtype == DType::bf16;
-  std::optional<Masters> masters;
+  // One Masters per model: the whole model, or each stage this rank holds (on its stage mesh).
+  std::vector<std::unique_ptr<Masters>> masters;
   std::vector<Parameter> trained;
   if (use_masters) {
-    masters.emplace(*model, mesh, options, read_dtype);
-    trained = masters->parameters();
+    agreed_everywhere(*world, kOp, [&] {
+      if (model) masters.push_back(std::make_unique<Masters>(*model, mesh, options, read_dtype));
+      for (const auto& [stage, held_stage] : held)
+        masters.push_back(std::make_unique<Masters>(held_stage->model(), pipe->stage_mesh(),
+                                                    options, read_dtype));
+    });
+    for (const auto& stage_masters : masters)
+      trained.insert(trained.end(), stage_masters->parameters().begin(),
+                     stage_masters->parameters().end());
   } else if (model) {
     for (const auto& [name, parameter] : model->named_parameters()) trained.push_back(parameter);
   } else {
@@ -1066,18 +1083,23 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
     // takes the median of.
     std::optional<trace::Span> step_span(std::in_place, "step", fmt::format("train step {}", step));
     if (optimizer) optimizer->zero_grad();
-    if (masters) masters->gather_into_model();
+    for (const auto& stage_masters : masters) stage_masters->gather_into_model();
     double loss_value = 0;
     if (pipe) {
       agreed_everywhere(*world, kOp, [&] {
         std::optional<ShardTensor> x, target;
         if (reads_data) std::tie(x, target) = batches->batch(step);
+        if (x && dtype == DType::bf16) {
+          NoGrad no_grad;
+          x = ops::cast(*x, DType::bf16);
+        }
         // A target unlike the output is seen by the last stage's ranks only: they train that
         // micro-batch on a zero loss (0 x mean(y), which still sends the earlier stages a
         // gradient) so the schedule completes, and every rank then raises the one error before
         // any update.
         std::optional<std::string> problem;
-        const auto checked_loss = [&](const ShardTensor& y, const ShardTensor& t) {
+        const auto checked_loss = [&](const ShardTensor& output, const ShardTensor& t) {
+          const ShardTensor y = dtype == DType::bf16 ? ops::cast(output, DType::f32) : output;
           if (y.global_shape() == t.global_shape()) return loss_of(y, t);
           if (!problem)
             problem = fmt::format(
@@ -1142,7 +1164,7 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
   const double peak_bytes_per_rank =
       static_cast<double>(host_allocator_stats().peak_in_use) / local_ranks;
 
-  if (masters) masters->gather_into_model();
+  for (const auto& stage_masters : masters) stage_masters->gather_into_model();
   if (!options.save_model.empty())
     agreed_everywhere(*world, "onnx", [&] {
       if (model)

@@ -121,11 +121,25 @@ layouts = [
     ("mlp", "pp 2 x tp 2", 4, ["--pp", "2", "--tp", "2", "--schedule", "gpipe",
                                "--micro-batches", "2"]),
     ("mlp", "pp 2 interleaved x dp 2", 4, ["--pp", "2", "--dp", "2"] + interleaved),
+    # Sharded parameters with model parallelism: FSDP per pipeline stage, and the tp shards of
+    # each weight sharded again over dp (hybrid: over --dp-shard of them).
+    ("cnn", "pp 2 x dp 2 fsdp", 4, ["--pp", "2", "--dp", "2", "--parallel", "fsdp",
+                                     "--micro-batches", "2"]),
+    ("mlp", "tp 2 x dp 2 fsdp", 4, ["--tp", "2", "--dp", "2", "--parallel", "fsdp"]),
+    ("cnn", "tp 2 x dp 2 fsdp", 4, ["--tp", "2", "--dp", "2", "--parallel", "fsdp"]),
 ]
 if not launch_template:  # 8 local ranks: pp x tp x a domain dim sharded unevenly
     layouts.append(("cnn", "pp 2 x tp 2 x domain 2 uneven", 8,
                     ["--pp", "2", "--tp", "2", "--mesh", "2", "--shard-dims", "2", "--extents",
                      "3,7", "--micro-batches", "2"]))
+    layouts.append(("mlp", "pp 2 x dp 2 x tp 2 fsdp", 8,
+                    ["--pp", "2", "--dp", "2", "--tp", "2", "--parallel", "fsdp",
+                     "--micro-batches", "2"]))
+    layouts.append(("cnn", "pp 2 x dp 4 hybrid (dp-shard 2), 1f1b", 8,
+                    ["--pp", "2", "--dp", "4", "--parallel", "hybrid", "--dp-shard", "2",
+                     "--micro-batches", "1"]))
+    layouts.append(("mlp", "tp 2 x dp 4 hybrid (dp-shard 2)", 8,
+                    ["--tp", "2", "--dp", "4", "--parallel", "hybrid", "--dp-shard", "2"]))
 for index, (net, label, ranks, options) in enumerate(layouts):
     if net not in reference:
         continue
@@ -174,7 +188,6 @@ bad_cases = [
      "[train] --stage-cuts: '/Div_output_0' is not a cut point"),
     ("cnn", ["--tp", "3"], 3, "[train] --tp 3:"),
     ("mlp", ["--micro-batches", "2"], 1, "[train] --micro-batches, --schedule"),
-    ("cnn", ["--pp", "2", "--dp", "2", "--parallel", "fsdp"], 4, "[train] --parallel fsdp with"),
     ("small_target", ["--pp", "2", "--micro-batches", "2"], 2,
      "[train] the model's output for a micro-batch"),
 ]
