@@ -1173,6 +1173,11 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
         save_pipelined_model(*world, graph, stage_graphs, held, options.pp, dtype,
                              options.save_model);
     });
+  // Rank 0's share of the values the optimizer updates: the model (DDP), its tp shard, or the
+  // masters' shard of it (FSDP, hybrid).
+  int64_t trained_elements = 0;
+  for (const Parameter& parameter : trained)
+    trained_elements += parameter.tensor().to_local().numel();
   if (!root) return;
   if (!options.losses_out.empty()) write_losses(options.losses_out, losses);
   const double step_median = median(step_seconds);
@@ -1204,6 +1209,7 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
         {"step_seconds", step_median},
         {"samples_per_second", samples_per_second},
         {"peak_bytes_per_rank", peak_bytes_per_rank},
+        {"trained_elements", trained_elements},
         {"total_seconds", total_seconds},
     };
     json["final_loss"] =

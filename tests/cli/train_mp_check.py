@@ -53,9 +53,9 @@ def launcher(ranks):
     return shlex.split(launch_template.replace("{n}", str(ranks)))
 
 
-def train(model, data, args, ranks, expect_code=0):
+def train(model, data, args, ranks, expect_code=0, dtype="f64"):
     return run_cli(launcher(ranks) + [tessera, "train", "--model", model, "--data", data,
-                                      "--input", "x", "--target", "y", "--dtype", "f64",
+                                      "--input", "x", "--target", "y", "--dtype", dtype,
                                       "--steps", "10", "--batch", "4", "--optimizer", "sgd",
                                       "--lr", "0.05", "--momentum", "0.9"] + args, expect_code)
 
@@ -172,6 +172,34 @@ else:
            and summary.get("mesh_dims") == ["pp", "dp", "tp", "domain0"],
            f"--json: pp, tp, stages, stage_cuts, tp_patterns, bubble fractions "
            f"({ {k: summary.get(k) for k in ('stage_cuts', 'bubble_fraction')} })")
+
+
+
+def summary_of(args, ranks, dtype="f64"):
+    result = train(mlp_model, mlp_data, args + ["--json"], ranks, dtype=dtype)
+    if result is None:
+        tally.failures += 1
+        return {}
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+# FSDP over tp shards: rank 0 updates a dp share of its tp shard (the 2-d weights split again on
+# their other dim; the 1-d ones tp splits stay whole), fewer values than tp with DDP.
+ddp = summary_of(["--tp", "2", "--dp", "2"], 4)
+fsdp = summary_of(["--tp", "2", "--dp", "2", "--parallel", "fsdp"], 4)
+report(0 < fsdp.get("trained_elements", 0) < ddp.get("trained_elements", 0),
+       f"mlp tp 2 x dp 2: fsdp updates fewer values per rank than ddp "
+       f"({fsdp.get('trained_elements')} < {ddp.get('trained_elements')})")
+
+# bf16 (f32 master weights) with model parallelism: the pipelined and tensor-parallel runs track
+# the 1-rank bf16 run to bf16's precision (not bit for bit: the sums are split differently).
+bf16_reference = summary_of([], 1, "bf16").get("final_loss")
+for label, args, ranks in [("pp 2 x tp 2", ["--pp", "2", "--tp", "2", "--micro-batches", "2"], 4),
+                           ("tp 2 x dp 2 fsdp", ["--tp", "2", "--dp", "2", "--parallel", "fsdp"],
+                            4)]:
+    final = summary_of(args, ranks, "bf16").get("final_loss")
+    error = abs(final - bf16_reference) / abs(bf16_reference) if final and bf16_reference else 1
+    report(error < 2e-3, f"mlp bf16 on {label}: final loss within 2e-3 of 1 rank's ({error:.2e})")
 
 # Bad input: one error line naming the option, exit 2, nothing written.
 losses_out = os.path.join(scratch, "bad.losses.json")
