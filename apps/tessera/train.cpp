@@ -129,8 +129,6 @@ void check_model_parallel_options(const TrainOptions& options) {
               "give --pp > 1");
   }
   if (options.pp == 1) return;
-  check_arg(options.checkpoint.empty() && !options.resume, kOp,
-            "--checkpoint with --pp {}: pipelined runs are not checkpointed yet", options.pp);
   if (options.schedule == "interleaved")
     check_arg(options.chunks == 0 || options.chunks >= 2, kOp,
               "--schedule interleaved needs --chunks >= 2 model chunks per pp rank, got {}",
@@ -649,59 +647,79 @@ std::map<std::string, int64_t> run_counters(const TrainOptions& options, int64_t
   return counters;
 }
 
-std::string checkpoint_file(const std::string& dir, int64_t step) {
-  return fmt::format("{}/step_{:08}.h5", dir, step);
+/// The checkpoint of `step`: one file, or with a pipeline one per pp rank (`pp_rank` of `pp`),
+/// each holding the parameters and optimizer state of that rank's stages.
+std::string checkpoint_file(const std::string& dir, int64_t step, int pp = 1, int pp_rank = 0) {
+  return pp > 1 ? fmt::format("{}/step_{:08}.pp{}.h5", dir, step, pp_rank)
+                : fmt::format("{}/step_{:08}.h5", dir, step);
 }
 
-/// Collective: the step of the newest checkpoint in `dir` (rank 0 looks; an AgreedError when
-/// there is none).
-int64_t newest_checkpoint(Comm& world, const std::string& dir) {
+/// Collective: the step of the newest checkpoint in `dir` whose files are all there (with --pp P:
+/// step_N.pp0.h5 .. step_N.pp{P-1}.h5). Rank 0 looks; an AgreedError when there is none.
+int64_t newest_checkpoint(Comm& world, const std::string& dir, int pp) {
   int64_t newest = -1;
   std::optional<std::string> problem;
   if (world.rank() == 0) {
-    const std::regex pattern("step_([0-9]{8})\\.h5");
+    const std::regex pattern(pp > 1 ? "step_([0-9]{8})\\.pp0\\.h5" : "step_([0-9]{8})\\.h5");
     std::error_code error;
     for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
       std::smatch match;
       const std::string name = entry.path().filename().string();
-      if (std::regex_match(name, match, pattern))
-        newest = std::max<int64_t>(newest, std::stoll(match[1].str()));
+      if (!std::regex_match(name, match, pattern)) continue;
+      const int64_t step = std::stoll(match[1].str());
+      bool complete = true;
+      for (int r = 1; r < pp; ++r)
+        complete = complete && std::filesystem::exists(checkpoint_file(dir, step, pp, r));
+      if (complete) newest = std::max<int64_t>(newest, step);
     }
     if (newest < 0)
-      problem = fmt::format("--resume: no checkpoint (step_NNNNNNNN.h5) in --checkpoint {}", dir);
+      problem = pp > 1 ? fmt::format(
+                             "--resume: no complete checkpoint of --pp {} (step_NNNNNNNN.pp0.h5 .. "
+                             ".pp{}.h5) in --checkpoint {}",
+                             pp, pp - 1, dir)
+                       : fmt::format(
+                             "--resume: no checkpoint (step_NNNNNNNN.h5) in --checkpoint {}", dir);
   }
   agree_on_error(world, kOp, problem);
   world.broadcast(&newest, 1, DType::i64, 0);
   return newest;
 }
 
-/// Collective: writes the parameters, the optimizer state and the run's counters.
-void save_checkpoint(const std::string& file, const std::vector<Parameter>& parameters,
-                     const optim::Optimizer& optimizer, const std::map<std::string, int64_t>& run) {
-  const DeviceMesh& mesh = parameters.front().tensor().mesh();
+/// Collective over `mesh` (the model's, or with --pp this rank's stage mesh; its first rank
+/// writes): the parameters, the optimizer state (none: a stage without parameters) and the
+/// run's counters.
+void save_checkpoint(const std::string& file, const DeviceMesh& mesh,
+                     const std::vector<Parameter>& parameters, const optim::Optimizer* optimizer,
+                     const std::map<std::string, int64_t>& run) {
   std::vector<std::pair<std::string, ShardTensor>> tensors;
   for (const Parameter& parameter : parameters)
     tensors.emplace_back("model/" + parameter.name(), parameter.tensor());
-  for (const auto& [key, value] : optimizer.state_dict())
-    tensors.emplace_back("optim/" + key, value);
-  const std::vector<Placement> replicated(mesh.ndim(), Placement::replicate());
+  if (optimizer)
+    for (const auto& [key, value] : optimizer->state_dict())
+      tensors.emplace_back("optim/" + key, value);
+  // The counters on the parameters' mesh (the masters' may be a split of `mesh`): one
+  // communicator for the whole file.
+  const DeviceMesh& on = parameters.empty() ? mesh : parameters.front().tensor().mesh();
+  const std::vector<Placement> replicated(on.ndim(), Placement::replicate());
   for (const auto& [name, value] : run)
     tensors.emplace_back(
         "run/" + name,
-        ShardTensor::distribute(Tensor::from_values<int64_t>({}, std::vector<int64_t>{value}), mesh,
+        ShardTensor::distribute(Tensor::from_values<int64_t>({}, std::vector<int64_t>{value}), on,
                                 replicated));
   io::save_checkpoint(file, tensors);
 }
 
-/// Collective: restores the parameters and optimizer state of `file` (any layout it was saved
-/// in) and returns its step. Every check comes before any value is written: a missing or unknown
-/// parameter, a shape mismatch, or counters of another data order are one error on every rank.
-int64_t load_checkpoint(const std::string& file, const std::vector<Parameter>& parameters,
-                        optim::Optimizer& optimizer, const TrainOptions& options) {
-  const DeviceMesh& mesh = parameters.front().tensor().mesh();
+/// Collective over `mesh` (as save_checkpoint): restores the parameters and optimizer state of
+/// `file` (any layout it was saved in) and returns its step. Every check comes before any value
+/// is written: a missing or unknown parameter, a shape mismatch, or counters of another data
+/// order are one error on every rank.
+int64_t load_checkpoint(const std::string& file, const DeviceMesh& mesh,
+                        const std::vector<Parameter>& parameters, optim::Optimizer* optimizer,
+                        const TrainOptions& options) {
+  const DeviceMesh& on = parameters.empty() ? mesh : parameters.front().tensor().mesh();
   std::map<std::string, ShardTensor> model, state;
   std::map<std::string, int64_t> run;
-  for (const auto& [name, tensor] : io::load_checkpoint(file, mesh)) {
+  for (const auto& [name, tensor] : io::load_checkpoint(file, on)) {
     if (name.rfind("model/", 0) == 0) {
       model.emplace(name.substr(6), tensor);
     } else if (name.rfind("optim/", 0) == 0) {
@@ -730,14 +748,18 @@ int64_t load_checkpoint(const std::string& file, const std::vector<Parameter>& p
               "'{}' in {} has shape {}, the model's parameter has {}", parameter.name(), file,
               found->second.global_shape(), parameter.tensor().global_shape());
   }
-  optimizer.check_state_dict(state);
+  if (optimizer)
+    optimizer->check_state_dict(state);
+  else
+    check_arg(state.empty(), kOp, "{} holds optimizer state, this rank's stages have no parameters",
+              file);
   for (Parameter parameter : parameters) {
     const ShardTensor& tensor = parameter.tensor();
     const ShardTensor moved =
         model.at(parameter.name()).redistribute(tensor.placements(), tensor.spec().extents);
     parameter.assign_local(moved.to_local().to_dtype(tensor.dtype()));
   }
-  optimizer.load_state_dict(state);
+  if (optimizer) optimizer->load_state_dict(state);
   return run.at("step");
 }
 
@@ -984,6 +1006,7 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
   // stage (the input) and the last (the target).
   const DeviceMesh& data_mesh = pipe ? pipe->stage_mesh() : mesh;
   const bool reads_data = !pipe || pipe->holds_first_stage() || pipe->holds_last_stage();
+  const int pp_rank = pipe ? mesh.coord()[0] : 0;
   BatchLayout layout;
   std::unique_ptr<BatchSource> batches;
   agreed_everywhere(*world, kOp, [&] {
@@ -1043,10 +1066,11 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
 
   int64_t first_step = 0;
   if (options.resume) {
-    const int64_t newest = newest_checkpoint(*world, options.checkpoint);
-    const std::string file = checkpoint_file(options.checkpoint, newest);
-    agreed_everywhere(*world, kOp,
-                      [&] { first_step = load_checkpoint(file, trained, *optimizer, options); });
+    const int64_t newest = newest_checkpoint(*world, options.checkpoint, options.pp);
+    const std::string file = checkpoint_file(options.checkpoint, newest, options.pp, pp_rank);
+    agreed_everywhere(*world, kOp, [&] {
+      first_step = load_checkpoint(file, data_mesh, trained, optimizer.get(), options);
+    });
     agreed_everywhere(*world, kOp, [&] {
       check_arg(first_step <= options.steps, kOp, "--resume: {} is at step {}, beyond --steps {}",
                 file, first_step, options.steps);
@@ -1141,9 +1165,13 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
     const int64_t done = step + 1;
     if (!options.checkpoint.empty() &&
         ((options.every > 0 && done % options.every == 0) || done == options.steps)) {
-      if (root) std::filesystem::create_directories(options.checkpoint);
-      save_checkpoint(checkpoint_file(options.checkpoint, done), trained, *optimizer,
-                      run_counters(options, done));
+      // Made by the ranks that write (each stage's first rank); error_code: they may race.
+      if (data_mesh.rank() == 0) {
+        std::error_code error;
+        std::filesystem::create_directories(options.checkpoint, error);
+      }
+      save_checkpoint(checkpoint_file(options.checkpoint, done, options.pp, pp_rank), data_mesh,
+                      trained, optimizer.get(), run_counters(options, done));
     }
     if (!root) continue;
     if (!options.plot.empty() && (done % 10 == 0 || done == options.steps)) draw_losses();

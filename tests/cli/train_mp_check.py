@@ -13,6 +13,7 @@
 import json
 import os
 import shlex
+import shutil
 import sys
 
 import h5py
@@ -53,10 +54,10 @@ def launcher(ranks):
     return shlex.split(launch_template.replace("{n}", str(ranks)))
 
 
-def train(model, data, args, ranks, expect_code=0, dtype="f64"):
+def train(model, data, args, ranks, expect_code=0, dtype="f64", steps=10):
     return run_cli(launcher(ranks) + [tessera, "train", "--model", model, "--data", data,
                                       "--input", "x", "--target", "y", "--dtype", dtype,
-                                      "--steps", "10", "--batch", "4", "--optimizer", "sgd",
+                                      "--steps", str(steps), "--batch", "4", "--optimizer", "sgd",
                                       "--lr", "0.05", "--momentum", "0.9"] + args, expect_code)
 
 
@@ -204,6 +205,35 @@ for label, args, ranks in bf16_layouts:
     final = summary_of(args, ranks, "bf16").get("final_loss")
     error = abs(final - bf16_reference) / abs(bf16_reference) if final and bf16_reference else 1
     report(error < 2e-3, f"mlp bf16 on {label}: final loss within 2e-3 of 1 rank's ({error:.2e})")
+
+# --checkpoint/--resume with --pp: each pp rank's stages write step_N.ppR.h5 (their parameters
+# and optimizer state); 6 steps with checkpoints every 4 (and at the end), then --resume to 10:
+# steps 7..10 equal the uninterrupted run's bit for bit.
+resume_layouts = [("cnn", "pp 2 x dp 2 fsdp", 4, ["--pp", "2", "--dp", "2", "--parallel", "fsdp",
+                                                   "--micro-batches", "2"])]
+if not launch_template:
+    resume_layouts.append(("mlp", "pp 2 interleaved x dp 2", 4, ["--pp", "2", "--dp", "2"]
+                           + interleaved))
+for net, label, ranks, options in resume_layouts:
+    model, data = nets[net]
+    directory = os.path.join(scratch, f"checkpoints.{net}")
+    shutil.rmtree(directory, ignore_errors=True)
+    first, second, whole = (os.path.join(scratch, f"resume.{net}.{k}.json")
+                            for k in ("first", "second", "whole"))
+    ok = (train(model, data, options + ["--checkpoint", directory, "--every", "4",
+                                        "--losses-out", first], ranks, steps=6) is not None
+          and train(model, data, options + ["--checkpoint", directory, "--resume",
+                                            "--losses-out", second], ranks) is not None
+          and train(model, data, options + ["--losses-out", whole], ranks) is not None)
+    if not ok:
+        tally.failures += 1
+        continue
+    files = sorted(os.listdir(directory))
+    complete = losses_of(whole)
+    report(files == [f"step_{n:08}.pp{r}.h5" for n in (4, 6, 10) for r in (0, 1)]
+           and losses_of(first) == complete[:6] and losses_of(second) == complete[6:],
+           f"{net} --resume on {label}: checkpoints {files}; steps 7..10 resumed from step 6 "
+           f"equal the uninterrupted run bit for bit")
 
 # Bad input: one error line naming the option, exit 2, nothing written.
 losses_out = os.path.join(scratch, "bad.losses.json")
