@@ -1117,23 +1117,18 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
           NoGrad no_grad;
           x = ops::cast(*x, DType::bf16);
         }
-        // A target unlike the output is seen by the last stage's ranks only: they train that
-        // micro-batch on a zero loss (0 x mean(y), which still sends the earlier stages a
-        // gradient) so the schedule completes, and every rank then raises the one error before
-        // any update.
-        std::optional<std::string> problem;
+        // A target unlike the output is seen by the last stage's ranks only: the pipeline
+        // carries their error to every stage (nn::Pipeline::step), so every rank raises it
+        // before any update.
         const auto checked_loss = [&](const ShardTensor& output, const ShardTensor& t) {
           const ShardTensor y = dtype == DType::bf16 ? ops::cast(output, DType::f32) : output;
-          if (y.global_shape() == t.global_shape()) return loss_of(y, t);
-          if (!problem)
-            problem = fmt::format(
-                "the model's output for a micro-batch of --input '{}' has shape {}, the "
-                "micro-batch of --target '{}' has {}",
-                options.input, y.global_shape(), options.target, t.global_shape());
-          return ops::scale(ops::mean(y), 0.0);
+          check_arg(y.global_shape() == t.global_shape(), kOp,
+                    "the model's output for a micro-batch of --input '{}' has shape {}, the "
+                    "micro-batch of --target '{}' has {}",
+                    options.input, y.global_shape(), options.target, t.global_shape());
+          return loss_of(y, t);
         };
         loss_value = pipe->step(x, target, checked_loss);
-        agree_on_error(*world, kOp, problem);
       });
       bubble_fractions.push_back(pipe->stats().bubble_fraction());
     } else

@@ -86,7 +86,27 @@ small_target = os.path.join(scratch, "small_target.h5")
 with h5py.File(small_target, "w") as f:
     f["x"] = load(json.load(open(os.path.join(fixture_dir, "training.json")))["x"])
     f["y"] = np.zeros((6, 2, 8, 9))
-bad_nets = dict(nets, small_target=(cnn_model, small_target))
+
+
+def with_wider_weight(node_index, name):
+    """The MLP with the weight of its node_index-th MatMul one row too long: that node's
+    MatMul fails with a shape mismatch on the stage that holds it, in the first step."""
+    model = onnx.load(mlp_model)
+    graph = model.graph
+    node = [n for n in graph.node if n.op_type == "MatMul"][node_index]
+    for tensor in graph.initializer:
+        if tensor.name in node.input:
+            value = numpy_helper.to_array(tensor)
+            wider = np.zeros((value.shape[0] + 1,) + value.shape[1:], value.dtype)
+            tensor.CopyFrom(numpy_helper.from_array(wider, tensor.name))
+    path = os.path.join(scratch, name)
+    onnx.save(model, path)
+    return path
+
+
+bad_nets = dict(nets, small_target=(cnn_model, small_target),
+                bad_last=(with_wider_weight(-1, "bad_last.onnx"), mlp_data),
+                bad_first=(with_wider_weight(0, "bad_first.onnx"), mlp_data))
 reference = {}
 for net, (model, data) in nets.items():
     stem = os.path.join(scratch, f"{net}.1rank")
@@ -252,6 +272,13 @@ bad_cases = [
     ("mlp", ["--micro-batches", "2"], 1, "[train] --micro-batches, --schedule"),
     ("small_target", ["--pp", "2", "--micro-batches", "2"], 2,
      "[train] the model's output for a micro-batch"),
+    # An op failing inside a stage reaches every stage (no rank waits for the failed one).
+    ("bad_last", ["--pp", "2", "--dp", "2", "--micro-batches", "2"], 4,
+     "[onnx] node '/fc4/MatMul' (MatMul): [matmul]"),
+    ("bad_last", ["--pp", "2", "--schedule", "interleaved", "--micro-batches", "2"], 2,
+     "[onnx] node '/fc4/MatMul' (MatMul): [matmul]"),
+    ("bad_first", ["--pp", "2", "--schedule", "gpipe", "--micro-batches", "2"], 2,
+     "[onnx] node '/fc1/MatMul' (MatMul): [matmul]"),
 ]
 for net, args, ranks, expected_text in bad_cases:
     if os.path.exists(losses_out):
