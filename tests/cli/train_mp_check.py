@@ -255,6 +255,25 @@ for net, label, ranks, options in resume_layouts:
            f"{net} --resume on {label}: checkpoints {files}; steps 7..10 resumed from step 6 "
            f"equal the uninterrupted run bit for bit")
 
+# bench train --pp 2 --tp 2: rank 0 (stage 0: a filter- then a channel-parallel conv) all-reduces
+# the channel-parallel conv's output once per step, [4, 8, 6, 6, 6] f32 over the micro-batches (its
+# input, the batch, needs no gradient), and reports the time in it against the bound measured
+# alone.
+if not launch_template:
+    result = run_cli([tessera, "bench", "train", "--pp", "2", "--tp", "2", "--mesh", "1x1",
+                      "--shape", "4,4,6,6,6", "--hidden", "8", "--layers", "4", "--threads", "1",
+                      "--micro-batches", "2", "--schedule", "1f1b", "--steps", "1", "--json"], 0)
+    if result is None:
+        tally.failures += 1
+    else:
+        row = json.loads(result.stdout).get("tp_rows", [{}])[0]
+        report(row.get("tp_all_reduce_bytes") == 4 * 8 * 6 * 6 * 6 * 4
+               and row.get("tp_all_gather_bytes") == 0 and row.get("tp_reduce_scatter_bytes") == 0
+               and row.get("tp_ms", 0) > 0 and row.get("tp_bound_ms", 0) > 0
+               and row.get("tp_over_bound", 0) > 0,
+               f"bench train --pp 2 --tp 2: the tp all-reduce bytes per step are the analytic "
+               f"ones, with the time and the bound ({row})")
+
 # Bad input: one error line naming the option, exit 2, nothing written.
 losses_out = os.path.join(scratch, "bad.losses.json")
 bad_cases = [
