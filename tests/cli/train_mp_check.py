@@ -5,8 +5,11 @@
 # between). Each layout trains 10 steps in f64 (SGD with momentum) and must give the 1-rank run's
 # losses within 1e-10 relative, and through --save-model the 1-rank run's trained initializers
 # (same names, within 1e-10 relative): PP with 2 stages under gpipe, 1f1b and interleaved, with and
-# without --dp 2; --tp 2 on both nets; --tp 2 --dp 2; --pp 2 --tp 2. The MLP's 1-rank losses equal
-# PyTorch's within 1e-8. --json reports the pp/tp figures; bad input is one error line, exit 2.
+# without --dp 2; --tp 2 on both nets; --tp 2 --dp 2; --pp 2 --tp 2; --parallel fsdp|hybrid with
+# --pp and --tp. The MLP's 1-rank losses equal PyTorch's within 1e-8. bf16 with pp/tp tracks one
+# rank's bf16 run; --resume with --pp continues bit for bit; --json reports the pp/tp figures;
+# bench train --tp reports the tp bytes; bad input (an op failing inside a stage included) is one
+# error line, exit 2.
 # Multi-rank runs use local ranks, or the launcher in TESSERA_LAUNCH with "{n}" standing for the
 # rank count (e.g. "mpiexec -n {n}").
 # Usage: train_mp_check.py TESSERA_BINARY FIXTURE_DIR SCRATCH_DIR
