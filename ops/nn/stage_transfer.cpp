@@ -7,6 +7,7 @@
 #include <chrono>
 #include <map>
 #include <optional>
+#include <string>
 #include <utility>
 
 #include "core/autograd.hpp"
@@ -104,6 +105,7 @@ struct StageBoundary::State {
     std::vector<int64_t> header_words;  // the same for a layout header
     std::vector<int64_t> extent_words;
     std::vector<int64_t> status_words;
+    std::vector<char> text;  // an error's op and message (a vector: its buffer survives moves)
   };
   std::vector<Posted> posted;
   /// Received tensors whose gradient was not sent back yet, with the layouts they came in.
@@ -128,14 +130,13 @@ struct StageBoundary::State {
     Posted posting;
     posting.status_words = {1, static_cast<int64_t>(error.op.size()),
                             static_cast<int64_t>(error.message.size())};
+    // Host memory, not a Tensor: in estimate mode tensors hold no data, but the text must move.
     const std::string text = error.op + error.message;
-    Tensor buffer = Tensor::empty({static_cast<int64_t>(text.size())}, DType::u8, Device::cpu());
-    std::copy(text.begin(), text.end(), static_cast<char*>(buffer.raw_data()));
+    posting.text.assign(text.begin(), text.end());
     std::vector<P2POp> ops{P2POp::send(posting.status_words.data(), kStatusWords * sizeof(int64_t),
                                        peer, tag + statuses)};
-    if (!text.empty())
-      ops.push_back(P2POp::send(buffer.raw_data(), text.size(), peer, tag + statuses));
-    posting.buffers.push_back(std::move(buffer));
+    if (!posting.text.empty())
+      ops.push_back(P2POp::send(posting.text.data(), posting.text.size(), peer, tag + statuses));
     posting.batch = world->start_send_recv(ops);
     posted.push_back(std::move(posting));
   }
