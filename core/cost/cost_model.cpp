@@ -121,8 +121,7 @@ nlohmann::json machine_to_json(const Machine& machine) {
                       {"asynchronous", set.asynchronous},
                       {"intra", {{"alpha", set.intra.alpha}, {"beta", set.intra.beta}}},
                       {"inter", {{"alpha", set.inter.alpha}, {"beta", set.inter.beta}}}};
-    if (set.nvls)
-      links[backend]["nvls"] = {{"alpha", set.nvls->alpha}, {"beta", set.nvls->beta}};
+    if (set.nvls) links[backend]["nvls"] = {{"alpha", set.nvls->alpha}, {"beta", set.nvls->beta}};
   }
   document["links"] = links;
   nlohmann::json families = nlohmann::json::object();
@@ -293,9 +292,8 @@ const char* nccl_algorithm_name(NcclAlgorithm algorithm) {
 // the tree is a chain inside each node and a double binary tree across nodes, latency
 // 2 ((P/N - 1) alpha_intra + log2 N alpha_inter), and moves each byte up and down once: 2n/beta;
 // NVLS is one trip through the node's switch.
-double nccl_algorithm_seconds(const LinkSet& links, NcclAlgorithm algorithm,
-                              Collective collective, std::span<const double> bytes, int nodes,
-                              int root) {
+double nccl_algorithm_seconds(const LinkSet& links, NcclAlgorithm algorithm, Collective collective,
+                              std::span<const double> bytes, int nodes, int root) {
   constexpr double kNever = std::numeric_limits<double>::infinity();
   const int p = static_cast<int>(bytes.size());
   if (p <= 1) return 0;

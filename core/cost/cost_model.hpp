@@ -130,9 +130,8 @@ const char* nccl_algorithm_name(NcclAlgorithm algorithm);
 /// `nodes` nodes (`links.intra` within a node, `links.inter` between nodes; `bytes` and `root`
 /// as in collective_seconds); +infinity when NCCL has no such algorithm for the call (tree is
 /// all-reduce only, across nodes; NVLS all-reduce within one node whose links have `nvls`).
-double nccl_algorithm_seconds(const LinkSet& links, NcclAlgorithm algorithm,
-                              Collective collective, std::span<const double> bytes, int nodes,
-                              int root = 0);
+double nccl_algorithm_seconds(const LinkSet& links, NcclAlgorithm algorithm, Collective collective,
+                              std::span<const double> bytes, int nodes, int root = 0);
 
 /// What NCCL's tuner picks for one call: the cheapest algorithm (ring on ties) and its seconds.
 struct NcclChoice {

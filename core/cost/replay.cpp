@@ -426,9 +426,9 @@ Prediction replay(const nlohmann::json& trace, const Machine& machine,
           ++unknown;
         else
           nodes.insert(node_of(m));
-      const NcclChoice choice = nccl_collective(
-          links, instance.collective, bytes, static_cast<int>(nodes.size()) + unknown,
-          instance.root);
+      const NcclChoice choice =
+          nccl_collective(links, instance.collective, bytes,
+                          static_cast<int>(nodes.size()) + unknown, instance.root);
       instance.seconds = choice.seconds;
       if (p > 1) {
         std::string_view collective = instance.name;

@@ -253,9 +253,9 @@ TEST(CostModel, NcclTreeBeatsTheRingBelowTheCrossoverAcrossNodes) {
   EXPECT_EQ(large.algorithm, NcclAlgorithm::ring);
   EXPECT_DOUBLE_EQ(large.seconds, 30 * 1e-5 + 2 * (15.0 / 16) * 180000 / 1e8);
   // An all-gather has only rings.
-  EXPECT_EQ(nccl_collective(links, Collective::all_gather_v, std::vector<double>(16, 8.0), 16)
-                .algorithm,
-            NcclAlgorithm::ring);
+  EXPECT_EQ(
+      nccl_collective(links, Collective::all_gather_v, std::vector<double>(16, 8.0), 16).algorithm,
+      NcclAlgorithm::ring);
 }
 
 TEST(CostModel, NcclNvlsBeatsTheRingAboveTheCrossoverWithinANode) {
