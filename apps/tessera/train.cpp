@@ -5,10 +5,10 @@
 // The mesh is ("dp", domain0, ..): --dp splits the batch (default split: the first B % dp ranks
 // get one more sample), --mesh/--shard-dims/--extents split the spatial dims. The loss is the
 // mean over every element of the GLOBAL batch, computed exactly over the shards, so every layout
-// trains the same function as one rank. Gradients: the tape reduces them over the domain dims;
-// with --dp > 1 the bucketed DDP reducer (nn::GradReducer), or, with --parallel fsdp|hybrid, each
-// gradient goes straight into the rank's shard of the parameter (reduce-scatter over the shard
-// dim, all-reduce over the rest) and the optimizer updates shards only.
+// trains the same function as one rank. Gradients: the bucketed reducer (nn::GradReducer) sums
+// them over dp and the domain dims in one collective per bucket, or, with --parallel
+// fsdp|hybrid, each gradient goes straight into the rank's shard of the parameter (reduce-scatter
+// over the shard dim, all-reduce over the rest) and the optimizer updates shards only.
 //
 // Data: step t's global batch is samples (t*B + i) mod S, i < B, in file order (--shuffle 0; each
 // rank reads only its own rows and spatial box), or io::BatchReader's seeded order (--shuffle 1);
@@ -1056,8 +1056,12 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
   // A pipeline rank whose stages hold no parameter (only parameter-free ops) has nothing to update.
   std::unique_ptr<optim::Optimizer> optimizer =
       trained.empty() ? nullptr : make_optimizer(options, trained);
+  // The reducer takes every gradient that is Partial over dp or the domain dims: one bucketed
+  // all-reduce over the joint group instead of one blocking all-reduce per parameter from the
+  // tape (the loss is a mean over the global batch and grid, so both reductions are sums).
   std::optional<nn::GradReducer> reducer;
-  if (!use_masters && options.dp > 1 && !trained.empty()) reducer.emplace(trained);
+  if (!use_masters && (options.dp > 1 || mesh_size(domain) > 1) && !trained.empty())
+    reducer.emplace(trained);
   if (pipe && reducer) pipe->set_grad_reducer(&*reducer);
   const auto loss_of = [&](const ShardTensor& y, const ShardTensor& target) {
     return options.loss == "mse" ? ops::mse_loss(y, target)
