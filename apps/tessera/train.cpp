@@ -943,7 +943,9 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
           "--tp {}: {} has no tensor-parallel pattern (MatMul/Gemm .. MatMul/Gemm or Conv "
           ".. Conv through elementwise ops) whose width {} ranks divide{}",
           options.tp, options.model, options.tp,
-          skipped.empty() ? std::string() : fmt::format(" (found {})", fmt::join(skipped, "; ")));
+          (skipped.empty() ? std::string() : fmt::format(" (found {})", fmt::join(skipped, "; "))) +
+              (tp_plan.notes.empty() ? std::string()
+                                     : fmt::format("; {}", fmt::join(tp_plan.notes, "; "))));
     }
     if (options.pp > 1) {
       if (options.stage_cuts.empty()) {

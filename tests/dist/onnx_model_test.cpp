@@ -300,7 +300,7 @@ std::map<std::string, Tensor> attention_step(const io::OnnxGraph& graph, const D
     stacked.insert({projection.weight, projection.bias});
   for (const auto& [name, parameter] : model.named_parameters()) {
     const Tensor grad = parameter.grad()->full_tensor().contiguous();
-    if (!stacked.count(name) || grad.shape().size() == 2 && grad.shape(0) == 3) {
+    if (!stacked.count(name) || (grad.shape().size() == 2 && grad.shape(0) == 3)) {
       values[name] = grad.reshape({grad.numel()});  // a stacked bias: the same order
       continue;
     }
@@ -351,9 +351,8 @@ TEST(OnnxModel, TensorParallelAttentionEqualsOneRankAndReducesEachProductOnce) {
     // move (the pointwise add gathers a sharded bias, as for any column-parallel MatMul's bias,
     // and reduce-scatters its gradient): at most fc1's 16 f64.
     const int64_t activation = 2 * 6 * 8 * 8;
-    const std::vector<std::pair<std::string, int64_t>> step = step_calls;
     std::vector<std::pair<std::string, int64_t>> reductions, others;
-    for (const auto& call : step)
+    for (const auto& call : step_calls)
       (call.first == "all_reduce" ? reductions : others).push_back(call);
     const std::vector<std::pair<std::string, int64_t>> expected(4, {"all_reduce", activation});
     EXPECT_EQ(reductions, expected);
