@@ -553,8 +553,9 @@ void plan_attention(const OnnxGraph& graph, const GraphIndex& index, int tp,
         if (reader >= n || graph.nodes[reader].op_type != "Shape") readers.push_back(reader);
     const bool fused =
         !readers.empty() && std::all_of(readers.begin(), readers.end(), [&](size_t reader) {
-          const OnnxNode& node = graph.nodes[reader < n ? reader : 0];
-          return reader < n && (node.op_type == "Slice" || node.op_type == "Split") &&
+          if (reader >= n) return false;  // a graph output
+          const OnnxNode& node = graph.nodes[reader];
+          return (node.op_type == "Slice" || node.op_type == "Split") && !node.inputs.empty() &&
                  node.inputs[0] == first->output;
         });
     std::vector<std::string> parts;
@@ -572,11 +573,11 @@ void plan_attention(const OnnxGraph& graph, const GraphIndex& index, int tp,
       width = first->out / static_cast<int64_t>(parts.size());
     } else {
       for (size_t k = i + 1; k < n; ++k) {
-        if (used.count(k) || graph.nodes[k].op_type != "MatMul" ||
-            graph.nodes[k].inputs[0] != graph.nodes[i].inputs[0])
-          continue;
+        if (used.count(k) || graph.nodes[k].op_type != "MatMul") continue;
         const std::optional<Product> other = as_product(graph, index, k);
-        if (other && other->out == first->out) columns.push_back(*other);
+        if (other && graph.nodes[k].inputs[0] == graph.nodes[i].inputs[0] &&
+            other->out == first->out)
+          columns.push_back(*other);
       }
       if (columns.size() != 3) continue;  // not q, k and v (an MLP may share its input)
       for (const Product& column : columns) parts.push_back(column.output);
