@@ -151,13 +151,11 @@ Tensor stacked_by_parts(const Tensor& value, int64_t parts) {
   return stacked;
 }
 
-/// The inverse of stacked_by_parts: the value in the initializer's layout.
-Tensor unstacked(const Tensor& stacked, int64_t parts) {
-  const Shape& shape = stacked.shape();
-  if (shape.size() == 2 && shape[0] == parts)  // a bias [parts, width]
-    return stacked.contiguous().reshape({shape[0] * shape[1]});
-  const int64_t in = shape[0] / parts, width = shape[1];
-  Tensor value = Tensor::empty({in, parts * width}, stacked.dtype(), stacked.device());
+/// The inverse of stacked_by_parts: the value in the initializer's layout `shape`.
+Tensor unstacked(const Tensor& stacked, int64_t parts, const Shape& shape) {
+  if (shape.size() == 1) return stacked.contiguous().reshape(shape);  // a bias [parts * width]
+  const int64_t in = shape[0], width = shape[1] / parts;
+  Tensor value = Tensor::empty(shape, stacked.dtype(), stacked.device());
   for (int64_t p = 0; p < parts; ++p)
     value.slice(1, p * width, (p + 1) * width).copy_from(stacked.slice(0, p * in, (p + 1) * in));
   return value;
@@ -461,8 +459,10 @@ Tensor OnnxModel::full_initializer(const std::string& name) const {
     if (key == name) {
       const Tensor full = parameter.tensor().full_tensor();
       const auto stacked = state.stacked.find(name);
-      return stacked == state.stacked.end() ? full
-                                            : unstacked(full.to(Device::cpu()), stacked->second);
+      if (stacked == state.stacked.end()) return full;
+      for (const auto& [initializer, tensor] : state.graph.initializers)
+        if (initializer == name)
+          return unstacked(full.to(Device::cpu()), stacked->second, tensor.shape());
     }
   for (const auto& [key, buffer] : state.buffers)
     if (key == name) return buffer.full_tensor();

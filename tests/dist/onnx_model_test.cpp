@@ -295,13 +295,13 @@ std::map<std::string, Tensor> attention_step(const io::OnnxGraph& graph, const D
   if (after_step) after_step();
   std::map<std::string, Tensor> values{{"y", y.full_tensor()},
                                        {"dx", tape.grad(xs)->full_tensor()}};
-  std::set<std::string> stacked;
+  std::set<std::string> stacked_weights;
   for (const nn::OnnxFusedProjection& projection : plan.fused)
-    stacked.insert({projection.weight, projection.bias});
+    stacked_weights.insert(projection.weight);
   for (const auto& [name, parameter] : model.named_parameters()) {
     const Tensor grad = parameter.grad()->full_tensor().contiguous();
-    if (!stacked.count(name) || (grad.shape().size() == 2 && grad.shape(0) == 3)) {
-      values[name] = grad.reshape({grad.numel()});  // a stacked bias: the same order
+    if (!stacked_weights.count(name)) {  // a stacked bias [3, width]: the same order
+      values[name] = grad.reshape({grad.numel()});
       continue;
     }
     const int64_t in = grad.shape(0) / 3, width = grad.shape(1);
