@@ -330,15 +330,14 @@ TEST(OnnxModel, TensorParallelAttentionEqualsOneRankAndReducesEachProductOnce) {
     x.data<double>()[i] = std::sin(0.37 * i) + 0.1;
     target.data<double>()[i] = std::cos(0.23 * i);
   }
-  std::map<std::string, Tensor> reference;
-  testing::run_world(1, [&](std::shared_ptr<Comm> comm) {
-    reference = attention_step(graph, DeviceMesh(comm, {1}, {"tp"}), {}, x, target);
-  });
   const nn::OnnxTensorParallelPlan plan = nn::onnx_tensor_parallel_plan(graph, 2);
   ASSERT_EQ(plan.patterns.size(), 2u);
   EXPECT_EQ(plan.patterns[0].kind, "attention");
   ASSERT_EQ(plan.fused.size(), 1u);
   testing::run_world(2, [&](std::shared_ptr<Comm> comm) {
+    // One rank's reference: each rank alone, with the whole weights.
+    const std::map<std::string, Tensor> reference =
+        attention_step(graph, DeviceMesh(comm->split(comm->rank(), 0), {1}, {"tp"}), {}, x, target);
     auto ledger = std::make_shared<testing::CountingComm::Ledger>();
     const DeviceMesh mesh(std::make_shared<testing::CountingComm>(comm, ledger), {2}, {"tp"});
     std::vector<std::pair<std::string, int64_t>> step_calls;
