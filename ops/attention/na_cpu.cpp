@@ -443,14 +443,15 @@ struct Segment {
 struct TileKeys {
   int queries = 0;
   int64_t batch = 0;
-  int64_t flat[8];                  // local flat query index of each query of the tile
-  int64_t global_on_axis[8];        // global index on the tile axis of each query
-  int64_t first_slab[8];            // slab of the first key of each query's window
-  int64_t slabs_of[8];              // window keys on the tile axis of each query
-  int64_t inner = 0;                // keys per slab (the window on the other axes)
-  std::vector<int64_t> positions;   // flat tile positions, slab-major: slab * inner + i
-  std::vector<int64_t> inner_bias;  // the other axes' part of the bias index, per i
-  int64_t first_key = 0;            // global index on the tile axis of slab 0
+  int64_t flat[8];                       // local flat query index of each query of the tile
+  int64_t global_on_axis[8];             // global index on the tile axis of each query
+  int64_t first_slab[8];                 // slab of the first key of each query's window
+  int64_t slabs_of[8];                   // window keys on the tile axis of each query
+  int64_t inner = 0;                     // keys per slab (the window on the other axes)
+  std::vector<int64_t> positions;        // flat tile positions, slab-major: slab * inner + i
+  std::vector<int64_t> inner_bias;       // the other axes' part of the bias index, per i
+  std::vector<int64_t> inner_positions;  // the other axes' part of the flat position, per i
+  int64_t first_key = 0;                 // global index on the tile axis of slab 0
   std::vector<Segment> segments;
 };
 
@@ -491,7 +492,8 @@ TESSERA_NA_INLINE void tile_keys(const Problem& p, const QueryTiles& tiles, int6
   const int64_t go = p.query_offset[outer] + outer_index, gi = p.query_offset[inner] + inner_index;
   keys.inner = wo.count * wi.count;
   keys.inner_bias.resize(keys.inner);
-  std::vector<int64_t> inner_positions(keys.inner);
+  std::vector<int64_t>& inner_positions = keys.inner_positions;
+  inner_positions.resize(keys.inner);
   int64_t i = 0;
   for (int64_t to = 0; to < wo.count; ++to) {
     const int64_t jo = wo.first + to * wo.step;
@@ -568,9 +570,11 @@ TESSERA_NA_INLINE void tile_dots(const T* const* a, const T* base, const int64_t
         for (int u = 0; u < N; ++u) s[u * R + r] += av[u] * kv;
       }
     }
+    // Whole groups of R are written (a fixed-size copy, no loop over the valid count): what a
+    // last group writes past the segment is overwritten by the query's next segment or lands in
+    // the room its logits buffer has past the window.
     store<W>(result, lane_sums<lanes>(s) * factor);
-    for (int u = 0; u < N; ++u)
-      for (int r = 0; r < valid; ++r) out[u][start + r] = result[u * R + r];
+    for (int u = 0; u < N; ++u) std::memcpy(out[u] + start, result + u * R, sizeof(T) * R);
   }
 }
 
@@ -701,7 +705,10 @@ TESSERA_NA_INLINE void forward_tiles(const ForwardJob<T>& job, int64_t begin, in
   const int64_t room = (window + lanes + lanes - 1) / lanes * lanes;
   const int a = tiles.axis;
   const T scale = static_cast<T>(p.scale);
-  TileKeys keys;
+  // Items in groups, heads inside a group: the k/v rows one head of a tile reads (a few tens of
+  // KiB) are mostly read again by the next tile, which then finds them in L1.
+  constexpr int64_t group = 16;
+  std::vector<TileKeys> group_keys(group);
   std::vector<T> logits(Q * room), acc(Q * Dim);
   T* logit_rows[Q];
   T* acc_rows[Q];
@@ -709,61 +716,65 @@ TESSERA_NA_INLINE void forward_tiles(const ForwardJob<T>& job, int64_t begin, in
     logit_rows[u] = logits.data() + u * room;
     acc_rows[u] = acc.data() + u * Dim;
   }
-  for (int64_t item = begin; item < end; ++item) {
-    tile_keys(p, tiles, item, keys);
-    const T* k_batch = job.k + keys.batch * p.tile_count() * row;
-    const T* v_batch = job.v + keys.batch * p.tile_count() * row;
-    for (int64_t h = 0; h < heads; ++h) {
-      const T* q_rows[Q];
-      T sums[Q];
-      for (int u = 0; u < keys.queries; ++u) {
-        q_rows[u] = job.q + ((keys.batch * queries + keys.flat[u]) * heads + h) * Dim;
-        prefetch_for_write(job.output + ((keys.batch * queries + keys.flat[u]) * heads + h) * Dim,
-                           Dim);
-      }
-      for (const Segment& segment : keys.segments) {
-        const T* segment_queries[Q];
-        T* out[Q];
-        for (int u = segment.query_begin; u < segment.query_end; ++u) {
-          segment_queries[u - segment.query_begin] = q_rows[u];
-          out[u - segment.query_begin] =
-              logit_rows[u] + (segment.slab_begin - keys.first_slab[u]) * keys.inner;
+  for (int64_t group_begin = begin; group_begin < end; group_begin += group) {
+    const int64_t group_end = std::min(end, group_begin + group);
+    for (int64_t item = group_begin; item < group_end; ++item)
+      tile_keys(p, tiles, item, group_keys[item - group_begin]);
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t item = group_begin; item < group_end; ++item) {
+        const TileKeys& keys = group_keys[item - group_begin];
+        const T* k_batch = job.k + keys.batch * p.tile_count() * row;
+        const T* v_batch = job.v + keys.batch * p.tile_count() * row;
+        const T* q_rows[Q];
+        T sums[Q];
+        for (int u = 0; u < keys.queries; ++u) {
+          q_rows[u] = job.q + ((keys.batch * queries + keys.flat[u]) * heads + h) * Dim;
+          prefetch_for_write(job.output + ((keys.batch * queries + keys.flat[u]) * heads + h) * Dim,
+                             Dim);
         }
-        const int64_t* positions = keys.positions.data() + segment.slab_begin * keys.inner;
-        const int64_t count = (segment.slab_end - segment.slab_begin) * keys.inner;
-        tile_dots_for<W, Dim, Q>(segment.query_end - segment.query_begin, segment_queries,
-                                 k_batch + h * Dim, positions, row, count, scale, out);
-      }
-      const T* bias = job.bias ? job.bias + h * p.rpb_count() : nullptr;
-      T maxima[Q];
-      for (int u = 0; u < keys.queries; ++u) {
-        const int64_t count = keys.slabs_of[u] * keys.inner;
-        if (bias)
-          for (int64_t n = 0; n < count; ++n)
-            logit_rows[u][n] += bias[tile_bias_index(p, keys, a, u, n)];
-        maxima[u] = max_of<W>(logit_rows[u], count);
-        sums[u] = exp_sum<W>(logit_rows[u], count, maxima[u]);
-        std::fill_n(acc_rows[u], Dim, T(0));
-      }
-      for (const Segment& segment : keys.segments) {
-        const T* weights[Q];
-        T* sums_of[Q];
-        for (int u = segment.query_begin; u < segment.query_end; ++u) {
-          weights[u - segment.query_begin] =
-              logit_rows[u] + (segment.slab_begin - keys.first_slab[u]) * keys.inner;
-          sums_of[u - segment.query_begin] = acc_rows[u];
+        for (const Segment& segment : keys.segments) {
+          const T* segment_queries[Q];
+          T* out[Q];
+          for (int u = segment.query_begin; u < segment.query_end; ++u) {
+            segment_queries[u - segment.query_begin] = q_rows[u];
+            out[u - segment.query_begin] =
+                logit_rows[u] + (segment.slab_begin - keys.first_slab[u]) * keys.inner;
+          }
+          const int64_t* positions = keys.positions.data() + segment.slab_begin * keys.inner;
+          const int64_t count = (segment.slab_end - segment.slab_begin) * keys.inner;
+          tile_dots_for<W, Dim, Q>(segment.query_end - segment.query_begin, segment_queries,
+                                   k_batch + h * Dim, positions, row, count, scale, out);
         }
-        const int64_t* positions = keys.positions.data() + segment.slab_begin * keys.inner;
-        const int64_t count = (segment.slab_end - segment.slab_begin) * keys.inner;
-        tile_accumulate_for<W, Dim, Q>(segment.query_end - segment.query_begin, sums_of, weights,
-                                       v_batch + h * Dim, positions, row, count);
+        const T* bias = job.bias ? job.bias + h * p.rpb_count() : nullptr;
+        T maxima[Q];
+        for (int u = 0; u < keys.queries; ++u) {
+          const int64_t count = keys.slabs_of[u] * keys.inner;
+          if (bias)
+            for (int64_t n = 0; n < count; ++n)
+              logit_rows[u][n] += bias[tile_bias_index(p, keys, a, u, n)];
+          maxima[u] = max_of<W>(logit_rows[u], count);
+          sums[u] = exp_sum<W>(logit_rows[u], count, maxima[u]);
+          std::fill_n(acc_rows[u], Dim, T(0));
+        }
+        for (const Segment& segment : keys.segments) {
+          const T* weights[Q];
+          T* sums_of[Q];
+          for (int u = segment.query_begin; u < segment.query_end; ++u) {
+            weights[u - segment.query_begin] =
+                logit_rows[u] + (segment.slab_begin - keys.first_slab[u]) * keys.inner;
+            sums_of[u - segment.query_begin] = acc_rows[u];
+          }
+          const int64_t* positions = keys.positions.data() + segment.slab_begin * keys.inner;
+          const int64_t count = (segment.slab_end - segment.slab_begin) * keys.inner;
+          tile_accumulate_for<W, Dim, Q>(segment.query_end - segment.query_begin, sums_of, weights,
+                                         v_batch + h * Dim, positions, row, count);
+        }
+        for (int u = 0; u < keys.queries; ++u) {
+          const int64_t query_head = (keys.batch * queries + keys.flat[u]) * heads + h;
+          store_scaled(job.output + query_head * Dim, acc_rows[u], T(1) / sums[u], Dim);
+          job.lse[query_head] = maxima[u] + std::log(sums[u]);
+        }
       }
-      for (int u = 0; u < keys.queries; ++u) {
-        const int64_t query_head = (keys.batch * queries + keys.flat[u]) * heads + h;
-        store_scaled(job.output + query_head * Dim, acc_rows[u], T(1) / sums[u], Dim);
-        job.lse[query_head] = maxima[u] + std::log(sums[u]);
-      }
-    }
   }
 }
 
@@ -861,7 +872,10 @@ TESSERA_NA_INLINE void backward_query_tiles(const BackwardJob<T>& job, int64_t b
   const int64_t room = (window + lanes + lanes - 1) / lanes * lanes;
   const int a = tiles.axis;
   const T scale = static_cast<T>(p.scale);
-  TileKeys keys;
+  // Items in groups, heads inside a group: the k/v rows one head of a tile reads (a few tens of
+  // KiB) are mostly read again by the next tile, which then finds them in L1.
+  constexpr int64_t group = 16;
+  std::vector<TileKeys> group_keys(group);
   std::vector<T> probs(Q * room), grads(Q * room), acc(Q * Dim);
   T* prob_rows[Q];
   T* grad_rows[Q];
@@ -872,77 +886,81 @@ TESSERA_NA_INLINE void backward_query_tiles(const BackwardJob<T>& job, int64_t b
     acc_rows[u] = acc.data() + u * Dim;
   }
   T* bias_grad = job.bias_slots ? job.bias_slots + slot * heads * p.rpb_count() : nullptr;
-  for (int64_t item = begin; item < end; ++item) {
-    tile_keys(p, tiles, item, keys);
-    const T* k_batch = job.k + keys.batch * p.tile_count() * row;
-    const T* v_batch = job.v + keys.batch * p.tile_count() * row;
-    for (int64_t h = 0; h < heads; ++h) {
-      int64_t query_heads[Q];
-      for (int u = 0; u < keys.queries; ++u) {
-        query_heads[u] = (keys.batch * queries + keys.flat[u]) * heads + h;
-        prefetch_for_write(job.dq + query_heads[u] * Dim, Dim);
-      }
-      for (const Segment& segment : keys.segments) {
-        const T* segment_queries[Q];
-        const T* segment_grads[Q];
-        T* logits_out[Q];
-        T* grads_out[Q];
-        for (int u = segment.query_begin; u < segment.query_end; ++u) {
-          const int t = u - segment.query_begin;
-          const int64_t offset = (segment.slab_begin - keys.first_slab[u]) * keys.inner;
-          segment_queries[t] = job.q + query_heads[u] * Dim;
-          segment_grads[t] = job.grad_output + query_heads[u] * Dim;
-          logits_out[t] = prob_rows[u] + offset;
-          grads_out[t] = grad_rows[u] + offset;
+  for (int64_t group_begin = begin; group_begin < end; group_begin += group) {
+    const int64_t group_end = std::min(end, group_begin + group);
+    for (int64_t item = group_begin; item < group_end; ++item)
+      tile_keys(p, tiles, item, group_keys[item - group_begin]);
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t item = group_begin; item < group_end; ++item) {
+        const TileKeys& keys = group_keys[item - group_begin];
+        const T* k_batch = job.k + keys.batch * p.tile_count() * row;
+        const T* v_batch = job.v + keys.batch * p.tile_count() * row;
+        int64_t query_heads[Q];
+        for (int u = 0; u < keys.queries; ++u) {
+          query_heads[u] = (keys.batch * queries + keys.flat[u]) * heads + h;
+          prefetch_for_write(job.dq + query_heads[u] * Dim, Dim);
         }
-        const int64_t* positions = keys.positions.data() + segment.slab_begin * keys.inner;
-        const int64_t count = (segment.slab_end - segment.slab_begin) * keys.inner;
-        const int n = segment.query_end - segment.query_begin;
-        tile_dots_for<W, Dim, Q>(n, segment_queries, k_batch + h * Dim, positions, row, count,
-                                 scale, logits_out);
-        tile_dots_for<W, Dim, Q>(n, segment_grads, v_batch + h * Dim, positions, row, count, T(1),
-                                 grads_out);
-      }
-      const T* bias = job.bias ? job.bias + h * p.rpb_count() : nullptr;
-      for (int u = 0; u < keys.queries; ++u) {
-        T* prob = prob_rows[u];
-        T* grad = grad_rows[u];
-        const int64_t count = keys.slabs_of[u] * keys.inner;
-        if (bias)
-          for (int64_t n = 0; n < count; ++n) prob[n] += bias[tile_bias_index(p, keys, a, u, n)];
-        const T row_max = max_of<W>(prob, count);
-        const T sum = exp_sum<W>(prob, count, row_max);
-        const T inverse_sum = T(1) / sum;
-        T delta = 0;
-        for (int64_t n = 0; n < count; ++n) {
-          prob[n] *= inverse_sum;
-          delta += prob[n] * grad[n];
+        for (const Segment& segment : keys.segments) {
+          const T* segment_queries[Q];
+          const T* segment_grads[Q];
+          T* logits_out[Q];
+          T* grads_out[Q];
+          for (int u = segment.query_begin; u < segment.query_end; ++u) {
+            const int t = u - segment.query_begin;
+            const int64_t offset = (segment.slab_begin - keys.first_slab[u]) * keys.inner;
+            segment_queries[t] = job.q + query_heads[u] * Dim;
+            segment_grads[t] = job.grad_output + query_heads[u] * Dim;
+            logits_out[t] = prob_rows[u] + offset;
+            grads_out[t] = grad_rows[u] + offset;
+          }
+          const int64_t* positions = keys.positions.data() + segment.slab_begin * keys.inner;
+          const int64_t count = (segment.slab_end - segment.slab_begin) * keys.inner;
+          const int n = segment.query_end - segment.query_begin;
+          tile_dots_for<W, Dim, Q>(n, segment_queries, k_batch + h * Dim, positions, row, count,
+                                   scale, logits_out);
+          tile_dots_for<W, Dim, Q>(n, segment_grads, v_batch + h * Dim, positions, row, count, T(1),
+                                   grads_out);
         }
-        const T shift = delta - (job.grad_lse ? job.grad_lse[query_heads[u]] : T(0));
-        for (int64_t n = 0; n < count; ++n) grad[n] = prob[n] * (grad[n] - shift);
-        if (bias_grad)
-          for (int64_t n = 0; n < count; ++n)
-            bias_grad[h * p.rpb_count() + tile_bias_index(p, keys, a, u, n)] += grad[n];
-        job.lse[query_heads[u]] = row_max + std::log(sum);
-        job.shift[query_heads[u]] = shift;
-        std::fill_n(acc_rows[u], Dim, T(0));
-      }
-      for (const Segment& segment : keys.segments) {
-        const T* weights[Q];
-        T* sums_of[Q];
-        for (int u = segment.query_begin; u < segment.query_end; ++u) {
-          weights[u - segment.query_begin] =
-              grad_rows[u] + (segment.slab_begin - keys.first_slab[u]) * keys.inner;
-          sums_of[u - segment.query_begin] = acc_rows[u];
+        const T* bias = job.bias ? job.bias + h * p.rpb_count() : nullptr;
+        for (int u = 0; u < keys.queries; ++u) {
+          T* prob = prob_rows[u];
+          T* grad = grad_rows[u];
+          const int64_t count = keys.slabs_of[u] * keys.inner;
+          if (bias)
+            for (int64_t n = 0; n < count; ++n) prob[n] += bias[tile_bias_index(p, keys, a, u, n)];
+          const T row_max = max_of<W>(prob, count);
+          const T sum = exp_sum<W>(prob, count, row_max);
+          const T inverse_sum = T(1) / sum;
+          T delta = 0;
+          for (int64_t n = 0; n < count; ++n) {
+            prob[n] *= inverse_sum;
+            delta += prob[n] * grad[n];
+          }
+          const T shift = delta - (job.grad_lse ? job.grad_lse[query_heads[u]] : T(0));
+          for (int64_t n = 0; n < count; ++n) grad[n] = prob[n] * (grad[n] - shift);
+          if (bias_grad)
+            for (int64_t n = 0; n < count; ++n)
+              bias_grad[h * p.rpb_count() + tile_bias_index(p, keys, a, u, n)] += grad[n];
+          job.lse[query_heads[u]] = row_max + std::log(sum);
+          job.shift[query_heads[u]] = shift;
+          std::fill_n(acc_rows[u], Dim, T(0));
         }
-        const int64_t* positions = keys.positions.data() + segment.slab_begin * keys.inner;
-        const int64_t count = (segment.slab_end - segment.slab_begin) * keys.inner;
-        tile_accumulate_for<W, Dim, Q>(segment.query_end - segment.query_begin, sums_of, weights,
-                                       k_batch + h * Dim, positions, row, count);
+        for (const Segment& segment : keys.segments) {
+          const T* weights[Q];
+          T* sums_of[Q];
+          for (int u = segment.query_begin; u < segment.query_end; ++u) {
+            weights[u - segment.query_begin] =
+                grad_rows[u] + (segment.slab_begin - keys.first_slab[u]) * keys.inner;
+            sums_of[u - segment.query_begin] = acc_rows[u];
+          }
+          const int64_t* positions = keys.positions.data() + segment.slab_begin * keys.inner;
+          const int64_t count = (segment.slab_end - segment.slab_begin) * keys.inner;
+          tile_accumulate_for<W, Dim, Q>(segment.query_end - segment.query_begin, sums_of, weights,
+                                         k_batch + h * Dim, positions, row, count);
+        }
+        for (int u = 0; u < keys.queries; ++u)
+          store_scaled(job.dq + query_heads[u] * Dim, acc_rows[u], scale, Dim);
       }
-      for (int u = 0; u < keys.queries; ++u)
-        store_scaled(job.dq + query_heads[u] * Dim, acc_rows[u], scale, Dim);
-    }
   }
 }
 
