@@ -1,15 +1,21 @@
 // Fast cpu neighborhood attention (see na_cpu.hpp).
 //
 // Layout: heads-last, so the D values of one (position, head) are contiguous and every inner
-// loop runs over D with unit stride. Every call is seen as 3-d (na_problem.hpp). Neighbours are
-// taken in blocks of 16 (f64: 8): the dot products of one row (a query, or a key in the backward's
-// key pass) with the block's rows are formed as register-wide partial sums and reduced together
-// by one transpose-and-add tree, giving the block's logits in one vector. The forward's softmax
-// streams over the blocks: the running maximum, the running denominator and the output row (in
-// registers for D = 32, 64, 128) are rescaled once per block when the maximum grows, and the
-// block's exponentials are one vector loop (f32: a polynomial exp, ~1 ulp; f64: std::exp).
+// loop runs over D with unit stride. Every call is seen as 3-d (na_problem.hpp).
 //
-// Threads: the forward and the query pass of the backward split the (batch, query) rows; the key
+// Query tiles (D of 32, 64 or 128, f32, and f64 with AVX2 or AVX-512): the forward and the
+// backward's query pass take up to 4 queries at once that are neighbours along one axis in one
+// dilation group. Their windows agree on the other axes and overlap on that one, so a k/v row is
+// loaded once for every query of the tile that reads it: the logits of the tile's queries against
+// a group of keys are register-wide partial sums (each query register meeting each key register)
+// reduced together by one transpose-and-add tree, and p.v keeps a block of queries x registers
+// of D in registers while the v rows stream past. Each query's softmax is done in passes over
+// its window's logits (maximum, exponentials as one vector loop: f32 a polynomial exp of ~1 ulp,
+// f64 std::exp; their sum). Other head sizes run the same per query: neighbours in blocks of one
+// register's lanes, the query's dot products with the block reduced by the same tree.
+//
+// Threads: the forward and the query pass of the backward split the query tiles (or the
+// (batch, query) rows); the key
 // pass of the backward splits the (batch, key) rows of the tile and gathers, per key, the queries
 // whose window holds it (the inverse window, an interval of each dilation group per axis because
 // window starts and ends never decrease with the query). Each output row is written by exactly
