@@ -153,7 +153,7 @@ TESSERA_VM_INLINE float erf_f32(float x) {
 /// Taylor series to degree 10: relative error below 1e-12). The product's error stays below
 /// 1e-8 ulp of float for every t that does not overflow or underflow, so the float result is the
 /// correctly rounded pow but in the rarest halfway cases. The special values are those of
-/// std::pow (C99 Annex F), selected at the end.
+/// std::pow (C99 Annex F), folded in as the body describes.
 TESSERA_VM_INLINE float pow_f32_d(float x, double y) {
   constexpr double kInfD = std::numeric_limits<double>::infinity();
   constexpr double kShifter = 6755399441055744.0;  // 1.5 * 2^52: adding it rounds to an integer
