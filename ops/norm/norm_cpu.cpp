@@ -13,6 +13,7 @@
 #include "core/compute_threads.hpp"
 #include "core/errors.hpp"
 #include "core/parallel_for.hpp"
+#include "ops/cpu_loops.hpp"
 #include "ops/norm/norm_kernels.hpp"
 
 namespace tessera::ops {
@@ -287,6 +288,24 @@ void check_piece(const NormGeometry& g, const Tensor& x) {
             x.str(), g.batch, g.channels, g.length);
 }
 
+/// True when every plane is its own statistics slot and fits in one unit (layer_norm's rows of at
+/// most kChunk elements). Then a slot's moments and sums are its single unit's, so the row kernels
+/// below write them straight into the slot, and rows are handed to the threads in blocks: on short
+/// rows (16 channels) the per-unit call, the unit buffer and the combine step cost more than the
+/// arithmetic. The arithmetic per row is that of the chunk kernels (same results).
+bool one_unit_per_slot(const NormGeometry& g) {
+  return g.kind == kernels::NormKind::layer && g.channels == 1 && g.slot_stride == 1 &&
+         g.slot_offset == 0 && g.channels_per_slot == 1 && g.slots == g.planes() && g.length > 0 &&
+         g.length <= kChunk;
+}
+
+/// Calls rows(first, last) over blocks of about kChunk elements of whole rows, in parallel, each
+/// compiled for this cpu's instruction set (cpu_loops.hpp).
+template <typename Rows>
+void for_row_blocks(const NormGeometry& g, const Rows& rows) {
+  parallel_ranges(g.planes(), rows, std::max<int64_t>(1, kChunk / g.length));
+}
+
 }  // namespace
 
 Tensor norm_moments_cpu(const NormGeometry& g, const Tensor& x) {
@@ -294,6 +313,22 @@ Tensor norm_moments_cpu(const NormGeometry& g, const Tensor& x) {
   if (x.is_shape_only()) return Tensor::empty({g.slots, 3}, DType::f64);
   check_piece(g, x);
   const Tensor input = x.contiguous();
+  if (one_unit_per_slot(g)) {
+    // The slot's moments are its one unit's (combining into an empty slot copies them).
+    Tensor moments = Tensor::empty({g.slots, 3}, DType::f64);
+    double* out = moments.data<double>();
+    dispatch_norm(input.dtype(), op_name(g), [&]<typename T, typename C>() {
+      const T* data = static_cast<const T*>(input.raw_data());
+      const int64_t length = g.length;
+      for_row_blocks(g, [&](int64_t first, int64_t last) TESSERA_LOOP_BODY {
+        for (int64_t row = first; row < last; ++row) {
+          out[3 * row] = static_cast<double>(length);
+          chunk_moments<T>(data + row * length, length, out[3 * row + 1], out[3 * row + 2]);
+        }
+      });
+    });
+    return moments;
+  }
   const int64_t chunks = chunks_of(g);
   std::vector<double> units(static_cast<size_t>(3 * g.planes() * chunks));
   dispatch_norm(input.dtype(), op_name(g), [&]<typename T, typename C>() {
@@ -330,6 +365,23 @@ Tensor norm_statistics_cpu(const Tensor& gathered, double eps) {
   const double* in = source.data<double>();
   Tensor statistics = Tensor::empty({slots, 4}, DType::f64);
   double* out = statistics.data<double>();
+  if (ranks == 1) {
+    // Combining one rank's moments into empty ones copies them (an empty slot stays all zero):
+    // the same values, branch-free, so the loop vectorises.
+    parallel_ranges(slots, [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
+      for (int64_t s = lo; s < hi; ++s) {
+        const double count = in[3 * s];
+        const double mean = count != 0 ? in[3 * s + 1] : 0.0;
+        const double m2 = count != 0 ? in[3 * s + 2] : 0.0;
+        const double var = count > 0 ? m2 / count : 0.0;
+        out[4 * s] = mean;
+        out[4 * s + 1] = 1.0 / std::sqrt(var + eps);
+        out[4 * s + 2] = count;
+        out[4 * s + 3] = m2;
+      }
+    });
+    return statistics;
+  }
   for (int64_t s = 0; s < slots; ++s) {
     double count = 0, mean = 0, m2 = 0;
     for (int64_t r = 0; r < ranks; ++r) {
@@ -397,6 +449,19 @@ Tensor norm_forward_cpu(const NormGeometry& g, const Tensor& x, const Tensor& st
     T* out = static_cast<T*>(y.raw_data());
     const ChunkKernels<T, C> kernels = chunk_kernels<T, C>();
     const std::vector<C> w_c = as_compute<C>(weight), b_c = as_compute<C>(bias);
+    if (one_unit_per_slot(g)) {
+      const C* wp = w ? w_c.data() : nullptr;
+      const C* bp = b ? b_c.data() : nullptr;
+      const int64_t length = g.length;
+      for_row_blocks(g, [&](int64_t first, int64_t last) TESSERA_LOOP_BODY {
+        for (int64_t row = first; row < last; ++row) {
+          const C mean = static_cast<C>(s[4 * row]), rstd = static_cast<C>(s[4 * row + 1]);
+          chunk_forward<T, C>(in + row * length, out + row * length, length, mean, rstd, rstd, C(0),
+                              wp, bp);
+        }
+      });
+      return;
+    }
     for_units(g, [&](int64_t, int64_t plane, int64_t lo, int64_t hi) {
       const int64_t slot = g.slot_of(plane);
       const C mean = static_cast<C>(s[4 * slot]), rstd = static_cast<C>(s[4 * slot + 1]);
@@ -435,12 +500,27 @@ Tensor norm_backward_sums_cpu(const NormGeometry& g, const Tensor& x, const Tens
   const int64_t chunks = chunks_of(g);
   // Per unit: (sum dy, sum dy * xhat) with a per-plane affine, (sum dxhat, sum dxhat * xhat)
   // with a per-element one.
-  std::vector<double> units(static_cast<size_t>(2 * g.planes() * chunks));
+  const bool rows = one_unit_per_slot(g);
+  std::vector<double> units(rows ? 0 : static_cast<size_t>(2 * g.planes() * chunks));
+  Tensor sums =
+      rows ? Tensor::empty({g.slots, 2}, DType::f64) : Tensor::zeros({g.slots, 2}, DType::f64);
   dispatch_norm(input.dtype(), op_name(g), [&]<typename T, typename C>() {
     const T* in = static_cast<const T*>(input.raw_data());
     const T* gy = static_cast<const T*>(grad.raw_data());
     const ChunkKernels<T, C> kernels = chunk_kernels<T, C>();
     const bool per_element = g.per_element_affine && w;
+    if (rows) {
+      // A slot's sums are its one unit's (the per-element affine needs no per-plane factor).
+      double* out = sums.data<double>();
+      const double* wp = per_element ? weight.data() : nullptr;
+      const int64_t length = g.length;
+      for_row_blocks(g, [&](int64_t first, int64_t last) TESSERA_LOOP_BODY {
+        for (int64_t row = first; row < last; ++row)
+          chunk_sums<T>(in + row * length, gy + row * length, wp, length, s[4 * row],
+                        s[4 * row + 1], out[2 * row], out[2 * row + 1]);
+      });
+      return;
+    }
     for_units(g, [&](int64_t u, int64_t plane, int64_t lo, int64_t hi) {
       const int64_t slot = g.slot_of(plane);
       kernels.sums(in + plane * g.length + lo, gy + plane * g.length + lo,
@@ -449,23 +529,23 @@ Tensor norm_backward_sums_cpu(const NormGeometry& g, const Tensor& x, const Tens
     });
   });
   // Slot sums over the slot's planes and chunks in order.
-  Tensor sums = Tensor::zeros({g.slots, 2}, DType::f64);
   double* out = sums.data<double>();
   const bool scaled = !g.per_element_affine && w;
-  parallel_for(g.slots, combine_threads(g), [&](int64_t begin, int64_t end, int) {
-    for (int64_t slot = begin; slot < end; ++slot) {
-      double first = 0, second = 0;
-      for_slot_planes(g, slot, [&](int64_t plane) {
-        const double factor = scaled ? weight[g.channel_of(plane)] : 1.0;
-        for (int64_t k = 0; k < chunks; ++k) {
-          first += factor * units[2 * (plane * chunks + k)];
-          second += factor * units[2 * (plane * chunks + k) + 1];
-        }
-      });
-      out[2 * slot] = first;
-      out[2 * slot + 1] = second;
-    }
-  });
+  if (!rows)
+    parallel_for(g.slots, combine_threads(g), [&](int64_t begin, int64_t end, int) {
+      for (int64_t slot = begin; slot < end; ++slot) {
+        double first = 0, second = 0;
+        for_slot_planes(g, slot, [&](int64_t plane) {
+          const double factor = scaled ? weight[g.channel_of(plane)] : 1.0;
+          for (int64_t k = 0; k < chunks; ++k) {
+            first += factor * units[2 * (plane * chunks + k)];
+            second += factor * units[2 * (plane * chunks + k) + 1];
+          }
+        });
+        out[2 * slot] = first;
+        out[2 * slot + 1] = second;
+      }
+    });
   if (!want_dw && !want_db) return sums;
   if (!g.per_element_affine) {
     // dw[c] = sum of dy * xhat, db[c] = sum of dy over the planes of channel c, n in order.
@@ -560,6 +640,25 @@ Tensor norm_backward_dx_cpu(const NormGeometry& g, const Tensor& x, const Tensor
     T* out = static_cast<T*>(dx.raw_data());
     const ChunkKernels<T, C> kernels = chunk_kernels<T, C>();
     const std::vector<C> w_c = as_compute<C>(weight);
+    if (one_unit_per_slot(g)) {
+      const C* wp = w ? w_c.data() : nullptr;
+      const double* t = total ? total->data<double>() : nullptr;
+      const int64_t length = g.length;
+      for_row_blocks(g, [&](int64_t first, int64_t last) TESSERA_LOOP_BODY {
+        for (int64_t row = first; row < last; ++row) {
+          const C mean = static_cast<C>(s[4 * row]), rstd = static_cast<C>(s[4 * row + 1]);
+          C mean_dxhat = 0, mean_dxhat_xhat = 0;
+          if (t) {
+            const double count = s[4 * row + 2];
+            mean_dxhat = static_cast<C>(t[2 * row] / count);
+            mean_dxhat_xhat = static_cast<C>(t[2 * row + 1] / count);
+          }
+          chunk_dx<T, C>(in + row * length, gy + row * length, out + row * length, length, mean,
+                         rstd, C(1), wp, mean_dxhat, mean_dxhat_xhat);
+        }
+      });
+      return;
+    }
     for_units(g, [&](int64_t, int64_t plane, int64_t lo, int64_t hi) {
       const int64_t slot = g.slot_of(plane);
       const C mean = static_cast<C>(s[4 * slot]), rstd = static_cast<C>(s[4 * slot + 1]);
