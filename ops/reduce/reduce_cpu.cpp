@@ -2,6 +2,7 @@
 #include "ops/reduce/reduce_cpu.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 #include "ops/cpu_loops.hpp"
 
@@ -149,6 +150,18 @@ std::optional<Tensor> blocked_broadcast_cpu(const Tensor& g, const Shape& shape,
           lo = end;
         }
       });
+      return;
+    }
+    if (scale == 1.0) {
+      // sum: a product by 1 in f64 rounds back to g itself, so the rows are copies of g's.
+      parallel_ranges(
+          b.outer * b.reduced,
+          [&](int64_t lo, int64_t hi) {
+            for (int64_t row = lo; row < hi; ++row)
+              std::memcpy(out + row * b.inner, in + (row / b.reduced) * b.inner,
+                          sizeof(T) * static_cast<size_t>(b.inner));
+          },
+          std::max<int64_t>(1, kPiece / std::max<int64_t>(1, b.inner)));
       return;
     }
     // Units of (outer, reduced) rows of inner elements: out[o, r, i] = g[o, i] * scale, the
