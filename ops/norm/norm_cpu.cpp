@@ -502,6 +502,16 @@ Tensor norm_backward_sums_cpu(const NormGeometry& g, const Tensor& x, const Tens
   // with a per-element one.
   const bool rows = one_unit_per_slot(g);
   std::vector<double> units(rows ? 0 : static_cast<size_t>(2 * g.planes() * chunks));
+  // layer_norm's dw, db: column sums over the planes (rows). Ranges of kPlanes planes each sum
+  // their planes in order into their own partial row; the partial rows are then added in range
+  // order (the order depends on the shape only). With rows of one unit, the pass that sums each
+  // row also sums its columns (one read of x and dy instead of two).
+  constexpr int64_t kColumns = 256;
+  constexpr int64_t kPlanes = 2048;
+  const bool want_columns = g.per_element_affine && (want_dw || want_db);
+  const int64_t ranges = std::max<int64_t>(1, (g.planes() + kPlanes - 1) / kPlanes);
+  std::vector<double> partial(want_columns ? static_cast<size_t>(2 * ranges * g.length) : 0, 0.0);
+  const bool columns_with_rows = rows && want_columns;
   Tensor sums =
       rows ? Tensor::empty({g.slots, 2}, DType::f64) : Tensor::zeros({g.slots, 2}, DType::f64);
   dispatch_norm(input.dtype(), op_name(g), [&]<typename T, typename C>() {
@@ -514,11 +524,34 @@ Tensor norm_backward_sums_cpu(const NormGeometry& g, const Tensor& x, const Tens
       double* out = sums.data<double>();
       const double* wp = per_element ? weight.data() : nullptr;
       const int64_t length = g.length;
-      for_row_blocks(g, [&](int64_t first, int64_t last) TESSERA_LOOP_BODY {
-        for (int64_t row = first; row < last; ++row)
-          chunk_sums<T>(in + row * length, gy + row * length, wp, length, s[4 * row],
-                        s[4 * row + 1], out[2 * row], out[2 * row + 1]);
-      });
+      if (!columns_with_rows) {
+        for_row_blocks(g, [&](int64_t first, int64_t last) TESSERA_LOOP_BODY {
+          for (int64_t row = first; row < last; ++row)
+            chunk_sums<T>(in + row * length, gy + row * length, wp, length, s[4 * row],
+                          s[4 * row + 1], out[2 * row], out[2 * row + 1]);
+        });
+        return;
+      }
+      // Calls cover whole ranges of kPlanes rows (the chunk), so no two threads share a range.
+      double* part = partial.data();
+      parallel_ranges(
+          g.planes(),
+          [&](int64_t first, int64_t last) TESSERA_LOOP_BODY {
+            for (int64_t row = first; row < last; ++row) {
+              const T* p = in + row * length;
+              const T* d = gy + row * length;
+              const double mean = s[4 * row], rstd = s[4 * row + 1];
+              chunk_sums<T>(p, d, wp, length, mean, rstd, out[2 * row], out[2 * row + 1]);
+              double* part_db = part + 2 * (row / kPlanes) * length;
+              double* part_dw = part_db + length;
+              for (int64_t i = 0; i < length; ++i) {
+                const double value = widen(d[i]);
+                part_db[i] += value;
+                part_dw[i] += value * ((widen(p[i]) - mean) * rstd);
+              }
+            }
+          },
+          kPlanes);
       return;
     }
     for_units(g, [&](int64_t u, int64_t plane, int64_t lo, int64_t hi) {
@@ -561,39 +594,34 @@ Tensor norm_backward_sums_cpu(const NormGeometry& g, const Tensor& x, const Tens
     if (want_db) grads.db = tensor_of(db, {g.channels}, x.dtype());
     return sums;
   }
-  // layer_norm: column sums over the planes (rows). Units of (a range of kPlanes planes, a block
-  // of kColumns columns) run on the compute threads, each summing its planes in order into its
-  // own partial row; the partial rows are then added in plane-range order (the order depends on
-  // the shape only).
+  // layer_norm: the column sums (above); units of (a range of kPlanes planes, a block of
+  // kColumns columns) run on the compute threads when the row pass did not sum them.
   std::vector<double> dw(static_cast<size_t>(g.length), 0.0), db(dw.size(), 0.0);
-  constexpr int64_t kColumns = 256;
-  constexpr int64_t kPlanes = 2048;
   const int64_t blocks = (g.length + kColumns - 1) / kColumns;
-  const int64_t ranges = std::max<int64_t>(1, (g.planes() + kPlanes - 1) / kPlanes);
-  std::vector<double> partial(static_cast<size_t>(2 * ranges * g.length), 0.0);
-  dispatch_norm(input.dtype(), op_name(g), [&]<typename T, typename C>() {
-    const T* in = static_cast<const T*>(input.raw_data());
-    const T* gy = static_cast<const T*>(grad.raw_data());
-    parallel_for(blocks * ranges, compute_threads(), [&](int64_t begin, int64_t end, int) {
-      for (int64_t unit = begin; unit < end; ++unit) {
-        const int64_t block = unit % blocks, range = unit / blocks;
-        const int64_t lo = block * kColumns, hi = std::min(g.length, lo + kColumns);
-        const int64_t first = range * kPlanes, last = std::min(g.planes(), first + kPlanes);
-        double* part_db = partial.data() + 2 * range * g.length;
-        double* part_dw = part_db + g.length;
-        for (int64_t plane = first; plane < last; ++plane) {
-          const double mean = s[4 * plane], rstd = s[4 * plane + 1];  // slot = plane
-          const T* p = in + plane * g.length;
-          const T* d = gy + plane * g.length;
-          for (int64_t i = lo; i < hi; ++i) {
-            const double value = widen(d[i]);
-            part_db[i] += value;
-            part_dw[i] += value * ((widen(p[i]) - mean) * rstd);
+  if (!columns_with_rows)
+    dispatch_norm(input.dtype(), op_name(g), [&]<typename T, typename C>() {
+      const T* in = static_cast<const T*>(input.raw_data());
+      const T* gy = static_cast<const T*>(grad.raw_data());
+      parallel_for(blocks * ranges, compute_threads(), [&](int64_t begin, int64_t end, int) {
+        for (int64_t unit = begin; unit < end; ++unit) {
+          const int64_t block = unit % blocks, range = unit / blocks;
+          const int64_t lo = block * kColumns, hi = std::min(g.length, lo + kColumns);
+          const int64_t first = range * kPlanes, last = std::min(g.planes(), first + kPlanes);
+          double* part_db = partial.data() + 2 * range * g.length;
+          double* part_dw = part_db + g.length;
+          for (int64_t plane = first; plane < last; ++plane) {
+            const double mean = s[4 * plane], rstd = s[4 * plane + 1];  // slot = plane
+            const T* p = in + plane * g.length;
+            const T* d = gy + plane * g.length;
+            for (int64_t i = lo; i < hi; ++i) {
+              const double value = widen(d[i]);
+              part_db[i] += value;
+              part_dw[i] += value * ((widen(p[i]) - mean) * rstd);
+            }
           }
         }
-      }
+      });
     });
-  });
   for (int64_t range = 0; range < ranges; ++range) {
     const double* part_db = partial.data() + 2 * range * g.length;
     const double* part_dw = part_db + g.length;
