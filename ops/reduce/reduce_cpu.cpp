@@ -90,10 +90,23 @@ void sum_columns(const T* x, const Blocks& b, double* out) {
           const int64_t o = unit / blocks, first = (unit % blocks) * kColumns;
           const int64_t count = std::min(kColumns, b.inner - first);
           double* sums = out + o * b.inner + first;
-          for (int64_t i = 0; i < count; ++i) sums[i] = 0;
+          const T* column = x + o * b.reduced * b.inner + first;
+          // Tiles of kTile columns summed over r in registers, stored once (each column's sum
+          // in r order, as in the tail loop).
+          constexpr int64_t kTile = 16;
+          int64_t i = 0;
+          for (; i + kTile <= count; i += kTile) {
+            double tile[kTile] = {};
+            for (int64_t r = 0; r < b.reduced; ++r) {
+              const T* values = column + r * b.inner + i;
+              for (int64_t l = 0; l < kTile; ++l) tile[l] += double(values[l]);
+            }
+            for (int64_t l = 0; l < kTile; ++l) sums[i + l] = tile[l];
+          }
+          for (int64_t k = i; k < count; ++k) sums[k] = 0;
           for (int64_t r = 0; r < b.reduced; ++r) {
-            const T* values = x + (o * b.reduced + r) * b.inner + first;
-            for (int64_t i = 0; i < count; ++i) sums[i] += double(values[i]);
+            const T* values = column + r * b.inner;
+            for (int64_t k = i; k < count; ++k) sums[k] += double(values[k]);
           }
         }
       },
