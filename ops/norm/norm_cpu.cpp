@@ -367,9 +367,9 @@ Tensor norm_statistics_cpu(const Tensor& gathered, double eps) {
   double* out = statistics.data<double>();
   if (ranks == 1) {
     // Combining one rank's moments into empty ones copies them (an empty slot stays all zero):
-    // the same values, branch-free, so the loop vectorises.
-    // In blocks: the interleaved fields are copied in and out by scalar loops, while the square
-    // roots and divisions run over a contiguous block, where they vectorise.
+    // the same values without the combine's branches. In blocks: the interleaved fields are
+    // copied by scalar loops, the square roots and divisions run over a contiguous block, where
+    // they vectorise.
     parallel_ranges(slots, [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
       constexpr int64_t kBlock = 256;
       double var[kBlock];
