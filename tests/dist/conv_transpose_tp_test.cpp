@@ -5,13 +5,14 @@
 // sharded in space or batch, unevenly), the forward and every gradient (dx, dw, db through the
 // autograd tape) equal the one-rank run within 1e-12 relative, and the layouts are the rule's
 // (y Shard(1) or Partial(sum) over tp, dw keeping w's Shard); what cannot be split is one error
-// naming the op, the same on every rank.
+// naming the op, the same on every rank; the collectives of a step are the analytic ones.
 #include <gtest/gtest.h>
 
 #include "core/autograd.hpp"
 #include "ops/op_helpers.hpp"
 #include "ops/ops.hpp"
 #include "tests/dist/conv_cases.hpp"
+#include "tests/dist/counting_comm.hpp"
 #include "tests/dist/harness.hpp"
 #include "tests/dist/shard_cases.hpp"
 
@@ -199,6 +200,59 @@ TEST(ConvTransposeTensorParallel, Tp4MatchesOneRankForwardAndBackward) {
 
 TEST(ConvTransposeTensorParallel, Tp2Domain2UnevenMatchesOneRankForwardAndBackward) {
   sweep(4, {2, 2}, {"tp", "domain"}, 83, 60);
+}
+
+/// The collectives (name, bytes) of one forward and backward of conv_transpose (stride 2) on tp 2
+/// with w split evenly on `w_dim`, x laid out over tp as `x_placement`, loss sum(y * y) (y reduced
+/// first if Partial): the second of two steps (the first creates the sub-communicators).
+std::vector<std::pair<std::string, int64_t>> step_volume(std::shared_ptr<Comm> comm,
+                                                         const Shape& x_shape, const Shape& w_shape,
+                                                         int w_dim, int64_t groups,
+                                                         Placement x_placement) {
+  auto ledger = std::make_shared<testing::CountingComm::Ledger>();
+  auto counting = std::make_shared<testing::CountingComm>(comm, ledger);
+  DeviceMesh mesh(counting, {2}, {"tp"});
+  CaseRng rng(5);
+  ShardTensor x = ShardTensor::distribute(testing::integer_tensor(x_shape, DType::f64, rng, -3, 3),
+                                          mesh, {x_placement});
+  x.set_requires_grad();
+  ShardTensor w = ShardTensor::distribute(testing::integer_tensor(w_shape, DType::f64, rng, -3, 3),
+                                          mesh, {Placement::shard(w_dim)});
+  w.set_requires_grad();
+  for (int step = 0; step < 2; ++step) {
+    {
+      std::lock_guard lock(ledger->mutex);
+      ledger->calls.clear();
+    }
+    Tape tape;
+    const ShardTensor y =
+        ops::conv_transpose(x, w, std::nullopt, {.stride = {2}, .groups = groups});
+    // The channel-parallel sum reduced once, as a layer does, before anything reads it.
+    const ShardSpec whole = ops::without_partial(y.spec());
+    const ShardTensor z = y.spec() == whole ? y : y.redistribute(whole.placements, whole.extents);
+    tape.backward(ops::sum(ops::mul(z, z)));
+  }
+  return ledger->calls;
+}
+
+// Per forward and backward on tp 2, f64: group-parallel with x already split by group moves
+// nothing (each rank convolves its own groups); filter-parallel with x replicated moves nothing
+// forward and all-reduces x's gradient [2, 4, 6] once backward (each rank's share of the sum over
+// the output channels; x is replicated there); channel-parallel all-reduces its Partial output y
+// [2, 4, 13] once forward and nothing backward (y's gradient is the same on every rank of the
+// sum; dx stays split like x).
+TEST(ConvTransposeTensorParallel, CommunicationPerStepEqualsTheAnalyticVolume) {
+  testing::run_world(2, [](std::shared_ptr<Comm> comm) {
+    const std::vector<std::pair<std::string, int64_t>> nothing;
+    EXPECT_EQ(step_volume(comm, {2, 4, 6}, {4, 2, 3}, 0, 2, Placement::shard(1)), nothing)
+        << "group-parallel";
+    const std::vector<std::pair<std::string, int64_t>> dx_once{{"all_reduce", 2 * 4 * 6 * 8}};
+    EXPECT_EQ(step_volume(comm, {2, 4, 6}, {4, 4, 3}, 1, 1, Placement::replicate()), dx_once)
+        << "filter-parallel";
+    const std::vector<std::pair<std::string, int64_t>> y_once{{"all_reduce", 2 * 4 * 13 * 8}};
+    EXPECT_EQ(step_volume(comm, {2, 4, 6}, {4, 4, 3}, 0, 1, Placement::shard(1)), y_once)
+        << "channel-parallel";
+  });
 }
 
 // What cannot be split is refused by the rule before any data moves, with one message naming the
