@@ -6,8 +6,8 @@
 # ConvTranspose, on traincnn's data). Each layout trains 10 steps in f64 (SGD with momentum) and
 # must give the 1-rank run's losses within 1e-10 relative, and through --save-model the 1-rank
 # run's trained initializers (same names, within 1e-10 relative): PP with 2 stages under gpipe,
-# 1f1b and interleaved, with and without --dp 2; --tp 2 on the three nets (locally also tp 4 and
-# tp 2 x an uneven domain on traincnnt); --tp 2 --dp 2; --pp 2 --tp 2; --parallel fsdp|hybrid with
+# 1f1b and interleaved, with and without --dp 2; --tp 2 on the three nets (locally also tp 4,
+# tp 2 x an uneven domain, pp 2 x tp 2 and tp 2 x dp 2 FSDP on traincnnt); --tp 2 --dp 2; --pp 2 --tp 2; --parallel fsdp|hybrid with
 # --pp and --tp. The MLP's 1-rank losses equal PyTorch's within 1e-8. bf16 with pp/tp tracks one
 # rank's bf16 run; --resume with --pp continues bit for bit; --json reports the pp/tp figures;
 # bench train --tp reports the tp bytes; bad input (an op failing inside a stage included) is one
@@ -163,6 +163,9 @@ if not launch_template:  # 8 local ranks: pp x tp x a domain dim sharded unevenl
                     ["--pp", "2", "--tp", "2", "--mesh", "2", "--shard-dims", "2", "--extents",
                      "3,7", "--micro-batches", "2"]))
     layouts.append(("cnnt", "tp 4", 4, ["--tp", "4"]))
+    layouts.append(("cnnt", "pp 2 x tp 2", 4, ["--pp", "2", "--tp", "2", "--micro-batches", "2"]))
+    layouts.append(("cnnt", "tp 2 x dp 2 fsdp", 4, ["--tp", "2", "--dp", "2", "--parallel",
+                                                    "fsdp"]))
     layouts.append(("cnnt", "tp 2 x domain 2 uneven", 4,
                     ["--tp", "2", "--mesh", "2", "--shard-dims", "2", "--extents", "3,7"]))
     layouts.append(("cnn", "tp 2 x dp 2 fsdp", 4,
