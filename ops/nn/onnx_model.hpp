@@ -34,8 +34,8 @@ class OnnxModel {
   /// also work where every op does) on the calling rank's device. Validates every node first.
   /// Parameters are replicated, except those named in `placements` (one placement per mesh dim):
   /// tensor parallelism shards weights this way (ops/nn/onnx_partition.hpp finds which), and the
-  /// MatMul, Gemm and Conv steps run a weight split on its in features as a row-parallel
-  /// (channel-parallel) product whose Partial sum is reduced before the bias is added.
+  /// MatMul, Gemm, Conv and ConvTranspose steps run a weight split on its in features as a
+  /// row-parallel (channel-parallel) product whose Partial sum is reduced before the bias is added.
   OnnxModel(io::OnnxGraph graph, const DeviceMesh& mesh, DType dtype = DType::f32,
             const std::map<std::string, std::vector<Placement>>& placements = {});
   /// Reads `file` (io::read_onnx) and builds the model.

@@ -65,7 +65,7 @@ io::OnnxGraph onnx_stage_graph(const io::OnnxGraph& graph, const std::vector<Onn
 
 /// One tensor-parallel pattern found in a graph.
 struct OnnxTensorParallelPattern {
-  std::string kind;    ///< "mlp" (MatMul/Gemm ... MatMul/Gemm) or "conv" (Conv ... Conv)
+  std::string kind;    ///< "mlp" (MatMul/Gemm ... MatMul/Gemm) or "conv" (Conv/ConvTranspose ..)
   std::string first;   ///< the column-parallel (filter-parallel) node
   std::string second;  ///< the row-parallel (channel-parallel) node
   int64_t width = 0;   ///< the hidden features (channels) split over tp
@@ -81,7 +81,8 @@ struct OnnxTensorParallelPlan {
 
 /// The tensor-parallel plan of `graph` over `tp` ranks. A pattern: a weighted product P1 (MatMul
 /// with a 2-d float initializer as b, optionally followed by the Add of a 1-d initializer bias;
-/// Gemm with an initializer b; Conv of group 1 with an initializer weight), then only elementwise
+/// Gemm with an initializer b; Conv or ConvTranspose of group 1 with an initializer weight, whose
+/// out and in channels are its weight's dims 0 and 1, or 1 and 0), then only elementwise
 /// ops (unary ones, and binary ones whose other operand is a scalar constant or another value of
 /// the region), then a second product P2 of the same family taking the region's value as its
 /// data input, with every value of the region used only inside it. P1's weight (and bias) is
