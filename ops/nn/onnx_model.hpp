@@ -35,12 +35,12 @@ class OnnxModel {
   /// also work where every op does) on the calling rank's device. Validates every node first.
   /// Parameters are replicated, except those named in `placements` (one placement per mesh dim):
   /// tensor parallelism shards weights this way (ops/nn/onnx_partition.hpp finds which), and the
-  /// MatMul, Gemm and Conv steps run a weight split on its in features as a row-parallel
-  /// (channel-parallel) product whose Partial sum is reduced before the bias is added. The
-  /// `fused` projections (attention's q/k/v MatMul, found by the plan) hold their weight and bias
-  /// stacked by parts ([parts * in, width], [parts, width]: `placements` names those layouts),
-  /// and their MatMul (with its bias Add) computes each part on its own; fused projections whose
-  /// node the graph lacks (another pipeline stage's) are ignored.
+  /// MatMul, Gemm, Conv and ConvTranspose steps run a weight split on its in features as a
+  /// row-parallel (channel-parallel) product whose Partial sum is reduced before the bias is added.
+  /// The `fused` projections (attention's q/k/v MatMul, found by the plan) hold their weight and
+  /// bias stacked by parts ([parts * in, width], [parts, width]: `placements` names those
+  /// layouts), and their MatMul (with its bias Add) computes each part on its own; fused
+  /// projections whose node the graph lacks (another pipeline stage's) are ignored.
   OnnxModel(io::OnnxGraph graph, const DeviceMesh& mesh, DType dtype = DType::f32,
             const std::map<std::string, std::vector<Placement>>& placements = {},
             const std::vector<OnnxFusedProjection>& fused = {});

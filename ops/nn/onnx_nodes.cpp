@@ -195,9 +195,13 @@ Step compile_conv_transpose(const OnnxNode& node) {
             "{}: attribute 'group' = {}", node.where(), options.groups);
   return [options, &node](const RunContext& context, const Values& inputs) {
     const ShardTensor x = data_of(context, node, inputs, 0);
-    return std::vector<Value>{data_value(
-        ops::conv_transpose(x, data_of(context, node, inputs, 1, x.dtype()),
-                            optional_data(context, node, inputs, 2, x.dtype()), options))};
+    const ShardTensor w = data_of(context, node, inputs, 1, x.dtype());
+    const std::optional<ShardTensor> b = optional_data(context, node, inputs, 2, x.dtype());
+    if (split_on(w, 0) && options.groups == 1) {  // channel-parallel: reduce, then the bias
+      const ShardTensor y = reduced(ops::conv_transpose(x, w, std::nullopt, options));
+      return std::vector<Value>{data_value(b ? ops::bias_add(y, *b) : y)};
+    }
+    return std::vector<Value>{data_value(ops::conv_transpose(x, w, b, options))};
   };
 }
 

@@ -319,6 +319,14 @@ std::optional<Product> as_product(const OnnxGraph& graph, const GraphIndex& inde
     product.out_dim = 0;
     product.in_dim = 1;
     if (node.input(2)) bias = node.inputs[2];
+  } else if (node.op_type == "ConvTranspose") {  // the conv family, weight [in, out, k..]
+    const Tensor* w = own_weight(index, node.inputs[1], 3, 5);
+    if (!w || node.integer("group", 1) != 1 || index.constants.count(node.inputs[0]) > 0)
+      return std::nullopt;
+    product.family = "conv";
+    product.out_dim = 1;
+    product.in_dim = 0;
+    if (node.input(2)) bias = node.inputs[2];
   } else {
     return std::nullopt;
   }

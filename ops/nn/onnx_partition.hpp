@@ -66,8 +66,8 @@ io::OnnxGraph onnx_stage_graph(const io::OnnxGraph& graph, const std::vector<Onn
 
 /// One tensor-parallel pattern found in a graph.
 struct OnnxTensorParallelPattern {
-  std::string kind;    ///< "mlp" (MatMul/Gemm ... MatMul/Gemm), "conv" (Conv ... Conv) or
-                       ///< "attention" (q/k/v projections ... output projection)
+  std::string kind;    ///< "mlp" (MatMul/Gemm ... MatMul/Gemm), "conv" (Conv/ConvTranspose ..)
+                       ///< or "attention" (q/k/v projections ... output projection)
   std::string first;   ///< the column-parallel (filter-parallel) node; attention: the fused q/k/v
                        ///< MatMul, or the first of the separate q, k and v MatMuls
   std::string second;  ///< the row-parallel (channel-parallel) node
@@ -104,7 +104,8 @@ struct OnnxTensorParallelPlan {
 
 /// The tensor-parallel plan of `graph` over `tp` ranks. A pattern: a weighted product P1 (MatMul
 /// with a 2-d float initializer as b, optionally followed by the Add of a 1-d initializer bias;
-/// Gemm with an initializer b; Conv of group 1 with an initializer weight), then only elementwise
+/// Gemm with an initializer b; Conv or ConvTranspose of group 1 with an initializer weight, whose
+/// out and in channels are its weight's dims 0 and 1, or 1 and 0), then only elementwise
 /// ops (unary ones, and binary ones whose other operand is a scalar constant or another value of
 /// the region), then a second product P2 of the same family taking the region's value as its
 /// data input, with every value of the region used only inside it. P1's weight (and bias) is

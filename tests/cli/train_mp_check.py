@@ -1,17 +1,20 @@
 #!/usr/bin/python3
 # Acceptance check of `tessera train --pp/--tp` (model parallelism of an exported network) on the
 # training fixtures made by tests/fixtures/make_onnx_fixtures.py: the conv net traincnn.onnx
-# (Conv -> GELU -> Conv), the MLP trainmlp.onnx (four Linear layers on [B, S, C], GELU
-# between) and the attention block attention.opset17.onnx (fused q/k/v Linear, 2 heads, output
-# projection, then an MLP), also rewritten here with three separate q, k and v MatMuls. Each layout trains 10 steps in f64 (SGD with momentum) and must give the 1-rank run's
-# losses within 1e-10 relative, and through --save-model the 1-rank run's trained initializers
-# (same names, within 1e-10 relative): PP with 2 stages under gpipe, 1f1b and interleaved, with and
-# without --dp 2; --tp 2 on both nets and on the attention block (heads split: fused and
-# separate q/k/v); --tp 2 --dp 2 (the attention block too: the mpiexec case); --pp 2 --tp 2; --parallel fsdp|hybrid with
-# --pp and --tp. The MLP's 1-rank losses equal PyTorch's within 1e-8. bf16 with pp/tp tracks one
-# rank's bf16 run; --resume with --pp continues bit for bit; --json reports the pp/tp figures;
-# bench train --tp reports the tp bytes; bad input (an op failing inside a stage included) is one
-# error line, exit 2.
+# (Conv -> GELU -> Conv), the MLP trainmlp.onnx (four Linear layers on [B, S, C], GELU between),
+# traincnnt.onnx (ConvTranspose -> GELU -> Conv -> strided Conv -> GELU -> strided
+# ConvTranspose, on traincnn's data) and the attention block attention.opset17.onnx (fused q/k/v
+# Linear, 2 heads, output projection, then an MLP; also rewritten here with three separate q, k
+# and v MatMuls). Each layout trains 10 steps in f64 (SGD with momentum) and must give the 1-rank
+# run's losses within 1e-10 relative, and through --save-model the 1-rank run's trained
+# initializers (same names, within 1e-10 relative): PP with 2 stages under gpipe, 1f1b and
+# interleaved, with and without --dp 2; --tp 2 on the three nets (locally also tp 4, tp 2 x an
+# uneven domain, pp 2 x tp 2 and tp 2 x dp 2 FSDP on traincnnt) and on the attention block (heads
+# split: fused and separate q/k/v); --tp 2 --dp 2 (the attention block too: its mpiexec case);
+# --pp 2 --tp 2; --parallel fsdp|hybrid with --pp and --tp. The MLP's 1-rank losses equal
+# PyTorch's within 1e-8. bf16 with pp/tp tracks one rank's bf16 run; --resume with --pp continues
+# bit for bit; --json reports the pp/tp figures; bench train --tp reports the tp bytes; bad input
+# (an op failing inside a stage included) is one error line, exit 2.
 # Multi-rank runs use local ranks, or the launcher in TESSERA_LAUNCH with "{n}" standing for the
 # rank count (e.g. "mpiexec -n {n}").
 # Usage: train_mp_check.py TESSERA_BINARY FIXTURE_DIR SCRATCH_DIR
@@ -50,6 +53,7 @@ def prepare(manifest_name, data_name):
 
 
 cnn_model, cnn_data, _ = prepare("training.json", "cnn.h5")
+cnnt_model, cnnt_data, _ = prepare("trainconvt.json", "cnnt.h5")
 mlp_model, mlp_data, mlp_manifest = prepare("trainmlp.json", "mlp.h5")
 
 
@@ -85,7 +89,8 @@ def weight_error(saved, reference):
                for k in reference)
 
 
-nets = {"cnn": (cnn_model, cnn_data), "mlp": (mlp_model, mlp_data)}
+nets = {"cnn": (cnn_model, cnn_data), "mlp": (mlp_model, mlp_data),
+        "cnnt": (cnnt_model, cnnt_data)}
 
 # The attention block: 8 samples [6, 8] drawn here (seeded), a target the block can approach.
 attn_model = os.path.join(fixture_dir, "attention.opset17.onnx")
@@ -200,6 +205,9 @@ layouts = [
     ("cnn", "tp 2 x dp 2", 4, ["--tp", "2", "--dp", "2"]),
     ("cnn", "pp 2 x tp 2", 4, ["--pp", "2", "--tp", "2", "--micro-batches", "2"]),
     ("mlp", "tp 2 (column- then row-parallel)", 2, ["--tp", "2"]),
+    # ConvTranspose -> GELU -> Conv and Conv -> GELU -> ConvTranspose, each filter- then
+    # channel-parallel.
+    ("cnnt", "tp 2 (ConvTranspose filter- and channel-parallel)", 2, ["--tp", "2"]),
     ("mlp", "tp 2 x dp 2", 4, ["--tp", "2", "--dp", "2"]),
     ("mlp", "pp 2 x tp 2", 4, ["--pp", "2", "--tp", "2", "--schedule", "gpipe",
                                "--micro-batches", "2"]),
@@ -216,6 +224,12 @@ if not launch_template:  # 8 local ranks: pp x tp x a domain dim sharded unevenl
     layouts.append(("cnn", "pp 2 x tp 2 x domain 2 uneven", 8,
                     ["--pp", "2", "--tp", "2", "--mesh", "2", "--shard-dims", "2", "--extents",
                      "3,7", "--micro-batches", "2"]))
+    layouts.append(("cnnt", "tp 4", 4, ["--tp", "4"]))
+    layouts.append(("cnnt", "pp 2 x tp 2", 4, ["--pp", "2", "--tp", "2", "--micro-batches", "2"]))
+    layouts.append(("cnnt", "tp 2 x dp 2 fsdp", 4, ["--tp", "2", "--dp", "2", "--parallel",
+                                                    "fsdp"]))
+    layouts.append(("cnnt", "tp 2 x domain 2 uneven", 4,
+                    ["--tp", "2", "--mesh", "2", "--shard-dims", "2", "--extents", "3,7"]))
     layouts.append(("cnn", "tp 2 x dp 2 fsdp", 4,
                     ["--tp", "2", "--dp", "2", "--parallel", "fsdp"]))
     layouts.append(("mlp", "pp 2 x dp 2 x tp 2 fsdp", 8,
@@ -264,6 +278,21 @@ else:
            f"--json: pp, tp, stages, stage_cuts, tp_patterns, bubble fractions "
            f"({ {k: summary.get(k) for k in ('stage_cuts', 'bubble_fraction')} })")
 
+
+
+# --tp on the net with transposed convolutions: both patterns found, ConvTranspose first in one
+# and second in the other, and their weights split.
+result = train(cnnt_model, cnnt_data, ["--tp", "2", "--json"], 2, steps=1)
+if result is None:
+    tally.failures += 1
+else:
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    patterns = [(p.get("kind"), p.get("first"), p.get("second"), p.get("width"))
+                for p in summary.get("tp_patterns", [])]
+    report(patterns == [("conv", "/up/ConvTranspose", "/conv/Conv", 4),
+                        ("conv", "/down/Conv", "/back/ConvTranspose", 4)],
+           f"cnnt --tp 2 --json: the ConvTranspose patterns ({patterns}, sharded "
+           f"{summary.get('tp_sharded_parameters')})")
 
 
 def summary_of(args, ranks, dtype="f64"):

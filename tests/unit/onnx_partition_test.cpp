@@ -2,8 +2,9 @@
 // points are exactly the places one activation crosses (a residual, or a parameter read on both
 // sides, rules a place out), balanced cuts even out the stages' parameters, a stage's subgraph
 // carries the constants and initializers it reads, and the tensor-parallel plan finds the MLP
-// and Conv..Conv patterns (column- then row-parallel) and nothing where a value leaves the region,
-// and attention (fused or separate q/k/v projections .. output projection) split in whole heads.
+// and Conv..Conv patterns (column- then row-parallel; ConvTranspose as either product) and nothing
+// where a value leaves the region, and attention (fused or separate q/k/v projections .. output
+// projection) split in whole heads.
 #include "ops/nn/onnx_partition.hpp"
 
 #include <gtest/gtest.h>
@@ -213,6 +214,46 @@ TEST(OnnxTensorParallelPlan, ConvFilterThenChannelParallel) {
   EXPECT_EQ(plan.patterns[0].first, "/c1");
   EXPECT_EQ(plan.patterns[0].second, "/y");
   EXPECT_EQ(plan.sharded, (std::map<std::string, int>{{"w1", 0}, {"b1", 0}, {"w2", 1}}));
+}
+
+// ConvTranspose belongs to the conv family with its weight [in, out, k..] read the other way
+// round: first in a pattern its dim 1 (and its bias) is split, second its dim 0. A grouped one, or
+// one whose output feeds a Concat (as in a U-Net's decoder), is no pattern.
+TEST(OnnxTensorParallelPlan, ConvTransposeFirstOrSecondInAConvPattern) {
+  OnnxGraph graph = graph_with_io();
+  graph.initializers = {{"w1", weight({2, 4, 3, 3})}, {"b1", weight({4})},
+                        {"w2", weight({4, 4, 3, 3})}, {"w3", weight({4, 4, 3, 3})},
+                        {"b3", weight({4})},          {"w4", weight({4, 2, 3, 3})},
+                        {"b4", weight({2})}};
+  graph.nodes.push_back(node("ConvTranspose", {"x", "w1", "b1"}, {"t1"}));
+  append_gelu(graph, "t1", "g1", "gelu1/");
+  graph.nodes.push_back(node("Conv", {"g1", "w2"}, {"c2"}));
+  graph.nodes.push_back(node("Conv", {"c2", "w3", "b3"}, {"c3"}));
+  append_gelu(graph, "c3", "g3", "gelu3/");
+  graph.nodes.push_back(node("ConvTranspose", {"g3", "w4", "b4"}, {"y"}));
+  const OnnxTensorParallelPlan plan = onnx_tensor_parallel_plan(graph, 2);
+  ASSERT_EQ(plan.patterns.size(), 2u);
+  EXPECT_EQ(plan.patterns[0].kind, "conv");
+  EXPECT_EQ(plan.patterns[0].first, "/t1");
+  EXPECT_EQ(plan.patterns[0].second, "/c2");
+  EXPECT_EQ(plan.patterns[0].width, 4);
+  EXPECT_EQ(plan.patterns[1].first, "/c3");
+  EXPECT_EQ(plan.patterns[1].second, "/y");
+  EXPECT_EQ(plan.sharded, (std::map<std::string, int>{
+                              {"w1", 1}, {"b1", 0}, {"w2", 1}, {"w3", 0}, {"b3", 0}, {"w4", 0}}));
+
+  io::OnnxAttribute groups;
+  groups.kind = io::OnnxAttribute::Kind::integer;
+  groups.integer = 2;
+  OnnxGraph grouped = graph;
+  grouped.nodes.back().attributes["group"] = groups;
+  grouped.initializers.back() = {"w4", weight({4, 1, 3, 3})};
+  EXPECT_EQ(onnx_tensor_parallel_plan(grouped, 2).patterns.size(), 1u);
+
+  OnnxGraph concat = graph;  // the first ConvTranspose's output concatenated with the input
+  concat.nodes.insert(concat.nodes.begin() + 1, node("Concat", {"t1", "x"}, {"cat"}));
+  concat.outputs.push_back(io::OnnxValue{"cat", 11, {}});
+  EXPECT_EQ(onnx_tensor_parallel_plan(concat, 2).patterns.size(), 1u);
 }
 
 TEST(OnnxTensorParallelPlan, WidthNotDividedIsSkipped) {
