@@ -646,6 +646,77 @@ Tensor norm_backward_sums_cpu(const NormGeometry& g, const Tensor& x, const Tens
   return sums;
 }
 
+std::optional<Tensor> norm_backward_rows_cpu(const NormGeometry& g, const Tensor& x,
+                                             const Tensor& dy, const Tensor& statistics,
+                                             const std::optional<Tensor>& w, bool want_dw,
+                                             bool want_db, NormParamGrads& grads) {
+  if (x.is_shape_only() || dy.is_shape_only() || statistics.is_shape_only() ||
+      !one_unit_per_slot(g))
+    return std::nullopt;
+  check_piece(g, x);
+  check_arg(dy.shape() == x.shape() && dy.dtype() == x.dtype(), op_name(g),
+            "backward got the gradient {} for x {}", dy.str(), x.str());
+  const Tensor input = x.contiguous(), grad = dy.contiguous();
+  const Tensor stats = statistics.contiguous();
+  const std::vector<double> weight = w ? values_of(*w) : std::vector<double>{};
+  const double* s = stats.data<double>();
+  // As norm_backward_sums_cpu's rows: ranges of kPlanes rows sum their columns into their own
+  // partial row, the partial rows added in range order afterwards.
+  constexpr int64_t kPlanes = 2048;
+  const int64_t length = g.length;
+  const bool want_columns = want_dw || want_db;
+  const int64_t ranges = std::max<int64_t>(1, (g.planes() + kPlanes - 1) / kPlanes);
+  std::vector<double> partial(want_columns ? static_cast<size_t>(2 * ranges * length) : 0, 0.0);
+  Tensor dx = Tensor::empty(input.shape(), input.dtype());
+  dispatch_norm(input.dtype(), op_name(g), [&]<typename T, typename C>() {
+    const T* in = static_cast<const T*>(input.raw_data());
+    const T* gy = static_cast<const T*>(grad.raw_data());
+    T* out = static_cast<T*>(dx.raw_data());
+    const std::vector<C> w_c = as_compute<C>(weight);
+    const double* wp = w ? weight.data() : nullptr;
+    const C* wcp = w ? w_c.data() : nullptr;
+    double* part = partial.data();
+    parallel_ranges(
+        g.planes(),
+        [&](int64_t first, int64_t last) TESSERA_LOOP_BODY {
+          for (int64_t row = first; row < last; ++row) {
+            const T* p = in + row * length;
+            const T* d = gy + row * length;
+            const double mean = s[4 * row], rstd = s[4 * row + 1], count = s[4 * row + 2];
+            double sum_dxhat = 0, sum_dxhat_xhat = 0;
+            chunk_sums<T>(p, d, wp, length, mean, rstd, sum_dxhat, sum_dxhat_xhat);
+            if (want_columns) {
+              double* part_db = part + 2 * (row / kPlanes) * length;
+              double* part_dw = part_db + length;
+              for (int64_t i = 0; i < length; ++i) {
+                const double value = widen(d[i]);
+                part_db[i] += value;
+                part_dw[i] += value * ((widen(p[i]) - mean) * rstd);
+              }
+            }
+            chunk_dx<T, C>(p, d, out + row * length, length, static_cast<C>(mean),
+                           static_cast<C>(rstd), C(1), wcp, static_cast<C>(sum_dxhat / count),
+                           static_cast<C>(sum_dxhat_xhat / count));
+          }
+        },
+        kPlanes);
+  });
+  if (want_columns) {
+    std::vector<double> dw(static_cast<size_t>(length), 0.0), db(dw.size(), 0.0);
+    for (int64_t range = 0; range < ranges; ++range) {
+      const double* part_db = partial.data() + 2 * range * length;
+      const double* part_dw = part_db + length;
+      for (int64_t i = 0; i < length; ++i) {
+        db[i] += part_db[i];
+        dw[i] += part_dw[i];
+      }
+    }
+    if (want_dw) grads.dw = tensor_of(dw, {length}, x.dtype());
+    if (want_db) grads.db = tensor_of(db, {length}, x.dtype());
+  }
+  return dx;
+}
+
 Tensor norm_sum_ranks_cpu(const Tensor& gathered) {
   if (gathered.is_shape_only()) return Tensor::empty({gathered.shape()[1], 2}, DType::f64);
   const Tensor source = gathered.contiguous();

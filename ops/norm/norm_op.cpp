@@ -381,6 +381,26 @@ std::optional<Tensor> input_at(const std::vector<Tensor>& inputs, int index) {
   return index < 0 ? std::nullopt : std::optional<Tensor>(inputs[index]);
 }
 
+/// dx of the backward (and dw, db into `params`): the local sums, combined over the ranks that
+/// share the statistics, then dx.
+Tensor backward_dx(const NormCall& call, const DeviceMesh& mesh, const Tensor& x, const Tensor& dy,
+                   const Tensor& statistics, const std::optional<Tensor>& w, bool want_dw,
+                   bool want_db, NormParamGrads& params) {
+  const bool cuda = call.device.is_cuda();
+  const Tensor sums =
+      cuda ? norm_backward_sums_cuda(call.g, x, dy, statistics, w, want_dw, want_db, params,
+                                     call.stream)
+           : norm_backward_sums_cpu(call.g, x, dy, statistics, w, want_dw, want_db, params);
+  // batch_norm's eval mode normalizes with constants: dx = rstd * dxhat.
+  std::optional<Tensor> total;
+  if (call.kind != NormKind::batch || call.attrs.training) {
+    const Tensor gathered = gather_slots(mesh, call.mesh_dims, sums);
+    total = cuda ? norm_sum_ranks_cuda(gathered, call.stream) : norm_sum_ranks_cpu(gathered);
+  }
+  return cuda ? norm_backward_dx_cuda(call.g, x, dy, statistics, total, w, call.stream)
+              : norm_backward_dx_cpu(call.g, x, dy, statistics, total, w);
+}
+
 KernelFn kernel_of(NormKind kind) {
   return [kind](const KernelContext& context, const std::vector<Tensor>& inputs) {
     const NormCall call =
@@ -450,18 +470,13 @@ BackwardFn backward_of(NormKind kind) {
     if (w) w = param_piece(call, *w, box);
     NormParamGrads params;
     const bool want_dw = call.at.w >= 0, want_db = call.at.b >= 0;
-    const Tensor sums =
-        cuda ? norm_backward_sums_cuda(call.g, x, dy, statistics, w, want_dw, want_db, params,
-                                       call.stream)
-             : norm_backward_sums_cpu(call.g, x, dy, statistics, w, want_dw, want_db, params);
-    // batch_norm's eval mode normalizes with constants: dx = rstd * dxhat.
-    std::optional<Tensor> total;
-    if (kind != NormKind::batch || call.attrs.training) {
-      const Tensor gathered = gather_slots(xs.mesh(), call.mesh_dims, sums);
-      total = cuda ? norm_sum_ranks_cuda(gathered, call.stream) : norm_sum_ranks_cpu(gathered);
-    }
-    const Tensor dx = cuda ? norm_backward_dx_cuda(call.g, x, dy, statistics, total, w, call.stream)
-                           : norm_backward_dx_cpu(call.g, x, dy, statistics, total, w);
+    // layer_norm with whole rows on this rank: one pass over the rows (same results).
+    std::optional<Tensor> rows_dx;
+    if (!cuda && kind == NormKind::layer && call.mesh_dims.empty())
+      rows_dx = norm_backward_rows_cpu(call.g, x, dy, statistics, w, want_dw, want_db, params);
+    const Tensor dx =
+        rows_dx ? *rows_dx
+                : backward_dx(call, xs.mesh(), x, dy, statistics, w, want_dw, want_db, params);
     result[0] = ShardTensor(dx, xs.mesh(), xs.spec());
     // dw, db: this rank's channels (or normalized box) of a zero tensor of the parameter's
     // shape, Partial(sum) over the mesh dims that shard x.
