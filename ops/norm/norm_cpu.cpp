@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -76,13 +77,23 @@ int64_t chunks_of(const NormGeometry& g) {
 #define TESSERA_NORM_TARGET_V3
 #endif
 
-/// The sum of the lanes in a fixed order.
+/// The sum of the lanes in a fixed order: lane l + lane l + 8, then the halves of that folded
+/// onto each other (4, 2, 1). In vector registers: an array folded through memory stalls on
+/// narrower loads of a wider store, which on rows of a few elements costs more than the sums.
 TESSERA_NORM_INLINE double fold(const double* lanes) {
-  double half[kLanes / 2];
-  for (int l = 0; l < kLanes / 2; ++l) half[l] = lanes[l] + lanes[l + kLanes / 2];
-  for (int width = kLanes / 4; width >= 1; width /= 2)
-    for (int l = 0; l < width; ++l) half[l] += half[l + width];
-  return half[0];
+  static_assert(kLanes == 16);
+  using V8 = double __attribute__((vector_size(64)));
+  using V4 = double __attribute__((vector_size(32)));
+  using V2 = double __attribute__((vector_size(16)));
+  V8 low, high;
+  std::memcpy(&low, lanes, sizeof low);
+  std::memcpy(&high, lanes + 8, sizeof high);
+  const V8 eight = low + high;
+  const V4 four = __builtin_shufflevector(eight, eight, 0, 1, 2, 3) +
+                  __builtin_shufflevector(eight, eight, 4, 5, 6, 7);
+  const V2 two =
+      __builtin_shufflevector(four, four, 0, 1) + __builtin_shufflevector(four, four, 2, 3);
+  return two[0] + two[1];
 }
 
 /// mean and M2 of the n elements at p (two passes, f64 lanes).
