@@ -317,7 +317,7 @@ std::pair<Tensor, Tensor> row_mean_and_rstd(const Tensor& statistics, const Shap
   if (statistics.is_shape_only())
     return {Tensor::empty(shape, DType::f64, device), Tensor::empty(shape, DType::f64, device)};
   if (device.is_cpu()) {
-    // A plain loop: the backend's strided copy of a column costs more than the row's statistics.
+    // A plain loop over the rows: the backend's general strided copy of a column was slower.
     const Tensor source = statistics.contiguous();
     Tensor mean = Tensor::empty(shape, DType::f64), rstd = Tensor::empty(shape, DType::f64);
     const double* s = source.data<double>();
