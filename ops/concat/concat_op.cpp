@@ -278,19 +278,28 @@ void register_split() {
     const ShardTensor& x = record.inputs[0];
     const int dim = resolve_dim("split", record.attrs.has("dim") ? record.attrs.get_int("dim") : 0,
                                 x.global_shape().size());
-    std::vector<Tensor> pieces;
+    // dx is the parts' gradients joined along dim, written once: each part's slice of dx is
+    // copied from its gradient or, for a part that got none, set to zero in place (no zero
+    // tensor to copy).
+    const Tensor local = x.to_local();
+    Tensor dx = Tensor::empty(local.shape(), local.dtype(), local.device());
+    int64_t offset = 0;
     for (size_t k = 0; k < record.outputs.size(); ++k) {
       const ShardTensor& y = record.outputs[k];
+      const int64_t length = y.to_local().shape()[dim];
+      Tensor slice = dx.slice(dim, offset, offset + length);
+      offset += length;
+      if (slice.numel() == 0) continue;
       if (!grads[k]) {
-        pieces.push_back(Tensor::zeros(y.to_local().shape(), y.dtype(), y.to_local().device()));
+        slice.fill(0.0);
         continue;
       }
       const ShardTensor g = grads[k]->spec() == y.spec()
                                 ? *grads[k]
                                 : grads[k]->redistribute(y.placements(), y.spec().extents);
-      pieces.push_back(g.to_local());
+      slice.copy_from(g.to_local());
     }
-    return {ShardTensor(join(pieces, dim), x.mesh(), x.spec())};
+    return {ShardTensor(dx, x.mesh(), x.spec())};
   };
   std::vector<std::string> outputs;
   for (int k = 0; k < kMaxConcatParts; ++k) outputs.push_back(fmt::format("y{}", k));

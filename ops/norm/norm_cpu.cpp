@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -76,13 +77,23 @@ int64_t chunks_of(const NormGeometry& g) {
 #define TESSERA_NORM_TARGET_V3
 #endif
 
-/// The sum of the lanes in a fixed order.
+/// The sum of the lanes in a fixed order: lane l + lane l + 8, then the halves of that folded
+/// onto each other (4, 2, 1). In vector registers: an array folded through memory stalls on
+/// narrower loads of a wider store, which on rows of a few elements costs more than the sums.
 TESSERA_NORM_INLINE double fold(const double* lanes) {
-  double half[kLanes / 2];
-  for (int l = 0; l < kLanes / 2; ++l) half[l] = lanes[l] + lanes[l + kLanes / 2];
-  for (int width = kLanes / 4; width >= 1; width /= 2)
-    for (int l = 0; l < width; ++l) half[l] += half[l + width];
-  return half[0];
+  static_assert(kLanes == 16);
+  using V8 = double __attribute__((vector_size(64)));
+  using V4 = double __attribute__((vector_size(32)));
+  using V2 = double __attribute__((vector_size(16)));
+  V8 low, high;
+  std::memcpy(&low, lanes, sizeof low);
+  std::memcpy(&high, lanes + 8, sizeof high);
+  const V8 eight = low + high;
+  const V4 four = __builtin_shufflevector(eight, eight, 0, 1, 2, 3) +
+                  __builtin_shufflevector(eight, eight, 4, 5, 6, 7);
+  const V2 two =
+      __builtin_shufflevector(four, four, 0, 1) + __builtin_shufflevector(four, four, 2, 3);
+  return two[0] + two[1];
 }
 
 /// mean and M2 of the n elements at p (two passes, f64 lanes).
@@ -644,6 +655,77 @@ Tensor norm_backward_sums_cpu(const NormGeometry& g, const Tensor& x, const Tens
   if (want_dw) grads.dw = tensor_of(dw, {g.length}, x.dtype());
   if (want_db) grads.db = tensor_of(db, {g.length}, x.dtype());
   return sums;
+}
+
+std::optional<Tensor> norm_backward_rows_cpu(const NormGeometry& g, const Tensor& x,
+                                             const Tensor& dy, const Tensor& statistics,
+                                             const std::optional<Tensor>& w, bool want_dw,
+                                             bool want_db, NormParamGrads& grads) {
+  if (x.is_shape_only() || dy.is_shape_only() || statistics.is_shape_only() ||
+      !one_unit_per_slot(g))
+    return std::nullopt;
+  check_piece(g, x);
+  check_arg(dy.shape() == x.shape() && dy.dtype() == x.dtype(), op_name(g),
+            "backward got the gradient {} for x {}", dy.str(), x.str());
+  const Tensor input = x.contiguous(), grad = dy.contiguous();
+  const Tensor stats = statistics.contiguous();
+  const std::vector<double> weight = w ? values_of(*w) : std::vector<double>{};
+  const double* s = stats.data<double>();
+  // As norm_backward_sums_cpu's rows: ranges of kPlanes rows sum their columns into their own
+  // partial row, the partial rows added in range order afterwards.
+  constexpr int64_t kPlanes = 2048;
+  const int64_t length = g.length;
+  const bool want_columns = want_dw || want_db;
+  const int64_t ranges = std::max<int64_t>(1, (g.planes() + kPlanes - 1) / kPlanes);
+  std::vector<double> partial(want_columns ? static_cast<size_t>(2 * ranges * length) : 0, 0.0);
+  Tensor dx = Tensor::empty(input.shape(), input.dtype());
+  dispatch_norm(input.dtype(), op_name(g), [&]<typename T, typename C>() {
+    const T* in = static_cast<const T*>(input.raw_data());
+    const T* gy = static_cast<const T*>(grad.raw_data());
+    T* out = static_cast<T*>(dx.raw_data());
+    const std::vector<C> w_c = as_compute<C>(weight);
+    const double* wp = w ? weight.data() : nullptr;
+    const C* wcp = w ? w_c.data() : nullptr;
+    double* part = partial.data();
+    parallel_ranges(
+        g.planes(),
+        [&](int64_t first, int64_t last) TESSERA_LOOP_BODY {
+          for (int64_t row = first; row < last; ++row) {
+            const T* p = in + row * length;
+            const T* d = gy + row * length;
+            const double mean = s[4 * row], rstd = s[4 * row + 1], count = s[4 * row + 2];
+            double sum_dxhat = 0, sum_dxhat_xhat = 0;
+            chunk_sums<T>(p, d, wp, length, mean, rstd, sum_dxhat, sum_dxhat_xhat);
+            if (want_columns) {
+              double* part_db = part + 2 * (row / kPlanes) * length;
+              double* part_dw = part_db + length;
+              for (int64_t i = 0; i < length; ++i) {
+                const double value = widen(d[i]);
+                part_db[i] += value;
+                part_dw[i] += value * ((widen(p[i]) - mean) * rstd);
+              }
+            }
+            chunk_dx<T, C>(p, d, out + row * length, length, static_cast<C>(mean),
+                           static_cast<C>(rstd), C(1), wcp, static_cast<C>(sum_dxhat / count),
+                           static_cast<C>(sum_dxhat_xhat / count));
+          }
+        },
+        kPlanes);
+  });
+  if (want_columns) {
+    std::vector<double> dw(static_cast<size_t>(length), 0.0), db(dw.size(), 0.0);
+    for (int64_t range = 0; range < ranges; ++range) {
+      const double* part_db = partial.data() + 2 * range * length;
+      const double* part_dw = part_db + length;
+      for (int64_t i = 0; i < length; ++i) {
+        db[i] += part_db[i];
+        dw[i] += part_dw[i];
+      }
+    }
+    if (want_dw) grads.dw = tensor_of(dw, {length}, x.dtype());
+    if (want_db) grads.db = tensor_of(db, {length}, x.dtype());
+  }
+  return dx;
 }
 
 Tensor norm_sum_ranks_cpu(const Tensor& gathered) {

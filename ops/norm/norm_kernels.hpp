@@ -45,6 +45,15 @@ Tensor norm_forward_cpu(const kernels::NormGeometry& g, const Tensor& x, const T
 Tensor norm_backward_sums_cpu(const kernels::NormGeometry& g, const Tensor& x, const Tensor& dy,
                               const Tensor& statistics, const std::optional<Tensor>& w,
                               bool want_dw, bool want_db, NormParamGrads& grads);
+/// layer_norm's backward when no other rank holds part of a row (nothing to combine): the sums,
+/// dw and db and dx of each block of rows in one pass while the rows are in cache, with the
+/// arithmetic of norm_backward_sums_cpu then norm_backward_dx_cpu. Returns dx (and sets dw, db
+/// when asked for); nullopt when the piece is not rows of at most 8192 elements (then the caller
+/// takes those two).
+std::optional<Tensor> norm_backward_rows_cpu(const kernels::NormGeometry& g, const Tensor& x,
+                                             const Tensor& dy, const Tensor& statistics,
+                                             const std::optional<Tensor>& w, bool want_dw,
+                                             bool want_db, NormParamGrads& grads);
 /// Element-wise sum in rank order of `gathered` [ranks, slots, 2].
 Tensor norm_sum_ranks_cpu(const Tensor& gathered);
 /// dx = rstd * (dxhat - sum(dxhat) / count - xhat * sum(dxhat * xhat) / count) with the global

@@ -9,8 +9,11 @@
 // dims sharding a reduced dim (for batch_norm and group_norm also the channel dim, as their slots
 // span the channels) all-gather those triples and combine them by Chan's pairwise formula in
 // rank order, so every rank gets bit-identical statistics and none subtracts E[x]^2 from
-// E[x^2]. The backward recomputes the statistics the same way and reduces its two per-slot sums
-// (of dxhat and of dxhat * xhat) over the same ranks, summed in rank order; dw and db are
+// E[x^2]. layer_norm also returns each row's mean and rstd (as PyTorch's native_layer_norm and
+// ONNX's LayerNormalization do), which its backward reads from the tape's record instead of
+// computing them again (x read twice instead of four times, no collective for them); the other
+// norms' backward recomputes the statistics the same way. The backward reduces its two per-slot
+// sums (of dxhat and of dxhat * xhat) over the same ranks, summed in rank order; dw and db are
 // Partial(sum) over the mesh dims that shard x.
 #include "ops/norm/norm_op.hpp"
 
@@ -144,6 +147,24 @@ std::vector<int> statistics_mesh_dims(NormKind kind, const ShardSpec& x, const N
   return dims;
 }
 
+/// layer_norm's mean and rstd: x's shape with the normalized dims as 1, f64, laid out as x along
+/// the leading dims and replicated over the mesh dims that shard a normalized dim (their ranks
+/// hold the same combined statistics).
+ShardSpec row_statistics_spec(const ShardSpec& x, const NormAttrs& attrs) {
+  Shape shape = x.global_shape;
+  const size_t first = shape.size() - static_cast<size_t>(attrs.normalized_ndim);
+  std::vector<Placement> placements = x.placements;
+  std::vector<std::vector<int64_t>> extents = x.extents;
+  extents.resize(placements.size());
+  for (size_t d = first; d < shape.size(); ++d) shape[d] = 1;
+  for (size_t m = 0; m < placements.size(); ++m)
+    if (!placements[m].is_shard() || placements[m].dim >= static_cast<int>(first)) {
+      placements[m] = Placement::replicate();
+      extents[m].clear();
+    }
+  return ShardSpec::make(shape, x.mesh_shape, placements, extents, "layer_norm");
+}
+
 OpRule norm_rule(NormKind kind, const std::vector<ShardSpec>& inputs, const OpAttrs& attrs) {
   const char* op = name_of(kind);
   const size_t most = kind == NormKind::batch ? 5 : 3;
@@ -179,6 +200,8 @@ OpRule norm_rule(NormKind kind, const std::vector<ShardSpec>& inputs, const OpAt
   if (kind == NormKind::batch)
     for (int i = 0; i < 2; ++i)
       rule.outputs.push_back(ShardSpec::make(params, x.mesh_shape, replicated));
+  if (kind == NormKind::layer)
+    for (int i = 0; i < 2; ++i) rule.outputs.push_back(row_statistics_spec(x, resolved));
   return rule;
 }
 
@@ -287,8 +310,95 @@ Tensor statistics_of(const NormCall& call, const DeviceMesh& mesh, const Tensor&
               : norm_statistics_cpu(gathered, call.attrs.eps);
 }
 
+/// layer_norm's mean and rstd outputs (local `shape`): columns 0 and 1 of its statistics
+/// [rows, 4].
+std::pair<Tensor, Tensor> row_mean_and_rstd(const Tensor& statistics, const Shape& shape) {
+  const Device device = statistics.device();
+  if (statistics.is_shape_only())
+    return {Tensor::empty(shape, DType::f64, device), Tensor::empty(shape, DType::f64, device)};
+  if (device.is_cpu()) {
+    // A plain loop over the rows: the backend's general strided copy of a column was slower.
+    const Tensor source = statistics.contiguous();
+    Tensor mean = Tensor::empty(shape, DType::f64), rstd = Tensor::empty(shape, DType::f64);
+    const double* s = source.data<double>();
+    double* m = mean.data<double>();
+    double* r = rstd.data<double>();
+    for (int64_t row = 0; row < mean.numel(); ++row) {
+      m[row] = s[4 * row];
+      r[row] = s[4 * row + 1];
+    }
+    return {mean, rstd};
+  }
+  Tensor columns[2];
+  for (int64_t column = 0; column < 2; ++column) {
+    Box box = Box::of_shape(statistics.shape());
+    box.lo[1] = column;
+    box.hi[1] = column + 1;
+    columns[column] = statistics.view_box(box).contiguous().reshape(shape);
+  }
+  return {columns[0], columns[1]};
+}
+
+/// layer_norm's statistics [rows, 4] (the columns the backward reads: mean, rstd, count) from the
+/// forward's mean and rstd outputs: the same values statistics_of would compute again.
+Tensor saved_row_statistics(const NormCall& call, const Shape& x, const OpRecord& record) {
+  const Tensor mean = record.outputs[1].to_local(), rstd = record.outputs[2].to_local();
+  const int64_t rows = call.g.slots;
+  if (mean.is_shape_only() || rstd.is_shape_only())
+    return Tensor::empty({rows, 4}, DType::f64, call.device);
+  double count = 1;
+  for (size_t d = x.size() - static_cast<size_t>(call.attrs.normalized_ndim); d < x.size(); ++d)
+    count *= static_cast<double>(x[d]);
+  if (call.device.is_cpu()) {
+    const Tensor m = mean.contiguous(), r = rstd.contiguous();
+    Tensor statistics = Tensor::empty({rows, 4}, DType::f64);
+    double* s = statistics.data<double>();
+    const double* mp = m.data<double>();
+    const double* rp = r.data<double>();
+    for (int64_t row = 0; row < rows; ++row) {
+      s[4 * row] = mp[row];
+      s[4 * row + 1] = rp[row];
+      s[4 * row + 2] = count;
+      s[4 * row + 3] = 0;  // M2: not read by the backward
+    }
+    return statistics;
+  }
+  Tensor statistics = Tensor::zeros({rows, 4}, DType::f64, call.device);
+  if (rows == 0) return statistics;
+  Tensor counts = Tensor::zeros({rows, 1}, DType::f64, call.device);
+  counts.fill(count);
+  const Tensor columns[3] = {mean.reshape({rows, 1}), rstd.reshape({rows, 1}), counts};
+  for (int64_t column = 0; column < 3; ++column) {
+    Box box = Box::of_shape(statistics.shape());
+    box.lo[1] = column;
+    box.hi[1] = column + 1;
+    statistics.view_box(box).copy_from(columns[column]);
+  }
+  return statistics;
+}
+
 std::optional<Tensor> input_at(const std::vector<Tensor>& inputs, int index) {
   return index < 0 ? std::nullopt : std::optional<Tensor>(inputs[index]);
+}
+
+/// dx of the backward (and dw, db into `params`): the local sums, combined over the ranks that
+/// share the statistics, then dx.
+Tensor backward_dx(const NormCall& call, const DeviceMesh& mesh, const Tensor& x, const Tensor& dy,
+                   const Tensor& statistics, const std::optional<Tensor>& w, bool want_dw,
+                   bool want_db, NormParamGrads& params) {
+  const bool cuda = call.device.is_cuda();
+  const Tensor sums =
+      cuda ? norm_backward_sums_cuda(call.g, x, dy, statistics, w, want_dw, want_db, params,
+                                     call.stream)
+           : norm_backward_sums_cpu(call.g, x, dy, statistics, w, want_dw, want_db, params);
+  // batch_norm's eval mode normalizes with constants: dx = rstd * dxhat.
+  std::optional<Tensor> total;
+  if (call.kind != NormKind::batch || call.attrs.training) {
+    const Tensor gathered = gather_slots(mesh, call.mesh_dims, sums);
+    total = cuda ? norm_sum_ranks_cuda(gathered, call.stream) : norm_sum_ranks_cpu(gathered);
+  }
+  return cuda ? norm_backward_dx_cuda(call.g, x, dy, statistics, total, w, call.stream)
+              : norm_backward_dx_cpu(call.g, x, dy, statistics, total, w);
 }
 
 KernelFn kernel_of(NormKind kind) {
@@ -304,6 +414,11 @@ KernelFn kernel_of(NormKind kind) {
     if (b) b = param_piece(call, *b, context.input_boxes[0]);
     std::vector<Tensor> outputs{cuda ? norm_forward_cuda(call.g, x, statistics, w, b, call.stream)
                                      : norm_forward_cpu(call.g, x, statistics, w, b)};
+    if (kind == NormKind::layer) {
+      auto [mean, rstd] = row_mean_and_rstd(statistics, context.output_boxes[1].shape());
+      outputs.push_back(std::move(mean));
+      outputs.push_back(std::move(rstd));
+    }
     if (kind != NormKind::batch) return outputs;
     // The running statistics: updated in training (from PyTorch's initial 0 and 1 when none were
     // given), passed on in eval.
@@ -348,23 +463,20 @@ BackwardFn backward_of(NormKind kind) {
     for (const ShardTensor& input : record.inputs) locals.push_back(input.to_local());
     const Tensor x = record.kernel_inputs[0].contiguous();
     const Tensor dy = g.to_local().contiguous();
-    const Tensor statistics = statistics_of(call, xs.mesh(), x, locals);
+    const Tensor statistics = kind == NormKind::layer && record.outputs.size() == 3
+                                  ? saved_row_statistics(call, xs.global_shape(), record)
+                                  : statistics_of(call, xs.mesh(), x, locals);
     std::optional<Tensor> w = input_at(locals, call.at.w);
     if (w) w = param_piece(call, *w, box);
     NormParamGrads params;
     const bool want_dw = call.at.w >= 0, want_db = call.at.b >= 0;
-    const Tensor sums =
-        cuda ? norm_backward_sums_cuda(call.g, x, dy, statistics, w, want_dw, want_db, params,
-                                       call.stream)
-             : norm_backward_sums_cpu(call.g, x, dy, statistics, w, want_dw, want_db, params);
-    // batch_norm's eval mode normalizes with constants: dx = rstd * dxhat.
-    std::optional<Tensor> total;
-    if (kind != NormKind::batch || call.attrs.training) {
-      const Tensor gathered = gather_slots(xs.mesh(), call.mesh_dims, sums);
-      total = cuda ? norm_sum_ranks_cuda(gathered, call.stream) : norm_sum_ranks_cpu(gathered);
-    }
-    const Tensor dx = cuda ? norm_backward_dx_cuda(call.g, x, dy, statistics, total, w, call.stream)
-                           : norm_backward_dx_cpu(call.g, x, dy, statistics, total, w);
+    // layer_norm with whole rows on this rank: one pass over the rows (same results).
+    std::optional<Tensor> rows_dx;
+    if (!cuda && kind == NormKind::layer && call.mesh_dims.empty())
+      rows_dx = norm_backward_rows_cpu(call.g, x, dy, statistics, w, want_dw, want_db, params);
+    const Tensor dx =
+        rows_dx ? *rows_dx
+                : backward_dx(call, xs.mesh(), x, dy, statistics, w, want_dw, want_db, params);
     result[0] = ShardTensor(dx, xs.mesh(), xs.spec());
     // dw, db: this rank's channels (or normalized box) of a zero tensor of the parameter's
     // shape, Partial(sum) over the mesh dims that shard x.
@@ -469,14 +581,16 @@ void register_norm_ops() {
                   "instance_norm of x [N, C, spatial..]: each (n, c) over the spatial dims (+ w, "
                   "b [C])",
                   {x, w, b}, {"y"}, {eps_attr()}));
-  register_op(def(NormKind::layer,
-                  "layer_norm of x over its trailing normalized_ndim dims (+ w, b of their shape)",
-                  {x, w, b}, {"y"},
-                  {{.name = "normalized_ndim",
-                    .type = AttrType::int_scalar,
-                    .default_value = int64_t{1},
-                    .doc = "trailing dims normalized over"},
-                   eps_attr()}));
+  register_op(
+      def(NormKind::layer,
+          "layer_norm of x over its trailing normalized_ndim dims (+ w, b of their shape); also "
+          "each row's mean and rstd (f64, the normalized dims as 1)",
+          {x, w, b}, {"y", "mean", "rstd"},
+          {{.name = "normalized_ndim",
+            .type = AttrType::int_scalar,
+            .default_value = int64_t{1},
+            .doc = "trailing dims normalized over"},
+           eps_attr()}));
 }
 
 ShardTensor group_norm(const ShardTensor& x, int64_t groups, const std::optional<ShardTensor>& w,

@@ -138,6 +138,130 @@ double avg_divisor(const PoolWindows& windows, const PoolRange& r0, const PoolRa
   return static_cast<double>((r0.hi - r0.lo) * (r1.hi - r1.lo) * (r2.hi - r2.lo));
 }
 
+/// The outputs [lo, hi) along the innermost dim whose windows are whole there (every kernel cell
+/// real, no padding): the first such run, empty when there is none. avg runs them as vector loops
+/// along that dim, as they share one divisor and one pattern of cells.
+struct FullRun {
+  int64_t lo = 0, hi = 0;
+};
+
+FullRun full_run(const PoolDim& dim, const std::vector<PoolRange>& ranges) {
+  const auto full = [&](const PoolRange& r) {
+    return r.lo == 0 && r.hi == dim.kernel && r.padded == dim.kernel;
+  };
+  const int64_t count = static_cast<int64_t>(ranges.size());
+  FullRun run;
+  while (run.lo < count && !full(ranges[run.lo])) ++run.lo;
+  run.hi = run.lo;
+  while (run.hi < count && full(ranges[run.hi])) ++run.hi;
+  return run;
+}
+
+/// avg's output of one window (cells summed in window order in C, then divided).
+template <typename T, typename C>
+T avg_window(const PoolWindows& windows, const T* plane, const PoolRange& r0, const PoolRange& r1,
+             const PoolRange& r2, int64_t s0, int64_t s1, int64_t s2) {
+  if (empty_window(r0, r1, r2)) return T(C(0));
+  C sum = 0;
+  for (int64_t t0 = r0.lo; t0 < r0.hi; ++t0)
+    for (int64_t t1 = r1.lo; t1 < r1.hi; ++t1) {
+      const T* row = plane + ((s0 + t0) * windows.dims[1].in + s1 + t1) * windows.dims[2].in + s2;
+      for (int64_t t2 = r2.lo; t2 < r2.hi; ++t2) sum += static_cast<C>(row[t2]);
+    }
+  return T(sum / static_cast<C>(avg_divisor(windows, r0, r1, r2)));
+}
+
+/// avg pooling of one plane. Outputs of the full run are summed side by side in `sums` (at least
+/// dims[2].out values), each in the same order as avg_window's (so the results are the same).
+template <typename T, typename C>
+void avg_plane_forward(const PoolWindows& windows,
+                       const std::array<std::vector<PoolRange>, 3>& ranges, const FullRun& run,
+                       const T* plane, T* target, C* __restrict sums) {
+  const PoolDim* dims = windows.dims;
+  const int64_t stride = dims[2].stride, width = run.hi - run.lo;
+  for (int64_t j0 = 0; j0 < dims[0].out; ++j0) {
+    const int64_t s0 = dims[0].first + j0 * dims[0].stride;
+    const PoolRange& r0 = ranges[0][j0];
+    for (int64_t j1 = 0; j1 < dims[1].out; ++j1) {
+      const int64_t s1 = dims[1].first + j1 * dims[1].stride;
+      const PoolRange& r1 = ranges[1][j1];
+      T* out = target + (j0 * dims[1].out + j1) * dims[2].out;
+      const bool vector = width > 0 && r0.hi > r0.lo && r1.hi > r1.lo;
+      for (int64_t j2 = 0; j2 < dims[2].out; ++j2) {
+        if (vector && j2 == run.lo) j2 = run.hi;
+        if (j2 == dims[2].out) break;
+        out[j2] = avg_window<T, C>(windows, plane, r0, r1, ranges[2][j2], s0, s1,
+                                   dims[2].first + j2 * stride);
+      }
+      if (!vector) continue;
+      for (int64_t j = 0; j < width; ++j) sums[j] = 0;
+      for (int64_t t0 = r0.lo; t0 < r0.hi; ++t0)
+        for (int64_t t1 = r1.lo; t1 < r1.hi; ++t1) {
+          const T* row = plane + ((s0 + t0) * dims[1].in + s1 + t1) * dims[2].in + dims[2].first +
+                         run.lo * stride;
+          for (int64_t t2 = 0; t2 < dims[2].kernel; ++t2) {
+            const T* cells = row + t2;
+            if (stride == 1)
+              for (int64_t j = 0; j < width; ++j) sums[j] += static_cast<C>(cells[j]);
+            else
+              for (int64_t j = 0; j < width; ++j) sums[j] += static_cast<C>(cells[j * stride]);
+          }
+        }
+      const C divisor = static_cast<C>(avg_divisor(windows, r0, r1, ranges[2][run.lo]));
+      for (int64_t j = 0; j < width; ++j) out[run.lo + j] = T(sums[j] / divisor);
+    }
+  }
+}
+
+/// avg's backward of one plane into acc: each output's share gy / divisor added to its window's
+/// real cells; the full run's shares are added side by side (a cell's shares in another order
+/// than output order: within rounding of it).
+template <typename T, typename C>
+void avg_plane_backward(const PoolWindows& windows,
+                        const std::array<std::vector<PoolRange>, 3>& ranges, const FullRun& run,
+                        const T* g_plane, C* __restrict acc, C* __restrict shares) {
+  const PoolDim* dims = windows.dims;
+  const int64_t stride = dims[2].stride, width = run.hi - run.lo;
+  for (int64_t j0 = 0; j0 < dims[0].out; ++j0) {
+    const int64_t s0 = dims[0].first + j0 * dims[0].stride;
+    const PoolRange& r0 = ranges[0][j0];
+    for (int64_t j1 = 0; j1 < dims[1].out; ++j1) {
+      const int64_t s1 = dims[1].first + j1 * dims[1].stride;
+      const PoolRange& r1 = ranges[1][j1];
+      const T* g = g_plane + (j0 * dims[1].out + j1) * dims[2].out;
+      const bool vector = width > 0 && r0.hi > r0.lo && r1.hi > r1.lo;
+      for (int64_t j2 = 0; j2 < dims[2].out; ++j2) {
+        if (vector && j2 == run.lo) j2 = run.hi;
+        if (j2 == dims[2].out) break;
+        const PoolRange& r2 = ranges[2][j2];
+        if (empty_window(r0, r1, r2)) continue;
+        const int64_t s2 = dims[2].first + j2 * stride;
+        const C share = static_cast<C>(g[j2]) / static_cast<C>(avg_divisor(windows, r0, r1, r2));
+        for (int64_t t0 = r0.lo; t0 < r0.hi; ++t0)
+          for (int64_t t1 = r1.lo; t1 < r1.hi; ++t1) {
+            C* row = acc + ((s0 + t0) * dims[1].in + s1 + t1) * dims[2].in + s2;
+            for (int64_t t2 = r2.lo; t2 < r2.hi; ++t2) row[t2] += share;
+          }
+      }
+      if (!vector) continue;
+      const C divisor = static_cast<C>(avg_divisor(windows, r0, r1, ranges[2][run.lo]));
+      for (int64_t j = 0; j < width; ++j) shares[j] = static_cast<C>(g[run.lo + j]) / divisor;
+      for (int64_t t0 = r0.lo; t0 < r0.hi; ++t0)
+        for (int64_t t1 = r1.lo; t1 < r1.hi; ++t1) {
+          C* row = acc + ((s0 + t0) * dims[1].in + s1 + t1) * dims[2].in + dims[2].first +
+                   run.lo * stride;
+          for (int64_t t2 = 0; t2 < dims[2].kernel; ++t2) {
+            C* cells = row + t2;
+            if (stride == 1)
+              for (int64_t j = 0; j < width; ++j) cells[j] += shares[j];
+            else
+              for (int64_t j = 0; j < width; ++j) cells[j * stride] += shares[j];
+          }
+        }
+    }
+  }
+}
+
 }  // namespace
 
 Tensor pool_forward_cpu(const PoolWindows& windows, const Tensor& x, const Shape& y_shape) {
@@ -150,7 +274,9 @@ Tensor pool_forward_cpu(const PoolWindows& windows, const Tensor& x, const Shape
   dispatch_pool(input.dtype(), op_name(windows), [&]<typename T, typename C>() {
     const T* in = static_cast<const T*>(input.raw_data());
     T* out = static_cast<T*>(y.raw_data());
+    const FullRun run = full_run(windows.dims[2], ranges[2]);
     parallel_for(windows.planes, compute_threads(), [&](int64_t begin, int64_t end, int) {
+      std::vector<C> sums(static_cast<size_t>(windows.kind == PoolKind::avg ? run.hi - run.lo : 0));
       for (int64_t p = begin; p < end; ++p) {
         const T* plane = in + p * in_plane;
         T* target = out + p * out_plane;
@@ -163,25 +289,7 @@ Tensor pool_forward_cpu(const PoolWindows& windows, const Tensor& x, const Shape
                 target[o] = arg < 0 ? T(-std::numeric_limits<C>::infinity()) : plane[arg];
               });
         } else {
-          for_each_window(windows, ranges,
-                          [&](int64_t o, const PoolRange& r0, const PoolRange& r1,
-                              const PoolRange& r2, int64_t s0, int64_t s1, int64_t s2) {
-                            if (empty_window(r0, r1, r2)) {
-                              target[o] = T(C(0));
-                              return;
-                            }
-                            C sum = 0;
-                            for (int64_t t0 = r0.lo; t0 < r0.hi; ++t0)
-                              for (int64_t t1 = r1.lo; t1 < r1.hi; ++t1) {
-                                const T* row = plane +
-                                               ((s0 + t0) * windows.dims[1].in + s1 + t1) *
-                                                   windows.dims[2].in +
-                                               s2;
-                                for (int64_t t2 = r2.lo; t2 < r2.hi; ++t2)
-                                  sum += static_cast<C>(row[t2]);
-                              }
-                            target[o] = T(sum / static_cast<C>(avg_divisor(windows, r0, r1, r2)));
-                          });
+          avg_plane_forward<T, C>(windows, ranges, run, plane, target, sums.data());
         }
       }
     });
@@ -202,6 +310,7 @@ Tensor pool_backward_cpu(const PoolWindows& windows, const Tensor& x, const Tens
   const int64_t in_plane = windows.in_plane(), out_plane = windows.out_plane();
   if (grad.numel() == 0 || dx.numel() == 0) return dx;
   const auto ranges = ranges_of(windows);
+  const FullRun run = full_run(windows.dims[2], ranges[2]);
   dispatch_pool(input.dtype(), op_name(windows), [&]<typename T, typename C>() {
     const T* in = static_cast<const T*>(input.raw_data());
     const T* g = static_cast<const T*>(grad.raw_data());
@@ -209,6 +318,8 @@ Tensor pool_backward_cpu(const PoolWindows& windows, const Tensor& x, const Tens
     parallel_for(windows.planes, compute_threads(), [&](int64_t begin, int64_t end, int) {
       // Accumulated in the computation type, one plane at a time, then rounded once.
       std::vector<C> acc(static_cast<size_t>(in_plane));
+      std::vector<C> shares(
+          static_cast<size_t>(windows.kind == PoolKind::avg ? run.hi - run.lo : 0));
       for (int64_t p = begin; p < end; ++p) {
         std::fill(acc.begin(), acc.end(), C(0));
         const T* plane = in + p * in_plane;
@@ -223,20 +334,7 @@ Tensor pool_backward_cpu(const PoolWindows& windows, const Tensor& x, const Tens
                             if (arg >= 0) acc[arg] += static_cast<C>(g_plane[o]);
                           });
         } else {
-          for_each_window(
-              windows, ranges,
-              [&](int64_t o, const PoolRange& r0, const PoolRange& r1, const PoolRange& r2,
-                  int64_t s0, int64_t s1, int64_t s2) {
-                if (empty_window(r0, r1, r2)) return;
-                const C share =
-                    static_cast<C>(g_plane[o]) / static_cast<C>(avg_divisor(windows, r0, r1, r2));
-                for (int64_t t0 = r0.lo; t0 < r0.hi; ++t0)
-                  for (int64_t t1 = r1.lo; t1 < r1.hi; ++t1) {
-                    C* row = acc.data() +
-                             ((s0 + t0) * windows.dims[1].in + s1 + t1) * windows.dims[2].in + s2;
-                    for (int64_t t2 = r2.lo; t2 < r2.hi; ++t2) row[t2] += share;
-                  }
-              });
+          avg_plane_backward<T, C>(windows, ranges, run, g_plane, acc.data(), shares.data());
         }
         T* target = out + p * in_plane;
         for (int64_t i = 0; i < in_plane; ++i) target[i] = T(acc[i]);

@@ -1,7 +1,8 @@
 // The cpu bodies of sum and mean (and their gradient) for f32 and f64 when the reduced dims form
 // one block of x's dims (x seen as [outer, reduced, inner], extent-1 dims ignored): typed,
 // vectorised and on the compute threads, summing in f64 in an order that depends on the shapes
-// only. Other cases return nullopt (the caller's general loop runs).
+// only (f32 sums over a block followed by inner dims: blocks of 32 rows in float lanes, the
+// blocks' sums in f64). Other cases return nullopt (the caller's general loop runs).
 #pragma once
 
 #include <optional>

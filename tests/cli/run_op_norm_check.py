@@ -42,7 +42,7 @@ for op, inputs, outputs, attrs in [
         ("batch_norm", ["x", "running_mean", "running_var", "w", "b"],
          ["y", "running_mean", "running_var"], ["training", "momentum", "eps"]),
         ("instance_norm", ["x", "w", "b"], ["y"], ["eps"]),
-        ("layer_norm", ["x", "w", "b"], ["y"], ["normalized_ndim", "eps"])]:
+        ("layer_norm", ["x", "w", "b"], ["y", "mean", "rstd"], ["normalized_ndim", "eps"])]:
     entry = ops.get(op, {})
     report(entry.get("devices") == ["cpu", "cuda"] and entry.get("differentiable") is True
            and [i["name"] for i in entry.get("inputs", [])] == inputs

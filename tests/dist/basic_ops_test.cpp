@@ -6,7 +6,10 @@
 // forward and gradients equal the unsharded ones on uneven and empty shards, and the
 // gradients equal central finite differences (so the derivative formulas themselves are
 // checked); an op registered without a rule runs through the replicated fallback.
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
+
+#include <cmath>
 
 #include "core/autograd.hpp"
 #include "ops/ops.hpp"
@@ -394,6 +397,39 @@ TEST(BasicOps, MeanIsExactOnUnevenAndEmptyShards) {
     const ShardTensor m = ops::mean(x);
     EXPECT_TRUE(m.placements()[0].is_partial()) << "a reduced sharded dim gives Partial";
     EXPECT_EQ(m.full_tensor().item_as_double({}), 4.0);
+  });
+}
+
+// An f32 sum over a dim followed by others (blocks of 32 rows in float lanes, the blocks' sums in
+// f64) is within float roundoff of the exact sum of the same f32 values: |error| at most
+// 33 * 2^-24 * (sum of |x|) per output, for 16 rows (one block), 70 rows (three blocks) and a
+// column count that leaves a partial tile; mean likewise.
+TEST(BasicOps, F32SumOverALeadingDimIsWithinFloatRoundoffOfTheExactSum) {
+  testing::run_world(1, [](std::shared_ptr<Comm> comm) {
+    DeviceMesh mesh(comm, {1});
+    for (const Shape& shape : {Shape{2, 16, 5, 33}, Shape{3, 70, 165}}) {
+      CaseRng rng(testing::case_seed(93, shape[1], 0, 0));
+      const Tensor values = smooth_values(shape, rng).to_dtype(DType::f32).to_dtype(DType::f64);
+      const ShardTensor x =
+          ShardTensor::distribute(values.to_dtype(DType::f32), mesh, {Placement::replicate()});
+      const Tensor sum = ops::sum(x, {1}).full_tensor().to_dtype(DType::f64);
+      const Tensor mean = ops::mean(x, {1}).full_tensor().to_dtype(DType::f64);
+      const int64_t outer = shape[0], rows = shape[1], inner = values.numel() / (outer * rows);
+      int64_t beyond = 0;
+      for (int64_t o = 0; o < outer; ++o)
+        for (int64_t i = 0; i < inner; ++i) {
+          double exact = 0, magnitude = 0;
+          for (int64_t r = 0; r < rows; ++r) {
+            const double value = values.data<double>()[(o * rows + r) * inner + i];
+            exact += value;
+            magnitude += std::fabs(value);
+          }
+          const double bound = 33 * std::ldexp(magnitude, -24);
+          beyond += std::fabs(sum.data<double>()[o * inner + i] - exact) > bound;
+          beyond += std::fabs(mean.data<double>()[o * inner + i] - exact / rows) > bound / rows;
+        }
+      EXPECT_EQ(beyond, 0) << "x " << fmt::format("{}", shape);
+    }
   });
 }
 

@@ -14,6 +14,7 @@
 
 #include "core/autograd.hpp"
 #include "ops/ops.hpp"
+#include "tests/dist/counting_comm.hpp"
 #include "tests/dist/harness.hpp"
 #include "tests/dist/norm_cases.hpp"
 #include "tests/dist/shard_cases.hpp"
@@ -129,6 +130,75 @@ TEST(NormSharded, StatisticsAreBitIdenticalOnEveryRank) {
       EXPECT_TRUE(testing::all_ranks(*comm, bitwise_equal(local, root)))
           << kResultNames[i] << " differs between ranks";
     }
+  });
+}
+
+// The backward reuses the forward's statistics: layer_norm with its normalized dim sharded over
+// 2 ranks gathers the moments (count, mean, M2 per row) once, in the forward; the backward gathers
+// only its two sums per row, and its gradients equal those of the same call on one rank.
+TEST(NormSharded, BackwardReusesTheForwardStatistics) {
+  testing::run_world(2, [&](std::shared_ptr<Comm> comm) {
+    auto ledger = std::make_shared<testing::CountingComm::Ledger>();
+    DeviceMesh mesh(std::make_shared<testing::CountingComm>(comm, ledger), {2});
+    CaseRng rng(11);
+    NormCase c;
+    c.op = "layer_norm";
+    c.x_shape = {4, 6};
+    c.normalized_ndim = 1;
+    c.has_w = c.has_b = true;
+    c.placements = {Placement::shard(1)};
+    c.extents = {{2, 4}};
+    const NormInputs in = testing::random_norm_inputs(c, rng);
+    const Tensor gy = random_gy(c, rng);
+    const int64_t rows = 4, ranks = 2;
+    const auto gathers_of_width = [&](int64_t width) {
+      std::lock_guard lock(ledger->mutex);
+      return std::count(ledger->calls.begin(), ledger->calls.end(),
+                        std::pair<std::string, int64_t>{"all_gather", ranks * rows * width * 8});
+    };
+    const std::vector<Placement> replicated{Placement::replicate()};
+    Tape tape;
+    ShardTensor x = ShardTensor::distribute(in.x, mesh, c.placements, c.extents);
+    x.set_requires_grad();
+    ShardTensor w = ShardTensor::distribute(*in.w, mesh, replicated);
+    w.set_requires_grad();
+    const ShardTensor b = ShardTensor::distribute(*in.b, mesh, replicated);
+    const ShardTensor y = ops::layer_norm(x, 1, w, b);
+    EXPECT_EQ(gathers_of_width(3), 1) << "the forward gathers the moments once";
+    // The op's other outputs: each row's mean and rstd, [4, 1], replicated over the mesh dim that
+    // shards the normalized dim.
+    const std::vector<ShardTensor> all =
+        apply_op("layer_norm", {x}, OpAttrs().set("normalized_ndim", int64_t{1}).set("eps", c.eps));
+    ASSERT_EQ(all.size(), 3u);
+    const Tensor mean = all[1].full_tensor(), rstd = all[2].full_tensor();
+    ASSERT_EQ(mean.shape(), (Shape{rows, 1}));
+    EXPECT_TRUE(all[1].placements()[0].is_replicate());
+    for (int64_t r = 0; r < rows; ++r) {
+      double sum = 0, squares = 0;
+      for (int64_t i = 0; i < 6; ++i) sum += in.x.data<double>()[r * 6 + i];
+      const double expected_mean = sum / 6;
+      for (int64_t i = 0; i < 6; ++i)
+        squares += std::pow(in.x.data<double>()[r * 6 + i] - expected_mean, 2);
+      EXPECT_NEAR(mean.data<double>()[r], expected_mean, 1e-12 * (1 + std::fabs(expected_mean)));
+      const double expected_rstd = 1 / std::sqrt(squares / 6 + c.eps);
+      EXPECT_NEAR(rstd.data<double>()[r], expected_rstd, 1e-12 * expected_rstd);
+    }
+    {
+      std::lock_guard lock(ledger->mutex);
+      ledger->calls.clear();
+    }
+    {
+      std::lock_guard lock(ledger->mutex);
+      ledger->calls.clear();
+    }
+    tape.backward(
+        ops::sum(ops::mul(y, ShardTensor::distribute(gy, mesh, y.placements(), y.spec().extents))));
+    EXPECT_EQ(gathers_of_width(3), 0) << "the backward gathers no moments";
+    EXPECT_EQ(gathers_of_width(2), 1) << "the backward gathers its sums once";
+    DeviceMesh single(comm->split(comm->rank(), 0), {1});
+    const auto reference = run_case(c, single, in, gy, false);
+    EXPECT_LE(testing::relative_error(tape.grad(x)->full_tensor(), *reference[3]), 1e-12) << "dx";
+    EXPECT_LE(testing::relative_error(tape.grad(w)->full_tensor(), *reference[4]), 1e-12) << "dw";
   });
 }
 

@@ -88,6 +88,65 @@ TEST(PoolSharded, RandomCasesMatchUnshardedForwardAndGradient) {
   }
 }
 
+// avg_pool's forward (whose windows that are whole along the last dim run side by side) gives,
+// bit for bit, each window's real cells summed in window order and divided by its divisor: 2-d,
+// f64 and f32, strides 1 and 2, padding with and without count_include_pad.
+TEST(PoolSharded, AvgPoolEqualsWindowSumsInWindowOrderBitForBit) {
+  testing::run_world(1, [&](std::shared_ptr<Comm> comm) {
+    DeviceMesh mesh(comm, {1});
+    const std::vector<Placement> replicated{Placement::replicate()};
+    std::mt19937_64 engine(5);
+    std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+    const int64_t planes = 3, rows = 9, columns = 37;
+    Tensor x = Tensor::empty({1, planes, rows, columns}, DType::f64);
+    for (int64_t i = 0; i < x.numel(); ++i) x.data<double>()[i] = uniform(engine);
+    for (DType dtype : {DType::f64, DType::f32})
+      for (int64_t stride : {1, 2})
+        for (int64_t padding : {0, 1})
+          for (bool include_pad : {true, false}) {
+            ops::PoolOptions options;
+            options.kernel_size = {3};
+            options.stride = {stride};
+            options.padding = {padding};
+            options.count_include_pad = include_pad;
+            const Tensor input = x.to_dtype(dtype);
+            const Tensor y =
+                ops::avg_pool(ShardTensor::distribute(input, mesh, replicated), options)
+                    .full_tensor()
+                    .to_dtype(DType::f64);
+            const int64_t out_rows = (rows + 2 * padding - 3) / stride + 1;
+            const int64_t out_columns = (columns + 2 * padding - 3) / stride + 1;
+            ASSERT_EQ(y.shape(), (Shape{1, planes, out_rows, out_columns}));
+            const Tensor in = input.to_dtype(DType::f64);
+            int64_t differing = 0;
+            for (int64_t p = 0; p < planes; ++p)
+              for (int64_t i = 0; i < out_rows; ++i)
+                for (int64_t j = 0; j < out_columns; ++j) {
+                  // In x's dtype, as the kernel sums (f32 in float).
+                  double sum64 = 0;
+                  float sum32 = 0;
+                  int64_t real = 0;
+                  for (int64_t a = i * stride - padding; a < i * stride - padding + 3; ++a)
+                    for (int64_t b = j * stride - padding; b < j * stride - padding + 3; ++b) {
+                      if (a < 0 || a >= rows || b < 0 || b >= columns) continue;
+                      const double value = in.data<double>()[(p * rows + a) * columns + b];
+                      sum64 += value;
+                      sum32 += static_cast<float>(value);
+                      ++real;
+                    }
+                  const double divisor = include_pad ? 9.0 : static_cast<double>(real);
+                  const double expected =
+                      dtype == DType::f64
+                          ? sum64 / divisor
+                          : static_cast<double>(sum32 / static_cast<float>(divisor));
+                  differing += y.data<double>()[(p * out_rows + i) * out_columns + j] != expected;
+                }
+            EXPECT_EQ(differing, 0) << dtype_name(dtype) << " stride " << stride << " padding "
+                                    << padding << " count_include_pad " << include_pad;
+          }
+  });
+}
+
 // f32, f16 and bf16 (computed in float) against f64 on 2 ranks, sharded: the inputs are exact in
 // every dtype, so max_pool's forward is exact and the rest is within the dtype's roundoff.
 TEST(PoolSharded, LowPrecisionDtypesMatchF64WithinTheirRoundoff) {
