@@ -20,6 +20,8 @@
 
 #include "core/autograd.hpp"
 #include "core/compute_threads.hpp"
+#include "core/estimate/estimate_mode.hpp"
+#include "core/estimate/real_data.hpp"
 #include "core/parallel_for.hpp"
 #include "ops/op_costs.hpp"
 #include "ops/op_helpers.hpp"
@@ -147,6 +149,26 @@ std::unique_ptr<P2PBatch> start_pass(const Ring& ring, int step,
                                 static_cast<int>(i)));
   }
   return ring.comm->start_send_recv(ops);
+}
+
+/// Estimate mode (core/estimate/real_data.hpp): the messages of `steps` passes around the ring
+/// (start_pass's, block i of per_key[i] doubles per key), posted with no payload and waited on
+/// at once, since there is nothing to compute in between.
+void estimated_passes(const Ring& ring, int steps, const std::vector<int64_t>& per_key) {
+  if (!ring.comm || ring.size == 1) return;
+  const int to = (ring.rank + 1) % ring.size, from = (ring.rank - 1 + ring.size) % ring.size;
+  for (int step = 0; step < steps; ++step) {
+    const int64_t held = ring.key_extents[ring.holder(step)];
+    const int64_t incoming = ring.key_extents[ring.holder(step + 1)];
+    std::vector<P2POp> ops;
+    for (size_t i = 0; i < per_key.size(); ++i) {
+      const size_t sent = static_cast<size_t>(held * per_key[i]) * sizeof(double);
+      const size_t received = static_cast<size_t>(incoming * per_key[i]) * sizeof(double);
+      if (sent > 0) ops.push_back(P2POp::send(nullptr, sent, to, static_cast<int>(i)));
+      if (received > 0) ops.push_back(P2POp::recv(nullptr, received, from, static_cast<int>(i)));
+    }
+    ring.comm->start_send_recv(ops)->wait();
+  }
 }
 
 std::vector<double> to_doubles(const Tensor& t) {
@@ -340,9 +362,14 @@ void register_ring_attention_ops() {
     const Ring ring = ring_of(context.mesh, context.input_specs[0], context.input_boxes[0],
                               context.input_specs[1]);
     const Dims n = dims_of(inputs[0].shape(), inputs[2].shape());
+    const DType dtype = inputs[0].dtype();
+    if (estimate::active()) {  // the blocks' passes of the forward (all but the last step)
+      estimated_passes(ring, ring.size - 1, {n.b * n.h * n.d, n.b * n.h * n.dv});
+      return std::vector<Tensor>{Tensor::empty({n.b, n.sq, n.h, n.dv}, dtype),
+                                 Tensor::empty({n.b, n.sq, n.h}, dtype)};
+    }
     auto [o, lse] = ring_forward(a, ring, n, to_doubles(inputs[0]), to_doubles(inputs[1]),
                                  to_doubles(inputs[2]));
-    const DType dtype = inputs[0].dtype();
     return std::vector<Tensor>{from_doubles(o, {n.b, n.sq, n.h, n.dv}, dtype),
                                from_doubles(lse, {n.b, n.sq, n.h}, dtype)};
   };
@@ -360,8 +387,20 @@ void register_ring_attention_ops() {
           grads[index]->spec() == like.spec()
               ? *grads[index]
               : grads[index]->redistribute(like.placements(), like.spec().extents);
+      if (g.to_local().is_shape_only()) return {};  // estimate mode: the layout moved, no values
       return to_doubles(g.to_local());
     };
+    if (estimate::active()) {  // the same redistributes and passes, shape-only gradients
+      local_grad(0, o);
+      const Ring ring = ring_of(q.mesh(), q.spec(), q.local_box(), k.spec());
+      local_grad(1, lse);
+      const Dims n = dims_of(q.to_local().shape(), v.to_local().shape());
+      estimated_passes(ring, ring.size,
+                       {n.b * n.h * n.d, n.b * n.h * n.dv, n.b * n.h * n.d, n.b * n.h * n.dv});
+      return {ShardTensor(Tensor::empty(q.to_local().shape(), q.dtype()), q.mesh(), q.spec()),
+              ShardTensor(Tensor::empty(k.to_local().shape(), k.dtype()), k.mesh(), k.spec()),
+              ShardTensor(Tensor::empty(v.to_local().shape(), v.dtype()), v.mesh(), v.spec())};
+    }
     std::vector<double> go = local_grad(0, o);
     const Dims n = dims_of(q.to_local().shape(), v.to_local().shape());
     if (go.empty()) go.assign(static_cast<size_t>(n.b * n.sq * n.h * n.dv), 0.0);
@@ -390,6 +429,8 @@ void register_ring_attention_ops() {
                     .cpu = std::move(cpu),
                     .backward = std::move(backward),
                     .cost = attention_cost});
+  // The kernel passes the key and value blocks around the ring of ranks sharding the sequence.
+  estimate::run_kernel_in_estimate_mode(kOp);
 }
 
 std::vector<ShardTensor> attention(const ShardTensor& q, const ShardTensor& k, const ShardTensor& v,
