@@ -1,7 +1,7 @@
 // Estimate mode (core/estimate/): a program recorded on P simulated ranks without data sends
 // exactly the messages and collectives a real P-rank local run sends (names, bytes, peers, in
-// order per rank; timings aside), allocates no tensor data, opens no file, and counts the peak
-// tensor bytes of each rank; P = 1024 records a Gray-Scott run.
+// order per rank; timings aside), allocates no tensor data, opens no file (an input file for its
+// metadata only), and counts the peak tensor bytes of each rank; P = 1024 records a Gray-Scott run.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -18,6 +18,7 @@
 #include "core/host_allocator.hpp"
 #include "core/parameter.hpp"
 #include "io/hdf5/h5_file.hpp"
+#include "io/hdf5/sharded_io.hpp"
 #include "ops/ops.hpp"
 #include "ops/optim/optimizer.hpp"
 
@@ -198,6 +199,39 @@ TEST(Estimate, GrayScottRecordsTheRealRunsMessagesAndPeakBytes) {
   for (int rank = 0; rank < 4; ++rank)
     EXPECT_EQ(estimated.peak_bytes[rank], real.peak_bytes[rank]) << "rank " << rank;
   EXPECT_NE(estimated.json().find("\"peak_bytes_per_rank\": ["), std::string::npos);
+}
+
+// io::scatter in estimate mode: the root reads the dataset's metadata only and every slab travels
+// as a null payload, so the messages are the real scatter's (several slabs per box: a staging
+// budget of 512 bytes); a softmax over a sharded dim and its backward then run their kernels on
+// the shape-only pieces, posting the statistics' all-gathers a real run sends.
+TEST(Estimate, ScatterAndShardedSoftmaxRecordTheRealRunsMessagesWithoutData) {
+  const std::string file = ::testing::TempDir() + "estimate_scatter_input.h5";
+  Tensor values = Tensor::empty({11, 9, 3}, DType::f64);
+  for (int64_t i = 0; i < values.numel(); ++i) values.data<double>()[i] = 0.01 * (i % 37);
+  io::write_dataset(file, "x", values);
+  const auto program = [&](std::shared_ptr<Comm> world) {
+    DeviceMesh mesh(world, {2, 2});
+    ShardTensor x = io::scatter(file, "x", mesh, {Placement::shard(0), Placement::shard(1)},
+                                {{7, 4}, {2, 7}}, 0, 512);
+    x.set_requires_grad();
+    Tape tape;
+    tape.backward(ops::sum(ops::softmax(x, 0)));  // dim 0 is sharded: statistics all-gathered
+    ASSERT_TRUE(tape.grad(x).has_value());
+  };
+  const estimate::Recording real = estimate::record_local(4, program);
+  const AllocatorStats before = host_allocator_stats();
+  const estimate::Recording estimated = estimate::record(4, program);
+  const AllocatorStats after = host_allocator_stats();
+  EXPECT_EQ(after.raw_allocations, before.raw_allocations) << "no tensor data was allocated";
+  EXPECT_EQ(after.in_use, before.in_use);
+  size_t gathers = 0;
+  for (const std::string& event : real.events[1])
+    gathers += event.find("\"name\": \"all_gather_v\"") != std::string::npos;
+  EXPECT_GE(gathers, 3u) << "softmax's max and sum forward, the sum backward";
+  EXPECT_GT(count_category(real, "io"), 0u);
+  expect_same_events(real, estimated);
+  std::remove(file.c_str());
 }
 
 TEST(Estimate, TouchingDataOfAShapeOnlyTensorIsOneClearError) {
