@@ -16,9 +16,11 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <map>
 #include <thread>
 
 #include "apps/bench/bench_harness.hpp"
+#include "apps/bench/timed_comm.hpp"
 #include "apps/tessera/cli_parse.hpp"
 #include "apps/tessera/commands.hpp"
 #include "core/compute_threads.hpp"
@@ -154,7 +156,39 @@ struct PipelineFigures {
   int64_t bytes = 0;       // bytes sent between stages per step, all ranks
   int max_in_flight = 0;   // most micro-batches alive on a rank
   double loss = 0;
+  // Tensor parallelism (rank 0's tp communicator, per step): the bytes of its all-reduces,
+  // all-gathers and reduce-scatters, the seconds in them (slowest rank), and their bound: each
+  // call's bytes over the bandwidth of the same collective at the same size measured alone on
+  // the same communicator in the same run, summed (slowest rank).
+  int64_t tp_all_reduce_bytes = 0, tp_all_gather_bytes = 0, tp_reduce_scatter_bytes = 0;
+  double tp_seconds = 0, tp_bound_seconds = 0;
 };
+
+/// Collective over `comm` (a tp communicator, every rank with the same record): the seconds one
+/// call of each recorded collective takes alone at its size (f32 buffers, an even split), as
+/// bench comm measures a collective: warm-up, a barrier, timed iterations, the slowest rank.
+std::map<std::pair<std::string, int64_t>, double> time_alone(
+    Comm& comm, const bench::CollectiveRecord& record) {
+  std::map<std::pair<std::string, int64_t>, double> seconds;
+  const size_t parts = static_cast<size_t>(comm.size());
+  for (const auto& [key, calls] : record) {
+    const auto& [name, bytes] = key;
+    const size_t count = static_cast<size_t>(bytes) / sizeof(float);
+    std::vector<float> send(count, 1.0f), recv(count);
+    std::vector<size_t> counts(parts, count / parts);
+    for (size_t r = 0; r < count % parts; ++r) ++counts[r];
+    const size_t mine = counts[static_cast<size_t>(comm.rank())];
+    seconds[key] = bench::time_collective(comm, Device::cpu(), 2, 10, [&] {
+      if (name == "all_reduce")
+        comm.all_reduce(send.data(), recv.data(), count, DType::f32, ReduceOp::sum);
+      else if (name == "all_gather")
+        comm.all_gather_v(send.data(), mine, recv.data(), counts, DType::f32);
+      else
+        comm.reduce_scatter_v(send.data(), recv.data(), counts, DType::f32, ReduceOp::sum);
+    });
+  }
+  return seconds;
+}
 
 PipelineFigures measure_pipeline(std::shared_ptr<Comm> world, const TrainBenchOptions& options,
                                  const Shape& shape, const std::vector<int>& mesh_shape,
@@ -168,7 +202,8 @@ PipelineFigures measure_pipeline(std::shared_ptr<Comm> world, const TrainBenchOp
   }
   shape_of_mesh.push_back(mesh_shape[1]);
   names.push_back("x");
-  DeviceMesh mesh(world, shape_of_mesh, names);
+  // Timed collectives: the tp communicator's record is the tensor-parallel traffic.
+  DeviceMesh mesh(std::make_shared<bench::TimedComm>(world), shape_of_mesh, names);
   // The conv3d layers of the other rows (gelu between), filter- and channel-parallel in turn
   // over tp when there is one.
   const nn::TensorParallelOptions tp{.dim = with_tp ? "tp" : ""};
@@ -224,6 +259,29 @@ PipelineFigures measure_pipeline(std::shared_ptr<Comm> world, const TrainBenchOp
   int32_t alive = stats.max_in_flight;
   world->all_reduce(&alive, &alive, 1, DType::i32, ReduceOp::max);
   figures.max_in_flight = alive;
+  if (with_tp) {
+    auto tp_comm = std::dynamic_pointer_cast<bench::TimedComm>(pipe.stage_mesh().dim_comm("tp"));
+    check_arg(tp_comm != nullptr, "bench", "the tp communicator is not a timed one");
+    const bench::CollectiveRecord record = tp_comm->record();  // warm-up step included
+    const double steps = options.steps + 1;
+    const auto alone = time_alone(tp_comm->inner(), record);
+    for (const auto& [key, calls] : record) {
+      const int64_t bytes = key.second * calls.calls;
+      if (key.first == "all_reduce") figures.tp_all_reduce_bytes += bytes;
+      if (key.first == "all_gather") figures.tp_all_gather_bytes += bytes;
+      if (key.first == "reduce_scatter") figures.tp_reduce_scatter_bytes += bytes;
+      figures.tp_seconds += calls.seconds;
+      figures.tp_bound_seconds += alone.at(key) * static_cast<double>(calls.calls);
+    }
+    for (int64_t* bytes : {&figures.tp_all_reduce_bytes, &figures.tp_all_gather_bytes,
+                           &figures.tp_reduce_scatter_bytes})
+      *bytes = static_cast<int64_t>(static_cast<double>(*bytes) / steps);
+    figures.tp_seconds /= steps;
+    figures.tp_bound_seconds /= steps;
+    world->all_reduce(&figures.tp_seconds, &figures.tp_seconds, 1, DType::f64, ReduceOp::max);
+    world->all_reduce(&figures.tp_bound_seconds, &figures.tp_bound_seconds, 1, DType::f64,
+                      ReduceOp::max);
+  }
   return figures;
 }
 
@@ -265,6 +323,7 @@ void run_pipeline_bench(const TrainBenchOptions& options, const Shape& shape,
        {"bubble_formula", "formula", "", 8, 3},
        {"max_in_flight", "alive", "", 6},
        {"bytes_between_stages", "moved", "bytes", 11}});
+  std::vector<std::pair<nn::PipelineSchedule, PipelineFigures>> measured;
   for (nn::PipelineSchedule schedule : schedules) {
     const int chunks = schedule == nn::PipelineSchedule::interleaved ? options.chunks : 1;
     PipelineFigures figures;
@@ -284,6 +343,33 @@ void run_pipeline_bench(const TrainBenchOptions& options, const Shape& shape,
                {"max_in_flight", figures.max_in_flight},
                {"bytes_between_stages", figures.bytes},
                {"loss", figures.loss}});
+    measured.emplace_back(schedule, figures);
+  }
+  // With --tp: a second table of the tensor-parallel collectives per step and rank.
+  if (options.tp > 1) {
+    bench::BenchTable& tp_table = report.table(
+        "tp_rows",
+        fmt::format("tensor-parallel collectives per step on rank 0's tp communicator ({} ranks): "
+                    "bytes, time in them (slowest rank), and the bound: bytes / bandwidth of the "
+                    "same collective at the same size measured alone in this run",
+                    options.tp),
+        {{"schedule", "schedule", "", 12},
+         {"tp_all_reduce_bytes", "all-reduce", "bytes", 11},
+         {"tp_all_gather_bytes", "all-gather", "bytes", 11},
+         {"tp_reduce_scatter_bytes", "red-scatter", "bytes", 11},
+         {"tp_ms", "tp time", "ms", 9, 2},
+         {"tp_bound_ms", "bound", "ms", 9, 2},
+         {"tp_over_bound", "time/bound", "", 10, 2}});
+    for (const auto& [schedule, figures] : measured)
+      tp_table.add(
+          {{"schedule", nn::schedule_name(schedule)},
+           {"tp_all_reduce_bytes", figures.tp_all_reduce_bytes},
+           {"tp_all_gather_bytes", figures.tp_all_gather_bytes},
+           {"tp_reduce_scatter_bytes", figures.tp_reduce_scatter_bytes},
+           {"tp_ms", figures.tp_seconds * 1e3},
+           {"tp_bound_ms", figures.tp_bound_seconds * 1e3},
+           {"tp_over_bound",
+            figures.tp_bound_seconds > 0 ? figures.tp_seconds / figures.tp_bound_seconds : 0.0}});
   }
   report.finish();
 }

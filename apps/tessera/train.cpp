@@ -5,10 +5,10 @@
 // The mesh is ("dp", domain0, ..): --dp splits the batch (default split: the first B % dp ranks
 // get one more sample), --mesh/--shard-dims/--extents split the spatial dims. The loss is the
 // mean over every element of the GLOBAL batch, computed exactly over the shards, so every layout
-// trains the same function as one rank. Gradients: the tape reduces them over the domain dims;
-// with --dp > 1 the bucketed DDP reducer (nn::GradReducer), or, with --parallel fsdp|hybrid, each
-// gradient goes straight into the rank's shard of the parameter (reduce-scatter over the shard
-// dim, all-reduce over the rest) and the optimizer updates shards only.
+// trains the same function as one rank. Gradients: the bucketed reducer (nn::GradReducer) sums
+// them over dp and the domain dims in one collective per bucket, or, with --parallel
+// fsdp|hybrid, each gradient goes straight into the rank's shard of the parameter (reduce-scatter
+// over the shard dim, all-reduce over the rest) and the optimizer updates shards only.
 //
 // Data: step t's global batch is samples (t*B + i) mod S, i < B, in file order (--shuffle 0; each
 // rank reads only its own rows and spatial box), or io::BatchReader's seeded order (--shuffle 1);
@@ -128,19 +128,7 @@ void check_model_parallel_options(const TrainOptions& options) {
               "--micro-batches, --schedule, --chunks and --stage-cuts are options of a pipeline: "
               "give --pp > 1");
   }
-  if (options.pp > 1 || options.tp > 1) {
-    check_arg(!options.sharded_parameters(), kOp,
-              "--parallel {} with --pp {} --tp {}: sharded parameters are not combined with model "
-              "parallelism here (use --parallel ddp)",
-              options.parallel, options.pp, options.tp);
-    check_arg(options.dtype != "bf16", kOp,
-              "--dtype bf16 with --pp {} --tp {}: master weights are not combined with model "
-              "parallelism here (use f32 or f64)",
-              options.pp, options.tp);
-  }
   if (options.pp == 1) return;
-  check_arg(options.checkpoint.empty() && !options.resume, kOp,
-            "--checkpoint with --pp {}: pipelined runs are not checkpointed yet", options.pp);
   if (options.schedule == "interleaved")
     check_arg(options.chunks == 0 || options.chunks >= 2, kOp,
               "--schedule interleaved needs --chunks >= 2 model chunks per pp rank, got {}",
@@ -543,17 +531,23 @@ class CropBatches final : public BatchSource {
   int64_t order_epoch_ = -1;
 };
 
-/// The trained values: the model's own replicated parameters (DDP), or, with --parallel
-/// fsdp|hybrid or a bf16 model, separate master parameters that the optimizer updates (sharded
-/// over the shard dim, and f32 for a bf16 model). Before each step the masters are gathered into
-/// the model's parameters; in backward each model parameter's gradient, still a Partial sum over
-/// the mesh dims that shard the activations, goes straight into its master's layout (a
-/// reduce-scatter over the shard dim and an all-reduce over the others, in one redistribute whose
-/// reduction order does not depend on the rank, so replicas stay bit-identical).
+/// The trained values: the model's own parameters (DDP), or, with --parallel fsdp|hybrid or a
+/// bf16 model, separate master parameters that the optimizer updates (sharded over the shard dim,
+/// and f32 for a bf16 model). Before each step the masters are gathered into the model's
+/// parameters; in backward each model parameter's gradient, still a Partial sum over the mesh
+/// dims that shard the activations, goes straight into its master's layout (a reduce-scatter
+/// over the shard dim and an all-reduce over the others, in one redistribute whose reduction
+/// order does not depend on the rank, so replicas stay bit-identical).
 ///
-/// Hybrid sharding views the ("dp", domain..) mesh as ("dp_replicate", "dp_shard", domain..)
-/// (DeviceMesh::split: the same ranks in the same order): dp rank i is (i / S, i % S), so the batch
-/// stays split over all of dp while the masters are sharded over S ranks only.
+/// `mesh` is the model's: the whole ("dp", "tp"?, domain..) mesh, or with --pp one stage's mesh
+/// (one Masters per stage a rank holds; pp itself shards nothing). A tensor-parallel weight keeps
+/// its tp placement, and the shard dim splits the first tensor dim tp does not split (one mesh dim
+/// per tensor dim: a [out, in] weight split on out over tp is split on in over dp); a 1-d weight
+/// that tp already splits stays replicated over dp.
+///
+/// Hybrid sharding views the mesh as ("dp_replicate", "dp_shard", ..) (DeviceMesh::split: the same
+/// ranks in the same order): dp rank i is (i / S, i % S), so the batch stays split over all of dp
+/// while the masters are sharded over S ranks only.
 class Masters {
  public:
   Masters(nn::OnnxModel& model, const DeviceMesh& mesh, const TrainOptions& options,
@@ -563,47 +557,60 @@ class Masters {
                                 {"dp_replicate", "dp_shard"})
                    : mesh;
     const int shard_dim = hybrid ? 1 : 0;
+    NoGrad no_grad;
     for (const auto& [name, parameter] : model.named_parameters()) {
-      std::vector<Placement> placements(mesh_->ndim(), Placement::replicate());
-      if (options.sharded_parameters() && !parameter.tensor().global_shape().empty())
-        placements[shard_dim] = Placement::shard(0);
-      const Tensor full = parameter.tensor().to_local().to_dtype(master_dtype);
+      // A copy: the masters never share storage with the model.
+      const ShardTensor on_mesh = on_master_mesh(parameter.tensor(), master_dtype, true);
+      std::vector<Placement> placements = on_mesh.placements();
+      const Shape& shape = on_mesh.global_shape();
+      if (options.sharded_parameters()) {
+        for (int dim = 0; dim < static_cast<int>(shape.size()); ++dim) {
+          if (on_mesh.spec().mesh_dim_sharding(dim) >= 0) continue;
+          placements[shard_dim] = Placement::shard(dim);
+          break;
+        }
+      }
       model_.push_back(parameter);
-      masters_.emplace_back(ShardTensor::distribute(full, *mesh_, placements), name);
+      masters_.emplace_back(on_mesh.redistribute(placements), name);
     }
     for (size_t k = 0; k < model_.size(); ++k)
       sinks_.push_back(set_grad_sink(model_[k].tensor().id(), [this, k](const ShardTensor& grad) {
         masters_[k].accumulate_grad(on_master_mesh(grad, masters_[k].tensor().dtype()));
       }));
   }
+  Masters(const Masters&) = delete;
+  Masters& operator=(const Masters&) = delete;
 
   const std::vector<Parameter>& parameters() const { return masters_; }
 
-  /// Collective: every model parameter takes its master's current values.
+  /// Collective: every model parameter takes its master's current values, in its own layout
+  /// (replicated, or its tensor-parallel shard).
   void gather_into_model() {
     NoGrad no_grad;
     for (size_t k = 0; k < model_.size(); ++k) {
-      const Parameter& master = masters_[k];
-      const std::vector<Placement> replicated(mesh_->ndim(), Placement::replicate());
-      const Tensor full = master.tensor().redistribute(replicated).to_local();
-      model_[k].assign_local(full.to_dtype(model_[k].tensor().dtype()));
+      const ShardTensor target = on_master_mesh(model_[k].tensor(), masters_[k].tensor().dtype());
+      const Tensor local =
+          masters_[k].tensor().redistribute(target.placements(), target.spec().extents).to_local();
+      model_[k].assign_local(local.to_dtype(model_[k].tensor().dtype()));
     }
   }
 
  private:
-  /// A gradient on the model's mesh as the same tensor on the masters' mesh (in the masters'
-  /// dtype): with hybrid sharding the dp placement holds for both dims it was split into.
-  ShardTensor on_master_mesh(const ShardTensor& grad, DType dtype) const {
-    Tensor local = grad.to_local().to_dtype(dtype);
-    std::vector<Placement> placements = grad.placements();
-    std::vector<std::vector<int64_t>> extents = grad.spec().extents;
-    if (mesh_->ndim() != grad.mesh().ndim()) {
+  /// A tensor on the model's mesh (a gradient or a parameter) as the same tensor on the masters'
+  /// mesh, in `dtype`: with hybrid sharding the dp placement holds for both dims it was split
+  /// into.
+  ShardTensor on_master_mesh(const ShardTensor& value, DType dtype, bool copy = false) const {
+    Tensor local = value.to_local().to_dtype(dtype);
+    if (copy) local = local.clone();
+    std::vector<Placement> placements = value.placements();
+    std::vector<std::vector<int64_t>> extents = value.spec().extents;
+    if (mesh_->ndim() != value.mesh().ndim()) {
       placements.insert(placements.begin(), placements.front());
       if (!extents.empty()) extents.insert(extents.begin(), std::vector<int64_t>{});
     }
     return ShardTensor(
         std::move(local), *mesh_,
-        ShardSpec::make(grad.global_shape(), mesh_->shape(), placements, extents, kOp));
+        ShardSpec::make(value.global_shape(), mesh_->shape(), placements, extents, kOp));
   }
 
   std::optional<DeviceMesh> mesh_;
@@ -640,59 +647,79 @@ std::map<std::string, int64_t> run_counters(const TrainOptions& options, int64_t
   return counters;
 }
 
-std::string checkpoint_file(const std::string& dir, int64_t step) {
-  return fmt::format("{}/step_{:08}.h5", dir, step);
+/// The checkpoint of `step`: one file, or with a pipeline one per pp rank (`pp_rank` of `pp`),
+/// each holding the parameters and optimizer state of that rank's stages.
+std::string checkpoint_file(const std::string& dir, int64_t step, int pp = 1, int pp_rank = 0) {
+  return pp > 1 ? fmt::format("{}/step_{:08}.pp{}.h5", dir, step, pp_rank)
+                : fmt::format("{}/step_{:08}.h5", dir, step);
 }
 
-/// Collective: the step of the newest checkpoint in `dir` (rank 0 looks; an AgreedError when
-/// there is none).
-int64_t newest_checkpoint(Comm& world, const std::string& dir) {
+/// Collective: the step of the newest checkpoint in `dir` whose files are all there (with --pp P:
+/// step_N.pp0.h5 .. step_N.pp{P-1}.h5). Rank 0 looks; an AgreedError when there is none.
+int64_t newest_checkpoint(Comm& world, const std::string& dir, int pp) {
   int64_t newest = -1;
   std::optional<std::string> problem;
   if (world.rank() == 0) {
-    const std::regex pattern("step_([0-9]{8})\\.h5");
+    const std::regex pattern(pp > 1 ? "step_([0-9]{8})\\.pp0\\.h5" : "step_([0-9]{8})\\.h5");
     std::error_code error;
     for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
       std::smatch match;
       const std::string name = entry.path().filename().string();
-      if (std::regex_match(name, match, pattern))
-        newest = std::max<int64_t>(newest, std::stoll(match[1].str()));
+      if (!std::regex_match(name, match, pattern)) continue;
+      const int64_t step = std::stoll(match[1].str());
+      bool complete = true;
+      for (int r = 1; r < pp; ++r)
+        complete = complete && std::filesystem::exists(checkpoint_file(dir, step, pp, r));
+      if (complete) newest = std::max<int64_t>(newest, step);
     }
     if (newest < 0)
-      problem = fmt::format("--resume: no checkpoint (step_NNNNNNNN.h5) in --checkpoint {}", dir);
+      problem = pp > 1 ? fmt::format(
+                             "--resume: no complete checkpoint of --pp {} (step_NNNNNNNN.pp0.h5 .. "
+                             ".pp{}.h5) in --checkpoint {}",
+                             pp, pp - 1, dir)
+                       : fmt::format(
+                             "--resume: no checkpoint (step_NNNNNNNN.h5) in --checkpoint {}", dir);
   }
   agree_on_error(world, kOp, problem);
   world.broadcast(&newest, 1, DType::i64, 0);
   return newest;
 }
 
-/// Collective: writes the parameters, the optimizer state and the run's counters.
-void save_checkpoint(const std::string& file, const std::vector<Parameter>& parameters,
-                     const optim::Optimizer& optimizer, const std::map<std::string, int64_t>& run) {
-  const DeviceMesh& mesh = parameters.front().tensor().mesh();
+/// Collective over `mesh` (the model's, or with --pp this rank's stage mesh; its first rank
+/// writes): the parameters, the optimizer state (none: a stage without parameters) and the
+/// run's counters.
+void save_checkpoint(const std::string& file, const DeviceMesh& mesh,
+                     const std::vector<Parameter>& parameters, const optim::Optimizer* optimizer,
+                     const std::map<std::string, int64_t>& run) {
   std::vector<std::pair<std::string, ShardTensor>> tensors;
   for (const Parameter& parameter : parameters)
     tensors.emplace_back("model/" + parameter.name(), parameter.tensor());
-  for (const auto& [key, value] : optimizer.state_dict())
-    tensors.emplace_back("optim/" + key, value);
-  const std::vector<Placement> replicated(mesh.ndim(), Placement::replicate());
+  if (optimizer)
+    for (const auto& [key, value] : optimizer->state_dict())
+      tensors.emplace_back("optim/" + key, value);
+  // The counters on the parameters' mesh (the masters' may be a split of `mesh`): one
+  // communicator for the whole file.
+  const DeviceMesh& on = parameters.empty() ? mesh : parameters.front().tensor().mesh();
+  const std::vector<Placement> replicated(on.ndim(), Placement::replicate());
   for (const auto& [name, value] : run)
     tensors.emplace_back(
         "run/" + name,
-        ShardTensor::distribute(Tensor::from_values<int64_t>({}, std::vector<int64_t>{value}), mesh,
+        ShardTensor::distribute(Tensor::from_values<int64_t>({}, std::vector<int64_t>{value}), on,
                                 replicated));
   io::save_checkpoint(file, tensors);
 }
 
-/// Collective: restores the parameters and optimizer state of `file` (any layout it was saved
-/// in) and returns its step. Every check comes before any value is written: a missing or unknown
-/// parameter, a shape mismatch, or counters of another data order are one error on every rank.
-int64_t load_checkpoint(const std::string& file, const std::vector<Parameter>& parameters,
-                        optim::Optimizer& optimizer, const TrainOptions& options) {
-  const DeviceMesh& mesh = parameters.front().tensor().mesh();
+/// Collective over `mesh` (as save_checkpoint): restores the parameters and optimizer state of
+/// `file` (any layout it was saved in) and returns its step. Every check comes before any value
+/// is written: a missing or unknown parameter, a shape mismatch, or counters of another data
+/// order are one error on every rank.
+int64_t load_checkpoint(const std::string& file, const DeviceMesh& mesh,
+                        const std::vector<Parameter>& parameters, optim::Optimizer* optimizer,
+                        const TrainOptions& options) {
+  const DeviceMesh& on = parameters.empty() ? mesh : parameters.front().tensor().mesh();
   std::map<std::string, ShardTensor> model, state;
   std::map<std::string, int64_t> run;
-  for (const auto& [name, tensor] : io::load_checkpoint(file, mesh)) {
+  for (const auto& [name, tensor] : io::load_checkpoint(file, on)) {
     if (name.rfind("model/", 0) == 0) {
       model.emplace(name.substr(6), tensor);
     } else if (name.rfind("optim/", 0) == 0) {
@@ -721,14 +748,18 @@ int64_t load_checkpoint(const std::string& file, const std::vector<Parameter>& p
               "'{}' in {} has shape {}, the model's parameter has {}", parameter.name(), file,
               found->second.global_shape(), parameter.tensor().global_shape());
   }
-  optimizer.check_state_dict(state);
+  if (optimizer)
+    optimizer->check_state_dict(state);
+  else
+    check_arg(state.empty(), kOp, "{} holds optimizer state, this rank's stages have no parameters",
+              file);
   for (Parameter parameter : parameters) {
     const ShardTensor& tensor = parameter.tensor();
     const ShardTensor moved =
         model.at(parameter.name()).redistribute(tensor.placements(), tensor.spec().extents);
     parameter.assign_local(moved.to_local().to_dtype(tensor.dtype()));
   }
-  optimizer.load_state_dict(state);
+  if (optimizer) optimizer->load_state_dict(state);
   return run.at("step");
 }
 
@@ -975,6 +1006,7 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
   // stage (the input) and the last (the target).
   const DeviceMesh& data_mesh = pipe ? pipe->stage_mesh() : mesh;
   const bool reads_data = !pipe || pipe->holds_first_stage() || pipe->holds_last_stage();
+  const int pp_rank = pipe ? mesh.coord()[0] : 0;
   BatchLayout layout;
   std::unique_ptr<BatchSource> batches;
   agreed_everywhere(*world, kOp, [&] {
@@ -1001,11 +1033,19 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
   }
 
   const bool use_masters = options.sharded_parameters() || dtype == DType::bf16;
-  std::optional<Masters> masters;
+  // One Masters per model: the whole model, or each stage this rank holds (on its stage mesh).
+  std::vector<std::unique_ptr<Masters>> masters;
   std::vector<Parameter> trained;
   if (use_masters) {
-    masters.emplace(*model, mesh, options, read_dtype);
-    trained = masters->parameters();
+    agreed_everywhere(*world, kOp, [&] {
+      if (model) masters.push_back(std::make_unique<Masters>(*model, mesh, options, read_dtype));
+      for (const auto& [stage, held_stage] : held)
+        masters.push_back(std::make_unique<Masters>(held_stage->model(), pipe->stage_mesh(),
+                                                    options, read_dtype));
+    });
+    for (const auto& stage_masters : masters)
+      trained.insert(trained.end(), stage_masters->parameters().begin(),
+                     stage_masters->parameters().end());
   } else if (model) {
     for (const auto& [name, parameter] : model->named_parameters()) trained.push_back(parameter);
   } else {
@@ -1016,8 +1056,12 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
   // A pipeline rank whose stages hold no parameter (only parameter-free ops) has nothing to update.
   std::unique_ptr<optim::Optimizer> optimizer =
       trained.empty() ? nullptr : make_optimizer(options, trained);
+  // The reducer takes every gradient that is Partial over dp or the domain dims: one bucketed
+  // all-reduce over the joint group instead of one blocking all-reduce per parameter from the
+  // tape (the loss is a mean over the global batch and grid, so both reductions are sums).
   std::optional<nn::GradReducer> reducer;
-  if (!use_masters && options.dp > 1 && !trained.empty()) reducer.emplace(trained);
+  if (!use_masters && (options.dp > 1 || mesh_size(domain) > 1) && !trained.empty())
+    reducer.emplace(trained);
   if (pipe && reducer) pipe->set_grad_reducer(&*reducer);
   const auto loss_of = [&](const ShardTensor& y, const ShardTensor& target) {
     return options.loss == "mse" ? ops::mse_loss(y, target)
@@ -1026,10 +1070,11 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
 
   int64_t first_step = 0;
   if (options.resume) {
-    const int64_t newest = newest_checkpoint(*world, options.checkpoint);
-    const std::string file = checkpoint_file(options.checkpoint, newest);
-    agreed_everywhere(*world, kOp,
-                      [&] { first_step = load_checkpoint(file, trained, *optimizer, options); });
+    const int64_t newest = newest_checkpoint(*world, options.checkpoint, options.pp);
+    const std::string file = checkpoint_file(options.checkpoint, newest, options.pp, pp_rank);
+    agreed_everywhere(*world, kOp, [&] {
+      first_step = load_checkpoint(file, data_mesh, trained, optimizer.get(), options);
+    });
     agreed_everywhere(*world, kOp, [&] {
       check_arg(first_step <= options.steps, kOp, "--resume: {} is at step {}, beyond --steps {}",
                 file, first_step, options.steps);
@@ -1066,28 +1111,28 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
     // takes the median of.
     std::optional<trace::Span> step_span(std::in_place, "step", fmt::format("train step {}", step));
     if (optimizer) optimizer->zero_grad();
-    if (masters) masters->gather_into_model();
+    for (const auto& stage_masters : masters) stage_masters->gather_into_model();
     double loss_value = 0;
     if (pipe) {
       agreed_everywhere(*world, kOp, [&] {
         std::optional<ShardTensor> x, target;
         if (reads_data) std::tie(x, target) = batches->batch(step);
-        // A target unlike the output is seen by the last stage's ranks only: they train that
-        // micro-batch on a zero loss (0 x mean(y), which still sends the earlier stages a
-        // gradient) so the schedule completes, and every rank then raises the one error before
-        // any update.
-        std::optional<std::string> problem;
-        const auto checked_loss = [&](const ShardTensor& y, const ShardTensor& t) {
-          if (y.global_shape() == t.global_shape()) return loss_of(y, t);
-          if (!problem)
-            problem = fmt::format(
-                "the model's output for a micro-batch of --input '{}' has shape {}, the "
-                "micro-batch of --target '{}' has {}",
-                options.input, y.global_shape(), options.target, t.global_shape());
-          return ops::scale(ops::mean(y), 0.0);
+        if (x && dtype == DType::bf16) {
+          NoGrad no_grad;
+          x = ops::cast(*x, DType::bf16);
+        }
+        // A target unlike the output is seen by the last stage's ranks only: the pipeline
+        // carries their error to every stage (nn::Pipeline::step), so every rank raises it
+        // before any update.
+        const auto checked_loss = [&](const ShardTensor& output, const ShardTensor& t) {
+          const ShardTensor y = dtype == DType::bf16 ? ops::cast(output, DType::f32) : output;
+          check_arg(y.global_shape() == t.global_shape(), kOp,
+                    "the model's output for a micro-batch of --input '{}' has shape {}, the "
+                    "micro-batch of --target '{}' has {}",
+                    options.input, y.global_shape(), options.target, t.global_shape());
+          return loss_of(y, t);
         };
         loss_value = pipe->step(x, target, checked_loss);
-        agree_on_error(*world, kOp, problem);
       });
       bubble_fractions.push_back(pipe->stats().bubble_fraction());
     } else
@@ -1119,9 +1164,13 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
     const int64_t done = step + 1;
     if (!options.checkpoint.empty() &&
         ((options.every > 0 && done % options.every == 0) || done == options.steps)) {
-      if (root) std::filesystem::create_directories(options.checkpoint);
-      save_checkpoint(checkpoint_file(options.checkpoint, done), trained, *optimizer,
-                      run_counters(options, done));
+      // Made by the ranks that write (each stage's first rank); error_code: they may race.
+      if (data_mesh.rank() == 0) {
+        std::error_code error;
+        std::filesystem::create_directories(options.checkpoint, error);
+      }
+      save_checkpoint(checkpoint_file(options.checkpoint, done, options.pp, pp_rank), data_mesh,
+                      trained, optimizer.get(), run_counters(options, done));
     }
     if (!root) continue;
     if (!options.plot.empty() && (done % 10 == 0 || done == options.steps)) draw_losses();
@@ -1142,7 +1191,7 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
   const double peak_bytes_per_rank =
       static_cast<double>(host_allocator_stats().peak_in_use) / local_ranks;
 
-  if (masters) masters->gather_into_model();
+  for (const auto& stage_masters : masters) stage_masters->gather_into_model();
   if (!options.save_model.empty())
     agreed_everywhere(*world, "onnx", [&] {
       if (model)
@@ -1151,6 +1200,11 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
         save_pipelined_model(*world, graph, stage_graphs, held, options.pp, dtype,
                              options.save_model);
     });
+  // Rank 0's share of the values the optimizer updates: the model (DDP), its tp shard, or the
+  // masters' shard of it (FSDP, hybrid).
+  int64_t trained_elements = 0;
+  for (const Parameter& parameter : trained)
+    trained_elements += parameter.tensor().to_local().numel();
   if (!root) return;
   if (!options.losses_out.empty()) write_losses(options.losses_out, losses);
   const double step_median = median(step_seconds);
@@ -1182,6 +1236,7 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
         {"step_seconds", step_median},
         {"samples_per_second", samples_per_second},
         {"peak_bytes_per_rank", peak_bytes_per_rank},
+        {"trained_elements", trained_elements},
         {"total_seconds", total_seconds},
     };
     json["final_loss"] =

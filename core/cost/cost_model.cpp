@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "core/errors.hpp"
@@ -36,8 +37,9 @@ Algorithm algorithm_from(const std::string& name, const std::string& where) {
   if (name == "direct") return Algorithm::direct;
   if (name == "mpi") return Algorithm::mpi;
   if (name == "ring") return Algorithm::ring;
+  if (name == "nccl") return Algorithm::nccl;
   throw InvalidArgument(kOp, fmt::format("machine file: {}.algorithm '{}' is not one of direct, "
-                                         "mpi, ring",
+                                         "mpi, ring, nccl",
                                          where, name));
 }
 
@@ -46,6 +48,7 @@ const char* algorithm_name(Algorithm algorithm) {
     case Algorithm::direct: return "direct";
     case Algorithm::mpi: return "mpi";
     case Algorithm::ring: return "ring";
+    case Algorithm::nccl: return "nccl";
   }
   return "ring";
 }
@@ -83,6 +86,7 @@ Machine machine_from_json(const nlohmann::json& document) {
     links.inter =
         set.contains("inter") ? link_from(set.at("inter"), where + ".inter") : links.intra;
     links.asynchronous = set.value("asynchronous", backend != "local");
+    if (set.contains("nvls")) links.nvls = link_from(set.at("nvls"), where + ".nvls");
     machine.links[backend] = links;
   }
   machine.backend = document.value("backend", machine.links.begin()->first);
@@ -112,11 +116,13 @@ nlohmann::json machine_to_json(const Machine& machine) {
   document["shared_compute"] = machine.shared_compute;
   document["backend"] = machine.backend;
   nlohmann::json links = nlohmann::json::object();
-  for (const auto& [backend, set] : machine.links)
+  for (const auto& [backend, set] : machine.links) {
     links[backend] = {{"algorithm", algorithm_name(set.algorithm)},
                       {"asynchronous", set.asynchronous},
                       {"intra", {{"alpha", set.intra.alpha}, {"beta", set.intra.beta}}},
                       {"inter", {{"alpha", set.inter.alpha}, {"beta", set.inter.beta}}}};
+    if (set.nvls) links[backend]["nvls"] = {{"alpha", set.nvls->alpha}, {"beta", set.nvls->beta}};
+  }
   document["links"] = links;
   nlohmann::json families = nlohmann::json::object();
   for (const auto& [family, throughput] : machine.families)
@@ -253,6 +259,7 @@ double collective_seconds(Algorithm algorithm, const Link& link, Collective coll
       }
       break;
     case Algorithm::ring:
+    case Algorithm::nccl:  // on one link class NCCL's choice is priced as its ring
       switch (collective) {
         case Collective::all_reduce: return 2 * (p - 1) * a + 2 * share * largest / b;
         case Collective::all_gather_v:
@@ -267,6 +274,73 @@ double collective_seconds(Algorithm algorithm, const Link& link, Collective coll
       break;
   }
   return 0;
+}
+
+const char* nccl_algorithm_name(NcclAlgorithm algorithm) {
+  switch (algorithm) {
+    case NcclAlgorithm::ring: return "ring";
+    case NcclAlgorithm::tree: return "tree";
+    case NcclAlgorithm::nvls: return "nvls";
+  }
+  return "ring";
+}
+
+// The shapes of NCCL's own cost model (src/graph/tuning.cc, ncclTopoTuneModel): a ring of P
+// ranks over N nodes takes `steps` hops of which only the ones leaving a node cross the network
+// (2(N-1) for an all-reduce, N-1 for the all-gather / reduce-scatter family), so its latency is
+// (steps - inter) alpha_intra + inter alpha_inter and its bandwidth that of the slowest link;
+// the tree is a chain inside each node and a double binary tree across nodes, latency
+// 2 ((P/N - 1) alpha_intra + log2 N alpha_inter), and moves each byte up and down once: 2n/beta;
+// NVLS is one trip through the node's switch.
+double nccl_algorithm_seconds(const LinkSet& links, NcclAlgorithm algorithm, Collective collective,
+                              std::span<const double> bytes, int nodes, int root) {
+  constexpr double kNever = std::numeric_limits<double>::infinity();
+  const int p = static_cast<int>(bytes.size());
+  if (p <= 1) return 0;
+  nodes = std::clamp(nodes, 1, p);
+  const Link& slowest = nodes > 1 ? links.inter : links.intra;
+  const double largest = *std::max_element(bytes.begin(), bytes.end());
+  const double share = (p - 1.0) / p;
+  // Latency of `steps` ring hops of which `inter` leave a node.
+  const auto hops = [&](int steps, int inter) {
+    inter = nodes > 1 ? std::min(inter, steps) : 0;
+    return (steps - inter) * links.intra.alpha + inter * links.inter.alpha;
+  };
+  switch (algorithm) {
+    case NcclAlgorithm::ring:
+      switch (collective) {
+        case Collective::all_reduce:
+          return hops(2 * (p - 1), 2 * (nodes - 1)) + 2 * share * largest / slowest.beta;
+        case Collective::all_gather_v:
+        case Collective::reduce_scatter_v:
+          return hops(p - 1, nodes - 1) + share * largest / slowest.beta;
+        case Collective::broadcast:  // pipelined chain
+          return hops(p - 1, nodes - 1) + largest / slowest.beta;
+        default:  // not NCCL rings (all_to_all: grouped p2p; rooted: the root's sends in turn)
+          return collective_seconds(Algorithm::ring, slowest, collective, bytes, root);
+      }
+    case NcclAlgorithm::tree: {
+      if (collective != Collective::all_reduce || nodes <= 1) return kNever;
+      const int per_node = (p + nodes - 1) / nodes;
+      return 2 * ((per_node - 1) * links.intra.alpha + log2_ceil(nodes) * links.inter.alpha) +
+             2 * largest / slowest.beta;
+    }
+    case NcclAlgorithm::nvls:
+      if (collective != Collective::all_reduce || nodes > 1 || !links.nvls) return kNever;
+      return links.nvls->alpha + largest / links.nvls->beta;
+  }
+  return kNever;
+}
+
+NcclChoice nccl_collective(const LinkSet& links, Collective collective,
+                           std::span<const double> bytes, int nodes, int root) {
+  NcclChoice best{NcclAlgorithm::ring, nccl_algorithm_seconds(links, NcclAlgorithm::ring,
+                                                              collective, bytes, nodes, root)};
+  for (NcclAlgorithm other : {NcclAlgorithm::tree, NcclAlgorithm::nvls}) {
+    const double seconds = nccl_algorithm_seconds(links, other, collective, bytes, nodes, root);
+    if (seconds < best.seconds) best = {other, seconds};
+  }
+  return best;
 }
 
 void fit_families(Machine& machine, const std::map<std::string, FamilySample>& samples,

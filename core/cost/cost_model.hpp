@@ -7,6 +7,7 @@
 
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -25,7 +26,8 @@ struct Link {
 enum class Algorithm : uint8_t {
   direct,  ///< shared memory: every rank reads its peers' buffers (the local backend)
   mpi,     ///< MPICH / Open MPI: recursive doubling for small messages, ring-like for large ones
-  ring,    ///< NCCL: rings (and pipelined chains for rooted collectives)
+  ring,    ///< NCCL restricted to rings (and pipelined chains for rooted collectives)
+  nccl,    ///< NCCL's tuner: per call the cheapest of ring, tree and NVLS (nccl_collective)
 };
 
 /// The links of one backend.
@@ -36,6 +38,9 @@ struct LinkSet {
   /// Whether a started collective (start_all_reduce, start_all_gather_v) proceeds while its rank
   /// computes (mpi, nccl) or completes before returning (local).
   bool asynchronous = true;
+  /// NVLink SHARP (NVLS) within a node, when the node's switch has it (Algorithm::nccl only):
+  /// an all-reduce of n bytes takes alpha + n / beta, beta being the algorithm bandwidth.
+  std::optional<Link> nvls{};
 };
 
 /// Sustained throughput of one op family on one rank's device (or on the whole node for a
@@ -111,6 +116,33 @@ bool collective_of(std::string_view event_name, Collective& collective);
 double collective_seconds(Algorithm algorithm, const Link& link, Collective collective,
                           std::span<const double> bytes, int root = 0);
 
+/// The algorithms NCCL chooses between (src/graph/tuning.cc; docs/scaling.md has the formulas).
+enum class NcclAlgorithm : uint8_t {
+  ring,  ///< a ring through every member, NVLink within a node and one NIC hop between nodes
+  tree,  ///< double binary tree across nodes, a chain within each (all-reduce only)
+  nvls,  ///< NVLink SHARP: the node's switch reduces (all-reduce within one node only)
+};
+
+/// "ring", "tree", "nvls".
+const char* nccl_algorithm_name(NcclAlgorithm algorithm);
+
+/// Seconds of one collective run with NCCL's `algorithm` over members spread evenly over
+/// `nodes` nodes (`links.intra` within a node, `links.inter` between nodes; `bytes` and `root`
+/// as in collective_seconds); +infinity when NCCL has no such algorithm for the call (tree is
+/// all-reduce only, across nodes; NVLS all-reduce within one node whose links have `nvls`).
+double nccl_algorithm_seconds(const LinkSet& links, NcclAlgorithm algorithm, Collective collective,
+                              std::span<const double> bytes, int nodes, int root = 0);
+
+/// What NCCL's tuner picks for one call: the cheapest algorithm (ring on ties) and its seconds.
+struct NcclChoice {
+  NcclAlgorithm algorithm = NcclAlgorithm::ring;
+  double seconds = 0;
+};
+
+/// The cheapest of nccl_algorithm_seconds over ring, tree and NVLS, as NCCL's tuner chooses.
+NcclChoice nccl_collective(const LinkSet& links, Collective collective,
+                           std::span<const double> bytes, int nodes, int root = 0);
+
 /// The prediction of a replayed trace.
 struct RankTimes {
   double compute = 0;       ///< seconds of op kernels and local copies
@@ -140,6 +172,9 @@ struct Prediction {
   /// By call kind: the event's name ("all_gather_v"), for a redistribute "redistribute FROM ->
   /// TO" (the layouts as recorded).
   std::map<std::string, CallTimes> calls;
+  /// With Algorithm::nccl: how many collective calls (counted once per call, not per member)
+  /// ran with each algorithm, by "COLLECTIVE ALGORITHM" ("all_reduce tree").
+  std::map<std::string, int64_t> algorithms;
 };
 
 struct ReplayOptions {

@@ -408,15 +408,37 @@ Prediction replay(const nlohmann::json& trace, const Machine& machine,
   std::vector<Batch> batches;
   std::vector<RankState> states(static_cast<size_t>(ranks));
   std::map<std::string, CallTimes> calls;
+  std::map<std::string, int64_t> algorithms;
 
   const auto complete = [&](Instance& instance) {
     const int p = instance.expected;
     bool crosses = false;
     for (int m : instance.members)
       crosses = crosses || m < 0 || node_of(m) != node_of(instance.members[0]);
-    instance.seconds = collective_seconds(
-        links.algorithm, crosses ? links.inter : links.intra, instance.collective,
-        std::span<const double>(instance.bytes.data(), static_cast<size_t>(p)), instance.root);
+    const std::span<const double> bytes(instance.bytes.data(), static_cast<size_t>(p));
+    if (links.algorithm == Algorithm::nccl) {
+      // NCCL's tuner sees how many nodes the communicator spans (a member not recorded counts
+      // as one more node, as `crosses` does).
+      std::set<int> nodes;
+      int unknown = 0;
+      for (int m : instance.members)
+        if (m < 0)
+          ++unknown;
+        else
+          nodes.insert(node_of(m));
+      const NcclChoice choice =
+          nccl_collective(links, instance.collective, bytes,
+                          static_cast<int>(nodes.size()) + unknown, instance.root);
+      instance.seconds = choice.seconds;
+      if (p > 1) {
+        std::string_view collective = instance.name;
+        if (collective.ends_with(" start")) collective.remove_suffix(6);
+        ++algorithms[fmt::format("{} {}", collective, nccl_algorithm_name(choice.algorithm))];
+      }
+    } else {
+      instance.seconds = collective_seconds(links.algorithm, crosses ? links.inter : links.intra,
+                                            instance.collective, bytes, instance.root);
+    }
     instance.done = instance.last + instance.seconds;
   };
   const auto arrive = [&](int rank, RankState& state, const Action& action) {
@@ -616,6 +638,7 @@ Prediction replay(const nlohmann::json& trace, const Machine& machine,
   }
   prediction.step_seconds = median(prediction.step_times);
   prediction.calls = std::move(calls);
+  prediction.algorithms = std::move(algorithms);
   const double per = static_cast<double>(std::max<size_t>(steps, 1)) * ranks;
   for (const RankState& state : states) {
     const RankTimes& times = steps > 0 ? state.in_steps : state.total;
@@ -676,6 +699,7 @@ nlohmann::json prediction_to_json(const Prediction& prediction) {
           {"exposed_comm_seconds", prediction.exposed_comm_seconds},
           {"step_times", prediction.step_times},
           {"calls", calls},
+          {"algorithms", prediction.algorithms},
           {"per_rank", ranks}};
 }
 

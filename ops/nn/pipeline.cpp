@@ -19,7 +19,7 @@ namespace tessera::nn {
 
 namespace {
 
-// Boundary b (stage b -> b + 1) uses tags kTagBase + 3b .. + 3b + 2 on the mesh's communicator,
+// Boundary b (stage b -> b + 1) uses tags kTagBase + 4b .. + 4b + 3 on the mesh's communicator,
 // apart from the tags other layers use there (0).
 constexpr int kTagBase = 20000;
 
@@ -113,6 +113,28 @@ std::optional<std::string> data_problem(const std::optional<ShardTensor>& data,
           "{} micro-batches do not divide the {}'s batch (dim {} of global shape {}, pieces {})",
           micro_batches, what, batch_dim, spec.global_shape, parts);
   return std::nullopt;
+}
+
+/// The message of `error` without its "[op] " tag.
+std::string untagged_message(const Error& error) {
+  const std::string text = error.what();
+  const std::string tag = fmt::format("[{}] ", error.op());
+  return text.rfind(tag, 0) == 0 ? text.substr(tag.size()) : text;
+}
+
+/// Collective over the pipeline's mesh: when any rank's stage failed, every rank throws the
+/// error of the lowest failing rank, with its own op tag (agree_on_error tags with one op for
+/// all, so the op travels as the first line of the text).
+void agree_on_stage_error(Comm& comm, const std::optional<StageError>& failure) {
+  std::optional<std::string> text;
+  if (failure) text = failure->op + "\n" + failure->message;
+  try {
+    agree_on_error(comm, "pipeline", text);
+  } catch (const AgreedError& error) {
+    const std::string agreed = untagged_message(error);
+    const size_t newline = agreed.find('\n');
+    throw AgreedError(agreed.substr(0, newline), agreed.substr(newline + 1));
+  }
 }
 
 /// Micro-batch `index` of `count` of `data`: the same slice of every rank's piece along
@@ -252,7 +274,7 @@ Pipeline::Pipeline(const DeviceMesh& mesh, std::vector<LayerBuilder> layers,
     }
     state.boundaries.emplace(boundary, std::make_unique<StageBoundary>(
                                            mesh.comm_ptr(), std::move(sender_ranks),
-                                           std::move(receiver_ranks), kTagBase + 3 * boundary));
+                                           std::move(receiver_ranks), kTagBase + 4 * boundary));
   }
 }
 
@@ -325,7 +347,7 @@ double Pipeline::step(const std::optional<ShardTensor>& input,
   // One tape per (chunk, micro-batch) unit, alive from its forward to its backward.
   struct Unit {
     std::unique_ptr<Tape> tape;
-    ShardTensor output;                   // the scaled loss, or the send's token
+    std::optional<ShardTensor> output;    // the scaled loss, or the send's token (none: failed)
     std::optional<ShardTensor> received;  // the input received from the previous stage
   };
   std::map<std::pair<int, int>, Unit> units;
@@ -334,6 +356,15 @@ double Pipeline::step(const std::optional<ShardTensor>& input,
   const int64_t received_before = state.boundary_bytes(false);
   double loss_sum = 0, compute_seconds = 0;
   int most_alive = 0;
+  // An error in a stage (its ops, the loss, or one brought by a transfer) is not thrown at once:
+  // the stages around would wait for this rank's data. From then on the rank runs the rest of the
+  // schedule's transfers with the error in place of its data (StageBoundary::send_failure, ...),
+  // so every stage learns it, and the step ends with one agreed error on every rank. The ops
+  // decide their errors collectively, so all ranks of a stage fail at the same action.
+  std::optional<StageError> failure;
+  const auto fail = [&](const Error& error) {
+    if (!failure) failure = StageError{error.op(), untagged_message(error)};
+  };
   const auto start = Clock::now();
   for (size_t index = 0; index < actions.size(); ++index) {
     const PipelineAction& action = actions[index];
@@ -342,47 +373,71 @@ double Pipeline::step(const std::optional<ShardTensor>& input,
     const auto began = Clock::now();
     if (action.kind == PipelineAction::Kind::forward) {
       trace::Span forward_span("pipeline", "stage forward");
-      auto tape = std::make_unique<Tape>(Tape::Idle{});
-      TapeScope scope(*tape);
-      std::optional<ShardTensor> received;
-      if (stage > 0)
-        received =
-            state.boundaries.at(stage - 1)->receive(*state.stage_mesh, action.micro_batch == 0);
-      const ShardTensor x = received ? *received : inputs[action.micro_batch];
-      const ShardTensor y = held.module->forward(x);
-      std::optional<ShardTensor> output;
-      if (stage == last_stage) {
-        ShardTensor value = loss ? loss(y, targets[action.micro_batch])
-                                 : ops::mse_loss(y, targets[action.micro_batch]);
-        // The batch's loss is the mean of the micro-batches' means: each counts 1/M.
-        if (micro_batches > 1) value = ops::scale(value, 1.0 / micro_batches);
-        // Estimate mode: the loss is gathered as in a real run, but has no value (NaN).
-        const Tensor full = value.full_tensor();
-        loss_sum += full.is_shape_only() ? std::nan("") : full.item_as_double({});
-        output = value;
-      } else {
-        output = state.boundaries.at(stage)->send(y, state.input_placements(stage + 1),
-                                                  action.micro_batch == 0);
+      Unit unit{std::make_unique<Tape>(Tape::Idle{}), std::nullopt, std::nullopt};
+      TapeScope scope(*unit.tape);
+      // The receive runs even after a failure: the previous stage's send waits for it.
+      if (stage > 0) {
+        try {
+          unit.received =
+              state.boundaries.at(stage - 1)->receive(*state.stage_mesh, action.micro_batch == 0);
+        } catch (const Error& error) {
+          fail(error);
+        }
       }
-      units.emplace(std::make_pair(action.chunk, action.micro_batch),
-                    Unit{std::move(tape), *output, received});
+      if (!failure) {
+        try {
+          const ShardTensor x = unit.received ? *unit.received : inputs[action.micro_batch];
+          const ShardTensor y = held.module->forward(x);
+          if (stage == last_stage) {
+            ShardTensor value = loss ? loss(y, targets[action.micro_batch])
+                                     : ops::mse_loss(y, targets[action.micro_batch]);
+            // The batch's loss is the mean of the micro-batches' means: each counts 1/M.
+            if (micro_batches > 1) value = ops::scale(value, 1.0 / micro_batches);
+            // Estimate mode: the loss is gathered as in a real run, but has no value (NaN).
+            const Tensor full = value.full_tensor();
+            loss_sum += full.is_shape_only() ? std::nan("") : full.item_as_double({});
+            unit.output = value;
+          } else {
+            unit.output = state.boundaries.at(stage)->send(y, state.input_placements(stage + 1),
+                                                           action.micro_batch == 0);
+          }
+        } catch (const Error& error) {
+          fail(error);
+        }
+      }
+      if (failure && stage != last_stage && !unit.output)
+        state.boundaries.at(stage)->send_failure(*failure);
+      units.emplace(std::make_pair(action.chunk, action.micro_batch), std::move(unit));
       most_alive = std::max(most_alive, static_cast<int>(units.size()));
     } else {
       trace::Span backward_span("pipeline", "stage backward");
       auto it = units.find({action.chunk, action.micro_batch});
       check_arg(it != units.end(), "pipeline", "a backward of micro-batch {} before its forward",
                 action.micro_batch);
-      // Data-parallel gradients are reduced once, from the step's last backward on this rank.
-      if (state.reducer) state.reducer->set_sync(index == last_backward);
-      it->second.tape->backward(it->second.output);
-      if (it->second.received)
-        state.boundaries.at(stage - 1)->finish_backward(*it->second.received);
+      Unit& unit = it->second;
+      if (!failure) {
+        try {
+          // Data-parallel gradients are reduced once, from the step's last backward on this rank.
+          if (state.reducer) state.reducer->set_sync(index == last_backward);
+          unit.tape->backward(*unit.output);
+          if (unit.received) state.boundaries.at(stage - 1)->finish_backward(*unit.received);
+        } catch (const Error& error) {
+          fail(error);
+        }
+      }
+      if (failure) {
+        // Take the gradient the next stage owes for this micro-batch, and owe the previous one
+        // the error instead of a gradient (each only if it did not move already).
+        if (stage != last_stage) state.boundaries.at(stage)->discard_gradient(unit.output);
+        if (stage > 0) state.boundaries.at(stage - 1)->answer_failure(unit.received, *failure);
+      }
       units.erase(it);
     }
     compute_seconds += seconds_since(began);
   }
   for (auto& [index, boundary] : state.boundaries) boundary->wait_sends();
   const double wall = seconds_since(start);
+  agree_on_stage_error(state.mesh.comm(), failure);
 
   // Every rank returns the loss, which the last stage's ranks computed.
   state.mesh.dim_comm(options.dim)->broadcast(&loss_sum, 1, DType::f64, last_stage % state.pp_size);

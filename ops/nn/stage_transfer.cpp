@@ -7,6 +7,7 @@
 #include <chrono>
 #include <map>
 #include <optional>
+#include <string>
 #include <utility>
 
 #include "core/autograd.hpp"
@@ -24,8 +25,12 @@ namespace {
 constexpr int kMaxDims = 8;
 constexpr size_t kHeaderSize = 1 + kMaxDims + 1 + 4 * kMaxDims;
 
-/// Tag offsets of a boundary's three kinds of message.
-enum Channel : int { activations = 0, gradients = 1, layouts = 2 };
+/// Tag offsets of a boundary's four kinds of message. Every transfer (an activation forward, a
+/// gradient backward) starts with a status on the sender's twin (the rank of the same index in
+/// the other stage): {0} when the data follows, or {1, op length, message length} and the text
+/// of the error that stopped the sending stage, in place of the data.
+enum Channel : int { activations = 0, gradients = 1, layouts = 2, statuses = 3 };
+constexpr size_t kStatusWords = 3;
 
 int64_t encode(const Placement& placement) {
   return placement.is_shard() ? placement.dim : -1;  // Replicate; Partial never moves
@@ -99,6 +104,8 @@ struct StageBoundary::State {
     std::vector<Tensor> buffers;        // kept alive until the sends complete
     std::vector<int64_t> header_words;  // the same for a layout header
     std::vector<int64_t> extent_words;
+    std::vector<int64_t> status_words;
+    std::vector<char> text;  // an error's op and message (a vector: its buffer survives moves)
   };
   std::vector<Posted> posted;
   /// Received tensors whose gradient was not sent back yet, with the layouts they came in.
@@ -107,7 +114,55 @@ struct StageBoundary::State {
     DType dtype;
   };
   std::map<uint64_t, Received> unanswered;
+  /// Sent activations (by their token's id) whose gradient was not received yet.
+  struct Awaited {
+    Shape shape;
+    std::vector<int64_t> origin;
+    DType dtype;
+    Device device;
+    ShardSpec from, to;
+  };
+  std::map<uint64_t, Awaited> awaited;
   StageTransferStats stats;
+
+  /// Posts the failure status of a transfer: the error (op, message) in place of the data.
+  void post_failure(int peer, const StageError& error) {
+    Posted posting;
+    posting.status_words = {1, static_cast<int64_t>(error.op.size()),
+                            static_cast<int64_t>(error.message.size())};
+    // Host memory, not a Tensor: in estimate mode tensors hold no data, but the text must move.
+    const std::string text = error.op + error.message;
+    posting.text.assign(text.begin(), text.end());
+    std::vector<P2POp> ops{P2POp::send(posting.status_words.data(), kStatusWords * sizeof(int64_t),
+                                       peer, tag + statuses)};
+    if (!posting.text.empty())
+      ops.push_back(P2POp::send(posting.text.data(), posting.text.size(), peer, tag + statuses));
+    posting.batch = world->start_send_recv(ops);
+    posted.push_back(std::move(posting));
+  }
+
+  /// Waits for the status of the next transfer from `peer`: nullopt when the data follows, else
+  /// the sending stage's error (no data follows).
+  std::optional<StageError> receive_status(int peer) {
+    std::vector<int64_t> words(kStatusWords);
+    const auto start = std::chrono::steady_clock::now();
+    const std::vector<P2POp> first{
+        P2POp::recv(words.data(), kStatusWords * sizeof(int64_t), peer, tag + statuses)};
+    world->send_recv(first);
+    std::optional<StageError> error;
+    if (words[0] != 0) {
+      std::string text(static_cast<size_t>(words[1] + words[2]), ' ');
+      if (!text.empty()) {
+        const std::vector<P2POp> second{
+            P2POp::recv(text.data(), text.size(), peer, tag + statuses)};
+        world->send_recv(second);
+      }
+      error = StageError{text.substr(0, static_cast<size_t>(words[1])),
+                         text.substr(static_cast<size_t>(words[1]))};
+    }
+    stats.wait_seconds += seconds_since(start);
+    return error;
+  }
 
   /// Posts the pieces of `local` (laid out by `pieces`' source spec on this rank, whose box
   /// starts at `origin`) that `pieces` send from `my_index` to ranks of `peers`, on `channel`.
@@ -115,6 +170,10 @@ struct StageBoundary::State {
                    const std::vector<StageBox>& pieces, int my_index, const std::vector<int>& peers,
                    Channel channel, Posted posting = {}) {
     std::vector<P2POp> ops;
+    // The status of the transfer goes to the twin, which waits for it before the data.
+    posting.status_words.assign(kStatusWords, 0);
+    ops.push_back(P2POp::send(posting.status_words.data(), kStatusWords * sizeof(int64_t),
+                              peers[my_index], tag + statuses));
     if (!posting.header_words.empty()) {
       ops.push_back(P2POp::send(posting.header_words.data(),
                                 posting.header_words.size() * sizeof(int64_t), peers[my_index],
@@ -133,7 +192,6 @@ struct StageBoundary::State {
       stats.bytes_sent += static_cast<int64_t>(buffer.nbytes());
       posting.buffers.push_back(std::move(buffer));
     }
-    if (ops.empty()) return;
     posting.batch = world->start_send_recv(ops);
     posted.push_back(std::move(posting));
   }
@@ -232,6 +290,9 @@ ShardTensor StageBoundary::send(const ShardTensor& y, const std::vector<Placemen
           auto state = weak.lock();
           check_arg(state != nullptr, "pipeline", "a gradient for a boundary that is gone");
           const ShardTensor& sent = record.inputs[0];
+          state->awaited.erase(record.outputs[0].id());  // its gradient transfer is this one
+          if (auto error = state->receive_status(state->receiver_ranks[state->sender_index]))
+            throw InvalidArgument(error->op, error->message);
           const Tensor local = state->receive_pieces(
               sent.to_local().shape(), sent.local_box().lo, sent.dtype(), sent.device(),
               stage_boxes(to, from), state->sender_index, state->receiver_ranks, gradients);
@@ -240,6 +301,8 @@ ShardTensor StageBoundary::send(const ShardTensor& y, const std::vector<Placemen
     token.set_requires_grad();
     tape->record(OpRecord{op, {}, {}, {sent}, {}, {}, {token}});
   }
+  state.awaited.emplace(token.id(), State::Awaited{sent.to_local().shape(), sent.local_box().lo,
+                                                   sent.dtype(), sent.device(), from, to});
   return token;
 }
 
@@ -248,9 +311,10 @@ ShardTensor StageBoundary::receive(const DeviceMesh& mesh, bool with_layout) {
   check_arg(state.receiver_index >= 0, "pipeline",
             "rank {} receives on a boundary it does not receive on", state.world->rank());
   trace::Span span("pipeline", "stage receive");
+  const int peer = state.sender_ranks[state.receiver_index];
+  if (auto error = state.receive_status(peer)) throw InvalidArgument(error->op, error->message);
   if (with_layout) {
     std::vector<int64_t> header(kHeaderSize);
-    const int peer = state.sender_ranks[state.receiver_index];
     const auto start = std::chrono::steady_clock::now();
     const std::vector<P2POp> first{
         P2POp::recv(header.data(), header.size() * sizeof(int64_t), peer, state.tag + layouts)};
@@ -320,6 +384,32 @@ void StageBoundary::finish_backward(const ShardTensor& x) {
   Tensor zeros = Tensor::zeros(x.to_local().shape(), x.dtype(), x.device());
   state.send_gradient(ShardTensor(zeros, x.mesh(), x.spec()), received.from, received.to,
                       received.dtype);
+}
+
+void StageBoundary::send_failure(const StageError& error) {
+  State& state = *state_;
+  state.post_failure(state.receiver_ranks[state.sender_index], error);
+}
+
+void StageBoundary::answer_failure(const std::optional<ShardTensor>& x, const StageError& error) {
+  State& state = *state_;
+  if (x && state.unanswered.erase(x->id()) == 0) return;  // its gradient went back already
+  state.post_failure(state.sender_ranks[state.receiver_index], error);
+}
+
+void StageBoundary::discard_gradient(const std::optional<ShardTensor>& token) {
+  State& state = *state_;
+  std::optional<State::Awaited> awaited;
+  if (token) {
+    auto it = state.awaited.find(token->id());
+    if (it == state.awaited.end()) return;  // received already
+    awaited = it->second;
+    state.awaited.erase(it);
+  }
+  if (state.receive_status(state.receiver_ranks[state.sender_index]) || !awaited) return;
+  state.receive_pieces(awaited->shape, awaited->origin, awaited->dtype, awaited->device,
+                       stage_boxes(awaited->to, awaited->from), state.sender_index,
+                       state.receiver_ranks, gradients);
 }
 
 void StageBoundary::wait_sends() {

@@ -12,10 +12,18 @@
 // layouts (a few integers, on a tag of their own); the receiver keeps them for the transfers that
 // follow without, so a pipeline describes the layout once per step and the transfers of its
 // micro-batches move only data.
+//
+// Errors: every transfer starts with a status message, so a stage that fails (an op's error, a
+// bad loss) tells its neighbours instead of leaving them waiting: it sends its error in place of
+// each activation and gradient it owes (send_failure, answer_failure), still takes what it is
+// sent (discard_gradient, receive), and a receive or a gradient that brings an error throws it.
+// Every stage thus learns the error within the step (ops/nn/pipeline.cpp agrees on it at the end).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "core/shard_tensor.hpp"
@@ -30,13 +38,18 @@ struct StageTransferStats {
   double wait_seconds = 0;     ///< time blocked waiting for an activation or a gradient
 };
 
+/// The error that stopped a stage: what travels in place of its data.
+struct StageError {
+  std::string op, message;
+};
+
 /// The boundary between two stages as one of its ranks sees it (both ends make the same one).
 class StageBoundary {
  public:
   /// `world`: the communicator of the whole mesh; `sender_ranks[i]` (`receiver_ranks[i]`): the
   /// world rank of rank i of the sending (receiving) stage's mesh, meshes of the same shape;
-  /// `tag`: the first of the three message tags the boundary uses (activations, gradients,
-  /// layouts), distinct from every other boundary's between the same ranks.
+  /// `tag`: the first of the message tags the boundary uses (activations, gradients,
+  /// layouts, statuses: four), distinct from every other boundary's between the same ranks.
   StageBoundary(std::shared_ptr<Comm> world, std::vector<int> sender_ranks,
                 std::vector<int> receiver_ranks, int tag);
 
@@ -56,6 +69,20 @@ class StageBoundary {
   /// gradient reached x (its stage ignored it), sends zeros instead, since the sender waits for
   /// one.
   void finish_backward(const ShardTensor& x);
+
+  /// Sending stage, in place of send() when the stage failed: the receivers' receive() throws
+  /// `error`.
+  void send_failure(const StageError& error);
+
+  /// Receiving stage, in place of the backward of the micro-batch that received `x` (nullopt:
+  /// its receive brought an error) when the stage failed: unless x's gradient went back already,
+  /// sends `error` in its place.
+  void answer_failure(const std::optional<ShardTensor>& x, const StageError& error);
+
+  /// Sending stage, in place of the backward of a micro-batch whose send returned `token`
+  /// (nullopt: send_failure went instead) when the stage failed: takes the gradient transfer
+  /// the receivers owe (data or error) and drops it, unless it was received already.
+  void discard_gradient(const std::optional<ShardTensor>& token);
 
   /// Completes every posted send (their buffers live until then).
   void wait_sends();

@@ -63,9 +63,14 @@ PadDims resolve(const Shape& x, const OpAttrs& attrs) {
   check_arg(attrs.has("pad"), kOp, "missing required attribute 'pad'");
   const std::vector<int64_t>& pad = attrs.get_ints("pad");
   const int rank = static_cast<int>(x.size());
-  check_arg(!pad.empty() && pad.size() % 2 == 0 && pad.size() <= 6, kOp,
-            "attribute 'pad' = {}: expected 1, 2 or 3 (lo, hi) pairs, last dim first", pad);
+  check_arg(!pad.empty() && pad.size() % 2 == 0, kOp,
+            "attribute 'pad' = {}: expected (lo, hi) pairs, last dim first", pad);
   const int count = static_cast<int>(pad.size()) / 2;
+  // As PyTorch: constant pads any number of dims up to the input's; the others 1, 2 or 3.
+  check_arg(dims.mode == PadMode::constant || count <= 3, kOp,
+            "attribute 'pad' = {} with mode '{}': expected 1, 2 or 3 (lo, hi) pairs (more only "
+            "in mode constant)",
+            pad, mode);
   if (dims.mode == PadMode::constant) {
     check_arg(count <= rank, kOp,
               "attribute 'pad' = {}: pads {} dims of an input of shape {} with {} dims", pad, count,
@@ -193,37 +198,67 @@ OpRule pad_rule(const std::vector<ShardSpec>& inputs, const OpAttrs& attrs) {
   return rule;
 }
 
-/// The plan of a local piece: the haloed input covers global box `haloed`, the output `out`.
-PadPlan plan_of(const OpAttrs& attrs, const Shape& x_shape, const Box& haloed, const Box& out) {
-  const PadDims dims = resolve(x_shape, attrs);
+/// One kernel launch of a local pad: its plan and the shapes of the local piece before and after.
+struct PadPass {
   PadPlan plan;
-  plan.mode = dims.mode;
-  plan.value = dims.value;
-  plan.planes = 1;
-  for (int d = 0; d < dims.first; ++d) plan.planes *= haloed.hi[d] - haloed.lo[d];
+  Shape in_shape, out_shape;
+};
+
+/// The local pad of a piece whose haloed input covers global box `haloed` and output `out`, as
+/// launches of at most three padded dims each (the kernels' limit; only constant mode pads more,
+/// and constant padding of one dim never reads another, so the dims may be padded in turns). The
+/// first pass pads the last three padded dims; each later one the two padded dims before those
+/// already padded, which it folds into one unpadded innermost slot (an identity dim: lo 0, input
+/// and output the whole slot).
+std::vector<PadPass> passes_of(const OpAttrs& attrs, const Shape& x_shape, const Box& haloed,
+                               const Box& out) {
+  const PadDims dims = resolve(x_shape, attrs);
   const int count = static_cast<int>(dims.input.size());
-  for (int i = 0; i < count; ++i) {
-    const int dim = dims.first + i;
-    kernels::PadDim& pd = plan.dims[3 - count + i];
-    pd.in_lo = haloed.lo[dim];
-    pd.in = haloed.hi[dim] - pd.in_lo;
-    pd.out_lo = out.lo[dim];
-    pd.out = out.hi[dim] - pd.out_lo;
-    pd.length = dims.input[i];
-    pd.lo = dims.lo[i];
+  Shape current = haloed.shape();
+  std::vector<PadPass> passes;
+  for (int done = 0; done < count;) {
+    const int group = done == 0 ? std::min(count, 3) : std::min(count - done, 2);
+    const int first = dims.first + count - done - group;  // the group's first tensor dim
+    PadPass pass;
+    pass.in_shape = current;
+    PadPlan& plan = pass.plan;
+    plan.mode = dims.mode;
+    plan.value = dims.value;
+    plan.planes = 1;
+    for (int d = 0; d < first; ++d) plan.planes *= current[d];
+    const int slot0 = done == 0 ? 3 - group : 2 - group;
+    for (int g = 0; g < group; ++g) {
+      const int dim = first + g, i = dim - dims.first;
+      kernels::PadDim& pd = plan.dims[slot0 + g];
+      pd.in_lo = haloed.lo[dim];
+      pd.in = haloed.hi[dim] - pd.in_lo;
+      pd.out_lo = out.lo[dim];
+      pd.out = out.hi[dim] - pd.out_lo;
+      pd.length = dims.input[i];
+      pd.lo = dims.lo[i];
+      current[dim] = pd.out;
+    }
+    if (done > 0) {
+      int64_t folded = 1;
+      for (size_t d = static_cast<size_t>(first + group); d < current.size(); ++d)
+        folded *= current[d];
+      plan.dims[2] = {.in = folded, .out = folded, .out_lo = 0, .in_lo = 0, .length = folded};
+    }
+    pass.out_shape = current;
+    passes.push_back(pass);
+    done += group;
   }
-  return plan;
+  return passes;
 }
 
 KernelFn forward_kernel() {
   return [](const KernelContext& context, const std::vector<Tensor>& inputs) {
-    const PadPlan plan = plan_of(context.attrs, context.input_specs[0].global_shape,
-                                 context.input_boxes[0], context.output_boxes[0]);
-    const Shape y_shape = context.output_boxes[0].shape();
-    const Tensor& x = inputs[0];
-    return std::vector<Tensor>{x.device().is_cuda()
-                                   ? pad_forward_cuda(plan, x, y_shape, context.stream)
-                                   : pad_forward_cpu(plan, x, y_shape)};
+    Tensor y = inputs[0];
+    for (const PadPass& pass : passes_of(context.attrs, context.input_specs[0].global_shape,
+                                         context.input_boxes[0], context.output_boxes[0]))
+      y = y.device().is_cuda() ? pad_forward_cuda(pass.plan, y, pass.out_shape, context.stream)
+                               : pad_forward_cpu(pass.plan, y, pass.out_shape);
+    return std::vector<Tensor>{y};
   };
 }
 
@@ -231,12 +266,16 @@ BackwardFn backward() {
   return [](const OpRecord& record, const std::vector<std::optional<ShardTensor>>& grads) {
     return single_input_halo_backward(
         record, grads, [&](const Tensor& g_local, const Tensor& x_haloed, const Box& box) {
-          const PadPlan plan = plan_of(record.attrs, record.inputs[0].global_shape(), box,
-                                       record.outputs[0].local_box());
-          return x_haloed.device().is_cuda()
-                     ? pad_backward_cuda(plan, x_haloed.shape(), g_local,
-                                         compute_stream_for(x_haloed.device()))
-                     : pad_backward_cpu(plan, x_haloed.shape(), g_local);
+          const std::vector<PadPass> passes = passes_of(
+              record.attrs, record.inputs[0].global_shape(), box, record.outputs[0].local_box());
+          // The adjoint of the passes in reverse order.
+          Tensor g = g_local;
+          for (auto pass = passes.rbegin(); pass != passes.rend(); ++pass)
+            g = x_haloed.device().is_cuda()
+                    ? pad_backward_cuda(pass->plan, pass->in_shape, g,
+                                        compute_stream_for(x_haloed.device()))
+                    : pad_backward_cpu(pass->plan, pass->in_shape, g);
+          return g;
         });
   };
 }
@@ -252,7 +291,8 @@ void register_pad_ops() {
       .attrs = {{.name = "pad",
                  .type = AttrType::int_list,
                  .required = true,
-                 .doc = "(lo, hi) pairs, last dim first, at most 3 pairs; negative values crop"},
+                 .doc = "(lo, hi) pairs, last dim first (constant: up to x's rank; other modes: "
+                        "at most 3); negative values crop"},
                 {.name = "mode",
                  .type = AttrType::string,
                  .default_value = std::string("constant"),

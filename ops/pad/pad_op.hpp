@@ -12,7 +12,8 @@ namespace tessera::ops {
 
 /// Options of a padding.
 struct PadOptions {
-  /// (lo, hi) pairs in PyTorch's order: last dim first, at most three dims, no negative value.
+  /// (lo, hi) pairs in PyTorch's order: last dim first; constant mode pads up to every dim, the
+  /// other modes at most three. Negative values crop.
   std::vector<int64_t> pad{};
   /// constant | reflect | replicate | circular.
   std::string mode = "constant";

@@ -11,12 +11,15 @@
 // p = exp(s - lse) for the block it holds, adds dq += scale ds k, and adds into the block's
 // travelling dK, dV, which arrive back at their owner after P passes. Sums run in another order
 // than on one rank: sharded equals one rank within 1e-12 relative in f64, not bit for bit.
+// Estimate mode runs the same moves and passes on shape-only pieces (no payload, no kernel).
 #include "ops/ring_attention/ring_attention_op.hpp"
 
 #include <fmt/format.h>
 
 #include <cmath>
 #include <limits>
+#include <optional>
+#include <tuple>
 
 #include "core/autograd.hpp"
 #include "core/compute_threads.hpp"
@@ -25,6 +28,8 @@
 #include "core/parallel_for.hpp"
 #include "ops/op_costs.hpp"
 #include "ops/op_helpers.hpp"
+#include "ops/ring_attention/attention_cuda.hpp"
+#include "ops/ring_attention/zigzag_plan.hpp"
 
 namespace tessera::ops {
 
@@ -97,33 +102,121 @@ Attrs attrs_of(const OpAttrs& attrs, int64_t d) {
 }
 
 /// One rank's view of the ring: its communicator (null: the sequence is not sharded), its
-/// position, the K/V blocks' global offsets and extents along the sequence, its queries' offset.
+/// position, where the caller's layout keeps the query and key rows (`caller_*`, contiguous
+/// shards) and where the ring works on them (the zigzag assignment for causal attention, else
+/// the caller's own). The local rows of a rank are its segments' rows in order.
 struct Ring {
   std::shared_ptr<Comm> comm;
   int size = 1, rank = 0;
-  std::vector<int64_t> key_offsets, key_extents;
-  int64_t query_offset = 0;
+  SequenceAssignment caller_queries, caller_keys, queries, keys;
+  bool zigzag = false;
   int holder(int step) const { return ((rank - step) % size + size) % size; }
+  const std::vector<SequenceSegment>& own_queries() const {
+    return queries[static_cast<size_t>(rank)];
+  }
+  int64_t key_rows(int owner) const { return rows_of(keys[static_cast<size_t>(owner)]); }
 };
 
-Ring ring_of(const DeviceMesh& mesh, const ShardSpec& q, const Box& q_box, const ShardSpec& k) {
+Ring ring_of(const Attrs& a, const DeviceMesh& mesh, const ShardSpec& q, const Box& q_box,
+             const ShardSpec& k) {
   Ring ring;
-  ring.query_offset = q_box.lo[1];
   const int m = mesh_dim_sharding(q, 1);
   if (m < 0) {
-    ring.key_extents = {k.global_shape[1]};
-    ring.key_offsets = {0};
-    return ring;
+    ring.caller_queries = {{{q_box.lo[1], q_box.hi[1] - q_box.lo[1]}}};
+    ring.caller_keys = {{{0, k.global_shape[1]}}};
+  } else {
+    ring.comm = mesh.sub_comm({m});
+    ring.size = ring.comm->size();
+    ring.rank = ring.comm->rank();
+    ring.caller_queries = contiguous_assignment(q.extents[m]);
+    ring.caller_keys = contiguous_assignment(k.extents[m]);
   }
-  ring.comm = mesh.sub_comm({m});
-  ring.size = ring.comm->size();
-  ring.rank = ring.comm->rank();
-  ring.key_extents = k.extents[m];
-  ring.key_offsets = offsets_of(ring.key_extents);
+  ring.zigzag = use_zigzag(a.causal, ring.size);
+  ring.queries =
+      ring.zigzag ? zigzag_assignment(q.global_shape[1], ring.size) : ring.caller_queries;
+  ring.keys = ring.zigzag ? zigzag_assignment(k.global_shape[1], ring.size) : ring.caller_keys;
   return ring;
 }
 
-/// The local sizes every rank on the ring shares: batch, heads, D, Dv, and the query count.
+/// The box of `count` rows from `first` along dim 1 of a tensor of `shape` ([batch, rows, ...]).
+Box rows_box(const Shape& shape, int64_t first, int64_t count) {
+  Box box = Box::of_shape(shape);
+  box.lo[1] = first;
+  box.hi[1] = first + count;
+  return box;
+}
+
+/// `values` [batch, rows, ...] (this rank's rows of `source`, on any device) as this rank's rows
+/// of `target`: one all_to_all_v over the ring on the tensor's device, every rank packing the
+/// runs of row_moves for each peer in the order the peer unpacks them.
+Tensor move_rows(const Ring& ring, const SequenceAssignment& source,
+                 const SequenceAssignment& target, const Tensor& values) {
+  if (source == target) return values;
+  Shape shape = values.shape();
+  shape[1] = rows_of(target[static_cast<size_t>(ring.rank)]);
+  // Elements per moved row across the batch (a run packs as [batch, rows, ...]).
+  int64_t per_row = 1;
+  for (size_t d = 0; d < shape.size(); ++d)
+    if (d != 1) per_row *= shape[d];
+  const size_t peers = static_cast<size_t>(ring.size);
+  std::vector<size_t> send_counts(peers), send_displs(peers), recv_counts(peers),
+      recv_displs(peers);
+  size_t sent = 0, received = 0;
+  for (int peer = 0; peer < ring.size; ++peer) {
+    send_displs[static_cast<size_t>(peer)] = sent;
+    for (const RowMove& run : row_moves(source, target, ring.rank, peer))
+      sent += static_cast<size_t>(run.count * per_row);
+    send_counts[static_cast<size_t>(peer)] = sent - send_displs[static_cast<size_t>(peer)];
+    recv_displs[static_cast<size_t>(peer)] = received;
+    for (const RowMove& run : row_moves(source, target, peer, ring.rank))
+      received += static_cast<size_t>(run.count * per_row);
+    recv_counts[static_cast<size_t>(peer)] = received - recv_displs[static_cast<size_t>(peer)];
+  }
+  const size_t element = dtype_size(values.dtype());
+  Tensor send = Tensor::empty({static_cast<int64_t>(sent)}, values.dtype(), values.device());
+  Tensor incoming =
+      Tensor::empty({static_cast<int64_t>(received)}, values.dtype(), values.device());
+  Tensor moved = Tensor::empty(shape, values.dtype(), values.device());
+  // Estimate mode: the exchange is posted with no payload, nothing is packed.
+  const bool shape_only = values.is_shape_only();
+  if (!shape_only) {
+    char* packed = static_cast<char*>(send.raw_data());
+    for (int peer = 0; peer < ring.size; ++peer)
+      for (const RowMove& run : row_moves(source, target, ring.rank, peer)) {
+        values.pack_box(rows_box(values.shape(), run.from_row, run.count), packed);
+        packed += run.count * per_row * element;
+      }
+  }
+  ring.comm->all_to_all_v(send.comm_data(), send_counts, send_displs, incoming.comm_data(),
+                          recv_counts, recv_displs, values.dtype());
+  if (!shape_only) {
+    const char* next = static_cast<const char*>(incoming.raw_data());
+    for (int peer = 0; peer < ring.size; ++peer)
+      for (const RowMove& run : row_moves(source, target, peer, ring.rank)) {
+        moved.unpack_box(rows_box(shape, run.to_row, run.count), next);
+        next += run.count * per_row * element;
+      }
+  }
+  return moved;
+}
+
+/// Query rows between the caller's layout and the ring's.
+Tensor queries_to_ring(const Ring& ring, const Tensor& values) {
+  return move_rows(ring, ring.caller_queries, ring.queries, values.contiguous());
+}
+Tensor queries_from_ring(const Ring& ring, const Tensor& values) {
+  return move_rows(ring, ring.queries, ring.caller_queries, values.contiguous());
+}
+/// Key (or value) rows between the caller's layout and the ring's.
+Tensor keys_to_ring(const Ring& ring, const Tensor& values) {
+  return move_rows(ring, ring.caller_keys, ring.keys, values.contiguous());
+}
+Tensor keys_from_ring(const Ring& ring, const Tensor& values) {
+  return move_rows(ring, ring.keys, ring.caller_keys, values.contiguous());
+}
+
+/// The local sizes every rank on the ring shares: batch, heads, D, Dv, and the query count
+/// (this rank's rows in the ring's assignment).
 struct Dims {
   int64_t b, sq, h, d, dv;
 };
@@ -137,7 +230,7 @@ std::unique_ptr<P2PBatch> start_pass(const Ring& ring, int step,
                                      const std::vector<int64_t>& per_key) {
   if (!ring.comm || ring.size == 1) return nullptr;
   const int to = (ring.rank + 1) % ring.size, from = (ring.rank - 1 + ring.size) % ring.size;
-  const int64_t incoming = ring.key_extents[ring.holder(step + 1)];
+  const int64_t incoming = ring.key_rows(ring.holder(step + 1));
   std::vector<P2POp> ops;
   for (size_t i = 0; i < held.size(); ++i) {
     next[i]->assign(static_cast<size_t>(incoming * per_key[i]), 0.0);
@@ -149,26 +242,6 @@ std::unique_ptr<P2PBatch> start_pass(const Ring& ring, int step,
                                 static_cast<int>(i)));
   }
   return ring.comm->start_send_recv(ops);
-}
-
-/// Estimate mode (core/estimate/real_data.hpp): the messages of `steps` passes around the ring
-/// (start_pass's, block i of per_key[i] doubles per key), posted with no payload and waited on
-/// at once, since there is nothing to compute in between.
-void estimated_passes(const Ring& ring, int steps, const std::vector<int64_t>& per_key) {
-  if (!ring.comm || ring.size == 1) return;
-  const int to = (ring.rank + 1) % ring.size, from = (ring.rank - 1 + ring.size) % ring.size;
-  for (int step = 0; step < steps; ++step) {
-    const int64_t held = ring.key_extents[ring.holder(step)];
-    const int64_t incoming = ring.key_extents[ring.holder(step + 1)];
-    std::vector<P2POp> ops;
-    for (size_t i = 0; i < per_key.size(); ++i) {
-      const size_t sent = static_cast<size_t>(held * per_key[i]) * sizeof(double);
-      const size_t received = static_cast<size_t>(incoming * per_key[i]) * sizeof(double);
-      if (sent > 0) ops.push_back(P2POp::send(nullptr, sent, to, static_cast<int>(i)));
-      if (received > 0) ops.push_back(P2POp::recv(nullptr, received, from, static_cast<int>(i)));
-    }
-    ring.comm->start_send_recv(ops)->wait();
-  }
 }
 
 std::vector<double> to_doubles(const Tensor& t) {
@@ -197,66 +270,83 @@ void for_pairs(const Dims& n, Body&& body) {
   });
 }
 
-/// Whether query global index `i` may see key global index `j`.
-bool visible(const Attrs& a, int64_t i, int64_t j) {
-  return !a.causal || j <= i;
+/// Whether any query of `queries` sees any key of `keys` (blocks with nothing visible, those
+/// entirely above a causal diagonal, are skipped).
+bool block_has_work(const Attrs& a, const std::vector<SequenceSegment>& queries,
+                    const std::vector<SequenceSegment>& keys) {
+  for (const SequenceSegment& q : queries)
+    for (const SequenceSegment& k : keys)
+      if (q.extent > 0 && visible_keys(a.causal, q.offset + q.extent - 1, k) > 0) return true;
+  return false;
 }
 
-/// Whether a causal block of keys [k0, k0 + sk) is entirely above the diagonal of the queries
-/// [q0, q0 + sq) (nothing visible).
-bool hidden_block(const Attrs& a, int64_t q0, int64_t sq, int64_t k0, int64_t sk) {
-  return sk == 0 || sq == 0 || (a.causal && k0 > q0 + sq - 1);
+/// Calls body(i, gi) for every local query row i of the ring's assignment with its global index.
+template <typename Body>
+void for_queries(const Ring& ring, Body&& body) {
+  int64_t i = 0;
+  for (const SequenceSegment& segment : ring.own_queries())
+    for (int64_t gi = segment.offset; gi < segment.offset + segment.extent; ++gi, ++i) body(i, gi);
 }
 
-/// The forward on one rank: o [b, sq, h, dv] and lse [b, sq, h] (f64).
+/// Calls body(j) for every local key row j of `keys` that the query at global index gi sees:
+/// per key segment a prefix (all of it, part of it on the diagonal, or none).
+template <typename Body>
+void for_visible_keys(const Attrs& a, int64_t gi, const std::vector<SequenceSegment>& keys,
+                      Body&& body) {
+  int64_t first = 0;
+  for (const SequenceSegment& segment : keys) {
+    const int64_t seen = visible_keys(a.causal, gi, segment);
+    for (int64_t j = first; j < first + seen; ++j) body(j);
+    first += segment.extent;
+  }
+}
+
+/// The forward on one rank (ring layout): o [b, sq, h, dv] and lse [b, sq, h] (f64).
 std::pair<std::vector<double>, std::vector<double>> ring_forward(const Attrs& a, const Ring& ring,
                                                                  const Dims& n,
                                                                  const std::vector<double>& q,
                                                                  std::vector<double> k,
                                                                  std::vector<double> v) {
+  constexpr double kNone = -std::numeric_limits<double>::infinity();
   const int64_t rows = n.b * n.sq * n.h;
-  std::vector<double> peak(rows, -std::numeric_limits<double>::infinity()), total(rows, 0.0),
-      acc(rows * n.dv, 0.0);
+  std::vector<double> peak(rows, kNone), total(rows, 0.0), acc(rows * n.dv, 0.0);
   std::vector<double> next_k, next_v;
   for (int step = 0; step < ring.size; ++step) {
     const int holder = ring.holder(step);
-    const int64_t sk = ring.key_extents[holder], k0 = ring.key_offsets[holder];
+    const std::vector<SequenceSegment>& keys = ring.keys[static_cast<size_t>(holder)];
+    const int64_t sk = ring.key_rows(holder);
     // The block moves on while this rank computes with it.
     std::unique_ptr<P2PBatch> pass;
     if (step + 1 < ring.size)
       pass =
           start_pass(ring, step, {&k, &v}, {&next_k, &next_v}, {n.b * n.h * n.d, n.b * n.h * n.dv});
-    if (!hidden_block(a, ring.query_offset, n.sq, k0, sk)) {
+    if (block_has_work(a, ring.own_queries(), keys)) {
       for_pairs(n, [&](int64_t bb, int64_t hh) {
         std::vector<double> scores(static_cast<size_t>(sk));
-        for (int64_t i = 0; i < n.sq; ++i) {
+        for_queries(ring, [&](int64_t i, int64_t gi) {
           const int64_t row = (bb * n.sq + i) * n.h + hh;
           const double* qi = q.data() + row * n.d;
-          const int64_t gi = ring.query_offset + i;
-          double block_max = -std::numeric_limits<double>::infinity();
-          for (int64_t j = 0; j < sk; ++j) {
-            if (!visible(a, gi, k0 + j)) {
-              scores[j] = -std::numeric_limits<double>::infinity();
-              continue;
-            }
+          std::fill(scores.begin(), scores.end(), kNone);
+          double block_max = kNone;
+          for_visible_keys(a, gi, keys, [&](int64_t j) {
             scores[j] = a.scale * dot(qi, k.data() + ((bb * sk + j) * n.h + hh) * n.d, n.d);
             block_max = std::max(block_max, scores[j]);
-          }
-          if (block_max == -std::numeric_limits<double>::infinity()) continue;
+          });
+          if (block_max == kNone) return;
           const double updated = std::max(peak[row], block_max);
           const double carry = std::exp(peak[row] - updated);  // 0 for the first block
           double* out = acc.data() + row * n.dv;
           total[row] *= carry;
           for (int64_t e = 0; e < n.dv; ++e) out[e] *= carry;
           for (int64_t j = 0; j < sk; ++j) {
-            if (scores[j] == -std::numeric_limits<double>::infinity()) continue;
+            if (scores[j] == kNone) continue;
             const double p = std::exp(scores[j] - updated);
             total[row] += p;
             const double* vj = v.data() + ((bb * sk + j) * n.h + hh) * n.dv;
             for (int64_t e = 0; e < n.dv; ++e) out[e] += p * vj[e];
           }
           peak[row] = updated;
-        }
+        });
       });
     }
     if (pass) {
@@ -275,7 +365,8 @@ std::pair<std::vector<double>, std::vector<double>> ring_forward(const Attrs& a,
   return {acc, lse};
 }
 
-/// The gradients of q, k, v on one rank from o, lse and their gradients (glse may be empty).
+/// The gradients of q, k, v on one rank (ring layout) from o, lse and their gradients (glse may
+/// be empty).
 std::vector<std::vector<double>> ring_backward(const Attrs& a, const Ring& ring, const Dims& n,
                                                const std::vector<double>& q, std::vector<double> k,
                                                std::vector<double> v, const std::vector<double>& o,
@@ -291,17 +382,17 @@ std::vector<std::vector<double>> ring_backward(const Attrs& a, const Ring& ring,
   std::vector<double> next_k, next_v, next_dk, next_dv;
   for (int step = 0; step < ring.size; ++step) {
     const int holder = ring.holder(step);
-    const int64_t sk = ring.key_extents[holder], k0 = ring.key_offsets[holder];
-    if (!hidden_block(a, ring.query_offset, n.sq, k0, sk)) {
+    const std::vector<SequenceSegment>& keys = ring.keys[static_cast<size_t>(holder)];
+    const int64_t sk = ring.key_rows(holder);
+    if (block_has_work(a, ring.own_queries(), keys)) {
       for_pairs(n, [&](int64_t bb, int64_t hh) {
-        for (int64_t i = 0; i < n.sq; ++i) {
+        for_queries(ring, [&](int64_t i, int64_t gi) {
           const int64_t row = (bb * n.sq + i) * n.h + hh;
-          if (lse[row] == -std::numeric_limits<double>::infinity()) continue;  // no key seen
+          if (lse[row] == -std::numeric_limits<double>::infinity()) return;  // no key seen
           const double* qi = q.data() + row * n.d;
           const double* goi = go.data() + row * n.dv;
           double* dqi = dq.data() + row * n.d;
-          for (int64_t j = 0; j < sk; ++j) {
-            if (!visible(a, ring.query_offset + i, k0 + j)) continue;
+          for_visible_keys(a, gi, keys, [&](int64_t j) {
             const int64_t key = (bb * sk + j) * n.h + hh;
             const double* kj = k.data() + key * n.d;
             const double* vj = v.data() + key * n.dv;
@@ -314,8 +405,8 @@ std::vector<std::vector<double>> ring_backward(const Attrs& a, const Ring& ring,
               dkj[e] += a.scale * ds * qi[e];
             }
             for (int64_t e = 0; e < n.dv; ++e) dvj[e] += p * goi[e];
-          }
-        }
+          });
+        });
       });
     }
     // The block and its gradients move on; after the last pass each rank holds its own.
@@ -332,11 +423,208 @@ std::vector<std::vector<double>> ring_backward(const Attrs& a, const Ring& ring,
   return {dq, dk, dv};
 }
 
-Dims dims_of(const Shape& q_local, const Shape& v_local) {
-  return {q_local[0], q_local[1], q_local[2], q_local[3], v_local[3]};
+/// The ring's sizes from the caller's local q and v shapes.
+Dims dims_of(const Ring& ring, const Shape& q_local, const Shape& v_local) {
+  return {q_local[0], rows_of(ring.own_queries()), q_local[2], q_local[3], v_local[3]};
+}
+
+/// The position runs of a rank's segments for the device kernels (at most two: a contiguous
+/// shard or the zigzag assignment's two chunks).
+kernels::PositionRuns runs_of(const std::vector<SequenceSegment>& segments) {
+  check_arg(segments.size() <= 2, kOp, "internal: {} sequence segments on one rank",
+            segments.size());
+  kernels::PositionRuns runs;
+  for (const SequenceSegment& segment : segments) {
+    runs.offset[runs.count] = segment.offset;
+    runs.extent[runs.count] = segment.extent;
+    ++runs.count;
+  }
+  return runs;
+}
+
+/// This rank's queries against the block of ring rank `holder`, for the device kernels.
+kernels::AttentionBlock block_of(const Attrs& a, const Ring& ring, const Dims& n, int holder) {
+  return {.batch = n.b,
+          .heads = n.h,
+          .d = n.d,
+          .dv = n.dv,
+          .queries = n.sq,
+          .keys = ring.key_rows(holder),
+          .query_runs = runs_of(ring.own_queries()),
+          .key_runs = runs_of(ring.keys[static_cast<size_t>(holder)]),
+          .scale = a.scale,
+          .causal = a.causal};
+}
+
+/// start_pass for tensors on any device: `held` [b, rows, ...] goes to rank + 1 while `next`
+/// receives the blocks of holder(step + 1) (null when there is no ring to pass along).
+std::unique_ptr<P2PBatch> start_tensor_pass(const Ring& ring, int step,
+                                            const std::vector<const Tensor*>& held,
+                                            std::vector<Tensor>& next) {
+  if (!ring.comm || ring.size == 1) return nullptr;
+  const int to = (ring.rank + 1) % ring.size, from = (ring.rank - 1 + ring.size) % ring.size;
+  next.clear();
+  std::vector<P2POp> ops;
+  for (size_t i = 0; i < held.size(); ++i) {
+    Shape shape = held[i]->shape();
+    shape[1] = ring.key_rows(ring.holder(step + 1));
+    next.push_back(Tensor::empty(shape, held[i]->dtype(), held[i]->device()));
+    if (held[i]->numel() > 0)
+      ops.push_back(P2POp::send(held[i]->comm_data(), held[i]->nbytes(), to, static_cast<int>(i)));
+    if (next.back().numel() > 0)
+      ops.push_back(
+          P2POp::recv(next.back().comm_data(), next.back().nbytes(), from, static_cast<int>(i)));
+  }
+  return ring.comm->start_send_recv(ops);
+}
+
+/// ring_forward on cuda tensors (ring layout): the block kernels, the blocks passed on the
+/// device while the kernel runs.
+std::pair<Tensor, Tensor> ring_forward_cuda(const Attrs& a, const Ring& ring, const Dims& n,
+                                            const Tensor& q, Tensor k, Tensor v) {
+  const Stream stream = compute_stream_for(q.device());
+  AttentionState state =
+      attention_state_cuda(n.b * n.sq * n.h, n.dv, q.dtype(), q.device(), stream);
+  std::vector<Tensor> next;
+  for (int step = 0; step < ring.size; ++step) {
+    const int holder = ring.holder(step);
+    std::unique_ptr<P2PBatch> pass;
+    if (step + 1 < ring.size) pass = start_tensor_pass(ring, step, {&k, &v}, next);
+    if (block_has_work(a, ring.own_queries(), ring.keys[static_cast<size_t>(holder)]))
+      attention_forward_block_cuda(block_of(a, ring, n, holder), q, k, v, state, stream);
+    if (pass) {
+      pass->wait();
+      k = next[0];
+      v = next[1];
+    }
+  }
+  return attention_finish_cuda(state, {n.b, n.sq, n.h, n.dv}, {n.b, n.sq, n.h}, q.dtype(), stream);
+}
+
+/// ring_backward on cuda tensors (ring layout): dK and dV travel with their block in the
+/// accumulation dtype and arrive back at their owner after P passes.
+std::vector<Tensor> ring_backward_cuda(const Attrs& a, const Ring& ring, const Dims& n,
+                                       const Tensor& q, Tensor k, Tensor v, const Tensor& o,
+                                       const Tensor& lse, const Tensor& go, const Tensor* glse) {
+  const Stream stream = compute_stream_for(q.device());
+  const auto [delta, lse_acc] = attention_backward_prepare_cuda(o, go, lse, glse, stream);
+  const DType acc = attention_accumulation_dtype(q.dtype());
+  Tensor dq = Tensor::zeros(q.shape(), acc, q.device());
+  Tensor dk = Tensor::zeros(k.shape(), acc, k.device());
+  Tensor dv = Tensor::zeros(v.shape(), acc, v.device());
+  std::vector<Tensor> next;
+  for (int step = 0; step < ring.size; ++step) {
+    const int holder = ring.holder(step);
+    if (block_has_work(a, ring.own_queries(), ring.keys[static_cast<size_t>(holder)]))
+      attention_backward_block_cuda(block_of(a, ring, n, holder), q, k, v, go, lse_acc, delta, dq,
+                                    dk, dv, stream);
+    if (std::unique_ptr<P2PBatch> pass = start_tensor_pass(ring, step, {&k, &v, &dk, &dv}, next)) {
+      pass->wait();
+      k = next[0];
+      v = next[1];
+      dk = next[2];
+      dv = next[3];
+    }
+  }
+  return {dq.to_dtype(q.dtype()), dk.to_dtype(q.dtype()), dv.to_dtype(q.dtype())};
+}
+
+/// Estimate mode: `steps` passes of the shape-only blocks `held` around the ring (each waited on
+/// at once: there is nothing to compute in between), no payload moved.
+void estimated_passes(const Ring& ring, int steps, std::vector<Tensor> held) {
+  std::vector<Tensor> next;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<const Tensor*> blocks;
+    for (const Tensor& block : held) blocks.push_back(&block);
+    if (std::unique_ptr<P2PBatch> pass = start_tensor_pass(ring, step, blocks, next)) {
+      pass->wait();
+      held = next;
+    }
+  }
+}
+
+/// The dtype a ring pass sends the blocks of `dtype` in: the cpu ring passes f64 vectors, the
+/// cuda ring the tensors themselves.
+DType block_dtype(const Device& device, DType dtype) {
+  return device.is_cuda() ? dtype : DType::f64;
+}
+
+/// o and lse of the caller's local q, k, v, in the caller's layout: the rows move to the ring's
+/// assignment, the ring runs (cuda kernels for cuda tensors, else f64 on the cpu), o and lse
+/// move back.
+std::pair<Tensor, Tensor> attention_forward(const Attrs& a, const Ring& ring, const Dims& n,
+                                            const Tensor& q, const Tensor& k, const Tensor& v) {
+  const Tensor qr = queries_to_ring(ring, q), kr = keys_to_ring(ring, k),
+               vr = keys_to_ring(ring, v.to_dtype(q.dtype()));
+  Tensor o, lse;
+  if (estimate::active()) {  // the forward's P - 1 passes of the k and v blocks, no kernel
+    const DType block = block_dtype(q.device(), q.dtype());
+    estimated_passes(ring, ring.size - 1, {kr.to_dtype(block), vr.to_dtype(block)});
+    o = Tensor::empty({n.b, n.sq, n.h, n.dv}, q.dtype(), q.device());
+    lse = Tensor::empty({n.b, n.sq, n.h}, q.dtype(), q.device());
+  } else if (q.device().is_cuda()) {
+    std::tie(o, lse) = ring_forward_cuda(a, ring, n, qr, kr.to_dtype(q.dtype()), vr);
+  } else {
+    auto [o_values, lse_values] =
+        ring_forward(a, ring, n, to_doubles(qr), to_doubles(kr), to_doubles(vr));
+    o = from_doubles(o_values, {n.b, n.sq, n.h, n.dv}, q.dtype());
+    lse = from_doubles(lse_values, {n.b, n.sq, n.h}, q.dtype());
+  }
+  return {queries_from_ring(ring, o), queries_from_ring(ring, lse)};
+}
+
+/// dq, dk, dv in the caller's layout from the caller's local tensors (glse: null when lse has no
+/// gradient; decided alike on every rank, since a rank with no queries holds no values either).
+std::vector<Tensor> attention_backward(const Attrs& a, const Ring& ring, const Dims& n,
+                                       const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const Tensor& o, const Tensor& lse, const Tensor& go,
+                                       const Tensor* glse) {
+  const DType dtype = q.dtype();
+  const Tensor qr = queries_to_ring(ring, q), kr = keys_to_ring(ring, k.to_dtype(dtype)),
+               vr = keys_to_ring(ring, v.to_dtype(dtype)), or_ = queries_to_ring(ring, o),
+               lr = queries_to_ring(ring, lse), gr = queries_to_ring(ring, go.to_dtype(dtype));
+  const std::optional<Tensor> glr =
+      glse ? std::optional<Tensor>(queries_to_ring(ring, glse->to_dtype(dtype))) : std::nullopt;
+  std::vector<Tensor> d;
+  if (estimate::active()) {  // the backward's P passes of k, v and their gradients, no kernel
+    const DType block = block_dtype(q.device(), dtype);
+    const DType gradient = block_dtype(q.device(), attention_accumulation_dtype(dtype));
+    estimated_passes(
+        ring, ring.size,
+        {kr.to_dtype(block), vr.to_dtype(block), Tensor::empty(kr.shape(), gradient, kr.device()),
+         Tensor::empty(vr.shape(), gradient, vr.device())});
+    d = {Tensor::empty(qr.shape(), dtype, qr.device()),
+         Tensor::empty(kr.shape(), dtype, kr.device()),
+         Tensor::empty(vr.shape(), dtype, vr.device())};
+  } else if (q.device().is_cuda()) {
+    d = ring_backward_cuda(a, ring, n, qr, kr, vr, or_, lr, gr, glr ? &*glr : nullptr);
+  } else {
+    const auto values = ring_backward(a, ring, n, to_doubles(qr), to_doubles(kr), to_doubles(vr),
+                                      to_doubles(or_), to_doubles(lr), to_doubles(gr),
+                                      glr ? to_doubles(*glr) : std::vector<double>{});
+    d = {from_doubles(values[0], qr.shape(), dtype), from_doubles(values[1], kr.shape(), dtype),
+         from_doubles(values[2], vr.shape(), dtype)};
+  }
+  return {queries_from_ring(ring, d[0]), keys_from_ring(ring, d[1]).to_dtype(k.dtype()),
+          keys_from_ring(ring, d[2]).to_dtype(v.dtype())};
+}
+
+/// The forward of the op on one rank's pieces (any device).
+std::vector<Tensor> forward_kernel(const KernelContext& context,
+                                   const std::vector<Tensor>& inputs) {
+  const Attrs a = attrs_of(context.attrs, context.input_specs[0].global_shape[3]);
+  const Ring ring = ring_of(a, context.mesh, context.input_specs[0], context.input_boxes[0],
+                            context.input_specs[1]);
+  const Dims n = dims_of(ring, inputs[0].shape(), inputs[2].shape());
+  auto [o, lse] = attention_forward(a, ring, n, inputs[0], inputs[1], inputs[2]);
+  return {o, lse};
 }
 
 }  // namespace
+
+DType attention_accumulation_dtype(DType dtype) {
+  return dtype == DType::f64 ? DType::f64 : DType::f32;
+}
 
 void register_ring_attention_ops() {
   RuleFn rule = [](const std::vector<ShardSpec>& inputs, const OpAttrs& attrs) {
@@ -358,20 +646,7 @@ void register_ring_attention_ops() {
   };
   KernelFn cpu = [](const KernelContext& context, const std::vector<Tensor>& inputs) {
     for (const Tensor& input : inputs) require_floating_cpu(input, kOp);
-    const Attrs a = attrs_of(context.attrs, context.input_specs[0].global_shape[3]);
-    const Ring ring = ring_of(context.mesh, context.input_specs[0], context.input_boxes[0],
-                              context.input_specs[1]);
-    const Dims n = dims_of(inputs[0].shape(), inputs[2].shape());
-    const DType dtype = inputs[0].dtype();
-    if (estimate::active()) {  // the blocks' passes of the forward (all but the last step)
-      estimated_passes(ring, ring.size - 1, {n.b * n.h * n.d, n.b * n.h * n.dv});
-      return std::vector<Tensor>{Tensor::empty({n.b, n.sq, n.h, n.dv}, dtype),
-                                 Tensor::empty({n.b, n.sq, n.h}, dtype)};
-    }
-    auto [o, lse] = ring_forward(a, ring, n, to_doubles(inputs[0]), to_doubles(inputs[1]),
-                                 to_doubles(inputs[2]));
-    return std::vector<Tensor>{from_doubles(o, {n.b, n.sq, n.h, n.dv}, dtype),
-                               from_doubles(lse, {n.b, n.sq, n.h}, dtype)};
+    return forward_kernel(context, inputs);
   };
   BackwardFn backward = [](const OpRecord& record,
                            const std::vector<std::optional<ShardTensor>>& grads)
@@ -381,37 +656,25 @@ void register_ring_attention_ops() {
     const ShardTensor& v = record.inputs[2];
     const ShardTensor& o = record.outputs[0];
     const ShardTensor& lse = record.outputs[1];
-    auto local_grad = [&](size_t index, const ShardTensor& like) -> std::vector<double> {
-      if (!grads[index]) return {};
+    auto local_grad = [&](size_t index, const ShardTensor& like) -> std::optional<Tensor> {
+      if (!grads[index]) return std::nullopt;
       const ShardTensor g =
           grads[index]->spec() == like.spec()
               ? *grads[index]
               : grads[index]->redistribute(like.placements(), like.spec().extents);
-      if (g.to_local().is_shape_only()) return {};  // estimate mode: the layout moved, no values
-      return to_doubles(g.to_local());
+      return g.to_local();
     };
-    if (estimate::active()) {  // the same redistributes and passes, shape-only gradients
-      local_grad(0, o);
-      const Ring ring = ring_of(q.mesh(), q.spec(), q.local_box(), k.spec());
-      local_grad(1, lse);
-      const Dims n = dims_of(q.to_local().shape(), v.to_local().shape());
-      estimated_passes(ring, ring.size,
-                       {n.b * n.h * n.d, n.b * n.h * n.dv, n.b * n.h * n.d, n.b * n.h * n.dv});
-      return {ShardTensor(Tensor::empty(q.to_local().shape(), q.dtype()), q.mesh(), q.spec()),
-              ShardTensor(Tensor::empty(k.to_local().shape(), k.dtype()), k.mesh(), k.spec()),
-              ShardTensor(Tensor::empty(v.to_local().shape(), v.dtype()), v.mesh(), v.spec())};
-    }
-    std::vector<double> go = local_grad(0, o);
-    const Dims n = dims_of(q.to_local().shape(), v.to_local().shape());
-    if (go.empty()) go.assign(static_cast<size_t>(n.b * n.sq * n.h * n.dv), 0.0);
     const Attrs a = attrs_of(record.attrs, q.global_shape()[3]);
-    const Ring ring = ring_of(q.mesh(), q.spec(), q.local_box(), k.spec());
-    const auto d = ring_backward(a, ring, n, to_doubles(q.to_local()), to_doubles(k.to_local()),
-                                 to_doubles(v.to_local()), to_doubles(o.to_local()),
-                                 to_doubles(lse.to_local()), go, local_grad(1, lse));
-    return {ShardTensor(from_doubles(d[0], q.to_local().shape(), q.dtype()), q.mesh(), q.spec()),
-            ShardTensor(from_doubles(d[1], k.to_local().shape(), k.dtype()), k.mesh(), k.spec()),
-            ShardTensor(from_doubles(d[2], v.to_local().shape(), v.dtype()), v.mesh(), v.spec())};
+    const Ring ring = ring_of(a, q.mesh(), q.spec(), q.local_box(), k.spec());
+    const Dims n = dims_of(ring, q.to_local().shape(), v.to_local().shape());
+    const std::optional<Tensor> go = local_grad(0, o), glse = local_grad(1, lse);
+    const Tensor& o_local = o.to_local();
+    const auto d = attention_backward(
+        a, ring, n, q.to_local(), k.to_local(), v.to_local(), o_local, lse.to_local(),
+        go ? *go : Tensor::zeros(o_local.shape(), o_local.dtype(), o_local.device()),
+        glse ? &*glse : nullptr);
+    return {ShardTensor(d[0], q.mesh(), q.spec()), ShardTensor(d[1], k.mesh(), k.spec()),
+            ShardTensor(d[2], v.mesh(), v.spec())};
   };
   register_op(OpDef{.name = kOp,
                     .summary = "softmax(scale q k^T) v of q, k, v [B, S, heads, D] with the "
@@ -427,9 +690,11 @@ void register_ring_attention_ops() {
                                .doc = "the scores' factor (unset: 1/sqrt(D))"}},
                     .rule = std::move(rule),
                     .cpu = std::move(cpu),
+                    .cuda = forward_kernel,
                     .backward = std::move(backward),
                     .cost = attention_cost});
-  // The kernel passes the key and value blocks around the ring of ranks sharding the sequence.
+  // The kernel moves rows to the zigzag assignment and passes the key and value blocks around
+  // the ring of ranks sharding the sequence: in estimate mode it posts those messages.
   estimate::run_kernel_in_estimate_mode(kOp);
 }
 

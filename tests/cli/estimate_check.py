@@ -4,7 +4,7 @@
 # that the same trace replays on; a command estimated on simulated ranks predicts what its real
 # run's trace predicts, and --scaling makes strong and weak tables and a plot; bad input (unknown cluster, malformed or missing trace or
 # machine file, missing options) exits 2 with one line. Commands recorded on 4 simulated ranks
-# (run-op of several op families, pipelined and tensor-parallel training) record exactly the
+# (run-op of several op families, the demo, pipelined and tensor-parallel training) record exactly the
 # events of their real traced 4-rank runs and write no file; commands estimate mode does not run
 # are refused in one line.
 # Usage: estimate_check.py TESSERA_BINARY SCRATCH_DIR [--no-calibrate]
@@ -202,9 +202,10 @@ def op_input(name, **arrays):
 
 x = rng.standard_normal((2, 3, 13, 11))
 qkv = {name: rng.standard_normal((2, 13, 2, 4)) for name in ("q", "k", "v", "go")}
-na_qkv = {name: rng.standard_normal((1, 13, 11, 2, 4)) for name in ("q", "k", "v")}
+na_qkv = {name: rng.standard_normal((1, 13, 11, 2, 4)) for name in ("q", "k", "v", "go")}
+na_qkv["rpb"] = rng.standard_normal((2, 9, 5))
 grid = ["--mesh", "2x2", "--shard-dims", "2,3"]
-for op, inputs, args in [
+for label, inputs, args in [
         ("max_pool", op_input("pool", x=x, gy=rng.standard_normal((2, 3, 6, 5))),
          ["--attr", "kernel_size=2,2", *grid, "--backward"]),
         ("interpolate", op_input("interpolate", x=x, gy=rng.standard_normal((2, 3, 26, 22))),
@@ -213,15 +214,27 @@ for op, inputs, args in [
         ("layer_norm", op_input("layer_norm", x=x, w=rng.standard_normal((13, 11)),
                                 b=rng.standard_normal((13, 11)), gy=x),
          ["--attr", "normalized_ndim=2", *grid, "--backward"]),
-        ("attention", op_input("attention", **qkv),
+        # causal: the rows move to the zigzag assignment and back (all_to_all_v) around the ring
+        ("attention causal", op_input("attention", **qkv),
          ["--attr", "causal=1", "--mesh", "4", "--shard-dims", "1", "--backward"]),
-        ("na", op_input("na", **na_qkv), ["--kernel-size", "5,3", "--mesh", "2x2", "--shard-dims", "1,2"]),
+        ("attention", op_input("attention", **qkv), ["--mesh", "4", "--shard-dims", "1", "--backward"]),
+        # f32: the cpu ring passes its blocks as f64
+        ("attention causal f32", op_input("attention", **qkv),
+         ["--attr", "causal=1", "--mesh", "4", "--shard-dims", "1", "--backward", "--dtype", "f32"]),
+        ("na", op_input("na", **na_qkv),
+         ["--kernel-size", "5,3", "--mesh", "2x2", "--shard-dims", "1,2", "--backward"]),
         ("pad", op_input("pad", x=x, gy=rng.standard_normal((2, 3, 17, 13))),
          ["--attr", "pad=1,1,2,2", "--attr", "mode=reflect", *grid, "--backward"]),
         ("conv", op_input("conv", x=x, w=rng.standard_normal((4, 3, 3, 3)), b=rng.standard_normal(4),
                           gy=rng.standard_normal((2, 4, 13, 11))),
          ["--padding", "1", *grid, "--backward"])]:
-    expect_recorded_as_real(f"run-op {op}", ["run-op", op, "--in", inputs, *args], ops_dir, f"{op}_out.h5")
+    op = label.split()[0]
+    expect_recorded_as_real(f"run-op {label}", ["run-op", op, "--in", inputs, *args], ops_dir,
+                            label.replace(" ", "_") + "_out.h5")
+
+# The demo (layout tour, conv network step, neighborhood attention forward and backward, training,
+# each against one rank) on its 2x2 mesh.
+expect_recorded_as_real("demo", ["demo", "--shape", "16,14,12"], ops_dir, None)
 
 # Pipelined training (stage transfers over the simulated communicator) and tensor parallelism,
 # on the training fixtures of train_mp_check.py: pp 2 x dp 2, pp 2 x domain 2, pp 2 x tp 2.

@@ -5,14 +5,18 @@
 # between). Each layout trains 10 steps in f64 (SGD with momentum) and must give the 1-rank run's
 # losses within 1e-10 relative, and through --save-model the 1-rank run's trained initializers
 # (same names, within 1e-10 relative): PP with 2 stages under gpipe, 1f1b and interleaved, with and
-# without --dp 2; --tp 2 on both nets; --tp 2 --dp 2; --pp 2 --tp 2. The MLP's 1-rank losses equal
-# PyTorch's within 1e-8. --json reports the pp/tp figures; bad input is one error line, exit 2.
+# without --dp 2; --tp 2 on both nets; --tp 2 --dp 2; --pp 2 --tp 2; --parallel fsdp|hybrid with
+# --pp and --tp. The MLP's 1-rank losses equal PyTorch's within 1e-8. bf16 with pp/tp tracks one
+# rank's bf16 run; --resume with --pp continues bit for bit; --json reports the pp/tp figures;
+# bench train --tp reports the tp bytes; bad input (an op failing inside a stage included) is one
+# error line, exit 2.
 # Multi-rank runs use local ranks, or the launcher in TESSERA_LAUNCH with "{n}" standing for the
 # rank count (e.g. "mpiexec -n {n}").
 # Usage: train_mp_check.py TESSERA_BINARY FIXTURE_DIR SCRATCH_DIR
 import json
 import os
 import shlex
+import shutil
 import sys
 
 import h5py
@@ -53,10 +57,10 @@ def launcher(ranks):
     return shlex.split(launch_template.replace("{n}", str(ranks)))
 
 
-def train(model, data, args, ranks, expect_code=0):
+def train(model, data, args, ranks, expect_code=0, dtype="f64", steps=10):
     return run_cli(launcher(ranks) + [tessera, "train", "--model", model, "--data", data,
-                                      "--input", "x", "--target", "y", "--dtype", "f64",
-                                      "--steps", "10", "--batch", "4", "--optimizer", "sgd",
+                                      "--input", "x", "--target", "y", "--dtype", dtype,
+                                      "--steps", str(steps), "--batch", "4", "--optimizer", "sgd",
                                       "--lr", "0.05", "--momentum", "0.9"] + args, expect_code)
 
 
@@ -85,7 +89,27 @@ small_target = os.path.join(scratch, "small_target.h5")
 with h5py.File(small_target, "w") as f:
     f["x"] = load(json.load(open(os.path.join(fixture_dir, "training.json")))["x"])
     f["y"] = np.zeros((6, 2, 8, 9))
-bad_nets = dict(nets, small_target=(cnn_model, small_target))
+
+
+def with_wider_weight(node_index, name):
+    """The MLP with the weight of its node_index-th MatMul one row too long: that node's
+    MatMul fails with a shape mismatch on the stage that holds it, in the first step."""
+    model = onnx.load(mlp_model)
+    graph = model.graph
+    node = [n for n in graph.node if n.op_type == "MatMul"][node_index]
+    for tensor in graph.initializer:
+        if tensor.name in node.input:
+            value = numpy_helper.to_array(tensor)
+            wider = np.zeros((value.shape[0] + 1,) + value.shape[1:], value.dtype)
+            tensor.CopyFrom(numpy_helper.from_array(wider, tensor.name))
+    path = os.path.join(scratch, name)
+    onnx.save(model, path)
+    return path
+
+
+bad_nets = dict(nets, small_target=(cnn_model, small_target),
+                bad_last=(with_wider_weight(-1, "bad_last.onnx"), mlp_data),
+                bad_first=(with_wider_weight(0, "bad_first.onnx"), mlp_data))
 reference = {}
 for net, (model, data) in nets.items():
     stem = os.path.join(scratch, f"{net}.1rank")
@@ -121,11 +145,26 @@ layouts = [
     ("mlp", "pp 2 x tp 2", 4, ["--pp", "2", "--tp", "2", "--schedule", "gpipe",
                                "--micro-batches", "2"]),
     ("mlp", "pp 2 interleaved x dp 2", 4, ["--pp", "2", "--dp", "2"] + interleaved),
+    # Sharded parameters with model parallelism: FSDP per pipeline stage, and the tp shards of
+    # each weight sharded again over dp (hybrid: over --dp-shard of them).
+    ("cnn", "pp 2 x dp 2 fsdp", 4, ["--pp", "2", "--dp", "2", "--parallel", "fsdp",
+                                     "--micro-batches", "2"]),
+    ("mlp", "tp 2 x dp 2 fsdp", 4, ["--tp", "2", "--dp", "2", "--parallel", "fsdp"]),
 ]
 if not launch_template:  # 8 local ranks: pp x tp x a domain dim sharded unevenly
     layouts.append(("cnn", "pp 2 x tp 2 x domain 2 uneven", 8,
                     ["--pp", "2", "--tp", "2", "--mesh", "2", "--shard-dims", "2", "--extents",
                      "3,7", "--micro-batches", "2"]))
+    layouts.append(("cnn", "tp 2 x dp 2 fsdp", 4,
+                    ["--tp", "2", "--dp", "2", "--parallel", "fsdp"]))
+    layouts.append(("mlp", "pp 2 x dp 2 x tp 2 fsdp", 8,
+                    ["--pp", "2", "--dp", "2", "--tp", "2", "--parallel", "fsdp",
+                     "--micro-batches", "2"]))
+    layouts.append(("cnn", "pp 2 x dp 4 hybrid (dp-shard 2), 1f1b", 8,
+                    ["--pp", "2", "--dp", "4", "--parallel", "hybrid", "--dp-shard", "2",
+                     "--micro-batches", "1"]))
+    layouts.append(("mlp", "tp 2 x dp 4 hybrid (dp-shard 2)", 8,
+                    ["--tp", "2", "--dp", "4", "--parallel", "hybrid", "--dp-shard", "2"]))
 for index, (net, label, ranks, options) in enumerate(layouts):
     if net not in reference:
         continue
@@ -159,6 +198,85 @@ else:
            f"--json: pp, tp, stages, stage_cuts, tp_patterns, bubble fractions "
            f"({ {k: summary.get(k) for k in ('stage_cuts', 'bubble_fraction')} })")
 
+
+
+def summary_of(args, ranks, dtype="f64"):
+    result = train(mlp_model, mlp_data, args + ["--json"], ranks, dtype=dtype)
+    if result is None:
+        tally.failures += 1
+        return {}
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+# FSDP over tp shards: rank 0 updates a dp share of its tp shard (the 2-d weights split again on
+# their other dim; the 1-d ones tp splits stay whole), fewer values than tp with DDP.
+# (Both checks with local ranks only, to keep the mpiexec entry short.)
+if not launch_template:
+    ddp = summary_of(["--tp", "2", "--dp", "2"], 4)
+    fsdp = summary_of(["--tp", "2", "--dp", "2", "--parallel", "fsdp"], 4)
+    report(0 < fsdp.get("trained_elements", 0) < ddp.get("trained_elements", 0),
+           f"mlp tp 2 x dp 2: fsdp updates fewer values per rank than ddp "
+           f"({fsdp.get('trained_elements')} < {ddp.get('trained_elements')})")
+
+# bf16 (f32 master weights) with model parallelism: the pipelined and tensor-parallel runs track
+# the 1-rank bf16 run to bf16's precision (not bit for bit: the sums are split differently).
+bf16_layouts = [] if launch_template else [
+    ("pp 2 x tp 2", ["--pp", "2", "--tp", "2", "--micro-batches", "2"], 4),
+    ("tp 2 x dp 2 fsdp", ["--tp", "2", "--dp", "2", "--parallel", "fsdp"], 4)]
+bf16_reference = summary_of([], 1, "bf16").get("final_loss") if bf16_layouts else None
+for label, args, ranks in bf16_layouts:
+    final = summary_of(args, ranks, "bf16").get("final_loss")
+    error = abs(final - bf16_reference) / abs(bf16_reference) if final and bf16_reference else 1
+    report(error < 2e-3, f"mlp bf16 on {label}: final loss within 2e-3 of 1 rank's ({error:.2e})")
+
+# --checkpoint/--resume with --pp: each pp rank's stages write step_N.ppR.h5 (their parameters
+# and optimizer state); 6 steps with checkpoints every 4 (and at the end), then --resume to 10:
+# steps 7..10 equal the uninterrupted run's bit for bit.
+resume_layouts = [("cnn", "pp 2 x dp 2 fsdp", 4, ["--pp", "2", "--dp", "2", "--parallel", "fsdp",
+                                                   "--micro-batches", "2"])]
+if not launch_template:
+    resume_layouts.append(("mlp", "pp 2 interleaved x dp 2", 4, ["--pp", "2", "--dp", "2"]
+                           + interleaved))
+for net, label, ranks, options in resume_layouts:
+    model, data = nets[net]
+    directory = os.path.join(scratch, f"checkpoints.{net}")
+    shutil.rmtree(directory, ignore_errors=True)
+    first, second, whole = (os.path.join(scratch, f"resume.{net}.{k}.json")
+                            for k in ("first", "second", "whole"))
+    ok = (train(model, data, options + ["--checkpoint", directory, "--every", "4",
+                                        "--losses-out", first], ranks, steps=6) is not None
+          and train(model, data, options + ["--checkpoint", directory, "--resume",
+                                            "--losses-out", second], ranks) is not None
+          and train(model, data, options + ["--losses-out", whole], ranks) is not None)
+    if not ok:
+        tally.failures += 1
+        continue
+    files = sorted(os.listdir(directory))
+    complete = losses_of(whole)
+    report(files == [f"step_{n:08}.pp{r}.h5" for n in (4, 6, 10) for r in (0, 1)]
+           and losses_of(first) == complete[:6] and losses_of(second) == complete[6:],
+           f"{net} --resume on {label}: checkpoints {files}; steps 7..10 resumed from step 6 "
+           f"equal the uninterrupted run bit for bit")
+
+# bench train --pp 2 --tp 2: rank 0 (stage 0: a filter- then a channel-parallel conv) all-reduces
+# the channel-parallel conv's output once per step, [4, 8, 6, 6, 6] f32 over the micro-batches (its
+# input, the batch, needs no gradient), and reports the time in it against the bound measured
+# alone.
+if not launch_template:
+    result = run_cli([tessera, "bench", "train", "--pp", "2", "--tp", "2", "--mesh", "1x1",
+                      "--shape", "4,4,6,6,6", "--hidden", "8", "--layers", "4", "--threads", "1",
+                      "--micro-batches", "2", "--schedule", "1f1b", "--steps", "1", "--json"], 0)
+    if result is None:
+        tally.failures += 1
+    else:
+        row = json.loads(result.stdout).get("tp_rows", [{}])[0]
+        report(row.get("tp_all_reduce_bytes") == 4 * 8 * 6 * 6 * 6 * 4
+               and row.get("tp_all_gather_bytes") == 0 and row.get("tp_reduce_scatter_bytes") == 0
+               and row.get("tp_ms", 0) > 0 and row.get("tp_bound_ms", 0) > 0
+               and row.get("tp_over_bound", 0) > 0,
+               f"bench train --pp 2 --tp 2: the tp all-reduce bytes per step are the analytic "
+               f"ones, with the time and the bound ({row})")
+
 # Bad input: one error line naming the option, exit 2, nothing written.
 losses_out = os.path.join(scratch, "bad.losses.json")
 bad_cases = [
@@ -174,9 +292,15 @@ bad_cases = [
      "[train] --stage-cuts: '/Div_output_0' is not a cut point"),
     ("cnn", ["--tp", "3"], 3, "[train] --tp 3:"),
     ("mlp", ["--micro-batches", "2"], 1, "[train] --micro-batches, --schedule"),
-    ("cnn", ["--pp", "2", "--dp", "2", "--parallel", "fsdp"], 4, "[train] --parallel fsdp with"),
     ("small_target", ["--pp", "2", "--micro-batches", "2"], 2,
      "[train] the model's output for a micro-batch"),
+    # An op failing inside a stage reaches every stage (no rank waits for the failed one).
+    ("bad_last", ["--pp", "2", "--dp", "2", "--micro-batches", "2"], 4,
+     "[onnx] node '/fc4/MatMul' (MatMul): [matmul]"),
+    ("bad_last", ["--pp", "2", "--schedule", "interleaved", "--micro-batches", "2"], 2,
+     "[onnx] node '/fc4/MatMul' (MatMul): [matmul]"),
+    ("bad_first", ["--pp", "2", "--schedule", "gpipe", "--micro-batches", "2"], 2,
+     "[onnx] node '/fc1/MatMul' (MatMul): [matmul]"),
 ]
 for net, args, ranks, expected_text in bad_cases:
     if os.path.exists(losses_out):

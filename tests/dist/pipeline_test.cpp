@@ -4,7 +4,7 @@
 // the 4-d composition pp x dp x tp x domain (a filter/channel-parallel conv block sharded in space,
 // then a tensor-parallel MLP taking another layout) on 16 ranks; every rank keeps at most the
 // activations its schedule allows; the bytes sent between stages in a step equal the analytic
-// volume; bad input is one error on every rank.
+// volume; bad input is one error on every rank, and so is an error raised inside one stage.
 #include "ops/nn/pipeline.hpp"
 
 #include <gtest/gtest.h>
@@ -381,6 +381,89 @@ TEST(PipelineParallel, BadInputIsOneClearErrorOnEveryRank) {
     // No target on the last stage.
     nn::Pipeline whole(mesh, layers, {.micro_batches = 2, .stage_starts = {0, 3}});
     expect_error([&] { whole.step(x, std::nullopt); }, "no target");
+  });
+}
+
+/// The identity, except that its `fail_at`-th forward (counting from 0) raises an error, the
+/// same on every rank of its stage, as an op's collectively decided check does.
+class FailingLayer final : public nn::Module {
+ public:
+  explicit FailingLayer(int fail_at) : fail_at_(fail_at) {}
+  ShardTensor forward(const ShardTensor& x) override {
+    check_arg(calls_++ != fail_at_, "failing_layer", "forward call {} fails (test)", fail_at_);
+    return x;
+  }
+
+ private:
+  int fail_at_, calls_ = 0;
+};
+
+// An error raised inside one stage (its layer, at some micro-batch) reaches every rank as one
+// error, under every schedule, instead of leaving the other stages waiting for its data; the
+// pipeline then runs the next step normally (no transfer of the failed step is left over): its
+// loss equals a fresh pipeline's first loss bit for bit.
+TEST(PipelineParallel, AStageErrorReachesEveryRankUnderEverySchedule) {
+  testing::run_world(4, [](std::shared_ptr<Comm> comm) {
+    struct Case {
+      std::vector<int> shape;
+      std::vector<std::string> names;
+      PipelineSchedule schedule;
+      std::vector<int> stage_starts;
+      size_t failing_layer;  // a position in the 10 layers (the stack with the failing one)
+      int fail_at;           // the forward call of that layer that fails
+    };
+    const std::vector<Case> cases{
+        // the last of 4 stages, at micro-batch 1 (micro-batch 0 went through)
+        {{4}, {"pp"}, PipelineSchedule::one_f_one_b, {0, 2, 4, 6}, 9, 1},
+        {{4}, {"pp"}, PipelineSchedule::gpipe, {0, 2, 4, 6}, 9, 1},
+        // the first stage, at micro-batch 0 (pp 2 x dp 2)
+        {{2, 2}, {"pp", "dp"}, PipelineSchedule::one_f_one_b, {0, 5}, 0, 0},
+        // a middle stage of the interleaved schedule (stage 2 on pp rank 0), at micro-batch 1
+        {{2, 2}, {"pp", "dp"}, PipelineSchedule::interleaved, {0, 3, 5, 7}, 6, 1},
+    };
+    for (const Case& test : cases) {
+      const std::string what = fmt::format(
+          "{} on {} stages, layer {} fails at call {}", nn::schedule_name(test.schedule),
+          test.stage_starts.size(), test.failing_layer, test.fail_at);
+      DeviceMesh mesh(comm, test.shape, test.names);
+      const auto make_layers = [&](int fail_at) {
+        std::vector<nn::LayerBuilder> layers = linear_stack({});
+        layers.insert(
+            layers.begin() + static_cast<int64_t>(test.failing_layer),
+            [fail_at](const DeviceMesh&) { return std::make_shared<FailingLayer>(fail_at); });
+        return layers;
+      };
+      const nn::PipelineOptions options{
+          .schedule = test.schedule, .micro_batches = 4, .stage_starts = test.stage_starts};
+      nn::Pipeline pipe(mesh, make_layers(test.fail_at), options);
+      nn::Pipeline fresh(mesh, make_layers(-1), options);
+      const Data values = data({8, 6}, {8, 4});
+      const std::vector<Placement> layout{test.shape.size() == 1 ? P::replicate() : P::shard(0)};
+      const auto batch_of = [&](const nn::Pipeline& on) {
+        std::pair<std::optional<ShardTensor>, std::optional<ShardTensor>> batch;
+        if (on.holds_first_stage())
+          batch.first = ShardTensor::distribute(values.x, on.stage_mesh(), layout);
+        if (on.holds_last_stage())
+          batch.second = ShardTensor::distribute(values.target, on.stage_mesh(), layout);
+        return batch;
+      };
+      const auto [x, target] = batch_of(pipe);
+      std::string message;
+      try {
+        pipe.step(x, target);
+      } catch (const AgreedError& error) {
+        message = error.what();
+      }
+      EXPECT_EQ(message,
+                "[failing_layer] forward call " + std::to_string(test.fail_at) + " fails (test)")
+          << what;
+      const auto all = testing::all_gather_strings(*comm, message);
+      for (const std::string& other : all) EXPECT_EQ(other, all.front()) << what;
+      const double after = pipe.step(x, target);
+      const auto [fresh_x, fresh_target] = batch_of(fresh);
+      const double first = fresh.step(fresh_x, fresh_target);
+      EXPECT_EQ(after, first) << what;
+    }
   });
 }
 

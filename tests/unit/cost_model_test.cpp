@@ -4,8 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "core/errors.hpp"
 
@@ -191,6 +193,108 @@ TEST(CostModel, CollectiveFormulas) {
     EXPECT_EQ(collective_seconds(algorithm, link, Collective::all_reduce, std::vector{1e6}), 0);
 }
 
+/// NCCL links of the toy machine: 1 us + n / 1 GB/s within a node, 10 us + n / 100 MB/s across,
+/// and (with_nvls) NVLS within a node at 25 us + n / 2 GB/s.
+LinkSet nccl_links(bool with_nvls) {
+  LinkSet links{.algorithm = Algorithm::nccl, .intra = {1e-6, 1e9}, .inter = {1e-5, 1e8}};
+  if (with_nvls) links.nvls = Link{25e-6, 2e9};
+  return links;
+}
+
+TEST(CostModel, NcclRingPaysTheNetworkLatencyOnlyOnHopsLeavingANode) {
+  const LinkSet links = nccl_links(false);
+  const std::vector<double> sixteen(16, 1e6);
+  // 16 ranks on 2 nodes: of an all-reduce's 30 hops 2 leave a node; the bandwidth is the IB's.
+  EXPECT_DOUBLE_EQ(
+      nccl_algorithm_seconds(links, NcclAlgorithm::ring, Collective::all_reduce, sixteen, 2),
+      28 * 1e-6 + 2 * 1e-5 + 2 * (15.0 / 16) * 1e6 / 1e8);
+  // An all-gather's 15 hops: 1 leaves a node.
+  EXPECT_DOUBLE_EQ(
+      nccl_algorithm_seconds(links, NcclAlgorithm::ring, Collective::all_gather_v, sixteen, 2),
+      14 * 1e-6 + 1e-5 + (15.0 / 16) * 1e6 / 1e8);
+  // Within one node every hop is NVLink.
+  EXPECT_DOUBLE_EQ(
+      nccl_algorithm_seconds(links, NcclAlgorithm::ring, Collective::broadcast, sixteen, 1),
+      15 * 1e-6 + 1e6 / 1e9);
+  // A tree: a chain of 8 in each node, one tree level between the 2 nodes, up and down.
+  EXPECT_DOUBLE_EQ(
+      nccl_algorithm_seconds(links, NcclAlgorithm::tree, Collective::all_reduce, sixteen, 2),
+      2 * (7 * 1e-6 + 1 * 1e-5) + 2 * 1e6 / 1e8);
+}
+
+TEST(CostModel, NcclOffersTreeAndNvlsOnlyWhereNcclHasThem) {
+  const std::vector<double> eight(8, 1e3);
+  const auto seconds = [&](const LinkSet& links, NcclAlgorithm algorithm, Collective collective,
+                           int nodes) {
+    return nccl_algorithm_seconds(links, algorithm, collective, eight, nodes);
+  };
+  const LinkSet plain = nccl_links(false), nvls = nccl_links(true);
+  EXPECT_TRUE(std::isinf(seconds(plain, NcclAlgorithm::tree, Collective::all_reduce, 1)));
+  EXPECT_TRUE(std::isinf(seconds(plain, NcclAlgorithm::tree, Collective::all_gather_v, 8)));
+  EXPECT_TRUE(std::isinf(seconds(plain, NcclAlgorithm::nvls, Collective::all_reduce, 1)));
+  EXPECT_TRUE(std::isinf(seconds(nvls, NcclAlgorithm::nvls, Collective::all_reduce, 2)));
+  EXPECT_TRUE(std::isinf(seconds(nvls, NcclAlgorithm::nvls, Collective::reduce_scatter_v, 1)));
+  EXPECT_DOUBLE_EQ(seconds(nvls, NcclAlgorithm::nvls, Collective::all_reduce, 1),
+                   25e-6 + 1e3 / 2e9);
+  // A single member costs nothing whatever the algorithm.
+  EXPECT_EQ(nccl_collective(nvls, Collective::all_reduce, std::vector{1e6}, 1).seconds, 0);
+}
+
+TEST(CostModel, NcclTreeBeatsTheRingBelowTheCrossoverAcrossNodes) {
+  // 16 nodes of one rank: ring 30 (10 us + ..) against tree 2 log2(16) (10 us) + 2n / beta.
+  // tree - ring = -220 us + (2 - 30/16) n / 1e8 = 0 at n = 176,000 bytes.
+  const LinkSet links = nccl_links(false);
+  const auto choose = [&](double n) {
+    return nccl_collective(links, Collective::all_reduce, std::vector<double>(16, n), 16);
+  };
+  const NcclChoice small = choose(170000), large = choose(180000);
+  EXPECT_EQ(small.algorithm, NcclAlgorithm::tree);
+  EXPECT_DOUBLE_EQ(small.seconds, 2 * 4 * 1e-5 + 2 * 170000 / 1e8);
+  EXPECT_EQ(large.algorithm, NcclAlgorithm::ring);
+  EXPECT_DOUBLE_EQ(large.seconds, 30 * 1e-5 + 2 * (15.0 / 16) * 180000 / 1e8);
+  // An all-gather has only rings.
+  EXPECT_EQ(
+      nccl_collective(links, Collective::all_gather_v, std::vector<double>(16, 8.0), 16).algorithm,
+      NcclAlgorithm::ring);
+}
+
+TEST(CostModel, NcclNvlsBeatsTheRingAboveTheCrossoverWithinANode) {
+  // 8 ranks on one node: ring 14 us + 1.75 n / 1e9, NVLS 25 us + 0.5 n / 1e9: equal at 8,800 B.
+  const LinkSet links = nccl_links(true);
+  const auto choose = [&](double n) {
+    return nccl_collective(links, Collective::all_reduce, std::vector<double>(8, n), 1);
+  };
+  const NcclChoice small = choose(8000), large = choose(9600);
+  EXPECT_EQ(small.algorithm, NcclAlgorithm::ring);
+  EXPECT_DOUBLE_EQ(small.seconds, 14e-6 + 1.75 * 8000 / 1e9);
+  EXPECT_EQ(large.algorithm, NcclAlgorithm::nvls);
+  EXPECT_DOUBLE_EQ(large.seconds, 25e-6 + 9600 / 2e9);
+}
+
+TEST(CostModel, ReplayOnAnNcclMachinePricesEachCallWithTheCheapestAlgorithm) {
+  // 4 ranks, one per node, all-reduce 8 bytes: tree 2 log2(4) x 10 us + 16 B / 1e8 beats the
+  // ring's 6 x 10 us; 4 ranks on one node: the ring (no NVLS in the file).
+  for (int per_node : {1, 4}) {
+    json events = json::array();
+    for (int r = 0; r < 4; ++r) {
+      events.push_back(rank_name(r));
+      events.push_back(event(r, "comm", "all_reduce", 0, 1,
+                             {{"bytes", 8}, {"group", "w"}, {"ranks", 4}, {"rank", r}}));
+    }
+    json file = toy_machine(per_node);
+    file["links"]["nccl"]["algorithm"] = "nccl";
+    const Prediction prediction = replay({{"traceEvents", events}}, machine_from_json(file));
+    if (per_node == 1) {
+      EXPECT_NEAR(prediction.step_seconds, 4e-5 + 16 / 1e8, 1e-15);
+      EXPECT_EQ(prediction.algorithms.at("all_reduce tree"), 1);
+    } else {
+      EXPECT_NEAR(prediction.step_seconds, 6e-6 + 2 * 0.75 * 8 / 1e9, 1e-15);
+      EXPECT_EQ(prediction.algorithms.at("all_reduce ring"), 1);
+    }
+    EXPECT_EQ(prediction_to_json(prediction)["algorithms"].size(), 1u);
+  }
+}
+
 TEST(CostModel, RooflineTakesTheSlowerOfFlopsAndBytes) {
   const Machine machine = machine_from_json(toy_machine(1));
   EXPECT_DOUBLE_EQ(op_seconds(machine, "conv", 1e10, 1e9), 1.0);
@@ -239,6 +343,17 @@ TEST(CostModel, MachineFileRoundTrips) {
   EXPECT_EQ(again.backend, "nccl");
   EXPECT_DOUBLE_EQ(again.links.at("nccl").inter.beta, 1e8);
   EXPECT_DOUBLE_EQ(again.families.at("conv").flops, 1e10);
+  // An old file (ring, no NVLS) stays a ring without NVLS; an nccl one keeps its NVLS link.
+  EXPECT_EQ(again.links.at("nccl").algorithm, Algorithm::ring);
+  EXPECT_FALSE(again.links.at("nccl").nvls);
+  json nccl = toy_machine(8);
+  nccl["links"]["nccl"]["algorithm"] = "nccl";
+  nccl["links"]["nccl"]["nvls"] = {{"alpha", 2.5e-5}, {"beta", 3e11}};
+  const Machine tuned = machine_from_json(machine_to_json(machine_from_json(nccl)));
+  EXPECT_EQ(tuned.links.at("nccl").algorithm, Algorithm::nccl);
+  ASSERT_TRUE(tuned.links.at("nccl").nvls);
+  EXPECT_DOUBLE_EQ(tuned.links.at("nccl").nvls->alpha, 2.5e-5);
+  EXPECT_DOUBLE_EQ(tuned.links.at("nccl").nvls->beta, 3e11);
 }
 
 TEST(CostModel, BadMachineFilesAreRefusedByName) {
@@ -257,6 +372,17 @@ TEST(CostModel, BadMachineFilesAreRefusedByName) {
   no_default["compute"]["families"].erase("default");
   EXPECT_THROW(machine_from_json(no_default), InvalidArgument);
   EXPECT_THROW(machine_from_json(json::array()), InvalidArgument);
+  json bad_nvls = toy_machine(1);
+  bad_nvls["links"]["nccl"]["nvls"] = {{"alpha", 1e-6}};
+  try {
+    machine_from_json(bad_nvls);
+    FAIL() << "an NVLS link without beta was accepted";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("links.nccl.nvls"), std::string::npos);
+  }
+  json bad_algorithm = toy_machine(1);
+  bad_algorithm["links"]["nccl"]["algorithm"] = "butterfly";
+  EXPECT_THROW(machine_from_json(bad_algorithm), InvalidArgument);
 }
 
 TEST(CostModel, MalformedOrIncompleteTracesAreRefused) {
