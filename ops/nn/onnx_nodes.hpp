@@ -16,10 +16,11 @@
 namespace tessera::nn::onnx {
 
 /// A value of the graph: data on the mesh, host values known without data, or both (a float
-/// initializer: its Parameter and its values).
+/// initializer: its Parameter and its values). The host values are read-only and shared (by the
+/// steps' copies of a value, and an initializer's by the simulated ranks of an estimate).
 struct Value {
   std::optional<ShardTensor> sharded;
-  std::optional<HostArray> constant;
+  std::shared_ptr<const HostArray> constant;
 };
 
 /// What a step sees when it runs: the mesh, the model's float dtype and the device.
@@ -38,6 +39,8 @@ using Step = std::function<std::vector<Value>(const RunContext&, const Values&)>
 
 /// A value holding data only.
 Value data_value(ShardTensor tensor);
+/// A value holding host values only.
+Value constant_value(HostArray array);
 
 /// Input `index` of `node` as data on the mesh: a constant becomes a replicated tensor in `like`'s
 /// dtype (the model's dtype when there is none), no communication.

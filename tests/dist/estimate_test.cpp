@@ -2,6 +2,7 @@
 // exactly the messages and collectives a real P-rank local run sends (names, bytes, peers, in
 // order per rank; timings aside), allocates no tensor data, opens no file (an input file for its
 // metadata only), and counts the peak tensor bytes of each rank; P = 1024 records a Gray-Scott run.
+// Simulated ranks hold one copy of a model's constants, not one each.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -19,6 +20,8 @@
 #include "core/parameter.hpp"
 #include "io/hdf5/h5_file.hpp"
 #include "io/hdf5/sharded_io.hpp"
+#include "io/onnx/onnx_graph.hpp"
+#include "ops/nn/onnx_host.hpp"
 #include "ops/ops.hpp"
 #include "ops/optim/optimizer.hpp"
 
@@ -253,6 +256,29 @@ TEST(Estimate, TouchingDataOfAShapeOnlyTensorIsOneClearError) {
 TEST(Estimate, LaunchOfAnotherRankCountIsRefused) {
   estimate::RecordLaunches recording(8);
   EXPECT_THROW(launch(Backend::local, 4, [](std::shared_ptr<Comm>) {}), InvalidArgument);
+}
+
+// The simulated ranks share one parse of a model file (io::read_onnx in estimate mode) and so one
+// read-only host copy of each initializer (shared_host_array, keyed by the parse's storage); a
+// separate parse (a real run's rank) gets its own copy with the same values.
+TEST(Estimate, SimulatedRanksShareOneCopyOfAModelsConstants) {
+  const std::string file = std::string(TESSERA_FIXTURE_DIR) + "/onnx/traincnn.onnx";
+  constexpr int kRanks = 4;
+  std::vector<std::shared_ptr<const nn::onnx::HostArray>> arrays(kRanks);
+  estimate::record(kRanks, [&](std::shared_ptr<Comm> comm) {
+    const io::OnnxGraph graph = io::read_onnx(file);
+    ASSERT_FALSE(graph.initializers.empty());
+    arrays[comm->rank()] = nn::onnx::shared_host_array(graph.initializers.front().second);
+  });
+  for (int rank = 1; rank < kRanks; ++rank) EXPECT_EQ(arrays[rank].get(), arrays[0].get());
+  const io::OnnxGraph own = io::read_onnx(file);
+  const Tensor& initializer = own.initializers.front().second;
+  const auto separate = nn::onnx::shared_host_array(initializer);
+  EXPECT_NE(separate.get(), arrays[0].get());
+  EXPECT_EQ(separate.get(), nn::onnx::shared_host_array(initializer).get());
+  EXPECT_EQ(separate->shape, arrays[0]->shape);
+  EXPECT_EQ(separate->values, arrays[0]->values);
+  EXPECT_EQ(separate->values, nn::onnx::host_array(initializer).values);
 }
 
 TEST(Estimate, GrayScottOn1024RanksRecords) {
