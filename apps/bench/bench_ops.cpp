@@ -7,6 +7,7 @@
 // PyTorch's time and the ratio.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <time.h>
 
 #include <fstream>
 #include <thread>
@@ -30,6 +31,7 @@ struct OpsBenchOptions {
   int iterations = 3;
   std::string baseline;
   bool json = false;
+  bool cpu_time = false;  // the ranks' thread cpu time instead of wall time (needs --threads 1)
 };
 
 /// How one op is benchmarked: its inputs (shapes from the bench shape) and attributes.
@@ -106,7 +108,29 @@ struct OpFigures {
   double forward = 0, forward_backward = 0;
 };
 
-OpFigures measure(std::shared_ptr<Comm> world, const Recipe& recipe, int iterations) {
+/// This thread's cpu time in seconds.
+double thread_cpu_seconds() {
+  timespec now{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return double(now.tv_sec) + 1e-9 * double(now.tv_nsec);
+}
+
+/// Seconds per run of body: the slowest rank's wall time (bench::time_collective), or with
+/// `cpu_time` its thread's cpu time, which leaves out the time the thread waited for a core (on a
+/// machine shared with other work, most of the wall time of a one-thread run).
+double timed(Comm& world, int iterations, bool cpu_time, const std::function<void()>& body) {
+  if (!cpu_time) return bench::time_collective(world, Device::cpu(), 1, iterations, body);
+  body();
+  world.barrier();
+  const double start = thread_cpu_seconds();
+  for (int i = 0; i < iterations; ++i) body();
+  double seconds = (thread_cpu_seconds() - start) / iterations;
+  world.all_reduce(&seconds, &seconds, 1, DType::f64, ReduceOp::max);
+  return seconds;
+}
+
+OpFigures measure(std::shared_ptr<Comm> world, const Recipe& recipe, int iterations,
+                  bool cpu_time) {
   DeviceMesh mesh(world, {world->size()});
   std::vector<ShardTensor> inputs;
   uint64_t seed = 11;
@@ -121,7 +145,7 @@ OpFigures measure(std::shared_ptr<Comm> world, const Recipe& recipe, int iterati
         values, mesh, {sharded ? Placement::shard(recipe.shard_dim) : Placement::replicate()}));
   }
   OpFigures figures;
-  figures.forward = bench::time_collective(*world, Device::cpu(), 1, iterations, [&] {
+  figures.forward = timed(*world, iterations, cpu_time, [&] {
     NoGrad no_grad;
     apply_op(recipe.op, inputs, recipe.attrs);
   });
@@ -134,7 +158,7 @@ OpFigures measure(std::shared_ptr<Comm> world, const Recipe& recipe, int iterati
                                             mesh, outputs[o].placements(),
                                             outputs[o].spec().extents));
   }
-  figures.forward_backward = bench::time_collective(*world, Device::cpu(), 1, iterations, [&] {
+  figures.forward_backward = timed(*world, iterations, cpu_time, [&] {
     Tape tape;
     const std::vector<ShardTensor> outputs = apply_op(recipe.op, inputs, recipe.attrs);
     tape.backward(outputs[0], gys[0]);
@@ -166,6 +190,9 @@ void run_ops_bench(const OpsBenchOptions& options) {
             "--shape needs N,C,X,Y,Z with C >= 2, got '{}'", options.shape);
   check_arg(options.iterations >= 1, "bench", "--iterations {} must be at least 1",
             options.iterations);
+  check_arg(!options.cpu_time || options.threads == 1, "bench",
+            "--cpu-time counts the rank's own thread only: it needs --threads 1, got --threads {}",
+            options.threads);
   std::vector<Recipe> chosen;
   const std::vector<Recipe> all = recipes(shape);
   if (options.ops.empty()) {
@@ -218,7 +245,7 @@ void run_ops_bench(const OpsBenchOptions& options) {
       OpFigures figures;
       launch(backend, static_cast<int>(ranks), [&](std::shared_ptr<Comm> world) {
         if (options.threads > 0) set_compute_threads(options.threads);
-        OpFigures mine = measure(world, recipe, options.iterations);
+        OpFigures mine = measure(world, recipe, options.iterations, options.cpu_time);
         if (world->rank() == 0) figures = mine;
       });
       if (ranks == 1) one_rank = figures;
@@ -261,6 +288,8 @@ void register_ops_bench(CLI::App& bench) {
   command->add_option("--baseline", options->baseline,
                       "JSON of apps/bench/torch_ops_bench.py --json (same shape and threads)");
   command->add_flag("--json", options->json, "Print JSON instead of the table");
+  command->add_flag("--cpu-time", options->cpu_time,
+                    "Time each rank's thread cpu time instead of wall time (needs --threads 1)");
   command->callback([options] { run_ops_bench(*options); });
 }
 

@@ -5,6 +5,7 @@
 # (the first output's backward from a random gradient, every float input requiring grad). Row
 # names match tessera's, so `tessera bench ops --baseline FILE` can show the ratios.
 # Usage: torch_ops_bench.py [--shape N,C,X,Y,Z] [--threads T] [--iterations I] [--json]
+#        [--cpu-time]
 import argparse
 import json
 import time
@@ -18,7 +19,12 @@ parser.add_argument("--threads", type=int, default=2)
 parser.add_argument("--iterations", type=int, default=3)
 parser.add_argument("--ops", default="")
 parser.add_argument("--json", action="store_true")
+# This thread's cpu time instead of wall time (with --threads 1: PyTorch then computes on the
+# calling thread), like `tessera bench ops --cpu-time`.
+parser.add_argument("--cpu-time", action="store_true")
 args = parser.parse_args()
+if args.cpu_time and args.threads != 1:
+    parser.error("--cpu-time needs --threads 1")
 torch.set_num_threads(args.threads)
 n, c, d, h, w = (int(v) for v in args.shape.split(","))
 x_shape = [n, c, d, h, w]
@@ -77,11 +83,12 @@ def recipes():
 
 
 def timed(body):
+    clock = time.thread_time if args.cpu_time else time.perf_counter
     body()
-    start = time.perf_counter()
+    start = clock()
     for _ in range(args.iterations):
         body()
-    return (time.perf_counter() - start) / args.iterations
+    return (clock() - start) / args.iterations
 
 
 wanted = set(filter(None, args.ops.split(",")))

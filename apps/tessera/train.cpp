@@ -22,7 +22,8 @@
 // each an OnnxModel of its subgraph on its stage's mesh, run by nn::Pipeline under --schedule
 // with --micro-batches. --tp shards the weights of the patterns nn::onnx_tensor_parallel_plan
 // finds (MatMul/Gemm .. MatMul/Gemm column- then row-parallel, Conv .. Conv filter- then channel-
-// parallel); every other parameter is replicated over tp.
+// parallel, attention's q/k/v projections .. output projection in whole heads); every other
+// parameter is replicated over tp.
 //
 // Bad options and inputs give one `tessera: error: [train] ...` line and exit 2 on every rank,
 // before anything is written.
@@ -790,8 +791,9 @@ void write_losses(const std::string& file, const std::vector<std::pair<int64_t, 
 class OnnxStage final : public nn::Module {
  public:
   OnnxStage(io::OnnxGraph graph, const DeviceMesh& mesh, DType dtype,
-            const std::map<std::string, std::vector<Placement>>& placements)
-      : model_(std::move(graph), mesh, dtype, placements) {}
+            const std::map<std::string, std::vector<Placement>>& placements,
+            const std::vector<nn::OnnxFusedProjection>& fused)
+      : model_(std::move(graph), mesh, dtype, placements, fused) {}
   ShardTensor forward(const ShardTensor& x) override { return model_.forward(x); }
   nn::OnnxModel& model() { return model_; }
 
@@ -846,14 +848,9 @@ void save_pipelined_model(Comm& world, const io::OnnxGraph& graph,
     }();
     Tensor value = Tensor::empty(shape, dtype, Device::cpu());
     const auto holder = held.find(stage);
-    if (holder != held.end()) {
-      std::optional<ShardTensor> stored;
-      for (const auto& [key, parameter] : holder->second->model().named_parameters())
-        if (key == name) stored = parameter.tensor();
-      for (const auto& [key, buffer] : holder->second->model().named_buffers())
-        if (key == name) stored = buffer;
-      value.copy_from(stored->full_tensor().to(Device::cpu()).to_dtype(dtype));
-    }
+    if (holder != held.end())  // in the initializer's layout (a fused projection's unstacked)
+      value.copy_from(
+          holder->second->model().full_initializer(name).to(Device::cpu()).to_dtype(dtype));
     world.broadcast(value.raw_data(), static_cast<size_t>(value.numel()), dtype,
                     (stage % pp) * ranks_per_stage);
     values.emplace_back(name, value);
@@ -929,6 +926,14 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
   agreed_everywhere(*world, kOp, [&] {
     if (options.tp > 1) {
       tp_plan = nn::onnx_tensor_parallel_plan(graph, options.tp);
+      // Attention whose heads tp does not divide is refused: its heads cannot be split, and
+      // leaving the block replicated would hide that the run is not tensor parallel there.
+      for (const auto& pattern : tp_plan.skipped)
+        check_arg(pattern.kind != "attention", kOp,
+                  "--tp {}: the attention of {} from {} to {} has {} heads, which {} ranks do not "
+                  "divide (tp must divide the heads)",
+                  options.tp, options.model, pattern.first, pattern.second, pattern.width,
+                  options.tp);
       std::vector<std::string> skipped;
       for (const auto& pattern : tp_plan.skipped)
         skipped.push_back(fmt::format("{} {} -> {} of width {}", pattern.kind, pattern.first,
@@ -938,7 +943,9 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
           "--tp {}: {} has no tensor-parallel pattern (MatMul/Gemm .. MatMul/Gemm or Conv "
           ".. Conv through elementwise ops) whose width {} ranks divide{}",
           options.tp, options.model, options.tp,
-          skipped.empty() ? std::string() : fmt::format(" (found {})", fmt::join(skipped, "; ")));
+          (skipped.empty() ? std::string() : fmt::format(" (found {})", fmt::join(skipped, "; "))) +
+              (tp_plan.notes.empty() ? std::string()
+                                     : fmt::format("; {}", fmt::join(tp_plan.notes, "; "))));
     }
     if (options.pp > 1) {
       if (options.stage_cuts.empty()) {
@@ -967,19 +974,24 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
     }
   });
 
+  // What looked like attention but stays replicated over tp (the reason in --json too).
+  if (root)
+    for (const std::string& note : tp_plan.notes)
+      std::fprintf(stderr, "tessera: note: [train] --tp %d: %s\n", options.tp, note.c_str());
   std::optional<nn::OnnxModel> model;              // unpipelined
   std::unique_ptr<nn::Pipeline> pipe;              // --pp > 1
   std::map<int, std::shared_ptr<OnnxStage>> held;  // this rank's stages
   agreed_everywhere(*world, "onnx", [&] {
     if (options.pp == 1) {
-      model.emplace(graph, mesh, dtype, tensor_parallel_placements(tp_plan, mesh));
+      model.emplace(graph, mesh, dtype, tensor_parallel_placements(tp_plan, mesh), tp_plan.fused);
       return;
     }
     std::vector<nn::LayerBuilder> layers;
     for (int s = 0; s < options.stages(); ++s)
       layers.push_back([&, s](const DeviceMesh& stage_mesh) {
         auto stage = std::make_shared<OnnxStage>(stage_graphs[s], stage_mesh, dtype,
-                                                 tensor_parallel_placements(tp_plan, stage_mesh));
+                                                 tensor_parallel_placements(tp_plan, stage_mesh),
+                                                 tp_plan.fused);
         held[s] = stage;
         return stage;
       });
@@ -1205,6 +1217,17 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
   int64_t trained_elements = 0;
   for (const Parameter& parameter : trained)
     trained_elements += parameter.tensor().to_local().numel();
+  // Rank 0's piece of each parameter the tp plan shards, and its whole size (the model's own
+  // parameters, not the masters: what tp alone divides).
+  nlohmann::json tp_elements = nlohmann::json::object();
+  const auto count_tp_elements = [&](const nn::OnnxModel& held_model) {
+    for (const auto& [name, parameter] : held_model.named_parameters())
+      if (tp_plan.sharded.count(name))
+        tp_elements[name] = {{"local", parameter.tensor().to_local().numel()},
+                             {"total", shape_numel(parameter.tensor().global_shape())}};
+  };
+  if (model) count_tp_elements(*model);
+  for (const auto& [stage, held_stage] : held) count_tp_elements(held_stage->model());
   if (!root) return;
   if (!options.losses_out.empty()) write_losses(options.losses_out, losses);
   const double step_median = median(step_seconds);
@@ -1250,6 +1273,8 @@ void run_train(std::shared_ptr<Comm> world, const TrainOptions& options) {
                             {"width", pattern.width}});
       json["tp_patterns"] = patterns;
       json["tp_sharded_parameters"] = tp_plan.sharded.size();
+      json["tp_sharded_elements"] = tp_elements;
+      json["tp_notes"] = tp_plan.notes;
     }
     if (pipe) {
       std::vector<std::string> cut_names;

@@ -1,15 +1,21 @@
 // Fast cpu neighborhood attention (see na_cpu.hpp).
 //
 // Layout: heads-last, so the D values of one (position, head) are contiguous and every inner
-// loop runs over D with unit stride. Every call is seen as 3-d (na_problem.hpp). Neighbours are
-// taken in blocks of 16 (f64: 8): the dot products of one row (a query, or a key in the backward's
-// key pass) with the block's rows are formed as register-wide partial sums and reduced together
-// by one transpose-and-add tree, giving the block's logits in one vector. The forward's softmax
-// streams over the blocks: the running maximum, the running denominator and the output row (in
-// registers for D = 32, 64, 128) are rescaled once per block when the maximum grows, and the
-// block's exponentials are one vector loop (f32: a polynomial exp, ~1 ulp; f64: std::exp).
+// loop runs over D with unit stride. Every call is seen as 3-d (na_problem.hpp).
 //
-// Threads: the forward and the query pass of the backward split the (batch, query) rows; the key
+// Query tiles (D of 32, 64 or 128, f32, and f64 with AVX2 or AVX-512): the forward and the
+// backward's query pass take up to 4 queries at once that are neighbours along one axis in one
+// dilation group. Their windows agree on the other axes and overlap on that one, so a k/v row is
+// loaded once for every query of the tile that reads it: the logits of the tile's queries against
+// a group of keys are register-wide partial sums (each query register meeting each key register)
+// reduced together by one transpose-and-add tree, and p.v keeps a block of queries x registers
+// of D in registers while the v rows stream past. Each query's softmax is done in passes over
+// its window's logits (maximum, exponentials as one vector loop: f32 a polynomial exp of ~1 ulp,
+// f64 std::exp; their sum). Other head sizes run the same per query: neighbours in blocks of one
+// register's lanes, the query's dot products with the block reduced by the same tree.
+//
+// Threads: the forward and the query pass of the backward split the query tiles (or the
+// (batch, query) rows); the key
 // pass of the backward splits the (batch, key) rows of the tile and gathers, per key, the queries
 // whose window holds it (the inverse window, an interval of each dilation group per axis because
 // window starts and ends never decrease with the query). Each output row is written by exactly
@@ -370,11 +376,278 @@ InverseWindows inverse_windows(const Problem& p) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Query tiles: the forward and the backward's query pass take up to kTileQueries queries at once
+// that are neighbours along one axis (the tile axis) in one dilation group. Their windows are the
+// same on the other axes and, on the tile axis, overlap in all but a few key rows ("slabs": the
+// keys of one index on the tile axis), so each k/v row loaded serves every query of the tile
+// whose window holds it, from registers: per slab, the queries reading it are a contiguous run
+// of the tile (window starts and ends never decrease with the query), and runs of slabs read by
+// the same queries are handled as one segment of keys.
+
+/// Queries per tile for registers of W bytes of T: 4, or the lanes if fewer (the logits of a
+/// tile's queries against a group of keys fill one register, one lane per (query, key)).
+template <int W, typename T>
+constexpr int kTileQueries = kLanes<T, W> < 4 ? kLanes<T, W> : 4;
+
+/// Whether the tiled kernels run for registers of W bytes of T and head size Dim: D known at
+/// compile time and a multiple of the register, and at least 4 lanes (f64 without AVX uses the
+/// per-query kernels).
+template <int W, typename T, int Dim>
+constexpr bool kTiled = Dim > 0 && Dim % kLanes<T, W> == 0 && kLanes<T, W> >= 4;
+
+/// The tiles of the local queries along the tile axis: tile t holds `count[t]` queries from
+/// local index `first[t]` with the axis' dilation as step, so that they share a dilation group.
+struct QueryTiles {
+  int axis = 2;
+  std::vector<int64_t> first;
+  std::vector<int> count;
+};
+
+/// The tile axis of a problem: the second-to-last spatial axis of 2-d and 3-d calls (the last
+/// axis then varies fastest between consecutive tiles, which share most of their keys), the
+/// only one of 1-d calls.
+int tile_axis(const Problem& p) {
+  return p.spatial >= 2 ? 1 : 2;
+}
+
+QueryTiles query_tiles(const Problem& p, int tile_queries) {
+  QueryTiles tiles;
+  tiles.axis = tile_axis(p);
+  const int64_t n = p.queries[tiles.axis], step = p.dilation[tiles.axis];
+  // Local indices r, r + d, r + 2d ... are one dilation group whatever the piece's offset.
+  for (int64_t r = 0; r < std::min(n, step); ++r)
+    for (int64_t i = r; i < n; i += tile_queries * step) {
+      tiles.first.push_back(i);
+      tiles.count.push_back(
+          static_cast<int>(std::min<int64_t>(tile_queries, (n - 1 - i) / step + 1)));
+    }
+  return tiles;
+}
+
+/// The axes other than the tile axis, outer first.
+std::array<int, 2> other_axes(int axis) {
+  return axis == 0   ? std::array<int, 2>{1, 2}
+         : axis == 1 ? std::array<int, 2>{0, 2}
+                     : std::array<int, 2>{0, 1};
+}
+
+/// Items of the tiled loops: (batch, outer axis query, tile, inner axis query), the inner axis
+/// fastest.
+int64_t tile_items(const Problem& p, const QueryTiles& tiles) {
+  const auto [outer, inner] = other_axes(tiles.axis);
+  return p.batch * p.queries[outer] * static_cast<int64_t>(tiles.first.size()) * p.queries[inner];
+}
+
+/// One segment of a tile: slabs [slab_begin, slab_end) of the union of the windows on the tile
+/// axis, read by the tile's queries [query_begin, query_end).
+struct Segment {
+  int64_t slab_begin, slab_end;
+  int query_begin, query_end;
+};
+
+/// The geometry of one tile: its queries, the keys of the union of their windows in slab order,
+/// the segments, and where each query's window starts among the slabs.
+struct TileKeys {
+  int queries = 0;
+  int64_t batch = 0;
+  int64_t flat[8];                       // local flat query index of each query of the tile
+  int64_t global_on_axis[8];             // global index on the tile axis of each query
+  int64_t first_slab[8];                 // slab of the first key of each query's window
+  int64_t slabs_of[8];                   // window keys on the tile axis of each query
+  int64_t inner = 0;                     // keys per slab (the window on the other axes)
+  std::vector<int64_t> positions;        // flat tile positions, slab-major: slab * inner + i
+  std::vector<int64_t> inner_bias;       // the other axes' part of the bias index, per i
+  std::vector<int64_t> inner_positions;  // the other axes' part of the flat position, per i
+  int64_t first_key = 0;                 // global index on the tile axis of slab 0
+  std::vector<Segment> segments;
+};
+
+/// Fills `keys` for tile item `item` (see tile_items).
+TESSERA_NA_INLINE void tile_keys(const Problem& p, const QueryTiles& tiles, int64_t item,
+                                 TileKeys& keys) {
+  const int a = tiles.axis;
+  const auto [outer, inner] = other_axes(a);
+  const int64_t tile_count = static_cast<int64_t>(tiles.first.size());
+  const int64_t inner_index = item % p.queries[inner];
+  int64_t rest = item / p.queries[inner];
+  const int64_t tile = rest % tile_count;
+  rest /= tile_count;
+  const int64_t outer_index = rest % p.queries[outer];
+  keys.batch = rest / p.queries[outer];
+  keys.queries = tiles.count[tile];
+  const int64_t step = p.dilation[a];
+  const std::array<int64_t, kAxes> stride{p.tile[1] * p.tile[2], p.tile[2], 1};
+  const std::array<int64_t, kAxes> bias_stride{p.rpb[1] * p.rpb[2], p.rpb[2], 1};
+  int64_t coord[kAxes];
+  coord[outer] = outer_index;
+  coord[inner] = inner_index;
+  const NaWindow& first_window = p.windows[a][tiles.first[tile]];
+  keys.first_key = first_window.first;
+  int64_t last_key = first_window.first;
+  for (int u = 0; u < keys.queries; ++u) {
+    coord[a] = tiles.first[tile] + u * step;
+    keys.flat[u] = (coord[0] * p.queries[1] + coord[1]) * p.queries[2] + coord[2];
+    keys.global_on_axis[u] = p.query_offset[a] + coord[a];
+    const NaWindow& w = p.windows[a][coord[a]];
+    keys.first_slab[u] = (w.first - keys.first_key) / step;
+    keys.slabs_of[u] = w.count;
+    last_key = std::max(last_key, w.first + (w.count - 1) * step);
+  }
+  // The other axes' window, outer axis first (the reference's window order restricted to them).
+  const NaWindow& wo = p.windows[outer][outer_index];
+  const NaWindow& wi = p.windows[inner][inner_index];
+  const int64_t go = p.query_offset[outer] + outer_index, gi = p.query_offset[inner] + inner_index;
+  keys.inner = wo.count * wi.count;
+  keys.inner_bias.resize(keys.inner);
+  std::vector<int64_t>& inner_positions = keys.inner_positions;
+  inner_positions.resize(keys.inner);
+  int64_t i = 0;
+  for (int64_t to = 0; to < wo.count; ++to) {
+    const int64_t jo = wo.first + to * wo.step;
+    for (int64_t ti = 0; ti < wi.count; ++ti, ++i) {
+      const int64_t ji = wi.first + ti * wi.step;
+      inner_positions[i] =
+          (jo - p.tile_offset[outer]) * stride[outer] + (ji - p.tile_offset[inner]) * stride[inner];
+      keys.inner_bias[i] =
+          (p.kernel[outer] - 1 + (jo - go) / p.dilation[outer]) * bias_stride[outer] +
+          (p.kernel[inner] - 1 + (ji - gi) / p.dilation[inner]) * bias_stride[inner];
+    }
+  }
+  const int64_t slabs = (last_key - keys.first_key) / step + 1;
+  keys.positions.resize(slabs * keys.inner);
+  for (int64_t s = 0; s < slabs; ++s) {
+    const int64_t slab_position = (keys.first_key + s * step - p.tile_offset[a]) * stride[a];
+    for (int64_t n = 0; n < keys.inner; ++n)
+      keys.positions[s * keys.inner + n] = slab_position + inner_positions[n];
+  }
+  // Segments: the queries reading slab s are a contiguous run (windows move monotonically).
+  keys.segments.clear();
+  for (int64_t s = 0; s < slabs; ++s) {
+    int begin = keys.queries, end = 0;
+    for (int u = 0; u < keys.queries; ++u)
+      if (s >= keys.first_slab[u] && s < keys.first_slab[u] + keys.slabs_of[u]) {
+        begin = std::min(begin, u);
+        end = u + 1;
+      }
+    if (begin >= end) continue;
+    if (!keys.segments.empty() && keys.segments.back().slab_end == s &&
+        keys.segments.back().query_begin == begin && keys.segments.back().query_end == end)
+      keys.segments.back().slab_end = s + 1;
+    else
+      keys.segments.push_back({s, s + 1, begin, end});
+  }
+}
+
+/// The bias index of key n (slab-major, as keys.positions) of query u's window.
+TESSERA_NA_INLINE int64_t tile_bias_index(const Problem& p, const TileKeys& keys, int a, int u,
+                                          int64_t n) {
+  const int64_t slab = keys.first_slab[u] + n / keys.inner;
+  const int64_t key = keys.first_key + slab * p.dilation[a];
+  const int64_t bias_stride = a == 0 ? p.rpb[1] * p.rpb[2] : a == 1 ? p.rpb[2] : 1;
+  return (p.kernel[a] - 1 + (key - keys.global_on_axis[u]) / p.dilation[a]) * bias_stride +
+         keys.inner_bias[n % keys.inner];
+}
+
+/// out[u][n] = factor * a[u] . (base + positions[n] * row_stride) for the N rows a[u] and the
+/// `count` keys: the queries of one segment against its keys. Groups of R keys (R = lanes / N,
+/// N rounded up to a power of two) are walked one register of D at a time, each query register
+/// meeting each key register in its own chain, and the group's N x R dot products leave the
+/// reduction tree together in one register.
+template <int W, int Dim, int N, typename T>
+TESSERA_NA_INLINE void tile_dots(const T* const* a, const T* base, const int64_t* positions,
+                                 int64_t row_stride, int64_t count, T factor, T* const* out) {
+  constexpr int lanes = kLanes<T, W>;
+  constexpr int padded = std::bit_ceil(static_cast<unsigned>(N));
+  constexpr int R = lanes / padded;
+  static_assert(R >= 1 && Dim % lanes == 0, "tile_dots: N exceeds the lanes or D is not whole");
+  using V = Vec<T, W>;
+  alignas(64) T result[lanes];
+  for (int64_t start = 0; start < count; start += R) {
+    const int valid = static_cast<int>(std::min<int64_t>(R, count - start));
+    const T* rows[R];
+    for (int r = 0; r < R; ++r)
+      rows[r] = base + positions[start + (r < valid ? r : 0)] * row_stride;
+    V s[lanes];
+    for (V& v : s) v = V{};
+    for (int e = 0; e < Dim; e += lanes) {
+      V av[N];
+      for (int u = 0; u < N; ++u) av[u] = load<W>(a[u] + e);
+      for (int r = 0; r < R; ++r) {
+        const V kv = load<W>(rows[r] + e);
+        for (int u = 0; u < N; ++u) s[u * R + r] += av[u] * kv;
+      }
+    }
+    // Whole groups of R are written (a fixed-size copy, no loop over the valid count): what a
+    // last group writes past the segment is overwritten by the query's next segment or lands in
+    // the room its logits buffer has past the window.
+    store<W>(result, lane_sums<lanes>(s) * factor);
+    for (int u = 0; u < N; ++u) std::memcpy(out[u] + start, result + u * R, sizeof(T) * R);
+  }
+}
+
+/// acc[u][e] += sum_n w[u][n] (base + positions[n] * row_stride)[e] for the N accumulators and
+/// the `count` rows (p.v of a segment's queries): a block of N queries x C registers of D stays
+/// in registers while the rows stream past, so each row register loaded serves N queries.
+template <int W, int Dim, int N, typename T>
+TESSERA_NA_INLINE void tile_accumulate(T* const* acc, const T* const* w, const T* base,
+                                       const int64_t* positions, int64_t row_stride,
+                                       int64_t count) {
+  constexpr int lanes = kLanes<T, W>;
+  constexpr int chunks = Dim / lanes;
+  // Accumulator registers: 8 of AVX2's 16, 16 of AVX-512's 32 (the rest hold rows and weights).
+  constexpr int budget = W >= 64 ? 16 : 8;
+  constexpr int padded = std::bit_ceil(static_cast<unsigned>(N));
+  constexpr int C = std::min(chunks, std::max(1, budget / padded));
+  static_assert(chunks % C == 0, "tile_accumulate: D must be a power-of-two number of registers");
+  using V = Vec<T, W>;
+  for (int g = 0; g < chunks; g += C) {
+    V sums[N][C];
+    for (int u = 0; u < N; ++u)
+      for (int c = 0; c < C; ++c) sums[u][c] = load<W>(acc[u] + (g + c) * lanes);
+    for (int64_t n = 0; n < count; ++n) {
+      const T* row = base + positions[n] * row_stride + g * lanes;
+      V rv[C];
+      for (int c = 0; c < C; ++c) rv[c] = load<W>(row + c * lanes);
+      for (int u = 0; u < N; ++u) {
+        const T weight = w[u][n];
+        for (int c = 0; c < C; ++c) sums[u][c] += weight * rv[c];
+      }
+    }
+    for (int u = 0; u < N; ++u)
+      for (int c = 0; c < C; ++c) store<W>(acc[u] + (g + c) * lanes, sums[u][c]);
+  }
+}
+
+/// tile_dots with N = n <= Max as a compile-time constant (a switch rather than a generic lambda,
+/// whose body would not inherit the caller's target attribute).
+template <int W, int Dim, int Max, typename T>
+TESSERA_NA_INLINE void tile_dots_for(int n, const T* const* a, const T* base,
+                                     const int64_t* positions, int64_t row_stride, int64_t count,
+                                     T factor, T* const* out) {
+  if constexpr (Max >= 1) {
+    if (n == Max) return tile_dots<W, Dim, Max>(a, base, positions, row_stride, count, factor, out);
+    tile_dots_for<W, Dim, Max - 1>(n, a, base, positions, row_stride, count, factor, out);
+  }
+}
+
+/// tile_accumulate with N = n <= Max as a compile-time constant.
+template <int W, int Dim, int Max, typename T>
+TESSERA_NA_INLINE void tile_accumulate_for(int n, T* const* acc, const T* const* w, const T* base,
+                                           const int64_t* positions, int64_t row_stride,
+                                           int64_t count) {
+  if constexpr (Max >= 1) {
+    if (n == Max) return tile_accumulate<W, Dim, Max>(acc, w, base, positions, row_stride, count);
+    tile_accumulate_for<W, Dim, Max - 1>(n, acc, w, base, positions, row_stride, count);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Forward.
 
 template <typename T>
 struct ForwardJob {
   const Problem* problem;
+  const QueryTiles* tiles;    // the tiled kernel's tiles (unused by forward_rows)
   const T *q, *k, *v, *bias;  // bias: [heads, rpb..] or nullptr
   T *output, *lse;
 };
@@ -426,12 +699,99 @@ TESSERA_NA_INLINE void forward_rows(const ForwardJob<T>& job, int64_t begin, int
   }
 }
 
+/// Forward of the tile items [begin, end) (see tile_items): per head, the logits of every query
+/// of the tile segment by segment, each query's softmax in passes as in forward_rows, then p.v
+/// segment by segment into the queries' accumulators.
+template <int W, typename T, int Dim>
+TESSERA_NA_INLINE void forward_tiles(const ForwardJob<T>& job, int64_t begin, int64_t end) {
+  const Problem& p = *job.problem;
+  const QueryTiles& tiles = *job.tiles;
+  constexpr int Q = kTileQueries<W, T>, lanes = kLanes<T, W>;
+  const int64_t heads = p.heads, row = heads * Dim, queries = p.query_count();
+  const int64_t window = p.kernel[0] * p.kernel[1] * p.kernel[2];
+  const int64_t room = (window + lanes + lanes - 1) / lanes * lanes;
+  const int a = tiles.axis;
+  const T scale = static_cast<T>(p.scale);
+  // Items in groups, heads inside a group: the k/v rows one head of a tile reads (a few tens of
+  // KiB) are mostly read again by the next tile, which then finds them in L1.
+  constexpr int64_t group = 16;
+  std::vector<TileKeys> group_keys(group);
+  std::vector<T> logits(Q * room), acc(Q * Dim);
+  T* logit_rows[Q];
+  T* acc_rows[Q];
+  for (int u = 0; u < Q; ++u) {
+    logit_rows[u] = logits.data() + u * room;
+    acc_rows[u] = acc.data() + u * Dim;
+  }
+  for (int64_t group_begin = begin; group_begin < end; group_begin += group) {
+    const int64_t group_end = std::min(end, group_begin + group);
+    for (int64_t item = group_begin; item < group_end; ++item)
+      tile_keys(p, tiles, item, group_keys[item - group_begin]);
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t item = group_begin; item < group_end; ++item) {
+        const TileKeys& keys = group_keys[item - group_begin];
+        const T* k_batch = job.k + keys.batch * p.tile_count() * row;
+        const T* v_batch = job.v + keys.batch * p.tile_count() * row;
+        const T* q_rows[Q];
+        T sums[Q];
+        for (int u = 0; u < keys.queries; ++u) {
+          q_rows[u] = job.q + ((keys.batch * queries + keys.flat[u]) * heads + h) * Dim;
+          prefetch_for_write(job.output + ((keys.batch * queries + keys.flat[u]) * heads + h) * Dim,
+                             Dim);
+        }
+        for (const Segment& segment : keys.segments) {
+          const T* segment_queries[Q];
+          T* out[Q];
+          for (int u = segment.query_begin; u < segment.query_end; ++u) {
+            segment_queries[u - segment.query_begin] = q_rows[u];
+            out[u - segment.query_begin] =
+                logit_rows[u] + (segment.slab_begin - keys.first_slab[u]) * keys.inner;
+          }
+          const int64_t* positions = keys.positions.data() + segment.slab_begin * keys.inner;
+          const int64_t count = (segment.slab_end - segment.slab_begin) * keys.inner;
+          tile_dots_for<W, Dim, Q>(segment.query_end - segment.query_begin, segment_queries,
+                                   k_batch + h * Dim, positions, row, count, scale, out);
+        }
+        const T* bias = job.bias ? job.bias + h * p.rpb_count() : nullptr;
+        T maxima[Q];
+        for (int u = 0; u < keys.queries; ++u) {
+          const int64_t count = keys.slabs_of[u] * keys.inner;
+          if (bias)
+            for (int64_t n = 0; n < count; ++n)
+              logit_rows[u][n] += bias[tile_bias_index(p, keys, a, u, n)];
+          maxima[u] = max_of<W>(logit_rows[u], count);
+          sums[u] = exp_sum<W>(logit_rows[u], count, maxima[u]);
+          std::fill_n(acc_rows[u], Dim, T(0));
+        }
+        for (const Segment& segment : keys.segments) {
+          const T* weights[Q];
+          T* sums_of[Q];
+          for (int u = segment.query_begin; u < segment.query_end; ++u) {
+            weights[u - segment.query_begin] =
+                logit_rows[u] + (segment.slab_begin - keys.first_slab[u]) * keys.inner;
+            sums_of[u - segment.query_begin] = acc_rows[u];
+          }
+          const int64_t* positions = keys.positions.data() + segment.slab_begin * keys.inner;
+          const int64_t count = (segment.slab_end - segment.slab_begin) * keys.inner;
+          tile_accumulate_for<W, Dim, Q>(segment.query_end - segment.query_begin, sums_of, weights,
+                                         v_batch + h * Dim, positions, row, count);
+        }
+        for (int u = 0; u < keys.queries; ++u) {
+          const int64_t query_head = (keys.batch * queries + keys.flat[u]) * heads + h;
+          store_scaled(job.output + query_head * Dim, acc_rows[u], T(1) / sums[u], Dim);
+          job.lse[query_head] = maxima[u] + std::log(sums[u]);
+        }
+      }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Backward.
 
 template <typename T>
 struct BackwardJob {
   const Problem* problem;
+  const QueryTiles* tiles;  // the tiled query pass's tiles (unused by backward_query_rows)
   const InverseWindows* inverse;
   const T *q, *k, *v, *bias, *grad_output, *grad_lse;
   T *dq, *dk, *dv;
@@ -502,6 +862,112 @@ TESSERA_NA_INLINE void backward_query_rows(const BackwardJob<T>& job, int64_t be
       job.lse[query_head] = row_max + std::log(sum);
       job.shift[query_head] = shift;
     }
+  }
+}
+
+/// Query pass of the tile items [begin, end) (see tile_items), as backward_query_rows with the
+/// tile's queries sharing each k/v row they read: logits and dp_j = go . v_j segment by segment,
+/// each query's softmax, delta and ds, then dq segment by segment.
+template <int W, typename T, int Dim>
+TESSERA_NA_INLINE void backward_query_tiles(const BackwardJob<T>& job, int64_t begin, int64_t end,
+                                            int slot) {
+  const Problem& p = *job.problem;
+  const QueryTiles& tiles = *job.tiles;
+  constexpr int Q = kTileQueries<W, T>, lanes = kLanes<T, W>;
+  const int64_t heads = p.heads, row = heads * Dim, queries = p.query_count();
+  const int64_t window = p.kernel[0] * p.kernel[1] * p.kernel[2];
+  const int64_t room = (window + lanes + lanes - 1) / lanes * lanes;
+  const int a = tiles.axis;
+  const T scale = static_cast<T>(p.scale);
+  // Items in groups, heads inside a group: the k/v rows one head of a tile reads (a few tens of
+  // KiB) are mostly read again by the next tile, which then finds them in L1.
+  constexpr int64_t group = 16;
+  std::vector<TileKeys> group_keys(group);
+  std::vector<T> probs(Q * room), grads(Q * room), acc(Q * Dim);
+  T* prob_rows[Q];
+  T* grad_rows[Q];
+  T* acc_rows[Q];
+  for (int u = 0; u < Q; ++u) {
+    prob_rows[u] = probs.data() + u * room;
+    grad_rows[u] = grads.data() + u * room;
+    acc_rows[u] = acc.data() + u * Dim;
+  }
+  T* bias_grad = job.bias_slots ? job.bias_slots + slot * heads * p.rpb_count() : nullptr;
+  for (int64_t group_begin = begin; group_begin < end; group_begin += group) {
+    const int64_t group_end = std::min(end, group_begin + group);
+    for (int64_t item = group_begin; item < group_end; ++item)
+      tile_keys(p, tiles, item, group_keys[item - group_begin]);
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t item = group_begin; item < group_end; ++item) {
+        const TileKeys& keys = group_keys[item - group_begin];
+        const T* k_batch = job.k + keys.batch * p.tile_count() * row;
+        const T* v_batch = job.v + keys.batch * p.tile_count() * row;
+        int64_t query_heads[Q];
+        for (int u = 0; u < keys.queries; ++u) {
+          query_heads[u] = (keys.batch * queries + keys.flat[u]) * heads + h;
+          prefetch_for_write(job.dq + query_heads[u] * Dim, Dim);
+        }
+        for (const Segment& segment : keys.segments) {
+          const T* segment_queries[Q];
+          const T* segment_grads[Q];
+          T* logits_out[Q];
+          T* grads_out[Q];
+          for (int u = segment.query_begin; u < segment.query_end; ++u) {
+            const int t = u - segment.query_begin;
+            const int64_t offset = (segment.slab_begin - keys.first_slab[u]) * keys.inner;
+            segment_queries[t] = job.q + query_heads[u] * Dim;
+            segment_grads[t] = job.grad_output + query_heads[u] * Dim;
+            logits_out[t] = prob_rows[u] + offset;
+            grads_out[t] = grad_rows[u] + offset;
+          }
+          const int64_t* positions = keys.positions.data() + segment.slab_begin * keys.inner;
+          const int64_t count = (segment.slab_end - segment.slab_begin) * keys.inner;
+          const int n = segment.query_end - segment.query_begin;
+          tile_dots_for<W, Dim, Q>(n, segment_queries, k_batch + h * Dim, positions, row, count,
+                                   scale, logits_out);
+          tile_dots_for<W, Dim, Q>(n, segment_grads, v_batch + h * Dim, positions, row, count, T(1),
+                                   grads_out);
+        }
+        const T* bias = job.bias ? job.bias + h * p.rpb_count() : nullptr;
+        for (int u = 0; u < keys.queries; ++u) {
+          T* prob = prob_rows[u];
+          T* grad = grad_rows[u];
+          const int64_t count = keys.slabs_of[u] * keys.inner;
+          if (bias)
+            for (int64_t n = 0; n < count; ++n) prob[n] += bias[tile_bias_index(p, keys, a, u, n)];
+          const T row_max = max_of<W>(prob, count);
+          const T sum = exp_sum<W>(prob, count, row_max);
+          const T inverse_sum = T(1) / sum;
+          T delta = 0;
+          for (int64_t n = 0; n < count; ++n) {
+            prob[n] *= inverse_sum;
+            delta += prob[n] * grad[n];
+          }
+          const T shift = delta - (job.grad_lse ? job.grad_lse[query_heads[u]] : T(0));
+          for (int64_t n = 0; n < count; ++n) grad[n] = prob[n] * (grad[n] - shift);
+          if (bias_grad)
+            for (int64_t n = 0; n < count; ++n)
+              bias_grad[h * p.rpb_count() + tile_bias_index(p, keys, a, u, n)] += grad[n];
+          job.lse[query_heads[u]] = row_max + std::log(sum);
+          job.shift[query_heads[u]] = shift;
+          std::fill_n(acc_rows[u], Dim, T(0));
+        }
+        for (const Segment& segment : keys.segments) {
+          const T* weights[Q];
+          T* sums_of[Q];
+          for (int u = segment.query_begin; u < segment.query_end; ++u) {
+            weights[u - segment.query_begin] =
+                grad_rows[u] + (segment.slab_begin - keys.first_slab[u]) * keys.inner;
+            sums_of[u - segment.query_begin] = acc_rows[u];
+          }
+          const int64_t* positions = keys.positions.data() + segment.slab_begin * keys.inner;
+          const int64_t count = (segment.slab_end - segment.slab_begin) * keys.inner;
+          tile_accumulate_for<W, Dim, Q>(segment.query_end - segment.query_begin, sums_of, weights,
+                                         k_batch + h * Dim, positions, row, count);
+        }
+        for (int u = 0; u < keys.queries; ++u)
+          store_scaled(job.dq + query_heads[u] * Dim, acc_rows[u], scale, Dim);
+      }
   }
 }
 
@@ -588,6 +1054,25 @@ TESSERA_NA_INLINE void backward_key_rows(const BackwardJob<T>& job, int64_t begi
   }
 }
 
+/// The forward body for registers of W bytes: tiled where kTiled, per query otherwise.
+template <int W, typename T, int Dim>
+TESSERA_NA_INLINE void forward_body(const ForwardJob<T>& job, int64_t begin, int64_t end) {
+  if constexpr (kTiled<W, T, Dim>)
+    forward_tiles<W, T, Dim>(job, begin, end);
+  else
+    forward_rows<W, T, Dim>(job, begin, end);
+}
+
+/// The query pass for registers of W bytes: tiled where kTiled, per query otherwise.
+template <int W, typename T, int Dim>
+TESSERA_NA_INLINE void query_pass_body(const BackwardJob<T>& job, int64_t begin, int64_t end,
+                                       int slot) {
+  if constexpr (kTiled<W, T, Dim>)
+    backward_query_tiles<W, T, Dim>(job, begin, end, slot);
+  else
+    backward_query_rows<W, T, Dim>(job, begin, end, slot);
+}
+
 // ---------------------------------------------------------------------------------------------
 // One entry per instruction set (the bodies above are inlined into each), picked at run time.
 
@@ -604,31 +1089,31 @@ constexpr int kDefaultWidth = 16;
 template <typename T, int Dim>
 struct Kernels {
   static void forward(const ForwardJob<T>& job, int64_t begin, int64_t end) {
-    forward_rows<kDefaultWidth, T, Dim>(job, begin, end);
+    forward_body<kDefaultWidth, T, Dim>(job, begin, end);
   }
   static void query_pass(const BackwardJob<T>& job, int64_t begin, int64_t end, int slot) {
-    backward_query_rows<kDefaultWidth, T, Dim>(job, begin, end, slot);
+    query_pass_body<kDefaultWidth, T, Dim>(job, begin, end, slot);
   }
   static void key_pass(const BackwardJob<T>& job, int64_t begin, int64_t end) {
     backward_key_rows<kDefaultWidth, T, Dim>(job, begin, end);
   }
 #if TESSERA_MULTI_ISA
   TESSERA_TARGET_V4 static void forward_v4(const ForwardJob<T>& job, int64_t begin, int64_t end) {
-    forward_rows<64, T, Dim>(job, begin, end);
+    forward_body<64, T, Dim>(job, begin, end);
   }
   TESSERA_TARGET_V4 static void query_pass_v4(const BackwardJob<T>& job, int64_t begin, int64_t end,
                                               int slot) {
-    backward_query_rows<64, T, Dim>(job, begin, end, slot);
+    query_pass_body<64, T, Dim>(job, begin, end, slot);
   }
   TESSERA_TARGET_V4 static void key_pass_v4(const BackwardJob<T>& job, int64_t begin, int64_t end) {
     backward_key_rows<64, T, Dim>(job, begin, end);
   }
   TESSERA_TARGET_V3 static void forward_v3(const ForwardJob<T>& job, int64_t begin, int64_t end) {
-    forward_rows<32, T, Dim>(job, begin, end);
+    forward_body<32, T, Dim>(job, begin, end);
   }
   TESSERA_TARGET_V3 static void query_pass_v3(const BackwardJob<T>& job, int64_t begin, int64_t end,
                                               int slot) {
-    backward_query_rows<32, T, Dim>(job, begin, end, slot);
+    query_pass_body<32, T, Dim>(job, begin, end, slot);
   }
   TESSERA_TARGET_V3 static void key_pass_v3(const BackwardJob<T>& job, int64_t begin, int64_t end) {
     backward_key_rows<32, T, Dim>(job, begin, end);
@@ -641,16 +1126,27 @@ struct KernelSet {
   void (*forward)(const ForwardJob<T>&, int64_t, int64_t);
   void (*query_pass)(const BackwardJob<T>&, int64_t, int64_t, int);
   void (*key_pass)(const BackwardJob<T>&, int64_t, int64_t);
+  int tile_queries;  // queries per tile of the tiled forward and query pass; 0: per query
 };
+
+template <int W, typename T, int Dim>
+constexpr int tile_queries_for() {
+  if constexpr (kTiled<W, T, Dim>)
+    return kTileQueries<W, T>;
+  else
+    return 0;
+}
 
 template <typename T, int Dim>
 KernelSet<T> kernels_for_isa() {
   using K = Kernels<T, Dim>;
 #if TESSERA_MULTI_ISA
-  if (cpu_isa_level() == 4) return {&K::forward_v4, &K::query_pass_v4, &K::key_pass_v4};
-  if (cpu_isa_level() == 3) return {&K::forward_v3, &K::query_pass_v3, &K::key_pass_v3};
+  if (cpu_isa_level() == 4)
+    return {&K::forward_v4, &K::query_pass_v4, &K::key_pass_v4, tile_queries_for<64, T, Dim>()};
+  if (cpu_isa_level() == 3)
+    return {&K::forward_v3, &K::query_pass_v3, &K::key_pass_v3, tile_queries_for<32, T, Dim>()};
 #endif
-  return {&K::forward, &K::query_pass, &K::key_pass};
+  return {&K::forward, &K::query_pass, &K::key_pass, tile_queries_for<kDefaultWidth, T, Dim>()};
 }
 
 /// The kernels for D (specialised for the common head sizes).
@@ -687,16 +1183,19 @@ NaForward forward_in(const Problem& p, const Tensor& q, const Tensor& k, const T
   lse_shape.pop_back();
   Tensor output = Tensor::empty(q.shape(), dtype);
   Tensor lse = Tensor::empty(lse_shape, dtype);
+  const KernelSet<T> set = kernels<T>(p.dim);
+  const QueryTiles tiles = set.tile_queries > 0 ? query_tiles(p, set.tile_queries) : QueryTiles{};
   const ForwardJob<T> job{&p,
+                          &tiles,
                           qc.data<T>(),
                           kc.data<T>(),
                           vc.data<T>(),
                           rpb ? bias.data<T>() : nullptr,
                           output.data<T>(),
                           lse.data<T>()};
-  const auto forward = kernels<T>(p.dim).forward;
-  parallel_for(p.batch * p.query_count(), threads,
-               [&](int64_t begin, int64_t end, int) { forward(job, begin, end); });
+  const int64_t items = set.tile_queries > 0 ? tile_items(p, tiles) : p.batch * p.query_count();
+  parallel_for(items, threads,
+               [&](int64_t begin, int64_t end, int) { set.forward(job, begin, end); });
   return NaForward{output.to_dtype(q.dtype()), lse.to_dtype(lse_dtype(q.dtype()))};
 }
 
@@ -721,7 +1220,10 @@ NaGradients backward_in(const Problem& p, const Tensor& q, const Tensor& k, cons
   std::vector<T> bias_slots(rpb ? static_cast<size_t>(threads) * bias_size : 0);
   // Without queries the windows were not checked against the tile; dk and dv are zero anyway.
   const InverseWindows inverse = p.query_count() > 0 ? inverse_windows(p) : InverseWindows{};
+  const KernelSet<T> set = kernels<T>(p.dim);
+  const QueryTiles tiles = set.tile_queries > 0 ? query_tiles(p, set.tile_queries) : QueryTiles{};
   const BackwardJob<T> job{&p,
+                           &tiles,
                            &inverse,
                            qc.data<T>(),
                            kc.data<T>(),
@@ -735,8 +1237,9 @@ NaGradients backward_in(const Problem& p, const Tensor& q, const Tensor& k, cons
                            lse.data(),
                            shift.data(),
                            rpb ? bias_slots.data() : nullptr};
-  const KernelSet<T> set = kernels<T>(p.dim);
-  parallel_for(p.batch * p.query_count(), threads, [&](int64_t begin, int64_t end, int slot) {
+  const int64_t query_items =
+      set.tile_queries > 0 ? tile_items(p, tiles) : p.batch * p.query_count();
+  parallel_for(query_items, threads, [&](int64_t begin, int64_t end, int slot) {
     set.query_pass(job, begin, end, slot);
   });
   if (p.query_count() > 0)

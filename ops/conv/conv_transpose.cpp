@@ -11,6 +11,15 @@
 // input's last tap: positive padding drops the taps that land outside the rank's outputs, negative
 // padding is outputs no input reaches (stride > kernel, output_padding, a box past every tap);
 // those are cut off and get 0. No output beyond the rank's box is ever held in memory.
+//
+// Tensor parallelism: w sharded over a mesh dim splits the channels there, composed with any
+// spatial or batch sharding of x on the other mesh dims. Groups 1: filter-parallel, w Shard(1)
+// (Cout split): x is replicated there, y is Shard(1) with w's extents, b is split like y; dx is
+// Partial(sum) there. Channel-parallel, w Shard(0) (Cin split): x is Shard(1) with w's extents, y
+// is Partial(sum) (a bias is refused: add it after the reduction); the gradient of y arrives
+// replicated there. Groups > 1: w Shard(0) in whole groups (group-parallel): x, y and b are all
+// Shard(1) by group and nothing is summed; a split inside a group, or of w's dim 1, is refused.
+// dw (db) keeps w's (b's) Shard and is Partial(sum) over the other mesh dims that shard x.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -103,39 +112,115 @@ TransposeDims resolve(const Shape& x, const Shape& w, const OpAttrs& attrs) {
   return dims;
 }
 
+/// How conv_transpose's w [Cin, Cout/groups, k..] is split over one mesh dim (tensor
+/// parallelism).
+enum class TransposeParallel { none, filter, channel, group };
+
+/// The split of w over mesh dim m: Shard(1) filter-parallel (groups 1), Shard(0) channel-parallel
+/// (groups 1) or group-parallel (groups > 1, whole groups per rank); anything else that cannot be
+/// split is refused here, the same on every rank (every rank holds the same specs).
+TransposeParallel transpose_parallel_kind(const ShardSpec& w, size_t m, const TransposeDims& dims) {
+  const Placement& p = w.placements[m];
+  if (!p.is_shard() || p.dim > 1) return TransposeParallel::none;
+  if (dims.groups == 1) return p.dim == 1 ? TransposeParallel::filter : TransposeParallel::channel;
+  check_arg(p.dim == 0, kOp,
+            "w is sharded on its output channels (dim 1) over mesh dim {} with groups {}: each "
+            "rank's output channels would not be contiguous; shard w on dim 0 in whole groups",
+            m, dims.groups);
+  const int64_t per_group = w.global_shape[0] / dims.groups;
+  for (const int64_t extent : w.extents[m])
+    check_arg(extent % per_group == 0, kOp,
+              "w's input channels {} are split {} over mesh dim {}: with groups {} every part "
+              "must hold whole groups of {} channels (a tp size that divides the groups)",
+              w.global_shape[0], w.extents[m], m, dims.groups, per_group);
+  return TransposeParallel::group;
+}
+
 OpRule conv_transpose_rule(const std::vector<ShardSpec>& inputs, const OpAttrs& attrs) {
   check_arg(inputs.size() == 2 || inputs.size() == 3, kOp, "expects inputs x, w[, b], got {}",
             inputs.size());
   const ShardSpec& x_given = inputs[0];
-  const TransposeDims dims = resolve(x_given.global_shape, inputs[1].global_shape, attrs);
+  const ShardSpec& w_given = inputs[1];
+  const TransposeDims dims = resolve(x_given.global_shape, w_given.global_shape, attrs);
   if (inputs.size() == 3)
     check_arg(inputs[2].global_shape == Shape{dims.out_channels}, kOp,
               "bias of shape {}, expected [{}]", inputs[2].global_shape, dims.out_channels);
-  // x: channels whole, no pending partial sums; w and b replicated.
+  // x: channels whole (but over channel- and group-parallel mesh dims), no pending partial sums;
+  // w and b replicated but over the tensor-parallel mesh dims.
+  const size_t mesh_dims = x_given.mesh_shape.size();
   ShardSpec x = without_partial(x_given);
-  for (size_t m = 0; m < x.placements.size(); ++m)
-    if (x.placements[m].is_shard() && x.placements[m].dim == 1) {
+  std::vector<Placement> w_placements(mesh_dims, Placement::replicate());
+  std::vector<Placement> b_placements(mesh_dims, Placement::replicate());
+  std::vector<std::vector<int64_t>> w_extents(mesh_dims), b_extents(mesh_dims);
+  std::vector<Placement> y_placements(mesh_dims, Placement::replicate());
+  std::vector<std::vector<int64_t>> out_extents(mesh_dims);
+  int channel_split_dims = 0;
+  for (size_t m = 0; m < mesh_dims; ++m) {
+    const TransposeParallel kind = transpose_parallel_kind(w_given, m, dims);
+    if (kind == TransposeParallel::none) {
+      if (x.placements[m].is_shard() && x.placements[m].dim == 1) {
+        x.placements[m] = Placement::replicate();
+        x.extents[m].clear();
+      }
+      continue;
+    }
+    ++channel_split_dims;
+    if (kind == TransposeParallel::filter) {  // Cout split: x whole, y Shard(1)
       x.placements[m] = Placement::replicate();
       x.extents[m].clear();
+      w_placements[m] = Placement::shard(1);
+      b_placements[m] = Placement::shard(0);
+      w_extents[m] = b_extents[m] = w_given.extents[m];
+      y_placements[m] = Placement::shard(1);
+      out_extents[m] = w_given.extents[m];
+    } else if (kind == TransposeParallel::channel) {  // Cin split: x Shard(1), y Partial(sum)
+      check_arg(inputs.size() == 2, kOp,
+                "w is sharded on its input channels (channel-parallel) over mesh dim {}: a bias "
+                "would be added once per rank of the sum; add it after the reduction",
+                m);
+      x.placements[m] = Placement::shard(1);
+      x.extents[m] = w_given.extents[m];
+      w_placements[m] = Placement::shard(0);
+      w_extents[m] = w_given.extents[m];
+      y_placements[m] = Placement::partial(ReduceOp::sum);
+    } else {  // whole groups: x, w, b and y all split by group
+      const int64_t in_per_group = w_given.global_shape[0] / dims.groups;
+      const int64_t out_per_group = w_given.global_shape[1];
+      x.placements[m] = Placement::shard(1);
+      x.extents[m] = w_given.extents[m];
+      w_placements[m] = Placement::shard(0);
+      w_extents[m] = w_given.extents[m];
+      y_placements[m] = Placement::shard(1);
+      b_placements[m] = Placement::shard(0);
+      for (const int64_t extent : w_given.extents[m])
+        out_extents[m].push_back(extent / in_per_group * out_per_group);
+      b_extents[m] = out_extents[m];
     }
-  const std::vector<Placement> replicated(x.mesh_shape.size(), Placement::replicate());
+  }
+  check_arg(channel_split_dims <= 1, kOp,
+            "w's channels are split over {} mesh dims; at most one mesh dim may split them",
+            channel_split_dims);
+  x = ShardSpec::make(x.global_shape, x.mesh_shape, x.placements, x.extents, kOp);
   OpRule rule;
   rule.inputs.push_back(x);
-  for (size_t i = 1; i < inputs.size(); ++i)
-    rule.inputs.push_back(ShardSpec::make(inputs[i].global_shape, x.mesh_shape, replicated));
+  rule.inputs.push_back(
+      ShardSpec::make(w_given.global_shape, x.mesh_shape, w_placements, w_extents, kOp));
+  if (inputs.size() == 3)
+    rule.inputs.push_back(
+        ShardSpec::make(inputs[2].global_shape, x.mesh_shape, b_placements, b_extents, kOp));
 
   Shape out_shape{x.global_shape[0], dims.out_channels};
   for (int i = 0; i < dims.spatial; ++i) out_shape.push_back(dims.output[i]);
-  std::vector<std::vector<int64_t>> out_extents(x.mesh_shape.size());
-  for (size_t m = 0; m < x.mesh_shape.size(); ++m) {
-    if (!x.placements[m].is_shard()) continue;
+  for (size_t m = 0; m < mesh_dims; ++m) {
+    if (!x.placements[m].is_shard() || x.placements[m].dim == 1) continue;
     const int dim = x.placements[m].dim;
+    y_placements[m] = x.placements[m];
     out_extents[m] =
         dim == 0 ? x.extents[m]
                  : upsampled_output_extents(x.extents[m], dims.input[dim - 2], dims.output[dim - 2],
                                             dims.stride[dim - 2], dims.padding[dim - 2]);
   }
-  const ShardSpec y = ShardSpec::make(out_shape, x.mesh_shape, x.placements, out_extents, kOp);
+  const ShardSpec y = ShardSpec::make(out_shape, x.mesh_shape, y_placements, out_extents, kOp);
   rule.outputs.push_back(y);
 
   // Halo of x: the inputs whose taps land in each rank's outputs (zero outside the tensor).
@@ -173,8 +258,13 @@ PieceConv piece_conv(const OpAttrs& attrs, const Shape& x, const Shape& w, const
                      const Box& out) {
   const TransposeDims dims = resolve(x, w, attrs);
   PieceConv piece;
+  // Group-parallel: the piece holds whole groups of the input channels, so its conv has as many
+  // groups as it holds (at least one, for the kernel's sake, when it holds none).
+  const int64_t local_in = haloed.hi[1] - haloed.lo[1];
+  const int64_t local_groups =
+      dims.groups == 1 ? 1 : std::max<int64_t>(1, dims.groups * local_in / x[1]);
   piece.geometry =
-      ConvGeometry{dims.stride, dims.dilation, dims.groups, std::vector<int64_t>(dims.spatial, 0),
+      ConvGeometry{dims.stride, dims.dilation, local_groups, std::vector<int64_t>(dims.spatial, 0),
                    std::vector<int64_t>(dims.spatial, 0)};
   const Shape out_shape = out.shape();
   piece.reached = Box{Shape(out_shape.size(), 0), out_shape};
@@ -243,8 +333,11 @@ std::vector<std::optional<ShardTensor>> conv_transpose_backward(
   const ShardSpec& y = record.outputs[0].spec();
   const PieceConv piece = piece_conv(record.attrs, x.global_shape(), w.global_shape(),
                                      record.plans[0]->needed_box(), record.outputs[0].local_box());
-  const ShardTensor g =
-      grads[0]->spec() == y ? *grads[0] : grads[0]->redistribute(y.placements, y.extents);
+  // The gradient of a Partial(sum) y (channel-parallel) is the same on every rank of the sum.
+  const ShardSpec g_spec = without_partial(y);
+  const ShardTensor g = grads[0]->spec() == g_spec
+                            ? *grads[0]
+                            : grads[0]->redistribute(g_spec.placements, g_spec.extents);
   const Tensor& x_haloed = record.kernel_inputs[0];
   const Tensor g_local = g.to_local();
   const Tensor w_local = w.to_local();
@@ -258,16 +351,26 @@ std::vector<std::optional<ShardTensor>> conv_transpose_backward(
     dx_haloed = conv_forward(g_reached, w_local, nullptr, piece.geometry);
     dw = conv_backward_weight(g_reached, x_haloed, w_local.shape(), piece.geometry);
   }
-  // dx: gradient of the haloed piece, its halo cells sent back to their owners and added.
+  // dx: gradient of the haloed piece, its halo cells sent back to their owners and added;
+  // Partial(sum) over the filter-parallel mesh dims (each rank's share of the out channels).
   const Tensor dx = halo_adjoint(*record.plans[0], dx_haloed, x.mesh().comm());
+  std::vector<Placement> dx_placements = x.spec().placements;
+  std::vector<std::vector<int64_t>> dx_extents = x.spec().extents;
+  for (size_t m = 0; m < dx_placements.size(); ++m)
+    if (w.placements()[m].is_shard() && w.placements()[m].dim == 1) {
+      dx_placements[m] = Placement::partial(ReduceOp::sum);
+      dx_extents[m].clear();
+    }
   std::vector<std::optional<ShardTensor>> result;
-  result.emplace_back(ShardTensor(dx, x.mesh(), x.spec()));
-  // dw, db: local sums over this rank's outputs; partial along the mesh dims that shard x.
-  result.emplace_back(ShardTensor(dw, w.mesh(), partial_over_sharding(x.spec(), w.global_shape())));
+  result.emplace_back(ShardTensor(
+      dx, x.mesh(),
+      ShardSpec::make(x.global_shape(), x.spec().mesh_shape, dx_placements, dx_extents)));
+  // dw, db: local sums over this rank's outputs; w's (b's) Shard kept, partial along the other
+  // mesh dims that shard x.
+  result.emplace_back(ShardTensor(dw, w.mesh(), param_grad_layout(x.spec(), w.spec())));
   if (record.inputs.size() == 3)
-    result.emplace_back(
-        ShardTensor(conv_backward_bias(g_local.contiguous()), w.mesh(),
-                    partial_over_sharding(x.spec(), record.inputs[2].global_shape())));
+    result.emplace_back(ShardTensor(conv_backward_bias(g_local.contiguous()), w.mesh(),
+                                    param_grad_layout(x.spec(), record.inputs[2].spec())));
   return result;
 }
 

@@ -50,11 +50,13 @@ struct OnnxModel::State {
   struct Compiled {
     std::optional<Step> step;  ///< none: the node has host semantics only (folded or fallback)
     bool skip = false;         ///< consumed by a recognised pattern
-    /// The value the step reads instead of the node's inputs (a recognised pattern's input).
-    std::optional<std::string> input_override;
+    /// The values the step reads instead of the node's inputs (a recognised pattern's inputs).
+    std::vector<std::string> input_override;
   };
   std::vector<Compiled> compiled;
   std::set<std::string> fallbacks, warned;
+  /// The initializers held stacked by parts (fused projections' weights and biases): parts.
+  std::map<std::string, int64_t> stacked;
 
   State(io::OnnxGraph parsed, DeviceMesh on, DType as)
       : graph(std::move(parsed)), mesh(std::move(on)), dtype(as) {}
@@ -136,10 +138,34 @@ std::optional<GroupNormMatch> match_group_norm(const io::OnnxGraph& graph, size_
   return GroupNormMatch{norms[0], backs[0], groups, norm.real("epsilon", 1e-5)};
 }
 
+/// A fused projection's initializer in its stacked layout: a weight [in, parts * width] as
+/// [parts * in, width] (part p's columns become rows [p * in, (p + 1) * in)), a bias
+/// [parts * width] as [parts, width] (the same values in the same order).
+Tensor stacked_by_parts(const Tensor& value, int64_t parts) {
+  const Shape& shape = value.shape();
+  if (shape.size() == 1) return value.contiguous().reshape({parts, shape[0] / parts});
+  const int64_t in = shape[0], width = shape[1] / parts;
+  Tensor stacked = Tensor::empty({parts * in, width}, value.dtype(), value.device());
+  for (int64_t p = 0; p < parts; ++p)
+    stacked.slice(0, p * in, (p + 1) * in).copy_from(value.slice(1, p * width, (p + 1) * width));
+  return stacked;
+}
+
+/// The inverse of stacked_by_parts: the value in the initializer's layout `shape`.
+Tensor unstacked(const Tensor& stacked, int64_t parts, const Shape& shape) {
+  if (shape.size() == 1) return stacked.contiguous().reshape(shape);  // a bias [parts * width]
+  const int64_t in = shape[0], width = shape[1] / parts;
+  Tensor value = Tensor::empty(shape, stacked.dtype(), stacked.device());
+  for (int64_t p = 0; p < parts; ++p)
+    value.slice(1, p * width, (p + 1) * width).copy_from(stacked.slice(0, p * in, (p + 1) * in));
+  return value;
+}
+
 }  // namespace
 
 OnnxModel::OnnxModel(io::OnnxGraph graph, const DeviceMesh& mesh, DType dtype,
-                     const std::map<std::string, std::vector<Placement>>& placements)
+                     const std::map<std::string, std::vector<Placement>>& placements,
+                     const std::vector<OnnxFusedProjection>& fused)
     : state_(std::make_shared<State>(std::move(graph), mesh, dtype)) {
   State& state = *state_;
   check_arg(
@@ -150,6 +176,32 @@ OnnxModel::OnnxModel(io::OnnxGraph graph, const DeviceMesh& mesh, DType dtype,
   // Compile every node first: an unsupported node or a bad attribute is refused before anything
   // is allocated on the mesh.
   state.compiled.resize(g.nodes.size());
+  // Fused projections: the MatMul (or, with a bias, its Add, reading x, the weight and the bias)
+  // computes every part on its own.
+  for (const OnnxFusedProjection& projection : fused) {
+    std::optional<size_t> product, bias_add;
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+      if (g.nodes[i].name == projection.node) product = i;
+      if (!projection.bias_node.empty() && g.nodes[i].name == projection.bias_node) bias_add = i;
+    }
+    if (!product) continue;
+    const OnnxNode& matmul = g.nodes[*product];
+    check_arg(matmul.op_type == "MatMul" && matmul.inputs.size() == 2 &&
+                  matmul.inputs[1] == projection.weight &&
+                  (projection.bias_node.empty() || bias_add),
+              "onnx", "{}: not the fused projection of weight '{}' the plan names", matmul.where(),
+              projection.weight);
+    state.stacked[projection.weight] = projection.parts;
+    if (bias_add) {
+      state.stacked[projection.bias] = projection.parts;
+      state.compiled[*product].skip = true;
+      state.compiled[*bias_add].input_override = {matmul.inputs[0], projection.weight,
+                                                  projection.bias};
+      state.compiled[*bias_add].step = onnx::fused_projection_step(matmul, projection.parts);
+    } else {
+      state.compiled[*product].step = onnx::fused_projection_step(matmul, projection.parts);
+    }
+  }
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const OnnxNode& node = g.nodes[i];
     if (state.compiled[i].skip) continue;
@@ -159,7 +211,7 @@ OnnxModel::OnnxModel(io::OnnxGraph graph, const DeviceMesh& mesh, DType dtype,
       const OnnxNode& back = g.nodes[match->reshape_back];
       const int64_t groups = match->groups;
       const double eps = match->eps;
-      state.compiled[match->reshape_back].input_override = node.inputs[0];
+      state.compiled[match->reshape_back].input_override = {node.inputs[0]};
       state.compiled[match->reshape_back].step =
           Step([&back, groups, eps](const RunContext& context, const Values& inputs) {
             return std::vector<Value>{data_value(ops::group_norm(
@@ -194,8 +246,11 @@ OnnxModel::OnnxModel(io::OnnxGraph graph, const DeviceMesh& mesh, DType dtype,
       check_arg(placed == placements.end() || statistics.count(name) == 0, "onnx",
                 "{}: '{}' holds running statistics; only parameters take a placement", g.source,
                 name);
+      const auto stacked = state.stacked.find(name);
+      const Tensor layout =
+          stacked == state.stacked.end() ? tensor : stacked_by_parts(tensor, stacked->second);
       ShardTensor values =
-          ShardTensor::distribute(tensor.to_dtype(dtype).to(device), mesh,
+          ShardTensor::distribute(layout.to_dtype(dtype).to(device), mesh,
                                   placed == placements.end() ? replicated : placed->second);
       if (statistics.count(name) > 0) {
         state.buffers.emplace_back(name, values);
@@ -254,9 +309,11 @@ std::map<std::string, ShardTensor> OnnxModel::forward(
     const State::Compiled& compiled = state.compiled[i];
     if (compiled.skip) continue;
     Values node_inputs;
-    if (compiled.input_override) {
-      // A recognised GroupNorm runs on the first Reshape's input x.
-      node_inputs = {values.at(*compiled.input_override)};
+    if (!compiled.input_override.empty()) {
+      // A recognised pattern's step (GroupNorm on the first Reshape's input x; a fused
+      // projection on x, its weight and bias) reads the pattern's inputs.
+      for (const std::string& name : compiled.input_override)
+        node_inputs.push_back(values.at(name));
     } else {
       for (const std::string& name : node.inputs) {
         if (name.empty()) {
@@ -274,14 +331,21 @@ std::map<std::string, ShardTensor> OnnxModel::forward(
                                               return !input || (input->constant && !input->sharded);
                                             });
       bool handled = true;
-      if (compiled.input_override) {
+      if (!compiled.input_override.empty()) {
         results = (*compiled.step)(context, node_inputs);
       } else if (node.op_type == "Shape" && !node_inputs.empty() && node_inputs[0] &&
-                 node_inputs[0]->sharded) {
-        // The global shape: known on every rank without data.
+                 (node_inputs[0]->sharded || !node_inputs[0]->parts.empty())) {
+        // The global shape: known on every rank without data (a fused projection's: its parts
+        // side by side on the last dim).
         HostArray shape;
         shape.integral = true;
-        const Shape& global = node_inputs[0]->sharded->global_shape();
+        Shape global;
+        if (node_inputs[0]->sharded) {
+          global = node_inputs[0]->sharded->global_shape();
+        } else {
+          global = node_inputs[0]->parts[0].global_shape();
+          global.back() *= static_cast<int64_t>(node_inputs[0]->parts.size());
+        }
         const int64_t rank = static_cast<int64_t>(global.size());
         int64_t start = node.integer("start", 0), end = node.integer("end", rank);
         start = std::clamp(start < 0 ? start + rank : start, int64_t{0}, rank);
@@ -320,6 +384,11 @@ std::map<std::string, ShardTensor> OnnxModel::forward(
         for (const std::optional<Value>& input : node_inputs) {
           if (!input) {
             gathered.emplace_back();
+          } else if (!input->parts.empty()) {
+            throw InvalidArgument(
+                "onnx", fmt::format("{}: reads the output of a fused projection split over tp "
+                                    "part by part, which only Shape, Slice and Split may read",
+                                    node.where()));
           } else if (input->constant) {
             gathered.push_back(*input->constant);
           } else {
@@ -385,12 +454,29 @@ ShardTensor OnnxModel::forward(const ShardTensor& x) {
   return forward({{g.inputs[0].name, x}}).at(g.outputs[0].name);
 }
 
+Tensor OnnxModel::full_initializer(const std::string& name) const {
+  const State& state = *state_;
+  for (const auto& [key, parameter] : state.parameters)
+    if (key == name) {
+      const Tensor full = parameter.tensor().full_tensor();
+      const auto stacked = state.stacked.find(name);
+      if (stacked == state.stacked.end()) return full;
+      for (const auto& [initializer, tensor] : state.graph.initializers)
+        if (initializer == name)
+          return unstacked(full.to(Device::cpu()), stacked->second, tensor.shape());
+    }
+  for (const auto& [key, buffer] : state.buffers)
+    if (key == name) return buffer.full_tensor();
+  throw InvalidArgument("onnx",
+                        fmt::format("{}: no parameter or buffer '{}'", state.graph.source, name));
+}
+
 void OnnxModel::save(const std::string& file) const {
   const State& state = *state_;
   // Every rank gathers each value (nothing moves for a replicated one); only rank 0 writes.
   std::vector<std::pair<std::string, Tensor>> values;
   for (const auto& [name, parameter] : state.parameters)
-    values.emplace_back(name, parameter.tensor().full_tensor());
+    values.emplace_back(name, full_initializer(name));
   for (const auto& [name, buffer] : state.buffers) values.emplace_back(name, buffer.full_tensor());
   std::optional<std::string> problem;
   if (state.mesh.rank() == 0) {

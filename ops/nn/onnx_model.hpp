@@ -25,6 +25,7 @@
 
 #include "core/parameter.hpp"
 #include "io/onnx/onnx_graph.hpp"
+#include "ops/nn/onnx_partition.hpp"
 
 namespace tessera::nn {
 
@@ -34,10 +35,15 @@ class OnnxModel {
   /// also work where every op does) on the calling rank's device. Validates every node first.
   /// Parameters are replicated, except those named in `placements` (one placement per mesh dim):
   /// tensor parallelism shards weights this way (ops/nn/onnx_partition.hpp finds which), and the
-  /// MatMul, Gemm and Conv steps run a weight split on its in features as a row-parallel
-  /// (channel-parallel) product whose Partial sum is reduced before the bias is added.
+  /// MatMul, Gemm, Conv and ConvTranspose steps run a weight split on its in features as a
+  /// row-parallel (channel-parallel) product whose Partial sum is reduced before the bias is added.
+  /// The `fused` projections (attention's q/k/v MatMul, found by the plan) hold their weight and
+  /// bias stacked by parts ([parts * in, width], [parts, width]: `placements` names those
+  /// layouts), and their MatMul (with its bias Add) computes each part on its own; fused
+  /// projections whose node the graph lacks (another pipeline stage's) are ignored.
   OnnxModel(io::OnnxGraph graph, const DeviceMesh& mesh, DType dtype = DType::f32,
-            const std::map<std::string, std::vector<Placement>>& placements = {});
+            const std::map<std::string, std::vector<Placement>>& placements = {},
+            const std::vector<OnnxFusedProjection>& fused = {});
   /// Reads `file` (io::read_onnx) and builds the model.
   static OnnxModel load(const std::string& file, const DeviceMesh& mesh, DType dtype = DType::f32);
 
@@ -56,6 +62,10 @@ class OnnxModel {
   std::map<std::string, ShardTensor> forward(const std::map<std::string, ShardTensor>& inputs);
   /// Collective: the one-input graph on `x`; its first output.
   ShardTensor forward(const ShardTensor& x);
+
+  /// Collective: the whole value of parameter or buffer `name` in its initializer's shape and
+  /// layout (a fused projection's stacked weight back as [in, parts * width]), on every rank.
+  Tensor full_initializer(const std::string& name) const;
 
   /// Collective: writes the model back as ONNX to `file` (rank 0 writes): the graph as read, with
   /// every parameter's and buffer's initializer holding its current (gathered) values (in the

@@ -16,11 +16,11 @@ namespace tessera::nn::onnx {
 using io::OnnxNode;
 
 Value data_value(ShardTensor tensor) {
-  return Value{std::move(tensor), nullptr};
+  return Value{std::move(tensor), nullptr, {}};
 }
 
 Value constant_value(HostArray array) {
-  return Value{std::nullopt, std::make_shared<const HostArray>(std::move(array))};
+  return Value{std::nullopt, std::make_shared<const HostArray>(std::move(array)), {}};
 }
 
 /// Input `index` as data on the mesh: a constant becomes a replicated tensor in `like`'s dtype
@@ -31,6 +31,10 @@ ShardTensor data_of(const RunContext& context, const OnnxNode& node, const Value
             index);
   const Value& value = *inputs[index];
   if (value.sharded) return *value.sharded;
+  check_arg(value.parts.empty(), "onnx",
+            "{}: input {} ('{}') is the output of a fused projection split over tp part by part; "
+            "only Shape, and Slice or Split taking whole parts, may read it",
+            node.where(), index, node.inputs[index]);
   const Tensor host = host_tensor(*value.constant, like.value_or(context.dtype));
   const Tensor values =
       host.dtype() == DType::i64 ? host.to_dtype(like.value_or(context.dtype)) : host;
@@ -130,6 +134,13 @@ ShardTensor reduced(const ShardTensor& y) {
   return partial ? y.redistribute(placements, extents) : y;
 }
 
+/// The global shape of a fused projection's output: its parts side by side on the last dim.
+Shape parts_shape(const std::vector<ShardTensor>& parts) {
+  Shape shape = parts[0].global_shape();
+  shape.back() *= static_cast<int64_t>(parts.size());
+  return shape;
+}
+
 /// a @ b for a 2-d weight b [in, out]: the linear op with b's transpose, whose rule knows a
 /// weight split over a tp dim (column- or row-parallel), when the plan split b; matmul otherwise.
 ShardTensor weighted_matmul(const ShardTensor& a, const ShardTensor& b) {
@@ -188,9 +199,13 @@ Step compile_conv_transpose(const OnnxNode& node) {
             "{}: attribute 'group' = {}", node.where(), options.groups);
   return [options, &node](const RunContext& context, const Values& inputs) {
     const ShardTensor x = data_of(context, node, inputs, 0);
-    return std::vector<Value>{data_value(
-        ops::conv_transpose(x, data_of(context, node, inputs, 1, x.dtype()),
-                            optional_data(context, node, inputs, 2, x.dtype()), options))};
+    const ShardTensor w = data_of(context, node, inputs, 1, x.dtype());
+    const std::optional<ShardTensor> b = optional_data(context, node, inputs, 2, x.dtype());
+    if (split_on(w, 0) && options.groups == 1) {  // channel-parallel: reduce, then the bias
+      const ShardTensor y = reduced(ops::conv_transpose(x, w, std::nullopt, options));
+      return std::vector<Value>{data_value(b ? ops::bias_add(y, *b) : y)};
+    }
+    return std::vector<Value>{data_value(ops::conv_transpose(x, w, b, options))};
   };
 }
 
@@ -389,8 +404,9 @@ Step compile_split(const OnnxNode& node) {
   const int64_t axis = node.integer("axis", 0);
   const std::vector<int64_t> split_attribute = node.integers("split");
   return [axis, split_attribute, &node](const RunContext& context, const Values& inputs) {
-    const ShardTensor x = data_of(context, node, inputs, 0);
-    const Shape& shape = x.global_shape();
+    const bool fused = !inputs.empty() && inputs[0] && !inputs[0]->parts.empty();
+    const ShardTensor x = fused ? inputs[0]->parts[0] : data_of(context, node, inputs, 0);
+    const Shape shape = fused ? parts_shape(inputs[0]->parts) : x.global_shape();
     const int64_t dim = normalize_axis(node, axis, static_cast<int64_t>(shape.size()));
     std::vector<int64_t> sizes = split_attribute;
     if (const std::optional<HostArray> split = optional_constant(node, inputs, 1, "split"))
@@ -403,6 +419,22 @@ Step compile_split(const OnnxNode& node) {
     }
     check_arg(static_cast<int64_t>(sizes.size()) == parts, "onnx",
               "{}: {} split sizes for {} outputs", node.where(), sizes.size(), parts);
+    if (fused) {
+      // A fused projection's output: each output one whole part, as it is held.
+      const int64_t width = x.global_shape().back();
+      check_arg(dim == static_cast<int64_t>(shape.size()) - 1 &&
+                    parts == static_cast<int64_t>(inputs[0]->parts.size()) &&
+                    std::all_of(sizes.begin(), sizes.end(), [&](int64_t s) { return s == width; }),
+                "onnx",
+                "{}: splits dim {} of '{}' into [{}], but it is the output of a fused projection "
+                "split over tp part by part ({} parts of {} features on the last dim); only its "
+                "whole parts can be taken",
+                node.where(), dim, node.inputs[0], fmt::join(sizes, ", "), inputs[0]->parts.size(),
+                width);
+      std::vector<Value> outputs;
+      for (const ShardTensor& part : inputs[0]->parts) outputs.push_back(data_value(part));
+      return outputs;
+    }
     std::vector<Value> outputs;
     for (ShardTensor& part : ops::split(x, sizes, dim)) outputs.push_back(data_value(part));
     return outputs;
@@ -528,10 +560,56 @@ Step compile_reduce(const OnnxNode& node, bool mean) {
   };
 }
 
+/// A Slice of a fused projection's output (q, k and v side by side, each split over tp on its
+/// own): the bounds, which the graph computes from the global shape, must take one whole part
+/// along the last dim (and all of every other dim); that part is the result, nothing moves.
+Value slice_part(const OnnxNode& node, const Values& inputs) {
+  const std::vector<ShardTensor>& parts = inputs[0]->parts;
+  const Shape shape = parts_shape(parts);
+  const int64_t rank = static_cast<int64_t>(shape.size());
+  const int64_t width = parts[0].global_shape().back();
+  const std::vector<int64_t> starts = constant_of(node, inputs, 1, "starts").as_integers();
+  const std::vector<int64_t> ends = constant_of(node, inputs, 2, "ends").as_integers();
+  std::vector<int64_t> axes, steps(starts.size(), 1);
+  if (const std::optional<HostArray> given = optional_constant(node, inputs, 3, "axes")) {
+    axes = given->as_integers();
+  } else {
+    for (size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<int64_t>(i));
+  }
+  if (const std::optional<HostArray> given = optional_constant(node, inputs, 4, "steps"))
+    steps = given->as_integers();
+  check_arg(
+      ends.size() == starts.size() && axes.size() == starts.size() && steps.size() == starts.size(),
+      "onnx", "{}: starts, ends, axes and steps differ in length", node.where());
+  int64_t part = 0;
+  for (size_t i = 0; i < starts.size(); ++i) {
+    const int64_t axis = normalize_axis(node, axes[i], rank);
+    const int64_t extent = shape[axis];
+    auto clamp_index = [extent](int64_t index) {
+      if (index < 0) index = index < -extent ? 0 : index + extent;
+      return std::clamp<int64_t>(index, 0, extent);
+    };
+    const int64_t first = clamp_index(starts[i]);
+    const int64_t last = std::max(first, clamp_index(ends[i]));
+    const bool whole_dim = first == 0 && last == extent && steps[i] == 1;
+    const bool whole_part =
+        axis == rank - 1 && steps[i] == 1 && first % width == 0 && last - first == width;
+    check_arg(whole_dim || whole_part, "onnx",
+              "{}: takes [{}, {}) step {} of dim {} of '{}', the output of a fused projection "
+              "split over tp part by part ({} parts of {} features on the last dim); only one "
+              "whole part can be taken",
+              node.where(), first, last, steps[i], axis, node.inputs[0], parts.size(), width);
+    if (!whole_dim || axis == rank - 1) part = first / width;
+  }
+  return data_value(parts[part]);
+}
+
 /// Slice with unit steps as ops::split along each sliced axis (each part keeps x's layout cut to
 /// the rank's box: no communication); other steps through the op fallback.
 Step compile_slice(const OnnxNode& node) {
   return [&node](const RunContext& context, const Values& inputs) {
+    if (!inputs.empty() && inputs[0] && !inputs[0]->parts.empty())
+      return std::vector<Value>{slice_part(node, inputs)};
     ShardTensor x = data_of(context, node, inputs, 0);
     const int64_t rank = static_cast<int64_t>(x.global_shape().size());
     const std::vector<int64_t> starts = constant_of(node, inputs, 1, "starts").as_integers();
@@ -593,6 +671,30 @@ bool casts_to_float(const OnnxNode& node) {
 }
 
 }  // namespace
+
+Step fused_projection_step(const OnnxNode& node, int64_t parts) {
+  return [&node, parts](const RunContext& context, const Values& inputs) {
+    const ShardTensor x = data_of(context, node, inputs, 0);
+    const ShardTensor w = data_of(context, node, inputs, 1, x.dtype());
+    const std::optional<ShardTensor> b = optional_data(context, node, inputs, 2, x.dtype());
+    const Shape& shape = w.global_shape();
+    check_arg(shape.size() == 2 && shape[0] % parts == 0, "onnx",
+              "{}: the stacked weight of a fused projection has shape {} (expected [{} * in, "
+              "width])",
+              node.where(), shape, parts);
+    // Rows [p * in, (p + 1) * in) of the stacked weight are part p's [in, width] weight, split
+    // on its columns over tp like the whole: a column-parallel product per part, nothing moves.
+    const std::vector<ShardTensor> weights = ops::split(w, {shape[0] / parts}, 0);
+    std::vector<ShardTensor> biases;
+    if (b) biases = ops::split(*b, {1}, 0);  // [1, width] each, broadcast over the rows
+    Value value;
+    for (int64_t p = 0; p < parts; ++p) {
+      const ShardTensor y = weighted_matmul(x, weights[p]);
+      value.parts.push_back(b ? ops::add(y, biases[p]) : y);
+    }
+    return std::vector<Value>{value};
+  };
+}
 
 /// The nodes with a sharded op and their compilers.
 std::optional<Step> compile_sharded(const OnnxNode& node, int64_t opset) {

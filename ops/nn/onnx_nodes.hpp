@@ -16,11 +16,15 @@
 namespace tessera::nn::onnx {
 
 /// A value of the graph: data on the mesh, host values known without data, or both (a float
-/// initializer: its Parameter and its values). The host values are read-only and shared (by the
-/// steps' copies of a value, and an initializer's by the simulated ranks of an estimate).
+/// initializer: its Parameter and its values); or the output of a fused projection under tensor
+/// parallelism (q, k and v side by side), held as its parts, each in its own layout: only Shape
+/// (the whole's global shape) and Slice or Split taking whole parts read it. The host values are
+/// read-only and shared (by the steps' copies of a value, and an initializer's by the simulated
+/// ranks of an estimate).
 struct Value {
   std::optional<ShardTensor> sharded;
   std::shared_ptr<const HostArray> constant;
+  std::vector<ShardTensor> parts;
 };
 
 /// What a step sees when it runs: the mesh, the model's float dtype and the device.
@@ -46,6 +50,11 @@ Value constant_value(HostArray array);
 /// dtype (the model's dtype when there is none), no communication.
 ShardTensor data_of(const RunContext& context, const io::OnnxNode& node, const Values& inputs,
                     size_t index, std::optional<DType> like = std::nullopt);
+
+/// The step of a fused projection (ops/nn/onnx_partition.hpp: OnnxFusedProjection) of `parts`
+/// parts: inputs x, the stacked weight [parts * in, width] and optionally the stacked bias
+/// [parts, width]; the result holds the parts x @ w_p + b_p, each split over tp like the weight.
+Step fused_projection_step(const io::OnnxNode& node, int64_t parts);
 
 /// The step of a node with a sharded op (nullopt for op types without one); attribute errors
 /// name the node.

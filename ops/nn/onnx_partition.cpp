@@ -10,6 +10,7 @@
 #include <set>
 
 #include "core/errors.hpp"
+#include "ops/nn/onnx_host.hpp"
 
 namespace tessera::nn {
 
@@ -318,6 +319,14 @@ std::optional<Product> as_product(const OnnxGraph& graph, const GraphIndex& inde
     product.out_dim = 0;
     product.in_dim = 1;
     if (node.input(2)) bias = node.inputs[2];
+  } else if (node.op_type == "ConvTranspose") {  // the conv family, weight [in, out, k..]
+    const Tensor* w = own_weight(index, node.inputs[1], 3, 5);
+    if (!w || node.integer("group", 1) != 1 || index.constants.count(node.inputs[0]) > 0)
+      return std::nullopt;
+    product.family = "conv";
+    product.out_dim = 1;
+    product.in_dim = 0;
+    if (node.input(2)) bias = node.inputs[2];
   } else {
     return std::nullopt;
   }
@@ -350,6 +359,271 @@ std::optional<Product> as_product(const OnnxGraph& graph, const GraphIndex& inde
   return product;
 }
 
+/// Values computed from the graph's shapes and constants only (Shape outputs and the shape
+/// arithmetic on them): replicated scalars and shapes, never activations.
+std::set<std::string> shape_values(const OnnxGraph& graph, const GraphIndex& index) {
+  std::set<std::string> values = index.constants;
+  for (const OnnxNode& node : graph.nodes) {
+    bool shape = node.op_type == "Shape";
+    if (!shape && onnx::has_host_op(node.op_type))
+      shape = std::all_of(node.inputs.begin(), node.inputs.end(), [&](const std::string& input) {
+        return input.empty() || values.count(input) > 0;
+      });
+    if (shape)
+      for (const std::string& output : node.outputs) values.insert(output);
+  }
+  return values;
+}
+
+/// The host values of the constant `name` (an initializer, or computed from constants only),
+/// folded with the ops' host semantics; nullopt for anything else.
+std::optional<onnx::HostArray> fold_constant(const OnnxGraph& graph, const GraphIndex& index,
+                                             const std::string& name,
+                                             std::map<std::string, onnx::HostArray>& folded,
+                                             int depth = 0) {
+  if (index.constants.count(name) == 0 || depth > 64) return std::nullopt;
+  if (const auto found = folded.find(name); found != folded.end()) return found->second;
+  if (const auto initializer = index.initializers.find(name);
+      initializer != index.initializers.end())
+    return folded[name] = onnx::host_array(*initializer->second);
+  const auto made = index.producer.find(name);
+  if (made == index.producer.end()) return std::nullopt;
+  const OnnxNode& node = graph.nodes[made->second];
+  if (!onnx::has_host_op(node.op_type)) return std::nullopt;
+  std::vector<std::optional<onnx::HostArray>> inputs;
+  for (const std::string& input : node.inputs) {
+    if (input.empty()) {
+      inputs.emplace_back();
+      continue;
+    }
+    std::optional<onnx::HostArray> value = fold_constant(graph, index, input, folded, depth + 1);
+    if (!value) return std::nullopt;
+    inputs.push_back(std::move(value));
+  }
+  try {
+    const std::vector<onnx::HostArray> results = onnx::run_host_op(node, inputs);
+    for (size_t k = 0; k < results.size() && k < node.outputs.size(); ++k)
+      folded[node.outputs[k]] = results[k];
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+  const auto found = folded.find(name);
+  return found == folded.end() ? std::nullopt : std::optional<onnx::HostArray>(found->second);
+}
+
+/// The heads a Reshape [.., width] -> [.., h, width / h] makes: h from the target's next to last
+/// entry when it is a constant, else width over its last entry; 0 when neither is known. The
+/// target is a constant, or a Concat of pieces (PyTorch's export of reshape(b, s, h, d): shape
+/// pieces Unsqueezed from Gathers, the Python ints constants), read from its end.
+int64_t reshape_heads(const OnnxGraph& graph, const GraphIndex& index, const OnnxNode& reshape,
+                      int64_t width, std::map<std::string, onnx::HostArray>& folded) {
+  if (reshape.inputs.size() < 2) return 0;
+  std::vector<std::optional<int64_t>> tail;  // the target's entries from the last one back
+  if (const std::optional<onnx::HostArray> whole =
+          fold_constant(graph, index, reshape.inputs[1], folded)) {
+    const std::vector<int64_t> values = whole->as_integers();
+    for (auto it = values.rbegin(); it != values.rend() && tail.size() < 2; ++it)
+      tail.push_back(*it);
+  } else {
+    const auto made = index.producer.find(reshape.inputs[1]);
+    if (made == index.producer.end() || graph.nodes[made->second].op_type != "Concat") return 0;
+    const OnnxNode& concat = graph.nodes[made->second];
+    for (auto it = concat.inputs.rbegin(); it != concat.inputs.rend() && tail.size() < 2; ++it) {
+      if (const std::optional<onnx::HostArray> piece = fold_constant(graph, index, *it, folded)) {
+        const std::vector<int64_t> values = piece->as_integers();
+        for (auto v = values.rbegin(); v != values.rend() && tail.size() < 2; ++v)
+          tail.push_back(*v);
+        continue;
+      }
+      // A piece computed from shapes: one entry when it is an Unsqueezed scalar.
+      const auto piece_made = index.producer.find(*it);
+      if (piece_made == index.producer.end() ||
+          graph.nodes[piece_made->second].op_type != "Unsqueeze")
+        return 0;
+      tail.push_back(std::nullopt);
+    }
+  }
+  if (tail.size() < 2) return 0;
+  const std::optional<int64_t> head_size = tail[0], heads = tail[1];
+  if (heads && *heads > 0) {
+    if (width % *heads != 0) return 0;
+    if (head_size && *head_size > 0 && *heads * *head_size != width) return 0;
+    return *heads;
+  }
+  if (head_size && *head_size > 0 && width % *head_size == 0) return width / *head_size;
+  return 0;
+}
+
+/// An attention chain from the q, k and v values `parts` (each of `width` features) to its
+/// output projection, or why there is none.
+struct AttentionChain {
+  std::optional<Product> projection;
+  int64_t heads = 0;
+  std::string why;
+};
+
+AttentionChain follow_attention(const OnnxGraph& graph, const GraphIndex& index,
+                                const std::set<std::string>& shapes,
+                                const std::vector<std::string>& parts, size_t from, int64_t width,
+                                std::map<std::string, onnx::HostArray>& folded) {
+  AttentionChain chain;
+  std::set<std::string> region(parts.begin(), parts.end());
+  std::set<int64_t> heads;
+  int softmaxes = 0, products = 0;
+  const auto in_region = [&](const std::string& value) { return region.count(value) > 0; };
+  for (size_t j = from; j < graph.nodes.size(); ++j) {
+    const OnnxNode& node = graph.nodes[j];
+    if (std::none_of(node.inputs.begin(), node.inputs.end(), in_region)) continue;
+    if (node.op_type == "Shape") continue;  // global shapes: the same on every layout
+    if (chain.projection) {
+      chain.why = fmt::format("{} reads a value of the attention after its output projection",
+                              node.where());
+      chain.projection.reset();
+      return chain;
+    }
+    const std::optional<Product> product = as_product(graph, index, j);
+    if (product && product->family == "mlp" && in_region(node.inputs[0]) &&
+        std::none_of(node.inputs.begin() + 1, node.inputs.end(), in_region) &&
+        index.initializers.at(product->weight)->shape()[product->in_dim] == width) {
+      chain.projection = product;
+      continue;
+    }
+    bool kept = node.outputs.size() == 1;
+    if (node.op_type == "Reshape") {
+      kept = kept && in_region(node.inputs[0]) && node.inputs.size() >= 2 &&
+             !in_region(node.inputs[1]);
+      if (kept && std::find(parts.begin(), parts.end(), node.inputs[0]) != parts.end()) {
+        const int64_t h = reshape_heads(graph, index, node, width, folded);
+        if (h == 0) {
+          chain.why =
+              fmt::format("the head count of {} is not a constant of the graph", node.where());
+          return chain;
+        }
+        heads.insert(h);
+      }
+    } else if (node.op_type == "MatMul") {
+      kept = kept && std::all_of(node.inputs.begin(), node.inputs.end(), in_region);
+      products += kept ? 1 : 0;
+    } else if (node.op_type == "Softmax") {
+      ++softmaxes;
+    } else if (binary_ops().count(node.op_type)) {
+      // The other operand: a value of the region or something replicated (a constant, a scale
+      // computed from the shapes, as sqrt(head size)).
+      kept = kept && std::all_of(node.inputs.begin(), node.inputs.end(), [&](const auto& v) {
+               return in_region(v) || shapes.count(v) > 0;
+             });
+    } else {
+      kept =
+          kept && in_region(node.inputs[0]) &&
+          std::none_of(node.inputs.begin() + 1, node.inputs.end(), in_region) &&
+          (node.op_type == "Transpose" || node.op_type == "Identity" || node.op_type == "Dropout" ||
+           node.op_type == "Cast" || unary_ops().count(node.op_type) > 0);
+    }
+    if (!kept) {
+      chain.why = fmt::format("{} reads a value of the attention", node.where());
+      return chain;
+    }
+    region.insert(node.outputs[0]);
+  }
+  for (const io::OnnxValue& output : graph.outputs)
+    if (in_region(output.name)) chain.why = fmt::format("'{}' is a graph output", output.name);
+  if (!chain.projection && chain.why.empty())
+    chain.why = fmt::format(
+        "no output projection (a MatMul with a weight of {} input features) reads it", width);
+  if (chain.why.empty() && (softmaxes == 0 || products < 2))
+    chain.why = "no Softmax between two products of the heads";
+  if (chain.why.empty() && heads.size() != 1)
+    chain.why = heads.empty() ? "no Reshape makes heads of q, k and v"
+                              : "the Reshapes of q, k and v make different head counts";
+  if (!chain.why.empty()) {
+    chain.projection.reset();
+    return chain;
+  }
+  chain.heads = *heads.begin();
+  return chain;
+}
+
+/// The attention patterns of `graph` into `plan` (their nodes into `used`).
+void plan_attention(const OnnxGraph& graph, const GraphIndex& index, int tp,
+                    OnnxTensorParallelPlan& plan, std::set<size_t>& used) {
+  const size_t n = graph.nodes.size();
+  const std::set<std::string> shapes = shape_values(graph, index);
+  std::map<std::string, onnx::HostArray> folded;
+  for (size_t i = 0; i < n; ++i) {
+    if (used.count(i) || graph.nodes[i].op_type != "MatMul") continue;
+    const std::optional<Product> first = as_product(graph, index, i);
+    if (!first) continue;
+    // Fused: only Slice or Split nodes read the projection's output (and Shape nodes, for the
+    // bounds). Separate: three MatMuls of one input with weights of one width.
+    std::vector<size_t> readers;
+    if (const auto found = index.consumers.find(first->output); found != index.consumers.end())
+      for (size_t reader : found->second)
+        if (reader >= n || graph.nodes[reader].op_type != "Shape") readers.push_back(reader);
+    const bool fused =
+        !readers.empty() && std::all_of(readers.begin(), readers.end(), [&](size_t reader) {
+          if (reader >= n) return false;  // a graph output
+          const OnnxNode& node = graph.nodes[reader];
+          return (node.op_type == "Slice" || node.op_type == "Split") && !node.inputs.empty() &&
+                 node.inputs[0] == first->output;
+        });
+    std::vector<std::string> parts;
+    std::vector<Product> columns{*first};
+    int64_t width = first->out;
+    if (fused) {
+      for (size_t reader : readers)
+        for (const std::string& output : graph.nodes[reader].outputs) parts.push_back(output);
+      if (parts.size() < 2 || first->out % static_cast<int64_t>(parts.size()) != 0) {
+        plan.notes.push_back(fmt::format(
+            "attention at {} left replicated: its output of {} features is read as {} part(s)",
+            graph.nodes[i].where(), first->out, parts.size()));
+        continue;
+      }
+      width = first->out / static_cast<int64_t>(parts.size());
+    } else {
+      for (size_t k = i + 1; k < n; ++k) {
+        if (used.count(k) || graph.nodes[k].op_type != "MatMul") continue;
+        const std::optional<Product> other = as_product(graph, index, k);
+        if (other && graph.nodes[k].inputs[0] == graph.nodes[i].inputs[0] &&
+            other->out == first->out)
+          columns.push_back(*other);
+      }
+      if (columns.size() != 3) continue;  // not q, k and v (an MLP may share its input)
+      for (const Product& column : columns) parts.push_back(column.output);
+    }
+    const AttentionChain chain =
+        follow_attention(graph, index, shapes, parts, first->last + 1, width, folded);
+    if (!chain.projection) {
+      plan.notes.push_back(
+          fmt::format("attention at {} left replicated: {}", graph.nodes[i].where(), chain.why));
+      continue;
+    }
+    const Product& projection = *chain.projection;
+    OnnxTensorParallelPattern pattern{"attention", graph.nodes[i].name,
+                                      graph.nodes[projection.node].name, chain.heads};
+    for (const Product& column : columns) used.insert(column.node);
+    used.insert(projection.node);
+    if (chain.heads % tp != 0) {
+      plan.skipped.push_back(pattern);
+      continue;
+    }
+    plan.patterns.push_back(pattern);
+    if (fused) {
+      // The stacked layout [parts * in, width] and [parts, width]: split on dim 1.
+      plan.sharded[first->weight] = 1;
+      if (!first->bias.empty()) plan.sharded[first->bias] = 1;
+      plan.fused.push_back({graph.nodes[i].name,
+                            first->last != first->node ? graph.nodes[first->last].name : "",
+                            first->weight, first->bias, static_cast<int64_t>(parts.size())});
+    } else {
+      for (const Product& column : columns) {
+        plan.sharded[column.weight] = column.out_dim;
+        if (!column.bias.empty()) plan.sharded[column.bias] = 0;
+      }
+    }
+    plan.sharded[projection.weight] = projection.in_dim;
+  }
+}
+
 }  // namespace
 
 OnnxTensorParallelPlan onnx_tensor_parallel_plan(const OnnxGraph& graph, int tp) {
@@ -357,6 +631,7 @@ OnnxTensorParallelPlan onnx_tensor_parallel_plan(const OnnxGraph& graph, int tp)
   const size_t n = graph.nodes.size();
   OnnxTensorParallelPlan plan;
   std::set<size_t> used;  // products already in a pattern
+  plan_attention(graph, index, tp, plan, used);
   for (size_t i = 0; i < n; ++i) {
     if (used.count(i)) continue;
     const std::optional<Product> first = as_product(graph, index, i);
@@ -375,7 +650,8 @@ OnnxTensorParallelPlan onnx_tensor_parallel_plan(const OnnxGraph& graph, int tp)
         break;
       }
       const std::optional<Product> product = as_product(graph, index, j);
-      if (product && product->family == first->family && region.count(node.inputs[0]) &&
+      if (product && !used.count(j) && product->family == first->family &&
+          region.count(node.inputs[0]) &&
           std::none_of(node.inputs.begin() + 1, node.inputs.end(),
                        [&](const std::string& v) { return region.count(v); }) &&
           index.initializers.at(product->weight)->shape()[product->in_dim] == first->out) {
@@ -409,6 +685,13 @@ OnnxTensorParallelPlan onnx_tensor_parallel_plan(const OnnxGraph& graph, int tp)
     if (!first->bias.empty()) plan.sharded[first->bias] = 0;
     plan.sharded[second->weight] = second->in_dim;
   }
+  // Attention was planned first; the patterns in node order.
+  std::map<std::string, size_t> position;
+  for (size_t i = 0; i < n; ++i) position[graph.nodes[i].name] = i;
+  for (auto* patterns : {&plan.patterns, &plan.skipped})
+    std::stable_sort(patterns->begin(), patterns->end(), [&](const auto& a, const auto& b) {
+      return position[a.first] < position[b.first];
+    });
   return plan;
 }
 

@@ -77,6 +77,37 @@ std::pair<Tensor, Tensor> conv_init(const DeviceMesh& mesh, int tp, const ConvCo
   return {weight, bias};
 }
 
+/// nn::ConvTranspose's initial weight [in, out, k..] and bias [out] (uniform in +-1/sqrt(fan_in),
+/// fan_in = out * prod(k), weight drawn first) for groups 1, as full tensors of the config's
+/// dtype; checks the config as nn::ConvTranspose does and that the split channels (out when
+/// `split_out`, else in) divide over the tp dim.
+std::pair<Tensor, Tensor> conv_transpose_init(const DeviceMesh& mesh, int tp,
+                                              const ConvTransposeConfig& config, uint64_t seed,
+                                              bool split_out, const std::string& op) {
+  check_arg(config.spatial_dims >= 1 && config.spatial_dims <= 3, op,
+            "spatial dims {} (expected 1, 2 or 3)", config.spatial_dims);
+  check_arg(config.in_channels >= 1 && config.out_channels >= 1 && config.kernel >= 1 &&
+                config.options.groups == 1,
+            op, "channels {} -> {}, kernel {}, groups {} (tensor parallelism needs groups 1)",
+            config.in_channels, config.out_channels, config.kernel, config.options.groups);
+  check_divides(mesh, tp, split_out ? config.out_channels : config.in_channels,
+                split_out ? "out channels" : "in channels", op);
+  Shape w_shape{config.in_channels, config.out_channels};
+  for (int d = 0; d < config.spatial_dims; ++d) w_shape.push_back(config.kernel);
+  const double fan_in = static_cast<double>(shape_numel(w_shape) / config.in_channels);
+  const double bound = 1.0 / std::sqrt(fan_in);
+  std::mt19937_64 generator(seed);
+  std::uniform_real_distribution<double> pick(-bound, bound);
+  auto draw = [&](const Shape& shape) {
+    Tensor values = Tensor::empty(shape, DType::f64);
+    for (int64_t i = 0; i < values.numel(); ++i) values.data<double>()[i] = pick(generator);
+    return values.to_dtype(config.dtype).to(current_rank_context().device());
+  };
+  Tensor weight = draw(w_shape);
+  Tensor bias = draw({config.out_channels});
+  return {weight, bias};
+}
+
 }  // namespace
 
 int tensor_parallel_mesh_dim(const DeviceMesh& mesh, const TensorParallelOptions& options,
@@ -231,6 +262,50 @@ ShardTensor ChannelParallelConv::forward(const ShardTensor& x) {
       bias_.defined() ? std::optional<ShardTensor>(bias_.tensor()) : std::nullopt;
   if (tp_mesh_dim_ < 0) return ops::conv(x, weight_.tensor(), bias, config_.options);
   ShardTensor y = ops::conv(x, weight_.tensor(), std::nullopt, config_.options);
+  // The one reduction: each rank's share of the channel sum, all-reduced over tp.
+  std::vector<Placement> placements = y.placements();
+  placements[tp_mesh_dim_] = Placement::replicate();
+  y = y.redistribute(placements, y.spec().extents);
+  return bias ? ops::bias_add(y, *bias) : y;
+}
+
+FilterParallelConvTranspose::FilterParallelConvTranspose(const DeviceMesh& mesh,
+                                                         ConvTransposeConfig config, uint64_t seed,
+                                                         TensorParallelOptions options)
+    : config_(config) {
+  const std::string op = "filter_parallel_conv_transpose";
+  const int tp = tensor_parallel_mesh_dim(mesh, options, op);
+  auto [w, b] = conv_transpose_init(mesh, tp, config, seed, true, op);
+  weight_ = add_parameter("weight", ShardTensor::distribute(w, mesh, sharded_on(mesh, tp, 1)));
+  if (config.bias)
+    bias_ = add_parameter("bias", ShardTensor::distribute(b, mesh, sharded_on(mesh, tp, 0)));
+}
+
+ShardTensor FilterParallelConvTranspose::forward(const ShardTensor& x) {
+  return ops::conv_transpose(
+      x, weight_.tensor(),
+      bias_.defined() ? std::optional<ShardTensor>(bias_.tensor()) : std::nullopt, config_.options);
+}
+
+ChannelParallelConvTranspose::ChannelParallelConvTranspose(const DeviceMesh& mesh,
+                                                           ConvTransposeConfig config,
+                                                           uint64_t seed,
+                                                           TensorParallelOptions options)
+    : config_(config) {
+  const std::string op = "channel_parallel_conv_transpose";
+  tp_mesh_dim_ = tensor_parallel_mesh_dim(mesh, options, op);
+  auto [w, b] = conv_transpose_init(mesh, tp_mesh_dim_, config, seed, false, op);
+  weight_ =
+      add_parameter("weight", ShardTensor::distribute(w, mesh, sharded_on(mesh, tp_mesh_dim_, 0)));
+  if (config.bias)
+    bias_ = add_parameter("bias", ShardTensor::distribute(b, mesh, sharded_on(mesh, -1, 0)));
+}
+
+ShardTensor ChannelParallelConvTranspose::forward(const ShardTensor& x) {
+  const std::optional<ShardTensor> bias =
+      bias_.defined() ? std::optional<ShardTensor>(bias_.tensor()) : std::nullopt;
+  if (tp_mesh_dim_ < 0) return ops::conv_transpose(x, weight_.tensor(), bias, config_.options);
+  ShardTensor y = ops::conv_transpose(x, weight_.tensor(), std::nullopt, config_.options);
   // The one reduction: each rank's share of the channel sum, all-reduced over tp.
   std::vector<Placement> placements = y.placements();
   placements[tp_mesh_dim_] = Placement::replicate();

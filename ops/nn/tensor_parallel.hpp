@@ -145,4 +145,34 @@ class ChannelParallelConv : public Module {
   Parameter weight_, bias_;
 };
 
+/// nn::ConvTranspose (groups 1) with weight [in, out, k..] and bias [out] split on the out
+/// channels (weight dim 1) over the tp dim (filter-parallel): x's channels whole there, y sharded
+/// on its channels. Composes with x sharded in space (or batch) over other mesh dims.
+class FilterParallelConvTranspose : public Module {
+ public:
+  FilterParallelConvTranspose(const DeviceMesh& mesh, ConvTransposeConfig config, uint64_t seed,
+                              TensorParallelOptions options = {});
+  ShardTensor forward(const ShardTensor& x) override;
+
+ private:
+  ConvTransposeConfig config_;
+  Parameter weight_, bias_;
+};
+
+/// nn::ConvTranspose (groups 1) with weight [in, out, k..] split on the in channels (weight dim 0)
+/// over the tp dim (channel-parallel): x sharded on its channels there, each rank's sum over its
+/// channels a Partial(sum) reduced once (all-reduce over tp); the bias [out] is added after the
+/// reduction.
+class ChannelParallelConvTranspose : public Module {
+ public:
+  ChannelParallelConvTranspose(const DeviceMesh& mesh, ConvTransposeConfig config, uint64_t seed,
+                               TensorParallelOptions options = {});
+  ShardTensor forward(const ShardTensor& x) override;
+
+ private:
+  ConvTransposeConfig config_;
+  int tp_mesh_dim_;
+  Parameter weight_, bias_;
+};
+
 }  // namespace tessera::nn

@@ -13,6 +13,7 @@
 #include "core/compute_threads.hpp"
 #include "core/errors.hpp"
 #include "core/parallel_for.hpp"
+#include "ops/cpu_loops.hpp"
 #include "ops/norm/norm_kernels.hpp"
 
 namespace tessera::ops {
@@ -287,6 +288,24 @@ void check_piece(const NormGeometry& g, const Tensor& x) {
             x.str(), g.batch, g.channels, g.length);
 }
 
+/// True when every plane is its own statistics slot and fits in one unit (layer_norm's rows of at
+/// most kChunk elements). Then a slot's moments and sums are its single unit's, so the row kernels
+/// below write them straight into the slot, and rows are handed to the threads in blocks: on short
+/// rows (16 channels) the per-unit call, the unit buffer and the combine step cost more than the
+/// arithmetic. The arithmetic per row is that of the chunk kernels (same results).
+bool one_unit_per_slot(const NormGeometry& g) {
+  return g.kind == kernels::NormKind::layer && g.channels == 1 && g.slot_stride == 1 &&
+         g.slot_offset == 0 && g.channels_per_slot == 1 && g.slots == g.planes() && g.length > 0 &&
+         g.length <= kChunk;
+}
+
+/// Calls rows(first, last) over blocks of about kChunk elements of whole rows, in parallel, each
+/// compiled for this cpu's instruction set (cpu_loops.hpp).
+template <typename Rows>
+void for_row_blocks(const NormGeometry& g, const Rows& rows) {
+  parallel_ranges(g.planes(), rows, std::max<int64_t>(1, kChunk / g.length));
+}
+
 }  // namespace
 
 Tensor norm_moments_cpu(const NormGeometry& g, const Tensor& x) {
@@ -294,6 +313,22 @@ Tensor norm_moments_cpu(const NormGeometry& g, const Tensor& x) {
   if (x.is_shape_only()) return Tensor::empty({g.slots, 3}, DType::f64);
   check_piece(g, x);
   const Tensor input = x.contiguous();
+  if (one_unit_per_slot(g)) {
+    // The slot's moments are its one unit's (combining into an empty slot copies them).
+    Tensor moments = Tensor::empty({g.slots, 3}, DType::f64);
+    double* out = moments.data<double>();
+    dispatch_norm(input.dtype(), op_name(g), [&]<typename T, typename C>() {
+      const T* data = static_cast<const T*>(input.raw_data());
+      const int64_t length = g.length;
+      for_row_blocks(g, [&](int64_t first, int64_t last) TESSERA_LOOP_BODY {
+        for (int64_t row = first; row < last; ++row) {
+          out[3 * row] = static_cast<double>(length);
+          chunk_moments<T>(data + row * length, length, out[3 * row + 1], out[3 * row + 2]);
+        }
+      });
+    });
+    return moments;
+  }
   const int64_t chunks = chunks_of(g);
   std::vector<double> units(static_cast<size_t>(3 * g.planes() * chunks));
   dispatch_norm(input.dtype(), op_name(g), [&]<typename T, typename C>() {
@@ -330,6 +365,34 @@ Tensor norm_statistics_cpu(const Tensor& gathered, double eps) {
   const double* in = source.data<double>();
   Tensor statistics = Tensor::empty({slots, 4}, DType::f64);
   double* out = statistics.data<double>();
+  if (ranks == 1) {
+    // Combining one rank's moments into empty ones copies them (an empty slot stays all zero):
+    // the same values without the combine's branches. In blocks: the interleaved fields are
+    // copied by scalar loops, the square roots and divisions run over a contiguous block, where
+    // they vectorise.
+    parallel_ranges(slots, [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
+      constexpr int64_t kBlock = 256;
+      double var[kBlock];
+      const double epsilon = eps;
+      for (int64_t first = lo; first < hi; first += kBlock) {
+        const int64_t n = std::min(kBlock, hi - first);
+        const double* from = in + 3 * first;
+        double* to = out + 4 * first;
+        for (int64_t k = 0; k < n; ++k) {
+          const double count = from[3 * k];
+          const double mean = count != 0 ? from[3 * k + 1] : 0.0;
+          const double m2 = count != 0 ? from[3 * k + 2] : 0.0;
+          var[k] = count > 0 ? m2 / count : 0.0;
+          to[4 * k] = mean;
+          to[4 * k + 2] = count;
+          to[4 * k + 3] = m2;
+        }
+        for (int64_t k = 0; k < n; ++k) var[k] = 1.0 / std::sqrt(var[k] + epsilon);
+        for (int64_t k = 0; k < n; ++k) to[4 * k + 1] = var[k];
+      }
+    });
+    return statistics;
+  }
   for (int64_t s = 0; s < slots; ++s) {
     double count = 0, mean = 0, m2 = 0;
     for (int64_t r = 0; r < ranks; ++r) {
@@ -397,6 +460,19 @@ Tensor norm_forward_cpu(const NormGeometry& g, const Tensor& x, const Tensor& st
     T* out = static_cast<T*>(y.raw_data());
     const ChunkKernels<T, C> kernels = chunk_kernels<T, C>();
     const std::vector<C> w_c = as_compute<C>(weight), b_c = as_compute<C>(bias);
+    if (one_unit_per_slot(g)) {
+      const C* wp = w ? w_c.data() : nullptr;
+      const C* bp = b ? b_c.data() : nullptr;
+      const int64_t length = g.length;
+      for_row_blocks(g, [&](int64_t first, int64_t last) TESSERA_LOOP_BODY {
+        for (int64_t row = first; row < last; ++row) {
+          const C mean = static_cast<C>(s[4 * row]), rstd = static_cast<C>(s[4 * row + 1]);
+          chunk_forward<T, C>(in + row * length, out + row * length, length, mean, rstd, rstd, C(0),
+                              wp, bp);
+        }
+      });
+      return;
+    }
     for_units(g, [&](int64_t, int64_t plane, int64_t lo, int64_t hi) {
       const int64_t slot = g.slot_of(plane);
       const C mean = static_cast<C>(s[4 * slot]), rstd = static_cast<C>(s[4 * slot + 1]);
@@ -435,12 +511,60 @@ Tensor norm_backward_sums_cpu(const NormGeometry& g, const Tensor& x, const Tens
   const int64_t chunks = chunks_of(g);
   // Per unit: (sum dy, sum dy * xhat) with a per-plane affine, (sum dxhat, sum dxhat * xhat)
   // with a per-element one.
-  std::vector<double> units(static_cast<size_t>(2 * g.planes() * chunks));
+  const bool rows = one_unit_per_slot(g);
+  std::vector<double> units(rows ? 0 : static_cast<size_t>(2 * g.planes() * chunks));
+  // layer_norm's dw, db: column sums over the planes (rows). Ranges of kPlanes planes each sum
+  // their planes in order into their own partial row; the partial rows are then added in range
+  // order (the order depends on the shape only). With rows of one unit, the pass that sums each
+  // row also sums its columns (one read of x and dy instead of two).
+  constexpr int64_t kColumns = 256;
+  constexpr int64_t kPlanes = 2048;
+  const bool want_columns = g.per_element_affine && (want_dw || want_db);
+  const int64_t ranges = std::max<int64_t>(1, (g.planes() + kPlanes - 1) / kPlanes);
+  std::vector<double> partial(want_columns ? static_cast<size_t>(2 * ranges * g.length) : 0, 0.0);
+  const bool columns_with_rows = rows && want_columns;
+  Tensor sums =
+      rows ? Tensor::empty({g.slots, 2}, DType::f64) : Tensor::zeros({g.slots, 2}, DType::f64);
   dispatch_norm(input.dtype(), op_name(g), [&]<typename T, typename C>() {
     const T* in = static_cast<const T*>(input.raw_data());
     const T* gy = static_cast<const T*>(grad.raw_data());
     const ChunkKernels<T, C> kernels = chunk_kernels<T, C>();
     const bool per_element = g.per_element_affine && w;
+    if (rows) {
+      // A slot's sums are its one unit's (the per-element affine needs no per-plane factor).
+      double* out = sums.data<double>();
+      const double* wp = per_element ? weight.data() : nullptr;
+      const int64_t length = g.length;
+      if (!columns_with_rows) {
+        for_row_blocks(g, [&](int64_t first, int64_t last) TESSERA_LOOP_BODY {
+          for (int64_t row = first; row < last; ++row)
+            chunk_sums<T>(in + row * length, gy + row * length, wp, length, s[4 * row],
+                          s[4 * row + 1], out[2 * row], out[2 * row + 1]);
+        });
+        return;
+      }
+      // Calls cover whole ranges of kPlanes rows (the chunk), so no two threads share a range.
+      double* part = partial.data();
+      parallel_ranges(
+          g.planes(),
+          [&](int64_t first, int64_t last) TESSERA_LOOP_BODY {
+            for (int64_t row = first; row < last; ++row) {
+              const T* p = in + row * length;
+              const T* d = gy + row * length;
+              const double mean = s[4 * row], rstd = s[4 * row + 1];
+              chunk_sums<T>(p, d, wp, length, mean, rstd, out[2 * row], out[2 * row + 1]);
+              double* part_db = part + 2 * (row / kPlanes) * length;
+              double* part_dw = part_db + length;
+              for (int64_t i = 0; i < length; ++i) {
+                const double value = widen(d[i]);
+                part_db[i] += value;
+                part_dw[i] += value * ((widen(p[i]) - mean) * rstd);
+              }
+            }
+          },
+          kPlanes);
+      return;
+    }
     for_units(g, [&](int64_t u, int64_t plane, int64_t lo, int64_t hi) {
       const int64_t slot = g.slot_of(plane);
       kernels.sums(in + plane * g.length + lo, gy + plane * g.length + lo,
@@ -449,23 +573,23 @@ Tensor norm_backward_sums_cpu(const NormGeometry& g, const Tensor& x, const Tens
     });
   });
   // Slot sums over the slot's planes and chunks in order.
-  Tensor sums = Tensor::zeros({g.slots, 2}, DType::f64);
   double* out = sums.data<double>();
   const bool scaled = !g.per_element_affine && w;
-  parallel_for(g.slots, combine_threads(g), [&](int64_t begin, int64_t end, int) {
-    for (int64_t slot = begin; slot < end; ++slot) {
-      double first = 0, second = 0;
-      for_slot_planes(g, slot, [&](int64_t plane) {
-        const double factor = scaled ? weight[g.channel_of(plane)] : 1.0;
-        for (int64_t k = 0; k < chunks; ++k) {
-          first += factor * units[2 * (plane * chunks + k)];
-          second += factor * units[2 * (plane * chunks + k) + 1];
-        }
-      });
-      out[2 * slot] = first;
-      out[2 * slot + 1] = second;
-    }
-  });
+  if (!rows)
+    parallel_for(g.slots, combine_threads(g), [&](int64_t begin, int64_t end, int) {
+      for (int64_t slot = begin; slot < end; ++slot) {
+        double first = 0, second = 0;
+        for_slot_planes(g, slot, [&](int64_t plane) {
+          const double factor = scaled ? weight[g.channel_of(plane)] : 1.0;
+          for (int64_t k = 0; k < chunks; ++k) {
+            first += factor * units[2 * (plane * chunks + k)];
+            second += factor * units[2 * (plane * chunks + k) + 1];
+          }
+        });
+        out[2 * slot] = first;
+        out[2 * slot + 1] = second;
+      }
+    });
   if (!want_dw && !want_db) return sums;
   if (!g.per_element_affine) {
     // dw[c] = sum of dy * xhat, db[c] = sum of dy over the planes of channel c, n in order.
@@ -481,39 +605,34 @@ Tensor norm_backward_sums_cpu(const NormGeometry& g, const Tensor& x, const Tens
     if (want_db) grads.db = tensor_of(db, {g.channels}, x.dtype());
     return sums;
   }
-  // layer_norm: column sums over the planes (rows). Units of (a range of kPlanes planes, a block
-  // of kColumns columns) run on the compute threads, each summing its planes in order into its
-  // own partial row; the partial rows are then added in plane-range order (the order depends on
-  // the shape only).
+  // layer_norm: the column sums (above); units of (a range of kPlanes planes, a block of
+  // kColumns columns) run on the compute threads when the row pass did not sum them.
   std::vector<double> dw(static_cast<size_t>(g.length), 0.0), db(dw.size(), 0.0);
-  constexpr int64_t kColumns = 256;
-  constexpr int64_t kPlanes = 2048;
   const int64_t blocks = (g.length + kColumns - 1) / kColumns;
-  const int64_t ranges = std::max<int64_t>(1, (g.planes() + kPlanes - 1) / kPlanes);
-  std::vector<double> partial(static_cast<size_t>(2 * ranges * g.length), 0.0);
-  dispatch_norm(input.dtype(), op_name(g), [&]<typename T, typename C>() {
-    const T* in = static_cast<const T*>(input.raw_data());
-    const T* gy = static_cast<const T*>(grad.raw_data());
-    parallel_for(blocks * ranges, compute_threads(), [&](int64_t begin, int64_t end, int) {
-      for (int64_t unit = begin; unit < end; ++unit) {
-        const int64_t block = unit % blocks, range = unit / blocks;
-        const int64_t lo = block * kColumns, hi = std::min(g.length, lo + kColumns);
-        const int64_t first = range * kPlanes, last = std::min(g.planes(), first + kPlanes);
-        double* part_db = partial.data() + 2 * range * g.length;
-        double* part_dw = part_db + g.length;
-        for (int64_t plane = first; plane < last; ++plane) {
-          const double mean = s[4 * plane], rstd = s[4 * plane + 1];  // slot = plane
-          const T* p = in + plane * g.length;
-          const T* d = gy + plane * g.length;
-          for (int64_t i = lo; i < hi; ++i) {
-            const double value = widen(d[i]);
-            part_db[i] += value;
-            part_dw[i] += value * ((widen(p[i]) - mean) * rstd);
+  if (!columns_with_rows)
+    dispatch_norm(input.dtype(), op_name(g), [&]<typename T, typename C>() {
+      const T* in = static_cast<const T*>(input.raw_data());
+      const T* gy = static_cast<const T*>(grad.raw_data());
+      parallel_for(blocks * ranges, compute_threads(), [&](int64_t begin, int64_t end, int) {
+        for (int64_t unit = begin; unit < end; ++unit) {
+          const int64_t block = unit % blocks, range = unit / blocks;
+          const int64_t lo = block * kColumns, hi = std::min(g.length, lo + kColumns);
+          const int64_t first = range * kPlanes, last = std::min(g.planes(), first + kPlanes);
+          double* part_db = partial.data() + 2 * range * g.length;
+          double* part_dw = part_db + g.length;
+          for (int64_t plane = first; plane < last; ++plane) {
+            const double mean = s[4 * plane], rstd = s[4 * plane + 1];  // slot = plane
+            const T* p = in + plane * g.length;
+            const T* d = gy + plane * g.length;
+            for (int64_t i = lo; i < hi; ++i) {
+              const double value = widen(d[i]);
+              part_db[i] += value;
+              part_dw[i] += value * ((widen(p[i]) - mean) * rstd);
+            }
           }
         }
-      }
+      });
     });
-  });
   for (int64_t range = 0; range < ranges; ++range) {
     const double* part_db = partial.data() + 2 * range * g.length;
     const double* part_dw = part_db + g.length;
@@ -560,6 +679,25 @@ Tensor norm_backward_dx_cpu(const NormGeometry& g, const Tensor& x, const Tensor
     T* out = static_cast<T*>(dx.raw_data());
     const ChunkKernels<T, C> kernels = chunk_kernels<T, C>();
     const std::vector<C> w_c = as_compute<C>(weight);
+    if (one_unit_per_slot(g)) {
+      const C* wp = w ? w_c.data() : nullptr;
+      const double* t = total ? total->data<double>() : nullptr;
+      const int64_t length = g.length;
+      for_row_blocks(g, [&](int64_t first, int64_t last) TESSERA_LOOP_BODY {
+        for (int64_t row = first; row < last; ++row) {
+          const C mean = static_cast<C>(s[4 * row]), rstd = static_cast<C>(s[4 * row + 1]);
+          C mean_dxhat = 0, mean_dxhat_xhat = 0;
+          if (t) {
+            const double count = s[4 * row + 2];
+            mean_dxhat = static_cast<C>(t[2 * row] / count);
+            mean_dxhat_xhat = static_cast<C>(t[2 * row + 1] / count);
+          }
+          chunk_dx<T, C>(in + row * length, gy + row * length, out + row * length, length, mean,
+                         rstd, C(1), wp, mean_dxhat, mean_dxhat_xhat);
+        }
+      });
+      return;
+    }
     for_units(g, [&](int64_t, int64_t plane, int64_t lo, int64_t hi) {
       const int64_t slot = g.slot_of(plane);
       const C mean = static_cast<C>(s[4 * slot]), rstd = static_cast<C>(s[4 * slot + 1]);

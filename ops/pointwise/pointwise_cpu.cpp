@@ -245,18 +245,54 @@ struct Div {
     dy = -x / (y * y) * g;
   }
 };
-// pow through std::pow in both dtypes (its special cases; f32 evaluated in double and rounded).
+// pow: f64 through std::pow; f32 through vm::pow_f32 (std::pow's special values, the double
+// result rounded once), its backward with the exponent y - 1 formed in double as before.
 template <typename T>
 struct Pow {
   TESSERA_VM_INLINE T forward(T x, T y) const {
-    return static_cast<T>(std::pow(double(x), double(y)));
+    if constexpr (std::is_same_v<T, float>) {
+      return vm::pow_f32(x, y);
+    } else {
+      return std::pow(x, y);
+    }
   }
   TESSERA_VM_INLINE void backward(T x, T y, T g, T& dx, T& dy) const {
-    const double xd = x, yd = y;
-    dx = static_cast<T>(yd == 0 ? 0.0 : yd * std::pow(xd, yd - 1)) * g;
-    dy = static_cast<T>(xd == 0 && yd >= 0 ? 0.0 : std::pow(xd, yd) * std::log(xd)) * g;
+    if constexpr (std::is_same_v<T, float>) {
+      dx = (y == 0.0f ? 0.0f : y * vm::pow_f32_d(x, double(y) - 1.0)) * g;
+      dy = ((x == 0.0f) & (y >= 0.0f) ? 0.0f : vm::pow_f32(x, y) * vm::log_f32(x)) * g;
+    } else {
+      dx = (y == 0 ? 0.0 : y * std::pow(x, y - 1)) * g;
+      dy = (x == 0 && y >= 0 ? 0.0 : std::pow(x, y) * std::log(x)) * g;
+    }
   }
 };
+
+/// f32 x^c for a constant exponent c of 2, 3, 0.5 or -1 into o[0, length) through products, a
+/// square root or a quotient: each equals pow_f32's result (the double result rounded once: x^2
+/// and x^3 are exact or rounded once in double, and double rounding of a quotient or a square root
+/// to float is innocuous), with std::pow's special values (sqrt(-0) is -0 and sqrt(-inf) NaN, pow
+/// gives +0 and +inf). False for other exponents.
+TESSERA_VM_INLINE bool pow_constant_exponent_f32(const float* x, float c, float* o,
+                                                 int64_t length) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  if (c == 2.0f) {
+    for (int64_t j = 0; j < length; ++j) o[j] = x[j] * x[j];
+  } else if (c == 3.0f) {
+    for (int64_t j = 0; j < length; ++j)
+      o[j] = static_cast<float>(double(x[j]) * double(x[j]) * double(x[j]));
+  } else if (c == 0.5f) {
+    for (int64_t j = 0; j < length; ++j) {
+      const float root = std::sqrt(x[j]);
+      o[j] = x[j] == 0.0f ? 0.0f : (x[j] == -kInf ? kInf : root);
+    }
+  } else if (c == -1.0f) {
+    for (int64_t j = 0; j < length; ++j) o[j] = 1.0f / x[j];
+  } else {
+    return false;
+  }
+  return true;
+}
+
 // maximum/minimum propagate NaN; a tie splits the gradient in halves (PyTorch).
 template <typename T>
 struct Maximum {
@@ -405,6 +441,9 @@ std::optional<Tensor> binary_forward_cpu(const std::string& name, const Tensor& 
         T* o = z + flat;
         if (stride == 0) {
           const T c = *y;
+          if constexpr (std::is_same_v<Op<T>, Pow<float>>) {
+            if (!swapped && pow_constant_exponent_f32(x, c, o, length)) return;
+          }
           if (swapped)
             for (int64_t j = 0; j < length; ++j) o[j] = op.forward(c, x[j]);
           else

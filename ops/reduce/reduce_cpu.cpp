@@ -2,6 +2,7 @@
 #include "ops/reduce/reduce_cpu.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 #include "ops/cpu_loops.hpp"
 
@@ -89,10 +90,23 @@ void sum_columns(const T* x, const Blocks& b, double* out) {
           const int64_t o = unit / blocks, first = (unit % blocks) * kColumns;
           const int64_t count = std::min(kColumns, b.inner - first);
           double* sums = out + o * b.inner + first;
-          for (int64_t i = 0; i < count; ++i) sums[i] = 0;
+          const T* column = x + o * b.reduced * b.inner + first;
+          // Tiles of kTile columns summed over r in registers, stored once (each column's sum
+          // in r order, as in the tail loop).
+          constexpr int64_t kTile = 16;
+          int64_t i = 0;
+          for (; i + kTile <= count; i += kTile) {
+            double tile[kTile] = {};
+            for (int64_t r = 0; r < b.reduced; ++r) {
+              const T* values = column + r * b.inner + i;
+              for (int64_t l = 0; l < kTile; ++l) tile[l] += double(values[l]);
+            }
+            for (int64_t l = 0; l < kTile; ++l) sums[i + l] = tile[l];
+          }
+          for (int64_t k = i; k < count; ++k) sums[k] = 0;
           for (int64_t r = 0; r < b.reduced; ++r) {
-            const T* values = x + (o * b.reduced + r) * b.inner + first;
-            for (int64_t i = 0; i < count; ++i) sums[i] += double(values[i]);
+            const T* values = column + r * b.inner;
+            for (int64_t k = i; k < count; ++k) sums[k] += double(values[k]);
           }
         }
       },
@@ -149,6 +163,18 @@ std::optional<Tensor> blocked_broadcast_cpu(const Tensor& g, const Shape& shape,
           lo = end;
         }
       });
+      return;
+    }
+    if (scale == 1.0) {
+      // sum: a product by 1 in f64 rounds back to g itself, so the rows are copies of g's.
+      parallel_ranges(
+          b.outer * b.reduced,
+          [&](int64_t lo, int64_t hi) {
+            for (int64_t row = lo; row < hi; ++row)
+              std::memcpy(out + row * b.inner, in + (row / b.reduced) * b.inner,
+                          sizeof(T) * static_cast<size_t>(b.inner));
+          },
+          std::max<int64_t>(1, kPiece / std::max<int64_t>(1, b.inner)));
       return;
     }
     // Units of (outer, reduced) rows of inner elements: out[o, r, i] = g[o, i] * scale, the

@@ -167,6 +167,43 @@ Tensor forward_typed(const SoftmaxCall& call, const DeviceMesh& mesh, const Tens
   const Tensor source = x.contiguous();
   const T* in = source.data<T>();
   const Slots& s = call.slots;
+  if (call.mesh_dims.empty()) {
+    // The dim is not sharded: the three passes per unit of columns, while the unit is in cache,
+    // with the same arithmetic as below (so the same results), the exponentials of softmax kept
+    // in y between the sum and the division.
+    Tensor y = Tensor::empty(source.shape(), source.dtype());
+    T* out = y.data<T>();
+    for_slot_columns(s, [&](int64_t o, int64_t first, int64_t count) TESSERA_LOOP_BODY {
+      T p[kSlotColumns];
+      double t[kSlotColumns];
+      T e[kSlotColumns];
+      for (int64_t i = 0; i < count; ++i) p[i] = -std::numeric_limits<T>::infinity(), t[i] = 0;
+      for (int64_t l = 0; l < s.length; ++l) {
+        const T* v = in + (o * s.length + l) * s.inner + first;
+        for (int64_t i = 0; i < count; ++i) p[i] = v[i] != v[i] || v[i] > p[i] ? v[i] : p[i];
+      }
+      for (int64_t l = 0; l < s.length; ++l) {
+        const int64_t base = (o * s.length + l) * s.inner + first;
+        const T* v = in + base;
+        T* w = log ? e : out + base;
+        for (int64_t i = 0; i < count; ++i) w[i] = softmax_exp(T(v[i] - p[i]));
+        for (int64_t i = 0; i < count; ++i) t[i] += double(w[i]);
+      }
+      T n[kSlotColumns];
+      for (int64_t i = 0; i < count; ++i) n[i] = static_cast<T>(log ? std::log(t[i]) : t[i]);
+      for (int64_t l = 0; l < s.length; ++l) {
+        const int64_t base = (o * s.length + l) * s.inner + first;
+        const T* v = in + base;
+        T* w = out + base;
+        if (log) {
+          for (int64_t i = 0; i < count; ++i) w[i] = (v[i] - p[i]) - n[i];
+        } else {
+          for (int64_t i = 0; i < count; ++i) w[i] = w[i] / n[i];
+        }
+      }
+    });
+    return y;
+  }
   std::vector<T> peak(slot_count(s), -std::numeric_limits<T>::infinity());
   T* peaks = peak.data();
   for_slot_columns(s, [&](int64_t o, int64_t first, int64_t count) TESSERA_LOOP_BODY {
@@ -228,6 +265,38 @@ Tensor backward_typed(const SoftmaxCall& call, const DeviceMesh& mesh, const Ten
   const T* yv = ys.data<T>();
   const T* gv = gs.data<T>();
   const Slots& s = call.slots;
+  if (call.mesh_dims.empty()) {
+    // The dim is not sharded: both passes per unit of columns while it is in cache, with the
+    // same arithmetic as below.
+    Tensor dx = Tensor::empty(ys.shape(), ys.dtype());
+    T* out = dx.data<T>();
+    for_slot_columns(s, [&](int64_t o, int64_t first, int64_t count) TESSERA_LOOP_BODY {
+      double total[kSlotColumns];
+      for (int64_t i = 0; i < count; ++i) total[i] = 0;
+      for (int64_t l = 0; l < s.length; ++l) {
+        const int64_t base = (o * s.length + l) * s.inner + first;
+        if (log)
+          for (int64_t i = 0; i < count; ++i) total[i] += double(gv[base + i]);
+        else
+          for (int64_t i = 0; i < count; ++i)
+            total[i] += double(gv[base + i]) * double(yv[base + i]);
+      }
+      T t[kSlotColumns];
+      for (int64_t i = 0; i < count; ++i) t[i] = static_cast<T>(total[i]);
+      for (int64_t l = 0; l < s.length; ++l) {
+        const int64_t base = (o * s.length + l) * s.inner + first;
+        const T* yr = yv + base;
+        const T* gr = gv + base;
+        T* w = out + base;
+        if (log) {
+          for (int64_t i = 0; i < count; ++i) w[i] = softmax_exp(yr[i]);
+          for (int64_t i = 0; i < count; ++i) w[i] = gr[i] - w[i] * t[i];
+        } else
+          for (int64_t i = 0; i < count; ++i) w[i] = yr[i] * (gr[i] - t[i]);
+      }
+    });
+    return dx;
+  }
   std::vector<double> total(slot_count(s), 0.0);
   double* totals = total.data();
   for_slot_columns(s, [&](int64_t o, int64_t first, int64_t count) TESSERA_LOOP_BODY {

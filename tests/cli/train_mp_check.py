@@ -1,15 +1,20 @@
 #!/usr/bin/python3
 # Acceptance check of `tessera train --pp/--tp` (model parallelism of an exported network) on the
 # training fixtures made by tests/fixtures/make_onnx_fixtures.py: the conv net traincnn.onnx
-# (Conv -> GELU -> Conv) and the MLP trainmlp.onnx (four Linear layers on [B, S, C], GELU
-# between). Each layout trains 10 steps in f64 (SGD with momentum) and must give the 1-rank run's
-# losses within 1e-10 relative, and through --save-model the 1-rank run's trained initializers
-# (same names, within 1e-10 relative): PP with 2 stages under gpipe, 1f1b and interleaved, with and
-# without --dp 2; --tp 2 on both nets; --tp 2 --dp 2; --pp 2 --tp 2; --parallel fsdp|hybrid with
-# --pp and --tp. The MLP's 1-rank losses equal PyTorch's within 1e-8. bf16 with pp/tp tracks one
-# rank's bf16 run; --resume with --pp continues bit for bit; --json reports the pp/tp figures;
-# bench train --tp reports the tp bytes; bad input (an op failing inside a stage included) is one
-# error line, exit 2.
+# (Conv -> GELU -> Conv), the MLP trainmlp.onnx (four Linear layers on [B, S, C], GELU between),
+# traincnnt.onnx (ConvTranspose -> GELU -> Conv -> strided Conv -> GELU -> strided
+# ConvTranspose, on traincnn's data) and the attention block attention.opset17.onnx (fused q/k/v
+# Linear, 2 heads, output projection, then an MLP; also rewritten here with three separate q, k
+# and v MatMuls). Each layout trains 10 steps in f64 (SGD with momentum) and must give the 1-rank
+# run's losses within 1e-10 relative, and through --save-model the 1-rank run's trained
+# initializers (same names, within 1e-10 relative): PP with 2 stages under gpipe, 1f1b and
+# interleaved, with and without --dp 2; --tp 2 on the three nets (locally also tp 4, tp 2 x an
+# uneven domain, pp 2 x tp 2 and tp 2 x dp 2 FSDP on traincnnt) and on the attention block (heads
+# split: fused and separate q/k/v); --tp 2 --dp 2 (the attention block too: its mpiexec case);
+# --pp 2 --tp 2; --parallel fsdp|hybrid with --pp and --tp. The MLP's 1-rank losses equal
+# PyTorch's within 1e-8. bf16 with pp/tp tracks one rank's bf16 run; --resume with --pp continues
+# bit for bit; --json reports the pp/tp figures; bench train --tp reports the tp bytes; bad input
+# (an op failing inside a stage included) is one error line, exit 2.
 # Multi-rank runs use local ranks, or the launcher in TESSERA_LAUNCH with "{n}" standing for the
 # rank count (e.g. "mpiexec -n {n}").
 # Usage: train_mp_check.py TESSERA_BINARY FIXTURE_DIR SCRATCH_DIR
@@ -48,6 +53,7 @@ def prepare(manifest_name, data_name):
 
 
 cnn_model, cnn_data, _ = prepare("training.json", "cnn.h5")
+cnnt_model, cnnt_data, _ = prepare("trainconvt.json", "cnnt.h5")
 mlp_model, mlp_data, mlp_manifest = prepare("trainmlp.json", "mlp.h5")
 
 
@@ -83,7 +89,60 @@ def weight_error(saved, reference):
                for k in reference)
 
 
-nets = {"cnn": (cnn_model, cnn_data), "mlp": (mlp_model, mlp_data)}
+nets = {"cnn": (cnn_model, cnn_data), "mlp": (mlp_model, mlp_data),
+        "cnnt": (cnnt_model, cnnt_data)}
+
+# The attention block: 8 samples [6, 8] drawn here (seeded), a target the block can approach.
+attn_model = os.path.join(fixture_dir, "attention.opset17.onnx")
+attn_data = os.path.join(scratch, "attn.h5")
+generator = np.random.default_rng(7)
+attn_x = generator.standard_normal((8, 6, 8))
+with h5py.File(attn_data, "w") as f:
+    f["x"] = attn_x
+    f["y"] = np.tanh(attn_x[..., ::-1]) + 0.1 * generator.standard_normal(attn_x.shape)
+
+
+def with_separate_qkv(path):
+    """The attention block with its fused q/k/v MatMul [8, 24] + bias Add and three Slices
+    replaced by three MatMul [8, 8] + Add pairs whose outputs keep the Slices' names (the same
+    function; the Slices' bound arithmetic stays, unused)."""
+    model = onnx.load(attn_model)
+    graph = model.graph
+    fused = next(n for n in graph.node if n.name == "/qkv/MatMul")
+    bias_add = next(n for n in graph.node if n.name == "/qkv/Add")
+    slices = [n for n in graph.node if n.op_type == "Slice" and n.input[0] == bias_add.output[0]]
+    values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    weight, bias = values[fused.input[1]], values["qkv.bias"]
+    nodes = []
+    for node in graph.node:
+        if node.name in ("/qkv/MatMul", "/qkv/Add"):
+            continue
+        if node.op_type == "Shape" and node.input[0] == bias_add.output[0]:
+            node.input[0] = fused.input[0]  # the bounds arithmetic reads a tensor still there
+        if node in slices:
+            part = slices.index(node)
+            name = "qkv_sep_" + "qkv"[part]
+            graph.initializer.append(numpy_helper.from_array(
+                np.ascontiguousarray(weight[:, 8 * part:8 * part + 8]), name + ".weight"))
+            graph.initializer.append(numpy_helper.from_array(
+                np.ascontiguousarray(bias[8 * part:8 * part + 8]), name + ".bias"))
+            nodes.append(onnx.helper.make_node("MatMul", [fused.input[0], name + ".weight"],
+                                               [name + "_mm"], name=f"/{name}/MatMul"))
+            nodes.append(onnx.helper.make_node("Add", [name + "_mm", name + ".bias"],
+                                               [node.output[0]], name=f"/{name}/Add"))
+            continue
+        nodes.append(node)
+    for name in (fused.input[1], "qkv.bias"):
+        graph.initializer.remove(next(t for t in graph.initializer if t.name == name))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
+nets["attn"] = (attn_model, attn_data)
+nets["attn_qkv3"] = (with_separate_qkv(os.path.join(scratch, "attn_qkv3.onnx")), attn_data)
 # Targets of another spatial shape than the conv net's output ([6, 2, 10, 9]).
 small_target = os.path.join(scratch, "small_target.h5")
 with h5py.File(small_target, "w") as f:
@@ -119,6 +178,11 @@ for net, (model, data) in nets.items():
         continue
     reference[net] = (losses_of(stem + ".json"), initializers(stem + ".onnx"))
 
+if "attn" in reference and "attn_qkv3" in reference:
+    error = relative(reference["attn_qkv3"][0], reference["attn"][0])
+    report(error < 1e-12, f"attention with separate q/k/v on 1 rank: the fused block's losses "
+                          f"within 1e-12 ({error:.2e})")
+
 if "mlp" in reference:
     expected = [entry["loss"] for entry in mlp_manifest["losses"]]
     error = max(abs(a - b) for a, b in zip(reference["mlp"][0], expected))
@@ -141,6 +205,9 @@ layouts = [
     ("cnn", "tp 2 x dp 2", 4, ["--tp", "2", "--dp", "2"]),
     ("cnn", "pp 2 x tp 2", 4, ["--pp", "2", "--tp", "2", "--micro-batches", "2"]),
     ("mlp", "tp 2 (column- then row-parallel)", 2, ["--tp", "2"]),
+    # ConvTranspose -> GELU -> Conv and Conv -> GELU -> ConvTranspose, each filter- then
+    # channel-parallel.
+    ("cnnt", "tp 2 (ConvTranspose filter- and channel-parallel)", 2, ["--tp", "2"]),
     ("mlp", "tp 2 x dp 2", 4, ["--tp", "2", "--dp", "2"]),
     ("mlp", "pp 2 x tp 2", 4, ["--pp", "2", "--tp", "2", "--schedule", "gpipe",
                                "--micro-batches", "2"]),
@@ -150,11 +217,19 @@ layouts = [
     ("cnn", "pp 2 x dp 2 fsdp", 4, ["--pp", "2", "--dp", "2", "--parallel", "fsdp",
                                      "--micro-batches", "2"]),
     ("mlp", "tp 2 x dp 2 fsdp", 4, ["--tp", "2", "--dp", "2", "--parallel", "fsdp"]),
+    # Attention's heads over tp (the fused q/k/v weight split in whole heads of q, k and v).
+    ("attn", "tp 2 x dp 2", 4, ["--tp", "2", "--dp", "2"]),
 ]
 if not launch_template:  # 8 local ranks: pp x tp x a domain dim sharded unevenly
     layouts.append(("cnn", "pp 2 x tp 2 x domain 2 uneven", 8,
                     ["--pp", "2", "--tp", "2", "--mesh", "2", "--shard-dims", "2", "--extents",
                      "3,7", "--micro-batches", "2"]))
+    layouts.append(("cnnt", "tp 4", 4, ["--tp", "4"]))
+    layouts.append(("cnnt", "pp 2 x tp 2", 4, ["--pp", "2", "--tp", "2", "--micro-batches", "2"]))
+    layouts.append(("cnnt", "tp 2 x dp 2 fsdp", 4, ["--tp", "2", "--dp", "2", "--parallel",
+                                                    "fsdp"]))
+    layouts.append(("cnnt", "tp 2 x domain 2 uneven", 4,
+                    ["--tp", "2", "--mesh", "2", "--shard-dims", "2", "--extents", "3,7"]))
     layouts.append(("cnn", "tp 2 x dp 2 fsdp", 4,
                     ["--tp", "2", "--dp", "2", "--parallel", "fsdp"]))
     layouts.append(("mlp", "pp 2 x dp 2 x tp 2 fsdp", 8,
@@ -165,6 +240,11 @@ if not launch_template:  # 8 local ranks: pp x tp x a domain dim sharded unevenl
                      "--micro-batches", "1"]))
     layouts.append(("mlp", "tp 2 x dp 4 hybrid (dp-shard 2)", 8,
                     ["--tp", "2", "--dp", "4", "--parallel", "hybrid", "--dp-shard", "2"]))
+    layouts.append(("attn", "tp 2 (heads)", 2, ["--tp", "2"]))
+    layouts.append(("attn", "tp 2 x dp 2 fsdp", 4, ["--tp", "2", "--dp", "2", "--parallel",
+                                                     "fsdp"]))
+    layouts.append(("attn", "pp 2 x tp 2", 4, ["--pp", "2", "--tp", "2", "--micro-batches", "2"]))
+    layouts.append(("attn_qkv3", "tp 2 (separate q/k/v)", 2, ["--tp", "2"]))
 for index, (net, label, ranks, options) in enumerate(layouts):
     if net not in reference:
         continue
@@ -198,6 +278,21 @@ else:
            f"--json: pp, tp, stages, stage_cuts, tp_patterns, bubble fractions "
            f"({ {k: summary.get(k) for k in ('stage_cuts', 'bubble_fraction')} })")
 
+
+
+# --tp on the net with transposed convolutions: both patterns found, ConvTranspose first in one
+# and second in the other, and their weights split.
+result = train(cnnt_model, cnnt_data, ["--tp", "2", "--json"], 2, steps=1)
+if result is None:
+    tally.failures += 1
+else:
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    patterns = [(p.get("kind"), p.get("first"), p.get("second"), p.get("width"))
+                for p in summary.get("tp_patterns", [])]
+    report(patterns == [("conv", "/up/ConvTranspose", "/conv/Conv", 4),
+                        ("conv", "/down/Conv", "/back/ConvTranspose", 4)],
+           f"cnnt --tp 2 --json: the ConvTranspose patterns ({patterns}, sharded "
+           f"{summary.get('tp_sharded_parameters')})")
 
 
 def summary_of(args, ranks, dtype="f64"):
@@ -277,6 +372,26 @@ if not launch_template:
                f"bench train --pp 2 --tp 2: the tp all-reduce bytes per step are the analytic "
                f"ones, with the time and the bound ({row})")
 
+# --json with --tp on the attention block: the attention pattern (2 heads) and the MLP's, and
+# rank 0 holds half of every weight tp splits (the fused q/k/v weight: whole heads of q, k, v).
+if not launch_template:
+    result = train(attn_model, attn_data, ["--tp", "2", "--json"], 2, steps=1)
+    if result is None:
+        tally.failures += 1
+    else:
+        summary = json.loads(result.stdout.strip().splitlines()[-1])
+        kinds = [(p["kind"], p["first"], p["second"], p["width"])
+                 for p in summary.get("tp_patterns", [])]
+        elements = summary.get("tp_sharded_elements", {})
+        fused_weight = elements.get("onnx::MatMul_118", {})
+        report(kinds == [("attention", "/qkv/MatMul", "/proj/MatMul", 2),
+                         ("mlp", "/fc1/MatMul", "/fc2/MatMul", 16)]
+               and fused_weight.get("total") == 8 * 24 and len(elements) == 6
+               and all(e["local"] * 2 == e["total"] for e in elements.values())
+               and summary.get("tp_notes") == [],
+               f"attn --tp 2 --json: tp_patterns {kinds}, rank 0 holds half of each of the "
+               f"{len(elements)} split weights (q/k/v: {fused_weight})")
+
 # Bad input: one error line naming the option, exit 2, nothing written.
 losses_out = os.path.join(scratch, "bad.losses.json")
 bad_cases = [
@@ -291,6 +406,8 @@ bad_cases = [
     ("cnn", ["--pp", "2", "--stage-cuts", "/Div_output_0"], 2,
      "[train] --stage-cuts: '/Div_output_0' is not a cut point"),
     ("cnn", ["--tp", "3"], 3, "[train] --tp 3:"),
+    # 2 heads over 4 ranks (the MLP's 16 hidden features would divide).
+    ("attn", ["--tp", "4"], 4, "[train] --tp 4: the attention of"),
     ("mlp", ["--micro-batches", "2"], 1, "[train] --micro-batches, --schedule"),
     ("small_target", ["--pp", "2", "--micro-batches", "2"], 2,
      "[train] the model's output for a micro-batch"),

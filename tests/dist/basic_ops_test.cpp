@@ -397,6 +397,29 @@ TEST(BasicOps, MeanIsExactOnUnevenAndEmptyShards) {
   });
 }
 
+// split on the outermost non-trivial dim gives views of x's storage (no copy), holding x's
+// values; a cut further in gives contiguous copies with the same values.
+TEST(BasicOps, SplitOnTheOutermostDimIsAViewOfX) {
+  testing::run_world(1, [](std::shared_ptr<Comm> comm) {
+    DeviceMesh mesh(comm, {1});
+    CaseRng rng(testing::case_seed(91, 1, 0, 0));
+    const Tensor values = smooth_values({1, 5, 3, 4}, rng);
+    const ShardTensor x = ShardTensor::distribute(values, mesh, {Placement::replicate()});
+    const double* first = x.to_local().data<double>();
+    const std::vector<ShardTensor> views = ops::split(x, {2, 0, 3}, 1);
+    ASSERT_EQ(views.size(), 3u);
+    EXPECT_EQ(views[0].to_local().data<double>(), first);
+    EXPECT_EQ(views[2].to_local().data<double>(), first + 2 * 3 * 4);
+    EXPECT_EQ(views[1].to_local().numel(), 0);
+    EXPECT_EQ(max_abs_diff(views[2].full_tensor(), values.slice(1, 2, 5).contiguous()), 0.0);
+    const std::vector<ShardTensor> copies = ops::split(x, {1, 2}, 2);
+    ASSERT_EQ(copies.size(), 2u);
+    EXPECT_TRUE(copies[1].to_local().is_contiguous());
+    EXPECT_NE(copies[0].to_local().data<double>(), first);
+    EXPECT_EQ(max_abs_diff(copies[1].full_tensor(), values.slice(2, 1, 3).contiguous()), 0.0);
+  });
+}
+
 /// Reverses the rows (dim 0) of a tensor: its own adjoint.
 Tensor reverse_rows(const Tensor& input) {
   const Tensor in = input.contiguous();

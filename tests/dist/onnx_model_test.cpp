@@ -5,18 +5,23 @@
 // sharded unevenly), on the exported grid and on a larger one: the outputs equal PyTorch's within
 // 1e-10 in f64, and the sharded outputs equal one rank's within 1e-12 relative. Hand-built graphs
 // check the op fallback, folded shape arithmetic and the errors for unsupported or malformed
-// graphs.
+// graphs. The attention block under tensor parallelism (heads split over tp by the plan of
+// ops/nn/onnx_partition.hpp) equals one rank and reduces each row-parallel product once.
 #include "ops/nn/onnx_model.hpp"
 
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
+#include "core/autograd.hpp"
 #include "io/onnx/onnx_graph.hpp"
+#include "ops/nn/onnx_partition.hpp"
 #include "ops/ops.hpp"
 #include "tests/common/fixtures.hpp"
+#include "tests/dist/counting_comm.hpp"
 #include "tests/dist/harness.hpp"
 
 namespace tessera {
@@ -267,6 +272,93 @@ TEST(OnnxModel, SliceOfShardedDataSplitsWithUnitStepsAndFallsBackOtherwise) {
       EXPECT_EQ(model.fallback_nodes(), gathered);
     });
   }
+}
+
+/// One forward and backward of `graph` on `mesh` (x and the loss weights replicated, loss
+/// sum(y * target)): y, x's gradient and every parameter's gradient, gathered, each parameter's
+/// in its initializer's layout (a fused projection's stacked weight [3 * in, width] and bias
+/// [3, width] unstacked by hand here: column p * width + e of the weight is row p * in + i).
+std::map<std::string, Tensor> attention_step(const io::OnnxGraph& graph, const DeviceMesh& mesh,
+                                             const nn::OnnxTensorParallelPlan& plan,
+                                             const Tensor& x, const Tensor& target,
+                                             const std::function<void()>& after_step = {}) {
+  std::map<std::string, std::vector<Placement>> placements;
+  for (const auto& [name, dim] : plan.sharded)
+    placements[name] = std::vector<Placement>{Placement::shard(dim)};
+  nn::OnnxModel model(graph, mesh, DType::f64, placements, plan.fused);
+  const std::vector<Placement> replicated(mesh.ndim(), Placement::replicate());
+  ShardTensor xs = ShardTensor::distribute(x, mesh, replicated);
+  xs.set_requires_grad();
+  Tape tape;
+  const ShardTensor y = model.forward(xs);
+  tape.backward(ops::sum(ops::mul(y, ShardTensor::distribute(target, mesh, replicated))));
+  if (after_step) after_step();
+  std::map<std::string, Tensor> values{{"y", y.full_tensor()},
+                                       {"dx", tape.grad(xs)->full_tensor()}};
+  std::set<std::string> stacked_weights;
+  for (const nn::OnnxFusedProjection& projection : plan.fused)
+    stacked_weights.insert(projection.weight);
+  for (const auto& [name, parameter] : model.named_parameters()) {
+    const Tensor grad = parameter.grad()->full_tensor().contiguous();
+    if (!stacked_weights.count(name)) {  // a stacked bias [3, width]: the same order
+      values[name] = grad.reshape({grad.numel()});
+      continue;
+    }
+    const int64_t in = grad.shape(0) / 3, width = grad.shape(1);
+    Tensor unstacked = Tensor::empty({in, 3 * width}, DType::f64);
+    for (int64_t p = 0; p < 3; ++p)
+      for (int64_t i = 0; i < in; ++i)
+        for (int64_t e = 0; e < width; ++e)
+          unstacked.data<double>()[i * 3 * width + p * width + e] =
+              grad.data<double>()[(p * in + i) * width + e];
+    values[name] = unstacked.reshape({unstacked.numel()});
+  }
+  return values;
+}
+
+// The exported attention block (fused q/k/v MatMul, Slices, heads by Reshape/Transpose, softmax
+// attention, output projection, then an MLP) with its heads and the MLP's hidden features split
+// over tp 2: the output, x's gradient and every parameter's gradient equal one rank's within
+// 1e-12, and one step moves exactly four all-reduces of the activations [B, S, E] over tp:
+// forward the output projection's and fc2's Partial sums (each reduced once, right after its
+// product), backward x's gradient at the inputs of the q/k/v projection and of fc1.
+TEST(OnnxModel, TensorParallelAttentionEqualsOneRankAndReducesEachProductOnce) {
+  const io::OnnxGraph graph =
+      io::read_onnx(testing::fixture_dir("onnx") + "attention.opset17.onnx");
+  Tensor x = Tensor::empty({2, 6, 8}, DType::f64), target = Tensor::empty({2, 6, 8}, DType::f64);
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    x.data<double>()[i] = std::sin(0.37 * i) + 0.1;
+    target.data<double>()[i] = std::cos(0.23 * i);
+  }
+  const nn::OnnxTensorParallelPlan plan = nn::onnx_tensor_parallel_plan(graph, 2);
+  ASSERT_EQ(plan.patterns.size(), 2u);
+  EXPECT_EQ(plan.patterns[0].kind, "attention");
+  ASSERT_EQ(plan.fused.size(), 1u);
+  testing::run_world(2, [&](std::shared_ptr<Comm> comm) {
+    // One rank's reference: each rank alone, with the whole weights.
+    const std::map<std::string, Tensor> reference =
+        attention_step(graph, DeviceMesh(comm->split(comm->rank(), 0), {1}, {"tp"}), {}, x, target);
+    auto ledger = std::make_shared<testing::CountingComm::Ledger>();
+    const DeviceMesh mesh(std::make_shared<testing::CountingComm>(comm, ledger), {2}, {"tp"});
+    std::vector<std::pair<std::string, int64_t>> step_calls;
+    const std::map<std::string, Tensor> values =
+        attention_step(graph, mesh, plan, x, target, [&] { step_calls = ledger->calls; });
+    ASSERT_EQ(values.size(), reference.size());
+    for (const auto& [name, value] : reference)
+      EXPECT_LT(testing::relative_error(values.at(name), value), 1e-12) << name;
+    // One step: exactly four all-reduces of A; besides them only the biases the plan splits
+    // move (the pointwise add gathers a sharded bias, as for any column-parallel MatMul's bias,
+    // and reduce-scatters its gradient): at most fc1's 16 f64.
+    const int64_t activation = 2 * 6 * 8 * 8;
+    std::vector<std::pair<std::string, int64_t>> reductions, others;
+    for (const auto& call : step_calls)
+      (call.first == "all_reduce" ? reductions : others).push_back(call);
+    const std::vector<std::pair<std::string, int64_t>> expected(4, {"all_reduce", activation});
+    EXPECT_EQ(reductions, expected);
+    for (const auto& [kind, bytes] : others)
+      EXPECT_TRUE((kind == "all_gather" || kind == "reduce_scatter") && bytes <= 16 * 8)
+          << kind << " of " << bytes << " bytes";
+  });
 }
 
 TEST(OnnxModel, UnsupportedOpIsOneErrorNamingNodeAndOpType) {

@@ -3,8 +3,9 @@
 // give the losses and final parameters of the one-rank run of the plain layers (1e-10 relative)
 // for the MLP and the attention block over tp 2 and 4, a sequence-parallel transformer block
 // (uneven sequence shards), convolutions filter- and channel-parallel alone and with spatial
-// sharding, and dp 2 x tp 2 (x domain 2) with the data-parallel reducer; the bytes
-// every collective moves in a step equal the analytic volume; bad input is one clear error on
+// sharding, conv / conv_transpose pairs (either one filter-parallel, the other channel-parallel)
+// alone and with spatial sharding, and dp 2 x tp 2 (x domain 2) with the data-parallel reducer; the
+// bytes every collective moves in a step equal the analytic volume; bad input is one clear error on
 // every rank.
 #include "ops/nn/tensor_parallel.hpp"
 
@@ -32,10 +33,20 @@ using testing::RunResult;
 using testing::values_of;
 
 /// The model of a run: which block, its sizes; a mesh and how the data lies on it.
-enum class Block { mlp, attention, transformer, filter_conv, channel_conv, conv_pair };
+enum class Block {
+  mlp,
+  attention,
+  transformer,
+  filter_conv,
+  channel_conv,
+  conv_pair,
+  conv_transpose_pair,
+  transpose_conv_pair
+};
 
 bool is_conv(Block block) {
-  return block == Block::filter_conv || block == Block::channel_conv || block == Block::conv_pair;
+  return block == Block::filter_conv || block == Block::channel_conv || block == Block::conv_pair ||
+         block == Block::conv_transpose_pair || block == Block::transpose_conv_pair;
 }
 
 struct Layout {
@@ -71,6 +82,42 @@ std::shared_ptr<nn::Module> make_block(const DeviceMesh& mesh, Block block,
   if (block == Block::channel_conv)
     return std::make_shared<nn::ChannelParallelConv>(mesh, config(2, 3), 42, tp);
   auto pair = std::make_shared<nn::Sequential>();
+  // With transposed convolutions: a strided conv down (11 x 9 -> 6 x 5), filter-parallel 2 -> 4,
+  // tanh, and a strided transposed conv back up, channel-parallel 4 -> 2; or a transposed conv
+  // filter-parallel 2 -> 4 (stride 1, dilation 2, 11 x 9 -> 13 x 11), tanh, and a conv
+  // channel-parallel 4 -> 2 back to 11 x 9.
+  if (block == Block::conv_transpose_pair) {
+    nn::ConvConfig down = config(2, 4);
+    down.options.stride = {2};
+    down.options.padding = {1};
+    down.options.padding_name = "";
+    pair->append(std::make_shared<nn::FilterParallelConv>(mesh, down, 45, tp));
+    pair->append(std::make_shared<nn::Activation>("tanh"));
+    pair->append(std::make_shared<nn::ChannelParallelConvTranspose>(
+        mesh,
+        nn::ConvTransposeConfig{.in_channels = 4,
+                                .out_channels = 2,
+                                .kernel = 3,
+                                .dtype = DType::f64,
+                                .options = {.stride = {2}, .padding = {1}}},
+        46, tp));
+    return pair;
+  }
+  if (block == Block::transpose_conv_pair) {
+    pair->append(std::make_shared<nn::FilterParallelConvTranspose>(
+        mesh,
+        nn::ConvTransposeConfig{.in_channels = 2,
+                                .out_channels = 4,
+                                .kernel = 2,
+                                .dtype = DType::f64,
+                                .options = {.dilation = {2}}},
+        47, tp));
+    pair->append(std::make_shared<nn::Activation>("tanh"));
+    nn::ConvConfig valid = config(4, 2);
+    valid.options.padding_name = "valid";
+    pair->append(std::make_shared<nn::ChannelParallelConv>(mesh, valid, 48, tp));
+    return pair;
+  }
   pair->append(std::make_shared<nn::FilterParallelConv>(mesh, config(2, 4), 43, tp));
   pair->append(std::make_shared<nn::Activation>("tanh"));
   pair->append(std::make_shared<nn::ChannelParallelConv>(mesh, config(4, 2), 44, tp));
@@ -318,6 +365,21 @@ TEST(TensorParallel, ConvFilterAndChannelParallelTrainLikeOneRankAloneAndWithSpa
   expect_trains_like_one_rank(4, Block::conv_pair, tp2_domain2, "conv pair tp 2 x domain 2");
 }
 
+// Transposed convolutions, tensor-parallel: a strided conv filter-parallel down, then a strided
+// transposed conv channel-parallel up; and a transposed conv filter-parallel, then a conv
+// channel-parallel; on tp 2 alone and with x sharded in space over domain 2 (uneven rows 7 + 4).
+TEST(TensorParallel, ConvTransposePairsTrainLikeOneRankAloneAndWithSpatialSharding) {
+  const Layout tp2{{2}, {"tp"}, {Placement::replicate()}, {}, {}};
+  const Layout tp2_domain2{
+      {2, 2}, {"tp", "domain"}, {Placement::replicate(), Placement::shard(2)}, {{}, {7, 4}}, {}};
+  expect_trains_like_one_rank(2, Block::conv_transpose_pair, tp2, "conv -> conv_transpose tp 2");
+  expect_trains_like_one_rank(2, Block::transpose_conv_pair, tp2, "conv_transpose -> conv tp 2");
+  expect_trains_like_one_rank(4, Block::conv_transpose_pair, tp2_domain2,
+                              "conv -> conv_transpose tp 2 x domain 2");
+  expect_trains_like_one_rank(4, Block::transpose_conv_pair, tp2_domain2,
+                              "conv_transpose -> conv tp 2 x domain 2");
+}
+
 // dp 2 x tp 2 x domain 2 for the conv pair: batch over dp, channels over tp, rows over domain.
 TEST(TensorParallel, DpTpDomainConvPairTrainsLikeOneRank) {
   Layout layout{{2, 2, 2},
@@ -370,6 +432,11 @@ TEST(TensorParallel, CommunicationPerStepEqualsTheAnalyticVolume) {
         const std::vector<std::pair<std::string, int64_t>> conv_expected{{"all_reduce", field},
                                                                          {"all_reduce", field}};
         EXPECT_EQ(step_volume(comm, tp_only(world), Block::conv_pair), conv_expected);
+        // With a transposed conv as either half: the same two all-reduces of the [4, 2, 11, 9]
+        // output and input gradient (the narrow middle [4, 4, 6, 5] or [4, 4, 13, 11] never
+        // moves).
+        EXPECT_EQ(step_volume(comm, tp_only(world), Block::conv_transpose_pair), conv_expected);
+        EXPECT_EQ(step_volume(comm, tp_only(world), Block::transpose_conv_pair), conv_expected);
       }
     });
   }
@@ -427,6 +494,31 @@ TEST(TensorParallel, BadInputIsOneClearErrorOnEveryRank) {
               mesh, nn::ConvConfig{.in_channels = 2, .out_channels = 4, .dtype = DType::f64}, 1);
         },
         "[channel_parallel_conv] in channels 2 do not divide over the 4 ranks");
+    expect_error(
+        [&] {
+          nn::FilterParallelConvTranspose(
+              mesh,
+              nn::ConvTransposeConfig{.in_channels = 2, .out_channels = 6, .dtype = DType::f64}, 1);
+        },
+        "[filter_parallel_conv_transpose] out channels 6 do not divide over the 4 ranks");
+    expect_error(
+        [&] {
+          nn::ChannelParallelConvTranspose(
+              mesh,
+              nn::ConvTransposeConfig{.in_channels = 6, .out_channels = 4, .dtype = DType::f64}, 1);
+        },
+        "[channel_parallel_conv_transpose] in channels 6 do not divide over the 4 ranks");
+    expect_error(
+        [&] {
+          nn::FilterParallelConvTranspose(mesh,
+                                          nn::ConvTransposeConfig{.in_channels = 4,
+                                                                  .out_channels = 4,
+                                                                  .dtype = DType::f64,
+                                                                  .options = {.groups = 2}},
+                                          1);
+        },
+        "[filter_parallel_conv_transpose] channels 4 -> 4, kernel 2, groups 2 (tensor "
+        "parallelism needs groups 1)");
     expect_error(
         [&] { nn::ParallelMlp(mesh, 8, 16, 1, DType::f64, {.dim = "model"}); },
         "[column_parallel_linear] tensor-parallel dim 'model' is not a dim of the mesh (dims tp)");

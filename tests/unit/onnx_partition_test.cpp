@@ -2,7 +2,9 @@
 // points are exactly the places one activation crosses (a residual, or a parameter read on both
 // sides, rules a place out), balanced cuts even out the stages' parameters, a stage's subgraph
 // carries the constants and initializers it reads, and the tensor-parallel plan finds the MLP
-// and Conv..Conv patterns (column- then row-parallel) and nothing where a value leaves the region.
+// and Conv..Conv patterns (column- then row-parallel; ConvTranspose as either product) and nothing
+// where a value leaves the region, and attention (fused or separate q/k/v projections .. output
+// projection) split in whole heads.
 #include "ops/nn/onnx_partition.hpp"
 
 #include <gtest/gtest.h>
@@ -214,6 +216,46 @@ TEST(OnnxTensorParallelPlan, ConvFilterThenChannelParallel) {
   EXPECT_EQ(plan.sharded, (std::map<std::string, int>{{"w1", 0}, {"b1", 0}, {"w2", 1}}));
 }
 
+// ConvTranspose belongs to the conv family with its weight [in, out, k..] read the other way
+// round: first in a pattern its dim 1 (and its bias) is split, second its dim 0. A grouped one, or
+// one whose output feeds a Concat (as in a U-Net's decoder), is no pattern.
+TEST(OnnxTensorParallelPlan, ConvTransposeFirstOrSecondInAConvPattern) {
+  OnnxGraph graph = graph_with_io();
+  graph.initializers = {{"w1", weight({2, 4, 3, 3})}, {"b1", weight({4})},
+                        {"w2", weight({4, 4, 3, 3})}, {"w3", weight({4, 4, 3, 3})},
+                        {"b3", weight({4})},          {"w4", weight({4, 2, 3, 3})},
+                        {"b4", weight({2})}};
+  graph.nodes.push_back(node("ConvTranspose", {"x", "w1", "b1"}, {"t1"}));
+  append_gelu(graph, "t1", "g1", "gelu1/");
+  graph.nodes.push_back(node("Conv", {"g1", "w2"}, {"c2"}));
+  graph.nodes.push_back(node("Conv", {"c2", "w3", "b3"}, {"c3"}));
+  append_gelu(graph, "c3", "g3", "gelu3/");
+  graph.nodes.push_back(node("ConvTranspose", {"g3", "w4", "b4"}, {"y"}));
+  const OnnxTensorParallelPlan plan = onnx_tensor_parallel_plan(graph, 2);
+  ASSERT_EQ(plan.patterns.size(), 2u);
+  EXPECT_EQ(plan.patterns[0].kind, "conv");
+  EXPECT_EQ(plan.patterns[0].first, "/t1");
+  EXPECT_EQ(plan.patterns[0].second, "/c2");
+  EXPECT_EQ(plan.patterns[0].width, 4);
+  EXPECT_EQ(plan.patterns[1].first, "/c3");
+  EXPECT_EQ(plan.patterns[1].second, "/y");
+  EXPECT_EQ(plan.sharded, (std::map<std::string, int>{
+                              {"w1", 1}, {"b1", 0}, {"w2", 1}, {"w3", 0}, {"b3", 0}, {"w4", 0}}));
+
+  io::OnnxAttribute groups;
+  groups.kind = io::OnnxAttribute::Kind::integer;
+  groups.integer = 2;
+  OnnxGraph grouped = graph;
+  grouped.nodes.back().attributes["group"] = groups;
+  grouped.initializers.back() = {"w4", weight({4, 1, 3, 3})};
+  EXPECT_EQ(onnx_tensor_parallel_plan(grouped, 2).patterns.size(), 1u);
+
+  OnnxGraph concat = graph;  // the first ConvTranspose's output concatenated with the input
+  concat.nodes.insert(concat.nodes.begin() + 1, node("Concat", {"t1", "x"}, {"cat"}));
+  concat.outputs.push_back(io::OnnxValue{"cat", 11, {}});
+  EXPECT_EQ(onnx_tensor_parallel_plan(concat, 2).patterns.size(), 1u);
+}
+
 TEST(OnnxTensorParallelPlan, WidthNotDividedIsSkipped) {
   const OnnxTensorParallelPlan plan = onnx_tensor_parallel_plan(conv_gelu_conv(), 3);
   EXPECT_TRUE(plan.patterns.empty());
@@ -248,6 +290,133 @@ TEST(OnnxTensorParallelPlan, ValueLeavingTheRegionIsNoPattern) {
   OnnxGraph softmax = linear_chain({8, 16, 8});
   softmax.nodes[2] = node("Softmax", {"lin0"}, {"act0"});
   EXPECT_TRUE(onnx_tensor_parallel_plan(softmax, 2).patterns.empty());
+}
+
+/// An int64 initializer (shapes, Slice bounds).
+Tensor integers(const std::vector<int64_t>& values) {
+  return Tensor::from_values<int64_t>({static_cast<int64_t>(values.size())}, values);
+}
+
+OnnxNode transpose(const std::string& x, const std::string& y, std::vector<int64_t> perm) {
+  OnnxNode result = node("Transpose", {x}, {y});
+  io::OnnxAttribute attribute;
+  attribute.kind = io::OnnxAttribute::Kind::integers;
+  attribute.integers = std::move(perm);
+  result.attributes["perm"] = attribute;
+  return result;
+}
+
+/// A self-attention block on x [B, S, 8] with 2 heads of 4, as PyTorch exports it: q, k and v
+/// from one fused MatMul [8, 24] (+ bias) cut by three Slices, or from three MatMuls; heads by
+/// Reshape to `head_shape` and Transpose, softmax(q k^T / 2) v, heads merged back, the output
+/// projection [8, 8] (+ bias).
+OnnxGraph attention_block(bool fused, const std::string& head_shape = "heads") {
+  OnnxGraph graph = graph_with_io();
+  graph.inputs = {io::OnnxValue{"x", 11, {-1, -1, 8}}};
+  graph.outputs = {io::OnnxValue{"y", 11, {-1, -1, 8}}};
+  graph.initializers = {{"heads", integers({0, 0, 2, 4})},
+                        {"merged", integers({0, 0, 8})},
+                        {"wo", weight({8, 8})},
+                        {"bo", weight({8})}};
+  std::vector<std::string> parts = {"q", "k", "v"};
+  if (fused) {
+    graph.initializers.emplace_back("wqkv", weight({8, 24}));
+    graph.initializers.emplace_back("bqkv", weight({24}));
+    graph.initializers.emplace_back("axis", integers({-1}));
+    graph.nodes.push_back(node("MatMul", {"x", "wqkv"}, {"qkv_mm"}));
+    graph.nodes.push_back(node("Add", {"bqkv", "qkv_mm"}, {"qkv"}));
+    for (int p = 0; p < 3; ++p) {
+      const std::string start = "start" + std::to_string(p), end = "end" + std::to_string(p);
+      graph.initializers.emplace_back(start, integers({8 * p}));
+      graph.initializers.emplace_back(end, integers({8 * p + 8}));
+      graph.nodes.push_back(node("Slice", {"qkv", start, end, "axis"}, {parts[p]}));
+    }
+  } else {
+    for (const std::string& part : parts) {
+      graph.initializers.emplace_back("w" + part, weight({8, 8}));
+      graph.initializers.emplace_back("b" + part, weight({8}));
+      graph.nodes.push_back(node("MatMul", {"x", "w" + part}, {part + "_mm"}));
+      graph.nodes.push_back(node("Add", {"b" + part, part + "_mm"}, {part}));
+    }
+  }
+  for (const std::string& part : parts)
+    graph.nodes.push_back(node("Reshape", {part, head_shape}, {part + "h"}));
+  graph.nodes.push_back(transpose("qh", "qt", {0, 2, 1, 3}));
+  graph.nodes.push_back(transpose("kh", "kt", {0, 2, 3, 1}));
+  graph.nodes.push_back(transpose("vh", "vt", {0, 2, 1, 3}));
+  graph.nodes.push_back(node("MatMul", {"qt", "kt"}, {"scores"}));
+  graph.nodes.push_back(scalar_constant("scale"));
+  graph.nodes.push_back(node("Div", {"scores", "scale"}, {"scaled"}));
+  graph.nodes.push_back(node("Softmax", {"scaled"}, {"probs"}));
+  graph.nodes.push_back(node("MatMul", {"probs", "vt"}, {"heads_out"}));
+  graph.nodes.push_back(transpose("heads_out", "ot", {0, 2, 1, 3}));
+  graph.nodes.push_back(node("Reshape", {"ot", "merged"}, {"om"}));
+  graph.nodes.push_back(node("MatMul", {"om", "wo"}, {"proj"}));
+  graph.nodes.push_back(node("Add", {"bo", "proj"}, {"y"}));
+  return graph;
+}
+
+TEST(OnnxTensorParallelPlan, FusedQkvAttentionSplitsWholeHeads) {
+  const OnnxTensorParallelPlan plan = onnx_tensor_parallel_plan(attention_block(true), 2);
+  ASSERT_EQ(plan.patterns.size(), 1u);
+  EXPECT_EQ(plan.patterns[0].kind, "attention");
+  EXPECT_EQ(plan.patterns[0].first, "/qkv_mm");
+  EXPECT_EQ(plan.patterns[0].second, "/proj");
+  EXPECT_EQ(plan.patterns[0].width, 2);  // the heads
+  // The fused weight and bias are split on dim 1 of their stacked layouts ([3 * 8, 8], [3, 8]),
+  // the output projection on its in features; its bias is added after the reduction.
+  EXPECT_EQ(plan.sharded, (std::map<std::string, int>{{"wqkv", 1}, {"bqkv", 1}, {"wo", 0}}));
+  ASSERT_EQ(plan.fused.size(), 1u);
+  EXPECT_EQ(plan.fused[0].node, "/qkv_mm");
+  EXPECT_EQ(plan.fused[0].bias_node, "/qkv");
+  EXPECT_EQ(plan.fused[0].weight, "wqkv");
+  EXPECT_EQ(plan.fused[0].bias, "bqkv");
+  EXPECT_EQ(plan.fused[0].parts, 3);
+  EXPECT_TRUE(plan.notes.empty());
+}
+
+TEST(OnnxTensorParallelPlan, SeparateQkvProjectionsAreColumnParallel) {
+  const OnnxTensorParallelPlan plan = onnx_tensor_parallel_plan(attention_block(false), 2);
+  ASSERT_EQ(plan.patterns.size(), 1u);
+  EXPECT_EQ(plan.patterns[0].kind, "attention");
+  EXPECT_EQ(plan.patterns[0].first, "/q_mm");
+  EXPECT_EQ(plan.patterns[0].width, 2);
+  EXPECT_EQ(plan.sharded,
+            (std::map<std::string, int>{
+                {"wq", 1}, {"bq", 0}, {"wk", 1}, {"bk", 0}, {"wv", 1}, {"bv", 0}, {"wo", 0}}));
+  EXPECT_TRUE(plan.fused.empty());
+}
+
+TEST(OnnxTensorParallelPlan, AttentionHeadsNotDividedIsSkipped) {
+  const OnnxTensorParallelPlan plan = onnx_tensor_parallel_plan(attention_block(true), 4);
+  EXPECT_TRUE(plan.patterns.empty());
+  ASSERT_EQ(plan.skipped.size(), 1u);
+  EXPECT_EQ(plan.skipped[0].kind, "attention");
+  EXPECT_EQ(plan.skipped[0].width, 2);
+  EXPECT_TRUE(plan.sharded.empty());
+  EXPECT_TRUE(plan.fused.empty());
+}
+
+TEST(OnnxTensorParallelPlan, AttentionWithoutKnownHeadsIsANote) {
+  // The heads' shape read from the data (the Shape of x): no constant head count.
+  OnnxGraph graph = attention_block(true, "data_shape");
+  graph.nodes.insert(graph.nodes.begin(), node("Shape", {"x"}, {"data_shape"}));
+  const OnnxTensorParallelPlan plan = onnx_tensor_parallel_plan(graph, 2);
+  EXPECT_TRUE(plan.patterns.empty());
+  EXPECT_TRUE(plan.sharded.empty());
+  ASSERT_EQ(plan.notes.size(), 1u);
+  EXPECT_NE(plan.notes[0].find("'/qkv_mm' (MatMul)"), std::string::npos) << plan.notes[0];
+  EXPECT_NE(plan.notes[0].find("head count"), std::string::npos) << plan.notes[0];
+}
+
+TEST(OnnxTensorParallelPlan, AttentionValueLeavingTheBlockIsANote) {
+  // The attention probabilities are also a graph output: the heads would stay split there.
+  OnnxGraph graph = attention_block(true);
+  graph.outputs.push_back(io::OnnxValue{"probs", 11, {}});
+  const OnnxTensorParallelPlan plan = onnx_tensor_parallel_plan(graph, 2);
+  EXPECT_TRUE(plan.sharded.empty());
+  ASSERT_EQ(plan.notes.size(), 1u);
+  EXPECT_NE(plan.notes[0].find("'probs' is a graph output"), std::string::npos) << plan.notes[0];
 }
 
 }  // namespace

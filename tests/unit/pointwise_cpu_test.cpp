@@ -6,7 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <random>
 #include <string>
@@ -154,6 +156,30 @@ TEST(PointwiseCpu, BroadcastOperandThroughStrideZeroEqualsExpanded) {
               << name;
         EXPECT_EQ(summed[0], 0.0);  // outside the box: other ranks' part
       }
+    }
+  }
+}
+
+TEST(PointwiseCpu, PowConstantExponentFastPathsEqualStdPow) {
+  // A constant exponent (an operand read through stride 0) of 2, 3, 0.5 or -1 takes a product,
+  // square root or quotient in f32: bit for bit std::pow in double rounded to float, special
+  // values and signs of zeros included.
+  std::vector<double> xs = sample_values(false);
+  for (double v : {kInf, -kInf, std::numeric_limits<double>::quiet_NaN(), 1e-45, -1e-45, 3e38,
+                   -3e38, 1e20, -1e-20, 1.000244140625})  // the last: x^2 a float midpoint
+    xs.push_back(v);
+  const Tensor x = tensor_of(xs, DType::f32);
+  for (double c : {2.0, 3.0, 0.5, -1.0}) {
+    const Tensor fast = *binary_forward_cpu("pow", x, tensor_of({c}, DType::f32), {{0}, 0}, false);
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const float base = x.data<float>()[i];
+      const float want = static_cast<float>(std::pow(double(base), c));
+      const float got = fast.data<float>()[i];
+      if (std::isnan(want))
+        EXPECT_TRUE(std::isnan(got)) << base << " ^ " << c;
+      else
+        EXPECT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want))
+            << base << " ^ " << c;
     }
   }
 }

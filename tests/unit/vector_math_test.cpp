@@ -142,5 +142,61 @@ TEST(VectorMath, ErfWithinTwoUlpEverywhere) {
   EXPECT_EQ(vm::erf_f32(-kInf), -1.0f);
 }
 
+/// x^y's special values, the table of std::pow (C99 Annex F): bit for bit, signs of zeros and
+/// infinities included (any NaN for NaN), on every pair of these bases and exponents.
+TEST(VectorMath, PowSpecialValuesAreThoseOfStdPow) {
+  const std::vector<float> values = {
+      0.0f,    -0.0f, kInf,   -kInf,       kNaN,         1.0f,       -1.0f,      2.0f,  -2.0f,
+      0.5f,    -0.5f, 3.0f,   -3.0f,       0.25f,        -7.0f,      1.5f,       -1.5f, 1e-45f,
+      -1e-45f, 3e38f, -3e38f, 16777216.0f, -16777215.0f, 8388609.0f, -8388609.5f};
+  for (float x : values)
+    for (float y : values) {
+      const float want = static_cast<float>(std::pow(double(x), double(y)));
+      const float got = vm::pow_f32(x, y);
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(got)) << x << " ^ " << y;
+      } else {
+        EXPECT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want))
+            << x << " ^ " << y << " = " << got << ", want " << want;
+      }
+    }
+  EXPECT_EQ(vm::pow_f32(kNaN, 0.0f), 1.0f);  // x^0 = 1 for any x
+  EXPECT_EQ(vm::pow_f32(1.0f, kNaN), 1.0f);  // 1^y = 1 for any y
+  EXPECT_EQ(vm::pow_f32(-1.0f, -kInf), 1.0f);
+  EXPECT_EQ(vm::pow_f32(-0.0f, -3.0f), -kInf);  // 0^negative odd: inf with x's sign
+  EXPECT_EQ(vm::pow_f32(0.0f, -2.0f), kInf);
+  EXPECT_TRUE(std::signbit(vm::pow_f32(-2.0f, -149.0f)));  // negative base, odd integer
+  EXPECT_TRUE(std::isnan(vm::pow_f32(-2.0f, 0.5f)));       // negative base, non-integer
+  // pow_f32_d's double exponent: y - 1 for pow's backward, exact where the float is not.
+  EXPECT_EQ(vm::pow_f32_d(-2.0f, 16777216.0 - 1.0), -kInf);
+}
+
+/// x^y within 1 ulp of std::pow in double over a seeded sweep: bases of every binade (both
+/// signs, subnormals), exponents from 2^-30 to 2^10 in magnitude, every 7th an integer (so that
+/// negative bases give numbers), results from subnormal to overflowing.
+TEST(VectorMath, PowWithinOneUlpEverywhere) {
+  std::mt19937_64 random(20261126);
+  std::uniform_real_distribution<float> mantissa(1.0f, 2.0f);
+  std::uniform_int_distribution<int> base_exponent(-149, 127), exponent_exponent(-30, 10);
+  double worst_error = 0;
+  float worst_x = 0, worst_y = 0;
+  for (int i = 0; i < 400000; ++i) {
+    float x = std::ldexp(mantissa(random), base_exponent(random));
+    float y = std::ldexp(mantissa(random), exponent_exponent(random));
+    if (i % 2) x = -x;
+    if (i % 4 >= 2) y = -y;
+    if (i % 7 == 0) y = std::round(y * 64);
+    const double error = ulp_error(vm::pow_f32(x, y), std::pow(double(x), double(y)));
+    if (!(error <= worst_error)) worst_error = error, worst_x = x, worst_y = y;
+  }
+  for (float x : sweep(-149, 128)) {  // exponents near 1 and small integers on every base
+    for (float y : {1.0f, -1.0f, 2.0f, 0.5f, 3.0f, -2.5f, 1.0000001f}) {
+      const double error = ulp_error(vm::pow_f32(x, y), std::pow(double(x), double(y)));
+      if (!(error <= worst_error)) worst_error = error, worst_x = x, worst_y = y;
+    }
+  }
+  EXPECT_LE(worst_error, 1.0) << "at " << worst_x << " ^ " << worst_y;
+}
+
 }  // namespace
 }  // namespace tessera::ops
