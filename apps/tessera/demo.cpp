@@ -22,6 +22,7 @@
 #include "apps/tessera/cli_parse.hpp"
 #include "apps/tessera/commands.hpp"
 #include "core/checked_math.hpp"
+#include "core/estimate/estimate_mode.hpp"
 #include "core/host_allocator.hpp"
 #include "core/op_registry.hpp"
 #include "core/runtime/rank_context.hpp"
@@ -70,9 +71,16 @@ double settled_seconds() {
   return now_seconds();
 }
 
+/// True when the demo runs in estimate mode (docs/scaling.md): every tensor is shape-only, so
+/// the demo posts the same messages but computes, checks and prints no values.
+bool without_data() {
+  return estimate::active();
+}
+
 /// A smooth field with fine detail, so any misplaced element changes the bits.
 Tensor generate_field(const Shape& shape) {
   Tensor field = Tensor::empty(shape, DType::f32);
+  if (without_data()) return field;
   float* values = field.data<float>();
   int64_t flat = 0;
   for (int64_t x = 0; x < shape[0]; ++x)
@@ -150,11 +158,15 @@ void run_layout_tour(std::shared_ptr<Comm> world, const Shape& shape) {
   const double start = settled_seconds();
   const Tensor gathered = f.gather(0);
   const double gather_time = settled_seconds() - start;
-  int32_t ok = root ? static_cast<int32_t>(bitwise_equal(gathered, original)) : 1;
+  int32_t ok =
+      root && !without_data() ? static_cast<int32_t>(bitwise_equal(gathered, original)) : 1;
   world->all_reduce(&ok, &ok, 1, DType::i32, ReduceOp::min);
   if (root) {
     fmt::print("  {:<34} {:<62} {:>10.3f}\n", "gather to rank 0", "full tensor", gather_time * 1e3);
-    fmt::print("verified bit-for-bit against the original: {}\n", ok ? "yes" : "NO");
+    fmt::print("verified bit-for-bit against the original: {}\n",
+               without_data() ? "not checked (recorded without data)"
+               : ok           ? "yes"
+                              : "NO");
   }
   if (!ok) throw Error("demo", "the gathered field differs from the original");
 }
@@ -162,6 +174,7 @@ void run_layout_tour(std::shared_ptr<Comm> world, const Shape& shape) {
 /// Deterministic pseudo-random values in [-scale, scale] (the same on every rank).
 Tensor generated(const Shape& shape, uint64_t seed, double scale) {
   Tensor values = Tensor::empty(shape, DType::f32);
+  if (without_data()) return values;
   uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
   for (int64_t i = 0; i < values.numel(); ++i) {
     state ^= state << 13;
@@ -206,7 +219,7 @@ StepResult conv_network_step(const DeviceMesh& mesh, const std::vector<Placement
   result.grads.push_back(tape.grad(x)->full_tensor());
   for (const ShardTensor& param : params) result.grads.push_back(tape.grad(param)->full_tensor());
   result.backward_seconds = settled_seconds() - start;
-  result.loss = loss_value.item_as_double({});
+  result.loss = without_data() ? std::nan("") : loss_value.item_as_double({});
   for (double* seconds : {&result.forward_seconds, &result.backward_seconds})
     mesh.comm().all_reduce(seconds, seconds, 1, DType::f64, ReduceOp::max);
   return result;
@@ -259,6 +272,13 @@ void run_conv_network(std::shared_ptr<Comm> world, Shape field, const std::strin
   conv_network_step(single, {Placement::replicate(), Placement::replicate()}, {}, data);
   const StepResult reference =
       conv_network_step(single, {Placement::replicate(), Placement::replicate()}, {}, data);
+  if (without_data()) {
+    fmt::print(
+        "\nconv network step: x [1, {}, {}] sharded over 2x2 and on one rank, recorded "
+        "without data\n",
+        channels, fmt::join(field, ", "));
+    return;
+  }
   fmt::print(
       "\nconv network step: conv3d({0}->8, k3) -> gelu -> conv3d(8->{0}, k3) -> mse, x [1, {0}, "
       "{1}] f32 on {2}\n",
@@ -330,6 +350,13 @@ void run_neighborhood_attention(std::shared_ptr<Comm> world) {
   DeviceMesh single(self, {1, 1}, {"x", "y"});
   const NaStep reference =
       na_step(single, {Placement::replicate(), Placement::replicate()}, {}, data);
+  if (without_data()) {
+    fmt::print(
+        "\nneighborhood attention 2-d: q, k, v {} sharded over 2x2 and on one rank, recorded "
+        "without data\n",
+        shape);
+    return;
+  }
   fmt::print(
       "\nneighborhood attention 2-d: q, k, v {} f32, window 7x7, dilation (1, 2), with rpb, on "
       "{}\n",
@@ -375,7 +402,8 @@ TrainingRun train_net(const DeviceMesh& mesh, const std::vector<Placement>& plac
     optimizer.zero_grad();
     Tape tape;
     const ShardTensor loss = ops::mse_loss(net.forward(x), target);
-    run.losses.push_back(loss.full_tensor().to(Device::cpu()).item_as_double({}));
+    const Tensor loss_value = loss.full_tensor().to(Device::cpu());
+    run.losses.push_back(without_data() ? std::nan("") : loss_value.item_as_double({}));
     tape.backward(loss);
     reducer.finish();
     optimizer.step();
@@ -410,6 +438,11 @@ void run_training(std::shared_ptr<Comm> world, Shape field, const std::string& d
   DeviceMesh single(self, {1, 1}, {"dp", "x"});
   const TrainingRun reference =
       train_net(single, {Placement::replicate(), Placement::replicate()}, {}, x, target, kSteps);
+  if (without_data()) {
+    fmt::print("\ntraining: {} steps on dp=2 x domain 2 and on one rank, recorded without data\n",
+               kSteps);
+    return;
+  }
   fmt::print(
       "\ntraining: conv3d(2->8, k3) -> gelu -> conv3d(8->2, k3), AdamW lr 2e-3, {} steps, batch of "
       "2 "

@@ -7,6 +7,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 
 #include "apps/tessera/commands.hpp"
 #include "apps/tessera/estimate.hpp"
@@ -34,6 +36,33 @@ void register_recordable(CLI::App& app) {
   register_train(app);
 }
 
+/// Refuses, in one line naming why, a command that estimate mode does not run: the ones whose work
+/// is not a sharded program on ranks (they only read or write files, or measure this machine).
+void check_recordable(const std::string& name, const std::string& op) {
+  static const std::set<std::string> recordable{"demo", "run-op", "infer", "simulate", "train"};
+  if (recordable.count(name) > 0) return;
+  static const std::map<std::string, std::string> reasons{
+      {"info", "it prints this build's configuration and runs no ranks"},
+      {"ops", "it lists the registered ops and runs no ranks"},
+      {"inspect", "it reads a file's metadata and runs no ranks"},
+      {"plot", "it draws files into PNGs and runs no ranks"},
+      {"scatter", "its work is reading a file's data, which estimate mode never does"},
+      {"convert", "its work is reading and writing file data, which estimate mode never does"},
+      {"compare", "its work is reading two files' data, which estimate mode never does"},
+      {"generate", "its work is writing a sample data file, which estimate mode never does"},
+      {"bench",
+       "it measures this machine's real run times (trace a benchmark with --trace and give the "
+       "trace to --trace-in)"},
+      {"estimate", "it is an estimate already"},
+      {"estimate-record", "it is an estimate already"}};
+  const auto reason = reasons.find(name);
+  throw InvalidArgument(
+      op,
+      fmt::format("'{}' cannot be estimated: {}; estimate mode runs demo, run-op, infer, "
+                  "simulate and train",
+                  name, reason != reasons.end() ? reason->second : "it is not a tessera command"));
+}
+
 void write_recording(const std::string& file, const std::string& text) {
   const std::string temporary = file + ".partial";
   {
@@ -50,6 +79,7 @@ void write_recording(const std::string& file, const std::string& text) {
 estimate::Recording record_command(int ranks, const std::vector<std::string>& command,
                                    const std::string& op) {
   check_arg(!command.empty(), op, "no command given (e.g. -- simulate gray-scott --mesh 2x2 ...)");
+  check_recordable(command.front(), op);
   CLI::App inner{"tessera " + command.front()};
   register_recordable(inner);
   std::vector<std::string> arguments(command.rbegin(),
@@ -84,6 +114,7 @@ void register_estimate_record(CLI::App& app) {
     const std::vector<std::string>& rest = options->command;
     check_arg(!rest.empty(), "estimate-record",
               "no command given (e.g. -- simulate gray-scott --mesh 2x2 ...)");
+    check_recordable(rest.front(), "estimate-record");
     // Checked before anything runs, so a bad path costs nothing.
     const std::filesystem::path parent = std::filesystem::absolute(options->out).parent_path();
     check_arg(std::filesystem::is_directory(parent), "estimate-record",

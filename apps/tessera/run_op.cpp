@@ -35,13 +35,9 @@ struct ConvInputs {
   bool has_bias = false;
 };
 
-/// Estimate mode (docs/scaling.md) opens no file: the inputs are shape-only tensors of the
-/// shapes --shapes gives, "x=2,3,64,64;w=8,3,3,3[;b=8][;gy=2,8,64,64]".
+/// Estimate mode (docs/scaling.md) with --shapes opens no file: the inputs are shape-only tensors
+/// of the shapes it gives, "x=2,3,64,64;w=8,3,3,3[;b=8][;gy=2,8,64,64]".
 ConvInputs shape_only_inputs(const ConvRunOptions& options, DType dtype) {
-  check_arg(!options.shapes.empty(), "run-op",
-            "estimate mode opens no file: give the inputs' shapes with --shapes "
-            "\"x=N,C,..;w=Cout,C,k..[;b=Cout][;gy=..]\" instead of reading {}",
-            options.in);
   ConvInputs inputs;
   std::stringstream entries(options.shapes);
   std::string entry;
@@ -72,7 +68,9 @@ ConvInputs shape_only_inputs(const ConvRunOptions& options, DType dtype) {
 }
 
 ConvInputs read_inputs(const ConvRunOptions& options, DType dtype) {
-  if (estimate::active()) return shape_only_inputs(options, dtype);
+  // Estimate mode reads --in's metadata only (read_dataset returns shape-only tensors); --shapes
+  // stands in for a file that does not exist.
+  if (estimate::active() && !options.shapes.empty()) return shape_only_inputs(options, dtype);
   ConvInputs inputs;
   check_arg(std::filesystem::exists(options.in), "run-op", "input file {} does not exist",
             options.in);
@@ -157,11 +155,6 @@ void run_conv(std::shared_ptr<Comm> world, const ConvRunOptions& options) {
   }
   const double seconds = now_seconds() - start;
   if (!root) return;
-  if (estimate::active()) {  // estimate mode writes no file
-    fmt::print("conv{}d: x {} -> y {} on mesh {} ({}), recorded without data\n", ndim - 2,
-               x.global_shape(), y.global_shape(), mesh_shape, x.spec().str());
-    return;
-  }
   std::vector<std::pair<std::string, Tensor>> outputs{{"y", y_full}};
   if (options.backward) {
     outputs.emplace_back("gx", gx);
@@ -169,9 +162,9 @@ void run_conv(std::shared_ptr<Comm> world, const ConvRunOptions& options) {
     if (b) outputs.emplace_back("gb", gb);
   }
   write_outputs(options.out, outputs);
-  fmt::print("conv{}d: x {} -> y {} on mesh {} ({}), {} backend, {:.3f} ms; wrote {}\n", ndim - 2,
-             x.global_shape(), y.global_shape(), mesh_shape, x.spec().str(), world->backend(),
-             seconds * 1e3, options.out);
+  fmt::print("conv{}d: x {} -> y {} on mesh {} ({}), {}\n", ndim - 2, x.global_shape(),
+             y.global_shape(), mesh_shape, x.spec().str(),
+             run_summary_tail(*world, seconds, options.out));
 }
 
 }  // namespace
@@ -205,7 +198,7 @@ void register_run_op(CLI::App& app) {
       ->capture_default_str();
   conv->add_option("--dtype", options->dtype, "f32 or f64")->capture_default_str();
   conv->add_option("--shapes", options->shapes,
-                   "Under estimate-record only: the inputs' shapes instead of reading --in, e.g. "
+                   "In estimate mode only: the inputs' shapes instead of --in's, e.g. "
                    "\"x=2,3,64,64;w=8,3,3,3;b=8\" (docs/scaling.md)");
   conv->callback([options] {
     select_device(options->device);

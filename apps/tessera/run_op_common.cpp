@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "apps/tessera/cli_parse.hpp"
+#include "core/estimate/estimate_mode.hpp"
 #include "io/hdf5/h5_file.hpp"
 #include "io/output_path.hpp"
 
@@ -97,6 +98,7 @@ ShardTensor replicate_from_root(const Tensor& full, const DeviceMesh& mesh) {
 
 void write_outputs(const std::string& file,
                    const std::vector<std::pair<std::string, Tensor>>& datasets) {
+  if (estimate::active()) return;
   io::check_output_path("run-op", file);
   const std::string temporary = fmt::format("{}.tmp-{}", file, static_cast<long>(::getpid()));
   try {
@@ -111,6 +113,11 @@ void write_outputs(const std::string& file,
     std::filesystem::remove(temporary, ignored);
     throw;
   }
+}
+
+std::string run_summary_tail(const Comm& world, double seconds, const std::string& file) {
+  if (estimate::active()) return "recorded without data";
+  return fmt::format("{} backend, {:.3f} ms; wrote {}", world.backend(), seconds * 1e3, file);
 }
 
 }  // namespace tessera::cli

@@ -47,7 +47,12 @@ ShardTensor replicate_from_root(const Tensor& full, const DeviceMesh& mesh);
 /// Writes `datasets` as the only contents of `file`, atomically: into a temporary file that is
 /// renamed over `file` once complete (removed on failure, so no partial output is left). A path
 /// that cannot be written (a directory, a missing or read-only directory) is refused first.
+/// In estimate mode (docs/scaling.md) nothing is written: the tensors are shape-only.
 void write_outputs(const std::string& file,
                    const std::vector<std::pair<std::string, Tensor>>& datasets);
+
+/// How a run-op command's summary line ends: "<backend> backend, T ms; wrote FILE", or in
+/// estimate mode "recorded without data" (no time measured, no file written).
+std::string run_summary_tail(const Comm& world, double seconds, const std::string& file);
 
 }  // namespace tessera::cli

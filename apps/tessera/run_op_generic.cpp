@@ -209,9 +209,9 @@ void run_generic(std::shared_ptr<Comm> world, const std::string& name,
   std::vector<std::string> shapes;
   for (size_t o = 0; o < outputs.size(); ++o)
     shapes.push_back(fmt::format("{} {}", op.outputs[o], outputs[o].global_shape()));
-  fmt::print("{}: {} {} -> {} on mesh {} ({}), {} backend, {:.3f} ms; wrote {}\n", name,
-             op.inputs[0].name, first, fmt::join(shapes, ", "), mesh_shape, inputs[0].spec().str(),
-             world->backend(), seconds * 1e3, options.out);
+  fmt::print("{}: {} {} -> {} on mesh {} ({}), {}\n", name, op.inputs[0].name, first,
+             fmt::join(shapes, ", "), mesh_shape, inputs[0].spec().str(),
+             run_summary_tail(*world, seconds, options.out));
 }
 
 }  // namespace

@@ -148,11 +148,9 @@ void run_na(std::shared_ptr<Comm> world, const NaRunOptions& options) {
     if (na.rpb) outputs.emplace_back("grpb", grpb);
   }
   write_outputs(options.out, outputs);
-  fmt::print(
-      "na{}d: q {} kernel {} dilation {} causal {} on mesh {} ({}), {} backend, {:.3f} ms; "
-      "wrote {}\n",
-      spatial, q.global_shape(), na.kernel_size, na.dilation, na.causal, mesh_shape, q.spec().str(),
-      world->backend(), seconds * 1e3, options.out);
+  fmt::print("na{}d: q {} kernel {} dilation {} causal {} on mesh {} ({}), {}\n", spatial,
+             q.global_shape(), na.kernel_size, na.dilation, na.causal, mesh_shape, q.spec().str(),
+             run_summary_tail(*world, seconds, options.out));
 }
 
 }  // namespace

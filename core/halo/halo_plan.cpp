@@ -100,6 +100,22 @@ std::vector<HaloTransfer> transfers_into(const ShardSpec& spec, const Box& neede
   return transfers;
 }
 
+/// Whether `needed` reaches beyond [0, L) along a periodic dim (so it takes a wrapped image).
+bool needs_image(const Box& needed, const Shape& global,
+                 const std::vector<BoundaryMode>& boundary) {
+  for (size_t d = 0; d < global.size(); ++d)
+    if (boundary[d] != BoundaryMode::zero && (needed.lo[d] < 0 || needed.hi[d] > global[d]))
+      return true;
+  return false;
+}
+
+/// Whether boxes `a` and `b` share an index (allocation-free intersect(a, b).empty()).
+bool overlaps(const Box& a, const Box& b) {
+  for (size_t d = 0; d < a.ndim(); ++d)
+    if (std::max(a.lo[d], b.lo[d]) >= std::min(a.hi[d], b.hi[d])) return false;
+  return true;
+}
+
 }  // namespace
 
 HaloPlan HaloPlan::build(const ShardSpec& spec, const std::vector<Box>& needed,
@@ -111,9 +127,11 @@ HaloPlan HaloPlan::build(const ShardSpec& spec, const std::vector<Box>& needed,
             "{} boundary modes given for a {}-d tensor", boundary.size(), spec.global_shape.size());
   check_arg(!spec.has_partial(), "halo", "a halo exchange needs values, not partial sums: {}",
             spec.str());
+  // The box is formatted only when wrong: this loop runs over every rank's box on every rank.
   for (const Box& box : needed)
-    check_arg(box.ndim() == spec.global_shape.size(), "halo", "needed box {} of a {}-d tensor",
-              box.str(), spec.global_shape.size());
+    if (box.ndim() != spec.global_shape.size())
+      throw InvalidArgument("halo", fmt::format("needed box {} of a {}-d tensor", box.str(),
+                                                spec.global_shape.size()));
 
   HaloPlan plan;
   plan.spec_ = spec;
@@ -134,6 +152,11 @@ HaloPlan HaloPlan::build(const ShardSpec& spec, const std::vector<Box>& needed,
   const std::vector<int> only_this_rank{rank};
   for (int receiver = 0; receiver < ranks; ++receiver) {
     if (receiver == rank) continue;
+    // Most receivers are far away: one that needs no periodic image and whose box misses this
+    // rank's is skipped before any allocation.
+    if (!needs_image(needed[receiver], spec.global_shape, boundary) &&
+        !overlaps(needed[receiver], plan.owned_))
+      continue;
     // This rank serves a receiver only when their coordinates agree on the non-shard mesh dims.
     const std::vector<int> receiver_coord = coord_of(receiver, spec.mesh_shape);
     bool serves = true;

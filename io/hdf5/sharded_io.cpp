@@ -106,8 +106,11 @@ void move_own_slabs(Comm& comm, const Tensor& local, const Box& box, size_t stag
   };
   if (local.device().is_cpu()) {
     std::vector<P2POp> ops;
-    char* base = static_cast<char*>(local.raw_data());
-    for (size_t k = 0; k < ranges.size(); ++k) ops.push_back(op_of(k, base + ranges[k].offset));
+    // A shape-only tensor (estimate mode) has no storage: its slabs are null payloads, which the
+    // estimate's communicator records with their bytes and peers without moving them.
+    char* base = static_cast<char*>(local.comm_data());
+    for (size_t k = 0; k < ranges.size(); ++k)
+      ops.push_back(op_of(k, base ? base + ranges[k].offset : nullptr));
     comm.send_recv(ops);
   } else if (kind == P2POp::Kind::send) {
     stream_to_host(
@@ -141,14 +144,6 @@ void record_estimated_write(const std::string& op, const ShardTensor& tensor,
   span.arg("dataset", dataset);
   const bool writes = holds_written_copy(tensor.spec(), tensor.mesh(), tensor.mesh().rank());
   span.arg("bytes", writes ? static_cast<int64_t>(tensor.to_local().nbytes()) : 0);
-}
-
-/// Estimate mode: a read would open the file, which estimate mode never does.
-void refuse_estimated_read(const std::string& op, const std::string& file) {
-  throw NotAvailable("estimate",
-                     fmt::format("{}: reading '{}' would open the file, which estimate mode never "
-                                 "does; give the input's shape instead (docs/scaling.md)",
-                                 op, file));
 }
 
 }  // namespace
@@ -248,7 +243,7 @@ std::optional<std::string> detail::stream_to_root(const ShardTensor& source,
         const size_t piece_bytes = static_cast<size_t>(pieces[next].box.volume()) * element;
         if (!batch.empty() && bytes + piece_bytes > half) break;
         batch.emplace_back(&pieces[next], Tensor::empty(pieces[next].box.shape(), dtype));
-        ops.push_back(P2POp::recv(batch.back().second.raw_data(), piece_bytes, pieces[next].peer,
+        ops.push_back(P2POp::recv(batch.back().second.comm_data(), piece_bytes, pieces[next].peer,
                                   pieces[next].tag));
         bytes += piece_bytes;
         ++next;
@@ -320,7 +315,9 @@ ShardTensor read_sharded(const std::string& file, const std::string& dataset,
 ShardTensor scatter(const std::string& file, const std::string& dataset, const DeviceMesh& mesh,
                     std::vector<Placement> placements, std::vector<std::vector<int64_t>> extents,
                     int root, size_t staging_bytes, std::optional<DType> as) {
-  if (estimate::active()) refuse_estimated_read("scatter", file);
+  // Estimate mode: the root reads the header from the file and every box shape-only
+  // (read_hyperslab reads no element then); the slabs travel as null payloads, so the recorded
+  // messages are the real scatter's.
   const std::string op = "scatter";
   trace::Span span("io", op);
   span.arg("file", file);
@@ -377,7 +374,7 @@ ShardTensor scatter(const std::string& file, const std::string& dataset, const D
       std::vector<P2POp> ops;
       for (const auto& [piece, data] : batch)
         ops.push_back(
-            P2POp::send(data.raw_data(), data.numel() * element, piece->peer, piece->tag));
+            P2POp::send(data.comm_data(), data.numel() * element, piece->peer, piece->tag));
       std::unique_ptr<P2PBatch> in_flight = comm.start_send_recv(ops);
       auto following = read_batch();
       if (following.empty() && !own_read) {

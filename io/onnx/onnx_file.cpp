@@ -9,9 +9,11 @@
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -225,17 +227,17 @@ OnnxGraph parse_onnx(const std::string& bytes, const std::string& source) {
     graph.nodes.push_back(std::move(node));
   }
   validate_onnx_graph(graph);
-  graph.serialized = bytes;
+  graph.serialized = std::make_shared<const std::string>(bytes);
   return graph;
 }
 
 void write_onnx(const OnnxGraph& graph, const std::vector<std::pair<std::string, Tensor>>& values,
                 const std::string& file) {
-  check_arg(!graph.serialized.empty(), "onnx",
+  check_arg(graph.serialized && !graph.serialized->empty(), "onnx",
             "{}: the graph was not read from a file; there is no model to write back",
             graph.source);
   onnx::ModelProto model;
-  check_arg(model.ParseFromString(graph.serialized), "onnx", "{}: the stored model does not parse",
+  check_arg(model.ParseFromString(*graph.serialized), "onnx", "{}: the stored model does not parse",
             graph.source);
   std::map<std::string, onnx::TensorProto*> initializers;
   for (onnx::TensorProto& initializer : *model.mutable_graph()->mutable_initializer())
@@ -271,13 +273,54 @@ void write_onnx(const OnnxGraph& graph, const std::vector<std::pair<std::string,
             "cannot write model file {} (rename failed)", file);
 }
 
-OnnxGraph read_onnx(const std::string& file) {
+namespace {
+
+OnnxGraph read_onnx_file(const std::string& file) {
   std::ifstream in(file, std::ios::binary);
   check_arg(in.good(), "onnx", "cannot open model file {}", file);
   std::ostringstream bytes;
   bytes << in.rdbuf();
   check_arg(!in.bad(), "onnx", "cannot read model file {}", file);
   return parse_onnx(bytes.str(), file);
+}
+
+/// Estimate mode's one parse of each model file, shared by every simulated rank: the ranks of a
+/// real run each hold the same constants, so the ranks of an estimate (threads of one process)
+/// share one read-only copy instead of P (a copy of an OnnxGraph shares its tensors' storage and
+/// its serialized bytes). Keyed by the file's path, size and modification time.
+class SharedGraphs {
+ public:
+  OnnxGraph get(const std::string& file) {
+    std::error_code error;
+    const auto size = std::filesystem::file_size(file, error);
+    const auto modified = std::filesystem::last_write_time(file, error);
+    if (error) return read_onnx_file(file);  // the read reports the problem
+    const std::lock_guard<std::mutex> lock(mutex_);
+    Entry& entry = entries_[file];
+    if (!entry.graph || entry.size != size || entry.modified != modified) {
+      entry.graph = std::make_shared<const OnnxGraph>(read_onnx_file(file));
+      entry.size = size;
+      entry.modified = modified;
+    }
+    return *entry.graph;
+  }
+
+ private:
+  struct Entry {
+    std::shared_ptr<const OnnxGraph> graph;
+    std::uintmax_t size = 0;
+    std::filesystem::file_time_type modified;
+  };
+  std::mutex mutex_;
+  std::map<std::string, Entry> entries_;
+};
+
+}  // namespace
+
+OnnxGraph read_onnx(const std::string& file) {
+  if (!estimate::active()) return read_onnx_file(file);
+  static SharedGraphs shared;
+  return shared.get(file);
 }
 
 }  // namespace tessera::io

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -72,8 +73,9 @@ struct OnnxGraph {
   std::vector<OnnxValue> inputs, outputs;
   std::vector<std::pair<std::string, Tensor>> initializers;
   std::vector<OnnxNode> nodes;
-  /// The model as read (protobuf bytes), kept for write_onnx; empty for graphs built in code.
-  std::string serialized;
+  /// The model as read (protobuf bytes), kept for write_onnx; null for graphs built in code.
+  /// Shared, read-only: copies of a graph (one per rank or stage) share it.
+  std::shared_ptr<const std::string> serialized;
 };
 
 /// The opsets Tessera reads (those PyTorch 1.13..2.x exports by default or on request).

@@ -38,6 +38,7 @@
 
 #include "core/compute_threads.hpp"
 #include "core/errors.hpp"
+#include "core/estimate/estimate_mode.hpp"
 #include "core/parallel_for.hpp"
 #include "ops/attention/na_problem.hpp"
 #include "ops/cpu_isa.hpp"
@@ -1271,6 +1272,11 @@ NaGradients na_cpu_backward(const Tensor& q, const Tensor& k, const Tensor& v, c
                             const NaGeometry& geometry, const NaPieces& pieces, int threads) {
   const Problem p = make_problem(q, k, v, rpb, geometry, pieces);
   check_backward_grads(q, grad_output, grad_lse);
+  // Estimate mode: shape-only gradients, no kernel (the forward is skipped by apply_op).
+  if (estimate::active())
+    return NaGradients{Tensor::empty(q.shape(), q.dtype()), Tensor::empty(k.shape(), k.dtype()),
+                       Tensor::empty(v.shape(), v.dtype()),
+                       rpb ? Tensor::empty(rpb->shape(), rpb->dtype()) : Tensor()};
   threads = resolve_threads(threads);
   return q.dtype() == DType::f64
              ? backward_in<double>(p, q, k, v, rpb, grad_output, grad_lse, threads)

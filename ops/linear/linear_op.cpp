@@ -101,6 +101,9 @@ DType compute_dtype(DType dtype) {
 void batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, int64_t batches, int64_t a_step,
                   int64_t b_step, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                   bool accumulate, const Stream& stream) {
+  // Estimate mode: a shape-only product computes nothing (the backward's results keep their
+  // shapes, which is all a recording needs).
+  if (c.is_shape_only()) return;
   if (c.device().is_cuda()) {
     gemm_cuda(trans_a, trans_b, m, n, k, a, a_step, b, b_step, c, batches, accumulate, stream);
     return;

@@ -6,6 +6,7 @@
 #include <optional>
 #include <random>
 
+#include "core/estimate/estimate_mode.hpp"
 #include "core/runtime/rank_context.hpp"
 #include "ops/ops.hpp"
 
@@ -15,6 +16,8 @@ namespace {
 
 /// Values uniform in [-bound, bound) from `generator`, as f64, converted to `dtype`.
 Tensor uniform(const Shape& shape, double bound, std::mt19937_64& generator, DType dtype) {
+  // Estimate mode: the parameter's shape is all that matters, and it has no data to fill.
+  if (estimate::active()) return Tensor::empty(shape, dtype);
   Tensor values = Tensor::empty(shape, DType::f64);
   std::uniform_real_distribution<double> pick(-bound, bound);
   for (int64_t i = 0; i < values.numel(); ++i) values.data<double>()[i] = pick(generator);

@@ -10,6 +10,8 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <mutex>
+#include <tuple>
 
 #include "core/errors.hpp"
 #include "core/estimate/real_data.hpp"
@@ -478,6 +480,29 @@ HostArray host_array(const Tensor& tensor) {
               array.values.begin());
   }
   return array;
+}
+
+std::shared_ptr<const HostArray> shared_host_array(const Tensor& tensor) {
+  if (!tensor.device().is_cpu() || tensor.is_shape_only() || tensor.numel() == 0)
+    return std::make_shared<const HostArray>(host_array(tensor));
+  // The array and the tensor it was made from live together, so the key's address stays the
+  // tensor's while the entry can be locked.
+  struct Holder {
+    Tensor source;
+    HostArray array;
+  };
+  using Key = std::tuple<const void*, DType, Shape>;
+  static std::mutex mutex;
+  static std::map<Key, std::weak_ptr<const HostArray>> arrays;
+  const Key key{tensor.raw_data(), tensor.dtype(), tensor.shape()};
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (const auto found = arrays.find(key); found != arrays.end())
+    if (std::shared_ptr<const HostArray> shared = found->second.lock()) return shared;
+  auto holder = std::make_shared<const Holder>(Holder{tensor, host_array(tensor)});
+  std::shared_ptr<const HostArray> shared(holder, &holder->array);
+  std::erase_if(arrays, [](const auto& entry) { return entry.second.expired(); });
+  arrays[key] = shared;
+  return shared;
 }
 
 Tensor host_tensor(const HostArray& array, DType float_dtype) {

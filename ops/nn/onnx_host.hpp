@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -32,6 +33,11 @@ struct HostArray {
 
 /// A host tensor (any dtype) as a HostArray.
 HostArray host_array(const Tensor& tensor);
+/// host_array(tensor), read-only and shared by every caller passing a tensor of the same storage,
+/// shape and dtype while one of them holds it: an initializer of a model parse that simulated
+/// ranks share is converted once, not once per rank (the array keeps that storage alive, so an
+/// address is never taken for another tensor's while it is shared).
+std::shared_ptr<const HostArray> shared_host_array(const Tensor& tensor);
 /// The array as a cpu tensor: i64 when integral, else `float_dtype`.
 Tensor host_tensor(const HostArray& array, DType float_dtype);
 

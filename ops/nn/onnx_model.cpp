@@ -240,7 +240,7 @@ OnnxModel::OnnxModel(io::OnnxGraph graph, const DeviceMesh& mesh, DType dtype,
   const std::vector<Placement> replicated(mesh.ndim(), Placement::replicate());
   for (const auto& [name, tensor] : g.initializers) {
     Value value;
-    value.constant = onnx::host_array(tensor);
+    value.constant = onnx::shared_host_array(tensor);
     if (is_floating(tensor.dtype()) && data_inputs.count(name) > 0) {
       const auto placed = placements.find(name);
       check_arg(placed == placements.end() || statistics.count(name) == 0, "onnx",
@@ -353,16 +353,17 @@ std::map<std::string, ShardTensor> OnnxModel::forward(
         for (int64_t d = start; d < end; ++d)
           shape.values.push_back(static_cast<double>(global[d]));
         shape.shape = {static_cast<int64_t>(shape.values.size())};
-        results.push_back(Value{std::nullopt, shape, {}});
+        results.push_back(onnx::constant_value(std::move(shape)));
       } else if (node.op_type == "Identity" && !node_inputs.empty() && node_inputs[0]) {
         results.push_back(*node_inputs[0]);
       } else if (onnx::has_host_op(node.op_type) && all_constant) {
         // Shape arithmetic: folded on the host, on every rank alike.
         std::vector<std::optional<HostArray>> constants;
         for (const std::optional<Value>& input : node_inputs)
-          constants.push_back(input ? input->constant : std::nullopt);
+          constants.push_back(input && input->constant ? std::optional(*input->constant)
+                                                       : std::nullopt);
         for (HostArray& result : onnx::run_host_op(node, constants))
-          results.push_back(Value{std::nullopt, std::move(result), {}});
+          results.push_back(onnx::constant_value(std::move(result)));
       } else {
         handled = false;
       }
@@ -389,7 +390,7 @@ std::map<std::string, ShardTensor> OnnxModel::forward(
                                     "part by part, which only Shape, Slice and Split may read",
                                     node.where()));
           } else if (input->constant) {
-            gathered.push_back(input->constant);
+            gathered.push_back(*input->constant);
           } else {
             if (!lead) lead = input->sharded->spec();
             for (const Placement& placement : input->sharded->placements())
@@ -406,7 +407,7 @@ std::map<std::string, ShardTensor> OnnxModel::forward(
         const std::vector<Placement> replicated(state.mesh.ndim(), Placement::replicate());
         for (HostArray& result : onnx::run_host_op(node, gathered)) {
           if (result.integral) {
-            results.push_back(Value{std::nullopt, std::move(result), {}});
+            results.push_back(onnx::constant_value(std::move(result)));
             continue;
           }
           std::vector<Placement> placements = replicated;

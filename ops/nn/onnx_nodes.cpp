@@ -16,7 +16,11 @@ namespace tessera::nn::onnx {
 using io::OnnxNode;
 
 Value data_value(ShardTensor tensor) {
-  return Value{std::move(tensor), std::nullopt, {}};
+  return Value{std::move(tensor), nullptr, {}};
+}
+
+Value constant_value(HostArray array) {
+  return Value{std::nullopt, std::make_shared<const HostArray>(std::move(array)), {}};
 }
 
 /// Input `index` as data on the mesh: a constant becomes a replicated tensor in `like`'s dtype
@@ -52,7 +56,7 @@ const HostArray& constant_of(const OnnxNode& node, const Values& inputs, size_t 
                              const char* what) {
   check_arg(index < inputs.size() && inputs[index], "onnx", "{}: needs input {} ({})", node.where(),
             index, what);
-  check_arg(inputs[index]->constant.has_value(), "onnx",
+  check_arg(inputs[index]->constant != nullptr, "onnx",
             "{}: input {} ('{}', {}) must be a constant (an initializer or computed from shapes "
             "only), not data",
             node.where(), index, node.inputs[index], what);

@@ -18,10 +18,12 @@ namespace tessera::nn::onnx {
 /// A value of the graph: data on the mesh, host values known without data, or both (a float
 /// initializer: its Parameter and its values); or the output of a fused projection under tensor
 /// parallelism (q, k and v side by side), held as its parts, each in its own layout: only Shape
-/// (the whole's global shape) and Slice or Split taking whole parts read it.
+/// (the whole's global shape) and Slice or Split taking whole parts read it. The host values are
+/// read-only and shared (by the steps' copies of a value, and an initializer's by the simulated
+/// ranks of an estimate).
 struct Value {
   std::optional<ShardTensor> sharded;
-  std::optional<HostArray> constant;
+  std::shared_ptr<const HostArray> constant;
   std::vector<ShardTensor> parts;
 };
 
@@ -41,6 +43,8 @@ using Step = std::function<std::vector<Value>(const RunContext&, const Values&)>
 
 /// A value holding data only.
 Value data_value(ShardTensor tensor);
+/// A value holding host values only.
+Value constant_value(HostArray array);
 
 /// Input `index` of `node` as data on the mesh: a constant becomes a replicated tensor in `like`'s
 /// dtype (the model's dtype when there is none), no communication.

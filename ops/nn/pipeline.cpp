@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <map>
 
 #include "core/agree.hpp"
@@ -392,7 +393,9 @@ double Pipeline::step(const std::optional<ShardTensor>& input,
                                      : ops::mse_loss(y, targets[action.micro_batch]);
             // The batch's loss is the mean of the micro-batches' means: each counts 1/M.
             if (micro_batches > 1) value = ops::scale(value, 1.0 / micro_batches);
-            loss_sum += value.full_tensor().item_as_double({});
+            // Estimate mode: the loss is gathered as in a real run, but has no value (NaN).
+            const Tensor full = value.full_tensor();
+            loss_sum += full.is_shape_only() ? std::nan("") : full.item_as_double({});
             unit.output = value;
           } else {
             unit.output = state.boundaries.at(stage)->send(y, state.input_placements(stage + 1),

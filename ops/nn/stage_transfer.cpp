@@ -188,7 +188,7 @@ struct StageBoundary::State {
       if (piece.sender != my_index) continue;
       Tensor buffer = local.view_box(piece.box.relative_to(origin)).contiguous();
       ops.push_back(
-          P2POp::send(buffer.raw_data(), buffer.nbytes(), peers[piece.receiver], tag + channel));
+          P2POp::send(buffer.comm_data(), buffer.nbytes(), peers[piece.receiver], tag + channel));
       stats.bytes_sent += static_cast<int64_t>(buffer.nbytes());
       posting.buffers.push_back(std::move(buffer));
     }
@@ -208,7 +208,7 @@ struct StageBoundary::State {
       if (piece.receiver != my_index) continue;
       Tensor buffer = Tensor::empty(piece.box.shape(), dtype, device);
       ops.push_back(
-          P2POp::recv(buffer.raw_data(), buffer.nbytes(), peers[piece.sender], tag + channel));
+          P2POp::recv(buffer.comm_data(), buffer.nbytes(), peers[piece.sender], tag + channel));
       stats.bytes_received += static_cast<int64_t>(buffer.nbytes());
       buffers.emplace_back(piece.box.relative_to(origin), std::move(buffer));
     }

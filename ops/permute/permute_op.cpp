@@ -49,7 +49,8 @@ Tensor permute_local(const Tensor& x, const std::vector<int64_t>& dims) {
     strides.push_back(x.strides()[d]);
   }
   Tensor out = Tensor::empty(shape, x.dtype(), x.device());
-  if (out.numel() == 0) return out;
+  // Estimate mode: a shape-only piece has nothing to copy.
+  if (out.numel() == 0 || x.is_shape_only()) return out;
   const StridedRef source = strided_ref(x);
   const StridedRef permuted{source.data, shape.data(), strides.data(), source.ndim};
   backend_for(x.device())

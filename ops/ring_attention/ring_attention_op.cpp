@@ -11,6 +11,7 @@
 // p = exp(s - lse) for the block it holds, adds dq += scale ds k, and adds into the block's
 // travelling dK, dV, which arrive back at their owner after P passes. Sums run in another order
 // than on one rank: sharded equals one rank within 1e-12 relative in f64, not bit for bit.
+// Estimate mode runs the same moves and passes on shape-only pieces (no payload, no kernel).
 #include "ops/ring_attention/ring_attention_op.hpp"
 
 #include <fmt/format.h>
@@ -22,6 +23,8 @@
 
 #include "core/autograd.hpp"
 #include "core/compute_threads.hpp"
+#include "core/estimate/estimate_mode.hpp"
+#include "core/estimate/real_data.hpp"
 #include "core/parallel_for.hpp"
 #include "ops/op_costs.hpp"
 #include "ops/op_helpers.hpp"
@@ -174,20 +177,26 @@ Tensor move_rows(const Ring& ring, const SequenceAssignment& source,
   Tensor incoming =
       Tensor::empty({static_cast<int64_t>(received)}, values.dtype(), values.device());
   Tensor moved = Tensor::empty(shape, values.dtype(), values.device());
-  char* packed = static_cast<char*>(send.raw_data());
-  for (int peer = 0; peer < ring.size; ++peer)
-    for (const RowMove& run : row_moves(source, target, ring.rank, peer)) {
-      values.pack_box(rows_box(values.shape(), run.from_row, run.count), packed);
-      packed += run.count * per_row * element;
-    }
-  ring.comm->all_to_all_v(send.raw_data(), send_counts, send_displs, incoming.raw_data(),
+  // Estimate mode: the exchange is posted with no payload, nothing is packed.
+  const bool shape_only = values.is_shape_only();
+  if (!shape_only) {
+    char* packed = static_cast<char*>(send.raw_data());
+    for (int peer = 0; peer < ring.size; ++peer)
+      for (const RowMove& run : row_moves(source, target, ring.rank, peer)) {
+        values.pack_box(rows_box(values.shape(), run.from_row, run.count), packed);
+        packed += run.count * per_row * element;
+      }
+  }
+  ring.comm->all_to_all_v(send.comm_data(), send_counts, send_displs, incoming.comm_data(),
                           recv_counts, recv_displs, values.dtype());
-  const char* next = static_cast<const char*>(incoming.raw_data());
-  for (int peer = 0; peer < ring.size; ++peer)
-    for (const RowMove& run : row_moves(source, target, peer, ring.rank)) {
-      moved.unpack_box(rows_box(shape, run.to_row, run.count), next);
-      next += run.count * per_row * element;
-    }
+  if (!shape_only) {
+    const char* next = static_cast<const char*>(incoming.raw_data());
+    for (int peer = 0; peer < ring.size; ++peer)
+      for (const RowMove& run : row_moves(source, target, peer, ring.rank)) {
+        moved.unpack_box(rows_box(shape, run.to_row, run.count), next);
+        next += run.count * per_row * element;
+      }
+  }
   return moved;
 }
 
@@ -461,10 +470,10 @@ std::unique_ptr<P2PBatch> start_tensor_pass(const Ring& ring, int step,
     shape[1] = ring.key_rows(ring.holder(step + 1));
     next.push_back(Tensor::empty(shape, held[i]->dtype(), held[i]->device()));
     if (held[i]->numel() > 0)
-      ops.push_back(P2POp::send(held[i]->raw_data(), held[i]->nbytes(), to, static_cast<int>(i)));
+      ops.push_back(P2POp::send(held[i]->comm_data(), held[i]->nbytes(), to, static_cast<int>(i)));
     if (next.back().numel() > 0)
       ops.push_back(
-          P2POp::recv(next.back().raw_data(), next.back().nbytes(), from, static_cast<int>(i)));
+          P2POp::recv(next.back().comm_data(), next.back().nbytes(), from, static_cast<int>(i)));
   }
   return ring.comm->start_send_recv(ops);
 }
@@ -520,6 +529,26 @@ std::vector<Tensor> ring_backward_cuda(const Attrs& a, const Ring& ring, const D
   return {dq.to_dtype(q.dtype()), dk.to_dtype(q.dtype()), dv.to_dtype(q.dtype())};
 }
 
+/// Estimate mode: `steps` passes of the shape-only blocks `held` around the ring (each waited on
+/// at once: there is nothing to compute in between), no payload moved.
+void estimated_passes(const Ring& ring, int steps, std::vector<Tensor> held) {
+  std::vector<Tensor> next;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<const Tensor*> blocks;
+    for (const Tensor& block : held) blocks.push_back(&block);
+    if (std::unique_ptr<P2PBatch> pass = start_tensor_pass(ring, step, blocks, next)) {
+      pass->wait();
+      held = next;
+    }
+  }
+}
+
+/// The dtype a ring pass sends the blocks of `dtype` in: the cpu ring passes f64 vectors, the
+/// cuda ring the tensors themselves.
+DType block_dtype(const Device& device, DType dtype) {
+  return device.is_cuda() ? dtype : DType::f64;
+}
+
 /// o and lse of the caller's local q, k, v, in the caller's layout: the rows move to the ring's
 /// assignment, the ring runs (cuda kernels for cuda tensors, else f64 on the cpu), o and lse
 /// move back.
@@ -528,7 +557,12 @@ std::pair<Tensor, Tensor> attention_forward(const Attrs& a, const Ring& ring, co
   const Tensor qr = queries_to_ring(ring, q), kr = keys_to_ring(ring, k),
                vr = keys_to_ring(ring, v.to_dtype(q.dtype()));
   Tensor o, lse;
-  if (q.device().is_cuda()) {
+  if (estimate::active()) {  // the forward's P - 1 passes of the k and v blocks, no kernel
+    const DType block = block_dtype(q.device(), q.dtype());
+    estimated_passes(ring, ring.size - 1, {kr.to_dtype(block), vr.to_dtype(block)});
+    o = Tensor::empty({n.b, n.sq, n.h, n.dv}, q.dtype(), q.device());
+    lse = Tensor::empty({n.b, n.sq, n.h}, q.dtype(), q.device());
+  } else if (q.device().is_cuda()) {
     std::tie(o, lse) = ring_forward_cuda(a, ring, n, qr, kr.to_dtype(q.dtype()), vr);
   } else {
     auto [o_values, lse_values] =
@@ -552,7 +586,17 @@ std::vector<Tensor> attention_backward(const Attrs& a, const Ring& ring, const D
   const std::optional<Tensor> glr =
       glse ? std::optional<Tensor>(queries_to_ring(ring, glse->to_dtype(dtype))) : std::nullopt;
   std::vector<Tensor> d;
-  if (q.device().is_cuda()) {
+  if (estimate::active()) {  // the backward's P passes of k, v and their gradients, no kernel
+    const DType block = block_dtype(q.device(), dtype);
+    const DType gradient = block_dtype(q.device(), attention_accumulation_dtype(dtype));
+    estimated_passes(
+        ring, ring.size,
+        {kr.to_dtype(block), vr.to_dtype(block), Tensor::empty(kr.shape(), gradient, kr.device()),
+         Tensor::empty(vr.shape(), gradient, vr.device())});
+    d = {Tensor::empty(qr.shape(), dtype, qr.device()),
+         Tensor::empty(kr.shape(), dtype, kr.device()),
+         Tensor::empty(vr.shape(), dtype, vr.device())};
+  } else if (q.device().is_cuda()) {
     d = ring_backward_cuda(a, ring, n, qr, kr, vr, or_, lr, gr, glr ? &*glr : nullptr);
   } else {
     const auto values = ring_backward(a, ring, n, to_doubles(qr), to_doubles(kr), to_doubles(vr),
@@ -649,6 +693,9 @@ void register_ring_attention_ops() {
                     .cuda = forward_kernel,
                     .backward = std::move(backward),
                     .cost = attention_cost});
+  // The kernel moves rows to the zigzag assignment and passes the key and value blocks around
+  // the ring of ranks sharding the sequence: in estimate mode it posts those messages.
+  estimate::run_kernel_in_estimate_mode(kOp);
 }
 
 std::vector<ShardTensor> attention(const ShardTensor& q, const ShardTensor& k, const ShardTensor& v,

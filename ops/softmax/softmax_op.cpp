@@ -18,6 +18,7 @@
 
 #include "core/autograd.hpp"
 #include "core/compute_threads.hpp"
+#include "core/estimate/real_data.hpp"
 #include "core/parallel_for.hpp"
 #include "ops/cpu_loops.hpp"
 #include "ops/op_helpers.hpp"
@@ -124,6 +125,20 @@ SoftmaxCall call_of(const std::string& op, const OpAttrs& attrs, const ShardSpec
   call.mesh_dims = sharding_mesh_dims(spec, call.dim);
   call.slots = slots_of(local_shape, call.dim);
   return call;
+}
+
+/// Estimate mode (core/estimate/real_data.hpp): a shape-only piece posts the `combines`
+/// all-gathers of its statistics that the kernel would (with no payload: the simulated
+/// communicator records their bytes) and gives a shape-only result of its shape.
+Tensor estimated(const SoftmaxCall& call, const DeviceMesh& mesh, const Tensor& x, int combines) {
+  if (!call.mesh_dims.empty()) {
+    const std::shared_ptr<Comm> comm = mesh.sub_comm(call.mesh_dims);
+    const size_t count = static_cast<size_t>(slot_count(call.slots));
+    for (int k = 0; k < combines; ++k)
+      comm->all_gather_v(nullptr, count, nullptr,
+                         std::vector<size_t>(static_cast<size_t>(comm->size()), count), DType::f64);
+  }
+  return Tensor::empty(x.shape(), x.dtype());
 }
 
 /// Calls body(o, first, count) for units of (outer index o, up to kSlotColumns inner positions
@@ -318,6 +333,7 @@ Tensor backward_typed(const SoftmaxCall& call, const DeviceMesh& mesh, const Ten
 
 /// softmax (or log_softmax) of a local piece; the statistics combined over the call's mesh dims.
 Tensor forward_cpu(const SoftmaxCall& call, const DeviceMesh& mesh, const Tensor& x, bool log) {
+  if (x.is_shape_only()) return estimated(call, mesh, x, 2);  // the max, then the sum
   if (x.dtype() == DType::f32) return forward_typed<float>(call, mesh, x, log);
   if (x.dtype() == DType::f64) return forward_typed<double>(call, mesh, x, log);
   const Tensor x64 = x.to_dtype(DType::f64).contiguous();
@@ -345,6 +361,7 @@ Tensor forward_cpu(const SoftmaxCall& call, const DeviceMesh& mesh, const Tensor
 /// The gradient of x from y and g (local pieces of one layout).
 Tensor backward_cpu(const SoftmaxCall& call, const DeviceMesh& mesh, const Tensor& y,
                     const Tensor& g, bool log) {
+  if (y.is_shape_only() || g.is_shape_only()) return estimated(call, mesh, y, 1);  // the sum
   if (y.dtype() == DType::f32 && g.dtype() == DType::f32)
     return backward_typed<float>(call, mesh, y, g, log);
   if (y.dtype() == DType::f64 && g.dtype() == DType::f64)
@@ -422,6 +439,8 @@ void register_softmax(const std::string& name, bool log) {
                     .cpu = std::move(cpu),
                     .cuda = std::move(cuda),
                     .backward = std::move(backward)});
+  // The kernel gathers the statistics over the ranks sharding the dim.
+  estimate::run_kernel_in_estimate_mode(name);
 }
 
 }  // namespace

@@ -3,7 +3,10 @@
 # cluster (text and --json with step_seconds and the breakdown); --calibrate writes a machine file
 # that the same trace replays on; a command estimated on simulated ranks predicts what its real
 # run's trace predicts, and --scaling makes strong and weak tables and a plot; bad input (unknown cluster, malformed or missing trace or
-# machine file, missing options) exits 2 with one line.
+# machine file, missing options) exits 2 with one line. Commands recorded on 4 simulated ranks
+# (run-op of several op families, the demo, pipelined and tensor-parallel training) record exactly the
+# events of their real traced 4-rank runs and write no file; commands estimate mode does not run
+# are refused in one line.
 # Usage: estimate_check.py TESSERA_BINARY SCRATCH_DIR [--no-calibrate]
 import json
 import os
@@ -127,6 +130,162 @@ for name, command in [
               abs(a["comm_seconds"] - b["comm_seconds"]) <= 1e-9 * max(a["comm_seconds"], 1e-30),
               f"{name}: estimate mode predicts what the real run's trace predicts "
               f"({b['step_seconds']} s, {a['step_seconds']} s)")
+
+
+# Events, per rank and in order, without what differs between runs: times, thread ids and the
+# backend the rank's label names (the real run's "local", the recording's "simulated").
+def events_by_rank(file):
+    ranks = {}
+    with open(file) as f:
+        for event in json.load(f)["traceEvents"]:
+            event = {k: v for k, v in event.items() if k not in ("ts", "dur", "tid")}
+            args = event.get("args")
+            if isinstance(args, dict) and "backend" in args:
+                args = {k: v for k, v in args.items() if k != "backend"}
+                args["labels"] = args.get("labels", "").split(" ", 1)[-1]
+                event["args"] = args
+            ranks.setdefault(event["pid"], []).append(json.dumps(event, sort_keys=True))
+    return ranks
+
+
+def first_difference(real_file, recorded_file):
+    """None when both files hold the same events per rank, else where they first differ."""
+    real, recorded = events_by_rank(real_file), events_by_rank(recorded_file)
+    if sorted(real) != sorted(recorded):
+        return f"ranks {sorted(real)} and {sorted(recorded)}"
+    for rank in sorted(real):
+        for i, (a, b) in enumerate(zip(real[rank], recorded[rank])):
+            if a != b:
+                return f"rank {rank}, event {i}: {a} != {b}"
+        if len(real[rank]) != len(recorded[rank]):
+            return f"rank {rank}: {len(real[rank])} events and {len(recorded[rank])}"
+    return None
+
+
+def expect_recorded_as_real(name, command, outputs_dir, out_name):
+    """The command traced for real on 4 local ranks and recorded by estimate-record at P = 4 give
+    the same events; the recording writes no file (outputs_dir is unchanged, --out not made)."""
+    real_trace = os.path.join(scratch, f"{name}_real.json")
+    recorded = os.path.join(scratch, f"{name}_recorded.json")
+    real_out = os.path.join(outputs_dir, out_name) if out_name else None
+    never_out = os.path.join(outputs_dir, "never_" + out_name) if out_name else None
+    result = run(*command, *(["--out", real_out] if out_name else []),
+                 env={"TESSERA_BACKEND": "local", "TESSERA_TRACE": real_trace})
+    check(result.returncode == 0, f"{name}: a traced 4-rank run: {result.stderr.strip()[-300:]}")
+    before = {entry: os.stat(os.path.join(outputs_dir, entry)).st_mtime_ns
+              for entry in os.listdir(outputs_dir)}
+    result = run("estimate-record", "--ranks", "4", "--out", recorded, "--", *command,
+                 *(["--out", never_out] if out_name else []))
+    check(result.returncode == 0, f"{name}: estimate-record runs: {result.stderr.strip()[-300:]}")
+    after = {entry: os.stat(os.path.join(outputs_dir, entry)).st_mtime_ns
+             for entry in os.listdir(outputs_dir)}
+    check(before == after, f"{name}: estimate mode writes no file ({sorted(set(after) - set(before))})")
+    if os.path.exists(real_trace) and os.path.exists(recorded):
+        difference = first_difference(real_trace, recorded)
+        check(difference is None, f"{name}: the recorded events are the real run's ({difference or 'equal'})")
+
+
+# run-op of several op families: the inputs are read with io::scatter, which in estimate mode
+# reads the file's metadata only and posts the slabs as payloads; softmax over a sharded dim and
+# attention over a sharded sequence run their communicating kernels on shape-only pieces.
+ops_dir = os.path.join(scratch, "run_op")
+os.makedirs(ops_dir, exist_ok=True)
+
+
+def op_input(name, **arrays):
+    file = os.path.join(ops_dir, name + ".h5")
+    with h5py.File(file, "w") as f:
+        for dataset, values in arrays.items():
+            f[dataset] = values
+    return file
+
+
+x = rng.standard_normal((2, 3, 13, 11))
+qkv = {name: rng.standard_normal((2, 13, 2, 4)) for name in ("q", "k", "v", "go")}
+na_qkv = {name: rng.standard_normal((1, 13, 11, 2, 4)) for name in ("q", "k", "v", "go")}
+na_qkv["rpb"] = rng.standard_normal((2, 9, 5))
+grid = ["--mesh", "2x2", "--shard-dims", "2,3"]
+for label, inputs, args in [
+        ("max_pool", op_input("pool", x=x, gy=rng.standard_normal((2, 3, 6, 5))),
+         ["--attr", "kernel_size=2,2", *grid, "--backward"]),
+        ("interpolate", op_input("interpolate", x=x, gy=rng.standard_normal((2, 3, 26, 22))),
+         ["--attr", "scale_factor=2,2", "--attr", "mode=bilinear", *grid, "--backward"]),
+        ("softmax", op_input("softmax", x=x, gy=x), ["--attr", "dim=3", *grid, "--backward"]),
+        ("layer_norm", op_input("layer_norm", x=x, w=rng.standard_normal((13, 11)),
+                                b=rng.standard_normal((13, 11)), gy=x),
+         ["--attr", "normalized_ndim=2", *grid, "--backward"]),
+        # causal: the rows move to the zigzag assignment and back (all_to_all_v) around the ring
+        ("attention causal", op_input("attention", **qkv),
+         ["--attr", "causal=1", "--mesh", "4", "--shard-dims", "1", "--backward"]),
+        ("attention", op_input("attention", **qkv), ["--mesh", "4", "--shard-dims", "1", "--backward"]),
+        # f32: the cpu ring passes its blocks as f64
+        ("attention causal f32", op_input("attention", **qkv),
+         ["--attr", "causal=1", "--mesh", "4", "--shard-dims", "1", "--backward", "--dtype", "f32"]),
+        ("na", op_input("na", **na_qkv),
+         ["--kernel-size", "5,3", "--mesh", "2x2", "--shard-dims", "1,2", "--backward"]),
+        ("pad", op_input("pad", x=x, gy=rng.standard_normal((2, 3, 17, 13))),
+         ["--attr", "pad=1,1,2,2", "--attr", "mode=reflect", *grid, "--backward"]),
+        ("conv", op_input("conv", x=x, w=rng.standard_normal((4, 3, 3, 3)), b=rng.standard_normal(4),
+                          gy=rng.standard_normal((2, 4, 13, 11))),
+         ["--padding", "1", *grid, "--backward"])]:
+    op = label.split()[0]
+    expect_recorded_as_real(f"run-op {label}", ["run-op", op, "--in", inputs, *args], ops_dir,
+                            label.replace(" ", "_") + "_out.h5")
+
+# The demo (layout tour, conv network step, neighborhood attention forward and backward, training,
+# each against one rank) on its 2x2 mesh.
+expect_recorded_as_real("demo", ["demo", "--shape", "16,14,12"], ops_dir, None)
+
+# Pipelined training (stage transfers over the simulated communicator) and tensor parallelism,
+# on the training fixtures of train_mp_check.py: pp 2 x dp 2, pp 2 x domain 2, pp 2 x tp 2.
+fixtures = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "onnx")
+train_dir = os.path.join(scratch, "train_mp")
+os.makedirs(train_dir, exist_ok=True)
+for model, manifest_name in [("cnn", "training.json"), ("mlp", "trainmlp.json")]:
+    with open(os.path.join(fixtures, manifest_name)) as f:
+        manifest = json.load(f)
+    with h5py.File(os.path.join(train_dir, f"{model}.h5"), "w") as f:
+        for key in ("x", "y"):
+            f[key] = np.fromfile(os.path.join(fixtures, manifest[key]["file"]),
+                                 dtype="<f8").reshape(manifest[key]["shape"])
+
+
+def train_command(model, args):
+    file = "traincnn.onnx" if model == "cnn" else "trainmlp.onnx"
+    return ["train", "--model", os.path.join(fixtures, file), "--data",
+            os.path.join(train_dir, f"{model}.h5"), "--input", "x", "--target", "y", "--dtype",
+            "f64", "--steps", "2", "--batch", "4", "--optimizer", "sgd", "--lr", "0.05",
+            "--momentum", "0.9", *args]
+
+
+for name, model, args in [
+        ("train pp 2 x dp 2 (1f1b)", "cnn", ["--pp", "2", "--dp", "2", "--micro-batches", "2"]),
+        ("train pp 2 x domain 2 (gpipe)", "cnn", ["--pp", "2", "--mesh", "2", "--shard-dims", "2",
+                                                  "--schedule", "gpipe", "--micro-batches", "2"]),
+        ("train pp 2 x tp 2", "mlp", ["--pp", "2", "--tp", "2"])]:
+    expect_recorded_as_real(name, train_command(model, args), train_dir, None)
+
+# A run-op at P = 1024 (a softmax over a dim sharded by a 32x32 mesh) records on a file that holds
+# only metadata (a dataset created without writing it).
+big = os.path.join(ops_dir, "big.h5")
+with h5py.File(big, "w") as f:
+    f.create_dataset("x", (2, 4, 512, 512), "f4")
+result = run("estimate", "--cluster", "h100-ib", "--ranks", "1024", "--json", "--", "run-op", "softmax",
+             "--in", big, "--out", os.path.join(ops_dir, "never_big.h5"), "--attr", "dim=3",
+             "--mesh", "32x32", "--shard-dims", "2,3", "--dtype", "f32")
+check(result.returncode == 0 and json.loads(result.stdout)["ranks"] == 1024 and
+      not os.path.exists(os.path.join(ops_dir, "never_big.h5")),
+      f"run-op softmax at P = 1024: {result.stderr.strip()[-300:]}")
+
+# Commands estimate mode does not run are refused in one line naming why.
+for words in (["info"], ["bench", "comm"], ["scatter", f"{big}:/x", "--mesh", "2x2"], ["plot", "losses"]):
+    for estimator in (["estimate", "--cluster", "h100-ib", "--ranks", "4"],
+                      ["estimate-record", "--ranks", "4", "--out", os.path.join(scratch, "refused.json")]):
+        result = run(*estimator, "--", *words)
+        ok, lines = single_error_line(result.stderr, False)
+        check(result.returncode == 2 and ok and "cannot be estimated" in lines[0] and
+              f"'{words[0]}'" in lines[0], f"{estimator[0]} -- {words[0]}: exit {result.returncode}, {lines}")
+
 plot = os.path.join(scratch, "scaling.png")
 result = run("estimate", "--cluster", "h200-ib", "--scaling", "1,2,4", "--json", "--plot", plot, "--",
              "simulate", "gray-scott", "--size", "{weak:8,8,6}", "--mesh", "{mesh2}", "--shard-dims", "0,1",

@@ -1,7 +1,8 @@
 // Estimate mode (core/estimate/): a program recorded on P simulated ranks without data sends
 // exactly the messages and collectives a real P-rank local run sends (names, bytes, peers, in
-// order per rank; timings aside), allocates no tensor data, opens no file, and counts the peak
-// tensor bytes of each rank; P = 1024 records a Gray-Scott run.
+// order per rank; timings aside), allocates no tensor data, opens no file (an input file for its
+// metadata only), and counts the peak tensor bytes of each rank; P = 1024 records a Gray-Scott run.
+// Simulated ranks hold one copy of a model's constants, not one each.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -18,6 +19,9 @@
 #include "core/host_allocator.hpp"
 #include "core/parameter.hpp"
 #include "io/hdf5/h5_file.hpp"
+#include "io/hdf5/sharded_io.hpp"
+#include "io/onnx/onnx_graph.hpp"
+#include "ops/nn/onnx_host.hpp"
 #include "ops/ops.hpp"
 #include "ops/optim/optimizer.hpp"
 
@@ -231,6 +235,39 @@ TEST(Estimate, GrayScottRecordsTheRealRunsMessagesAndPeakBytes) {
   EXPECT_NE(estimated.json().find("\"peak_bytes_per_rank\": ["), std::string::npos);
 }
 
+// io::scatter in estimate mode: the root reads the dataset's metadata only and every slab travels
+// as a null payload, so the messages are the real scatter's (several slabs per box: a staging
+// budget of 512 bytes); a softmax over a sharded dim and its backward then run their kernels on
+// the shape-only pieces, posting the statistics' all-gathers a real run sends.
+TEST(Estimate, ScatterAndShardedSoftmaxRecordTheRealRunsMessagesWithoutData) {
+  const std::string file = ::testing::TempDir() + "estimate_scatter_input.h5";
+  Tensor values = Tensor::empty({11, 9, 3}, DType::f64);
+  for (int64_t i = 0; i < values.numel(); ++i) values.data<double>()[i] = 0.01 * (i % 37);
+  io::write_dataset(file, "x", values);
+  const auto program = [&](std::shared_ptr<Comm> world) {
+    DeviceMesh mesh(world, {2, 2});
+    ShardTensor x = io::scatter(file, "x", mesh, {Placement::shard(0), Placement::shard(1)},
+                                {{7, 4}, {2, 7}}, 0, 512);
+    x.set_requires_grad();
+    Tape tape;
+    tape.backward(ops::sum(ops::softmax(x, 0)));  // dim 0 is sharded: statistics all-gathered
+    ASSERT_TRUE(tape.grad(x).has_value());
+  };
+  const estimate::Recording real = estimate::record_local(4, program);
+  const AllocatorStats before = host_allocator_stats();
+  const estimate::Recording estimated = estimate::record(4, program);
+  const AllocatorStats after = host_allocator_stats();
+  EXPECT_EQ(after.raw_allocations, before.raw_allocations) << "no tensor data was allocated";
+  EXPECT_EQ(after.in_use, before.in_use);
+  size_t gathers = 0;
+  for (const std::string& event : real.events[1])
+    gathers += event.find("\"name\": \"all_gather_v\"") != std::string::npos;
+  EXPECT_GE(gathers, 3u) << "softmax's max and sum forward, the sum backward";
+  EXPECT_GT(count_category(real, "io"), 0u);
+  expect_same_events(real, estimated);
+  std::remove(file.c_str());
+}
+
 TEST(Estimate, TouchingDataOfAShapeOnlyTensorIsOneClearError) {
   try {
     estimate::record(2, [](std::shared_ptr<Comm>) {
@@ -250,6 +287,29 @@ TEST(Estimate, TouchingDataOfAShapeOnlyTensorIsOneClearError) {
 TEST(Estimate, LaunchOfAnotherRankCountIsRefused) {
   estimate::RecordLaunches recording(8);
   EXPECT_THROW(launch(Backend::local, 4, [](std::shared_ptr<Comm>) {}), InvalidArgument);
+}
+
+// The simulated ranks share one parse of a model file (io::read_onnx in estimate mode) and so one
+// read-only host copy of each initializer (shared_host_array, keyed by the parse's storage); a
+// separate parse (a real run's rank) gets its own copy with the same values.
+TEST(Estimate, SimulatedRanksShareOneCopyOfAModelsConstants) {
+  const std::string file = std::string(TESSERA_FIXTURE_DIR) + "/onnx/traincnn.onnx";
+  constexpr int kRanks = 4;
+  std::vector<std::shared_ptr<const nn::onnx::HostArray>> arrays(kRanks);
+  estimate::record(kRanks, [&](std::shared_ptr<Comm> comm) {
+    const io::OnnxGraph graph = io::read_onnx(file);
+    ASSERT_FALSE(graph.initializers.empty());
+    arrays[comm->rank()] = nn::onnx::shared_host_array(graph.initializers.front().second);
+  });
+  for (int rank = 1; rank < kRanks; ++rank) EXPECT_EQ(arrays[rank].get(), arrays[0].get());
+  const io::OnnxGraph own = io::read_onnx(file);
+  const Tensor& initializer = own.initializers.front().second;
+  const auto separate = nn::onnx::shared_host_array(initializer);
+  EXPECT_NE(separate.get(), arrays[0].get());
+  EXPECT_EQ(separate.get(), nn::onnx::shared_host_array(initializer).get());
+  EXPECT_EQ(separate->shape, arrays[0]->shape);
+  EXPECT_EQ(separate->values, arrays[0]->values);
+  EXPECT_EQ(separate->values, nn::onnx::host_array(initializer).values);
 }
 
 TEST(Estimate, GrayScottOn1024RanksRecords) {
