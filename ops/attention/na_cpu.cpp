@@ -33,8 +33,6 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <memory>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -787,287 +785,6 @@ TESSERA_NA_INLINE void forward_tiles(const ForwardJob<T>& job, int64_t begin, in
 }
 
 // ---------------------------------------------------------------------------------------------
-// Query lanes (f32, D of 32, 64 or 128, AVX2 and AVX-512): one register holds 8 queries that
-// are consecutive along the innermost axis (axis 2). Away from that axis' ends their windows on
-// it are one window shifted by one key per query (with any dilation: query z + l starts l keys
-// after query z), so at window position n lane l meets key first + l + n * step, and with K and
-// V copied transposed (kt, vt: [batch, t0, t1, head, D, t2], a row of the tile's axis 2 per D
-// index) one unaligned load gives the 8 keys' values at one D index: q.k is D fused
-// multiply-adds of a broadcast-free register of q values (qt, the 8 queries transposed) with one
-// such load, p.v the same with the weights of window position n as the register. Every lane is
-// a wanted product, and the softmax runs lane-wise over the window (maximum, exponentials, sum)
-// with no horizontal step, so the fixed work per query of the tiled kernels (reduction trees,
-// partial segments at the tile's ends) is gone; the transposes cost a few operations per input
-// value against the window's 2 k^d per value. Queries whose neighbours' windows are not
-// shifted copies (the axis' ends, causal starts, a run's remainder) run the per-query kernel.
-
-/// The units of the innermost axis for the lane kernel: a block of kLaneCount queries from z
-/// (z >= 0) or a query z left to the per-query kernel (-1 - z).
-constexpr int kLaneCount = 8;
-constexpr int kLaneWidth = kLaneCount * static_cast<int>(sizeof(float));
-
-/// Whether the lane kernel exists for T and D (f32, D a whole number of 8-value chunks that the
-/// instruction-set entries specialise).
-template <typename T, int Dim>
-constexpr bool kLaneKernel = std::is_same_v<T, float> && (Dim == 32 || Dim == 64 || Dim == 128);
-
-/// Whether the lane kernel should run a problem it can take.
-bool use_lane_kernel(const Problem& p) {
-  (void)p;
-  return true;
-}
-
-std::vector<int64_t> lane_units(const Problem& p) {
-  std::vector<int64_t> units;
-  const std::vector<NaWindow>& windows = p.windows[2];
-  const int64_t n = p.queries[2];
-  for (int64_t z = 0; z < n;) {
-    bool block = z + kLaneCount <= n;
-    for (int l = 1; block && l < kLaneCount; ++l)
-      block = windows[z + l].first == windows[z].first + l &&
-              windows[z + l].count == windows[z].count;
-    units.push_back(block ? z : -1 - z);
-    z += block ? kLaneCount : 1;
-  }
-  return units;
-}
-
-/// Whether any unit is a lane block.
-bool has_lane_block(const std::vector<int64_t>& units) {
-  return std::any_of(units.begin(), units.end(), [](int64_t u) { return u >= 0; });
-}
-
-/// The distance in values between the rows of kt/vt (one per D index) for a tile axis of t2:
-/// t2 rounded up to an odd number of 64-byte lines. With a power-of-two distance the 8 D rows a
-/// chunk reads, and the same rows of the window's other (t0, t1) rows, would share a few L1
-/// sets and evict each other.
-int64_t lane_row_stride(int64_t t2) {
-  const int64_t lines = (t2 + 15) / 16;
-  return (lines % 2 == 0 ? lines + 1 : lines) * 16;
-}
-
-using LaneVec = Vec<float, kLaneWidth>;
-
-/// r[i][j] becomes r[j][i] for an 8 x 8 block of f32 (three levels of two-register shuffles).
-TESSERA_NA_INLINE void transpose8(LaneVec* r) {
-#if TESSERA_NA_HAVE_SHUFFLEVECTOR
-  LaneVec t[8], u[8];
-  for (int i = 0; i < 8; i += 2) {
-    t[i] = __builtin_shufflevector(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
-    t[i + 1] = __builtin_shufflevector(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
-  }
-  for (int i = 0; i < 8; i += 4)
-    for (int j = 0; j < 2; ++j) {
-      u[i + 2 * j] = __builtin_shufflevector(t[i + j], t[i + j + 2], 0, 1, 8, 9, 4, 5, 12, 13);
-      u[i + 2 * j + 1] = __builtin_shufflevector(t[i + j], t[i + j + 2], 2, 3, 10, 11, 6, 7, 14, 15);
-    }
-  for (int j = 0; j < 4; ++j) {
-    r[j] = __builtin_shufflevector(u[j], u[j + 4], 0, 1, 2, 3, 8, 9, 10, 11);
-    r[j + 4] = __builtin_shufflevector(u[j], u[j + 4], 4, 5, 6, 7, 12, 13, 14, 15);
-  }
-#else
-  LaneVec t[8];
-  for (int i = 0; i < 8; ++i)
-    for (int j = 0; j < 8; ++j) t[i][j] = r[j][i];
-  for (int i = 0; i < 8; ++i) r[i] = t[i];
-#endif
-}
-
-/// Rows [begin, end) of (batch x t0 x t1 rows, head) of dst = src with the tile's axis 2 moved
-/// innermost: src [rows, t2, heads, D], dst [rows, heads, D, stride] (lane_row_stride), by 8 x 8
-/// register transposes (the last positions of a row that do not fill 8 one value at a time).
-template <int Dim>
-TESSERA_NA_INLINE void transpose_rows_to_lanes(const float* src, float* dst, int64_t t2,
-                                               int64_t heads, int64_t begin, int64_t end) {
-  const int64_t stride = lane_row_stride(t2);
-  for (int64_t item = begin; item < end; ++item) {
-    const int64_t r = item / heads, h = item % heads;
-    float* out = dst + item * Dim * stride;
-    const float* in = src + (r * t2 * heads + h) * Dim;
-    const int64_t row = heads * Dim;
-    int64_t z0 = 0;
-    for (; z0 + 8 <= t2; z0 += 8)
-      for (int e = 0; e < Dim; e += 8) {
-        LaneVec block[8];
-        for (int z = 0; z < 8; ++z) block[z] = load<kLaneWidth>(in + (z0 + z) * row + e);
-        transpose8(block);
-        for (int i = 0; i < 8; ++i) store<kLaneWidth>(out + (e + i) * stride + z0, block[i]);
-      }
-    for (; z0 < t2; ++z0)
-      for (int e = 0; e < Dim; ++e) out[e * stride + z0] = in[z0 * row + e];
-  }
-}
-
-template <typename T>
-struct LaneJob {
-  const ForwardJob<T>* base;
-  const std::vector<int64_t>* units;  // lane_units of the problem
-  const T *kt, *vt;                   // k and v by transpose_rows_to_lanes
-};
-
-/// Items of the lane kernel: (batch, head, unit, query on axis 0, query on axis 1), the last
-/// fastest. One head at a time and the rows of axes 0 and 1 inside a unit: consecutive items
-/// read mostly the same kt/vt lines (a window row serves k rows of queries), which then come
-/// from L1/L2 instead of the whole tile's rows passing between two uses.
-int64_t lane_items(const Problem& p, const std::vector<int64_t>& units) {
-  return p.batch * p.heads * static_cast<int64_t>(units.size()) * p.queries[0] * p.queries[1];
-}
-
-/// out[g] = lanes of qt . (key + g * step) for g < G: the 8 queries' logits at G consecutive
-/// window positions of one window row, as G chains of D fused multiply-adds (one q register,
-/// loaded once per D index, meeting the G positions' k registers).
-template <int Dim, int G>
-TESSERA_NA_INLINE void lane_dots(const float* qt, const float* key, int64_t stride, int64_t step,
-                                 float* out) {
-  using V = Vec<float, kLaneWidth>;
-  V acc[G];
-  for (V& a : acc) a = V{};
-  for (int e = 0; e < Dim; ++e) {
-    const V qv = load<kLaneWidth>(qt + e * kLaneCount);
-    const float* k = key + e * stride;
-    for (int g = 0; g < G; ++g) acc[g] += qv * load<kLaneWidth>(k + g * step);
-  }
-  for (int g = 0; g < G; ++g) store<kLaneWidth>(out + g * kLaneCount, acc[g]);
-}
-
-/// lane_dots with G = group <= Max as a compile-time constant.
-template <int Dim, int Max>
-TESSERA_NA_INLINE void lane_dots_for(int group, const float* qt, const float* key, int64_t stride,
-                                     int64_t step, float* out) {
-  if constexpr (Max >= 1) {
-    if (group == Max) return lane_dots<Dim, Max>(qt, key, stride, step, out);
-    lane_dots_for<Dim, Max - 1>(group, qt, key, stride, step, out);
-  }
-}
-
-/// Forward of the lane items [begin, end): per lane block and head, the logits of the 8 queries
-/// at every window position (D-chunks of 8 q registers held while the positions' k registers
-/// stream past), the lane-wise softmax, then p.v into 8 registers of D at a time.
-template <int W, int Dim>
-TESSERA_NA_INLINE void forward_lanes(const LaneJob<float>& job, int64_t begin, int64_t end) {
-  const ForwardJob<float>& base = *job.base;
-  const Problem& p = *base.problem;
-  constexpr int lanes = kLaneCount, chunk = 8;
-  static_assert(kLanes<float, kLaneWidth> == lanes && Dim % chunk == 0);
-  using V = Vec<float, kLaneWidth>;
-  const std::vector<int64_t>& units = *job.units;
-  const int64_t unit_count = static_cast<int64_t>(units.size());
-  const int64_t heads = p.heads, queries = p.query_count(), t2 = lane_row_stride(p.tile[2]);
-  const int64_t window = p.kernel[0] * p.kernel[1] * p.kernel[2];
-  const float scale = static_cast<float>(p.scale);
-  std::vector<float> logits(window * lanes), qt(Dim * lanes);
-  std::vector<int64_t> kt_rows(p.kernel[0] * p.kernel[1]), bias_rows(p.kernel[0] * p.kernel[1]);
-  for (int64_t item = begin; item < end; ++item) {
-    const int64_t x1 = item % p.queries[1];
-    int64_t rest = item / p.queries[1];
-    const int64_t x0 = rest % p.queries[0];
-    rest /= p.queries[0];
-    const int64_t unit = units[rest % unit_count];
-    rest /= unit_count;
-    const int64_t h = rest % heads, batch = rest / heads;
-    if (unit < 0) {
-      // The per-query kernel does every head of its query: once, with head 0's item.
-      if (h > 0) continue;
-      const int64_t flat = (x0 * p.queries[1] + x1) * p.queries[2] + (-1 - unit);
-      forward_rows<W, float, Dim>(base, batch * queries + flat, batch * queries + flat + 1);
-      continue;
-    }
-    const int64_t z0 = unit;
-    const NaWindow& w0 = p.windows[0][x0];
-    const NaWindow& w1 = p.windows[1][x1];
-    const NaWindow& w2 = p.windows[2][z0];
-    const int64_t first_query = batch * queries + (x0 * p.queries[1] + x1) * p.queries[2] + z0;
-    // Per (t0, t1) of the window: the kt/vt row of the first key (head 0, D index 0) and the
-    // bias index of its first key for lane 0 (every lane has the same offsets, hence bias).
-    int64_t pairs = 0;
-    const int64_t g0 = p.query_offset[0] + x0, g1 = p.query_offset[1] + x1;
-    const int64_t g2 = p.query_offset[2] + z0;
-    for (int64_t a0 = 0; a0 < w0.count; ++a0) {
-      const int64_t j0 = w0.first + a0 * w0.step;
-      for (int64_t a1 = 0; a1 < w1.count; ++a1, ++pairs) {
-        const int64_t j1 = w1.first + a1 * w1.step;
-        kt_rows[pairs] =
-            ((batch * p.tile[0] + j0 - p.tile_offset[0]) * p.tile[1] + j1 - p.tile_offset[1]) *
-                heads * Dim * t2 +
-            w2.first - p.tile_offset[2];
-        bias_rows[pairs] =
-            ((p.kernel[0] - 1 + (j0 - g0) / p.dilation[0]) * p.rpb[1] + p.kernel[1] - 1 +
-             (j1 - g1) / p.dilation[1]) *
-                p.rpb[2] +
-            p.kernel[2] - 1 + (w2.first - g2) / p.dilation[2];
-      }
-    }
-    const int64_t count = pairs * w2.count, step = w2.step;
-    {
-      // qt: the 8 queries' rows transposed (and scaled), a block of 8 D indices at a time.
-      const float* q_rows = base.q + (first_query * heads + h) * Dim;
-      for (int e = 0; e < Dim; e += 8) {
-        V block[8];
-        for (int l = 0; l < lanes; ++l) block[l] = load<kLaneWidth>(q_rows + l * heads * Dim + e);
-        transpose8(block);
-        for (int i = 0; i < 8; ++i) store<kLaneWidth>(qt.data() + (e + i) * lanes, block[i] * scale);
-      }
-      const int64_t head_offset = h * Dim * t2;
-      {
-        float* out = logits.data();
-        for (int64_t pair = 0; pair < pairs; ++pair) {
-          const float* k = job.kt + kt_rows[pair] + head_offset;
-          for (int64_t a2 = 0; a2 < w2.count; a2 += lanes) {
-            const int group = static_cast<int>(std::min<int64_t>(lanes, w2.count - a2));
-            lane_dots_for<Dim, lanes>(group, qt.data(), k + a2 * step, t2, step, out);
-            out += group * lanes;
-          }
-        }
-      }
-      if (base.bias) {
-        const float* bias = base.bias + h * p.rpb_count();
-        float* out = logits.data();
-        for (int64_t pair = 0; pair < pairs; ++pair)
-          for (int64_t a2 = 0; a2 < w2.count; ++a2, out += lanes)
-            store<kLaneWidth>(out, load<kLaneWidth>(out) + bias[bias_rows[pair] + a2]);
-      }
-      V maximum = V{} - std::numeric_limits<float>::infinity();
-      for (int64_t n = 0; n < count; ++n) {
-        const V s = load<kLaneWidth>(logits.data() + n * lanes);
-        maximum = s > maximum ? s : maximum;
-      }
-      V sum = V{};
-      for (int64_t n = 0; n < count; ++n) {
-        const V e = exp_lanes<kLaneWidth>(load<kLaneWidth>(logits.data() + n * lanes) - maximum);
-        store<kLaneWidth>(logits.data() + n * lanes, e);
-        sum += e;
-      }
-      const V inverse = 1.0f / sum;
-      for (int c = 0; c < Dim; c += chunk) {
-        V acc[chunk];
-        for (V& a : acc) a = V{};
-        const float* weights = logits.data();
-        for (int64_t pair = 0; pair < pairs; ++pair) {
-          const float* v = job.vt + kt_rows[pair] + head_offset + c * t2;
-          // The next window row's lines of this chunk (8 D rows, not adjacent in memory, which
-          // the hardware prefetchers do not guess) while this one's are read.
-          if (pair + 1 < pairs)
-            for (int i = 0; i < chunk; ++i)
-              __builtin_prefetch(job.vt + kt_rows[pair + 1] + head_offset + (c + i) * t2, 0, 3);
-          for (int64_t a2 = 0; a2 < w2.count; ++a2, weights += lanes) {
-            const V pv = load<kLaneWidth>(weights);
-            const float* value = v + a2 * step;
-            for (int i = 0; i < chunk; ++i) acc[i] += pv * load<kLaneWidth>(value + i * t2);
-          }
-        }
-        // Back to rows: lane l of acc[i] is query l's output at D index c + i.
-        for (int i = 0; i < chunk; ++i) acc[i] *= inverse;
-        transpose8(acc);
-        for (int l = 0; l < lanes; ++l)
-          store<kLaneWidth>(base.output + ((first_query + l) * heads + h) * Dim + c, acc[l]);
-      }
-      for (int l = 0; l < lanes; ++l)
-        base.lse[(first_query + l) * heads + h] = maximum[l] + std::log(sum[l]);
-    }
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
 // Backward.
 
 template <typename T>
@@ -1400,24 +1117,6 @@ struct Kernels {
   TESSERA_TARGET_V3 static void key_pass_v3(const BackwardJob<T>& job, int64_t begin, int64_t end) {
     backward_key_rows<32, T, Dim>(job, begin, end);
   }
-  TESSERA_TARGET_V4 static void forward_lanes_v4(const LaneJob<T>& job, int64_t begin,
-                                                 int64_t end) {
-    if constexpr (kLaneKernel<T, Dim>) forward_lanes<64, Dim>(job, begin, end);
-  }
-  TESSERA_TARGET_V3 static void forward_lanes_v3(const LaneJob<T>& job, int64_t begin,
-                                                 int64_t end) {
-    if constexpr (kLaneKernel<T, Dim>) forward_lanes<32, Dim>(job, begin, end);
-  }
-  TESSERA_TARGET_V4 static void to_lanes_v4(const T* src, T* dst, int64_t t2, int64_t heads,
-                                            int64_t begin, int64_t end) {
-    if constexpr (kLaneKernel<T, Dim>)
-      transpose_rows_to_lanes<Dim>(src, dst, t2, heads, begin, end);
-  }
-  TESSERA_TARGET_V3 static void to_lanes_v3(const T* src, T* dst, int64_t t2, int64_t heads,
-                                            int64_t begin, int64_t end) {
-    if constexpr (kLaneKernel<T, Dim>)
-      transpose_rows_to_lanes<Dim>(src, dst, t2, heads, begin, end);
-  }
 #endif
 };
 
@@ -1427,9 +1126,6 @@ struct KernelSet {
   void (*query_pass)(const BackwardJob<T>&, int64_t, int64_t, int);
   void (*key_pass)(const BackwardJob<T>&, int64_t, int64_t);
   int tile_queries;  // queries per tile of the tiled forward and query pass; 0: per query
-  void (*forward_lanes)(const LaneJob<T>&, int64_t, int64_t) = nullptr;  // nullptr: none
-  // transpose_rows_to_lanes of the lane kernel's instruction set
-  void (*to_lanes)(const T*, T*, int64_t, int64_t, int64_t, int64_t) = nullptr;
 };
 
 template <int W, typename T, int Dim>
@@ -1445,13 +1141,9 @@ KernelSet<T> kernels_for_isa() {
   using K = Kernels<T, Dim>;
 #if TESSERA_MULTI_ISA
   if (cpu_isa_level() == 4)
-    return {&K::forward_v4, &K::query_pass_v4, &K::key_pass_v4, tile_queries_for<64, T, Dim>(),
-            kLaneKernel<T, Dim> ? &K::forward_lanes_v4 : nullptr,
-            kLaneKernel<T, Dim> ? &K::to_lanes_v4 : nullptr};
+    return {&K::forward_v4, &K::query_pass_v4, &K::key_pass_v4, tile_queries_for<64, T, Dim>()};
   if (cpu_isa_level() == 3)
-    return {&K::forward_v3, &K::query_pass_v3, &K::key_pass_v3, tile_queries_for<32, T, Dim>(),
-            kLaneKernel<T, Dim> ? &K::forward_lanes_v3 : nullptr,
-            kLaneKernel<T, Dim> ? &K::to_lanes_v3 : nullptr};
+    return {&K::forward_v3, &K::query_pass_v3, &K::key_pass_v3, tile_queries_for<32, T, Dim>()};
 #endif
   return {&K::forward, &K::query_pass, &K::key_pass, tile_queries_for<kDefaultWidth, T, Dim>()};
 }
@@ -1491,11 +1183,7 @@ NaForward forward_in(const Problem& p, const Tensor& q, const Tensor& k, const T
   Tensor output = Tensor::empty(q.shape(), dtype);
   Tensor lse = Tensor::empty(lse_shape, dtype);
   const KernelSet<T> set = kernels<T>(p.dim);
-  const std::vector<int64_t> units =
-      set.forward_lanes && use_lane_kernel(p) ? lane_units(p) : std::vector<int64_t>{};
-  const bool lanes = has_lane_block(units);
-  const QueryTiles tiles =
-      set.tile_queries > 0 && !lanes ? query_tiles(p, set.tile_queries) : QueryTiles{};
+  const QueryTiles tiles = set.tile_queries > 0 ? query_tiles(p, set.tile_queries) : QueryTiles{};
   const ForwardJob<T> job{&p,
                           &tiles,
                           qc.data<T>(),
@@ -1504,23 +1192,9 @@ NaForward forward_in(const Problem& p, const Tensor& q, const Tensor& k, const T
                           rpb ? bias.data<T>() : nullptr,
                           output.data<T>(),
                           lse.data<T>()};
-  if (lanes) {
-    const int64_t values =
-        p.batch * p.tile[0] * p.tile[1] * p.heads * p.dim * lane_row_stride(p.tile[2]);
-    const std::unique_ptr<T[]> kt(new T[values]), vt(new T[values]);
-    const int64_t rows = p.batch * p.tile[0] * p.tile[1];
-    parallel_for(rows * p.heads, threads, [&](int64_t begin, int64_t end, int) {
-      set.to_lanes(kc.data<T>(), kt.get(), p.tile[2], p.heads, begin, end);
-      set.to_lanes(vc.data<T>(), vt.get(), p.tile[2], p.heads, begin, end);
-    });
-    const LaneJob<T> lane_job{&job, &units, kt.get(), vt.get()};
-    parallel_for(lane_items(p, units), threads,
-                 [&](int64_t begin, int64_t end, int) { set.forward_lanes(lane_job, begin, end); });
-  } else {
-    const int64_t items = set.tile_queries > 0 ? tile_items(p, tiles) : p.batch * p.query_count();
-    parallel_for(items, threads,
-                 [&](int64_t begin, int64_t end, int) { set.forward(job, begin, end); });
-  }
+  const int64_t items = set.tile_queries > 0 ? tile_items(p, tiles) : p.batch * p.query_count();
+  parallel_for(items, threads,
+               [&](int64_t begin, int64_t end, int) { set.forward(job, begin, end); });
   return NaForward{output.to_dtype(q.dtype()), lse.to_dtype(lse_dtype(q.dtype()))};
 }
 
