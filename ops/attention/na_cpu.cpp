@@ -14,11 +14,15 @@
 // f64 std::exp; their sum). Other head sizes run the same per query: neighbours in blocks of one
 // register's lanes, the query's dot products with the block reduced by the same tree.
 //
+// Key tiles: the backward's key pass (dk, dv) is the query pass of the mirrored problem (keys as
+// queries, each key's inverse window as its window), so where the query pass is tiled up to 4
+// keys that are neighbours along one axis share the q and grad_output rows they read.
+//
 // Threads: the forward and the query pass of the backward split the query tiles (or the
-// (batch, query) rows); the key
-// pass of the backward splits the (batch, key) rows of the tile and gathers, per key, the queries
-// whose window holds it (the inverse window, an interval of each dilation group per axis because
-// window starts and ends never decrease with the query). Each output row is written by exactly
+// (batch, query) rows); the key pass of the backward splits the key tiles (or the (batch, key)
+// rows of the tile) and gathers, per key, the queries whose window holds it (the inverse window,
+// an interval of each dilation group per axis because window starts and ends never decrease
+// with the query). Each output row is written by exactly
 // one thread; d rpb is summed in per-thread slots and reduced at the end.
 //
 // Instruction sets: the loop bodies are compiled three times (x86-64-v4 with 512-bit vectors,
