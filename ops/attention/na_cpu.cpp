@@ -14,11 +14,15 @@
 // f64 std::exp; their sum). Other head sizes run the same per query: neighbours in blocks of one
 // register's lanes, the query's dot products with the block reduced by the same tree.
 //
+// Key tiles: the backward's key pass (dk, dv) is the query pass of the mirrored problem (keys as
+// queries, each key's inverse window as its window), so where the query pass is tiled up to 4
+// keys that are neighbours along one axis share the q and grad_output rows they read.
+//
 // Threads: the forward and the query pass of the backward split the query tiles (or the
-// (batch, query) rows); the key
-// pass of the backward splits the (batch, key) rows of the tile and gathers, per key, the queries
-// whose window holds it (the inverse window, an interval of each dilation group per axis because
-// window starts and ends never decrease with the query). Each output row is written by exactly
+// (batch, query) rows); the key pass of the backward splits the key tiles (or the (batch, key)
+// rows of the tile) and gathers, per key, the queries whose window holds it (the inverse window,
+// an interval of each dilation group per axis because window starts and ends never decrease
+// with the query). Each output row is written by exactly
 // one thread; d rpb is summed in per-thread slots and reduced at the end.
 //
 // Instruction sets: the loop bodies are compiled three times (x86-64-v4 with 512-bit vectors,
@@ -798,6 +802,10 @@ struct BackwardJob {
   T* lse;         // per (batch, query, head): log of the softmax denominator (query pass output)
   T* shift;       // per (batch, query, head): delta - grad_lse, so that ds_j = p_j (dp_j - shift)
   T* bias_slots;  // threads x [heads, rpb..] partial sums of d rpb, or nullptr
+  // The tiled key pass: the mirrored problem, its tiles and bias table (mirror_problem).
+  const Problem* mirror = nullptr;
+  const QueryTiles* key_tiles = nullptr;
+  const T* mirrored_bias = nullptr;
 };
 
 /// Query pass of the (batch, query) rows [begin, end): dq, lse, shift, d rpb into `slot`.
@@ -1054,6 +1062,185 @@ TESSERA_NA_INLINE void backward_key_rows(const BackwardJob<T>& job, int64_t begi
   }
 }
 
+/// The key pass seen as a query pass: the problem with queries and keys swapped (the keys of the
+/// tile as queries, each with its inverse window, an interval of one dilation group per axis
+/// that never moves backwards, as a window over the query piece). Its tiles (query_tiles) are
+/// keys that are neighbours along one axis, and tile_keys gives the union of the queries they
+/// read with the segments of keys sharing them, so each q and grad_output row loaded meets every
+/// key of the tile that it reaches from registers. Its bias indices are the original ones
+/// mirrored on every axis (key - query instead of query - key): see mirrored_bias.
+Problem mirror_problem(const Problem& p, const InverseWindows& inverse) {
+  Problem m = p;
+  m.queries = p.tile;
+  m.query_offset = p.tile_offset;
+  m.tile = p.queries;
+  m.tile_offset = p.query_offset;
+  for (int a = 0; a < kAxes; ++a) {
+    m.windows[a].resize(p.tile[a]);
+    for (int64_t j = 0; j < p.tile[a]; ++j) {
+      const NaWindow& w = inverse.axis[a][j];
+      m.windows[a][j] =
+          w.count == 0 ? NaWindow{0, 0, 1} : NaWindow{p.query_offset[a] + w.first, w.count, w.step};
+    }
+  }
+  return m;
+}
+
+/// The bias table [heads, rpb..] reversed on every spatial axis, for the mirrored problem.
+template <typename T>
+std::vector<T> mirrored_bias(const Problem& p, const T* bias) {
+  const int64_t count = p.rpb_count();
+  std::vector<T> mirrored(p.heads * count);
+  for (int64_t h = 0; h < p.heads; ++h)
+    for (int64_t i0 = 0; i0 < p.rpb[0]; ++i0)
+      for (int64_t i1 = 0; i1 < p.rpb[1]; ++i1)
+        for (int64_t i2 = 0; i2 < p.rpb[2]; ++i2)
+          mirrored[h * count + (i0 * p.rpb[1] + i1) * p.rpb[2] + i2] =
+              bias[h * count + ((p.rpb[0] - 1 - i0) * p.rpb[1] + p.rpb[1] - 1 - i1) * p.rpb[2] +
+                   p.rpb[2] - 1 - i2];
+  return mirrored;
+}
+
+/// Key pass of the mirrored problem's tile items [begin, end) (see tile_items): per head, the
+/// logits and dp = go . v of every key of the tile against the queries reading it, segment by
+/// segment, then p = exp(s - lse) and ds = p (dp - shift) per key, then dk and dv segment by
+/// segment into the keys' accumulators. A tile with a key that no query reads (on some axis)
+/// runs its keys through backward_key_rows, which writes their zeros.
+template <int W, typename T, int Dim>
+TESSERA_NA_INLINE void backward_key_tiles(const BackwardJob<T>& job, int64_t begin, int64_t end) {
+  const Problem& p = *job.problem;
+  const Problem& m = *job.mirror;
+  const QueryTiles& tiles = *job.key_tiles;
+  constexpr int Q = kTileQueries<W, T>, lanes = kLanes<T, W>;
+  const int64_t heads = p.heads, row = heads * Dim, queries = p.query_count();
+  const int64_t tile = p.tile_count();
+  const int a = tiles.axis;
+  const auto [outer, inner] = other_axes(a);
+  const int64_t tile_count = static_cast<int64_t>(tiles.first.size());
+  int64_t window = 1;
+  for (int axis = 0; axis < kAxes; ++axis) {
+    int64_t widest = 0;
+    for (const NaWindow& w : m.windows[axis]) widest = std::max(widest, w.count);
+    window *= widest;
+  }
+  const int64_t room = (window + lanes + lanes - 1) / lanes * lanes;
+  const T scale = static_cast<T>(p.scale);
+  TileKeys keys;
+  std::vector<T> probs(Q * room), grads(Q * room), acc(2 * Q * Dim);
+  T* prob_rows[Q];
+  T* grad_rows[Q];
+  T* dk_rows[Q];
+  T* dv_rows[Q];
+  for (int u = 0; u < Q; ++u) {
+    prob_rows[u] = probs.data() + u * room;
+    grad_rows[u] = grads.data() + u * room;
+    dk_rows[u] = acc.data() + u * Dim;
+    dv_rows[u] = acc.data() + (Q + u) * Dim;
+  }
+  for (int64_t item = begin; item < end; ++item) {
+    // The tile's keys (as in tile_keys) and whether every one is read by some query.
+    const int64_t inner_index = item % m.queries[inner];
+    int64_t rest = item / m.queries[inner];
+    const int64_t t = rest % tile_count;
+    rest /= tile_count;
+    const int64_t outer_index = rest % m.queries[outer], batch = rest / m.queries[outer];
+    bool empty =
+        m.windows[outer][outer_index].count == 0 || m.windows[inner][inner_index].count == 0;
+    for (int u = 0; u < tiles.count[t]; ++u)
+      empty = empty || m.windows[a][tiles.first[t] + u * p.dilation[a]].count == 0;
+    if (empty) {
+      int64_t coord[kAxes];
+      coord[outer] = outer_index;
+      coord[inner] = inner_index;
+      for (int u = 0; u < tiles.count[t]; ++u) {
+        coord[a] = tiles.first[t] + u * p.dilation[a];
+        const int64_t key_item =
+            batch * tile + (coord[0] * p.tile[1] + coord[1]) * p.tile[2] + coord[2];
+        backward_key_rows<W, T, Dim>(job, key_item, key_item + 1);
+      }
+      continue;
+    }
+    tile_keys(m, tiles, item, keys);
+    const T* q_batch = job.q + batch * queries * row;
+    const T* go_batch = job.grad_output + batch * queries * row;
+    const T* lse = job.lse + batch * queries * heads;
+    const T* shift = job.shift + batch * queries * heads;
+    for (int64_t h = 0; h < heads; ++h) {
+      int64_t key_heads[Q];
+      for (int u = 0; u < keys.queries; ++u) {
+        key_heads[u] = (batch * tile + keys.flat[u]) * heads + h;
+        prefetch_for_write(job.dk + key_heads[u] * Dim, Dim);
+        prefetch_for_write(job.dv + key_heads[u] * Dim, Dim);
+      }
+      for (const Segment& segment : keys.segments) {
+        const T* segment_keys[Q];
+        const T* segment_values[Q];
+        T* logits_out[Q];
+        T* grads_out[Q];
+        for (int u = segment.query_begin; u < segment.query_end; ++u) {
+          const int s = u - segment.query_begin;
+          const int64_t offset = (segment.slab_begin - keys.first_slab[u]) * keys.inner;
+          segment_keys[s] = job.k + key_heads[u] * Dim;
+          segment_values[s] = job.v + key_heads[u] * Dim;
+          logits_out[s] = prob_rows[u] + offset;
+          grads_out[s] = grad_rows[u] + offset;
+        }
+        const int64_t* positions = keys.positions.data() + segment.slab_begin * keys.inner;
+        const int64_t count = (segment.slab_end - segment.slab_begin) * keys.inner;
+        const int n = segment.query_end - segment.query_begin;
+        tile_dots_for<W, Dim, Q>(n, segment_keys, q_batch + h * Dim, positions, row, count, scale,
+                                 logits_out);
+        tile_dots_for<W, Dim, Q>(n, segment_values, go_batch + h * Dim, positions, row, count, T(1),
+                                 grads_out);
+      }
+      const T* bias = job.mirrored_bias ? job.mirrored_bias + h * p.rpb_count() : nullptr;
+      for (int u = 0; u < keys.queries; ++u) {
+        T* prob = prob_rows[u];
+        T* grad = grad_rows[u];
+        const int64_t count = keys.slabs_of[u] * keys.inner;
+        const int64_t* reading = keys.positions.data() + keys.first_slab[u] * keys.inner;
+        for (int64_t n = 0; n < count; ++n) {
+          const T s = bias ? prob[n] + bias[tile_bias_index(m, keys, a, u, n)] : prob[n];
+          prob[n] = s - lse[reading[n] * heads + h];
+        }
+        const int64_t padded = (count + lanes - 1) / lanes * lanes;
+        for (int64_t n = count; n < padded; ++n) prob[n] = -std::numeric_limits<T>::infinity();
+        for (int64_t n = 0; n < padded; n += lanes)
+          store<W>(prob + n, exp_lanes<W>(load<W>(prob + n)));
+        for (int64_t n = 0; n < count; ++n)
+          grad[n] = prob[n] * (grad[n] - shift[reading[n] * heads + h]);
+        std::fill_n(dk_rows[u], Dim, T(0));
+        std::fill_n(dv_rows[u], Dim, T(0));
+      }
+      for (const Segment& segment : keys.segments) {
+        const T* ds_weights[Q];
+        const T* p_weights[Q];
+        T* dk_of[Q];
+        T* dv_of[Q];
+        for (int u = segment.query_begin; u < segment.query_end; ++u) {
+          const int s = u - segment.query_begin;
+          const int64_t offset = (segment.slab_begin - keys.first_slab[u]) * keys.inner;
+          ds_weights[s] = grad_rows[u] + offset;
+          p_weights[s] = prob_rows[u] + offset;
+          dk_of[s] = dk_rows[u];
+          dv_of[s] = dv_rows[u];
+        }
+        const int64_t* positions = keys.positions.data() + segment.slab_begin * keys.inner;
+        const int64_t count = (segment.slab_end - segment.slab_begin) * keys.inner;
+        const int n = segment.query_end - segment.query_begin;
+        tile_accumulate_for<W, Dim, Q>(n, dk_of, ds_weights, q_batch + h * Dim, positions, row,
+                                       count);
+        tile_accumulate_for<W, Dim, Q>(n, dv_of, p_weights, go_batch + h * Dim, positions, row,
+                                       count);
+      }
+      for (int u = 0; u < keys.queries; ++u) {
+        store_scaled(job.dk + key_heads[u] * Dim, dk_rows[u], scale, Dim);
+        store_scaled(job.dv + key_heads[u] * Dim, dv_rows[u], T(1), Dim);
+      }
+    }
+  }
+}
+
 /// The forward body for registers of W bytes: tiled where kTiled, per query otherwise.
 template <int W, typename T, int Dim>
 TESSERA_NA_INLINE void forward_body(const ForwardJob<T>& job, int64_t begin, int64_t end) {
@@ -1071,6 +1258,16 @@ TESSERA_NA_INLINE void query_pass_body(const BackwardJob<T>& job, int64_t begin,
     backward_query_tiles<W, T, Dim>(job, begin, end, slot);
   else
     backward_query_rows<W, T, Dim>(job, begin, end, slot);
+}
+
+/// The key pass for registers of W bytes: the mirrored problem's tiles where kTiled, per key
+/// otherwise (items as the kernel set's key_items).
+template <int W, typename T, int Dim>
+TESSERA_NA_INLINE void key_pass_body(const BackwardJob<T>& job, int64_t begin, int64_t end) {
+  if constexpr (kTiled<W, T, Dim>)
+    backward_key_tiles<W, T, Dim>(job, begin, end);
+  else
+    backward_key_rows<W, T, Dim>(job, begin, end);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1095,7 +1292,7 @@ struct Kernels {
     query_pass_body<kDefaultWidth, T, Dim>(job, begin, end, slot);
   }
   static void key_pass(const BackwardJob<T>& job, int64_t begin, int64_t end) {
-    backward_key_rows<kDefaultWidth, T, Dim>(job, begin, end);
+    key_pass_body<kDefaultWidth, T, Dim>(job, begin, end);
   }
 #if TESSERA_MULTI_ISA
   TESSERA_TARGET_V4 static void forward_v4(const ForwardJob<T>& job, int64_t begin, int64_t end) {
@@ -1106,7 +1303,7 @@ struct Kernels {
     query_pass_body<64, T, Dim>(job, begin, end, slot);
   }
   TESSERA_TARGET_V4 static void key_pass_v4(const BackwardJob<T>& job, int64_t begin, int64_t end) {
-    backward_key_rows<64, T, Dim>(job, begin, end);
+    key_pass_body<64, T, Dim>(job, begin, end);
   }
   TESSERA_TARGET_V3 static void forward_v3(const ForwardJob<T>& job, int64_t begin, int64_t end) {
     forward_body<32, T, Dim>(job, begin, end);
@@ -1116,7 +1313,7 @@ struct Kernels {
     query_pass_body<32, T, Dim>(job, begin, end, slot);
   }
   TESSERA_TARGET_V3 static void key_pass_v3(const BackwardJob<T>& job, int64_t begin, int64_t end) {
-    backward_key_rows<32, T, Dim>(job, begin, end);
+    key_pass_body<32, T, Dim>(job, begin, end);
   }
 #endif
 };
@@ -1222,29 +1419,42 @@ NaGradients backward_in(const Problem& p, const Tensor& q, const Tensor& k, cons
   const InverseWindows inverse = p.query_count() > 0 ? inverse_windows(p) : InverseWindows{};
   const KernelSet<T> set = kernels<T>(p.dim);
   const QueryTiles tiles = set.tile_queries > 0 ? query_tiles(p, set.tile_queries) : QueryTiles{};
-  const BackwardJob<T> job{&p,
-                           &tiles,
-                           &inverse,
-                           qc.data<T>(),
-                           kc.data<T>(),
-                           vc.data<T>(),
-                           rpb ? bias.data<T>() : nullptr,
-                           goc.data<T>(),
-                           grad_lse ? glse.data<T>() : nullptr,
-                           dq.data<T>(),
-                           dk.data<T>(),
-                           dv.data<T>(),
-                           lse.data(),
-                           shift.data(),
-                           rpb ? bias_slots.data() : nullptr};
+  BackwardJob<T> job{&p,
+                     &tiles,
+                     &inverse,
+                     qc.data<T>(),
+                     kc.data<T>(),
+                     vc.data<T>(),
+                     rpb ? bias.data<T>() : nullptr,
+                     goc.data<T>(),
+                     grad_lse ? glse.data<T>() : nullptr,
+                     dq.data<T>(),
+                     dk.data<T>(),
+                     dv.data<T>(),
+                     lse.data(),
+                     shift.data(),
+                     rpb ? bias_slots.data() : nullptr};
   const int64_t query_items =
       set.tile_queries > 0 ? tile_items(p, tiles) : p.batch * p.query_count();
   parallel_for(query_items, threads, [&](int64_t begin, int64_t end, int slot) {
     set.query_pass(job, begin, end, slot);
   });
-  if (p.query_count() > 0)
-    parallel_for(p.batch * p.tile_count(), threads,
+  if (p.query_count() > 0) {
+    // The tiled key pass (where the query pass is tiled) runs the mirrored problem's tiles.
+    const bool key_tiles = set.tile_queries > 0;
+    const Problem mirror = key_tiles ? mirror_problem(p, inverse) : Problem{};
+    const QueryTiles mirror_tiles =
+        key_tiles ? query_tiles(mirror, set.tile_queries) : QueryTiles{};
+    const std::vector<T> mirrored =
+        key_tiles && rpb ? mirrored_bias(p, bias.data<T>()) : std::vector<T>{};
+    job.mirror = &mirror;
+    job.key_tiles = &mirror_tiles;
+    job.mirrored_bias = rpb && key_tiles ? mirrored.data() : nullptr;
+    const int64_t key_items =
+        key_tiles ? tile_items(mirror, mirror_tiles) : p.batch * p.tile_count();
+    parallel_for(key_items, threads,
                  [&](int64_t begin, int64_t end, int) { set.key_pass(job, begin, end); });
+  }
   NaGradients grads{dq.to_dtype(q.dtype()), dk.to_dtype(k.dtype()), dv.to_dtype(v.dtype()),
                     Tensor()};
   if (rpb) {
