@@ -38,10 +38,10 @@ def attrs_of(case):
 listing = subprocess.run([tessera, "ops", "--json"], capture_output=True, text=True, timeout=60)
 ops = {op["name"]: op for op in json.loads(listing.stdout)["ops"]} if listing.returncode == 0 else {}
 for op, inputs, outputs, attrs in [
-        ("group_norm", ["x", "w", "b"], ["y"], ["groups", "eps"]),
+        ("group_norm", ["x", "w", "b"], ["y", "mean", "rstd"], ["groups", "eps"]),
         ("batch_norm", ["x", "running_mean", "running_var", "w", "b"],
          ["y", "running_mean", "running_var"], ["training", "momentum", "eps"]),
-        ("instance_norm", ["x", "w", "b"], ["y"], ["eps"]),
+        ("instance_norm", ["x", "w", "b"], ["y", "mean", "rstd"], ["eps"]),
         ("layer_norm", ["x", "w", "b"], ["y", "mean", "rstd"], ["normalized_ndim", "eps"])]:
     entry = ops.get(op, {})
     report(entry.get("devices") == ["cpu", "cuda"] and entry.get("differentiable") is True
