@@ -9,12 +9,13 @@
 // dims sharding a reduced dim (for batch_norm and group_norm also the channel dim, as their slots
 // span the channels) all-gather those triples and combine them by Chan's pairwise formula in
 // rank order, so every rank gets bit-identical statistics and none subtracts E[x]^2 from
-// E[x^2]. layer_norm also returns each row's mean and rstd (as PyTorch's native_layer_norm and
-// ONNX's LayerNormalization do), which its backward reads from the tape's record instead of
-// computing them again (x read twice instead of four times, no collective for them); the other
-// norms' backward recomputes the statistics the same way. The backward reduces its two per-slot
-// sums (of dxhat and of dxhat * xhat) over the same ranks, summed in rank order; dw and db are
-// Partial(sum) over the mesh dims that shard x.
+// E[x^2]. group_norm, instance_norm and layer_norm also return each slot's mean and rstd (as
+// PyTorch's native_group_norm and native_layer_norm and ONNX's LayerNormalization do), which
+// their backward reads from the tape's record instead of computing them again (x read twice
+// instead of four times, no collective for them); batch_norm's backward recomputes the
+// statistics the same way (its extra outputs are the running statistics). The backward reduces
+// its two per-slot sums (of dxhat and of dxhat * xhat) over the same ranks, summed in rank order;
+// dw and db are Partial(sum) over the mesh dims that shard x.
 #include "ops/norm/norm_op.hpp"
 
 #include <fmt/format.h>
@@ -147,22 +148,43 @@ std::vector<int> statistics_mesh_dims(NormKind kind, const ShardSpec& x, const N
   return dims;
 }
 
-/// layer_norm's mean and rstd: x's shape with the normalized dims as 1, f64, laid out as x along
-/// the leading dims and replicated over the mesh dims that shard a normalized dim (their ranks
-/// hold the same combined statistics).
-ShardSpec row_statistics_spec(const ShardSpec& x, const NormAttrs& attrs) {
+/// The mean and rstd outputs of group_norm, instance_norm and layer_norm (f64, one value per
+/// statistics slot): group_norm's [N, groups] and instance_norm's [N, C] (as PyTorch's
+/// native_group_norm returns them), layer_norm's x's shape with the normalized dims as 1. They
+/// are laid out as x along the dims they keep (N; instance_norm's C; layer_norm's leading dims)
+/// and replicated over the mesh dims that shard a reduced dim (their ranks hold the same combined
+/// statistics).
+ShardSpec statistics_output_spec(NormKind kind, const ShardSpec& x, const NormAttrs& attrs) {
   Shape shape = x.global_shape;
-  const size_t first = shape.size() - static_cast<size_t>(attrs.normalized_ndim);
+  int kept = 0;  // tensor dims [0, kept) keep x's layout
+  switch (kind) {
+    case NormKind::group:
+      shape = {x.global_shape[0], attrs.groups};
+      kept = 1;
+      break;
+    case NormKind::instance:
+      shape = {x.global_shape[0], x.global_shape[1]};
+      kept = 2;
+      break;
+    default:
+      kept = static_cast<int>(shape.size() - static_cast<size_t>(attrs.normalized_ndim));
+      for (size_t d = static_cast<size_t>(kept); d < shape.size(); ++d) shape[d] = 1;
+      break;
+  }
   std::vector<Placement> placements = x.placements;
   std::vector<std::vector<int64_t>> extents = x.extents;
   extents.resize(placements.size());
-  for (size_t d = first; d < shape.size(); ++d) shape[d] = 1;
   for (size_t m = 0; m < placements.size(); ++m)
-    if (!placements[m].is_shard() || placements[m].dim >= static_cast<int>(first)) {
+    if (!placements[m].is_shard() || placements[m].dim >= kept) {
       placements[m] = Placement::replicate();
       extents[m].clear();
     }
-  return ShardSpec::make(shape, x.mesh_shape, placements, extents, "layer_norm");
+  return ShardSpec::make(shape, x.mesh_shape, placements, extents, name_of(kind));
+}
+
+/// Whether the op returns its statistics' mean and rstd (and its backward reads them).
+bool returns_statistics(NormKind kind) {
+  return kind != NormKind::batch;
 }
 
 OpRule norm_rule(NormKind kind, const std::vector<ShardSpec>& inputs, const OpAttrs& attrs) {
@@ -200,8 +222,8 @@ OpRule norm_rule(NormKind kind, const std::vector<ShardSpec>& inputs, const OpAt
   if (kind == NormKind::batch)
     for (int i = 0; i < 2; ++i)
       rule.outputs.push_back(ShardSpec::make(params, x.mesh_shape, replicated));
-  if (kind == NormKind::layer)
-    for (int i = 0; i < 2; ++i) rule.outputs.push_back(row_statistics_spec(x, resolved));
+  if (returns_statistics(kind))
+    for (int i = 0; i < 2; ++i) rule.outputs.push_back(statistics_output_spec(kind, x, resolved));
   return rule;
 }
 
@@ -310,8 +332,8 @@ Tensor statistics_of(const NormCall& call, const DeviceMesh& mesh, const Tensor&
               : norm_statistics_cpu(gathered, call.attrs.eps);
 }
 
-/// layer_norm's mean and rstd outputs (local `shape`): columns 0 and 1 of its statistics
-/// [rows, 4].
+/// The mean and rstd outputs (local `shape`, one value per slot in slot order): columns 0 and 1
+/// of the statistics [slots, 4].
 std::pair<Tensor, Tensor> row_mean_and_rstd(const Tensor& statistics, const Shape& shape) {
   const Device device = statistics.device();
   if (statistics.is_shape_only())
@@ -339,16 +361,19 @@ std::pair<Tensor, Tensor> row_mean_and_rstd(const Tensor& statistics, const Shap
   return {columns[0], columns[1]};
 }
 
-/// layer_norm's statistics [rows, 4] (the columns the backward reads: mean, rstd, count) from the
+/// The statistics [slots, 4] (the columns the backward reads: mean, rstd, count) from the
 /// forward's mean and rstd outputs: the same values statistics_of would compute again.
 Tensor saved_row_statistics(const NormCall& call, const Shape& x, const OpRecord& record) {
   const Tensor mean = record.outputs[1].to_local(), rstd = record.outputs[2].to_local();
   const int64_t rows = call.g.slots;
   if (mean.is_shape_only() || rstd.is_shape_only())
     return Tensor::empty({rows, 4}, DType::f64, call.device);
+  // Every slot's global element count: the reduced dims' extents.
   double count = 1;
-  for (size_t d = x.size() - static_cast<size_t>(call.attrs.normalized_ndim); d < x.size(); ++d)
-    count *= static_cast<double>(x[d]);
+  for (size_t d = 0; d < x.size(); ++d)
+    if (reduced_dim(call.kind, x, call.attrs, static_cast<int>(d)))
+      count *= static_cast<double>(x[d]);
+  if (call.kind == NormKind::group) count /= static_cast<double>(call.attrs.groups);
   if (call.device.is_cpu()) {
     const Tensor m = mean.contiguous(), r = rstd.contiguous();
     Tensor statistics = Tensor::empty({rows, 4}, DType::f64);
@@ -414,7 +439,7 @@ KernelFn kernel_of(NormKind kind) {
     if (b) b = param_piece(call, *b, context.input_boxes[0]);
     std::vector<Tensor> outputs{cuda ? norm_forward_cuda(call.g, x, statistics, w, b, call.stream)
                                      : norm_forward_cpu(call.g, x, statistics, w, b)};
-    if (kind == NormKind::layer) {
+    if (returns_statistics(kind)) {
       auto [mean, rstd] = row_mean_and_rstd(statistics, context.output_boxes[1].shape());
       outputs.push_back(std::move(mean));
       outputs.push_back(std::move(rstd));
@@ -463,7 +488,7 @@ BackwardFn backward_of(NormKind kind) {
     for (const ShardTensor& input : record.inputs) locals.push_back(input.to_local());
     const Tensor x = record.kernel_inputs[0].contiguous();
     const Tensor dy = g.to_local().contiguous();
-    const Tensor statistics = kind == NormKind::layer && record.outputs.size() == 3
+    const Tensor statistics = returns_statistics(kind) && record.outputs.size() == 3
                                   ? saved_row_statistics(call, xs.global_shape(), record)
                                   : statistics_of(call, xs.mesh(), x, locals);
     std::optional<Tensor> w = input_at(locals, call.at.w);
@@ -552,8 +577,8 @@ void register_norm_ops() {
   const OpInput x{.name = "x"}, w{.name = "w", .optional = true}, b{.name = "b", .optional = true};
   register_op(def(NormKind::group,
                   "group_norm of x [N, C, spatial..] over groups of C/groups channels and the "
-                  "spatial dims (+ w, b [C])",
-                  {x, w, b}, {"y"},
+                  "spatial dims (+ w, b [C]); also each group's mean and rstd [N, groups] (f64)",
+                  {x, w, b}, {"y", "mean", "rstd"},
                   {{.name = "groups",
                     .type = AttrType::int_scalar,
                     .required = true,
@@ -579,8 +604,8 @@ void register_norm_ops() {
                    eps_attr()}));
   register_op(def(NormKind::instance,
                   "instance_norm of x [N, C, spatial..]: each (n, c) over the spatial dims (+ w, "
-                  "b [C])",
-                  {x, w, b}, {"y"}, {eps_attr()}));
+                  "b [C]); also each plane's mean and rstd [N, C] (f64)",
+                  {x, w, b}, {"y", "mean", "rstd"}, {eps_attr()}));
   register_op(
       def(NormKind::layer,
           "layer_norm of x over its trailing normalized_ndim dims (+ w, b of their shape); also "

@@ -5,8 +5,9 @@
 # forward and --backward with its attributes as --attr NAME=VALUE on 4 ranks (local ranks, or
 # under a launcher given in TESSERA_LAUNCH, e.g. "mpiexec -n 4": a 2x2 mesh over the channel and
 # last dims, or 4 ranks over the last dim, uneven with an empty shard) and on 1 rank; y, the
-# running statistics and gx, gw, gb equal PyTorch's values and each other. Bad attributes exit
-# with code 2, print one line naming the op and the attribute, and leave no output.
+# running statistics and gx, gw, gb equal PyTorch's values and each other; the mean and rstd
+# outputs equal numpy's from x in f64 (reported as "vs PyTorch") and each other. Bad attributes
+# exit with code 2, print one line naming the op and the attribute, and leave no output.
 # Usage: run_op_norm_check.py TESSERA_BINARY FIXTURE_DIR SCRATCH_DIR
 import json
 import os
@@ -14,6 +15,7 @@ import subprocess
 import sys
 
 import h5py
+import numpy as np
 
 from run_op_check_support import (Checks, check_errors, compare_results, load_array, run_op,
                                   setup, uneven_split)
@@ -38,10 +40,10 @@ def attrs_of(case):
 listing = subprocess.run([tessera, "ops", "--json"], capture_output=True, text=True, timeout=60)
 ops = {op["name"]: op for op in json.loads(listing.stdout)["ops"]} if listing.returncode == 0 else {}
 for op, inputs, outputs, attrs in [
-        ("group_norm", ["x", "w", "b"], ["y"], ["groups", "eps"]),
+        ("group_norm", ["x", "w", "b"], ["y", "mean", "rstd"], ["groups", "eps"]),
         ("batch_norm", ["x", "running_mean", "running_var", "w", "b"],
          ["y", "running_mean", "running_var"], ["training", "momentum", "eps"]),
-        ("instance_norm", ["x", "w", "b"], ["y"], ["eps"]),
+        ("instance_norm", ["x", "w", "b"], ["y", "mean", "rstd"], ["eps"]),
         ("layer_norm", ["x", "w", "b"], ["y", "mean", "rstd"], ["normalized_ndim", "eps"])]:
     entry = ops.get(op, {})
     report(entry.get("devices") == ["cpu", "cuda"] and entry.get("differentiable") is True
@@ -87,9 +89,24 @@ for index, case in enumerate(manifest["cases"]):
     if op == "batch_norm":
         checks += [("running_mean", "running_mean_out", params),
                    ("running_var", "running_var_out", params)]
-    compare_results(tally, name, results,
-                    [(key, load_array(fixture_dir, case, fixture_key, shape))
-                     for key, fixture_key, shape in checks])
+    expected = [(key, load_array(fixture_dir, case, fixture_key, shape))
+                for key, fixture_key, shape in checks]
+    if op != "batch_norm":
+        # The mean and rstd outputs: each slot's mean and 1 / sqrt(biased variance + eps), from x
+        # in f64 ([N, groups], [N, C], or x's shape with the normalized dims 1).
+        x = load_array(fixture_dir, case, "x", x_shape).astype(np.float64)
+        if op == "layer_norm":
+            kept = len(x_shape) - case["attrs"]["normalized_ndim"]
+            shape = x_shape[:kept] + [1] * (len(x_shape) - kept)
+            rows = x.reshape(int(np.prod(x_shape[:kept])), -1)
+        else:
+            slots = case["attrs"]["groups"] if op == "group_norm" else x_shape[1]
+            shape = [x_shape[0], slots]
+            rows = x.reshape(x_shape[0] * slots, -1)
+        mean = rows.mean(axis=1)
+        rstd = 1 / np.sqrt(((rows - mean[:, None]) ** 2).mean(axis=1) + case["attrs"]["eps"])
+        expected += [("mean", mean.reshape(shape)), ("rstd", rstd.reshape(shape))]
+    compare_results(tally, name, results, expected)
 
 # --- errors: exit 2, one line naming the op and the attribute, nothing written ----------------
 path_in = os.path.join(scratch, "group1d_affine.in.h5")  # x [2, 6, 9], w, b [6]

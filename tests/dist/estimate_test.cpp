@@ -101,6 +101,25 @@ void layer_norm_program(std::shared_ptr<Comm> world) {
   ASSERT_TRUE(tape.grad(w).has_value());
 }
 
+/// group_norm forward and backward (w, b) of x [3, 6, 7] on a 2x2 mesh sharding the channel dim
+/// (a group split across ranks) and the spatial dim unevenly: the statistics travel in the
+/// forward only, the backward's sums in the backward.
+void group_norm_program(std::shared_ptr<Comm> world) {
+  DeviceMesh mesh(world, {2, 2});
+  const std::vector<Placement> replicated(2, Placement::replicate());
+  Tape tape;
+  ShardTensor x =
+      ShardTensor::distribute(Tensor::zeros({3, 6, 7}, DType::f64), mesh,
+                              {Placement::shard(1), Placement::shard(2)}, {{4, 2}, {5, 2}});
+  x.set_requires_grad();
+  ShardTensor w = ShardTensor::distribute(Tensor::zeros({6}, DType::f64), mesh, replicated);
+  w.set_requires_grad();
+  const ShardTensor b = ShardTensor::distribute(Tensor::zeros({6}, DType::f64), mesh, replicated);
+  tape.backward(ops::sum(ops::group_norm(x, 3, w, b)));
+  ASSERT_TRUE(tape.grad(x).has_value());
+  ASSERT_TRUE(tape.grad(w).has_value());
+}
+
 /// One training step of a 2-d conv (same padding, bias) with an mse loss and SGD, x [2, 4, H, W]
 /// sharded over the spatial dims by a 2-d mesh (uneven when the mesh does not divide H and W).
 void conv_training_program(std::shared_ptr<Comm> world, std::vector<int> mesh_shape, int64_t height,
@@ -206,6 +225,17 @@ TEST(Estimate, LayerNormForwardBackwardRecordsTheRealRunsMessages) {
   const estimate::Recording real = estimate::record_local(4, layer_norm_program);
   const AllocatorStats before = host_allocator_stats();
   const estimate::Recording estimated = estimate::record(4, layer_norm_program);
+  const AllocatorStats after = host_allocator_stats();
+  EXPECT_EQ(after.raw_allocations, before.raw_allocations) << "no tensor data was allocated";
+  EXPECT_GT(count_category(real, "comm"), 0u);
+  expect_same_events(real, estimated);
+}
+
+// group_norm's backward takes the forward's mean and rstd outputs likewise.
+TEST(Estimate, GroupNormForwardBackwardRecordsTheRealRunsMessages) {
+  const estimate::Recording real = estimate::record_local(4, group_norm_program);
+  const AllocatorStats before = host_allocator_stats();
+  const estimate::Recording estimated = estimate::record(4, group_norm_program);
   const AllocatorStats after = host_allocator_stats();
   EXPECT_EQ(after.raw_allocations, before.raw_allocations) << "no tensor data was allocated";
   EXPECT_GT(count_category(real, "comm"), 0u);

@@ -202,6 +202,94 @@ TEST(NormSharded, BackwardReusesTheForwardStatistics) {
   });
 }
 
+// group_norm and instance_norm reuse the forward's statistics likewise: group_norm [4, 6, 5] with
+// 3 groups and its channel dim sharded over 2 ranks at 4 | 2 (group 1 split across them), and
+// instance_norm with its spatial dim sharded, gather the moments once, in the forward; the
+// backward gathers only its two sums per slot. The mean and rstd outputs ([N, groups] and
+// [N, C], replicated over the mesh dim that shards a reduced dim) hold each slot's mean and
+// 1 / sqrt(biased variance + eps), and the gradients equal those of one rank.
+TEST(NormSharded, GroupAndInstanceNormBackwardReuseTheForwardStatistics) {
+  for (const std::string op : {"group_norm", "instance_norm"}) {
+    SCOPED_TRACE(op);
+    testing::run_world(2, [&](std::shared_ptr<Comm> comm) {
+      auto ledger = std::make_shared<testing::CountingComm::Ledger>();
+      DeviceMesh mesh(std::make_shared<testing::CountingComm>(comm, ledger), {2});
+      CaseRng rng(12);
+      NormCase c;
+      c.op = op;
+      c.x_shape = {4, 6, 5};
+      c.groups = 3;
+      c.has_w = c.has_b = true;
+      const bool group = op == "group_norm";
+      c.placements = {Placement::shard(group ? 1 : 2)};
+      c.extents = {group ? std::vector<int64_t>{4, 2} : std::vector<int64_t>{2, 3}};
+      const NormInputs in = testing::random_norm_inputs(c, rng);
+      const Tensor gy = random_gy(c, rng);
+      // Slots: [N, groups] for group_norm (every rank holds all groups), this rank's [N, C] for
+      // instance_norm (all channels: the spatial dim is sharded).
+      const int64_t n = 4, channels = 6, length = 5, ranks = 2;
+      const int64_t per_slot = group ? channels / c.groups : 1;
+      const int64_t slots = n * (channels / per_slot);
+      const auto gathers_of_width = [&](int64_t width) {
+        std::lock_guard lock(ledger->mutex);
+        return std::count(ledger->calls.begin(), ledger->calls.end(),
+                          std::pair<std::string, int64_t>{"all_gather", ranks * slots * width * 8});
+      };
+      const std::vector<Placement> replicated{Placement::replicate()};
+      Tape tape;
+      ShardTensor x = ShardTensor::distribute(in.x, mesh, c.placements, c.extents);
+      x.set_requires_grad();
+      ShardTensor w = ShardTensor::distribute(*in.w, mesh, replicated);
+      w.set_requires_grad();
+      const ShardTensor b = ShardTensor::distribute(*in.b, mesh, replicated);
+      const ShardTensor y =
+          group ? ops::group_norm(x, c.groups, w, b, c.eps) : ops::instance_norm(x, w, b, c.eps);
+      EXPECT_EQ(gathers_of_width(3), 1) << "the forward gathers the moments once";
+      OpAttrs attrs;
+      attrs.set("eps", c.eps);
+      if (group) attrs.set("groups", c.groups);
+      const std::vector<ShardTensor> all = apply_op(op, {x}, attrs);
+      ASSERT_EQ(all.size(), 3u);
+      EXPECT_TRUE(all[1].placements()[0].is_replicate());
+      EXPECT_TRUE(all[2].placements()[0].is_replicate());
+      const Tensor mean = all[1].full_tensor(), rstd = all[2].full_tensor();
+      ASSERT_EQ(mean.shape(), (Shape{n, channels / per_slot}));
+      ASSERT_EQ(rstd.shape(), mean.shape());
+      const double* values = in.x.data<double>();
+      for (int64_t s = 0; s < slots; ++s) {
+        // Slot s: batch s / (slots / n), channels [first, first + per_slot), all positions.
+        const int64_t batch = s / (slots / n), first = (s % (slots / n)) * per_slot;
+        const auto at = [&](int64_t ch, int64_t i) {
+          return values[(batch * channels + ch) * length + i];
+        };
+        double sum = 0, squares = 0;
+        for (int64_t ch = first; ch < first + per_slot; ++ch)
+          for (int64_t i = 0; i < length; ++i) sum += at(ch, i);
+        const double count = static_cast<double>(per_slot * length);
+        const double expected_mean = sum / count;
+        for (int64_t ch = first; ch < first + per_slot; ++ch)
+          for (int64_t i = 0; i < length; ++i) squares += std::pow(at(ch, i) - expected_mean, 2);
+        const double expected_rstd = 1 / std::sqrt(squares / count + c.eps);
+        EXPECT_NEAR(mean.data<double>()[s], expected_mean, 1e-12 * (1 + std::fabs(expected_mean)))
+            << "slot " << s;
+        EXPECT_NEAR(rstd.data<double>()[s], expected_rstd, 1e-12 * expected_rstd) << "slot " << s;
+      }
+      {
+        std::lock_guard lock(ledger->mutex);
+        ledger->calls.clear();
+      }
+      tape.backward(ops::sum(
+          ops::mul(y, ShardTensor::distribute(gy, mesh, y.placements(), y.spec().extents))));
+      EXPECT_EQ(gathers_of_width(3), 0) << "the backward gathers no moments";
+      EXPECT_EQ(gathers_of_width(2), 1) << "the backward gathers its sums once";
+      DeviceMesh single(comm->split(comm->rank(), 0), {1});
+      const auto reference = run_case(c, single, in, gy, false);
+      EXPECT_LE(testing::relative_error(tape.grad(x)->full_tensor(), *reference[3]), 1e-12) << "dx";
+      EXPECT_LE(testing::relative_error(tape.grad(w)->full_tensor(), *reference[4]), 1e-12) << "dw";
+    });
+  }
+}
+
 /// sum(norm(x, w, b) * gy) on `mesh` with x laid out as the case says.
 double loss_of(const NormCase& c, const DeviceMesh& mesh, const NormInputs& in, const Tensor& gy) {
   const std::vector<Placement> replicated(mesh.ndim(), Placement::replicate());
