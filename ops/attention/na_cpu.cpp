@@ -393,6 +393,16 @@ InverseWindows inverse_windows(const Problem& p) {
 template <int W, typename T>
 constexpr int kTileQueries = kLanes<T, W> < 4 ? kLanes<T, W> : 4;
 
+/// Queries per tile of the forward for small windows on the tile axis (kWideTileLimit keys or
+/// fewer): 8 where a register holds 16 lanes (f32 on AVX-512). A 4-query tile of a k = 7 window
+/// has 6 of its 10 key slabs at the ends, read by 1-3 queries; with 8 queries each slab serves 4
+/// on average instead of 2.8, so there are fewer k/v loads, reduction trees and accumulator loads
+/// per query. With 8 lanes (AVX2) a group of tile_dots would be 8 queries x 1 key, whose 8 query
+/// and 8 sum registers do not fit the 16 registers: measured no faster than 4 queries there.
+template <int W, typename T>
+constexpr int kWideTileQueries = kLanes<T, W> < 16 ? kTileQueries<W, T> : 8;
+constexpr int64_t kWideTileLimit = 9;
+
 /// Whether the tiled kernels run for registers of W bytes of T and head size Dim: D known at
 /// compile time and a multiple of the register, and at least 4 lanes (f64 without AVX uses the
 /// per-query kernels).
@@ -654,6 +664,7 @@ struct ForwardJob {
   const QueryTiles* tiles;    // the tiled kernel's tiles (unused by forward_rows)
   const T *q, *k, *v, *bias;  // bias: [heads, rpb..] or nullptr
   T *output, *lse;
+  bool wide = false;  // tiles of kWideTileQueries queries (else kTileQueries)
 };
 
 /// Forward of the (batch, query) rows [begin, end). The window is small (k^d logits, in L1), so
@@ -706,11 +717,11 @@ TESSERA_NA_INLINE void forward_rows(const ForwardJob<T>& job, int64_t begin, int
 /// Forward of the tile items [begin, end) (see tile_items): per head, the logits of every query
 /// of the tile segment by segment, each query's softmax in passes as in forward_rows, then p.v
 /// segment by segment into the queries' accumulators.
-template <int W, typename T, int Dim>
+template <int W, typename T, int Dim, int Q>
 TESSERA_NA_INLINE void forward_tiles(const ForwardJob<T>& job, int64_t begin, int64_t end) {
   const Problem& p = *job.problem;
   const QueryTiles& tiles = *job.tiles;
-  constexpr int Q = kTileQueries<W, T>, lanes = kLanes<T, W>;
+  constexpr int lanes = kLanes<T, W>;
   const int64_t heads = p.heads, row = heads * Dim, queries = p.query_count();
   const int64_t window = p.kernel[0] * p.kernel[1] * p.kernel[2];
   const int64_t room = (window + lanes + lanes - 1) / lanes * lanes;
@@ -1244,9 +1255,11 @@ TESSERA_NA_INLINE void backward_key_tiles(const BackwardJob<T>& job, int64_t beg
 /// The forward body for registers of W bytes: tiled where kTiled, per query otherwise.
 template <int W, typename T, int Dim>
 TESSERA_NA_INLINE void forward_body(const ForwardJob<T>& job, int64_t begin, int64_t end) {
-  if constexpr (kTiled<W, T, Dim>)
-    forward_tiles<W, T, Dim>(job, begin, end);
-  else
+  if constexpr (kTiled<W, T, Dim>) {
+    if constexpr (kWideTileQueries<W, T> != kTileQueries<W, T>)
+      if (job.wide) return forward_tiles<W, T, Dim, kWideTileQueries<W, T>>(job, begin, end);
+    forward_tiles<W, T, Dim, kTileQueries<W, T>>(job, begin, end);
+  } else
     forward_rows<W, T, Dim>(job, begin, end);
 }
 
@@ -1323,7 +1336,8 @@ struct KernelSet {
   void (*forward)(const ForwardJob<T>&, int64_t, int64_t);
   void (*query_pass)(const BackwardJob<T>&, int64_t, int64_t, int);
   void (*key_pass)(const BackwardJob<T>&, int64_t, int64_t);
-  int tile_queries;  // queries per tile of the tiled forward and query pass; 0: per query
+  int tile_queries;       // queries per tile of the tiled forward and query pass; 0: per query
+  int wide_tile_queries;  // queries per tile of the forward for small windows (kWideTileLimit)
 };
 
 template <int W, typename T, int Dim>
@@ -1334,16 +1348,27 @@ constexpr int tile_queries_for() {
     return 0;
 }
 
+template <int W, typename T, int Dim>
+constexpr int wide_tile_queries_for() {
+  if constexpr (kTiled<W, T, Dim>)
+    return kWideTileQueries<W, T>;
+  else
+    return 0;
+}
+
 template <typename T, int Dim>
 KernelSet<T> kernels_for_isa() {
   using K = Kernels<T, Dim>;
 #if TESSERA_MULTI_ISA
   if (cpu_isa_level() == 4)
-    return {&K::forward_v4, &K::query_pass_v4, &K::key_pass_v4, tile_queries_for<64, T, Dim>()};
+    return {&K::forward_v4, &K::query_pass_v4, &K::key_pass_v4, tile_queries_for<64, T, Dim>(),
+            wide_tile_queries_for<64, T, Dim>()};
   if (cpu_isa_level() == 3)
-    return {&K::forward_v3, &K::query_pass_v3, &K::key_pass_v3, tile_queries_for<32, T, Dim>()};
+    return {&K::forward_v3, &K::query_pass_v3, &K::key_pass_v3, tile_queries_for<32, T, Dim>(),
+            wide_tile_queries_for<32, T, Dim>()};
 #endif
-  return {&K::forward, &K::query_pass, &K::key_pass, tile_queries_for<kDefaultWidth, T, Dim>()};
+  return {&K::forward, &K::query_pass, &K::key_pass, tile_queries_for<kDefaultWidth, T, Dim>(),
+          wide_tile_queries_for<kDefaultWidth, T, Dim>()};
 }
 
 /// The kernels for D (specialised for the common head sizes).
@@ -1381,7 +1406,10 @@ NaForward forward_in(const Problem& p, const Tensor& q, const Tensor& k, const T
   Tensor output = Tensor::empty(q.shape(), dtype);
   Tensor lse = Tensor::empty(lse_shape, dtype);
   const KernelSet<T> set = kernels<T>(p.dim);
-  const QueryTiles tiles = set.tile_queries > 0 ? query_tiles(p, set.tile_queries) : QueryTiles{};
+  const bool wide =
+      set.wide_tile_queries > set.tile_queries && p.kernel[tile_axis(p)] <= kWideTileLimit;
+  const int tile_queries = wide ? set.wide_tile_queries : set.tile_queries;
+  const QueryTiles tiles = tile_queries > 0 ? query_tiles(p, tile_queries) : QueryTiles{};
   const ForwardJob<T> job{&p,
                           &tiles,
                           qc.data<T>(),
@@ -1389,8 +1417,9 @@ NaForward forward_in(const Problem& p, const Tensor& q, const Tensor& k, const T
                           vc.data<T>(),
                           rpb ? bias.data<T>() : nullptr,
                           output.data<T>(),
-                          lse.data<T>()};
-  const int64_t items = set.tile_queries > 0 ? tile_items(p, tiles) : p.batch * p.query_count();
+                          lse.data<T>(),
+                          wide};
+  const int64_t items = tile_queries > 0 ? tile_items(p, tiles) : p.batch * p.query_count();
   parallel_for(items, threads,
                [&](int64_t begin, int64_t end, int) { set.forward(job, begin, end); });
   return NaForward{output.to_dtype(q.dtype()), lse.to_dtype(lse_dtype(q.dtype()))};

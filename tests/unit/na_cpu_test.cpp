@@ -241,6 +241,35 @@ TEST(NaCpu, LargerTwoDimensionalCaseMatchesReference) {
   }
 }
 
+TEST(NaCpu, EightQueryForwardTilesMatchReference) {
+  // Windows of at most 9 keys on the tile axis run the f32 forward in tiles of 8 queries where a
+  // register holds 16 lanes (AVX-512): kernels at and around the limit (9 runs them, 10 does not),
+  // dilation (8 queries of one dilation group span 15 dilated rows), causal, rpb, and an extent
+  // of the tile axis (37) that is not a multiple of 8, forward and backward in f32 and f64.
+  std::mt19937_64 rng(1212);
+  for (const auto& [kernel, dilation, causal] : std::vector<std::array<int64_t, 3>>{
+           {3, 1, 0}, {7, 1, 0}, {9, 1, 0}, {10, 1, 0}, {7, 2, 0}, {4, 3, 1}}) {
+    const Shape shape{1, 37, 15, 2, 32};
+    const NaGeometry geometry{
+        {37, 15}, {kernel, kernel}, {dilation, dilation}, {causal, causal}, 0.25};
+    const Tensor rpb_f64 = random_tensor(na_rpb_shape(2, geometry), rng);
+    for (DType dtype : {DType::f32, DType::f64}) {
+      Case c;
+      c.q = random_tensor(shape, rng).to_dtype(dtype);
+      c.k = random_tensor(shape, rng).to_dtype(dtype);
+      c.v = random_tensor(shape, rng).to_dtype(dtype);
+      c.grad_output = random_tensor(shape, rng).to_dtype(dtype);
+      c.grad_lse = random_tensor({1, 37, 15, 2}, rng).to_dtype(dtype);
+      c.has_rpb = kernel % 2 == 1 && !causal;
+      if (c.has_rpb) c.rpb = rpb_f64.to_dtype(dtype);
+      c.geometry = geometry;
+      c.pieces = NaPieces{{0, 0}, {0, 0}};
+      c.text = fmt::format("k {} d {} causal {} {}", kernel, dilation, causal, dtype_name(dtype));
+      expect_matches_reference(c, 2, dtype == DType::f64 ? 1e-12 : 1e-5);
+    }
+  }
+}
+
 TEST(NaCpu, ThreadCountDoesNotChangeTheResult) {
   // Every output row is computed by one thread in a fixed order, so o, lse, dq, dk and dv are
   // identical for any thread count; d rpb is a sum of per-thread partial sums.
