@@ -48,11 +48,15 @@ void check_divides(const DeviceMesh& mesh, int mesh_dim, int64_t count, const st
             count, parts, mesh.names()[mesh_dim]);
 }
 
-/// nn::Conv's initial weight [out, in, k..] and bias [out] (uniform in +-1/sqrt(fan_in), weight
-/// drawn first) for groups 1, as full tensors of the config's dtype; checks the config as
-/// nn::Conv does and that `parallel_channels` divide over the tp dim.
-std::pair<Tensor, Tensor> conv_init(const DeviceMesh& mesh, int tp, const ConvConfig& config,
-                                    uint64_t seed, bool split_out, const std::string& op) {
+/// The initial weight and bias [out] of a groups-1 convolution layer (uniform in +-1/sqrt(fan_in),
+/// fan_in = numel(weight) / weight's dim 0, weight drawn first), as full tensors of the config's
+/// dtype: nn::Conv's [out, in, k..] or, with `transposed`, nn::ConvTranspose's [in, out, k..].
+/// Checks the config as those layers do and that the split channels (out when `split_out`, else
+/// in) divide over the tp dim.
+template <typename Config>
+std::pair<Tensor, Tensor> conv_layer_init(const DeviceMesh& mesh, int tp, const Config& config,
+                                          uint64_t seed, bool split_out, bool transposed,
+                                          const std::string& op) {
   check_arg(config.spatial_dims >= 1 && config.spatial_dims <= 3, op,
             "spatial dims {} (expected 1, 2 or 3)", config.spatial_dims);
   check_arg(config.in_channels >= 1 && config.out_channels >= 1 && config.kernel >= 1 &&
@@ -61,9 +65,10 @@ std::pair<Tensor, Tensor> conv_init(const DeviceMesh& mesh, int tp, const ConvCo
             config.in_channels, config.out_channels, config.kernel, config.options.groups);
   check_divides(mesh, tp, split_out ? config.out_channels : config.in_channels,
                 split_out ? "out channels" : "in channels", op);
-  Shape w_shape{config.out_channels, config.in_channels};
+  Shape w_shape = transposed ? Shape{config.in_channels, config.out_channels}
+                             : Shape{config.out_channels, config.in_channels};
   for (int d = 0; d < config.spatial_dims; ++d) w_shape.push_back(config.kernel);
-  const double fan_in = static_cast<double>(shape_numel(w_shape) / config.out_channels);
+  const double fan_in = static_cast<double>(shape_numel(w_shape) / w_shape[0]);
   const double bound = 1.0 / std::sqrt(fan_in);
   std::mt19937_64 generator(seed);
   std::uniform_real_distribution<double> pick(-bound, bound);
@@ -77,35 +82,15 @@ std::pair<Tensor, Tensor> conv_init(const DeviceMesh& mesh, int tp, const ConvCo
   return {weight, bias};
 }
 
-/// nn::ConvTranspose's initial weight [in, out, k..] and bias [out] (uniform in +-1/sqrt(fan_in),
-/// fan_in = out * prod(k), weight drawn first) for groups 1, as full tensors of the config's
-/// dtype; checks the config as nn::ConvTranspose does and that the split channels (out when
-/// `split_out`, else in) divide over the tp dim.
+std::pair<Tensor, Tensor> conv_init(const DeviceMesh& mesh, int tp, const ConvConfig& config,
+                                    uint64_t seed, bool split_out, const std::string& op) {
+  return conv_layer_init(mesh, tp, config, seed, split_out, false, op);
+}
+
 std::pair<Tensor, Tensor> conv_transpose_init(const DeviceMesh& mesh, int tp,
                                               const ConvTransposeConfig& config, uint64_t seed,
                                               bool split_out, const std::string& op) {
-  check_arg(config.spatial_dims >= 1 && config.spatial_dims <= 3, op,
-            "spatial dims {} (expected 1, 2 or 3)", config.spatial_dims);
-  check_arg(config.in_channels >= 1 && config.out_channels >= 1 && config.kernel >= 1 &&
-                config.options.groups == 1,
-            op, "channels {} -> {}, kernel {}, groups {} (tensor parallelism needs groups 1)",
-            config.in_channels, config.out_channels, config.kernel, config.options.groups);
-  check_divides(mesh, tp, split_out ? config.out_channels : config.in_channels,
-                split_out ? "out channels" : "in channels", op);
-  Shape w_shape{config.in_channels, config.out_channels};
-  for (int d = 0; d < config.spatial_dims; ++d) w_shape.push_back(config.kernel);
-  const double fan_in = static_cast<double>(shape_numel(w_shape) / config.in_channels);
-  const double bound = 1.0 / std::sqrt(fan_in);
-  std::mt19937_64 generator(seed);
-  std::uniform_real_distribution<double> pick(-bound, bound);
-  auto draw = [&](const Shape& shape) {
-    Tensor values = Tensor::empty(shape, DType::f64);
-    for (int64_t i = 0; i < values.numel(); ++i) values.data<double>()[i] = pick(generator);
-    return values.to_dtype(config.dtype).to(current_rank_context().device());
-  };
-  Tensor weight = draw(w_shape);
-  Tensor bias = draw({config.out_channels});
-  return {weight, bias};
+  return conv_layer_init(mesh, tp, config, seed, split_out, true, op);
 }
 
 }  // namespace
