@@ -1,28 +1,40 @@
 #!/usr/bin/env bash
 # The GPU acceptance in one command, for a bare machine with an NVIDIA GPU:
-#   scripts/gpu-check.sh [--out DIR] [--stages probe,build,test,sanitize,bench] [--full-suite]
+#   scripts/gpu-check.sh [--out DIR] [--stages probe,build,test,bench,sanitize] [--full-suite]
+#                        [--deadline SECONDS] [--from-source]
 # probe     where CUDA, cuDNN, NCCL, MPI, HDF5 and PyTorch live (cuDNN and NCCL may exist only
 #           as the Python wheels' include/lib folders); written to DIR/probe.json
-# build     configures build-gpu/ with Ninja (CUDA on; MPI, HDF5, oneDNN when found) and builds;
-#           build dependencies missing on the machine come from .gpu-deps/ (scripts/gpu-bundle.sh)
-# test      every test labelled gpu (and with --full-suite the whole CTest suite)
-# sanitize  compute-sanitizer memcheck and racecheck on every gpu test binary
-# bench     bench conv / bench na / bench comm on cuda beside PyTorch (apps/bench/torch_conv_bench.py,
-#           apps/bench/torch_na_bench.py --impl flex), and
-#           the machine's ceilings (device-to-device copy bandwidth, bf16 matrix product)
+# build     the CUDA build made here and packed by `scripts/gpu-bundle.sh --prebuilt` when
+#           .gpu-deps/prebuilt.tar.xz exists and its programs load (no compiling on the device);
+#           else (or with --from-source) configures build-gpu/ with Ninja (CUDA on; MPI, HDF5,
+#           oneDNN when found) and builds; build dependencies missing on the machine come from
+#           .gpu-deps/ (scripts/gpu-bundle.sh)
+# test      every test labelled gpu, all at once (and with --full-suite the whole CTest suite),
+#           then `tessera demo --device cuda`
+# bench     the machine's ceilings (device-to-device copy bandwidth, bf16 matrix product), then
+#           bench conv / bench na / bench comm on cuda beside PyTorch
+#           (apps/bench/torch_conv_bench.py, apps/bench/torch_na_bench.py --impl flex)
+# sanitize  compute-sanitizer memcheck and racecheck on every gpu test binary, all at once; a run
+#           cut by the deadline counts the errors it printed and the tests it finished
+# --deadline SECONDS: the whole check ends within SECONDS (each stage and command gets what is
+# left, less 25 s to pack the logs), so a device call that must end by a limit returns its logs.
 # Logs, one JSON (gpu-check.json) and one markdown report (gpu-check.md) go to DIR (default
 # $OUT when set, else ./gpu-check-out). Stages run in the order above; the build folder is
 # kept, so a later call can run the remaining stages. Exit status: 0 when every stage run passed.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$root/gpu-check-out}
-stages=probe,build,test,sanitize,bench
+stages=probe,build,test,bench,sanitize
 full_suite=0
+deadline=0
+from_source=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out=$2; shift 2 ;;
     --stages) stages=$2; shift 2 ;;
     --full-suite) full_suite=1; shift ;;
+    --deadline) deadline=$2; shift 2 ;;
+    --from-source) from_source=1; shift ;;
     *) echo "gpu-check: unknown argument '$1' (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -39,6 +51,18 @@ record() {  # stage, status (pass|fail|skip), seconds, note
   echo "[gpu-check] $1: $2 ($3 s) $4"
 }
 python=$(command -v python3 || true)
+# capped SECONDS command...: runs the command for at most SECONDS, less when the deadline (or the
+# current stage's end, $stage_end) is nearer; exit 124 when cut, 125 when no time was left.
+stage_end=0
+capped() {
+  local limit=$1; shift
+  if [ "$deadline" -gt 0 ] && [ $((deadline - 25 - SECONDS)) -lt "$limit" ]; then
+    limit=$((deadline - 25 - SECONDS)); fi
+  if [ "$stage_end" -gt 0 ] && [ $((stage_end - SECONDS)) -lt "$limit" ]; then
+    limit=$((stage_end - SECONDS)); fi
+  if [ "$limit" -lt 5 ]; then echo "[gpu-check] no time left for: $*" >&2; return 125; fi
+  timeout -k 5 "$limit" "$@"
+}
 
 # --- probe ---------------------------------------------------------------------------------
 site_dirs() {
@@ -90,6 +114,9 @@ if want probe; then
     echo "== python / torch"
     [ -n "$python" ] && "$python" -c "import torch; print(torch.__version__, torch.version.cuda, torch.backends.cudnn.version(), torch.cuda.get_device_name(0))" || true
     echo "== compute-sanitizer"; command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer || true
+    echo "== system"; head -n 2 /etc/os-release; nproc; ldd --version | head -n 1
+    echo "== libraries"; ldconfig -p | grep -E 'cudnn|nccl|cublas|cudart|mpi|hdf5|dnnl' || true
+    echo "== wheels"; ls -d "${sites[@]/%//nvidia}"/*/lib 2>/dev/null || true
   } >"$logs/probe.log" 2>&1
   "$python" - "$logs/probe.json" <<PY
 import json, sys
@@ -100,28 +127,75 @@ PY
   record probe pass $((SECONDS - start)) "cudnn=${cudnn_header:+found} nccl=${nccl_header:+found} mpi=${mpiexec_path:+found} hdf5=${h5cc_path:+found}"
 fi
 
+# The CUDA libraries our programs load (libcudart, libcublas): the toolkit's, else the wheels'.
+# Only our programs get them (ours ...): PyTorch keeps finding its own through its RUNPATH.
+cuda_lib_path=
+for dir in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib \
+           "${sites[@]/%//nvidia/cu13/lib}" "${sites[@]/%//nvidia/cublas/lib}" \
+           "${sites[@]/%//nvidia/cuda_runtime/lib}"; do
+  [ -d "$dir" ] && cuda_lib_path="$cuda_lib_path${cuda_lib_path:+:}$dir"
+done
+our_ld="$cuda_lib_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+ours() { env LD_LIBRARY_PATH="$our_ld" "$@"; }
+
+# use_prebuilt: unpacks .gpu-deps/prebuilt.tar.xz (scripts/gpu-bundle.sh --prebuilt) where the
+# build it came from lived, keeps the libraries this machine lacks, and checks that the programs
+# load; sets $build. Returns 1 (with the reason in prebuilt.log) when they cannot be used.
+use_prebuilt() {
+  local pack="$root/.gpu-deps/prebuilt.tar.xz"
+  [ -f "$pack" ] || { echo "no $pack"; return 1; }
+  local origin rel
+  origin=$(cat "$root/.gpu-deps/prebuilt.root") rel=$(cat "$root/.gpu-deps/prebuilt.build")
+  echo "prebuilt from commit $(cat "$root/.gpu-deps/prebuilt.commit" 2>/dev/null) at $origin/$rel"
+  # Its CTest files and compiled-in fixture folders name $origin: link this checkout there.
+  if [ ! "$origin" -ef "$root" ]; then
+    if [ -e "$origin" ] || [ -L "$origin" ]; then echo "$origin exists and is not this checkout"; return 1; fi
+    mkdir -p "$(dirname "$origin")" && ln -s "$root" "$origin" || return 1
+  fi
+  tar -C "$root" -xJf "$pack" || return 1
+  build="$origin/$rel"
+  local lib name
+  for lib in "$build"/gpu-libs/*; do
+    name=$(basename "$lib")
+    if ldconfig -p | grep -q "^[[:space:]]*$name "; then rm -f "$lib"; else echo "carried: $name"; fi
+  done
+  our_ld="$our_ld:$build/gpu-libs"
+  ours ldd "$build/apps/tessera" | grep 'not found' && return 1
+  ours "$build/apps/tessera" --version || return 1
+}
+
 # --- build ---------------------------------------------------------------------------------
 if want build; then
   start=$SECONDS
-  prefix_path=
-  if [ -d "$root/.gpu-deps/root/usr" ]; then
-    prefix_path="$root/.gpu-deps/root/usr"
-    export LD_LIBRARY_PATH="$prefix_path/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  fi
-  args=(-S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_WITH_CUDA=ON
-        -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$prefix_path")
-  [ -n "$cudnn_header" ] && args+=(-DCUDNN_INCLUDE_DIR="$(dirname "$cudnn_header")" -DCUDNN_LIBRARY="$links/libcudnn.so")
-  [ -n "$nccl_header" ] && args+=(-DNCCL_INCLUDE_DIR="$(dirname "$nccl_header")" -DNCCL_LIBRARY="$links/libnccl.so")
-  if cmake "${args[@]}" >"$logs/configure.log" 2>&1 &&
-     cmake --build "$build" -j "$(nproc)" >"$logs/build.log" 2>&1; then
-    record build pass $((SECONDS - start)) "$(grep -o 'Tessera [0-9.]*: .*' "$logs/configure.log" | head -n 1)"
+  if [ "$from_source" = 0 ] && use_prebuilt >"$logs/prebuilt.log" 2>&1; then
+    record build pass $((SECONDS - start)) "prebuilt: $(head -n 1 "$logs/prebuilt.log")"
   else
-    record build fail $((SECONDS - start)) "see configure.log / build.log"
-    tail -n 40 "$logs/build.log" "$logs/configure.log" 2>/dev/null
+    build="$root/build-gpu"
+    prefix_path=
+    if [ -d "$root/.gpu-deps/root/usr" ]; then
+      prefix_path="$root/.gpu-deps/root/usr"
+      export LD_LIBRARY_PATH="$prefix_path/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    fi
+    args=(-S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_WITH_CUDA=ON
+          -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$prefix_path")
+    [ -n "$cudnn_header" ] && args+=(-DCUDNN_INCLUDE_DIR="$(dirname "$cudnn_header")" -DCUDNN_LIBRARY="$links/libcudnn.so")
+    [ -n "$nccl_header" ] && args+=(-DNCCL_INCLUDE_DIR="$(dirname "$nccl_header")" -DNCCL_LIBRARY="$links/libnccl.so")
+    if capped 100000 cmake "${args[@]}" >"$logs/configure.log" 2>&1 &&
+       capped 100000 cmake --build "$build" -j "$(nproc)" >"$logs/build.log" 2>&1; then
+      record build pass $((SECONDS - start)) "$(grep -o 'Tessera [0-9.]*: .*' "$logs/configure.log" | head -n 1)"
+    else
+      record build fail $((SECONDS - start)) "see prebuilt.log / configure.log / build.log"
+      tail -n 40 "$logs/prebuilt.log" "$logs/build.log" "$logs/configure.log" 2>/dev/null
+    fi
   fi
 fi
 [ -d "$root/.gpu-deps/root/usr" ] &&
   export LD_LIBRARY_PATH="$root/.gpu-deps/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if ! want build && [ -f "$root/.gpu-deps/prebuilt.build" ] && [ ! -d "$build" ]; then
+  build="$(cat "$root/.gpu-deps/prebuilt.root")/$(cat "$root/.gpu-deps/prebuilt.build")"
+  our_ld="$our_ld:$build/gpu-libs"
+fi
+our_ld="$our_ld${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 gpu_test_binaries() {  # the executables of the tests labelled gpu
   ctest --test-dir "$build" -L gpu --show-only=json-v1 2>/dev/null | "$python" -c '
@@ -136,22 +210,31 @@ for test in json.load(sys.stdin).get("tests", []):
 # --- test ----------------------------------------------------------------------------------
 if want test; then
   start=$SECONDS
-  if ctest --test-dir "$build" -L gpu --output-on-failure --timeout 600 \
-       --output-junit "$logs/gpu-tests.xml" >"$logs/gpu-tests.log" 2>&1; then
+  stage_end=$((SECONDS + ${GPU_CHECK_TEST_SECONDS:-180}))
+  # All at once: the GPU is shared by the binaries as by the local ranks inside each.
+  # The tests' own TIMEOUTs outrank --timeout; --stop-time cuts them all at the stage's end.
+  if [ "$deadline" -gt 0 ] && [ $((deadline - 40)) -lt "$stage_end" ]; then stage_end=$((deadline - 40)); fi
+  stop=$(date -d "+$((stage_end - SECONDS - 10)) seconds" +%H:%M:%S)
+  if capped 100000 env LD_LIBRARY_PATH="$our_ld" ctest --test-dir "$build" -L gpu -j 16 \
+       --output-on-failure --stop-time "$stop" --output-junit "$logs/gpu-tests.xml" \
+       >"$logs/gpu-tests.log" 2>&1; then
     record test pass $((SECONDS - start)) "$(grep -E 'tests passed' "$logs/gpu-tests.log" | tail -n 1)"
   else
     record test fail $((SECONDS - start)) "$(grep -E 'tests passed|tests failed' "$logs/gpu-tests.log" | tail -n 1)"
   fi
+  stage_end=0
   # The main job on the GPU: layouts, the conv network step and attention, checked vs one rank.
   start=$SECONDS
-  if "$build/apps/tessera" demo --device cuda >"$logs/demo-cuda.log" 2>&1; then
+  if capped 40 env LD_LIBRARY_PATH="$our_ld" "$build/apps/tessera" demo --device cuda \
+       >"$logs/demo-cuda.log" 2>&1; then
     record demo-cuda pass $((SECONDS - start)) "$(grep -c ': yes' "$logs/demo-cuda.log") checks yes"
   else
     record demo-cuda fail $((SECONDS - start)) "$(tail -n 1 "$logs/demo-cuda.log")"
   fi
   if [ "$full_suite" = 1 ]; then
     start=$SECONDS
-    if ctest --test-dir "$build" -LE gpu --output-on-failure -j 8 >"$logs/full-suite.log" 2>&1; then
+    if capped 100000 env LD_LIBRARY_PATH="$our_ld" ctest --test-dir "$build" -LE gpu \
+         --output-on-failure -j 8 >"$logs/full-suite.log" 2>&1; then
       record full-suite pass $((SECONDS - start)) "$(grep -E 'tests passed' "$logs/full-suite.log" | tail -n 1)"
     else
       record full-suite fail $((SECONDS - start)) "$(grep -E 'tests passed|tests failed' "$logs/full-suite.log" | tail -n 1)"
@@ -159,51 +242,77 @@ if want test; then
   fi
 fi
 
-# --- sanitize ------------------------------------------------------------------------------
-if want sanitize; then
-  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  for tool in memcheck racecheck; do
-    start=$SECONDS
-    errors=0
-    for binary in $(gpu_test_binaries); do
-      log="$logs/sanitize-$tool-$(basename "$binary").log"
-      "$sanitizer" --tool "$tool" --error-exitcode 99 --print-limit 20 "$binary" >"$log" 2>&1
-      code=$?
-      found=$(grep -oE 'ERROR SUMMARY: [0-9]+' "$log" | grep -oE '[0-9]+' | tail -n 1)
-      [ "$code" -ne 0 ] && errors=$((errors + ${found:-1}))
-    done
-    if [ "$errors" -eq 0 ]; then
-      record "sanitize-$tool" pass $((SECONDS - start)) "0 errors"
-    else
-      record "sanitize-$tool" fail $((SECONDS - start)) "$errors error(s)"
-    fi
-  done
-fi
-
 # --- bench ---------------------------------------------------------------------------------
 if want bench; then
   start=$SECONDS
-  tessera="$build/apps/tessera"
-  ok=1
-  "$python" "$root/scripts/gpu_ceilings.py" --json "$logs/ceilings.json" >"$logs/ceilings.log" 2>&1 || ok=0
-  for dtype in f32 bf16; do
-    # Each benchmark prints its table to the log and, with --json, its rows to the JSON file.
-    "$tessera" bench conv --device cuda --dtype "$dtype" >"$logs/bench-conv-$dtype.log" 2>&1 || ok=0
-    "$tessera" bench conv --device cuda --dtype "$dtype" --json >"$logs/bench-conv-$dtype.json" \
-      2>>"$logs/bench-conv-$dtype.log" || ok=0
-    "$tessera" bench conv --device cuda --dtype "$dtype" --no-comm --json \
-      >"$logs/bench-conv-nocomm-$dtype.json" 2>>"$logs/bench-conv-$dtype.log" || ok=0
-    "$python" "$root/apps/bench/torch_conv_bench.py" --device cuda --dtype "$dtype" --json \
-      >"$logs/torch-conv-$dtype.json" 2>"$logs/torch-conv-$dtype.log" || ok=0
+  stage_end=$((SECONDS + ${GPU_CHECK_BENCH_SECONDS:-170}))
+  tessera=(env LD_LIBRARY_PATH="$our_ld" "$build/apps/tessera")
+  failed_steps=
+  step() {  # name seconds command...: one benchmark; its JSON (stdout) to NAME.json, log to NAME.log
+    local name=$1 seconds=$2; shift 2
+    capped "$seconds" "$@" >"$logs/$name.json" 2>"$logs/$name.log" || failed_steps="$failed_steps $name"
+  }
+  # In order of what the acceptance needs most, so that a short deadline drops the least.
+  capped 40 "$python" "$root/scripts/gpu_ceilings.py" --json "$logs/ceilings.json" \
+    >"$logs/ceilings.log" 2>&1 || failed_steps="$failed_steps ceilings"
+  step bench-na-bf16 60 "${tessera[@]}" bench na --device cuda --dtype bf16 --ranks 1,4 \
+    --kernel 7,13,31 --reference-size 0 --json
+  step torch-na-bf16 75 "$python" "$root/apps/bench/torch_na_bench.py" --impl flex --dtype bf16 \
+    --kernel 7,13,31 --json
+  for dtype in bf16 f32; do
+    step "bench-conv-$dtype" 40 "${tessera[@]}" bench conv --device cuda --dtype "$dtype" --json
+    step "torch-conv-$dtype" 40 "$python" "$root/apps/bench/torch_conv_bench.py" --device cuda \
+      --dtype "$dtype" --json
   done
-  # Neighborhood attention on the GPU (1 rank and 4 local ranks sharing it) beside flex_attention.
-  "$tessera" bench na --device cuda --dtype bf16 --ranks 1,4 --json >"$logs/bench-na-bf16.json" \
-    2>"$logs/bench-na-bf16.log" || ok=0
-  "$python" "$root/apps/bench/torch_na_bench.py" --impl flex --dtype bf16 --json \
-    >"$logs/torch-na-bf16.json" 2>"$logs/torch-na-bf16.log" || ok=0
-  "$tessera" bench comm --device cuda --json >"$logs/bench-comm.json" 2>"$logs/bench-comm.log" || ok=0
-  if [ "$ok" = 1 ]; then record bench pass $((SECONDS - start)) "figures in bench-*.json"
-  else record bench fail $((SECONDS - start)) "see bench-*.log"; fi
+  step bench-comm 30 "${tessera[@]}" bench comm --device cuda --json
+  step bench-conv-nocomm-bf16 30 "${tessera[@]}" bench conv --device cuda --dtype bf16 --no-comm --json
+  stage_end=0
+  if [ -z "$failed_steps" ]; then record bench pass $((SECONDS - start)) "figures in bench-*.json"
+  else record bench fail $((SECONDS - start)) "failed or cut:$failed_steps"; fi
+fi
+
+# --- sanitize ------------------------------------------------------------------------------
+# sanitize_summary LOG: errors the tool reported (its summary, else the error records it printed
+# before the deadline cut it) and the tests that finished under it.
+sanitize_summary() {
+  local log=$1 errors
+  errors=$(grep -oE '(ERROR SUMMARY: [0-9]+|RACECHECK SUMMARY: [0-9]+ hazards? displayed \([0-9]+ errors?)' "$log" |
+           grep -oE '[0-9]+' | tail -n 1)
+  [ -z "$errors" ] && errors=$(grep -cE '^========= (Invalid|Error|Uninitialized|Program hit|.*Race reported)' "$log")
+  echo "$errors $(grep -c '^\[       OK \]' "$log")"
+}
+if want sanitize; then
+  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  start=$SECONDS
+  [ -x "$sanitizer" ] || { record sanitize fail 0 "compute-sanitizer not found"; stages=${stages/sanitize/}; }
+fi
+if want sanitize; then
+  # Every binary under memcheck and under racecheck at once; what the deadline leaves is theirs.
+  pids=()
+  for tool in memcheck racecheck; do
+    for binary in $(gpu_test_binaries); do
+      log="$logs/sanitize-$tool-$(basename "$binary").log"
+      TESSERA_BACKEND=local capped 100000 env LD_LIBRARY_PATH="$our_ld" "$sanitizer" --tool "$tool" \
+        --error-exitcode 99 --print-limit 20 "$binary" >"$log" 2>&1 &
+      pids+=($!)
+    done
+  done
+  for pid in "${pids[@]}"; do wait "$pid"; done
+  for tool in memcheck racecheck; do
+    errors=0 finished=0 cut=0
+    for log in "$logs"/sanitize-$tool-*.log; do
+      [ -e "$log" ] || continue
+      read -r e f < <(sanitize_summary "$log")
+      errors=$((errors + e)) finished=$((finished + f))
+      grep -qE '(ERROR|RACECHECK) SUMMARY' "$log" || cut=$((cut + 1))
+      echo "$tool $(basename "$log"): $e errors, $f tests finished" >>"$logs/sanitize-summary.txt"
+    done
+    if [ "$errors" -eq 0 ]; then
+      record "sanitize-$tool" pass $((SECONDS - start)) "0 errors; $finished tests finished; $cut binaries cut by the deadline"
+    else
+      record "sanitize-$tool" fail $((SECONDS - start)) "$errors error(s); $finished tests finished; $cut binaries cut"
+    fi
+  done
 fi
 
 # --- report --------------------------------------------------------------------------------
