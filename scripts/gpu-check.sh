@@ -100,10 +100,26 @@ link_unversioned() {  # path-to-lib name
   local dir; dir=$(dirname "$1")
   local target; target=$(ls "$dir"/lib$2.so* 2>/dev/null | sort | head -n 1)
   [ -n "$target" ] && ln -sf "$target" "$links/lib$2.so"
-  export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  found_lib_path="$found_lib_path${found_lib_path:+:}$dir"
 }
+found_lib_path=
 link_unversioned "$cudnn_lib" cudnn
 link_unversioned "$nccl_lib" nccl
+
+# The CUDA libraries our programs load (libcudart, libcublas, libcudnn, libnccl). PyTorch's wheels
+# come first: their cuDNN and NCCL are the newest on such a machine (a prebuilt pack was compiled
+# against a cuDNN newer than the system's), then the toolkit's, then what the probe found. Only our
+# programs get this path (ours ..., env LD_LIBRARY_PATH="$our_ld"): PyTorch refuses a cuDNN older
+# than its own, so it keeps finding its own through its RUNPATH.
+cuda_lib_path=
+for dir in "${sites[@]/%//nvidia/cudnn/lib}" "${sites[@]/%//nvidia/nccl/lib}" \
+           "${sites[@]/%//nvidia/cu13/lib}" "${sites[@]/%//nvidia/cublas/lib}" \
+           "${sites[@]/%//nvidia/cuda_runtime/lib}" \
+           /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
+  [ -d "$dir" ] && cuda_lib_path="$cuda_lib_path${cuda_lib_path:+:}$dir"
+done
+our_ld="$cuda_lib_path${found_lib_path:+:$found_lib_path}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+ours() { env LD_LIBRARY_PATH="$our_ld" "$@"; }
 
 if want probe; then
   start=$SECONDS
@@ -116,7 +132,9 @@ if want probe; then
     echo "== compute-sanitizer"; command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer || true
     echo "== system"; head -n 2 /etc/os-release; nproc; ldd --version | head -n 1
     echo "== libraries"; ldconfig -p | grep -E 'cudnn|nccl|cublas|cudart|mpi|hdf5|dnnl' || true
-    echo "== wheels"; ls -d "${sites[@]/%//nvidia}"/*/lib 2>/dev/null || true
+    echo "== wheels"
+    for site in "${sites[@]}"; do [ -d "$site/nvidia" ] && find "$site/nvidia" -maxdepth 3 -name 'lib*.so*'; done
+    echo "== the libraries our programs load"; echo "$our_ld" | tr ':' '\n'
   } >"$logs/probe.log" 2>&1
   "$python" - "$logs/probe.json" <<PY
 import json, sys
@@ -127,16 +145,6 @@ PY
   record probe pass $((SECONDS - start)) "cudnn=${cudnn_header:+found} nccl=${nccl_header:+found} mpi=${mpiexec_path:+found} hdf5=${h5cc_path:+found}"
 fi
 
-# The CUDA libraries our programs load (libcudart, libcublas): the toolkit's, else the wheels'.
-# Only our programs get them (ours ...): PyTorch keeps finding its own through its RUNPATH.
-cuda_lib_path=
-for dir in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib \
-           "${sites[@]/%//nvidia/cu13/lib}" "${sites[@]/%//nvidia/cublas/lib}" \
-           "${sites[@]/%//nvidia/cuda_runtime/lib}"; do
-  [ -d "$dir" ] && cuda_lib_path="$cuda_lib_path${cuda_lib_path:+:}$dir"
-done
-our_ld="$cuda_lib_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-ours() { env LD_LIBRARY_PATH="$our_ld" "$@"; }
 
 # use_prebuilt: unpacks .gpu-deps/prebuilt.tar.xz (scripts/gpu-bundle.sh --prebuilt) where the
 # build it came from lived, keeps the libraries this machine lacks, and checks that the programs
@@ -250,18 +258,21 @@ if want bench; then
   failed_steps=
   step() {  # name seconds command...: one benchmark; its JSON (stdout) to NAME.json, log to NAME.log
     local name=$1 seconds=$2; shift 2
+    # GPU_CHECK_BENCH_STEPS=a,b,...: run only these steps (a short rerun of what changed)
+    if [ -n "${GPU_CHECK_BENCH_STEPS:-}" ]; then
+      case ",$GPU_CHECK_BENCH_STEPS," in *",$name,"*) ;; *) return 0 ;; esac
+    fi
     capped "$seconds" "$@" >"$logs/$name.json" 2>"$logs/$name.log" || failed_steps="$failed_steps $name"
   }
   # In order of what the acceptance needs most, so that a short deadline drops the least.
-  capped 40 "$python" "$root/scripts/gpu_ceilings.py" --json "$logs/ceilings.json" \
-    >"$logs/ceilings.log" 2>&1 || failed_steps="$failed_steps ceilings"
+  step ceilings 40 "$python" "$root/scripts/gpu_ceilings.py"
   step bench-na-bf16 60 "${tessera[@]}" bench na --device cuda --dtype bf16 --ranks 1,4 \
     --kernel 7,13,31 --reference-size 0 --json
   step torch-na-bf16 75 "$python" "$root/apps/bench/torch_na_bench.py" --impl flex --dtype bf16 \
     --kernel 7,13,31 --json
   for dtype in bf16 f32; do
-    step "bench-conv-$dtype" 40 "${tessera[@]}" bench conv --device cuda --dtype "$dtype" --json
-    step "torch-conv-$dtype" 40 "$python" "$root/apps/bench/torch_conv_bench.py" --device cuda \
+    step "bench-conv-$dtype" 60 "${tessera[@]}" bench conv --device cuda --dtype "$dtype" --json
+    step "torch-conv-$dtype" 60 "$python" "$root/apps/bench/torch_conv_bench.py" --device cuda \
       --dtype "$dtype" --json
   done
   step bench-comm 30 "${tessera[@]}" bench comm --device cuda --json
@@ -289,8 +300,9 @@ fi
 if want sanitize; then
   # Every binary under memcheck and under racecheck at once; what the deadline leaves is theirs.
   pids=()
-  for tool in memcheck racecheck; do
-    for binary in $(gpu_test_binaries); do
+  # GPU_CHECK_SANITIZE_TOOLS / GPU_CHECK_SANITIZE_FILTER (a regex of binary names): a short rerun
+  for tool in ${GPU_CHECK_SANITIZE_TOOLS:-memcheck racecheck}; do
+    for binary in $(gpu_test_binaries | grep -E "${GPU_CHECK_SANITIZE_FILTER:-.}"); do
       log="$logs/sanitize-$tool-$(basename "$binary").log"
       TESSERA_BACKEND=local capped 100000 env LD_LIBRARY_PATH="$our_ld" "$sanitizer" --tool "$tool" \
         --error-exitcode 99 --print-limit 20 "$binary" >"$log" 2>&1 &
@@ -298,7 +310,7 @@ if want sanitize; then
     done
   done
   for pid in "${pids[@]}"; do wait "$pid"; done
-  for tool in memcheck racecheck; do
+  for tool in ${GPU_CHECK_SANITIZE_TOOLS:-memcheck racecheck}; do
     errors=0 finished=0 cut=0
     for log in "$logs"/sanitize-$tool-*.log; do
       [ -e "$log" ] || continue
