@@ -10,6 +10,7 @@ namespace tessera {
 namespace {
 
 thread_local int assigned_threads = 0;
+thread_local bool assigned_by_user = false;
 
 int env_int(const char* name) {
   const char* text = std::getenv(name);
@@ -35,6 +36,17 @@ int compute_threads() {
 
 void set_compute_threads(int threads) {
   assigned_threads = std::max(1, threads);
+  assigned_by_user = false;
+}
+
+void choose_compute_threads(int threads) {
+  assigned_threads = std::max(1, threads);
+  assigned_by_user = true;
+}
+
+int chosen_compute_threads() {
+  if (const int forced = env_int("TESSERA_THREADS_PER_RANK"); forced > 0) return forced;
+  return assigned_by_user ? assigned_threads : 0;
 }
 
 }  // namespace tessera

@@ -15,6 +15,7 @@
 #include <numeric>
 
 #include "core/comm/comm.hpp"
+#include "core/compute_threads.hpp"
 #include "core/errors.hpp"
 #include "core/gpu_runtime.hpp"
 
@@ -126,6 +127,16 @@ class RankScope {
     current = &events_;
   }
   ~RankScope() { current = previous_; }
+  /// Ends the rank's events: the threads its kernels used when the user chose them (read at the
+  /// end, since a command may choose them inside its body); an estimate of the trace prices the
+  /// rank with them (without, the rank gets its even share of the node's cores).
+  void finish() {
+    if (const int threads = chosen_compute_threads(); threads > 0)
+      events_.events.push_back(fmt::format(
+          "{{\"name\": \"rank_threads\", \"ph\": \"M\", \"pid\": {}, \"tid\": 0, \"args\": "
+          "{{\"threads\": {}}}}}",
+          events_.pid, threads));
+  }
   RankScope(const RankScope&) = delete;
   RankScope& operator=(const RankScope&) = delete;
   std::vector<std::string>& events() { return events_.events; }
@@ -421,6 +432,7 @@ std::vector<std::string> capture(int pid, std::shared_ptr<Comm> comm,
   } release;
   RankScope scope(pid, comm->size(), comm->backend());
   body(std::make_shared<RecordingComm>(std::move(comm), "w"));
+  scope.finish();
   return std::move(scope.events());
 }
 
@@ -433,6 +445,7 @@ void traced(const std::shared_ptr<Comm>& world,
   check_file(file());  // TESSERA_TRACE is read here first: a bad name fails before any work
   RankScope scope(world->rank(), world->size(), world->backend());
   body(recording_comm(world));
+  scope.finish();
   // Every rank's events, as one text each, to world rank 0 (outside any span).
   std::string mine;
   for (size_t i = 0; i < scope.events().size(); ++i)

@@ -227,7 +227,7 @@ void run_conv_bench(const ConvBenchOptions& options_given) {
       ConvFigures figures;
       const int threads = options.threads;
       launch(backend, static_cast<int>(ranks), [&](std::shared_ptr<Comm> world) {
-        if (threads > 0) set_compute_threads(threads);
+        if (threads > 0) choose_compute_threads(threads);
         const Device device = rank_device(options.device, world->rank());
         ConvFigures mine =
             options.no_comm

@@ -256,7 +256,7 @@ void run_na_bench(const NaBenchOptions& options) {
       NaFigures figures;
       const int threads = options.threads;
       launch(backend, static_cast<int>(ranks), [&](std::shared_ptr<Comm> world) {
-        if (threads > 0) set_compute_threads(threads);
+        if (threads > 0) choose_compute_threads(threads);
         NaFigures mine = measure(world, shape, kernel, dtype, options.iterations,
                                  rank_device(options.device, world->rank()));
         if (world->rank() == 0) figures = std::move(mine);

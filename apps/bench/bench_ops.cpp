@@ -244,7 +244,7 @@ void run_ops_bench(const OpsBenchOptions& options) {
       check_arg(ranks >= 1, "bench", "--ranks {} must be at least 1", ranks);
       OpFigures figures;
       launch(backend, static_cast<int>(ranks), [&](std::shared_ptr<Comm> world) {
-        if (options.threads > 0) set_compute_threads(options.threads);
+        if (options.threads > 0) choose_compute_threads(options.threads);
         OpFigures mine = measure(world, recipe, options.iterations, options.cpu_time);
         if (world->rank() == 0) figures = mine;
       });

@@ -328,7 +328,7 @@ void run_pipeline_bench(const TrainBenchOptions& options, const Shape& shape,
     const int chunks = schedule == nn::PipelineSchedule::interleaved ? options.chunks : 1;
     PipelineFigures figures;
     launch(backend, ranks, [&](std::shared_ptr<Comm> world) {
-      if (options.threads > 0) set_compute_threads(options.threads);
+      if (options.threads > 0) choose_compute_threads(options.threads);
       PipelineFigures mine = measure_pipeline(world, options, shape, mesh_shape, schedule);
       if (world->rank() == 0) figures = mine;
     });
@@ -432,7 +432,7 @@ void run_train_bench(const TrainBenchOptions& options) {
     StepFigures figures;
     host_allocator_reset_peak();
     launch(backend, ranks, [&](std::shared_ptr<Comm> world) {
-      if (options.threads > 0) set_compute_threads(options.threads);
+      if (options.threads > 0) choose_compute_threads(options.threads);
       StepFigures mine = measure(world, options, shape, mesh_shape, reduction, compute);
       if (world->rank() == 0) figures = mine;
     });

@@ -228,6 +228,7 @@ void calibrate(const EstimateOptions& options) {
   cost::fit_families(machine, samples, peak);
   cost::fit_families(machine, per_op, peak);
   machine.op_overhead = 0;
+  machine.cores_per_node = static_cast<int>(cores);
 
   nlohmann::json document = cost::machine_to_json(machine);
   std::time_t now = std::time(nullptr);

@@ -72,6 +72,12 @@ Machine machine_from_json(const nlohmann::json& document) {
   check_arg(machine.ranks_per_node == per_node, kOp,
             "machine file: ranks_per_node = {} is not an integer", per_node);
   machine.shared_compute = document.value("shared_compute", false);
+  if (document.contains("cores_per_node")) {
+    const double cores = positive_number(document, "cores_per_node", "machine");
+    machine.cores_per_node = static_cast<int>(cores);
+    check_arg(machine.cores_per_node == cores, kOp,
+              "machine file: cores_per_node = {} is not an integer", cores);
+  }
   check_arg(document.contains("links") && document.at("links").is_object() &&
                 !document.at("links").empty(),
             kOp, "machine file: 'links' must be an object with one entry per backend");
@@ -114,6 +120,7 @@ nlohmann::json machine_to_json(const Machine& machine) {
   document["name"] = machine.name;
   document["ranks_per_node"] = machine.ranks_per_node;
   document["shared_compute"] = machine.shared_compute;
+  if (machine.cores_per_node > 0) document["cores_per_node"] = machine.cores_per_node;
   document["backend"] = machine.backend;
   nlohmann::json links = nlohmann::json::object();
   for (const auto& [backend, set] : machine.links) {

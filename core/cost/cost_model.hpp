@@ -57,6 +57,9 @@ struct Machine {
   /// True when the ranks of a node share its compute (cpu cores): each gets 1/k of the
   /// throughputs with k ranks on the node. False: one device per rank (GPUs).
   bool shared_compute = false;
+  /// Cores of a node whose ranks share them (0: not known). With it, a rank whose trace records
+  /// the threads it ran with gets min(threads, cores / k) of the node's cores rather than 1/k.
+  int cores_per_node = 0;
   std::string backend;                   ///< the backend modeled unless the caller names one
   std::map<std::string, LinkSet> links;  ///< by backend name
   double op_overhead = 0;                ///< seconds added to every op (launch, dispatch)

@@ -257,6 +257,7 @@ class RankProgram {
 struct Launch {
   std::map<int, std::vector<Event>> events;  // by pid
   std::map<int, std::string> backends;
+  std::map<int, int> threads;  // by pid: the threads the rank chose (absent: its default share)
 };
 
 std::vector<Launch> launches_of(const nlohmann::json& trace) {
@@ -283,6 +284,10 @@ std::vector<Launch> launches_of(const nlohmann::json& trace) {
         launches.back().events[pid];
       } else if (name == "process_labels" && entry.contains("args")) {
         launches.back().backends[pid] = entry.at("args").value("backend", std::string());
+      } else if (name == "rank_threads" && entry.contains("args")) {
+        const int threads = entry.at("args").value("threads", 0);
+        check_arg(threads > 0, kOp, "trace: rank_threads of pid {} is not a positive count", pid);
+        launches.back().threads[pid] = threads;
       }
       continue;
     }
@@ -398,7 +403,10 @@ Prediction replay(const nlohmann::json& trace, const Machine& machine,
   std::vector<RankProgram> programs;
   programs.reserve(static_cast<size_t>(ranks));
   for (auto& [pid, events] : launch.events) {
-    const double share = machine.shared_compute ? 1.0 / per_node[node_of(pid)] : 1.0;
+    double share = machine.shared_compute ? 1.0 / per_node[node_of(pid)] : 1.0;
+    if (const auto chosen = launch.threads.find(pid);
+        machine.shared_compute && machine.cores_per_node > 0 && chosen != launch.threads.end())
+      share = std::min(share, static_cast<double>(chosen->second) / machine.cores_per_node);
     programs.emplace_back(std::move(events), machine, share, links.asynchronous);
   }
 

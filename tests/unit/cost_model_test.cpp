@@ -336,6 +336,46 @@ TEST(CostModel, FitLinkRecoversAlphaAndBeta) {
   EXPECT_NEAR(link.beta, 2e9, 1e-3);
 }
 
+TEST(CostModel, ARankThatChoseItsThreadsGetsThoseCoresOfASharedNode) {
+  // Two ranks on one 4-core node whose ranks share the cores; each runs a conv of 1e7 flops
+  // (10 GFLOP/s for the node). Without rank_threads each gets half the node: 2 ms. A rank that
+  // chose 1 thread gets a quarter (4 ms); one that chose 8 still gets no more than its half.
+  json document = toy_machine(2);
+  document["shared_compute"] = true;
+  document["cores_per_node"] = 4;
+  const Machine machine = machine_from_json(document);
+  EXPECT_EQ(machine_from_json(machine_to_json(machine)).cores_per_node, 4);
+  const auto trace = [](int threads0, int threads1) {
+    json events = json::array({rank_name(0), rank_name(1)});
+    for (auto [pid, threads] : {std::pair{0, threads0}, std::pair{1, threads1}})
+      if (threads > 0)
+        events.push_back({{"name", "rank_threads"},
+                          {"ph", "M"},
+                          {"pid", pid},
+                          {"tid", 0},
+                          {"args", {{"threads", threads}}}});
+    events.push_back(event(0, "op", "conv", 0, 5, {{"flops", 1e7}, {"bytes", 0}}));
+    events.push_back(event(1, "op", "conv", 0, 5, {{"flops", 1e7}, {"bytes", 0}}));
+    return json{{"traceEvents", events}};
+  };
+  EXPECT_NEAR(replay(trace(0, 0), machine).step_seconds, 2e-3, 1e-12);
+  EXPECT_NEAR(replay(trace(1, 0), machine).step_seconds, 4e-3, 1e-12);
+  EXPECT_NEAR(replay(trace(8, 8), machine).step_seconds, 2e-3, 1e-12);
+  // A machine file without cores_per_node keeps the even share; GPUs (not shared) ignore it.
+  document.erase("cores_per_node");
+  EXPECT_NEAR(replay(trace(1, 1), machine_from_json(document)).step_seconds, 2e-3, 1e-12);
+  document["shared_compute"] = false;
+  document["cores_per_node"] = 4;
+  EXPECT_NEAR(replay(trace(1, 1), machine_from_json(document)).step_seconds, 1e-3, 1e-12);
+  // A bad count is refused by name.
+  json bad = trace(0, 0);
+  bad["traceEvents"].push_back(
+      {{"name", "rank_threads"}, {"ph", "M"}, {"pid", 0}, {"tid", 0}, {"args", {{"threads", 0}}}});
+  EXPECT_THROW(replay(bad, machine), InvalidArgument);
+  document["cores_per_node"] = 2.5;
+  EXPECT_THROW(machine_from_json(document), InvalidArgument);
+}
+
 TEST(CostModel, MachineFileRoundTrips) {
   const Machine machine = machine_from_json(toy_machine(8));
   const Machine again = machine_from_json(machine_to_json(machine));
