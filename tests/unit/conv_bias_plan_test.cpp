@@ -240,7 +240,7 @@ TEST(ConvBiasPlan, EmptyDyReadsNothingAndWritesEveryChannel) {
   EXPECT_EQ(plan.chunks, 1);
   EXPECT_EQ(plan.channel_groups * plan.lanes, 5);  // every channel's block writes its 0
   EXPECT_EQ(ops::bias_grad_workspace_elements(plan), 0);
-  EXPECT_TRUE(planned_reads(plan) == std::vector<std::map<int64_t, int>>(5));
+  EXPECT_EQ(planned_reads(plan), (std::vector<std::map<int64_t, int>>(5)));
 }
 
 TEST(ConvBiasPlan, BadShapesAndStridesAreRejectedNamingConv) {
