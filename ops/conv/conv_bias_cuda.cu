@@ -2,9 +2,9 @@
 // First pass: one block per (channel group, chunk); each walker adds its groups of the chunk,
 // stepping through the reduced dims with an add-with-carry (no division per element), reading a
 // contiguous group with one 16-byte load when its address is aligned (the values are added in
-// the same order either way, so alignment never changes the result); the walkers of a channel
-// are combined in a fixed tree. Second pass (chunks > 1): one thread per channel adds the chunk
-// sums in chunk order.
+// the same order either way, so alignment never changes the result) and keeping several loads
+// in flight before adding them in order; the walkers of a channel are combined in a fixed tree.
+// Second pass (chunks > 1): one thread per channel adds the chunk sums in chunk order.
 #include <cstdint>
 
 #include "ops/conv/conv_bias_cuda.cuh"
@@ -14,28 +14,46 @@ namespace tessera::ops::kernels {
 
 namespace {
 
-/// Adds the `vector` elements of the group at `p` to `sum`, in index order.
+/// Loads issued before their sums are added, per walker (they do not depend on the sum, so a
+/// walker keeps this many 16-byte reads in flight; the order of the additions is unchanged).
+constexpr int kLoadsInFlight = 4;
+
+/// The `V` consecutive elements of one group.
 template <typename T, int V>
-__device__ __forceinline__ void add_group(const T* p, Compute<T>& sum) {
+struct alignas(V * sizeof(T)) Group {
+  T values[V];
+};
+
+/// The group at `p`: one 16-byte load when `p` is aligned to it, else element by element (the
+/// same values either way).
+template <typename T, int V>
+__device__ __forceinline__ Group<T, V> load_group(const T* __restrict__ p) {
+  Group<T, V> group;
   if constexpr (V == 1) {
-    sum += to_compute(p[0]);
+    group.values[0] = p[0];
   } else {
     static_assert(V * sizeof(T) == sizeof(uint4), "a group is one 16-byte vector");
     if ((reinterpret_cast<uintptr_t>(p) & (sizeof(uint4) - 1)) == 0) {
-      const uint4 bits = *reinterpret_cast<const uint4*>(p);
-      const T* values = reinterpret_cast<const T*>(&bits);
-#pragma unroll
-      for (int i = 0; i < V; ++i) sum += to_compute(values[i]);
+      *reinterpret_cast<uint4*>(group.values) = *reinterpret_cast<const uint4*>(p);
     } else {
 #pragma unroll
-      for (int i = 0; i < V; ++i) sum += to_compute(p[i]);
+      for (int i = 0; i < V; ++i) group.values[i] = p[i];
     }
   }
+  return group;
+}
+
+/// Adds the elements of `group` to `sum`, in index order.
+template <typename T, int V>
+__device__ __forceinline__ void add_group(const Group<T, V>& group, Compute<T>& sum) {
+#pragma unroll
+  for (int i = 0; i < V; ++i) sum += to_compute(group.values[i]);
 }
 
 template <typename T, int V>
 __global__ void __launch_bounds__(kBiasGradThreads)
-    bias_grad_kernel(const T* dy, T* db, Compute<T>* chunk_sums, BiasGradPlan plan) {
+    bias_grad_kernel(const T* __restrict__ dy, T* __restrict__ db, Compute<T>* chunk_sums,
+                     BiasGradPlan plan) {
   __shared__ Compute<T> partial[kBiasGradThreads];
   const int64_t channel_group = blockIdx.x % plan.channel_groups;
   const int64_t chunk = blockIdx.x / plan.channel_groups;
@@ -49,10 +67,21 @@ __global__ void __launch_bounds__(kBiasGradThreads)
     const int64_t end =
         begin + plan.chunk_groups < plan.groups ? begin + plan.chunk_groups : plan.groups;
     if (begin + walker < end) {
-      int64_t index[kBiasGradMaxDims];
+      int64_t index[kBiasGradMaxDims] = {};
       bias_grad_index(plan, begin + walker, index);
-      for (int64_t g = begin + walker; g < end; g += plan.walkers) {
-        add_group<T, V>(base + bias_grad_offset(plan, index), sum);
+      int64_t g = begin + walker;
+      for (; g + (kLoadsInFlight - 1) * plan.walkers < end; g += kLoadsInFlight * plan.walkers) {
+        Group<T, V> groups[kLoadsInFlight];
+#pragma unroll
+        for (int k = 0; k < kLoadsInFlight; ++k) {
+          groups[k] = load_group<T, V>(base + bias_grad_offset(plan, index));
+          bias_grad_advance(plan, index);
+        }
+#pragma unroll
+        for (int k = 0; k < kLoadsInFlight; ++k) add_group<T, V>(groups[k], sum);
+      }
+      for (; g < end; g += plan.walkers) {
+        add_group<T, V>(load_group<T, V>(base + bias_grad_offset(plan, index)), sum);
         bias_grad_advance(plan, index);
       }
     }

@@ -28,6 +28,13 @@
 #else
 #define TESSERA_BIAS_HD inline
 #endif
+// The index loops run over a fixed number of dims (skipping those past plan.ndim) and unroll in
+// device code, so a walker's multi-index lives in registers, not in local memory.
+#if defined(__CUDA_ARCH__)
+#define TESSERA_BIAS_UNROLL _Pragma("unroll")
+#else
+#define TESSERA_BIAS_UNROLL
+#endif
 
 namespace tessera::ops {
 
@@ -76,28 +83,34 @@ inline int64_t bias_grad_workspace_elements(const BiasGradPlan& plan) {
 
 /// The multi-index (group units) of group `g` of a channel.
 TESSERA_BIAS_HD void bias_grad_index(const BiasGradPlan& plan, int64_t g, int64_t* index) {
-  for (int d = plan.ndim - 1; d > 0; --d) {
-    index[d] = g % plan.extent[d];
-    g /= plan.extent[d];
-  }
+  TESSERA_BIAS_UNROLL
+  for (int d = kBiasGradMaxDims - 1; d > 0; --d)
+    if (d < plan.ndim) {
+      index[d] = g % plan.extent[d];
+      g /= plan.extent[d];
+    }
   index[0] = g;
 }
 
 /// Element offset (from the channel's first element) of the group at `index`.
 TESSERA_BIAS_HD int64_t bias_grad_offset(const BiasGradPlan& plan, const int64_t* index) {
   int64_t offset = 0;
-  for (int d = 0; d < plan.ndim; ++d) offset += index[d] * plan.stride[d];
+  TESSERA_BIAS_UNROLL
+  for (int d = 0; d < kBiasGradMaxDims; ++d)
+    if (d < plan.ndim) offset += index[d] * plan.stride[d];
   return offset;
 }
 
 /// Moves `index` on by one walker step (plan.walkers groups).
 TESSERA_BIAS_HD void bias_grad_advance(const BiasGradPlan& plan, int64_t* index) {
   int64_t carry = 0;
-  for (int d = plan.ndim - 1; d > 0; --d) {
-    index[d] += plan.step[d] + carry;
-    carry = index[d] >= plan.extent[d] ? 1 : 0;
-    if (carry != 0) index[d] -= plan.extent[d];
-  }
+  TESSERA_BIAS_UNROLL
+  for (int d = kBiasGradMaxDims - 1; d > 0; --d)
+    if (d < plan.ndim) {
+      index[d] += plan.step[d] + carry;
+      carry = index[d] >= plan.extent[d] ? 1 : 0;
+      if (carry != 0) index[d] -= plan.extent[d];
+    }
   index[0] += plan.step[0] + carry;
 }
 

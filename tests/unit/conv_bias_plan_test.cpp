@@ -35,7 +35,7 @@ void walk(const BiasGradPlan& plan, Visit&& visit) {
         const int64_t begin = chunk * plan.chunk_groups;
         const int64_t end = std::min(begin + plan.chunk_groups, plan.groups);
         if (begin + walker >= end) continue;
-        int64_t index[ops::kBiasGradMaxDims];
+        int64_t index[ops::kBiasGradMaxDims] = {};
         ops::bias_grad_index(plan, begin + walker, index);
         for (int64_t g = begin + walker; g < end; g += plan.walkers) {
           const int64_t offset = ops::bias_grad_offset(plan, index);
