@@ -6,8 +6,9 @@
 // without copies.
 //
 // Implemented by conv_cudnn.cpp on cuDNN 9's legacy convolution API (the bias gradient by
-// conv_bias_cuda.cu), or by no_cudnn_conv.cpp (NotAvailable) when Tessera is built without cuDNN. Work is queued on the compute stream of
-// the operands' device (compute_stream_for): the calls return before the GPU is done.
+// conv_bias_cuda.cu), or by no_cudnn_conv.cpp (NotAvailable) when Tessera is built without
+// cuDNN. Work is queued on the compute stream of the operands' device (compute_stream_for): the
+// calls return before the GPU is done.
 #pragma once
 
 #include <cstddef>
