@@ -1,5 +1,6 @@
 // cuDNN conv kernels (see conv_cudnn.hpp), on cuDNN 9's legacy convolution API
-// (cudnnConvolutionForward / BackwardData / BackwardFilter / BackwardBias, cudnnAddTensor).
+// (cudnnConvolutionForward / BackwardData / BackwardFilter, cudnnAddTensor); the bias gradient
+// is the project's own reduction (conv_bias_cuda.cu), as cuDNN's takes no f16 or bf16.
 // That API takes strided tensor descriptors directly, which is what running on boxes of a
 // haloed buffer needs, and it measures algorithms with cudnnFind*AlgorithmEx on our own
 // buffers and workspace. cuDNN 9 marks it deprecated (the graph API is its successor), so this
@@ -27,7 +28,10 @@
 #include "core/errors.hpp"
 #include "core/gpu_runtime.hpp"
 #include "core/runtime/rank_context.hpp"
+#include "ops/conv/conv_bias_cuda.cuh"
+#include "ops/conv/conv_bias_plan.hpp"
 #include "ops/conv/conv_cudnn_key.hpp"
+#include "ops/cuda_support.hpp"
 
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 
@@ -569,21 +573,20 @@ void conv_backward_bias_cudnn(const ConvOperand& dy, const ConvOperand& db) {
             fmt::join(dy.shape, ","), dy.shape.size() >= 2 ? dy.shape[1] : 0);
   if (numel_of(db) == 0) return;
   gpu::set_device(dy.device.index);
-  if (numel_of(dy) == 0) {
-    zero_fill(db);
-    return;
-  }
-  const int device = dy.device.index;
+  // cuDNN's cudnnConvolutionBackwardBias takes no f16 or bf16 dy (CUDNN_STATUS_NOT_SUPPORTED
+  // in cuDNN 9), so every dtype runs the project's deterministic reduction (one path, tested
+  // in all of them). An empty dy (N or a spatial extent 0) gives db = 0 through it too.
+  const BiasGradPlan plan = bias_grad_plan(
+      dy.shape, dy.strides, db.strides.empty() ? 1 : db.strides[0], dtype_size(dy.dtype));
   const Stream stream = compute_stream_for(dy.device);
-  cudnnHandle_t handle = handle_for(device, stream);
-  const CudnnTensorDims dy_dims = cudnn_tensor_dims(dy.shape, dy.strides, kOp);
-  TensorDesc dy_desc(device), db_desc(device);
-  set_tensor(dy_desc, dy_dims, dy.dtype, device);
-  set_tensor(db_desc, bias_dims(db, dy_dims.rank), dy.dtype, device);
-  const Scaling scaling(dy.dtype);
-  TESSERA_CUDNN_CHECK(cudnnConvolutionBackwardBias(handle, scaling.alpha(), dy_desc.get(), dy.data,
-                                                   scaling.beta(false), db_desc.get(), db.data),
-                      device, "backward bias of dy " + operand_text(dy));
+  const kernels::ElementType type = element_type(dy.dtype, kOp);
+  // The chunk sums are handed back stream-ordered: reused only by work queued after ours.
+  const Workspace workspace(static_cast<size_t>(bias_grad_workspace_elements(plan)) *
+                                kernels::conv_bias_accumulator_bytes(type),
+                            dy.device, stream);
+  check_launch(kernels::launch_conv_bias_grad(type, plan, dy.data, db.data, workspace.data(),
+                                              stream_handle(stream)),
+               kOp, dy.device, "conv bias gradient");
 }
 
 size_t conv_cudnn_cached_algorithms() {

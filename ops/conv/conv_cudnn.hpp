@@ -5,9 +5,10 @@
 // buffer included), so the sharded conv runs the interior and the boundary slabs of a haloed piece
 // without copies.
 //
-// Implemented by conv_cudnn.cpp on cuDNN 9's legacy convolution API, or by no_cudnn_conv.cpp
-// (NotAvailable) when Tessera is built without cuDNN. Work is queued on the compute stream of
-// the operands' device (compute_stream_for): the calls return before the GPU is done.
+// Implemented by conv_cudnn.cpp on cuDNN 9's legacy convolution API (the bias gradient by
+// conv_bias_cuda.cu), or by no_cudnn_conv.cpp (NotAvailable) when Tessera is built without
+// cuDNN. Work is queued on the compute stream of the operands' device (compute_stream_for): the
+// calls return before the GPU is done.
 #pragma once
 
 #include <cstddef>
@@ -46,7 +47,9 @@ void conv_backward_data_cudnn(const ConvOperand& dy, const ConvOperand& w,
 /// dw = adjoint of the forward conv in w, applied to dy.
 void conv_backward_filter_cudnn(const ConvOperand& x, const ConvOperand& dy,
                                 const ConvGeometry& geometry, const ConvOperand& dw);
-/// db[Cout] = sum of dy over N and all spatial positions.
+/// db[Cout] = sum of dy over N and all spatial positions (overwriting db), by the project's
+/// deterministic reduction (conv_bias_cuda.cu; cuDNN's takes no f16 or bf16), bit-identical run
+/// to run.
 void conv_backward_bias_cudnn(const ConvOperand& dy, const ConvOperand& db);
 
 /// Number of (shape, direction, ...) keys whose algorithm has been measured and cached.

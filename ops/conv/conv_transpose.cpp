@@ -368,8 +368,9 @@ std::vector<std::optional<ShardTensor>> conv_transpose_backward(
   // dw, db: local sums over this rank's outputs; w's (b's) Shard kept, partial along the other
   // mesh dims that shard x.
   result.emplace_back(ShardTensor(dw, w.mesh(), param_grad_layout(x.spec(), w.spec())));
+  // conv_backward_bias reads any strides itself (the cuda reduction, the cpu copy): no copy here.
   if (record.inputs.size() == 3)
-    result.emplace_back(ShardTensor(conv_backward_bias(g_local.contiguous()), w.mesh(),
+    result.emplace_back(ShardTensor(conv_backward_bias(g_local), w.mesh(),
                                     param_grad_layout(x.spec(), record.inputs[2].spec())));
   return result;
 }

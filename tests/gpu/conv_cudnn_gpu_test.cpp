@@ -331,6 +331,45 @@ TEST(ConvCudnnGpu, HalfAndBfloat16StayWithinTheirRoundingBoundOnEveryFixture) {
   }
 }
 
+TEST(ConvCudnnGpu, BiasGradientIsBitIdenticalRunToRunAndWhateverTheAlignment) {
+  SKIP_WITHOUT_GPU();
+  // One pass and two-pass (chunked) plans, rows of whole 16-byte groups and not. The same values
+  // one element into a buffer are read element by element instead of in 16-byte loads: the sum
+  // order is the plan's either way, so db must not change by a bit.
+  for (const Shape& shape :
+       {Shape{2, 2, 12, 10}, Shape{2, 4, 11}, Shape{8, 3, 40, 64}, Shape{4, 2, 1 << 16}})
+    for (DType dtype : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+      const std::string where = fmt::format("dy ({}) {}", fmt::join(shape, ","), dtype_name(dtype));
+      const int64_t numel = shape_numel(shape);
+      // values[0] is a pad cell; dy's values are values[1..] in both copies.
+      Tensor values = Tensor::empty({numel + 1}, DType::f64);
+      for (int64_t i = 0; i <= numel; ++i)
+        values.data<double>()[i] = i == 0 ? 0.0 : std::sin(0.37 * static_cast<double>(i)) * 4;
+      const Tensor aligned =
+          upload(values.slice(0, 1, numel + 1).contiguous(), dtype).reshape(shape);
+      const Tensor padded = upload(values, dtype);
+      const Tensor unaligned = padded.slice(0, 1, numel + 1).reshape(shape);
+      ASSERT_EQ(unaligned.storage_offset(), 1) << where;
+      const Tensor first = download(conv_backward_bias(aligned));
+      const Tensor again = download(conv_backward_bias(aligned));
+      const Tensor shifted = download(conv_backward_bias(unaligned));
+      const Tensor exact = conv_backward_bias(download(aligned));
+      const Tensor magnitude = conv_backward_bias(absolute(download(aligned)));
+      const double output_rounding = dtype == DType::bf16  ? 0x1p-8
+                                     : dtype == DType::f16 ? 0x1p-11
+                                                           : 0;
+      const double accumulation = dtype == DType::f64 ? 1e-13 : 1e-5;
+      for (int64_t c = 0; c < shape[1]; ++c) {
+        EXPECT_EQ(again.data<double>()[c], first.data<double>()[c]) << where << " channel " << c;
+        EXPECT_EQ(shifted.data<double>()[c], first.data<double>()[c]) << where << " channel " << c;
+        const double e = exact.data<double>()[c];
+        EXPECT_LE(std::fabs(first.data<double>()[c] - e),
+                  output_rounding * std::fabs(e) + accumulation * magnitude.data<double>()[c])
+            << where << " channel " << c;
+      }
+    }
+}
+
 TEST(ConvCudnnGpu, EachShapeIsMeasuredOnceAndCached) {
   SKIP_WITHOUT_GPU();
   const Tensor x = upload(Tensor::zeros({1, 3, 17, 19}, DType::f64), DType::f32);
