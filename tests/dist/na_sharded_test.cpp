@@ -3,7 +3,9 @@
 // ranks, uneven, empty and one-element shards, batch sharding, heads sharded on input), the
 // sharded forward (o, lse) and every gradient (dq, dk, dv, d rpb through the autograd tape,
 // with gradients flowing into both o and lse) equal the same code run unsharded on one rank.
-// Plus: the rule's key boxes at a global border, and agreed errors for bad arguments.
+// Plus: that loss in f32, f16 and bf16 (lse in f32 for the half types), sharded against one rank
+// within the dtype's roundoff; the rule's key boxes at a global border; agreed errors for bad
+// arguments.
 #include <gtest/gtest.h>
 
 #include "core/autograd.hpp"
