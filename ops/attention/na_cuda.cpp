@@ -22,29 +22,6 @@ kernels::NaElement na_element(DType dtype) {
   }
 }
 
-/// The kernels' view of a validated call (axes padded at the front to 3).
-kernels::NaCall make_call(const na_detail::Problem& p, const NaGeometry& geometry) {
-  kernels::NaCall call;
-  call.spatial = p.spatial;
-  call.batch = p.batch;
-  call.heads = p.heads;
-  call.dim = p.dim;
-  call.scale = p.scale;
-  const int shift = na_detail::kAxes - p.spatial;
-  for (int a = 0; a < na_detail::kAxes; ++a) {
-    kernels::NaAxis& axis = call.axes[a];
-    axis.length = a >= shift ? geometry.extent[a - shift] : 1;
-    axis.causal = a >= shift ? static_cast<int>(geometry.causal[a - shift]) : 0;
-    axis.kernel = p.kernel[a];
-    axis.dilation = p.dilation[a];
-    axis.query_offset = p.query_offset[a];
-    axis.queries = p.queries[a];
-    axis.tile_offset = p.tile_offset[a];
-    axis.tile = p.tile[a];
-  }
-  return call;
-}
-
 bool aligned(const Tensor& t) {
   return reinterpret_cast<uintptr_t>(t.raw_data()) % 16 == 0;
 }
@@ -99,7 +76,7 @@ NaForward na_cuda_forward(const Tensor& q, const Tensor& k, const Tensor& v, con
                           std::optional<kernels::NaKernel> kernel) {
   require_cuda_operands({&q, &k, &v}, "na");
   const na_detail::Problem p = na_detail::make_problem(q, k, v, rpb, geometry, pieces, q.device());
-  const kernels::NaCall call = make_call(p, geometry);
+  const kernels::NaCall call = na_detail::make_na_call(p, geometry);
   const Tensor qc = rows_of(q), kc = rows_of(k), vc = rows_of(v);
   const Tensor bias = rpb ? rpb->to_dtype(q.dtype()).contiguous() : Tensor();
   Shape lse_shape = q.shape();
@@ -141,7 +118,7 @@ NaGradients na_cuda_backward(const Tensor& q, const Tensor& k, const Tensor& v, 
     check_arg(output->shape() == q.shape() && output->dtype() == q.dtype() &&
                   output->device() == q.device(),
               "na", "output {} does not belong to q {}", output->str(), q.str());
-  const kernels::NaCall call = make_call(p, geometry);
+  const kernels::NaCall call = na_detail::make_na_call(p, geometry);
   const Tensor qc = rows_of(q), kc = rows_of(k), vc = rows_of(v);
   const Tensor go = rows_of(grad_output);
   const Tensor stats = lse.to_dtype(stat_dtype).contiguous();

@@ -77,6 +77,7 @@ Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const Te
               rpb->shape(), na_rpb_shape(p.heads, geometry));
     check_arg(is_floating(rpb->dtype()) && rpb->device() == device, "na",
               "rpb must be a floating tensor on {}, got {}", device.str(), rpb->str());
+    p.has_rpb = true;
   }
   // Windows of the local queries, and the check that the tile holds every key they read.
   for (int a = 0; a < kAxes; ++a) {
@@ -104,6 +105,30 @@ Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const Te
     }
   }
   return p;
+}
+
+kernels::NaCall make_na_call(const Problem& p, const NaGeometry& geometry) {
+  kernels::NaCall call;
+  call.spatial = p.spatial;
+  call.batch = p.batch;
+  call.heads = p.heads;
+  call.dim = p.dim;
+  call.scale = p.scale;
+  // Without it the kernels would neither add the bias nor write d rpb (an uninitialized table).
+  call.has_rpb = p.has_rpb;
+  const int shift = kAxes - p.spatial;
+  for (int a = 0; a < kAxes; ++a) {
+    kernels::NaAxis& axis = call.axes[a];
+    axis.length = a >= shift ? geometry.extent[a - shift] : 1;
+    axis.causal = a >= shift ? static_cast<int>(geometry.causal[a - shift]) : 0;
+    axis.kernel = p.kernel[a];
+    axis.dilation = p.dilation[a];
+    axis.query_offset = p.query_offset[a];
+    axis.queries = p.queries[a];
+    axis.tile_offset = p.tile_offset[a];
+    axis.tile = p.tile[a];
+  }
+  return call;
 }
 
 void check_backward_grads(const Tensor& q, const Tensor& grad_output, const Tensor* grad_lse) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "ops/attention/na_cuda_plan.hpp"
 #include "ops/attention/na_reference.hpp"
 
 namespace tessera::ops::na_detail {
@@ -25,6 +26,7 @@ struct Problem {
   Axes rpb{1, 1, 1};                                 // extents of the bias table per axis (2k - 1)
   std::array<std::vector<NaWindow>, kAxes> windows;  // per axis, per local query
   double scale = 1.0;
+  bool has_rpb = false;  // a bias table came with the call
 
   int64_t query_count() const { return queries[0] * queries[1] * queries[2]; }
   int64_t tile_count() const { return tile[0] * tile[1] * tile[2]; }
@@ -37,6 +39,11 @@ struct Problem {
 Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* rpb,
                      const NaGeometry& geometry, const NaPieces& pieces,
                      Device device = Device::cpu());
+
+/// The cuda kernels' view of a validated call (the same axes, padded at the front to 3, the
+/// global extents and causal flags from `geometry`, and whether a bias table is applied). A
+/// plain function so that the cpu unit tests check what the launches receive.
+kernels::NaCall make_na_call(const Problem& p, const NaGeometry& geometry);
 
 /// Checks the backward's gradients against q's shape (grad_lse: q's shape without D).
 void check_backward_grads(const Tensor& q, const Tensor& grad_output, const Tensor* grad_lse);

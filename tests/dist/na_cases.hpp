@@ -132,15 +132,17 @@ inline std::vector<Tensor> run_na_case(const NaCase& c, const DeviceMesh& mesh, 
     options.rpb =
         placed(ShardTensor::distribute(data.rpb, mesh, replicated), dtype).set_requires_grad();
   const ops::NaResult result = ops::neighborhood_attention(q, k, v, options);
-  // loss = sum(o * go) + sum(lse * glse): gradients reach both outputs.
+  // loss = sum(o * go) + sum(lse * glse): gradients reach both outputs. For f16/bf16 lse is f32
+  // while o is not, so the first sum is cast to lse's dtype before the two are added (add takes
+  // one dtype; cast's gradient is the f32 one cast back, exactly 1 here).
   const ShardTensor go = placed(ShardTensor::distribute(data.go, mesh, result.output.placements(),
                                                         result.output.spec().extents),
                                 dtype);
   const ShardTensor glse = placed(
       ShardTensor::distribute(data.glse, mesh, result.lse.placements(), result.lse.spec().extents),
       result.lse.dtype());
-  tape.backward(
-      ops::add(ops::sum(ops::mul(result.output, go)), ops::sum(ops::mul(result.lse, glse))));
+  tape.backward(ops::add(ops::cast(ops::sum(ops::mul(result.output, go)), result.lse.dtype()),
+                         ops::sum(ops::mul(result.lse, glse))));
   auto full = [](const ShardTensor& t) {
     return t.full_tensor().to(Device::cpu()).to_dtype(DType::f64);
   };

@@ -3,7 +3,9 @@
 // ranks, uneven, empty and one-element shards, batch sharding, heads sharded on input), the
 // sharded forward (o, lse) and every gradient (dq, dk, dv, d rpb through the autograd tape,
 // with gradients flowing into both o and lse) equal the same code run unsharded on one rank.
-// Plus: the rule's key boxes at a global border, and agreed errors for bad arguments.
+// Plus: that loss in f32, f16 and bf16 (lse in f32 for the half types), sharded against one rank
+// within the dtype's roundoff; the rule's key boxes at a global border; agreed errors for bad
+// arguments.
 #include <gtest/gtest.h>
 
 #include "core/autograd.hpp"
@@ -47,6 +49,38 @@ TEST(NaSharded, RandomCasesMatchUnshardedForwardAndGradients) {
   }
   if (!testing::mpi_backend()) {
     EXPECT_GE(total_cases, 400);
+  }
+}
+
+// The loss of run_na_case (the cuda sweep's too) in every dtype: for f16/bf16 the lse is f32 and
+// o is not, and the sharded result equals one rank within the dtype's roundoff.
+TEST(NaSharded, LossOfBothOutputsRunsInEveryDtypeAndMatchesOneRank) {
+  int total_cases = 0;
+  for (int world : {1, 2}) {
+    testing::run_world(world, [&](std::shared_ptr<Comm> comm) {
+      DeviceMesh single(comm->split(comm->rank(), 0), {1});
+      DeviceMesh mesh(comm, {comm->size()});
+      int cases = 0;
+      for (int index = 0; index < 6; ++index, ++cases) {
+        CaseRng rng(testing::case_seed(59, comm->size(), 0, index));
+        const NaCase c = testing::random_na_case(mesh.shape(), rng);
+        const NaData data = testing::random_na_data(c, rng);
+        for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+          const double bound = dtype == DType::f32 ? 1e-5 : dtype == DType::f16 ? 1e-2 : 5e-2;
+          const auto expected = testing::run_na_case(c, single, data, false, dtype);
+          const auto actual = testing::run_na_case(c, mesh, data, true, dtype);
+          ASSERT_EQ(actual.size(), expected.size());
+          const char* names[] = {"o", "lse", "dq", "dk", "dv", "drpb"};
+          for (size_t i = 0; i < expected.size(); ++i)
+            EXPECT_LE(testing::relative_error(actual[i], expected[i]), bound)
+                << names[i] << " " << dtype_name(dtype) << " case " << index << " " << c.str();
+        }
+      }
+      if (comm->rank() == 0) total_cases += cases;
+    });
+  }
+  if (!testing::mpi_backend()) {
+    EXPECT_EQ(total_cases, 12);
   }
 }
 

@@ -4,7 +4,8 @@
 // local queries whose window holds it (every local piece); the key range of a run of queries is
 // the union of their windows and the query range of a run of keys the union of their inverse
 // windows; and the dispatch sends only half types with a tiled head dim (on a device with bf16
-// tensor cores, aligned rows, a grid that fits) to the fused kernel.
+// tensor cores, aligned rows, a grid that fits) to the fused kernel; and the kernels' view of a
+// validated call (what the launches receive) carries its bias flag, pieces and tiles.
 #include "ops/attention/na_cuda_plan.hpp"
 
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "ops/attention/na_problem.hpp"
 #include "ops/attention/na_reference.hpp"
 
 namespace tessera {
@@ -147,6 +149,47 @@ TEST(NaCudaPlan, FusedTilesHoldSixtyFourQueriesOnTheUserAxes) {
     ops::kernels::na_fused_tile_shape(spatial, tile);
     EXPECT_EQ(tile[0] * tile[1] * tile[2], ops::kernels::kFusedQueries);
     for (int a = 0; a < 3 - spatial; ++a) EXPECT_EQ(tile[a], 1) << "padding axes stay 1 wide";
+  }
+}
+
+TEST(NaCudaPlan, CallOfAProblemCarriesItsBiasPiecesAndTiles) {
+  // na2d, queries [3, 7) x [0, 6) of a 12 x 6 field, kernel 3 x 5, dilation 2 x 1; the keys
+  // they read, [1, 9) x [0, 6), are the tile.
+  ops::NaGeometry geometry;
+  geometry.extent = {12, 6};
+  geometry.kernel = {3, 5};
+  geometry.dilation = {2, 1};
+  geometry.causal = {0, 0};
+  geometry.scale = 0.25;
+  const ops::NaPieces pieces{{3, 0}, {1, 0}};
+  const Tensor q = Tensor::zeros({2, 4, 6, 3, 8}, DType::f32);
+  const Tensor k = Tensor::zeros({2, 8, 6, 3, 8}, DType::f32);
+  const Tensor rpb = Tensor::zeros(ops::na_rpb_shape(3, geometry), DType::f32);
+  for (const Tensor* bias : {&rpb, static_cast<const Tensor*>(nullptr)}) {
+    const auto problem = ops::na_detail::make_problem(q, k, k, bias, geometry, pieces);
+    const ops::kernels::NaCall call = ops::na_detail::make_na_call(problem, geometry);
+    EXPECT_EQ(call.has_rpb, bias != nullptr) << "the kernels add the bias and write d rpb only "
+                                                "when the call says it has one";
+    EXPECT_EQ(call.spatial, 2);
+    EXPECT_EQ(call.batch, 2);
+    EXPECT_EQ(call.heads, 3);
+    EXPECT_EQ(call.dim, 8);
+    EXPECT_EQ(call.scale, 0.25);
+    EXPECT_EQ(call.rpb_count(), 5 * 9) << "one head's table";
+    EXPECT_EQ(call.rpb_count() * call.heads, rpb.numel());
+    const int64_t length[] = {1, 12, 6}, kernel[] = {1, 3, 5}, dilation[] = {1, 2, 1};
+    const int64_t query_offset[] = {0, 3, 0}, queries[] = {1, 4, 6};
+    const int64_t tile_offset[] = {0, 1, 0}, tile[] = {1, 8, 6};
+    for (int a = 0; a < 3; ++a) {
+      EXPECT_EQ(call.axes[a].length, length[a]) << a;
+      EXPECT_EQ(call.axes[a].kernel, kernel[a]) << a;
+      EXPECT_EQ(call.axes[a].dilation, dilation[a]) << a;
+      EXPECT_EQ(call.axes[a].causal, 0) << a;
+      EXPECT_EQ(call.axes[a].query_offset, query_offset[a]) << a;
+      EXPECT_EQ(call.axes[a].queries, queries[a]) << a;
+      EXPECT_EQ(call.axes[a].tile_offset, tile_offset[a]) << a;
+      EXPECT_EQ(call.axes[a].tile, tile[a]) << a;
+    }
   }
 }
 
