@@ -118,7 +118,9 @@ struct NcclHandle {
     uint64_t spin = 0;
     while (true) {
       ncclResult_t state = ncclSuccess;
-      ncclCommGetAsyncError(comm, &state);
+      // A failed query (a null communicator among them) is the answer, never "ready".
+      const ncclResult_t query = ncclCommGetAsyncError(comm, &state);
+      if (query != ncclSuccess) return query;
       if (state != ncclInProgress) return state;
       if (Clock::now() >= deadline)
         throw abort_with(CommTimeout(current_comm_op(), timeout_message(name, rank, size, peers)));
@@ -413,13 +415,24 @@ class NcclComm final : public Comm {
     config.blocking = 0;
     auto child = std::make_shared<NcclHandle>();
     child->device = handle_->device;
-    // Non-blocking: the split may still be in progress on the child, which is polled below.
+    // Non-blocking: the split runs as a job of the parent, and NCCL writes the child's handle
+    // only when that job is done (it stays null until then), so the wait polls the parent.
     const ncclResult_t result = ncclCommSplit(handle_->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color,
                                               key, &child->comm, &config);
-    if (result != ncclInProgress) handle_->check(result, "split", "every rank");
+    handle_->check(result, "split", "every rank");
     if (color < 0) return nullptr;
     child->rank = child_bootstrap->rank();
     child->size = child_bootstrap->size();
+    // NCCL's job stores the handle (atomically) as its last step.
+    const auto deadline =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(comm_timeout());
+    for (uint64_t spin = 0; !__atomic_load_n(&child->comm, __ATOMIC_ACQUIRE); ++spin) {
+      if (Clock::now() >= deadline)
+        throw handle_->abort_with(
+            CommTimeout(current_comm_op(), timeout_message("split", handle_->rank, handle_->size,
+                                                           "every rank of the new communicator")));
+      pause(spin);
+    }
     child->check(ncclInProgress, "split", "every rank of the new communicator");
     return std::make_shared<NcclComm>(std::move(child_bootstrap), std::move(child));
   }

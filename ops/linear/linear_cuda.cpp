@@ -11,6 +11,7 @@
 #include "core/errors.hpp"
 #include "core/gpu_runtime.hpp"
 #include "ops/cuda_support.hpp"
+#include "ops/linear/gemm_plan.hpp"
 
 namespace tessera::ops {
 
@@ -52,38 +53,47 @@ void gemm_cuda(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, cons
                 (c.dtype() == DType::f32 || c.dtype() == DType::f64),
             "matmul", "cuBLAS products take f32 or f64 operands of one dtype, got {}, {}, {}",
             dtype_name(a.dtype()), dtype_name(b.dtype()), dtype_name(c.dtype()));
-  if (m == 0 || n == 0 || batches == 0) return;
+  const CublasGemmPlan plan =
+      plan_cublas_gemm(trans_a, trans_b, m, n, k, a_step, b_step, batches, accumulate);
+  if (plan.action == CublasGemmPlan::Action::nothing) return;
+  const size_t bytes = c.element_size();
+  if (plan.action == CublasGemmPlan::Action::zero) {
+    // All-zero bits are 0.0 in f32 and f64.
+    gpu::set_device(c.device().index);
+    gpu::zero_bytes_async(c.raw_data(), static_cast<size_t>(plan.zero_count) * bytes,
+                          stream_handle(stream), c.device().index);
+    return;
+  }
   cublasHandle_t handle = handle_for(c.device());
   check(cublasSetStream(handle, stream_handle(stream)), "set stream");
-  const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
-  // Accumulating every product into one C: one call per product (they would race in a batch).
-  const int64_t calls = accumulate && batches > 1 ? batches : 1;
-  const int64_t per_call = calls == 1 ? batches : 1;
-  const int64_t c_step = accumulate ? 0 : m * n;
-  const size_t bytes = c.element_size();
-  for (int64_t call = 0; call < calls; ++call) {
-    const char* pa = static_cast<const char*>(a.raw_data()) + call * a_step * bytes;
-    const char* pb = static_cast<const char*>(b.raw_data()) + call * b_step * bytes;
-    char* pc = static_cast<char*>(c.raw_data());
+  const cublasOperation_t op_first = plan.trans_first ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_second = plan.trans_second ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int rows = static_cast<int>(plan.rows), cols = static_cast<int>(plan.cols),
+            depth = static_cast<int>(plan.depth);
+  const int ld_first = static_cast<int>(plan.ld_first),
+            ld_second = static_cast<int>(plan.ld_second), ld_out = static_cast<int>(plan.ld_out);
+  const int per_call = static_cast<int>(plan.per_call);
+  for (int64_t call = 0; call < plan.calls; ++call) {
+    const char* first =
+        static_cast<const char*>(b.raw_data()) + call * plan.call_step_first * bytes;
+    const char* second =
+        static_cast<const char*>(a.raw_data()) + call * plan.call_step_second * bytes;
+    char* out = static_cast<char*>(c.raw_data());
     if (c.dtype() == DType::f64) {
       const double alpha = 1, beta = accumulate ? 1 : 0;
       check(cublasDgemmStridedBatched(
-                handle, op_b, op_a, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
-                &alpha, reinterpret_cast<const double*>(pb), static_cast<int>(ldb), b_step,
-                reinterpret_cast<const double*>(pa), static_cast<int>(lda), a_step, &beta,
-                reinterpret_cast<double*>(pc), static_cast<int>(n), c_step,
-                static_cast<int>(per_call)),
+                handle, op_first, op_second, rows, cols, depth, &alpha,
+                reinterpret_cast<const double*>(first), ld_first, plan.stride_first,
+                reinterpret_cast<const double*>(second), ld_second, plan.stride_second, &beta,
+                reinterpret_cast<double*>(out), ld_out, plan.stride_out, per_call),
             "Dgemm");
     } else {
       const float alpha = 1, beta = accumulate ? 1 : 0;
       check(cublasSgemmStridedBatched(
-                handle, op_b, op_a, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
-                &alpha, reinterpret_cast<const float*>(pb), static_cast<int>(ldb), b_step,
-                reinterpret_cast<const float*>(pa), static_cast<int>(lda), a_step, &beta,
-                reinterpret_cast<float*>(pc), static_cast<int>(n), c_step,
-                static_cast<int>(per_call)),
+                handle, op_first, op_second, rows, cols, depth, &alpha,
+                reinterpret_cast<const float*>(first), ld_first, plan.stride_first,
+                reinterpret_cast<const float*>(second), ld_second, plan.stride_second, &beta,
+                reinterpret_cast<float*>(out), ld_out, plan.stride_out, per_call),
             "Sgemm");
     }
   }

@@ -332,5 +332,50 @@ TEST(PoolSharded, BadAttributesThrowOneErrorNamingTheOpAndTheAttribute) {
               AllOf(StartsWith("[avg_pool]"), HasSubstr("'divisor_override'")));
 }
 
+// The sweep of the gpu test (tests/gpu/pool_gpu_test.cpp, same seed) with the cpu in the
+// device's place: its cases include max_pool windows with no real cell, whose y is -inf on both
+// sides, and the comparison must accept those (and only equal infinities).
+TEST(PoolSharded, TheGpuSweepOnTheCpuAcceptsWindowsWithNoRealCell) {
+  testing::expect_cuda_sweep_matches_cpu(
+      63, Device::cpu(),
+      [](const std::vector<int>& mesh, CaseRng& rng) { return random_pool_case(mesh, rng); },
+      [](const Shape& shape, CaseRng& rng) { return random_input(shape, rng); },
+      [](const auto& c, const ShardTensor& x) { return testing::pool(c, x); });
+  // One case of that sweep: along H (2 cells, padding 1, dilation 3) the only window reads
+  // cells -1 and 2, both padding, so y holds -inf.
+  testing::run_world(1, [&](std::shared_ptr<Comm> comm) {
+    DeviceMesh mesh(comm, {1});
+    PoolCase c;
+    c.x_shape = {2, 3, 5, 2, 5};
+    c.options.kernel_size = {3, 2, 3};
+    c.options.padding = {0, 1, 1};
+    c.options.dilation = {2, 3, 3};
+    c.options.ceil_mode = true;
+    CaseRng rng(5);
+    const Tensor y = testing::pool(c, ShardTensor::distribute(random_input(c.x_shape, rng), mesh,
+                                                              {Placement::replicate()}))
+                         .full_tensor();
+    int64_t infinite = 0;
+    for (int64_t i = 0; i < y.numel(); ++i)
+      infinite += y.data<double>()[i] == -std::numeric_limits<double>::infinity();
+    EXPECT_EQ(infinite, y.numel());
+    EXPECT_EQ(testing::relative_error(y, y.clone()), 0.0);
+  });
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<double> base{-inf, 1.0, 2.0};
+  const Tensor reference = Tensor::from_values<double>({3}, base);
+  EXPECT_EQ(testing::relative_error(reference, reference), 0.0);
+  const std::vector<double> close{-inf, 1.0, 2.0 + 2e-12};
+  EXPECT_NEAR(testing::relative_error(Tensor::from_values<double>({3}, close), reference), 1e-12,
+              1e-15);
+  for (const std::vector<double>& wrong :
+       {std::vector<double>{inf, 1.0, 2.0}, std::vector<double>{0.0, 1.0, 2.0},
+        std::vector<double>{-inf, -inf, 2.0}})
+    EXPECT_EQ(testing::relative_error(Tensor::from_values<double>({3}, wrong), reference), inf);
+  const std::vector<double> nan{-inf, std::numeric_limits<double>::quiet_NaN(), 2.0};
+  EXPECT_TRUE(
+      std::isnan(testing::relative_error(Tensor::from_values<double>({3}, nan), reference)));
+}
+
 }  // namespace
 }  // namespace tessera

@@ -117,8 +117,13 @@ class CudaBackendTest : public ::testing::Test {
     other_stream_ = Stream{Device::cuda(0), gpu::create_stream(0)};
   }
   void TearDown() override {
+    // Blocks still held are released first: a release records an event on its stream, which
+    // must still exist (recording on a destroyed stream crashes inside the driver).
+    release_all();
     if (stream_.handle) gpu::destroy_stream(stream_.handle, 0);
     if (other_stream_.handle) gpu::destroy_stream(other_stream_.handle, 0);
+    stream_ = Stream{};
+    other_stream_ = Stream{};
   }
 
   /// Device memory holding `bytes` (uploaded before the call returns).
@@ -141,7 +146,6 @@ class CudaBackendTest : public ::testing::Test {
       cuda_backend().release(pointer, bytes, Device::cuda(0), stream_);
     owned_.clear();
   }
-  ~CudaBackendTest() override { release_all(); }
 
   Stream stream_, other_stream_;
   std::vector<std::pair<void*, size_t>> owned_;
