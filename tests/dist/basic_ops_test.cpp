@@ -282,10 +282,12 @@ TEST(BasicOps, ShardedForwardAndGradientsMatchUnshardedAndFiniteDifferences) {
         const auto [loss, grads] = run(program, mesh, values, layouts);
         const auto [ref_loss, ref_grads] = run(program, single, values, single_layouts);
         EXPECT_NEAR(loss, ref_loss, 1e-12 * (1 + std::fabs(ref_loss))) << program.name;
-        for (size_t i = 0; i < grads.size(); ++i)
-          if (grads[i])
+        for (size_t i = 0; i < grads.size(); ++i) {
+          if (grads[i]) {
             EXPECT_LT(max_abs_diff(*grads[i], *ref_grads[i]), 1e-12)
                 << program.name << " input " << i;
+          }
+        }
         if (mesh_index != 0) continue;
         // Central finite differences of the unsharded loss, a few entries per input.
         for (size_t i = 0; i < values.size(); ++i) {
