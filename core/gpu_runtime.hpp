@@ -80,7 +80,8 @@ void memory_info(int device, size_t* free_bytes, size_t* total_bytes);
 /// Copies `bytes` between any two of host/device pointers (unified addressing), ordered on
 /// `stream` (asynchronous for device and pinned memory).
 void copy_bytes_async(void* dst, const void* src, size_t bytes, StreamHandle stream, int device);
-/// Copies `bytes` between any two of host/device pointers and waits for the copy.
+/// Copies `bytes` between any two of host/device pointers and waits until they are in place
+/// (the device idle: a pageable host-to-device copy has landed before any later stream work).
 void copy_bytes(void* dst, const void* src, size_t bytes);
 /// Sets `bytes` device bytes to zero, ordered on `stream`.
 void zero_bytes_async(void* dst, size_t bytes, StreamHandle stream, int device);

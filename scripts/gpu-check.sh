@@ -304,7 +304,10 @@ if want sanitize; then
   for tool in ${GPU_CHECK_SANITIZE_TOOLS:-memcheck racecheck}; do
     for binary in $(gpu_test_binaries | grep -E "${GPU_CHECK_SANITIZE_FILTER:-.}"); do
       log="$logs/sanitize-$tool-$(basename "$binary").log"
-      TESSERA_BACKEND=local capped 100000 env LD_LIBRARY_PATH="$our_ld" "$sanitizer" --tool "$tool" \
+      # The tests that provoke a CUDA error on purpose (out of memory) are left out: the tool
+      # reports every failed API call as an error, expected or not.
+      TESSERA_BACKEND=local GTEST_FILTER='-*OutOfMemory*' capped 100000 \
+        env LD_LIBRARY_PATH="$our_ld" "$sanitizer" --tool "$tool" \
         --error-exitcode 99 --print-limit 20 "$binary" >"$log" 2>&1 &
       pids+=($!)
     done

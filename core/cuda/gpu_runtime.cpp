@@ -170,7 +170,12 @@ void copy_bytes_async(void* dst, const void* src, size_t bytes, StreamHandle str
 }
 
 void copy_bytes(void* dst, const void* src, size_t bytes) {
-  if (bytes) TESSERA_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), -1);
+  if (!bytes) return;
+  TESSERA_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), -1);
+  // From pageable host memory cudaMemcpy returns once the bytes are staged, before the DMA to the
+  // device lands; work queued next on a non-blocking stream could then run first (a fill
+  // overwritten by the copy it follows). Wait for the device.
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize(), -1);
 }
 
 void zero_bytes_async(void* dst, size_t bytes, StreamHandle stream, int device) {
