@@ -13,10 +13,12 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <type_traits>
 #include <utility>
 
 #include "apps/bench/bench_harness.hpp"
@@ -25,6 +27,7 @@
 #include "core/compute_threads.hpp"
 #include "core/gpu_runtime.hpp"
 #include "core/halo/halo_exchange.hpp"
+#include "core/parallel_for.hpp"
 #include "core/runtime/rank_context.hpp"
 #include "core/tessera.hpp"
 #include "core/trace.hpp"
@@ -76,7 +79,8 @@ ShardTensor placed(const ShardTensor& t, Device device, DType dtype) {
 
 struct ConvFigures {
   double forward = 0, forward_backward = 0, halo = 0;
-  Tensor y;  // full output (rank 0, cpu) for the check
+  double inputs = 0;  // host seconds making x, w, b and gy and moving them to the device
+  Tensor y;           // full output (rank 0, cpu, bench dtype) for the check
 };
 
 /// --no-comm: each rank's local conv (forward; forward + backward data, filter and bias) on a
@@ -91,13 +95,13 @@ ConvFigures measure_local(std::shared_ptr<Comm> world, const Shape& x_shape, int
     w_shape.push_back(kernel);
     if (i > 0) piece[2 + i] += kernel - 1;
   }
-  const Tensor x = random_tensor(piece, 11).to_dtype(dtype).to(device);
-  const Tensor w = random_tensor(w_shape, 12).to_dtype(dtype).to(device);
-  const Tensor b = random_tensor({channels}, 13).to_dtype(dtype).to(device);
+  const Tensor x = random_tensor(piece, 11, dtype).to(device);
+  const Tensor w = random_tensor(w_shape, 12, dtype).to(device);
+  const Tensor b = random_tensor({channels}, 13, dtype).to(device);
   const ops::ConvGeometry geometry{std::vector<int64_t>(spatial, 1),
                                    std::vector<int64_t>(spatial, 1), 1};
   Tensor y = ops::conv_forward(x, w, &b, geometry);
-  const Tensor gy = random_tensor(y.shape(), 14).to_dtype(dtype).to(device);
+  const Tensor gy = random_tensor(y.shape(), 14, dtype).to(device);
   // One untimed run first: algorithms, plans, allocator.
   auto timed = [&](const std::function<void()>& body) {
     return bench::time_collective(*world, device, 1, iterations, body);
@@ -113,6 +117,16 @@ ConvFigures measure_local(std::shared_ptr<Comm> world, const Shape& x_shape, int
   return figures;
 }
 
+/// Collective: this rank's box of the global benchmark tensor of `global_shape` seeded `seed`
+/// laid out by `spec`, made on the host in `dtype` (only the box, see bench_inputs.hpp) and moved
+/// to `device` once.
+ShardTensor rank_input(const DeviceMesh& mesh, const ShardSpec& spec, uint64_t seed, Device device,
+                       DType dtype) {
+  return ShardTensor(
+      bench::random_box(spec.global_shape, spec.local_box(mesh.coord()), seed, dtype).to(device),
+      mesh, spec);
+}
+
 /// Runs the benchmark of one shape on `world` (all ranks shard the first spatial dim).
 ConvFigures measure(std::shared_ptr<Comm> world, const Shape& x_shape, int64_t kernel,
                     int iterations, Device device, DType dtype) {
@@ -122,25 +136,27 @@ ConvFigures measure(std::shared_ptr<Comm> world, const Shape& x_shape, int64_t k
   Shape w_shape{channels, channels};
   for (int i = 0; i < spatial; ++i) w_shape.push_back(kernel);
   const std::vector<Placement> sharded{Placement::shard(2)}, replicated{Placement::replicate()};
-  // Only this rank's piece of x is generated from the global pattern (seeded by global index).
-  const Tensor full_x = random_tensor(x_shape, 11);
-  ShardTensor x = placed(ShardTensor::distribute(full_x, mesh, sharded), device, dtype);
+  ConvFigures figures;
+  const double inputs_start = now_seconds();
+  // x and gy are the large tensors: each rank makes only its own box of them.
+  ShardTensor x =
+      rank_input(mesh, ShardSpec::make(x_shape, mesh.shape(), sharded), 11, device, dtype);
   ShardTensor w =
       placed(ShardTensor::distribute(random_tensor(w_shape, 12), mesh, replicated), device, dtype);
   ShardTensor b = placed(ShardTensor::distribute(random_tensor({channels}, 13), mesh, replicated),
                          device, dtype);
+  figures.inputs = now_seconds() - inputs_start;
   ops::ConvOptions same;
   same.padding_name = "same";
-  ConvFigures figures;
   // One untimed run first: algorithms, plans, allocator.
   auto timed = [&](const std::function<void()>& body) {
     return bench::time_collective(*world, device, 1, iterations, body);
   };
   ShardTensor y = ops::conv(x, w, b, same);
   figures.forward = timed([&] { y = ops::conv(x, w, b, same); });
-  const ShardTensor gy = placed(ShardTensor::distribute(random_tensor(y.global_shape(), 14), mesh,
-                                                        y.placements(), y.spec().extents),
-                                device, dtype);
+  const double gy_start = now_seconds();
+  const ShardTensor gy = rank_input(mesh, y.spec(), 14, device, dtype);
+  figures.inputs += now_seconds() - gy_start;
   x.set_requires_grad();
   w.set_requires_grad();
   b.set_requires_grad();
@@ -159,10 +175,46 @@ ConvFigures measure(std::shared_ptr<Comm> world, const Shape& x_shape, int64_t k
     HaloExchange exchange = halo_begin(*plan, x.to_local(), mesh.comm());
     halo_end(exchange);
   });
+  // The output for the check: gathered on the device, moved to the host once, in the bench dtype
+  // (the check converts element by element).
   Tensor gathered = y.gather(0);
   if (gathered.device().is_cuda()) synchronize(compute_stream_for(gathered.device()));
-  figures.y = gathered.numel() > 0 ? gathered.to(Device::cpu()).to_dtype(DType::f64) : gathered;
+  figures.y = gathered.numel() > 0 ? gathered.to(Device::cpu()) : gathered;
   return figures;
+}
+
+/// Elements of `output` that differ from `reference` (same shape and floating dtype) by more than
+/// `tolerance` * (1 + |reference|), counted on the host's threads without a converted copy of
+/// either.
+int64_t count_wrong(const Tensor& reference, const Tensor& output, double tolerance) {
+  check_arg(reference.dtype() == output.dtype() && reference.shape() == output.shape(), "bench",
+            "conv output {} {} beside reference {} {}", dtype_name(output.dtype()), output.shape(),
+            dtype_name(reference.dtype()), reference.shape());
+  const int64_t count = reference.numel();
+  const int threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  constexpr int64_t kChunk = int64_t{1} << 16;
+  std::vector<int64_t> wrong_per_slot(threads, 0);
+  dispatch_dtype(reference.dtype(), [&]<typename T>() {
+    const T* expected = reference.data<T>();
+    const T* actual = output.data<T>();
+    const auto value = [](T element) {
+      if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+        return static_cast<double>(static_cast<float>(element));
+      else
+        return static_cast<double>(element);
+    };
+    parallel_for((count + kChunk - 1) / kChunk, threads, [&](int64_t begin, int64_t end, int slot) {
+      int64_t wrong = 0;
+      for (int64_t i = begin * kChunk; i < std::min(count, end * kChunk); ++i) {
+        const double r = value(expected[i]);
+        wrong += std::fabs(value(actual[i]) - r) > tolerance * (1 + std::fabs(r));
+      }
+      wrong_per_slot[slot] += wrong;
+    });
+  });
+  int64_t wrong = 0;
+  for (int64_t slot_wrong : wrong_per_slot) wrong += slot_wrong;
+  return wrong;
 }
 
 double conv_flops(const Shape& x_shape, int64_t kernel) {
@@ -193,7 +245,8 @@ void run_conv_bench(const ConvBenchOptions& options_given) {
             "--dtype {} on {} (cpu: f32; cuda: f32, bf16, f16)", options.dtype, options.device);
   const Backend backend = backend_from_env();
   // Under mpiexec every process runs this function; only the reporter prints.
-  bench::BenchReport report("conv", options.json, bench::is_reporter(backend));
+  const bool reporter = bench::is_reporter(backend);
+  bench::BenchReport report("conv", options.json, reporter);
   report.set("device", options.device);
   report.set("dtype", options.dtype);
   report.set("comm", !options.no_comm);
@@ -243,14 +296,18 @@ void run_conv_bench(const ConvBenchOptions& options_given) {
       if (options.no_comm || figures.y.numel() == 0) {
         // no output to check
       } else if (reference.numel() == 0) {
-        reference = figures.y.to_dtype(DType::f64);
+        reference = std::move(figures.y);
       } else {
-        const Tensor a = figures.y.to_dtype(DType::f64);
-        for (int64_t i = 0; i < reference.numel(); ++i) {
-          const double r = reference.data<double>()[i];
-          wrong += std::fabs(a.data<double>()[i] - r) > tolerance * (1 + std::fabs(r));
-        }
+        wrong = count_wrong(reference, figures.y, tolerance);
       }
+      // The row so far on stderr as soon as it is known: stdout holds one JSON document, and a
+      // run cut short by a time limit still shows what it finished.
+      if (reporter && options.json)
+        fmt::print(stderr,
+                   "bench conv: shape {} on {} ranks: forward {:.3f} ms, fwd+bwd {:.3f} ms, "
+                   "inputs {:.0f} ms, #wrong {}\n",
+                   fmt::join(x_shape, ","), ranks, figures.forward * 1e3,
+                   figures.forward_backward * 1e3, figures.inputs * 1e3, wrong);
       const int used_threads =
           threads > 0 ? threads
                       : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
@@ -273,6 +330,7 @@ void run_conv_bench(const ConvBenchOptions& options_given) {
                  {"forward_backward_gbps", forward_backward_bytes / figures.forward_backward / 1e9},
                  {"halo_ms", figures.halo * 1e3},
                  {"halo_overlapped", 0.0},
+                 {"inputs_seconds", figures.inputs},
                  {"wrong", wrong}});
     }
   }

@@ -61,19 +61,6 @@ double time_collective(Comm& comm, Device device, int warmup, int iterations,
   return seconds;
 }
 
-Tensor random_tensor(const Shape& shape, uint64_t seed, DType dtype) {
-  Tensor values = Tensor::empty(shape, DType::f32);
-  uint64_t state = seed * 0x9E3779B97F4A7C15ull + 7;
-  float* out = values.data<float>();
-  for (int64_t i = 0; i < values.numel(); ++i) {
-    state ^= state << 13;
-    state ^= state >> 7;
-    state ^= state << 17;
-    out[i] = static_cast<float>((state >> 40) * 0x1.0p-24 - 0.5);
-  }
-  return values.to_dtype(dtype);
-}
-
 namespace {
 
 /// `text` padded to `width`: left-aligned for the first column, right-aligned otherwise.

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/bench/bench_inputs.hpp"
 #include "core/comm/comm.hpp"
 #include "core/comm/launch.hpp"
 #include "core/device.hpp"
@@ -38,10 +39,6 @@ double time_rank(Device device, int warmup, int iterations, const std::function<
 /// time_rank measures them. Returns the slowest rank's mean seconds per run (all_reduce max).
 double time_collective(Comm& comm, Device device, int warmup, int iterations,
                        const std::function<void()>& body);
-
-/// Deterministic values uniform in [-0.5, 0.5) from `seed` (xorshift), made in f32 and converted
-/// to `dtype`: benchmark inputs that every rank can build alike.
-Tensor random_tensor(const Shape& shape, uint64_t seed, DType dtype = DType::f32);
 
 /// One column of a benchmark table: the row field it shows and how.
 struct Column {
