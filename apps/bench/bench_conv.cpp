@@ -18,7 +18,6 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <thread>
-#include <type_traits>
 #include <utility>
 
 #include "apps/bench/bench_harness.hpp"
@@ -27,7 +26,6 @@
 #include "core/compute_threads.hpp"
 #include "core/gpu_runtime.hpp"
 #include "core/halo/halo_exchange.hpp"
-#include "core/parallel_for.hpp"
 #include "core/runtime/rank_context.hpp"
 #include "core/tessera.hpp"
 #include "core/trace.hpp"
@@ -117,9 +115,9 @@ ConvFigures measure_local(std::shared_ptr<Comm> world, const Shape& x_shape, int
   return figures;
 }
 
-/// Collective: this rank's box of the global benchmark tensor of `global_shape` seeded `seed`
-/// laid out by `spec`, made on the host in `dtype` (only the box, see bench_inputs.hpp) and moved
-/// to `device` once.
+/// This rank's piece of the global benchmark tensor seeded `seed` laid out by `spec`: only its
+/// box is made (bench_inputs.hpp), on the host in `dtype`, and moved to `device` once. No data
+/// moves between ranks: every rank makes its own box of the same global values.
 ShardTensor rank_input(const DeviceMesh& mesh, const ShardSpec& spec, uint64_t seed, Device device,
                        DType dtype) {
   return ShardTensor(
@@ -181,40 +179,6 @@ ConvFigures measure(std::shared_ptr<Comm> world, const Shape& x_shape, int64_t k
   if (gathered.device().is_cuda()) synchronize(compute_stream_for(gathered.device()));
   figures.y = gathered.numel() > 0 ? gathered.to(Device::cpu()) : gathered;
   return figures;
-}
-
-/// Elements of `output` that differ from `reference` (same shape and floating dtype) by more than
-/// `tolerance` * (1 + |reference|), counted on the host's threads without a converted copy of
-/// either.
-int64_t count_wrong(const Tensor& reference, const Tensor& output, double tolerance) {
-  check_arg(reference.dtype() == output.dtype() && reference.shape() == output.shape(), "bench",
-            "conv output {} {} beside reference {} {}", dtype_name(output.dtype()), output.shape(),
-            dtype_name(reference.dtype()), reference.shape());
-  const int64_t count = reference.numel();
-  const int threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  constexpr int64_t kChunk = int64_t{1} << 16;
-  std::vector<int64_t> wrong_per_slot(threads, 0);
-  dispatch_dtype(reference.dtype(), [&]<typename T>() {
-    const T* expected = reference.data<T>();
-    const T* actual = output.data<T>();
-    const auto value = [](T element) {
-      if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
-        return static_cast<double>(static_cast<float>(element));
-      else
-        return static_cast<double>(element);
-    };
-    parallel_for((count + kChunk - 1) / kChunk, threads, [&](int64_t begin, int64_t end, int slot) {
-      int64_t wrong = 0;
-      for (int64_t i = begin * kChunk; i < std::min(count, end * kChunk); ++i) {
-        const double r = value(expected[i]);
-        wrong += std::fabs(value(actual[i]) - r) > tolerance * (1 + std::fabs(r));
-      }
-      wrong_per_slot[slot] += wrong;
-    });
-  });
-  int64_t wrong = 0;
-  for (int64_t slot_wrong : wrong_per_slot) wrong += slot_wrong;
-  return wrong;
 }
 
 double conv_flops(const Shape& x_shape, int64_t kernel) {
@@ -298,7 +262,7 @@ void run_conv_bench(const ConvBenchOptions& options_given) {
       } else if (reference.numel() == 0) {
         reference = std::move(figures.y);
       } else {
-        wrong = count_wrong(reference, figures.y, tolerance);
+        wrong = bench::count_wrong(reference, figures.y, tolerance);
       }
       // The row so far on stderr as soon as it is known: stdout holds one JSON document, and a
       // run cut short by a time limit still shows what it finished.

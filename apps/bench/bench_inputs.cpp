@@ -1,6 +1,9 @@
-// Counter-based benchmark inputs (see bench_inputs.hpp).
+// Counter-based benchmark inputs and the output check (see bench_inputs.hpp).
 #include "apps/bench/bench_inputs.hpp"
 
+#include <algorithm>
+#include <cmath>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -81,6 +84,43 @@ Tensor random_box(const Shape& global_shape, const Box& box, uint64_t seed, DTyp
 
 Tensor random_tensor(const Shape& shape, uint64_t seed, DType dtype) {
   return random_box(shape, Box::of_shape(shape), seed, dtype);
+}
+
+/// Elements of `output` that differ from `reference` (same shape and floating dtype) by more than
+/// `tolerance` * (1 + |reference|), counted on the host's threads without a converted copy of
+/// either.
+int64_t count_wrong(const Tensor& reference, const Tensor& output, double tolerance) {
+  if (reference.dtype() != output.dtype() || reference.shape() != output.shape() ||
+      !is_floating(reference.dtype()) || !reference.device().is_cpu() || !output.device().is_cpu())
+    throw InvalidArgument("bench", fmt::format("output {} {} on {} beside reference {} {} on {}",
+                                               dtype_name(output.dtype()), output.shape(),
+                                               output.device().str(), dtype_name(reference.dtype()),
+                                               reference.shape(), reference.device().str()));
+  const int64_t count = reference.numel();
+  const int threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  constexpr int64_t kChunk = int64_t{1} << 16;
+  std::vector<int64_t> wrong_per_slot(threads, 0);
+  dispatch_dtype(reference.dtype(), [&]<typename T>() {
+    const T* expected = reference.data<T>();
+    const T* actual = output.data<T>();
+    const auto value = [](T element) {
+      if constexpr (is_half_v<T>)
+        return static_cast<double>(static_cast<float>(element));
+      else
+        return static_cast<double>(element);
+    };
+    parallel_for((count + kChunk - 1) / kChunk, threads, [&](int64_t begin, int64_t end, int slot) {
+      int64_t wrong = 0;
+      for (int64_t i = begin * kChunk; i < std::min(count, end * kChunk); ++i) {
+        const double r = value(expected[i]);
+        wrong += std::fabs(value(actual[i]) - r) > tolerance * (1 + std::fabs(r));
+      }
+      wrong_per_slot[slot] += wrong;
+    });
+  });
+  int64_t wrong = 0;
+  for (int64_t slot_wrong : wrong_per_slot) wrong += slot_wrong;
+  return wrong;
 }
 
 }  // namespace tessera::bench

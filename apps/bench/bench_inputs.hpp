@@ -1,6 +1,7 @@
 // Benchmark inputs: deterministic tensors whose element at global row-major index i depends only
 // on (seed, i), so that each rank builds exactly its own box of a global tensor (no rank makes
-// the whole tensor and keeps a slice of it) and every layout sees the same global values.
+// the whole tensor and keeps a slice of it) and every layout sees the same global values. And
+// the check of an output against a reference (the #wrong column).
 #pragma once
 
 #include <cstdint>
@@ -23,5 +24,10 @@ Tensor random_box(const Shape& global_shape, const Box& box, uint64_t seed,
 /// The whole tensor of `shape` seeded `seed` in `dtype`: benchmark inputs that every rank can
 /// build alike.
 Tensor random_tensor(const Shape& shape, uint64_t seed, DType dtype = DType::f32);
+
+/// Elements of `output` that differ from `reference` (same shape and floating dtype) by more than
+/// `tolerance` * (1 + |reference|), compared in f64 element by element on the host's threads
+/// (no converted copy of either tensor). Both on the cpu.
+int64_t count_wrong(const Tensor& reference, const Tensor& output, double tolerance);
 
 }  // namespace tessera::bench

@@ -108,5 +108,26 @@ TEST(BenchInputs, BoxOutsideTheShapeIsRejected) {
   EXPECT_THROW(random_box({4, 5}, {{-1, 0}, {2, 5}}, 1), InvalidArgument);
 }
 
+TEST(BenchInputs, CountWrongCountsElementsBeyondTheTolerance) {
+  // Several chunks of the threaded count; the changed elements sit in different chunks.
+  const Shape shape{3, 100003};
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    const Tensor reference = random_tensor(shape, 21, dtype);
+    EXPECT_EQ(count_wrong(reference, reference, 1e-2), 0) << dtype_name(dtype);
+    Tensor output = random_tensor(shape, 21);
+    float* values = output.data<float>();
+    for (int64_t i : {int64_t{0}, int64_t{70000}, int64_t{300008}}) values[i] += 0.5f;
+    for (int64_t i : {int64_t{5}, int64_t{200000}}) values[i] += 1e-4f;  // within 1e-2
+    EXPECT_EQ(count_wrong(reference, output.to_dtype(dtype), 1e-2), 3) << dtype_name(dtype);
+  }
+}
+
+TEST(BenchInputs, CountWrongRejectsOutputsOfAnotherShapeOrDtype) {
+  const Tensor reference = random_tensor({4, 5}, 1);
+  EXPECT_THROW(count_wrong(reference, random_tensor({5, 4}, 1), 1e-4), InvalidArgument);
+  EXPECT_THROW(count_wrong(reference, random_tensor({4, 5}, 1, DType::bf16), 1e-4),
+               InvalidArgument);
+}
+
 }  // namespace
 }  // namespace tessera::bench
