@@ -39,7 +39,7 @@ struct Recipe {
   std::string name;  ///< the row's name (the op, with a variant)
   std::string op;
   std::vector<Shape> inputs;
-  OpAttrs attrs;
+  OpAttrs attrs{};
   bool positive = false;  ///< inputs shifted to (0.5, 1.5) (sqrt, log, pow)
   int shard_dim = 2;      ///< the input dim split over the ranks
 };
