@@ -560,6 +560,36 @@ Step compile_reduce(const OnnxNode& node, bool mean) {
   };
 }
 
+/// A Slice node's starts, ends, axes (default 0..) and steps (default 1), checked to agree in
+/// length.
+struct SliceArgs {
+  std::vector<int64_t> starts, ends, axes, steps;
+};
+
+SliceArgs slice_args(const OnnxNode& node, const Values& inputs) {
+  SliceArgs args;
+  args.starts = constant_of(node, inputs, 1, "starts").as_integers();
+  args.ends = constant_of(node, inputs, 2, "ends").as_integers();
+  args.steps.assign(args.starts.size(), 1);
+  if (const std::optional<HostArray> given = optional_constant(node, inputs, 3, "axes")) {
+    args.axes = given->as_integers();
+  } else {
+    for (size_t i = 0; i < args.starts.size(); ++i) args.axes.push_back(static_cast<int64_t>(i));
+  }
+  if (const std::optional<HostArray> given = optional_constant(node, inputs, 4, "steps"))
+    args.steps = given->as_integers();
+  const size_t n = args.starts.size();
+  check_arg(args.ends.size() == n && args.axes.size() == n && args.steps.size() == n, "onnx",
+            "{}: starts, ends, axes and steps differ in length", node.where());
+  return args;
+}
+
+/// A Slice start or end clamped into [0, extent] (negative counts from the end).
+int64_t clamp_slice_index(int64_t index, int64_t extent) {
+  if (index < 0) index = index < -extent ? 0 : index + extent;
+  return std::clamp<int64_t>(index, 0, extent);
+}
+
 /// A Slice of a fused projection's output (q, k and v side by side, each split over tp on its
 /// own): the bounds, which the graph computes from the global shape, must take one whole part
 /// along the last dim (and all of every other dim); that part is the result, nothing moves.
@@ -568,29 +598,13 @@ Value slice_part(const OnnxNode& node, const Values& inputs) {
   const Shape shape = parts_shape(parts);
   const int64_t rank = static_cast<int64_t>(shape.size());
   const int64_t width = parts[0].global_shape().back();
-  const std::vector<int64_t> starts = constant_of(node, inputs, 1, "starts").as_integers();
-  const std::vector<int64_t> ends = constant_of(node, inputs, 2, "ends").as_integers();
-  std::vector<int64_t> axes, steps(starts.size(), 1);
-  if (const std::optional<HostArray> given = optional_constant(node, inputs, 3, "axes")) {
-    axes = given->as_integers();
-  } else {
-    for (size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<int64_t>(i));
-  }
-  if (const std::optional<HostArray> given = optional_constant(node, inputs, 4, "steps"))
-    steps = given->as_integers();
-  check_arg(
-      ends.size() == starts.size() && axes.size() == starts.size() && steps.size() == starts.size(),
-      "onnx", "{}: starts, ends, axes and steps differ in length", node.where());
+  const auto [starts, ends, axes, steps] = slice_args(node, inputs);
   int64_t part = 0;
   for (size_t i = 0; i < starts.size(); ++i) {
     const int64_t axis = normalize_axis(node, axes[i], rank);
     const int64_t extent = shape[axis];
-    auto clamp_index = [extent](int64_t index) {
-      if (index < 0) index = index < -extent ? 0 : index + extent;
-      return std::clamp<int64_t>(index, 0, extent);
-    };
-    const int64_t first = clamp_index(starts[i]);
-    const int64_t last = std::max(first, clamp_index(ends[i]));
+    const int64_t first = clamp_slice_index(starts[i], extent);
+    const int64_t last = std::max(first, clamp_slice_index(ends[i], extent));
     const bool whole_dim = first == 0 && last == extent && steps[i] == 1;
     const bool whole_part =
         axis == rank - 1 && steps[i] == 1 && first % width == 0 && last - first == width;
@@ -612,29 +626,13 @@ Step compile_slice(const OnnxNode& node) {
       return std::vector<Value>{slice_part(node, inputs)};
     ShardTensor x = data_of(context, node, inputs, 0);
     const int64_t rank = static_cast<int64_t>(x.global_shape().size());
-    const std::vector<int64_t> starts = constant_of(node, inputs, 1, "starts").as_integers();
-    const std::vector<int64_t> ends = constant_of(node, inputs, 2, "ends").as_integers();
-    std::vector<int64_t> axes, steps(starts.size(), 1);
-    if (const std::optional<HostArray> given = optional_constant(node, inputs, 3, "axes")) {
-      axes = given->as_integers();
-    } else {
-      for (size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<int64_t>(i));
-    }
-    if (const std::optional<HostArray> given = optional_constant(node, inputs, 4, "steps"))
-      steps = given->as_integers();
-    check_arg(ends.size() == starts.size() && axes.size() == starts.size() &&
-                  steps.size() == starts.size(),
-              "onnx", "{}: starts, ends, axes and steps differ in length", node.where());
+    const auto [starts, ends, axes, steps] = slice_args(node, inputs);
     for (size_t i = 0; i < starts.size(); ++i) {
       if (steps[i] != 1) throw UseFallback{};
       const int64_t axis = normalize_axis(node, axes[i], rank);
       const int64_t extent = x.global_shape()[axis];
-      auto clamp_index = [extent](int64_t index) {
-        if (index < 0) index = index < -extent ? 0 : index + extent;
-        return std::clamp<int64_t>(index, 0, extent);
-      };
-      const int64_t first = clamp_index(starts[i]);
-      const int64_t last = std::max(first, clamp_index(ends[i]));
+      const int64_t first = clamp_slice_index(starts[i], extent);
+      const int64_t last = std::max(first, clamp_slice_index(ends[i], extent));
       if (first == 0 && last == extent) continue;
       // Parts before, kept, after (empty parts left out).
       std::vector<int64_t> sizes;
