@@ -187,10 +187,6 @@ TEST(NormSharded, BackwardReusesTheForwardStatistics) {
       std::lock_guard lock(ledger->mutex);
       ledger->calls.clear();
     }
-    {
-      std::lock_guard lock(ledger->mutex);
-      ledger->calls.clear();
-    }
     tape.backward(
         ops::sum(ops::mul(y, ShardTensor::distribute(gy, mesh, y.placements(), y.spec().extents))));
     EXPECT_EQ(gathers_of_width(3), 0) << "the backward gathers no moments";
