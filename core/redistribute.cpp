@@ -16,6 +16,7 @@
 #include <algorithm>
 
 #include "core/autograd.hpp"
+#include "core/backend/strided_plan.hpp"
 #include "core/shard_tensor.hpp"
 #include "core/shard_tensor_detail.hpp"
 #include "core/trace.hpp"
@@ -23,6 +24,19 @@
 namespace tessera {
 
 namespace {
+
+/// Bytes a redistribute copies outside its collectives (read once, written once) and the
+/// contiguous runs they make: the trace's copied_bytes and copy_runs, what the cost model prices
+/// at the machine's copy bandwidth and per-run cost.
+struct CopyWork {
+  int64_t bytes = 0, runs = 0;
+  /// Counts copying `to` from `from` (same shape; a dense buffer when null).
+  void add(const Tensor& to, const Tensor* from = nullptr) {
+    bytes += static_cast<int64_t>(to.nbytes());
+    runs += strided_copy_runs(to.shape().data(), to.ndim(), to.strides().data(),
+                              from ? from->strides().data() : nullptr);
+  }
+};
 
 /// Uninitialised bytes on `device` from its caching allocator (no zero-fill, reused across
 /// calls).
@@ -50,8 +64,9 @@ bool blocks_contiguous_along(const Shape& shape, int dim) {
 }
 
 /// Step 1 for one mesh dim: Partial along `mesh_dim` becomes Shard(dim) with `extents`.
+/// `copied` counts what this rank copies outside the collective.
 Tensor reduce_scatter_partial(const Tensor& local, const DeviceMesh& mesh, int mesh_dim, int dim,
-                              const std::vector<int64_t>& extents, ReduceOp op) {
+                              const std::vector<int64_t>& extents, ReduceOp op, CopyWork& copied) {
   auto comm = mesh.sub_comm({mesh_dim});
   const Tensor source = local.contiguous();
   const std::vector<int64_t> offsets = offsets_of(extents);
@@ -69,9 +84,11 @@ Tensor reduce_scatter_partial(const Tensor& local, const DeviceMesh& mesh, int m
     packed = Tensor::empty(source.shape(), source.dtype(), source.device());
     const std::vector<size_t> displs = displacements_of(counts);
     auto* out = static_cast<char*>(packed.comm_data());
-    for (size_t c = 0; c < extents.size() && out != nullptr; ++c) {
+    for (size_t c = 0; c < extents.size(); ++c) {
       block.lo[dim] = offsets[c];
       block.hi[dim] = offsets[c + 1];
+      copied.add(source.view_box(block));
+      if (out == nullptr) continue;
       source.pack_box(block, out + displs[c] * source.element_size());
     }
   }
@@ -84,7 +101,7 @@ Tensor reduce_scatter_partial(const Tensor& local, const DeviceMesh& mesh, int m
 
 /// Step 2, fast path: Shard(dim) -> Replicate along one mesh dim, as one all_gather_v.
 Tensor all_gather_shards(const Tensor& local, const DeviceMesh& mesh, const ShardSpec& from,
-                         const ShardSpec& to, int mesh_dim) {
+                         const ShardSpec& to, int mesh_dim, CopyWork& copied) {
   auto comm = mesh.sub_comm({mesh_dim});
   const int dim = from.placements[mesh_dim].dim;
   const Tensor source = local.contiguous();
@@ -104,12 +121,13 @@ Tensor all_gather_shards(const Tensor& local, const DeviceMesh& mesh, const Shar
       staging_buffer((displs.back() + counts.back()) * source.element_size(), source.device());
   comm->all_gather_v(source.comm_data(), counts[mesh.coord()[mesh_dim]], staging.comm_data(),
                      counts, source.dtype());
-  if (staging.is_shape_only()) return result;  // estimate mode: nothing to unpack
   const std::vector<int64_t> offsets = offsets_of(extents);
   Box block = Box::of_shape(out_shape);
   for (size_t c = 0; c < extents.size(); ++c) {
     block.lo[dim] = offsets[c];
     block.hi[dim] = offsets[c + 1];
+    copied.add(result.view_box(block));
+    if (staging.is_shape_only()) continue;  // estimate mode: nothing to unpack
     result.unpack_box(block, staging.data<uint8_t>() + displs[c] * source.element_size());
   }
   return result;
@@ -117,7 +135,7 @@ Tensor all_gather_shards(const Tensor& local, const DeviceMesh& mesh, const Shar
 
 /// Step 2, general path: all_to_all_w of box intersections over the changing mesh dims.
 Tensor exchange_boxes(const Tensor& local, const DeviceMesh& mesh, const ShardSpec& from,
-                      const ShardSpec& to, const std::vector<int>& changed) {
+                      const ShardSpec& to, const std::vector<int>& changed, CopyWork& copied) {
   auto comm = mesh.sub_comm(changed);
   std::vector<int> group_shape;
   for (int m : changed) group_shape.push_back(mesh.size(m));
@@ -154,9 +172,12 @@ Tensor exchange_boxes(const Tensor& local, const DeviceMesh& mesh, const ShardSp
   }
   // This rank's own part is a direct copy, never a message.
   const Box kept = intersect(my_from, my_to);
-  if (!kept.empty())
-    result.view_box(kept.relative_to(my_to.lo))
-        .copy_from(local.view_box(kept.relative_to(my_from.lo)));
+  if (!kept.empty()) {
+    Tensor target = result.view_box(kept.relative_to(my_to.lo));
+    const Tensor from_view = local.view_box(kept.relative_to(my_from.lo));
+    copied.add(target, &from_view);
+    target.copy_from(from_view);
+  }
   comm->all_to_all_w(local.comm_data(), send_blocks, result.comm_data(), recv_blocks,
                      local.dtype());
   return result;
@@ -165,7 +186,7 @@ Tensor exchange_boxes(const Tensor& local, const DeviceMesh& mesh, const ShardSp
 /// Step 2: moves `local` from layout `from` to layout `to` (neither has a Partial dim that
 /// differs between them).
 Tensor move_between_layouts(const Tensor& local, const DeviceMesh& mesh, const ShardSpec& from,
-                            const ShardSpec& to) {
+                            const ShardSpec& to, CopyWork& copied) {
   std::vector<int> changed;
   for (int m = 0; m < mesh.ndim(); ++m)
     if (from.placements[m] != to.placements[m] || from.extents[m] != to.extents[m])
@@ -173,14 +194,16 @@ Tensor move_between_layouts(const Tensor& local, const DeviceMesh& mesh, const S
   if (changed.empty()) return local;
   if (changed.size() == 1 && from.placements[changed[0]].is_shard() &&
       to.placements[changed[0]].is_replicate())
-    return all_gather_shards(local, mesh, from, to, changed[0]);
+    return all_gather_shards(local, mesh, from, to, changed[0], copied);
   const bool all_replicated = std::all_of(changed.begin(), changed.end(),
                                           [&](int m) { return !from.placements[m].is_shard(); });
   if (all_replicated) {  // the target box lies inside the local box: slice it
     const Box my_from = from.local_box(mesh.coord());
-    return local.view_box(to.local_box(mesh.coord()).relative_to(my_from.lo)).clone();
+    const Tensor kept = local.view_box(to.local_box(mesh.coord()).relative_to(my_from.lo));
+    copied.add(kept);
+    return kept.clone();
   }
-  return exchange_boxes(local, mesh, from, to, changed);
+  return exchange_boxes(local, mesh, from, to, changed, copied);
 }
 
 }  // namespace
@@ -201,6 +224,7 @@ ShardTensor ShardTensor::redistribute(std::vector<Placement> placements,
   // Device tensors stay on their device: every buffer below is made on local_'s device.
   Tensor local = local_;
   ShardSpec current = spec_;
+  CopyWork copied;  // outside the collectives
 
   // 1. Reduce the Partial dims that do not stay the same Partial.
   for (int m = 0; m < mesh_.ndim(); ++m) {
@@ -208,10 +232,12 @@ ShardTensor ShardTensor::redistribute(std::vector<Placement> placements,
     const Placement want = target.placements[m];
     if (!from.is_partial() || from == want) continue;
     if (want.is_shard() && current.mesh_dim_sharding(want.dim) < 0) {
-      local = reduce_scatter_partial(local, mesh_, m, want.dim, target.extents[m], from.reduce);
+      local =
+          reduce_scatter_partial(local, mesh_, m, want.dim, target.extents[m], from.reduce, copied);
       current.placements[m] = want;
       current.extents[m] = target.extents[m];
     } else {
+      copied.add(local);
       local = local.contiguous().clone();
       mesh_.sub_comm({m})->all_reduce(local.comm_data(), local.comm_data(),
                                       static_cast<size_t>(local.numel()), local.dtype(),
@@ -225,7 +251,7 @@ ShardTensor ShardTensor::redistribute(std::vector<Placement> placements,
   for (int m = 0; m < mesh_.ndim(); ++m)
     if (movement.placements[m].is_partial() && !current.placements[m].is_partial())
       movement.placements[m] = Placement::replicate();
-  local = move_between_layouts(local, mesh_, current, movement);
+  local = move_between_layouts(local, mesh_, current, movement, copied);
 
   // 3. Replicate -> Partial(sum): only coordinate 0 keeps the values.
   bool zero = false;
@@ -234,6 +260,12 @@ ShardTensor ShardTensor::redistribute(std::vector<Placement> placements,
                     target.placements[m].reduce == ReduceOp::sum && mesh_.coord()[m] != 0);
   if (zero) {
     local = Tensor::zeros(local.shape(), local.dtype(), local.device());
+    copied.bytes += static_cast<int64_t>(local.nbytes()) / 2;  // written only: half a copy's
+    copied.runs += 1;                                          // traffic, one run
+  }
+  if (span.recording()) {
+    span.arg("copied_bytes", copied.bytes);
+    span.arg("copy_runs", copied.runs);
   }
   ShardTensor result(local, mesh_, target);
   record_redistribute(*this, result);  // differentiable whenever a tape records

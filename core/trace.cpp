@@ -14,6 +14,7 @@
 #include <mutex>
 #include <numeric>
 
+#include "core/backend/strided_plan.hpp"
 #include "core/comm/comm.hpp"
 #include "core/compute_threads.hpp"
 #include "core/errors.hpp"
@@ -244,11 +245,20 @@ class RecordingComm final : public Comm {
   void all_to_all_w(const void* send_base, std::span<const StridedBlock> send_blocks,
                     void* recv_base, std::span<const StridedBlock> recv_blocks,
                     DType dtype) override {
-    int64_t sent = 0;
-    for (const StridedBlock& block : send_blocks)
+    int64_t sent = 0, send_runs = 0, recv_runs = 0;
+    const auto runs_of = [](const StridedBlock& block) {
+      return strided_copy_runs(block.shape.data(), static_cast<int>(block.shape.size()),
+                               block.strides.data(), nullptr);
+    };
+    for (const StridedBlock& block : send_blocks) {
       sent += static_cast<int64_t>(block.count() * dtype_size(dtype));
+      send_runs += runs_of(block);
+    }
+    for (const StridedBlock& block : recv_blocks) recv_runs += runs_of(block);
     Span span("comm", "all_to_all_w");
     note(span, sent);
+    // The contiguous runs of the strided blocks on the side that has more of them.
+    span.arg("runs", std::max(send_runs, recv_runs));
     inner_->all_to_all_w(send_base, send_blocks, recv_base, recv_blocks, dtype);
   }
   void broadcast(void* buffer, size_t count, DType dtype, int root) override {

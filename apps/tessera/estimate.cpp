@@ -29,6 +29,7 @@
 #include "core/cost/cost_model.hpp"
 #include "core/errors.hpp"
 #include "core/estimate/sim_comm.hpp"
+#include "core/tensor.hpp"
 #include "io/output_path.hpp"
 
 namespace tessera::cli {
@@ -119,35 +120,97 @@ double load_average() {
   return load;
 }
 
-/// Fits a backend's link from the all_gather_v rows of `bench comm --json` at 2 ranks: the
-/// model's all_gather_v is steps * alpha + (P-1)/P * N / beta (steps 1 for both backends at 2
-/// ranks), so a line through (N/2, seconds) gives alpha and beta.
-cost::Link fit_comm(const nlohmann::json& document, const std::string& what) {
-  std::vector<double> bytes, seconds;
-  for (const nlohmann::json& row : document.value("rows", nlohmann::json::array()))
-    if (row.value("op", std::string()) == "all_gather_v") {
-      bytes.push_back(0.5 * row.at("bytes").get<double>());
-      seconds.push_back(row.at("time_us").get<double>() * 1e-6);
-    }
-  check_arg(bytes.size() >= 2, kOp, "calibration: {} gave fewer than two all_gather_v rows", what);
-  return cost::fit_link(bytes, seconds);
+/// Fits a backend's link from the all_gather_v rows of `bench comm --json` at 2 ranks (each
+/// row's best time over `runs`): the model's all_gather_v at 2 ranks is alpha + f N / beta, f
+/// the share of the gathered buffer N a rank copies (the local backend: 1, its own block too;
+/// MPI: 1/2), so a line through (f N, seconds) gives alpha and beta, and each row beta at its
+/// working set (P + 1) N = 3 N (cost::collective_working_set).
+cost::Link fit_comm(const std::vector<nlohmann::json>& runs, double copied_share,
+                    const std::string& what) {
+  std::map<double, double> best;  // by global bytes N
+  for (const nlohmann::json& document : runs)
+    for (const nlohmann::json& row : document.value("rows", nlohmann::json::array()))
+      if (row.value("op", std::string()) == "all_gather_v") {
+        const double bytes = row.at("bytes").get<double>();
+        const double seconds = row.at("time_us").get<double>() * 1e-6;
+        const auto [it, fresh] = best.emplace(bytes, seconds);
+        if (!fresh) it->second = std::min(it->second, seconds);
+      }
+  check_arg(best.size() >= 2, kOp, "calibration: {} gave fewer than two all_gather_v rows", what);
+  std::vector<double> bytes, seconds, working_sets;
+  for (const auto& [global, time] : best) {
+    bytes.push_back(copied_share * global);
+    seconds.push_back(time);
+    working_sets.push_back(3 * global);
+  }
+  return cost::fit_link_curve(bytes, seconds, working_sets);
 }
 
-/// Bytes read plus written per second of a large memcpy on this thread (what halo packing and
-/// redistribute's local copies do).
-double copy_bandwidth() {
-  const size_t bytes = size_t{64} << 20;
-  std::vector<char> from(bytes, 1), to(bytes, 0);
-  double best = 0;
-  for (int run = 0; run < 5; ++run) {
-    const auto start = std::chrono::steady_clock::now();
-    std::memcpy(to.data(), from.data(), bytes);
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    from[static_cast<size_t>(run)] = to[bytes - 1 - static_cast<size_t>(run)];  // keep the copy
-    if (seconds > 0) best = std::max(best, 2.0 * static_cast<double>(bytes) / seconds);
+/// The node's copy bandwidth (bytes read plus written per second, summed over `threads` threads
+/// copying at once, what halo packing and redistribute's local copies do) at working sets from
+/// 256 KiB to 256 MiB: each thread copies its own buffers of a size, the best of several rounds.
+cost::BandwidthCurve copy_bandwidth_curve(int threads) {
+  cost::BandwidthCurve curve;
+  for (size_t bytes = size_t{64} << 10; bytes <= (size_t{128} << 20) / static_cast<size_t>(threads);
+       bytes *= 4) {
+    std::vector<std::vector<char>> from(static_cast<size_t>(threads)),
+        to(static_cast<size_t>(threads));
+    for (int t = 0; t < threads; ++t) {
+      from[static_cast<size_t>(t)].assign(bytes, static_cast<char>(t + 1));
+      to[static_cast<size_t>(t)].assign(bytes, 0);
+    }
+    // Enough copies per round to take about 20 ms from memory; the best of 5 rounds.
+    const int copies = static_cast<int>(std::clamp<size_t>((size_t{256} << 20) / bytes, 1, 4096));
+    double best = 0;
+    for (int round = 0; round < 5; ++round) {
+      std::vector<double> seconds(static_cast<size_t>(threads), 0);
+      std::vector<std::thread> workers;
+      for (int t = 0; t < threads; ++t)
+        workers.emplace_back([&, t] {
+          std::vector<char>& source = from[static_cast<size_t>(t)];
+          std::vector<char>& target = to[static_cast<size_t>(t)];
+          std::memcpy(target.data(), source.data(), bytes);  // first touch out of the timing
+          const auto start = std::chrono::steady_clock::now();
+          for (int c = 0; c < copies; ++c) {
+            std::memcpy(target.data(), source.data(), bytes);
+            source[static_cast<size_t>(c) % bytes] =
+                target[bytes - 1 - static_cast<size_t>(c) % bytes];
+          }
+          seconds[static_cast<size_t>(t)] =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        });
+      for (std::thread& worker : workers) worker.join();
+      const double slowest = *std::max_element(seconds.begin(), seconds.end());
+      if (slowest > 0)
+        best = std::max(best, 2.0 * static_cast<double>(bytes) * copies * threads / slowest);
+    }
+    curve.emplace_back(2.0 * static_cast<double>(bytes) * threads, best);
   }
-  return best;
+  return curve;
+}
+
+/// Seconds a strided host copy (copy_strided_host, what packing a halo face or a box does)
+/// spends per contiguous run besides its bytes: 32768 runs of 64 bytes out of rows of 128
+/// bytes, against one memcpy of the same bytes, both in the cache; the best of 20.
+double copy_run_seconds() {
+  constexpr int64_t kRuns = 32768, kRun = 16;  // floats per run
+  std::vector<float> source(static_cast<size_t>(2 * kRuns * kRun), 1.0f),
+      target(static_cast<size_t>(kRuns * kRun), 0.0f);
+  const int64_t shape[2] = {kRuns, kRun}, source_strides[2] = {2 * kRun, 1},
+                target_strides[2] = {kRun, 1};
+  double strided = 1e30, dense = 1e30;
+  for (int round = 0; round < 20; ++round) {
+    auto start = std::chrono::steady_clock::now();
+    copy_strided_host(target.data(), target_strides, source.data(), source_strides, shape, 2,
+                      sizeof(float));
+    auto middle = std::chrono::steady_clock::now();
+    std::memcpy(target.data(), source.data(), target.size() * sizeof(float));
+    auto end = std::chrono::steady_clock::now();
+    source[static_cast<size_t>(round)] = target[target.size() - 1 - static_cast<size_t>(round)];
+    strided = std::min(strided, std::chrono::duration<double>(middle - start).count());
+    dense = std::min(dense, std::chrono::duration<double>(end - middle).count());
+  }
+  return std::max(0.0, strided - dense) / static_cast<double>(kRuns);
 }
 
 nlohmann::json run_json(const std::string& command, const std::string& out) {
@@ -172,19 +235,29 @@ void calibrate(const EstimateOptions& options) {
   machine.shared_compute = true;
   machine.backend = "local";
 
-  // Links: bench comm's all_gather_v at 2 ranks, 64 KiB .. 16 MiB.
-  const std::string comm_args =
-      " bench comm --ranks 2 --min-bytes 65536 --max-bytes 16777216 --iterations 10 --json";
+  // Links: bench comm's all_gather_v at 2 ranks, 64 KiB .. 64 MiB in steps of 2 (two sweeps of
+  // steps of 4; working sets 192 KiB .. 192 MiB: in the caches and out of them), the best of 3
+  // runs per size.
+  const auto comm_runs = [&](const std::string& launch, const std::string& name) {
+    std::vector<nlohmann::json> runs;
+    for (int run = 0; run < 3; ++run)
+      for (size_t smallest : {size_t{64} << 10, size_t{128} << 10})
+        runs.push_back(run_json(
+            fmt::format("{} bench comm --ranks 2 --min-bytes {} --max-bytes {} --iterations 10 "
+                        "--json",
+                        launch, smallest, size_t{64} << 20),
+            at(fmt::format("{}{}-{}.json", name, run, smallest).c_str())));
+    return runs;
+  };
   cost::LinkSet local{.algorithm = cost::Algorithm::direct, .asynchronous = false};
-  local.intra = local.inter = fit_comm(
-      run_json("TESSERA_BACKEND=local TESSERA_TRACE= " + exe + comm_args, at("comm_local.json")),
-      "bench comm (local)");
+  local.intra = local.inter =
+      fit_comm(comm_runs("TESSERA_BACKEND=local TESSERA_TRACE= " + exe, "comm_local"), 1.0,
+               "bench comm (local)");
   machine.links["local"] = local;
   if (mpi_compiled() && std::system("command -v mpiexec > /dev/null 2>&1") == 0) {
     cost::LinkSet mpi{.algorithm = cost::Algorithm::mpi, .asynchronous = true};
-    mpi.intra = mpi.inter =
-        fit_comm(run_json("TESSERA_TRACE= mpiexec -n 2 " + exe + comm_args, at("comm_mpi.json")),
-                 "bench comm (mpiexec -n 2)");
+    mpi.intra = mpi.inter = fit_comm(comm_runs("TESSERA_TRACE= mpiexec -n 2 " + exe, "comm_mpi"),
+                                     0.5, "bench comm (mpiexec -n 2)");
     machine.links["mpi"] = mpi;
   }
 
@@ -220,7 +293,9 @@ void calibrate(const EstimateOptions& options) {
   const double cores = std::max(1u, std::thread::hardware_concurrency());
   for (auto* map : {&samples, &per_op})
     for (auto& [key, sample] : *map) sample.seconds /= cores;
-  machine.memory_bandwidth = copy_bandwidth();
+  machine.memory_bandwidth_by_working_set = copy_bandwidth_curve(static_cast<int>(cores));
+  machine.memory_bandwidth = machine.memory_bandwidth_by_working_set.back().second;
+  machine.copy_run_seconds = copy_run_seconds();
   double peak = 0;
   for (const auto& [family, sample] : samples)
     if (sample.seconds > 0) peak = std::max(peak, sample.flops / sample.seconds);
@@ -245,8 +320,17 @@ void calibrate(const EstimateOptions& options) {
       {"cores", std::thread::hardware_concurrency()},
       {"load_average_before", load_before},
       {"load_average_after", load_average()},
-      {"links", "bench comm all_gather_v at 2 ranks, 64 KiB..16 MiB (local; mpiexec -n 2)"},
-      {"memory_bandwidth", "a 64 MiB memcpy, the best of 5 (bytes read + written per second)"},
+      {"links",
+       "bench comm all_gather_v at 2 ranks, 64 KiB..64 MiB, the best of 3 runs per size (local; "
+       "mpiexec -n 2): alpha and beta fitted on relative error, beta_by_working_set per size at "
+       "the working set 3 N"},
+      {"memory_bandwidth",
+       "memcpy on every core at once, each of its own buffers, 64 KiB..64 MiB per core, the best "
+       "of 5 rounds (bytes read + written per second over the node; memory_bandwidth: the "
+       "largest size)"},
+      {"copy_run_seconds",
+       "a strided copy of 32768 runs of 64 bytes against one memcpy of the same bytes, in the "
+       "cache, the best of 20: the difference per run"},
       {"compute",
        "per op and per op family, flops or bytes over self time in traced one-rank runs: bench "
        "train (conv3d 2x8x24^3, hidden 16, 3 layers), bench na "

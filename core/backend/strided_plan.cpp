@@ -33,6 +33,20 @@ MergedDims merge_strided_dims(const int64_t* shape, int ndim, const int64_t* dst
   return merged;
 }
 
+int64_t strided_copy_runs(const int64_t* shape, int ndim, const int64_t* dst_strides,
+                          const int64_t* src_strides) {
+  std::vector<int64_t> dense(static_cast<size_t>(std::max(ndim, 0)), 1);
+  for (int d = ndim - 2; d >= 0; --d) dense[d] = dense[d + 1] * shape[d + 1];
+  const MergedDims merged =
+      merge_strided_dims(shape, ndim, dst_strides ? dst_strides : dense.data(),
+                         src_strides ? src_strides : dense.data());
+  if (merged.count == 0) return 0;
+  if (merged.extent.empty()) return 1;
+  const size_t last = merged.extent.size() - 1;
+  if (merged.dst_strides[last] != 1 || merged.src_strides[last] != 1) return merged.count;
+  return merged.count / merged.extent[last];
+}
+
 StridedPlan merge_dims(const int64_t* shape, int ndim, const int64_t* dst_strides,
                        const int64_t* src_strides, const std::string& op) {
   const MergedDims merged = merge_strided_dims(shape, ndim, dst_strides, src_strides);

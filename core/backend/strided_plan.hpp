@@ -27,6 +27,14 @@ struct MergedDims {
 MergedDims merge_strided_dims(const int64_t* shape, int ndim, const int64_t* dst_strides,
                               const int64_t* src_strides);
 
+/// The contiguous runs a strided copy of `shape` makes (what copy_strided_host calls memcpy
+/// for, after merge_strided_dims): the element count over the innermost merged extent when that
+/// dim has stride 1 in both operands, else the element count; 0 for no elements. A null
+/// `dst_strides` or `src_strides` is a dense row-major operand (packing to or unpacking from a
+/// buffer). What the trace records of a copy, and the cost model prices per run.
+int64_t strided_copy_runs(const int64_t* shape, int ndim, const int64_t* dst_strides,
+                          const int64_t* src_strides);
+
 /// Most dims an elementwise device kernel handles (after merging).
 constexpr int kMaxKernelDims = 8;
 

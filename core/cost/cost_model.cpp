@@ -27,10 +27,48 @@ double positive_number(const nlohmann::json& object, const char* key, const std:
   return number;
 }
 
+/// A bandwidth curve: [[bytes, bytes per second], ...], bytes positive and increasing.
+BandwidthCurve curve_from(const nlohmann::json& value, const std::string& where) {
+  check_arg(value.is_array(), kOp, "machine file: {} is not an array of [bytes, bytes/s] pairs",
+            where);
+  BandwidthCurve curve;
+  for (size_t i = 0; i < value.size(); ++i) {
+    const nlohmann::json& point = value[i];
+    const std::string at = fmt::format("{}[{}]", where, i);
+    check_arg(point.is_array() && point.size() == 2 && point[0].is_number() && point[1].is_number(),
+              kOp, "machine file: {} is not a [bytes, bytes/s] pair", at);
+    const double bytes = point[0].get<double>(), rate = point[1].get<double>();
+    check_arg(std::isfinite(bytes) && bytes > 0 && std::isfinite(rate) && rate > 0, kOp,
+              "machine file: {} = [{}, {}] must be two finite numbers > 0", at, bytes, rate);
+    check_arg(curve.empty() || bytes > curve.back().first, kOp,
+              "machine file: {} has {} bytes after {}: the working sets must increase", at, bytes,
+              curve.back().first);
+    curve.emplace_back(bytes, rate);
+  }
+  return curve;
+}
+
+nlohmann::json curve_to_json(const BandwidthCurve& curve) {
+  nlohmann::json points = nlohmann::json::array();
+  for (const auto& [bytes, rate] : curve) points.push_back({bytes, rate});
+  return points;
+}
+
 Link link_from(const nlohmann::json& object, const std::string& where) {
   check_arg(object.is_object(), kOp, "machine file: {} is not an object", where);
-  return {positive_number(object, "alpha", where, /*allow_zero=*/true),
-          positive_number(object, "beta", where)};
+  Link link{positive_number(object, "alpha", where, /*allow_zero=*/true),
+            positive_number(object, "beta", where)};
+  if (object.contains("beta_by_working_set"))
+    link.beta_by_working_set =
+        curve_from(object.at("beta_by_working_set"), where + ".beta_by_working_set");
+  return link;
+}
+
+nlohmann::json link_to_json(const Link& link) {
+  nlohmann::json object = {{"alpha", link.alpha}, {"beta", link.beta}};
+  if (!link.beta_by_working_set.empty())
+    object["beta_by_working_set"] = curve_to_json(link.beta_by_working_set);
+  return object;
 }
 
 Algorithm algorithm_from(const std::string& name, const std::string& where) {
@@ -103,6 +141,12 @@ Machine machine_from_json(const nlohmann::json& document) {
   const nlohmann::json& compute = document.at("compute");
   machine.op_overhead = positive_number(compute, "op_overhead", "compute", /*allow_zero=*/true);
   machine.memory_bandwidth = positive_number(compute, "memory_bandwidth", "compute");
+  if (compute.contains("copy_run_seconds"))
+    machine.copy_run_seconds =
+        positive_number(compute, "copy_run_seconds", "compute", /*allow_zero=*/true);
+  if (compute.contains("memory_bandwidth_by_working_set"))
+    machine.memory_bandwidth_by_working_set = curve_from(
+        compute.at("memory_bandwidth_by_working_set"), "compute.memory_bandwidth_by_working_set");
   check_arg(compute.contains("families") && compute.at("families").is_object(), kOp,
             "machine file: compute.families must be an object");
   for (const auto& [family, value] : compute.at("families").items()) {
@@ -126,8 +170,8 @@ nlohmann::json machine_to_json(const Machine& machine) {
   for (const auto& [backend, set] : machine.links) {
     links[backend] = {{"algorithm", algorithm_name(set.algorithm)},
                       {"asynchronous", set.asynchronous},
-                      {"intra", {{"alpha", set.intra.alpha}, {"beta", set.intra.beta}}},
-                      {"inter", {{"alpha", set.inter.alpha}, {"beta", set.inter.beta}}}};
+                      {"intra", link_to_json(set.intra)},
+                      {"inter", link_to_json(set.inter)}};
     if (set.nvls) links[backend]["nvls"] = {{"alpha", set.nvls->alpha}, {"beta", set.nvls->beta}};
   }
   document["links"] = links;
@@ -137,7 +181,37 @@ nlohmann::json machine_to_json(const Machine& machine) {
   document["compute"] = {{"op_overhead", machine.op_overhead},
                          {"memory_bandwidth", machine.memory_bandwidth},
                          {"families", families}};
+  if (machine.copy_run_seconds > 0)
+    document["compute"]["copy_run_seconds"] = machine.copy_run_seconds;
+  if (!machine.memory_bandwidth_by_working_set.empty())
+    document["compute"]["memory_bandwidth_by_working_set"] =
+        curve_to_json(machine.memory_bandwidth_by_working_set);
   return document;
+}
+
+double bandwidth_at(const BandwidthCurve& curve, double working_set, double fallback) {
+  if (curve.empty()) return fallback;
+  if (working_set <= curve.front().first) return curve.front().second;
+  if (working_set >= curve.back().first) return curve.back().second;
+  const auto above = std::upper_bound(
+      curve.begin(), curve.end(), working_set,
+      [](double bytes, const std::pair<double, double>& point) { return bytes < point.first; });
+  const auto below = std::prev(above);
+  const double t = std::log(working_set / below->first) / std::log(above->first / below->first);
+  return below->second * std::pow(above->second / below->second, t);
+}
+
+double copy_seconds(const Machine& machine, double bytes, double share, double runs) {
+  double seconds = 0;
+  if (runs > 0 && machine.copy_run_seconds > 0) {
+    const double threads =
+        machine.cores_per_node > 0 ? std::min(1.0, share * machine.cores_per_node) : 1.0;
+    seconds += runs * machine.copy_run_seconds / threads;
+  }
+  if (bytes <= 0) return seconds;
+  const double moved = 2 * bytes;  // read once, written once
+  return seconds + moved / (share * bandwidth_at(machine.memory_bandwidth_by_working_set,
+                                                 moved / share, machine.memory_bandwidth));
 }
 
 std::string op_family(std::string_view event_name) {
@@ -227,11 +301,32 @@ bool collective_of(std::string_view name, Collective& collective) {
   return false;
 }
 
+double collective_working_set(Collective collective, std::span<const double> bytes) {
+  const double p = static_cast<double>(bytes.size());
+  if (bytes.empty()) return 0;
+  const double largest = *std::max_element(bytes.begin(), bytes.end());
+  const double total = std::accumulate(bytes.begin(), bytes.end(), 0.0);
+  switch (collective) {
+    case Collective::all_gather_v:
+    case Collective::reduce_scatter_v: return (p + 1) * largest;  // P whole buffers, P blocks
+    case Collective::all_reduce: return 2 * p * largest;          // input and output per member
+    case Collective::broadcast: return p * largest;
+    case Collective::all_to_all_v:
+    case Collective::scatter_v:
+    case Collective::gather_v: return 2 * total;  // what is sent, and as much received
+    case Collective::barrier:
+    case Collective::split: return 0;
+  }
+  return 0;
+}
+
 double collective_seconds(Algorithm algorithm, const Link& link, Collective collective,
-                          std::span<const double> bytes, int root) {
+                          std::span<const double> bytes, int root, double contention) {
   const int p = static_cast<int>(bytes.size());
   if (p <= 1) return 0;
-  const double a = link.alpha, b = link.beta, lg = log2_ceil(p), share = (p - 1.0) / p;
+  const double a = link.alpha, lg = log2_ceil(p), share = (p - 1.0) / p;
+  const double b =
+      link.beta_at(collective_working_set(collective, bytes)) / std::max(1.0, contention);
   const double largest = *std::max_element(bytes.begin(), bytes.end());
   double others = std::accumulate(bytes.begin(), bytes.end(), 0.0);
   if (root >= 0 && root < p) others -= bytes[static_cast<size_t>(root)];
@@ -239,9 +334,10 @@ double collective_seconds(Algorithm algorithm, const Link& link, Collective coll
     case Algorithm::direct:  // each rank copies (and reduces) straight from its peers' buffers
       switch (collective) {
         case Collective::all_reduce: return a + (p - 1) * largest / b;
+        // Each rank copies its whole result, its own block included (the local backend).
         case Collective::all_gather_v:
         case Collective::reduce_scatter_v:
-        case Collective::all_to_all_v: return a + share * largest / b;
+        case Collective::all_to_all_v: return a + largest / b;
         case Collective::broadcast: return a + largest / b;
         case Collective::scatter_v: return a + largest / b;
         case Collective::gather_v: return a + others / b;
@@ -401,6 +497,22 @@ Link fit_link(std::span<const double> bytes, std::span<const double> seconds) {
     slope = swxx > 0 ? swxy / swxx : 0;
   }
   return {alpha, slope > 0 ? 1 / slope : 1e30};
+}
+
+Link fit_link_curve(std::span<const double> bytes, std::span<const double> seconds,
+                    std::span<const double> working_sets) {
+  check_arg(working_sets.size() == bytes.size(), kOp,
+            "fitting a link: {} working sets for {} samples", working_sets.size(), bytes.size());
+  Link link = fit_link(bytes, seconds);
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    // Where alpha is most of the time, the difference says little about the bandwidth.
+    if (seconds[i] < 2 * link.alpha || bytes[i] <= 0) continue;
+    if (!link.beta_by_working_set.empty() &&
+        working_sets[i] <= link.beta_by_working_set.back().first)
+      continue;
+    link.beta_by_working_set.emplace_back(working_sets[i], bytes[i] / (seconds[i] - link.alpha));
+  }
+  return link;
 }
 
 }  // namespace tessera::cost

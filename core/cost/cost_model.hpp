@@ -15,11 +15,28 @@
 
 namespace tessera::cost {
 
-/// One link class: a message of n bytes takes alpha + n / beta seconds.
+/// A bandwidth measured at several working sets: (bytes touched, bytes per second) points with
+/// the bytes strictly increasing. Between two points the bandwidth is interpolated linearly in
+/// log(bytes) and log(bandwidth); outside them it is the nearest point's. On a CPU the same copy
+/// runs several times faster while its buffers fit the caches than when they stream from memory.
+using BandwidthCurve = std::vector<std::pair<double, double>>;
+
+/// The bandwidth of `curve` at `working_set` bytes; `fallback` when the curve is empty.
+double bandwidth_at(const BandwidthCurve& curve, double working_set, double fallback);
+
+/// One link class: a message of n bytes takes alpha + n / beta seconds, beta taken from
+/// `beta_by_working_set` at the bytes the transfer touches when the link has that curve.
 struct Link {
   double alpha = 0;  ///< seconds per message (latency and software overhead)
   double beta = 1;   ///< bytes per second
-  double seconds(double bytes) const { return alpha + bytes / beta; }
+  /// Measured beta by working set (the bytes a transfer's buffers take on the node: a
+  /// collective's every member's send and receive buffers); empty: `beta` at every size.
+  BandwidthCurve beta_by_working_set{};
+  double beta_at(double working_set) const {
+    return bandwidth_at(beta_by_working_set, working_set, beta);
+  }
+  /// A message of `bytes` whose send and receive buffers are the working set.
+  double seconds(double bytes) const { return alpha + bytes / beta_at(2 * bytes); }
 };
 
 /// How a backend runs its collectives (the formulas are in collective_seconds).
@@ -63,10 +80,25 @@ struct Machine {
   std::string backend;                   ///< the backend modeled unless the caller names one
   std::map<std::string, LinkSet> links;  ///< by backend name
   double op_overhead = 0;                ///< seconds added to every op (launch, dispatch)
-  double memory_bandwidth = 1;           ///< bytes/s of local copies (halo packing, redistribute)
+  /// Bytes read plus written per second of local copies (halo packing, redistribute) on the
+  /// whole node, when the copy streams from memory.
+  double memory_bandwidth = 1;
+  /// The same by the node's working set (every rank's source and destination); empty:
+  /// memory_bandwidth at every size.
+  BandwidthCurve memory_bandwidth_by_working_set{};
+  /// Seconds a cpu copy spends per contiguous run besides its bytes (a strided copy is one
+  /// memcpy per run: halo faces, box exchanges); 0: not modeled.
+  double copy_run_seconds = 0;
   std::map<std::string, Throughput> families;        ///< by op family; "default" for the rest
   nlohmann::json source = nlohmann::json::object();  ///< the file as read (sources, notes)
 };
+
+/// Seconds of a local copy of `bytes` (read once, written once) in `runs` contiguous runs by a
+/// rank that has `share` of its node: 2 bytes / (share * the node's copy bandwidth at the
+/// working set 2 bytes / share, every rank of the node copying alike), plus runs *
+/// copy_run_seconds on the rank's copying thread (stretched by k / c when the node's k ranks
+/// share c < k cores: share * cores_per_node < 1).
+double copy_seconds(const Machine& machine, double bytes, double share = 1, double runs = 0);
 
 /// Parses a machine file; throws InvalidArgument("estimate", ...) naming what is wrong.
 Machine machine_from_json(const nlohmann::json& document);
@@ -112,12 +144,20 @@ enum class Collective : uint8_t {
 /// The collective of a trace event's name ("all_reduce start" -> all_reduce); false if none.
 bool collective_of(std::string_view event_name, Collective& collective);
 
+/// The bytes one collective's buffers take over all its members (each member's send and receive
+/// buffers; `bytes` as in collective_seconds): all_gather_v and reduce_scatter_v (P + 1) N,
+/// all_reduce 2 P n, broadcast P n, all_to_all_v, scatter_v and gather_v twice the members'
+/// bytes. What a link's beta_by_working_set is looked up at.
+double collective_working_set(Collective collective, std::span<const double> bytes);
+
 /// Seconds of one collective over `bytes.size()` members with `link` and `algorithm`. `bytes`
 /// holds each member's recorded bytes: all_reduce, broadcast: the buffer; all_gather_v,
 /// reduce_scatter_v: the whole (gathered / reduced) buffer; all_to_all: what the member sends;
 /// scatter_v, gather_v: the member's block. `root` is the member rank of a rooted collective.
+/// `contention` multiplies the bandwidth term: k ranks of a node with c < k cores copy with
+/// c cores at a time (direct and mpi within a node: the cores do the copies), k / c.
 double collective_seconds(Algorithm algorithm, const Link& link, Collective collective,
-                          std::span<const double> bytes, int root = 0);
+                          std::span<const double> bytes, int root = 0, double contention = 1);
 
 /// The algorithms NCCL chooses between (src/graph/tuning.cc; docs/scaling.md has the formulas).
 enum class NcclAlgorithm : uint8_t {
@@ -222,5 +262,11 @@ double median(std::vector<double> values);
 /// Least-squares fit of seconds = alpha + bytes / beta over (bytes, seconds) samples (alpha
 /// clamped at 0; beta positive).
 Link fit_link(std::span<const double> bytes, std::span<const double> seconds);
+
+/// fit_link, and the link's beta_by_working_set from the same samples: at each sample whose
+/// time is at least twice alpha, bytes / (seconds - alpha) at that sample's working set
+/// (`working_sets`, increasing; a later sample at the same working set is skipped).
+Link fit_link_curve(std::span<const double> bytes, std::span<const double> seconds,
+                    std::span<const double> working_sets);
 
 }  // namespace tessera::cost

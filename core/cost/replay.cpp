@@ -63,6 +63,7 @@ struct Action {
   std::string group{};
   int group_rank = 0, group_size = 1, root = 0;
   double bytes = 0;
+  double runs = 0;  // contiguous runs of a strided collective's blocks (all_to_all_w)
   int64_t id = -1;
   std::vector<Message> messages{};
   std::string name{};
@@ -123,6 +124,7 @@ class RankProgram {
   }
 
   std::vector<Action>& actions() { return actions_; }
+  double share() const { return share_; }
 
  private:
   void compute(double seconds, const std::string& name) {
@@ -134,7 +136,16 @@ class RankProgram {
     actions_.push_back(std::move(action));
   }
 
-  double copy_seconds(double bytes) const { return bytes / (machine_.memory_bandwidth * share_); }
+  double copy_seconds(double bytes, double runs = 0) const {
+    return cost::copy_seconds(machine_, bytes, share_, runs);
+  }
+  /// The bytes and runs a halo or redistribute event copied (`copied_bytes`, `copy_runs`), or
+  /// `fallback` bytes in one run per message for a trace that did not record them.
+  double recorded_copy(const Event& event, double fallback) const {
+    if (event.args == nullptr || !event.args->contains("copied_bytes"))
+      return copy_seconds(fallback);
+    return copy_seconds(number_arg(event, "copied_bytes"), number_arg(event, "copy_runs"));
+  }
 
   void visit_children(const Event& event, size_t from = 0, size_t to = SIZE_MAX) {
     for (size_t c = from; c < event.children.size() && c < to; ++c) visit(event.children[c]);
@@ -181,7 +192,7 @@ class RankProgram {
       for (size_t child : event.children)
         if (events_[child].name == "send_recv start")
           packed += number_arg(events_[child], "bytes_sent");
-      compute(copy_seconds(packed), "halo pack");
+      compute(recorded_copy(event, packed), "halo pack");
       visit_children(event);
       return;
     }
@@ -193,7 +204,7 @@ class RankProgram {
           if (auto it = received_.find(static_cast<int64_t>(number_arg(events_[child], "id", -1)));
               it != received_.end())
             unpacked += it->second;
-      compute(copy_seconds(unpacked), "halo unpack");
+      compute(recorded_copy(event, unpacked), "halo unpack");
       return;
     }
     if (event.cat == "redistribute") {
@@ -201,7 +212,9 @@ class RankProgram {
           "redistribute " + text_arg(event, "from") + " -> " + text_arg(event, "to");
       actions_.push_back({.kind = Action::Kind::call_begin, .name = call});
       visit_children(event);
-      compute(copy_seconds(number_arg(event, "local_bytes")), "redistribute copy");
+      // What the redistribute copied outside its collectives (traces before `copied_bytes`:
+      // its local tensor's bytes).
+      compute(recorded_copy(event, number_arg(event, "local_bytes")), "redistribute copy");
       actions_.push_back({.kind = Action::Kind::call_end, .name = call});
       return;
     }
@@ -235,6 +248,7 @@ class RankProgram {
         action.asynchronous = asynchronous_ && event.name.ends_with(" start");
         group_of(event, action);
         action.bytes = number_arg(event, "bytes");
+        action.runs = number_arg(event, "runs");
         action.root = static_cast<int>(number_arg(event, "root", 0));
         action.id = static_cast<int64_t>(number_arg(event, "id", -1));
         actions_.push_back({.kind = Action::Kind::call_begin, .name = event.name});
@@ -316,6 +330,7 @@ struct Instance {
   int expected = 0, arrived = 0, root = 0;
   std::vector<double> bytes;  // by group rank
   std::vector<int> members;   // world ranks by group rank
+  double runs = 0;            // the most contiguous runs of one member's strided blocks
   double last = 0, done = -1, seconds = 0;
 };
 
@@ -373,6 +388,17 @@ Prediction replay(const nlohmann::json& trace, const Machine& machine,
   const auto link_between = [&](int a, int b) -> const Link& {
     return node_of(a) == node_of(b) ? links.intra : links.inter;
   };
+  std::map<int, int> per_node;
+  for (int r = 0; r < ranks; ++r) ++per_node[node_of(r)];
+  // Within a node of a machine whose ranks share its cores, the local and MPI backends copy
+  // with the ranks' cores: k ranks on c < k cores copy c at a time.
+  const bool cores_copy =
+      machine.shared_compute && machine.cores_per_node > 0 &&
+      (links.algorithm == Algorithm::direct || links.algorithm == Algorithm::mpi);
+  const auto contention_on = [&](int node) {
+    return cores_copy ? std::max(1.0, static_cast<double>(per_node[node]) / machine.cores_per_node)
+                      : 1.0;
+  };
 
   // Who is in which communicator: the world, and each split as its members recorded it.
   std::map<std::string, std::vector<int>> members;
@@ -398,8 +424,6 @@ Prediction replay(const nlohmann::json& trace, const Machine& machine,
   };
 
   // Ranks per node share its compute on a machine whose ranks share cores.
-  std::map<int, int> per_node;
-  for (int r = 0; r < ranks; ++r) ++per_node[node_of(r)];
   std::vector<RankProgram> programs;
   programs.reserve(static_cast<size_t>(ranks));
   for (auto& [pid, events] : launch.events) {
@@ -444,8 +468,12 @@ Prediction replay(const nlohmann::json& trace, const Machine& machine,
         ++algorithms[fmt::format("{} {}", collective, nccl_algorithm_name(choice.algorithm))];
       }
     } else {
+      const double contention = crosses ? 1.0 : contention_on(node_of(instance.members[0]));
       instance.seconds = collective_seconds(links.algorithm, crosses ? links.inter : links.intra,
-                                            instance.collective, bytes, instance.root);
+                                            instance.collective, bytes, instance.root, contention);
+      // Strided blocks (all_to_all_w) are copied by the cores one run at a time.
+      if (links.algorithm == Algorithm::direct || links.algorithm == Algorithm::mpi)
+        instance.seconds += instance.runs * machine.copy_run_seconds * contention;
     }
     instance.done = instance.last + instance.seconds;
   };
@@ -466,6 +494,7 @@ Prediction replay(const nlohmann::json& trace, const Machine& machine,
               "(call {} on group {})",
               rank, action.name, instance.name, n, action.group);
     const int at = action.group_rank >= 0 ? action.group_rank : instance.arrived;
+    instance.runs = std::max(instance.runs, action.runs);
     if (at < instance.expected) {
       instance.bytes[static_cast<size_t>(at)] = action.bytes;
       instance.members[static_cast<size_t>(at)] = rank;
@@ -480,10 +509,17 @@ Prediction replay(const nlohmann::json& trace, const Machine& machine,
       const Post send = sends.front(), recv = recvs.front();
       sends.pop_front();
       recvs.pop_front();
-      const double transfer =
-          send.world == recv.world
-              ? send.bytes / machine.memory_bandwidth
-              : link_between(send.world, recv.world).seconds(send.bytes) + send.offset;
+      double transfer = 0;
+      if (send.world == recv.world) {
+        transfer =
+            copy_seconds(machine, send.bytes, programs[static_cast<size_t>(send.world)].share());
+      } else {
+        const Link& link = link_between(send.world, recv.world);
+        const double contention =
+            node_of(send.world) == node_of(recv.world) ? contention_on(node_of(send.world)) : 1.0;
+        transfer =
+            link.alpha + contention * send.bytes / link.beta_at(2 * send.bytes) + send.offset;
+      }
       const double arrival = std::max(send.time, recv.time) + transfer;
       for (size_t b : {send.batch, recv.batch}) {
         batches[b].done = std::max(batches[b].done, arrival);
@@ -570,7 +606,7 @@ Prediction replay(const nlohmann::json& trace, const Machine& machine,
             if (message.send) {
               const Link& link = link_between(r, peer_world);
               const int klass = node_of(r) == node_of(peer_world) ? 0 : 1;
-              post.offset = sent_on_link[klass] / link.beta;
+              post.offset = sent_on_link[klass] / link.beta_at(2 * sent_on_link[klass]);
               sent_on_link[klass] += message.bytes;
               key = {action.group, self, message.peer};
               channels[key].first.push_back(post);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <map>
 
+#include "core/backend/strided_plan.hpp"
 #include "core/tensor_arith.hpp"
 #include "core/trace.hpp"
 
@@ -35,6 +36,13 @@ std::vector<PeerMessage> group_by_peer(const std::vector<HaloTransfer>& transfer
 /// A message buffer of `elements` elements on `like`'s device.
 Tensor message_buffer(int64_t elements, const Tensor& like) {
   return Tensor::empty({elements}, like.dtype(), like.device());
+}
+
+/// Contiguous runs of copying `view` to or from a dense buffer (`other` null) or between `view`
+/// and `other` (same shape): what the trace's copy_runs counts and the cost model prices.
+int64_t copy_runs(const Tensor& view, const Tensor* other = nullptr) {
+  return strided_copy_runs(view.shape().data(), view.ndim(), view.strides().data(),
+                           other ? other->strides().data() : nullptr);
 }
 
 /// The `box`-shaped piece of a message buffer starting at element `offset` (a view).
@@ -74,8 +82,10 @@ bool needs_no_halo(const HaloPlan& plan) {
 
 /// Posts the exchange of `plan` reading the owned piece from `source` into `haloed`; with
 /// `in_place`, `source` is the interior of `haloed` itself and the interior copy is skipped.
+/// Records on `span` the bytes it copies (packing, self copies; zero fills as half a copy's
+/// traffic) and their contiguous runs.
 HaloExchange start_exchange(const HaloPlan& plan, const Tensor& source, Tensor haloed,
-                            bool in_place, Comm& comm, int tag) {
+                            bool in_place, Comm& comm, int tag, trace::Span& span) {
   const size_t element = source.element_size();
   HaloExchange exchange;
   exchange.in_flight_ = std::make_unique<HaloExchange::InFlight>();
@@ -90,8 +100,12 @@ HaloExchange start_exchange(const HaloPlan& plan, const Tensor& source, Tensor h
     ops.push_back(P2POp::recv(state.recv_buffers.back().comm_data(), message.elements * element,
                               message.peer, tag));
   }
+  int64_t copied = 0, runs = 0;
   for (const PeerMessage& message : group_by_peer(plan.sends())) {
     Tensor buffer = message_buffer(message.elements, source);
+    copied += message.elements * static_cast<int64_t>(element);
+    for (size_t index : message.transfers)
+      runs += copy_runs(source.view_box(plan.sends()[index].owned_box));
     if (!buffer.is_shape_only()) {  // estimate mode sends the message without packing it
       auto* out = static_cast<char*>(buffer.raw_data());
       for (size_t index : message.transfers) {
@@ -110,9 +124,22 @@ HaloExchange start_exchange(const HaloPlan& plan, const Tensor& source, Tensor h
   const Box whole = Box::of_shape(source.shape());
   for (const HaloTransfer& copy : plan.self_copies()) {
     if (in_place && copy.owned_box == whole && copy.haloed_box == interior) continue;
-    exchange.haloed_.view_box(copy.haloed_box).copy_from(source.view_box(copy.owned_box));
+    Tensor target = exchange.haloed_.view_box(copy.haloed_box);
+    const Tensor from = source.view_box(copy.owned_box);
+    copied += static_cast<int64_t>(from.nbytes());
+    runs += copy_runs(target, &from);
+    target.copy_from(from);
   }
-  for (const Box& box : plan.zero_boxes()) exchange.haloed_.view_box(box).fill(0);
+  for (const Box& box : plan.zero_boxes()) {
+    Tensor target = exchange.haloed_.view_box(box);
+    copied += static_cast<int64_t>(target.nbytes()) / 2;  // written only
+    runs += copy_runs(target);
+    target.fill(0);
+  }
+  if (span.recording()) {
+    span.arg("copied_bytes", copied);
+    span.arg("copy_runs", runs);
+  }
   return exchange;
 }
 
@@ -129,7 +156,7 @@ HaloExchange halo_begin(const HaloPlan& plan, const Tensor& owned, Comm& comm, i
   }
   return start_exchange(plan, owned,
                         Tensor::empty(plan.haloed_shape(), owned.dtype(), owned.device()),
-                        /*in_place=*/false, comm, tag);
+                        /*in_place=*/false, comm, tag, span);
 }
 
 HaloExchange halo_begin_in_place(const HaloPlan& plan, const Tensor& haloed, Comm& comm, int tag) {
@@ -138,7 +165,7 @@ HaloExchange halo_begin_in_place(const HaloPlan& plan, const Tensor& haloed, Com
             "haloed tensor of shape {} on rank {}, the plan says {}", haloed.shape(), plan.rank(),
             plan.haloed_shape());
   return start_exchange(plan, haloed.view_box(plan.interior_box()), haloed, /*in_place=*/true, comm,
-                        tag);
+                        tag, span);
 }
 
 Tensor HaloExchange::finish() {
@@ -146,13 +173,21 @@ Tensor HaloExchange::finish() {
   trace::Span span("halo", "halo_end");
   auto& state = *in_flight_;
   state.batch->wait();
+  int64_t copied = 0, runs = 0;
   for (size_t m = 0; m < state.incoming.size(); ++m) {
     int64_t offset = 0;
     for (size_t index : state.incoming[m].transfers) {
       const Box& box = state.plan->recvs()[index].haloed_box;
-      haloed_.view_box(box).copy_from(piece_of(state.recv_buffers[m], offset, box));
+      Tensor target = haloed_.view_box(box);
+      copied += static_cast<int64_t>(target.nbytes());
+      runs += copy_runs(target);
+      target.copy_from(piece_of(state.recv_buffers[m], offset, box));
       offset += box.volume();
     }
+  }
+  if (span.recording()) {
+    span.arg("copied_bytes", copied);
+    span.arg("copy_runs", runs);
   }
   in_flight_.reset();
   return haloed_;

@@ -12,6 +12,10 @@
 
 namespace tessera {
 
+namespace trace {
+class Span;
+}
+
 /// An exchange in flight: the haloed tensor (interior and zero boxes already valid) and the
 /// messages still on the wire.
 class HaloExchange {
@@ -26,7 +30,8 @@ class HaloExchange {
 
  private:
   friend HaloExchange halo_begin(const HaloPlan&, const Tensor&, Comm&, int);
-  friend HaloExchange start_exchange(const HaloPlan&, const Tensor&, Tensor, bool, Comm&, int);
+  friend HaloExchange start_exchange(const HaloPlan&, const Tensor&, Tensor, bool, Comm&, int,
+                                     trace::Span&);
   HaloExchange() = default;
   struct InFlight;
   std::unique_ptr<InFlight> in_flight_;

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -95,6 +96,54 @@ TEST(Trace, ATracedTrainingStepWritesEveryCategoryWithOnePidPerRank) {
       testing::remove_test_dir(*comm, dir);
     });
   }
+}
+
+TEST(Trace, ARedistributeRecordsTheBytesItCopiesOutsideItsCollectives) {
+  // [8, 6] f32 on 2 ranks. S(0) -> S(1): each rank keeps its [4, 3] corner (48 bytes copied),
+  // the rest travels in the all_to_all. S(0) -> R: an all_gather straight into the result (0).
+  // S(1) -> R: gathered blocks unpacked into the [8, 6] result (192 bytes).
+  testing::run_world(2, [&](std::shared_ptr<Comm> comm) {
+    const std::string dir = testing::make_test_dir(*comm, "trace", "copied");
+    const std::string file = dir + "/trace.json";
+    if (comm->rank() == 0 || testing::mpi_backend()) trace::start(file);
+    comm->barrier();
+    trace::traced(comm, [&](std::shared_ptr<Comm> traced_comm) {
+      DeviceMesh mesh(traced_comm, {2}, {"x"});
+      testing::CaseRng rng(5);
+      const Tensor full = testing::integer_tensor({8, 6}, DType::f32, rng, -3, 3);
+      const ShardTensor rows = ShardTensor::distribute(full, mesh, {Placement::shard(0)});
+      const ShardTensor columns = rows.redistribute({Placement::shard(1)});
+      rows.redistribute({Placement::replicate()});
+      columns.redistribute({Placement::replicate()});
+    });
+    if (comm->rank() == 0) {
+      std::ifstream in(file);
+      ASSERT_TRUE(in) << "no trace file " << file;
+      const nlohmann::json document = nlohmann::json::parse(in);
+      std::map<std::string, std::set<int64_t>> copied;  // by target layout, over both ranks
+      for (const nlohmann::json& event : document["traceEvents"])
+        if (event["ph"] == "X" && event["cat"] == "redistribute") {
+          ASSERT_TRUE(event["args"].contains("copied_bytes")) << event.dump();
+          copied[event["args"]["to"].get<std::string>()].insert(
+              event["args"]["copied_bytes"].get<int64_t>());
+        }
+      ASSERT_EQ(copied.size(), 2u);  // to S(1) and to R
+      int64_t to_columns = -1;
+      std::set<int64_t> to_replicate;
+      for (const auto& [to, values] : copied)
+        if (to.find("S(1)") != std::string::npos) {
+          ASSERT_EQ(values.size(), 1u);
+          to_columns = *values.begin();
+        } else {
+          to_replicate = values;
+        }
+      EXPECT_EQ(to_columns, 48);
+      EXPECT_EQ(to_replicate, (std::set<int64_t>{0, 192}));
+    }
+    comm->barrier();
+    trace::stop();
+    testing::remove_test_dir(*comm, dir);
+  });
 }
 
 }  // namespace

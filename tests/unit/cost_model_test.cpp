@@ -105,7 +105,8 @@ json halo_trace(double interior_flops) {
 
 TEST(CostModel, HaloExchangeOverlapsTheInteriorCompute) {
   const Machine machine = machine_from_json(toy_machine(2));
-  const double pack = 1e6 / 1e10, message = 1e-6 + 1e6 / 1e9, unpack = 1e6 / 1e10;
+  // Packing reads and writes each byte once: 2 MB at the machine's 10 GB/s of copies.
+  const double pack = 2e6 / 1e10, message = 1e-6 + 1e6 / 1e9, unpack = 2e6 / 1e10;
   const double boundary = 5e5 / 1e9;
   // Interior (2 ms) longer than the message (1.001 ms): the message is hidden.
   const Prediction hidden = replay(halo_trace(2e6), machine);
@@ -327,6 +328,119 @@ TEST(CostModel, OpFamilies) {
   EXPECT_EQ(op_family("gelu"), "pointwise");
 }
 
+TEST(CostModel, BandwidthCurveInterpolatesInLogsAndClampsAtItsEnds) {
+  const BandwidthCurve curve{{1e6, 4e10}, {1e8, 4e9}};
+  EXPECT_DOUBLE_EQ(bandwidth_at({}, 5e6, 7.0), 7.0);                   // no curve: the fallback
+  EXPECT_DOUBLE_EQ(bandwidth_at(curve, 1e3, 1), 4e10);                 // below the first point
+  EXPECT_DOUBLE_EQ(bandwidth_at(curve, 1e9, 1), 4e9);                  // beyond the last
+  EXPECT_NEAR(bandwidth_at(curve, 1e7, 1), std::sqrt(4e10 * 4e9), 1);  // halfway in logs
+  EXPECT_DOUBLE_EQ(bandwidth_at(curve, 1e6, 1), 4e10);
+  // A message's working set is its send and receive buffers.
+  const Link link{1e-6, 1, curve};
+  EXPECT_DOUBLE_EQ(link.seconds(4e5), 1e-6 + 4e5 / 4e10);
+  EXPECT_DOUBLE_EQ(link.seconds(5e7), 1e-6 + 5e7 / 4e9);
+}
+
+TEST(CostModel, ACollectiveTakesTheBandwidthOfItsWorkingSet) {
+  // All-gathers over 2 members of a link 40 GB/s up to 3 MB touched, 4 GB/s from 300 MB.
+  const Link link{1e-6, 1, {{3e6, 4e10}, {3e8, 4e9}}};
+  EXPECT_DOUBLE_EQ(collective_working_set(Collective::all_gather_v, std::vector{1e6, 1e6}), 3e6);
+  EXPECT_DOUBLE_EQ(collective_working_set(Collective::all_reduce, std::vector{1e6, 1e6, 1e6}), 6e6);
+  EXPECT_DOUBLE_EQ(collective_working_set(Collective::all_to_all_v, std::vector{1e6, 3e6}), 8e6);
+  EXPECT_DOUBLE_EQ(collective_working_set(Collective::broadcast, std::vector{2e6, 2e6}), 4e6);
+  EXPECT_DOUBLE_EQ(collective_working_set(Collective::barrier, std::vector{1.0, 1.0}), 0);
+  // The local backend's ranks each copy the whole gathered buffer, their own block too.
+  EXPECT_DOUBLE_EQ(
+      collective_seconds(Algorithm::direct, link, Collective::all_gather_v, std::vector{1e6, 1e6}),
+      1e-6 + 1e6 / 4e10);
+  EXPECT_DOUBLE_EQ(
+      collective_seconds(Algorithm::direct, link, Collective::all_gather_v, std::vector{1e8, 1e8}),
+      1e-6 + 1e8 / 4e9);
+  // Contention (ranks beyond the node's cores) stretches the bandwidth term only.
+  EXPECT_DOUBLE_EQ(collective_seconds(Algorithm::mpi, link, Collective::all_gather_v,
+                                      std::vector{1e8, 1e8}, 0, 2.0),
+                   1e-6 + 2 * 0.5e8 / 4e9);
+}
+
+TEST(CostModel, RanksBeyondTheCoresOfANodeCopyAFewAtATime) {
+  // 2 or 4 ranks of one 2-core node all-gather 1 MB through shared memory (1 us + n / 1 GB/s,
+  // each rank copying the whole 1 MB): with 4 ranks two copy at a time, so the bandwidth term
+  // doubles; NCCL (GPUs) does not share.
+  const auto gather = [](int ranks) {
+    json events = json::array();
+    for (int r = 0; r < ranks; ++r) {
+      events.push_back(rank_name(r));
+      events.push_back(event(r, "comm", "all_gather_v", 1, 10,
+                             {{"bytes", 1e6}, {"group", "w"}, {"ranks", ranks}, {"rank", r}}));
+    }
+    return json{{"traceEvents", events}};
+  };
+  json document = toy_machine(4);
+  document["shared_compute"] = true;
+  document["cores_per_node"] = 2;
+  document["backend"] = "local";
+  document["links"]["local"] = {{"algorithm", "direct"},
+                                {"intra", {{"alpha", 1e-6}, {"beta", 1e9}}}};
+  const Machine machine = machine_from_json(document);
+  EXPECT_NEAR(replay(gather(2), machine).step_seconds, 1e-6 + 1e6 / 1e9, 1e-12);
+  EXPECT_NEAR(replay(gather(4), machine).step_seconds, 1e-6 + 2 * 1e6 / 1e9, 1e-12);
+  ReplayOptions nccl;
+  nccl.backend = "nccl";  // ring over the intra link: 3 alpha + 0.75 n / beta, no contention
+  EXPECT_NEAR(replay(gather(4), machine, nccl).step_seconds, 3e-6 + 0.75e6 / 1e9, 1e-12);
+  document.erase("cores_per_node");  // cores unknown: no contention
+  EXPECT_NEAR(replay(gather(4), machine_from_json(document)).step_seconds, 1e-6 + 1e6 / 1e9, 1e-12);
+}
+
+TEST(CostModel, LocalCopiesTakeTheNodesBandwidthAtTheirWorkingSet) {
+  json document = toy_machine(2);
+  document["compute"]["memory_bandwidth_by_working_set"] = {{1e6, 1e11}, {1e8, 1e10}};
+  const Machine machine = machine_from_json(document);
+  // 0.25 MB copied by the only rank: 0.5 MB read and written, in the cache.
+  EXPECT_DOUBLE_EQ(copy_seconds(machine, 2.5e5), 5e5 / 1e11);
+  // The same by one of two ranks copying alike: half of the node at a 1 MB working set.
+  EXPECT_DOUBLE_EQ(copy_seconds(machine, 2.5e5, 0.5), 5e5 / (0.5 * 1e11));
+  // 100 MB: streamed from memory.
+  EXPECT_DOUBLE_EQ(copy_seconds(machine, 1e8), 2e8 / 1e10);
+  // Without the curve: memory_bandwidth (10 GB/s) at every size.
+  EXPECT_DOUBLE_EQ(copy_seconds(machine_from_json(toy_machine(2)), 2.5e5), 5e5 / 1e10);
+  EXPECT_EQ(copy_seconds(machine, 0), 0);
+  // Runs: each costs copy_run_seconds on the rank's thread, stretched when the node's ranks
+  // outnumber its cores (share * cores < 1).
+  document["compute"]["copy_run_seconds"] = 1e-8;
+  document["cores_per_node"] = 2;
+  const Machine strided = machine_from_json(document);
+  EXPECT_DOUBLE_EQ(copy_seconds(strided, 2.5e5, 1, 1000), 5e5 / 1e11 + 1e-5);
+  EXPECT_DOUBLE_EQ(copy_seconds(strided, 2.5e5, 0.5, 1000), 5e5 / (0.5 * 1e11) + 1e-5);
+  EXPECT_DOUBLE_EQ(copy_seconds(strided, 1.25e5, 0.25, 1000), 2.5e5 / (0.25 * 1e11) + 2e-5);
+  EXPECT_DOUBLE_EQ(copy_seconds(strided, 0, 1, 1000), 1e-5);
+  EXPECT_DOUBLE_EQ(machine_from_json(machine_to_json(strided)).copy_run_seconds, 1e-8);
+}
+
+TEST(CostModel, FitLinkCurveMeasuresBetaAtEachWorkingSet) {
+  // alpha 5 us; 20 GB/s while the working set (3x the bytes) is small, 5 GB/s beyond 30 MB.
+  const std::vector<double> bytes{1e3, 1e5, 1e6, 1e7, 1e8};
+  std::vector<double> seconds, working_sets;
+  for (double n : bytes) {
+    working_sets.push_back(3 * n);
+    seconds.push_back(5e-6 + n / (3 * n <= 3e7 ? 2e10 : 5e9));
+  }
+  const Link link = fit_link_curve(bytes, seconds, working_sets);
+  EXPECT_GT(link.alpha, 0);
+  // 1e3 B takes 5.05 us: alpha's share, no point; every other size gives its own beta back
+  // (within what the one alpha fitted through both regimes leaves: 5% at 1e5 B, where alpha is
+  // half the time) and its own time exactly.
+  ASSERT_EQ(link.beta_by_working_set.size(), 4u);
+  EXPECT_DOUBLE_EQ(link.beta_by_working_set[0].first, 3e5);
+  for (size_t i = 0; i < 4; ++i) {
+    const double expected = i < 3 ? 2e10 : 5e9;
+    EXPECT_NEAR(link.beta_by_working_set[i].second / expected, 1, 0.05) << i;
+    EXPECT_NEAR((link.alpha + bytes[i + 1] / link.beta_at(working_sets[i + 1])) / seconds[i + 1], 1,
+                1e-9)
+        << i;
+  }
+  EXPECT_THROW(fit_link_curve(bytes, seconds, std::vector<double>{1, 2}), InvalidArgument);
+}
+
 TEST(CostModel, FitLinkRecoversAlphaAndBeta) {
   const std::vector<double> bytes{1e3, 1e5, 1e6, 1e7};
   std::vector<double> seconds;
@@ -394,6 +508,15 @@ TEST(CostModel, MachineFileRoundTrips) {
   ASSERT_TRUE(tuned.links.at("nccl").nvls);
   EXPECT_DOUBLE_EQ(tuned.links.at("nccl").nvls->alpha, 2.5e-5);
   EXPECT_DOUBLE_EQ(tuned.links.at("nccl").nvls->beta, 3e11);
+  // Measured curves (calibrated machines) survive the round trip.
+  json curved = toy_machine(2);
+  curved["links"]["nccl"]["intra"]["beta_by_working_set"] = {{1e6, 2e10}, {1e8, 4e9}};
+  curved["compute"]["memory_bandwidth_by_working_set"] = {{5e5, 1e11}};
+  const Machine measured = machine_from_json(machine_to_json(machine_from_json(curved)));
+  EXPECT_EQ(measured.links.at("nccl").intra.beta_by_working_set,
+            (BandwidthCurve{{1e6, 2e10}, {1e8, 4e9}}));
+  EXPECT_TRUE(measured.links.at("nccl").inter.beta_by_working_set.empty());
+  EXPECT_EQ(measured.memory_bandwidth_by_working_set, (BandwidthCurve{{5e5, 1e11}}));
 }
 
 TEST(CostModel, BadMachineFilesAreRefusedByName) {
@@ -419,6 +542,19 @@ TEST(CostModel, BadMachineFilesAreRefusedByName) {
     FAIL() << "an NVLS link without beta was accepted";
   } catch (const InvalidArgument& error) {
     EXPECT_NE(std::string(error.what()).find("links.nccl.nvls"), std::string::npos);
+  }
+  for (const json& curve : {json{{1e6, 2e10}, {1e6, 4e9}}, json{{1e6}}, json{{1e6, -1.0}},
+                            json("fast"), json{{"1e6", 2e10}}}) {
+    json bad_curve = toy_machine(1);
+    bad_curve["links"]["nccl"]["intra"]["beta_by_working_set"] = curve;
+    try {
+      machine_from_json(bad_curve);
+      FAIL() << "the curve " << curve.dump() << " was accepted";
+    } catch (const InvalidArgument& error) {
+      EXPECT_NE(std::string(error.what()).find("links.nccl.intra.beta_by_working_set"),
+                std::string::npos)
+          << error.what();
+    }
   }
   json bad_algorithm = toy_machine(1);
   bad_algorithm["links"]["nccl"]["algorithm"] = "butterfly";

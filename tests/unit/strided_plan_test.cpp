@@ -70,6 +70,30 @@ TEST(MergeDims, EmptyAndScalarArrays) {
   EXPECT_TRUE(is_dense(scalar));
 }
 
+TEST(StridedCopyRuns, OneMemcpyPerRunAsCopyStridedHostMakesThem) {
+  // A [4, 6, 8] box of a [4, 10, 8] array to a dense buffer: rows of 6 * 8 elements, 4 runs.
+  const int64_t shape[] = {4, 6, 8};
+  const int64_t array[] = {80, 8, 1};
+  EXPECT_EQ(strided_copy_runs(shape, 3, nullptr, array), 4);
+  EXPECT_EQ(strided_copy_runs(shape, 3, array, nullptr), 4);  // unpacking: the same runs
+  // A [4, 10, 3] face of a [4, 10, 8] array: 40 runs of 3 elements.
+  const int64_t face[] = {4, 10, 3};
+  EXPECT_EQ(strided_copy_runs(face, 3, nullptr, array), 40);
+  // The last dim strided (a face across the innermost dim of a transpose): one run per element.
+  const int64_t column[] = {1, 5};
+  const int64_t transposed[] = {1, 7};
+  EXPECT_EQ(strided_copy_runs(column, 2, nullptr, transposed), 5);
+  // Dense on both sides: one run; no elements: none; a scalar: one.
+  const int64_t dense[] = {4, 6, 8};
+  EXPECT_EQ(strided_copy_runs(dense, 3, nullptr, nullptr), 1);
+  const int64_t empty[] = {4, 0, 8};
+  EXPECT_EQ(strided_copy_runs(empty, 3, nullptr, array), 0);
+  EXPECT_EQ(strided_copy_runs(nullptr, 0, nullptr, nullptr), 1);
+  // Both sides strided differently: runs where neither side breaks the row.
+  const int64_t other[] = {120, 12, 1};
+  EXPECT_EQ(strided_copy_runs(shape, 3, other, array), 24);
+}
+
 TEST(MergeDims, SingleOperandMergesOnDstOnly) {
   const int64_t shape[] = {4, 6};
   const int64_t strides[] = {6, 1};
