@@ -148,16 +148,20 @@ cost::Link fit_comm(const std::vector<nlohmann::json>& runs, double copied_share
 
 /// The node's copy bandwidth (bytes read plus written per second, summed over `threads` threads
 /// copying at once, what halo packing and redistribute's local copies do) at working sets from
-/// 256 KiB to 256 MiB: each thread copies its own buffers of a size, the best of several rounds.
+/// 256 KiB to 256 MiB: each thread copies its own source of a size, the best of several rounds.
+/// The destinations are cold: each copy writes the next slot of a 64 MiB ring per thread (twice
+/// a common last-level cache), as an op writes its output into memory it has just allocated
+/// rather than into the buffer it wrote a moment ago.
 cost::BandwidthCurve copy_bandwidth_curve(int threads) {
   cost::BandwidthCurve curve;
   for (size_t bytes = size_t{64} << 10; bytes <= (size_t{128} << 20) / static_cast<size_t>(threads);
        bytes *= 4) {
+    const size_t slots = std::max<size_t>(2, (size_t{64} << 20) / bytes);
     std::vector<std::vector<char>> from(static_cast<size_t>(threads)),
         to(static_cast<size_t>(threads));
     for (int t = 0; t < threads; ++t) {
       from[static_cast<size_t>(t)].assign(bytes, static_cast<char>(t + 1));
-      to[static_cast<size_t>(t)].assign(bytes, 0);
+      to[static_cast<size_t>(t)].assign(bytes * slots, 0);  // touched here, out of the timing
     }
     // Enough copies per round to take about 20 ms from memory; the best of 5 rounds.
     const int copies = static_cast<int>(std::clamp<size_t>((size_t{256} << 20) / bytes, 1, 4096));
@@ -168,11 +172,11 @@ cost::BandwidthCurve copy_bandwidth_curve(int threads) {
       for (int t = 0; t < threads; ++t)
         workers.emplace_back([&, t] {
           std::vector<char>& source = from[static_cast<size_t>(t)];
-          std::vector<char>& target = to[static_cast<size_t>(t)];
-          std::memcpy(target.data(), source.data(), bytes);  // first touch out of the timing
+          std::vector<char>& ring = to[static_cast<size_t>(t)];
           const auto start = std::chrono::steady_clock::now();
           for (int c = 0; c < copies; ++c) {
-            std::memcpy(target.data(), source.data(), bytes);
+            char* target = ring.data() + (static_cast<size_t>(c) % slots) * bytes;
+            std::memcpy(target, source.data(), bytes);
             source[static_cast<size_t>(c) % bytes] =
                 target[bytes - 1 - static_cast<size_t>(c) % bytes];
           }
@@ -236,45 +240,54 @@ void calibrate(const EstimateOptions& options) {
   machine.backend = "local";
 
   // Links: bench comm's all_gather_v at 2 ranks, 64 KiB .. 64 MiB in steps of 2 (two sweeps of
-  // steps of 4; working sets 192 KiB .. 192 MiB: in the caches and out of them), the best of 3
-  // runs per size.
-  const auto comm_runs = [&](const std::string& launch, const std::string& name) {
-    std::vector<nlohmann::json> runs;
-    for (int run = 0; run < 3; ++run)
+  // steps of 4; working sets 192 KiB .. 192 MiB: in the caches and out of them), the best of 4
+  // rounds per size. The rounds are spread over the calibration (between the compute runs
+  // below): MPI ranks that busy-poll on every core lose whole seconds to anything else that
+  // wakes up on the machine, and the best of runs seconds apart misses such a spell.
+  const bool with_mpi = mpi_compiled() && std::system("command -v mpiexec > /dev/null 2>&1") == 0;
+  std::vector<nlohmann::json> local_runs, mpi_runs;
+  int round = 0;
+  const auto comm_round = [&] {
+    const auto sweep = [&](const std::string& launch, const std::string& name,
+                           std::vector<nlohmann::json>& runs) {
       for (size_t smallest : {size_t{64} << 10, size_t{128} << 10})
         runs.push_back(run_json(
             fmt::format("{} bench comm --ranks 2 --min-bytes {} --max-bytes {} --iterations 10 "
                         "--json",
                         launch, smallest, size_t{64} << 20),
-            at(fmt::format("{}{}-{}.json", name, run, smallest).c_str())));
-    return runs;
+            at(fmt::format("{}{}-{}.json", name, round, smallest).c_str())));
+    };
+    sweep("TESSERA_BACKEND=local TESSERA_TRACE= " + exe, "comm_local", local_runs);
+    if (with_mpi) sweep("TESSERA_TRACE= mpiexec -n 2 " + exe, "comm_mpi", mpi_runs);
+    ++round;
   };
-  cost::LinkSet local{.algorithm = cost::Algorithm::direct, .asynchronous = false};
-  local.intra = local.inter =
-      fit_comm(comm_runs("TESSERA_BACKEND=local TESSERA_TRACE= " + exe, "comm_local"), 1.0,
-               "bench comm (local)");
-  machine.links["local"] = local;
-  if (mpi_compiled() && std::system("command -v mpiexec > /dev/null 2>&1") == 0) {
-    cost::LinkSet mpi{.algorithm = cost::Algorithm::mpi, .asynchronous = true};
-    mpi.intra = mpi.inter = fit_comm(comm_runs("TESSERA_TRACE= mpiexec -n 2 " + exe, "comm_mpi"),
-                                     0.5, "bench comm (mpiexec -n 2)");
-    machine.links["mpi"] = mpi;
-  }
 
   // Compute: traced one-rank runs of the workloads' kernels; throughputs from their op events.
   // One thread: the per-core rate, times the cores for the node. (Several OpenMP threads on
   // cores that other processes also use stall each other at every barrier; one thread per core
   // is what the ranks of a multi-rank run use too.)
   const std::string env = "TESSERA_BACKEND=local TESSERA_THREADS_PER_RANK=1 TESSERA_TRACE=";
+  comm_round();
   run_checked(env + at("train.json") + " " + exe +
               " bench train --shape 2,8,24,24,24 --hidden 16 --layers 3 --mesh 1x1 --steps 2 "
               "--json > /dev/null");
+  comm_round();
   run_checked(env + at("na.json") + " " + exe +
               " bench na --size 32 --heads 2 --dim 32 --kernel 7 --ranks 1 --iterations 2 --json "
               "> /dev/null");
+  comm_round();
   run_checked(env + at("sim.json") + " " + exe +
               " simulate gray-scott --size 96,96,96 --steps 10 --every 10 --out " + at("gs.h5") +
               " --json > /dev/null");
+  comm_round();
+  cost::LinkSet local{.algorithm = cost::Algorithm::direct, .asynchronous = false};
+  local.intra = local.inter = fit_comm(local_runs, 1.0, "bench comm (local)");
+  machine.links["local"] = local;
+  if (with_mpi) {
+    cost::LinkSet mpi{.algorithm = cost::Algorithm::mpi, .asynchronous = true};
+    mpi.intra = mpi.inter = fit_comm(mpi_runs, 0.5, "bench comm (mpiexec -n 2)");
+    machine.links["mpi"] = mpi;
+  }
   // Per family (for ops these runs did not meet) and per op (each op's own rate: on a CPU the
   // ops of one family differ widely, e.g. gelu's transcendental math against a plain add).
   std::map<std::string, cost::FamilySample> samples, per_op;
@@ -321,9 +334,9 @@ void calibrate(const EstimateOptions& options) {
       {"load_average_before", load_before},
       {"load_average_after", load_average()},
       {"links",
-       "bench comm all_gather_v at 2 ranks, 64 KiB..64 MiB, the best of 3 runs per size (local; "
-       "mpiexec -n 2): alpha and beta fitted on relative error, beta_by_working_set per size at "
-       "the working set 3 N"},
+       "bench comm all_gather_v at 2 ranks, 64 KiB..64 MiB, the best of 4 rounds per size spread "
+       "over the calibration (local; mpiexec -n 2): alpha and beta fitted on relative error, "
+       "beta_by_working_set per size at the working set 3 N"},
       {"memory_bandwidth",
        "memcpy on every core at once, each of its own buffers, 64 KiB..64 MiB per core, the best "
        "of 5 rounds (bytes read + written per second over the node; memory_bandwidth: the "

@@ -391,6 +391,37 @@ TEST(CostModel, RanksBeyondTheCoresOfANodeCopyAFewAtATime) {
   EXPECT_NEAR(replay(gather(4), machine_from_json(document)).step_seconds, 1e-6 + 1e6 / 1e9, 1e-12);
 }
 
+TEST(CostModel, StridedBlocksAndRecordedCopiesPayPerRun) {
+  // 2 ranks of a 2-core node: an all_to_all_w of 1 MB whose blocks make 1000 runs on rank 0 and
+  // 10 on rank 1 (the most, 1000, sets the collective's), then a redistribute that copied
+  // 0.5 MB in 200 runs outside it. Links 1 us + n / 1 GB/s; copies 10 GB/s; 10 ns per run.
+  json document = toy_machine(2);
+  document["shared_compute"] = true;
+  document["cores_per_node"] = 2;
+  document["backend"] = "local";
+  document["links"]["local"] = {{"algorithm", "direct"},
+                                {"intra", {{"alpha", 1e-6}, {"beta", 1e9}}}};
+  document["compute"]["copy_run_seconds"] = 1e-8;
+  json events = json::array();
+  for (int r = 0; r < 2; ++r) {
+    events.push_back(rank_name(r));
+    events.push_back(event(r, "redistribute", "redistribute", 1, 50,
+                           {{"from", "a"},
+                            {"to", "b"},
+                            {"copied_bytes", 5e5},
+                            {"copy_runs", 200},
+                            {"local_bytes", 9e9}}));
+    events.push_back(event(
+        r, "comm", "all_to_all_w", 2, 10,
+        {{"bytes", 1e6}, {"group", "w"}, {"ranks", 2}, {"rank", r}, {"runs", r == 0 ? 1000 : 10}}));
+  }
+  const Prediction prediction = replay({{"traceEvents", events}}, machine_from_json(document));
+  const double collective = 1e-6 + 1e6 / 1e9 + 1000 * 1e-8;
+  const double copy = 2 * 5e5 / (0.5 * 1e10) + 200 * 1e-8;  // half the node each, one core each
+  EXPECT_NEAR(prediction.step_seconds, collective + copy, 1e-12);
+  EXPECT_NEAR(prediction.calls.at("all_to_all_w").mean(), collective, 1e-12);
+}
+
 TEST(CostModel, LocalCopiesTakeTheNodesBandwidthAtTheirWorkingSet) {
   json document = toy_machine(2);
   document["compute"]["memory_bandwidth_by_working_set"] = {{1e6, 1e11}, {1e8, 1e10}};
