@@ -40,9 +40,10 @@ BandwidthCurve curve_from(const nlohmann::json& value, const std::string& where)
     const double bytes = point[0].get<double>(), rate = point[1].get<double>();
     check_arg(std::isfinite(bytes) && bytes > 0 && std::isfinite(rate) && rate > 0, kOp,
               "machine file: {} = [{}, {}] must be two finite numbers > 0", at, bytes, rate);
-    check_arg(curve.empty() || bytes > curve.back().first, kOp,
+    const double previous = curve.empty() ? 0 : curve.back().first;
+    check_arg(bytes > previous, kOp,
               "machine file: {} has {} bytes after {}: the working sets must increase", at, bytes,
-              curve.back().first);
+              previous);
     curve.emplace_back(bytes, rate);
   }
   return curve;
