@@ -289,6 +289,30 @@ class NcclComm final : public Comm {
     if (on_host(send) || on_host(recv))
       return bootstrap_->all_gather_v(send, send_count, recv, recv_counts, dtype);
     run("all_gather_v", [&](const Stream& stream) {
+      const size_t element = dtype_size(dtype);
+      size_t total = 0, offset = 0;
+      for (size_t r = 0; r < recv_counts.size(); ++r) {
+        if (static_cast<int>(r) == rank()) offset = total;
+        total += recv_counts[r];
+      }
+      if (send_count == recv_counts[rank()] &&
+          nccl_plan::gather_by_all_reduce(size(), static_cast<double>(total * element))) {
+        // This rank's block in place, zeros around it, then a u8 sum over the ranks: the
+        // gathered bytes exactly, at a tree's latency (nccl_plan::gather_by_all_reduce).
+        char* base = static_cast<char*>(recv);
+        char* mine = base + offset * element;
+        if (mine != send && send_count > 0)
+          gpu::copy_bytes_async(mine, send, send_count * element, stream.handle,
+                                stream.device.index);
+        gpu::zero_bytes_async(base, offset * element, stream.handle, stream.device.index);
+        const size_t after = (offset + send_count) * element;
+        gpu::zero_bytes_async(base + after, total * element - after, stream.handle,
+                              stream.device.index);
+        handle_->check(ncclAllReduce(recv, recv, total * element, ncclUint8, ncclSum, handle_->comm,
+                                     cuda_stream(stream)),
+                       "all_gather_v", "every rank");
+        return;
+      }
       if (nccl_plan::counts_equal(recv_counts) && recv_counts[rank()] == send_count) {
         handle_->check(ncclAllGather(send, recv, send_count, nccl_type(dtype), handle_->comm,
                                      cuda_stream(stream)),

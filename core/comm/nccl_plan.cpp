@@ -3,6 +3,8 @@
 #include "core/comm/nccl_plan.hpp"
 
 #include <algorithm>
+#include <climits>
+#include <cstdlib>
 #include <numeric>
 
 #include "core/errors.hpp"
@@ -182,6 +184,21 @@ std::vector<Transfer> plan_reduce_scatter_v(int rank, std::span<const size_t> re
     append_chunked(plan, recv_from(p, static_cast<size_t>(p) * mine, mine), max_count);
   }
   return plan;
+}
+
+int gather_by_all_reduce_min_ranks() {
+  const char* text = std::getenv("TESSERA_NCCL_GATHER_BY_REDUCE_RANKS");
+  if (text == nullptr || *text == '\0') return kGatherByReduceMinRanks;
+  char* end = nullptr;
+  const long ranks = std::strtol(text, &end, 10);
+  check_arg(*end == '\0' && ranks >= 1 && ranks <= INT_MAX, "comm",
+            "TESSERA_NCCL_GATHER_BY_REDUCE_RANKS='{}' is not a positive integer", text);
+  return static_cast<int>(ranks);
+}
+
+bool gather_by_all_reduce(int ranks, double gathered_bytes) {
+  return ranks >= gather_by_all_reduce_min_ranks() && gathered_bytes > 0 &&
+         gathered_bytes <= static_cast<double>(kGatherByReduceMaxBytes);
 }
 
 bool counts_equal(std::span<const size_t> counts) {

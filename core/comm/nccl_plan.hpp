@@ -71,4 +71,21 @@ std::vector<Transfer> plan_reduce_scatter_v(int rank, std::span<const size_t> re
 /// True when every count is the same (then the native NCCL collective applies).
 bool counts_equal(std::span<const size_t> counts);
 
+/// Small all-gathers over many ranks run as an all-reduce (u8 sum) of the gathered buffer, zero
+/// but for each rank's own block: a ring all-gather pays one latency per rank, while NCCL runs a
+/// small all-reduce as a tree (or NVLS) whose latency grows with log2 of the nodes. Zeros add
+/// nothing and each byte has one non-zero contributor, so the result is the gathered bytes
+/// exactly. The buffer is at most kGatherByReduceMaxBytes and moves about twice a ring
+/// all-gather's bytes, a few microseconds at these sizes.
+inline constexpr int kGatherByReduceMinRanks = 16;
+inline constexpr size_t kGatherByReduceMaxBytes = size_t{64} << 10;
+
+/// The fewest ranks that gather by all-reduce: TESSERA_NCCL_GATHER_BY_REDUCE_RANKS when set (a
+/// positive integer; 1 lets a one-GPU machine test the path), else kGatherByReduceMinRanks.
+int gather_by_all_reduce_min_ranks();
+
+/// Whether an all-gather of `gathered_bytes` in all over `ranks` ranks runs as that all-reduce
+/// (NcclComm, and the cost model's price of an NCCL all-gather).
+bool gather_by_all_reduce(int ranks, double gathered_bytes);
+
 }  // namespace tessera::nccl_plan

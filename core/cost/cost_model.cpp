@@ -6,6 +6,7 @@
 #include <limits>
 #include <numeric>
 
+#include "core/comm/nccl_plan.hpp"
 #include "core/errors.hpp"
 
 namespace tessera::cost {
@@ -438,6 +439,14 @@ double nccl_algorithm_seconds(const LinkSet& links, NcclAlgorithm algorithm, Col
 
 NcclChoice nccl_collective(const LinkSet& links, Collective collective,
                            std::span<const double> bytes, int nodes, int root) {
+  if (collective == Collective::all_gather_v && !bytes.empty()) {
+    // NcclComm runs a small all-gather over many ranks as an all-reduce of the gathered buffer.
+    const double gathered = *std::max_element(bytes.begin(), bytes.end());
+    if (nccl_plan::gather_by_all_reduce(static_cast<int>(bytes.size()), gathered)) {
+      const std::vector<double> whole(bytes.size(), gathered);
+      return nccl_collective(links, Collective::all_reduce, whole, nodes, root);
+    }
+  }
   NcclChoice best{NcclAlgorithm::ring, nccl_algorithm_seconds(links, NcclAlgorithm::ring,
                                                               collective, bytes, nodes, root)};
   for (NcclAlgorithm other : {NcclAlgorithm::tree, NcclAlgorithm::nvls}) {

@@ -19,6 +19,7 @@
 #include "core/backend/transfer.hpp"
 #include "core/comm/launch.hpp"
 #include "core/comm/nccl_comm.hpp"
+#include "core/comm/nccl_plan.hpp"
 #include "core/gpu_runtime.hpp"
 #include "core/runtime/rank_context.hpp"
 #include "tests/common/scoped_env.hpp"
@@ -321,6 +322,20 @@ TEST(CommDeviceNccl, EveryCollectiveOverNcclMatchesHostBuffersOnOneRankPerGpu) {
     });
     expect_no_host_device_bytes(before, fmt::format("nccl backend, {} ranks", ranks));
   }
+}
+
+TEST(CommDeviceNccl, SmallAllGathersRunAsAnAllReduceAndGatherTheBytesExactly) {
+  // With the threshold at 1 rank every all-gather of at most 64 KiB takes the all-reduce path
+  // (zero-padded buffer, u8 sum); the same checks against host buffers must hold bit for bit.
+  SKIP_WITHOUT_GPU();
+  if (!nccl_compiled()) GTEST_SKIP() << "this Tessera was built without NCCL";
+  ScopedEnv device("TESSERA_DEVICE", "cuda");
+  ScopedEnv threshold("TESSERA_NCCL_GATHER_BY_REDUCE_RANKS", "1");
+  ASSERT_TRUE(nccl_plan::gather_by_all_reduce(1, 64));
+  const int most = std::min(gpu::device_count(), 4);
+  for (int ranks = 1; ranks <= most; ranks *= 2)
+    launch(Backend::nccl, ranks,
+           [](std::shared_ptr<Comm> comm) { every_collective_on_device(comm); });
 }
 
 }  // namespace

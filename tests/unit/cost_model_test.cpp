@@ -253,9 +253,18 @@ TEST(CostModel, NcclTreeBeatsTheRingBelowTheCrossoverAcrossNodes) {
   EXPECT_DOUBLE_EQ(small.seconds, 2 * 4 * 1e-5 + 2 * 170000 / 1e8);
   EXPECT_EQ(large.algorithm, NcclAlgorithm::ring);
   EXPECT_DOUBLE_EQ(large.seconds, 30 * 1e-5 + 2 * (15.0 / 16) * 180000 / 1e8);
-  // An all-gather has only rings.
+  // NCCL has only rings for an all-gather, but NcclComm runs a small one over 16 or more ranks
+  // as an all-reduce of the gathered buffer (nccl_plan::gather_by_all_reduce), priced as that
+  // all-reduce: a tree here. A large one, or one over fewer ranks, stays a ring.
+  const NcclChoice tiny =
+      nccl_collective(links, Collective::all_gather_v, std::vector<double>(16, 8.0), 16);
+  EXPECT_EQ(tiny.algorithm, NcclAlgorithm::tree);
+  EXPECT_DOUBLE_EQ(tiny.seconds, 2 * 4 * 1e-5 + 2 * 8 / 1e8);
   EXPECT_EQ(
-      nccl_collective(links, Collective::all_gather_v, std::vector<double>(16, 8.0), 16).algorithm,
+      nccl_collective(links, Collective::all_gather_v, std::vector<double>(16, 1e6), 16).algorithm,
+      NcclAlgorithm::ring);
+  EXPECT_EQ(
+      nccl_collective(links, Collective::all_gather_v, std::vector<double>(8, 8.0), 8).algorithm,
       NcclAlgorithm::ring);
 }
 

@@ -5,8 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <map>
 #include <tuple>
+
+#include "core/errors.hpp"
 
 namespace tessera::nccl_plan {
 namespace {
@@ -147,6 +150,21 @@ TEST(NcclPlan, AnUnmatchedMessageToItselfIsAnError) {
   EXPECT_THROW(plan_p2p(lone_send, 0), CommError);
   const P2POp wrong_size[] = {P2POp::send(a, 4, 0, 1), P2POp::recv(a, 2, 0, 1)};
   EXPECT_THROW(plan_p2p(wrong_size, 0), CommError);
+}
+
+TEST(NcclPlan, SmallAllGathersOverManyRanksRunAsAnAllReduce) {
+  EXPECT_TRUE(gather_by_all_reduce(kGatherByReduceMinRanks, 8));
+  EXPECT_TRUE(gather_by_all_reduce(1024, static_cast<double>(kGatherByReduceMaxBytes)));
+  EXPECT_FALSE(gather_by_all_reduce(1024, static_cast<double>(kGatherByReduceMaxBytes) + 1));
+  EXPECT_FALSE(gather_by_all_reduce(kGatherByReduceMinRanks - 1, 8));
+  EXPECT_FALSE(gather_by_all_reduce(1024, 0));  // nothing to move
+  // The environment moves the rank threshold (a one-GPU machine tests the path with 1).
+  ::setenv("TESSERA_NCCL_GATHER_BY_REDUCE_RANKS", "1", 1);
+  EXPECT_TRUE(gather_by_all_reduce(1, 8));
+  ::setenv("TESSERA_NCCL_GATHER_BY_REDUCE_RANKS", "zero", 1);
+  EXPECT_THROW(gather_by_all_reduce(1, 8), InvalidArgument);
+  ::unsetenv("TESSERA_NCCL_GATHER_BY_REDUCE_RANKS");
+  EXPECT_EQ(gather_by_all_reduce_min_ranks(), kGatherByReduceMinRanks);
 }
 
 TEST(NcclPlan, CountsEqualDecidesTheNativeCollective) {
