@@ -80,7 +80,7 @@ const std::shared_ptr<const OpDef>& redistribute_op() {
         if (!grads[0]) return {std::nullopt};
         const ShardSpec& source = record.inputs[0].spec();
         const ShardSpec layout = gradient_layout(source, "redistribute");
-        ShardTensor grad = grads[0]->redistribute(layout.placements, layout.extents);
+        ShardTensor grad = grads[0]->redistribute_to(layout);
         double factor = 1;
         for (size_t m = 0; m < source.placements.size(); ++m)
           if (source.placements[m].is_partial() && source.placements[m].reduce == ReduceOp::avg)
@@ -128,8 +128,7 @@ void Tape::record(OpRecord record) {
 ShardTensor add_same_shape(const ShardTensor& a, const ShardTensor& b) {
   check_arg(a.global_shape() == b.global_shape(), "add", "shapes {} and {}", a.global_shape(),
             b.global_shape());
-  const ShardTensor moved =
-      b.spec() == a.spec() ? b : b.redistribute(a.placements(), a.spec().extents);
+  const ShardTensor moved = b.spec() == a.spec() ? b : b.redistribute_to(a.spec());
   Tensor sum = a.to_local().clone();
   add_into(sum, moved.to_local().to(a.device()));
   return ShardTensor(sum, a.mesh(), a.spec());
@@ -179,9 +178,8 @@ void Tape::backward(const ShardTensor& output, const ShardTensor& output_grad, b
     }
     const ShardTensor& leaf = leaves_.at(id);
     const ShardSpec layout = gradient_layout(leaf.spec(), "backward");
-    ShardTensor grad = it->second.spec() == layout
-                           ? it->second
-                           : it->second.redistribute(layout.placements, layout.extents);
+    ShardTensor grad =
+        it->second.spec() == layout ? it->second : it->second.redistribute_to(layout);
     pending.erase(it);
     auto existing = grads_.find(id);
     if (existing == grads_.end())

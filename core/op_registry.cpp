@@ -122,7 +122,7 @@ std::vector<ShardTensor> apply_fallback(const std::shared_ptr<const OpDef>& defi
     const ShardSpec target = ShardSpec::make(output.global_shape(), mesh.shape(),
                                              without_partial_placements(inputs[0].placements()),
                                              inputs[0].spec().extents);
-    outputs.push_back(output.redistribute(target.placements, target.extents));
+    outputs.push_back(output.redistribute_to(target));
   }
   return outputs;
 }
@@ -346,10 +346,8 @@ std::vector<ShardTensor> apply_op(const std::string& name, const std::vector<Sha
   // 1. Inputs in the layouts the rule asks for (recorded, so gradients flow back).
   std::vector<ShardTensor> ready;
   for (size_t i = 0; i < inputs.size(); ++i)
-    ready.push_back(
-        inputs[i].spec() == rule.inputs[i]
-            ? inputs[i]
-            : inputs[i].redistribute(rule.inputs[i].placements, rule.inputs[i].extents));
+    ready.push_back(inputs[i].spec() == rule.inputs[i] ? inputs[i]
+                                                       : inputs[i].redistribute_to(rule.inputs[i]));
   // 2. Halos: start every exchange, then finish them.
   KernelContext context{mesh, attrs, rule.inputs, {}, rule.outputs, {}, {}};
   context.device = inputs[0].device();

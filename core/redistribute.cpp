@@ -214,6 +214,14 @@ ShardTensor ShardTensor::redistribute(std::vector<Placement> placements,
   const ShardSpec target =
       detail::make_agreed_spec(mesh_, "redistribute", spec_.global_shape, std::move(placements),
                                std::move(extents), dtype());
+  return redistribute_to(target);
+}
+
+ShardTensor ShardTensor::redistribute_to(const ShardSpec& target) const {
+  CommOpScope scope("redistribute");
+  check_arg(target.global_shape == spec_.global_shape && target.mesh_shape == mesh_.shape(),
+            "redistribute", "to a layout of global shape {} on mesh {}: the tensor is {} on {}",
+            target.global_shape, target.mesh_shape, spec_.global_shape, mesh_.shape());
   if (target == spec_) return *this;
   trace::Span span("redistribute", "redistribute");
   if (span.recording()) {

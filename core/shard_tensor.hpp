@@ -52,6 +52,11 @@ class ShardTensor {
   /// default split). Moves exactly the bytes that change owner.
   ShardTensor redistribute(std::vector<Placement> placements,
                            std::vector<std::vector<int64_t>> extents = {}) const;
+  /// Collective: redistribute to `target` without first agreeing on it: for a layout every rank
+  /// derived the same way from layouts already agreed (an op rule's, a gradient's), where the
+  /// agreement's all-reduce would only cost latency. A rank-local choice of layout must go
+  /// through redistribute().
+  ShardTensor redistribute_to(const ShardSpec& target) const;
   /// Collective: the full global tensor on every rank.
   Tensor full_tensor() const;
   /// Collective: the full global tensor on `root`, Tensor() elsewhere.

@@ -24,7 +24,8 @@ Value constant_value(HostArray array) {
 }
 
 /// Input `index` as data on the mesh: a constant becomes a replicated tensor in `like`'s dtype
-/// (the model's dtype when there is none), no communication.
+/// (the model's dtype when there is none), no communication: a constant of the model is the
+/// same on every rank, so its replicated layout needs no agreement.
 ShardTensor data_of(const RunContext& context, const OnnxNode& node, const Values& inputs,
                     size_t index, std::optional<DType> like) {
   check_arg(index < inputs.size() && inputs[index], "onnx", "{}: needs input {}", node.where(),
@@ -38,9 +39,12 @@ ShardTensor data_of(const RunContext& context, const OnnxNode& node, const Value
   const Tensor host = host_tensor(*value.constant, like.value_or(context.dtype));
   const Tensor values =
       host.dtype() == DType::i64 ? host.to_dtype(like.value_or(context.dtype)) : host;
-  return ShardTensor::distribute(
-      values.to(context.device), context.mesh,
-      std::vector<Placement>(context.mesh.ndim(), Placement::replicate()));
+  const Tensor local = values.to(context.device);
+  return ShardTensor(
+      local, context.mesh,
+      ShardSpec::make(local.shape(), context.mesh.shape(),
+                      std::vector<Placement>(context.mesh.ndim(), Placement::replicate()), {},
+                      "onnx"));
 }
 
 namespace {

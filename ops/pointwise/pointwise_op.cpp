@@ -110,7 +110,7 @@ void register_unary(const UnaryMath& math) {
       return {ShardTensor(*dx, g.mesh(), g.spec())};
     }
     const ShardTensor& x = record.inputs[0];
-    const ShardTensor g = grads[0]->redistribute(x.placements(), x.spec().extents);
+    const ShardTensor g = grads[0]->redistribute_to(x.spec());
     const Tensor& x_local = x.to_local();
     const Tensor& y = record.outputs[0].to_local();
     if (g.to_local().is_shape_only())  // estimate mode: the gradient's shape, no arithmetic
@@ -295,9 +295,8 @@ void register_binary(const BinaryMath& math, const std::string& name, int64_t de
     const ShardTensor& other = record.inputs[1 - al.lead];
     // The gradient of every partial term is the gradient of the sum: no Partial layouts here.
     const ShardSpec layout = without_partial(record.outputs[0].spec());
-    const ShardTensor g = grads[0]->spec() == layout
-                              ? *grads[0]
-                              : grads[0]->redistribute(layout.placements, layout.extents);
+    const ShardTensor g =
+        grads[0]->spec() == layout ? *grads[0] : grads[0]->redistribute_to(layout);
     const Box box = lead.local_box();
     const Tensor& lead_local = lead.to_local();
     Tensor grad_lead, grad_other_local;
@@ -455,9 +454,8 @@ void register_where() {
     const size_t lead_index = where_lead(shapes);
     const ShardTensor& lead = record.inputs[lead_index];
     const ShardSpec layout = without_partial(record.outputs[0].spec());
-    const ShardTensor g = grads[0]->spec() == layout
-                              ? *grads[0]
-                              : grads[0]->redistribute(layout.placements, layout.extents);
+    const ShardTensor g =
+        grads[0]->spec() == layout ? *grads[0] : grads[0]->redistribute_to(layout);
     const Box box = lead.local_box();
     const Tensor cond =
         where_operand(record.inputs[0].to_local(), shapes[0], lead.global_shape(), box);

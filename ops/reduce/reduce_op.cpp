@@ -167,7 +167,7 @@ void register_reduction(const std::string& name, bool mean) {
     const double scale = mean ? 1.0 / count_of(x.global_shape(), dims) : 1.0;
     // Every rank needs the gradient of the outputs its elements were reduced into.
     const ShardSpec g_layout = without_partial(record.outputs[0].spec());
-    const ShardTensor g = grads[0]->redistribute(g_layout.placements, g_layout.extents);
+    const ShardTensor g = grads[0]->redistribute_to(g_layout);
     Shape keep = x.to_local().shape();
     for (int64_t d : dims) keep[d] = 1;
     const Tensor g_local = g.to_local().contiguous().reshape(keep);
@@ -230,7 +230,7 @@ void register_mse_loss() {
     const ShardTensor& a = record.inputs[0];
     const ShardTensor& b = record.inputs[1];
     const ShardSpec g_layout = without_partial(record.outputs[0].spec());
-    const Tensor g_local = grads[0]->redistribute(g_layout.placements).to_local();
+    const Tensor g_local = grads[0]->redistribute_to(g_layout).to_local();
     const double count = static_cast<double>(shape_numel(a.global_shape()));
     if (g_local.device().is_cuda()) {  // g stays on the device: the kernel reads it there
       auto [da, db] = mse_backward_cuda(a.to_local(), b.to_local(), g_local, 2.0 / count,

@@ -11,6 +11,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "core/tessera.hpp"
 #include "ops/nn/data_parallel.hpp"
@@ -143,6 +145,71 @@ TEST(Trace, ARedistributeRecordsTheBytesItCopiesOutsideItsCollectives) {
     comm->barrier();
     trace::stop();
     testing::remove_test_dir(*comm, dir);
+  });
+}
+
+TEST(Trace, AnElementwiseOpAndItsBackwardAddNoCollective) {
+  // sum(x) and sum(erf(x)) forward and backward on 2 ranks issue the same collectives: erf's
+  // rule keeps x's layout and its backward takes the gradient to it without an agreement
+  // all-reduce (ShardTensor::redistribute_to: the layout is derived from agreed ones).
+  testing::run_world(2, [&](std::shared_ptr<Comm> comm) {
+    const std::string dir = testing::make_test_dir(*comm, "trace", "no_agreement");
+    const std::string file = dir + "/trace.json";
+    if (comm->rank() == 0 || testing::mpi_backend()) trace::start(file);
+    comm->barrier();
+    trace::traced(comm, [&](std::shared_ptr<Comm> traced_comm) {
+      DeviceMesh mesh(traced_comm, {2}, {"x"});
+      testing::CaseRng rng(9);
+      const Tensor full = testing::integer_tensor({6, 4}, DType::f64, rng, -3, 3);
+      for (const char* name : {"plain", "erf"}) {
+        trace::Span region("step", name);
+        ShardTensor x = ShardTensor::distribute(full, mesh, {Placement::shard(0)});
+        x.set_requires_grad(true);
+        Tape tape;
+        tape.backward(ops::sum(std::string(name) == "erf" ? ops::erf(x) : x));
+      }
+    });
+    if (comm->rank() == 0) {
+      std::ifstream in(file);
+      ASSERT_TRUE(in) << "no trace file " << file;
+      const nlohmann::json document = nlohmann::json::parse(in);
+      std::map<std::string, std::pair<double, double>> regions;  // name -> [begin, end] on pid 0
+      std::vector<nlohmann::json> collectives;
+      for (const nlohmann::json& event : document["traceEvents"]) {
+        if (event["ph"] != "X" || event["pid"] != 0) continue;
+        const double begin = event["ts"].get<double>(), end = begin + event["dur"].get<double>();
+        if (event["cat"] == "step") regions[event["name"].get<std::string>()] = {begin, end};
+        if (event["cat"] == "comm") collectives.push_back(event);
+      }
+      ASSERT_EQ(regions.size(), 2u);
+      std::map<std::string, std::vector<std::string>> in_region;
+      for (const nlohmann::json& event : collectives) {
+        const double begin = event["ts"].get<double>();
+        for (const auto& [name, range] : regions)
+          if (begin >= range.first && begin <= range.second)
+            in_region[name].push_back(event["name"].get<std::string>());
+      }
+      EXPECT_EQ(in_region["erf"], in_region["plain"]);
+    }
+    comm->barrier();
+    trace::stop();
+    testing::remove_test_dir(*comm, dir);
+  });
+}
+
+TEST(Redistribute, ToALayoutOfAnotherShapeOrMeshIsRefused) {
+  testing::run_world(2, [&](std::shared_ptr<Comm> comm) {
+    DeviceMesh mesh(comm, {2}, {"x"});
+    const ShardTensor x =
+        ShardTensor::distribute(Tensor::zeros({4, 6}, DType::f32), mesh, {Placement::shard(0)});
+    const ShardSpec other_shape = ShardSpec::make({4, 7}, {2}, {Placement::shard(0)}, {}, "test");
+    const ShardSpec other_mesh = ShardSpec::make({4, 6}, {1}, {Placement::replicate()}, {}, "test");
+    EXPECT_THROW(x.redistribute_to(other_shape), InvalidArgument);
+    EXPECT_THROW(x.redistribute_to(other_mesh), InvalidArgument);
+    const ShardTensor y =
+        x.redistribute_to(ShardSpec::make({4, 6}, {2}, {Placement::shard(1)}, {}, "test"));
+    EXPECT_EQ(y.placements()[0], Placement::shard(1));
+    EXPECT_TRUE(bitwise_equal(y.full_tensor(), x.full_tensor()));
   });
 }
 
