@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -100,28 +101,42 @@ TEST(Trace, ATracedTrainingStepWritesEveryCategoryWithOnePidPerRank) {
   }
 }
 
+/// Runs `body` traced on `comm` (collective) and returns the trace on rank 0 (null elsewhere).
+nlohmann::json traced_run(const std::shared_ptr<Comm>& comm, const std::string& name,
+                          const std::function<void(std::shared_ptr<Comm>)>& body) {
+  const std::string dir = testing::make_test_dir(*comm, "trace", name);
+  const std::string file = dir + "/trace.json";
+  if (comm->rank() == 0 || testing::mpi_backend()) trace::start(file);
+  comm->barrier();
+  trace::traced(comm, body);
+  nlohmann::json document;
+  if (comm->rank() == 0) {
+    std::ifstream in(file);
+    EXPECT_TRUE(in) << "no trace file " << file;
+    if (in) document = nlohmann::json::parse(in);
+  }
+  comm->barrier();
+  trace::stop();
+  testing::remove_test_dir(*comm, dir);
+  return document;
+}
+
 TEST(Trace, ARedistributeRecordsTheBytesItCopiesOutsideItsCollectives) {
   // [8, 6] f32 on 2 ranks. S(0) -> S(1): each rank keeps its [4, 3] corner (48 bytes copied),
   // the rest travels in the all_to_all. S(0) -> R: an all_gather straight into the result (0).
   // S(1) -> R: gathered blocks unpacked into the [8, 6] result (192 bytes).
   testing::run_world(2, [&](std::shared_ptr<Comm> comm) {
-    const std::string dir = testing::make_test_dir(*comm, "trace", "copied");
-    const std::string file = dir + "/trace.json";
-    if (comm->rank() == 0 || testing::mpi_backend()) trace::start(file);
-    comm->barrier();
-    trace::traced(comm, [&](std::shared_ptr<Comm> traced_comm) {
-      DeviceMesh mesh(traced_comm, {2}, {"x"});
-      testing::CaseRng rng(5);
-      const Tensor full = testing::integer_tensor({8, 6}, DType::f32, rng, -3, 3);
-      const ShardTensor rows = ShardTensor::distribute(full, mesh, {Placement::shard(0)});
-      const ShardTensor columns = rows.redistribute({Placement::shard(1)});
-      rows.redistribute({Placement::replicate()});
-      columns.redistribute({Placement::replicate()});
-    });
+    const nlohmann::json document =
+        traced_run(comm, "copied", [&](std::shared_ptr<Comm> traced_comm) {
+          DeviceMesh mesh(traced_comm, {2}, {"x"});
+          testing::CaseRng rng(5);
+          const Tensor full = testing::integer_tensor({8, 6}, DType::f32, rng, -3, 3);
+          const ShardTensor rows = ShardTensor::distribute(full, mesh, {Placement::shard(0)});
+          const ShardTensor columns = rows.redistribute({Placement::shard(1)});
+          rows.redistribute({Placement::replicate()});
+          columns.redistribute({Placement::replicate()});
+        });
     if (comm->rank() == 0) {
-      std::ifstream in(file);
-      ASSERT_TRUE(in) << "no trace file " << file;
-      const nlohmann::json document = nlohmann::json::parse(in);
       std::map<std::string, std::set<int64_t>> copied;  // by target layout, over both ranks
       for (const nlohmann::json& event : document["traceEvents"])
         if (event["ph"] == "X" && event["cat"] == "redistribute") {
@@ -142,9 +157,6 @@ TEST(Trace, ARedistributeRecordsTheBytesItCopiesOutsideItsCollectives) {
       EXPECT_EQ(to_columns, 48);
       EXPECT_EQ(to_replicate, (std::set<int64_t>{0, 192}));
     }
-    comm->barrier();
-    trace::stop();
-    testing::remove_test_dir(*comm, dir);
   });
 }
 
@@ -153,26 +165,20 @@ TEST(Trace, AnElementwiseOpAndItsBackwardAddNoCollective) {
   // rule keeps x's layout and its backward takes the gradient to it without an agreement
   // all-reduce (ShardTensor::redistribute_to: the layout is derived from agreed ones).
   testing::run_world(2, [&](std::shared_ptr<Comm> comm) {
-    const std::string dir = testing::make_test_dir(*comm, "trace", "no_agreement");
-    const std::string file = dir + "/trace.json";
-    if (comm->rank() == 0 || testing::mpi_backend()) trace::start(file);
-    comm->barrier();
-    trace::traced(comm, [&](std::shared_ptr<Comm> traced_comm) {
-      DeviceMesh mesh(traced_comm, {2}, {"x"});
-      testing::CaseRng rng(9);
-      const Tensor full = testing::integer_tensor({6, 4}, DType::f64, rng, -3, 3);
-      for (const char* name : {"plain", "erf"}) {
-        trace::Span region("step", name);
-        ShardTensor x = ShardTensor::distribute(full, mesh, {Placement::shard(0)});
-        x.set_requires_grad(true);
-        Tape tape;
-        tape.backward(ops::sum(std::string(name) == "erf" ? ops::erf(x) : x));
-      }
-    });
+    const nlohmann::json document =
+        traced_run(comm, "no_agreement", [&](std::shared_ptr<Comm> traced_comm) {
+          DeviceMesh mesh(traced_comm, {2}, {"x"});
+          testing::CaseRng rng(9);
+          const Tensor full = testing::integer_tensor({6, 4}, DType::f64, rng, -3, 3);
+          for (const char* name : {"plain", "erf"}) {
+            trace::Span region("step", name);
+            ShardTensor x = ShardTensor::distribute(full, mesh, {Placement::shard(0)});
+            x.set_requires_grad(true);
+            Tape tape;
+            tape.backward(ops::sum(std::string(name) == "erf" ? ops::erf(x) : x));
+          }
+        });
     if (comm->rank() == 0) {
-      std::ifstream in(file);
-      ASSERT_TRUE(in) << "no trace file " << file;
-      const nlohmann::json document = nlohmann::json::parse(in);
       std::map<std::string, std::pair<double, double>> regions;  // name -> [begin, end] on pid 0
       std::vector<nlohmann::json> collectives;
       for (const nlohmann::json& event : document["traceEvents"]) {
@@ -191,9 +197,6 @@ TEST(Trace, AnElementwiseOpAndItsBackwardAddNoCollective) {
       }
       EXPECT_EQ(in_region["erf"], in_region["plain"]);
     }
-    comm->barrier();
-    trace::stop();
-    testing::remove_test_dir(*comm, dir);
   });
 }
 
