@@ -107,9 +107,7 @@ void Parameter::accumulate_grad(const ShardTensor& grad) {
             "gradient of global shape {} for parameter '{}' of shape {}", grad.global_shape(),
             state_->name, value.global_shape());
   NoGrad plain;
-  const ShardTensor moved = grad.spec() == value.spec()
-                                ? grad
-                                : grad.redistribute(value.placements(), value.spec().extents);
+  const ShardTensor moved = grad.spec() == value.spec() ? grad : grad.redistribute_to(value.spec());
   state_->grad = state_->grad ? add_same_shape(*state_->grad, moved) : moved;
 }
 

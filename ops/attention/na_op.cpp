@@ -167,9 +167,7 @@ std::optional<Tensor> local_grad(const OpRecord& record,
   if (index >= grads.size() || !grads[index]) return std::nullopt;
   const ShardSpec& spec = record.outputs[index].spec();
   const ShardTensor& grad = *grads[index];
-  return (grad.spec() == spec ? grad : grad.redistribute(spec.placements, spec.extents))
-      .to_local()
-      .contiguous();
+  return (grad.spec() == spec ? grad : grad.redistribute_to(spec)).to_local().contiguous();
 }
 
 std::vector<std::optional<ShardTensor>> na_backward_op(

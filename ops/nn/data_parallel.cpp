@@ -112,8 +112,7 @@ struct GradReducer::State {
         continue;
       }
       if (!partial.op) {  // mixed reductions: the generic path, on its own
-        ready.emplace_back(index, grad.redistribute(parameters[index].tensor().placements(),
-                                                    parameters[index].tensor().spec().extents));
+        ready.emplace_back(index, grad.redistribute_to(parameters[index].tensor().spec()));
         continue;
       }
       const Tensor& local = grad.to_local();

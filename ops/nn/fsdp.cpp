@@ -196,7 +196,7 @@ struct FullyShardedDataParallel::State {
         const ShardTensor& shard = parameter.stored();
         const double start = seconds_now();
         // Reduce-scatter over shard_dim, all-reduce over the other dims that hold partial sums.
-        parameter.accumulate_grad(grad.redistribute(shard.placements(), shard.spec().extents));
+        parameter.accumulate_grad(grad.redistribute_to(shard.spec()));
         stats.wait_seconds += seconds_now() - start;
         ++stats.gradient_reductions;
         stats.bytes_reduced += static_cast<int64_t>(grad.to_local().nbytes());
