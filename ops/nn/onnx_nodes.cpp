@@ -135,7 +135,10 @@ ShardTensor reduced(const ShardTensor& y) {
       if (m < extents.size()) extents[m].clear();
       partial = true;
     }
-  return partial ? y.redistribute(placements, extents) : y;
+  // Derived from y's agreed layout: no agreement needed (redistribute_to).
+  return partial ? y.redistribute_to(ShardSpec::make(y.global_shape(), y.spec().mesh_shape,
+                                                     placements, extents, "onnx"))
+                 : y;
 }
 
 /// The global shape of a fused projection's output: its parts side by side on the last dim.

@@ -151,7 +151,8 @@ ShardTensor RowParallelLinear::forward(const ShardTensor& x) {
   placements[tp_mesh_dim_] =
       options_.sequence_parallel ? Placement::shard(options_.sequence_dim) : Placement::replicate();
   extents[tp_mesh_dim_].clear();
-  y = y.redistribute(placements, extents);
+  y = y.redistribute_to(
+      ShardSpec::make(y.global_shape(), y.spec().mesh_shape, placements, extents, "tp"));
   return bias_.defined() ? ops::add(y, bias_.tensor()) : y;
 }
 
@@ -250,7 +251,8 @@ ShardTensor ChannelParallelConv::forward(const ShardTensor& x) {
   // The one reduction: each rank's share of the channel sum, all-reduced over tp.
   std::vector<Placement> placements = y.placements();
   placements[tp_mesh_dim_] = Placement::replicate();
-  y = y.redistribute(placements, y.spec().extents);
+  y = y.redistribute_to(
+      ShardSpec::make(y.global_shape(), y.spec().mesh_shape, placements, y.spec().extents, "tp"));
   return bias ? ops::bias_add(y, *bias) : y;
 }
 
@@ -294,7 +296,8 @@ ShardTensor ChannelParallelConvTranspose::forward(const ShardTensor& x) {
   // The one reduction: each rank's share of the channel sum, all-reduced over tp.
   std::vector<Placement> placements = y.placements();
   placements[tp_mesh_dim_] = Placement::replicate();
-  y = y.redistribute(placements, y.spec().extents);
+  y = y.redistribute_to(
+      ShardSpec::make(y.global_shape(), y.spec().mesh_shape, placements, y.spec().extents, "tp"));
   return bias ? ops::bias_add(y, *bias) : y;
 }
 
