@@ -16,7 +16,6 @@
 #include <algorithm>
 
 #include "core/autograd.hpp"
-#include "core/backend/strided_plan.hpp"
 #include "core/shard_tensor.hpp"
 #include "core/shard_tensor_detail.hpp"
 #include "core/trace.hpp"
@@ -24,19 +23,6 @@
 namespace tessera {
 
 namespace {
-
-/// Bytes a redistribute copies outside its collectives (read once, written once) and the
-/// contiguous runs they make: the trace's copied_bytes and copy_runs, what the cost model prices
-/// at the machine's copy bandwidth and per-run cost.
-struct CopyWork {
-  int64_t bytes = 0, runs = 0;
-  /// Counts copying `to` from `from` (same shape; a dense buffer when null).
-  void add(const Tensor& to, const Tensor* from = nullptr) {
-    bytes += static_cast<int64_t>(to.nbytes());
-    runs += strided_copy_runs(to.shape().data(), to.ndim(), to.strides().data(),
-                              from ? from->strides().data() : nullptr);
-  }
-};
 
 /// Uninitialised bytes on `device` from its caching allocator (no zero-fill, reused across
 /// calls).
@@ -66,7 +52,8 @@ bool blocks_contiguous_along(const Shape& shape, int dim) {
 /// Step 1 for one mesh dim: Partial along `mesh_dim` becomes Shard(dim) with `extents`.
 /// `copied` counts what this rank copies outside the collective.
 Tensor reduce_scatter_partial(const Tensor& local, const DeviceMesh& mesh, int mesh_dim, int dim,
-                              const std::vector<int64_t>& extents, ReduceOp op, CopyWork& copied) {
+                              const std::vector<int64_t>& extents, ReduceOp op,
+                              trace::CopyTally& copied) {
   auto comm = mesh.sub_comm({mesh_dim});
   const Tensor source = local.contiguous();
   const std::vector<int64_t> offsets = offsets_of(extents);
@@ -87,7 +74,7 @@ Tensor reduce_scatter_partial(const Tensor& local, const DeviceMesh& mesh, int m
     for (size_t c = 0; c < extents.size(); ++c) {
       block.lo[dim] = offsets[c];
       block.hi[dim] = offsets[c + 1];
-      copied.add(source.view_box(block));
+      copied.copy(source.view_box(block));
       if (out == nullptr) continue;
       source.pack_box(block, out + displs[c] * source.element_size());
     }
@@ -101,7 +88,7 @@ Tensor reduce_scatter_partial(const Tensor& local, const DeviceMesh& mesh, int m
 
 /// Step 2, fast path: Shard(dim) -> Replicate along one mesh dim, as one all_gather_v.
 Tensor all_gather_shards(const Tensor& local, const DeviceMesh& mesh, const ShardSpec& from,
-                         const ShardSpec& to, int mesh_dim, CopyWork& copied) {
+                         const ShardSpec& to, int mesh_dim, trace::CopyTally& copied) {
   auto comm = mesh.sub_comm({mesh_dim});
   const int dim = from.placements[mesh_dim].dim;
   const Tensor source = local.contiguous();
@@ -126,7 +113,7 @@ Tensor all_gather_shards(const Tensor& local, const DeviceMesh& mesh, const Shar
   for (size_t c = 0; c < extents.size(); ++c) {
     block.lo[dim] = offsets[c];
     block.hi[dim] = offsets[c + 1];
-    copied.add(result.view_box(block));
+    copied.copy(result.view_box(block));
     if (staging.is_shape_only()) continue;  // estimate mode: nothing to unpack
     result.unpack_box(block, staging.data<uint8_t>() + displs[c] * source.element_size());
   }
@@ -135,7 +122,8 @@ Tensor all_gather_shards(const Tensor& local, const DeviceMesh& mesh, const Shar
 
 /// Step 2, general path: all_to_all_w of box intersections over the changing mesh dims.
 Tensor exchange_boxes(const Tensor& local, const DeviceMesh& mesh, const ShardSpec& from,
-                      const ShardSpec& to, const std::vector<int>& changed, CopyWork& copied) {
+                      const ShardSpec& to, const std::vector<int>& changed,
+                      trace::CopyTally& copied) {
   auto comm = mesh.sub_comm(changed);
   std::vector<int> group_shape;
   for (int m : changed) group_shape.push_back(mesh.size(m));
@@ -175,7 +163,7 @@ Tensor exchange_boxes(const Tensor& local, const DeviceMesh& mesh, const ShardSp
   if (!kept.empty()) {
     Tensor target = result.view_box(kept.relative_to(my_to.lo));
     const Tensor from_view = local.view_box(kept.relative_to(my_from.lo));
-    copied.add(target, &from_view);
+    copied.copy(target, &from_view);
     target.copy_from(from_view);
   }
   comm->all_to_all_w(local.comm_data(), send_blocks, result.comm_data(), recv_blocks,
@@ -186,7 +174,7 @@ Tensor exchange_boxes(const Tensor& local, const DeviceMesh& mesh, const ShardSp
 /// Step 2: moves `local` from layout `from` to layout `to` (neither has a Partial dim that
 /// differs between them).
 Tensor move_between_layouts(const Tensor& local, const DeviceMesh& mesh, const ShardSpec& from,
-                            const ShardSpec& to, CopyWork& copied) {
+                            const ShardSpec& to, trace::CopyTally& copied) {
   std::vector<int> changed;
   for (int m = 0; m < mesh.ndim(); ++m)
     if (from.placements[m] != to.placements[m] || from.extents[m] != to.extents[m])
@@ -200,7 +188,7 @@ Tensor move_between_layouts(const Tensor& local, const DeviceMesh& mesh, const S
   if (all_replicated) {  // the target box lies inside the local box: slice it
     const Box my_from = from.local_box(mesh.coord());
     const Tensor kept = local.view_box(to.local_box(mesh.coord()).relative_to(my_from.lo));
-    copied.add(kept);
+    copied.copy(kept);
     return kept.clone();
   }
   return exchange_boxes(local, mesh, from, to, changed, copied);
@@ -232,7 +220,7 @@ ShardTensor ShardTensor::redistribute_to(const ShardSpec& target) const {
   // Device tensors stay on their device: every buffer below is made on local_'s device.
   Tensor local = local_;
   ShardSpec current = spec_;
-  CopyWork copied;  // outside the collectives
+  trace::CopyTally copied(span);  // outside the collectives
 
   // 1. Reduce the Partial dims that do not stay the same Partial.
   for (int m = 0; m < mesh_.ndim(); ++m) {
@@ -245,7 +233,7 @@ ShardTensor ShardTensor::redistribute_to(const ShardSpec& target) const {
       current.placements[m] = want;
       current.extents[m] = target.extents[m];
     } else {
-      copied.add(local);
+      copied.copy(local);
       local = local.contiguous().clone();
       mesh_.sub_comm({m})->all_reduce(local.comm_data(), local.comm_data(),
                                       static_cast<size_t>(local.numel()), local.dtype(),
@@ -268,13 +256,9 @@ ShardTensor ShardTensor::redistribute_to(const ShardSpec& target) const {
                     target.placements[m].reduce == ReduceOp::sum && mesh_.coord()[m] != 0);
   if (zero) {
     local = Tensor::zeros(local.shape(), local.dtype(), local.device());
-    copied.bytes += static_cast<int64_t>(local.nbytes()) / 2;  // written only: half a copy's
-    copied.runs += 1;                                          // traffic, one run
+    copied.fill(local);
   }
-  if (span.recording()) {
-    span.arg("copied_bytes", copied.bytes);
-    span.arg("copy_runs", copied.runs);
-  }
+  copied.record(span);
   ShardTensor result(local, mesh_, target);
   record_redistribute(*this, result);  // differentiable whenever a tape records
   return result;

@@ -19,6 +19,7 @@
 #include "core/compute_threads.hpp"
 #include "core/errors.hpp"
 #include "core/gpu_runtime.hpp"
+#include "core/tensor.hpp"
 
 namespace tessera::trace {
 
@@ -415,6 +416,25 @@ Span::~Span() {
       "{}, \"tid\": {}, \"args\": {{{}}}}}",
       json_string(name_), category_, static_cast<double>(start_ns_) / 1e3,
       static_cast<double>(end - start_ns_) / 1e3, current->pid, thread_id(), args));
+}
+
+void CopyTally::copy(const Tensor& to, const Tensor* from) {
+  if (!on_) return;
+  bytes_ += static_cast<int64_t>(to.nbytes());
+  runs_ += strided_copy_runs(to.shape().data(), to.ndim(), to.strides().data(),
+                             from ? from->strides().data() : nullptr);
+}
+
+void CopyTally::fill(const Tensor& to) {
+  if (!on_) return;
+  bytes_ += static_cast<int64_t>(to.nbytes()) / 2;
+  runs_ += strided_copy_runs(to.shape().data(), to.ndim(), to.strides().data(), nullptr);
+}
+
+void CopyTally::record(Span& span) const {
+  if (!on_) return;
+  span.arg("copied_bytes", bytes_);
+  span.arg("copy_runs", runs_);
 }
 
 void Span::arg(std::string_view key, int64_t value) {

@@ -21,7 +21,8 @@
 
 namespace tessera {
 class Comm;
-}
+class Tensor;
+}  // namespace tessera
 
 namespace tessera::trace {
 
@@ -60,6 +61,25 @@ class Span {
   std::string name_;
   std::vector<std::pair<std::string, std::string>> args_;
   int64_t start_ns_ = -1;
+};
+
+/// The local copies of one traced step of work (a halo exchange, a redistribute): bytes copied
+/// (read once, written once) and their contiguous runs (one memcpy each, as copy_strided_host
+/// makes them), recorded as `copied_bytes` and `copy_runs` for the cost model. Counts nothing
+/// unless its span records, so untraced runs pay no bookkeeping.
+class CopyTally {
+ public:
+  explicit CopyTally(const Span& span) : on_(span.recording()) {}
+  /// Counts copying `to` from `from` (same shape; a dense buffer when null).
+  void copy(const Tensor& to, const Tensor* from = nullptr);
+  /// Counts filling `to`: written, not read, so half a copy's traffic.
+  void fill(const Tensor& to);
+  /// Adds `copied_bytes` and `copy_runs` to `span`.
+  void record(Span& span) const;
+
+ private:
+  bool on_;
+  int64_t bytes_ = 0, runs_ = 0;
 };
 
 /// Runs `body` as traced rank `world->rank()`: with tracing on, on a communicator that records

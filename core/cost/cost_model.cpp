@@ -174,7 +174,7 @@ nlohmann::json machine_to_json(const Machine& machine) {
                       {"asynchronous", set.asynchronous},
                       {"intra", link_to_json(set.intra)},
                       {"inter", link_to_json(set.inter)}};
-    if (set.nvls) links[backend]["nvls"] = {{"alpha", set.nvls->alpha}, {"beta", set.nvls->beta}};
+    if (set.nvls) links[backend]["nvls"] = link_to_json(*set.nvls);
   }
   document["links"] = links;
   nlohmann::json families = nlohmann::json::object();

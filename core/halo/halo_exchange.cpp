@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <map>
 
-#include "core/backend/strided_plan.hpp"
 #include "core/tensor_arith.hpp"
 #include "core/trace.hpp"
 
@@ -36,13 +35,6 @@ std::vector<PeerMessage> group_by_peer(const std::vector<HaloTransfer>& transfer
 /// A message buffer of `elements` elements on `like`'s device.
 Tensor message_buffer(int64_t elements, const Tensor& like) {
   return Tensor::empty({elements}, like.dtype(), like.device());
-}
-
-/// Contiguous runs of copying `view` to or from a dense buffer (`other` null) or between `view`
-/// and `other` (same shape): what the trace's copy_runs counts and the cost model prices.
-int64_t copy_runs(const Tensor& view, const Tensor* other = nullptr) {
-  return strided_copy_runs(view.shape().data(), view.ndim(), view.strides().data(),
-                           other ? other->strides().data() : nullptr);
 }
 
 /// The `box`-shaped piece of a message buffer starting at element `offset` (a view).
@@ -100,12 +92,11 @@ HaloExchange start_exchange(const HaloPlan& plan, const Tensor& source, Tensor h
     ops.push_back(P2POp::recv(state.recv_buffers.back().comm_data(), message.elements * element,
                               message.peer, tag));
   }
-  int64_t copied = 0, runs = 0;
+  trace::CopyTally copies(span);
   for (const PeerMessage& message : group_by_peer(plan.sends())) {
     Tensor buffer = message_buffer(message.elements, source);
-    copied += message.elements * static_cast<int64_t>(element);
     for (size_t index : message.transfers)
-      runs += copy_runs(source.view_box(plan.sends()[index].owned_box));
+      copies.copy(source.view_box(plan.sends()[index].owned_box));
     if (!buffer.is_shape_only()) {  // estimate mode sends the message without packing it
       auto* out = static_cast<char*>(buffer.raw_data());
       for (size_t index : message.transfers) {
@@ -126,20 +117,15 @@ HaloExchange start_exchange(const HaloPlan& plan, const Tensor& source, Tensor h
     if (in_place && copy.owned_box == whole && copy.haloed_box == interior) continue;
     Tensor target = exchange.haloed_.view_box(copy.haloed_box);
     const Tensor from = source.view_box(copy.owned_box);
-    copied += static_cast<int64_t>(from.nbytes());
-    runs += copy_runs(target, &from);
+    copies.copy(target, &from);
     target.copy_from(from);
   }
   for (const Box& box : plan.zero_boxes()) {
     Tensor target = exchange.haloed_.view_box(box);
-    copied += static_cast<int64_t>(target.nbytes()) / 2;  // written only
-    runs += copy_runs(target);
+    copies.fill(target);
     target.fill(0);
   }
-  if (span.recording()) {
-    span.arg("copied_bytes", copied);
-    span.arg("copy_runs", runs);
-  }
+  copies.record(span);
   return exchange;
 }
 
@@ -173,22 +159,18 @@ Tensor HaloExchange::finish() {
   trace::Span span("halo", "halo_end");
   auto& state = *in_flight_;
   state.batch->wait();
-  int64_t copied = 0, runs = 0;
+  trace::CopyTally copies(span);
   for (size_t m = 0; m < state.incoming.size(); ++m) {
     int64_t offset = 0;
     for (size_t index : state.incoming[m].transfers) {
       const Box& box = state.plan->recvs()[index].haloed_box;
       Tensor target = haloed_.view_box(box);
-      copied += static_cast<int64_t>(target.nbytes());
-      runs += copy_runs(target);
+      copies.copy(target);
       target.copy_from(piece_of(state.recv_buffers[m], offset, box));
       offset += box.volume();
     }
   }
-  if (span.recording()) {
-    span.arg("copied_bytes", copied);
-    span.arg("copy_runs", runs);
-  }
+  copies.record(span);
   in_flight_.reset();
   return haloed_;
 }

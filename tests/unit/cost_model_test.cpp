@@ -371,6 +371,18 @@ TEST(CostModel, ACollectiveTakesTheBandwidthOfItsWorkingSet) {
                    1e-6 + 2 * 0.5e8 / 4e9);
 }
 
+/// toy_machine's nodes of `per_node` ranks sharing 2 cores, modeled on the local backend: direct
+/// copies over an intra link of 1 us + n / 1 GB/s.
+json cpu_node_machine(int per_node) {
+  json document = toy_machine(per_node);
+  document["shared_compute"] = true;
+  document["cores_per_node"] = 2;
+  document["backend"] = "local";
+  document["links"]["local"] = {{"algorithm", "direct"},
+                                {"intra", {{"alpha", 1e-6}, {"beta", 1e9}}}};
+  return document;
+}
+
 TEST(CostModel, RanksBeyondTheCoresOfANodeCopyAFewAtATime) {
   // 2 or 4 ranks of one 2-core node all-gather 1 MB through shared memory (1 us + n / 1 GB/s,
   // each rank copying the whole 1 MB): with 4 ranks two copy at a time, so the bandwidth term
@@ -384,12 +396,7 @@ TEST(CostModel, RanksBeyondTheCoresOfANodeCopyAFewAtATime) {
     }
     return json{{"traceEvents", events}};
   };
-  json document = toy_machine(4);
-  document["shared_compute"] = true;
-  document["cores_per_node"] = 2;
-  document["backend"] = "local";
-  document["links"]["local"] = {{"algorithm", "direct"},
-                                {"intra", {{"alpha", 1e-6}, {"beta", 1e9}}}};
+  json document = cpu_node_machine(4);
   const Machine machine = machine_from_json(document);
   EXPECT_NEAR(replay(gather(2), machine).step_seconds, 1e-6 + 1e6 / 1e9, 1e-12);
   EXPECT_NEAR(replay(gather(4), machine).step_seconds, 1e-6 + 2 * 1e6 / 1e9, 1e-12);
@@ -404,12 +411,7 @@ TEST(CostModel, StridedBlocksAndRecordedCopiesPayPerRun) {
   // 2 ranks of a 2-core node: an all_to_all_w of 1 MB whose blocks make 1000 runs on rank 0 and
   // 10 on rank 1 (the most, 1000, sets the collective's), then a redistribute that copied
   // 0.5 MB in 200 runs outside it. Links 1 us + n / 1 GB/s; copies 10 GB/s; 10 ns per run.
-  json document = toy_machine(2);
-  document["shared_compute"] = true;
-  document["cores_per_node"] = 2;
-  document["backend"] = "local";
-  document["links"]["local"] = {{"algorithm", "direct"},
-                                {"intra", {{"alpha", 1e-6}, {"beta", 1e9}}}};
+  json document = cpu_node_machine(2);
   document["compute"]["copy_run_seconds"] = 1e-8;
   json events = json::array();
   for (int r = 0; r < 2; ++r) {
