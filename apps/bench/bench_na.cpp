@@ -229,6 +229,10 @@ void run_na_bench(const NaBenchOptions& options) {
   report.set("backend", backend_name(backend));
   report.set("cpu_isa", ops::cpu_isa_name());      // TESSERA_CPU_ISA may ask for a lower one
   report.set("kernels", nlohmann::json::array());  // the kernels table's rows, when it runs
+  if (on_cuda)  // the kernel the dispatch runs for this dtype and head dim (TESSERA_NA_CUDA_FORWARD)
+    report.set("cuda_forward_kernel",
+               ops::kernels::na_kernel_name(ops::na_cuda_kernel_for(Tensor::zeros(
+                   {1, 8, options.heads, options.dim}, dtype, rank_device(options.device, 0)))));
   bench::BenchTable& table = report.table(
       "rows",
       fmt::format("tessera bench na: {} on {}, 2-d [B, X, Y, heads, D], non-causal, dilation 1, "
@@ -304,9 +308,9 @@ void run_na_bench(const NaBenchOptions& options) {
         on_cuda ? fmt::format("cuda kernels alone (1 rank on {}): ref = the plain kernel, fast = "
                               "the dispatched one ({})",
                               rank_device(options.device, 0).str(),
-                              options.dtype == "f16" || options.dtype == "bf16"
-                                  ? "fused for D of 32, 64 or 128"
-                                  : "plain for this dtype")
+                              ops::kernels::na_kernel_name(ops::na_cuda_kernel_for(Tensor::zeros(
+                                  {1, 8, options.heads, options.dim}, dtype,
+                                  rank_device(options.device, 0)))))
                 : fmt::format("kernels alone (1 rank, fast on {} thread(s), reference "
                               "single-threaded in f64)",
                               threads),

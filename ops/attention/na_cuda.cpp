@@ -4,6 +4,7 @@
 #include "ops/attention/na_cuda.hpp"
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "ops/attention/na_cuda.cuh"
 #include "ops/attention/na_problem.hpp"
@@ -41,13 +42,27 @@ bool has_tensor_cores(Device device) {
          major >= 8;
 }
 
-/// The kernel for contiguous q, k, v: the dispatch of choose_na_kernel.
+/// The tensor-core forward TESSERA_NA_CUDA_FORWARD asks for (read once; default fused).
+kernels::NaKernel tiled_forward() {
+  static const kernels::NaKernel chosen = [] {
+    const char* value = std::getenv("TESSERA_NA_CUDA_FORWARD");
+    kernels::NaKernel kernel = kernels::NaKernel::fused;
+    check_arg(kernels::parse_na_forward(value, kernels::NaKernel::fused, kernel), "na",
+              "TESSERA_NA_CUDA_FORWARD={}: expected fused or mma", value ? value : "");
+    return kernel;
+  }();
+  return chosen;
+}
+
+/// The kernel for contiguous q, k, v: the dispatch of choose_na_kernel, its tensor-core choice
+/// as TESSERA_NA_CUDA_FORWARD says.
 kernels::NaKernel kernel_for(const Tensor& q, const Tensor& k, const Tensor& v) {
   const int64_t dim = q.ndim() > 0 ? q.shape(q.ndim() - 1) : 0;
   const int64_t batch_heads = q.ndim() >= 2 ? q.shape(0) * q.shape(q.ndim() - 2) : 0;
-  return kernels::choose_na_kernel(na_element(q.dtype()), dim, batch_heads,
-                                   aligned(q) && aligned(k) && aligned(v),
-                                   has_tensor_cores(q.device()));
+  const kernels::NaKernel kernel = kernels::choose_na_kernel(
+      na_element(q.dtype()), dim, batch_heads, aligned(q) && aligned(k) && aligned(v),
+      has_tensor_cores(q.device()));
+  return kernel == kernels::NaKernel::fused ? tiled_forward() : kernel;
 }
 
 /// The kernel a call runs: `asked` if the call allows it, else the dispatch's. The fused kernel
@@ -58,8 +73,9 @@ kernels::NaKernel checked_kernel(std::optional<kernels::NaKernel> asked, const T
   for (int64_t extent : geometry.extent) small = small && extent < (int64_t{1} << 30);
   const kernels::NaKernel possible = small ? kernel_for(q, k, v) : kernels::NaKernel::plain;
   if (!asked) return possible;
-  check_arg(*asked == kernels::NaKernel::plain || possible == kernels::NaKernel::fused, "na",
-            "the fused cuda kernel does not take {} q of shape {} (f16/bf16, D of 32, 64 or 128)",
+  check_arg(*asked == kernels::NaKernel::plain || possible != kernels::NaKernel::plain, "na",
+            "the tensor-core cuda kernels do not take {} q of shape {} (f16/bf16, D of 32, 64 or "
+            "128)",
             dtype_name(q.dtype()), q.shape());
   return *asked;
 }

@@ -401,17 +401,12 @@ struct FusedLayout {
                 "fused regions must stay 32-byte aligned");
 };
 
-/// A fused tile's query extents per axis.
-struct FusedTile {
-  int64_t extent[3];
-};
-
 /// Elements per 16-byte vector load of a half type.
 constexpr int kVector = 8;
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kFusedWarps* kWarp)
-    fused_forward(NaCall c, FusedTile tile, const T* q, const T* k, const T* v, const T* rpb, T* o,
+    fused_forward(NaCall c, NaTileShape tile, const T* q, const T* k, const T* v, const T* rpb, T* o,
                   float* lse) {
 #if TESSERA_NA_TENSOR_CORES
   namespace wmma = nvcuda::wmma;
@@ -714,7 +709,7 @@ __device__ __forceinline__ bool window_holds(const NaCall& c, const int* first, 
 }
 
 /// The tile corner of block x over `extents` cut in tiles of `tile`.
-__device__ __forceinline__ void tile_corner(const int64_t extents[3], const FusedTile& tile,
+__device__ __forceinline__ void tile_corner(const int64_t extents[3], const NaTileShape& tile,
                                             int64_t corner[3]) {
   int64_t tiles[3];
 #pragma unroll
@@ -726,7 +721,7 @@ __device__ __forceinline__ void tile_corner(const int64_t extents[3], const Fuse
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kFusedWarps* kWarp)
-    fused_backward_query(NaCall c, FusedTile tile, Backward<T> g) {
+    fused_backward_query(NaCall c, NaTileShape tile, Backward<T> g) {
 #if TESSERA_NA_TENSOR_CORES
   using L = BackwardLayout<D>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -849,7 +844,7 @@ __global__ void __launch_bounds__(kFusedWarps* kWarp)
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kFusedWarps* kWarp)
-    fused_backward_key(NaCall c, FusedTile tile, Backward<T> g) {
+    fused_backward_key(NaCall c, NaTileShape tile, Backward<T> g) {
 #if TESSERA_NA_TENSOR_CORES
   using L = BackwardLayout<D>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -1003,7 +998,7 @@ cudaError_t forward_plain(const NaCall& call, const NaForwardArgs& args, cudaStr
 template <typename T, int D>
 cudaError_t forward_fused_dim(const NaCall& call, const NaForwardArgs& args, int spatial,
                               cudaStream_t stream) {
-  FusedTile tile{};
+  NaTileShape tile{};
   na_fused_tile_shape(spatial, tile.extent);
   int64_t tiles = 1;
   for (int a = 0; a < 3; ++a) tiles *= (call.axes[a].queries + tile.extent[a] - 1) / tile.extent[a];
@@ -1057,7 +1052,7 @@ cudaError_t backward_plain(const NaCall& call, const NaBackwardArgs& args, cudaS
 
 template <typename T, int D>
 cudaError_t backward_fused_dim(const NaCall& call, const Backward<T>& g, cudaStream_t stream) {
-  FusedTile tile{};
+  NaTileShape tile{};
   na_fused_tile_shape(call.spatial, tile.extent);
   int64_t query_tiles = 1, key_tiles = 1;
   for (int a = 0; a < 3; ++a) {
@@ -1128,12 +1123,15 @@ cudaError_t launch_na_forward(NaKernel kernel, const NaCall& call, ElementType t
     case ElementType::f32: return forward_plain<float>(call, args, stream);
     case ElementType::f64: return forward_plain<double>(call, args, stream);
     case ElementType::f16:
-      return kernel == NaKernel::fused ? forward_fused<__half>(call, args, stream)
-                                       : forward_plain<__half>(call, args, stream);
-    case ElementType::bf16:
-      return kernel == NaKernel::fused ? forward_fused<__nv_bfloat16>(call, args, stream)
-                                       : forward_plain<__nv_bfloat16>(call, args, stream);
+    case ElementType::bf16: break;
   }
+  if (kernel == NaKernel::mma) return launch_na_forward_mma(call, type, args, stream);
+  if (type == ElementType::f16)
+    return kernel == NaKernel::fused ? forward_fused<__half>(call, args, stream)
+                                     : forward_plain<__half>(call, args, stream);
+  if (type == ElementType::bf16)
+    return kernel == NaKernel::fused ? forward_fused<__nv_bfloat16>(call, args, stream)
+                                     : forward_plain<__nv_bfloat16>(call, args, stream);
   return cudaErrorInvalidValue;
 }
 
@@ -1143,10 +1141,10 @@ cudaError_t launch_na_backward(NaKernel kernel, const NaCall& call, ElementType 
     case ElementType::f32: return backward_plain<float>(call, args, stream);
     case ElementType::f64: return backward_plain<double>(call, args, stream);
     case ElementType::f16:
-      return kernel == NaKernel::fused && args.o ? backward_fused<__half>(call, args, stream)
+      return kernel != NaKernel::plain && args.o ? backward_fused<__half>(call, args, stream)
                                                  : backward_plain<__half>(call, args, stream);
     case ElementType::bf16:
-      return kernel == NaKernel::fused && args.o
+      return kernel != NaKernel::plain && args.o
                  ? backward_fused<__nv_bfloat16>(call, args, stream)
                  : backward_plain<__nv_bfloat16>(call, args, stream);
   }

@@ -32,6 +32,11 @@ struct NaBackwardArgs {
 cudaError_t launch_na_forward(NaKernel kernel, const NaCall& call, ElementType type,
                               const NaForwardArgs& args, cudaStream_t stream);
 
+/// o and lse of `call` with the register-tiled forward (na_cuda_mma.cu): f16/bf16, head dim 32,
+/// 64 or 128, the calls the fused kernel takes.
+cudaError_t launch_na_forward_mma(const NaCall& call, ElementType type, const NaForwardArgs& args,
+                                  cudaStream_t stream);
+
 /// dq, dk, dv (and drpb) of `call` with kernel `kernel`; deterministic (no atomics: dq per
 /// query, dk and dv per key over the queries whose window holds it, drpb per bias entry).
 cudaError_t launch_na_backward(NaKernel kernel, const NaCall& call, ElementType type,

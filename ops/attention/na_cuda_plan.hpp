@@ -141,8 +141,15 @@ TESSERA_NA_HD void na_axis_query_range(const NaAxis& axis, int64_t first, int64_
 /// Which cuda kernel runs a call.
 enum class NaKernel : int {
   plain,  ///< one warp per (query, head) or (key, head) row, no tensor cores: any call
-  fused   ///< query tiles with tensor cores, online softmax: f16/bf16, dim 32, 64 or 128
+  fused,  ///< query tiles with tensor cores, online softmax: f16/bf16, dim 32, 64 or 128
+  mma     ///< the fused kernel's calls; its forward keeps S, P and O in registers (mma.sync,
+          ///< cp.async double buffering), its backward is the fused one
 };
+
+/// A kernel's name: plain, fused or mma.
+inline const char* na_kernel_name(NaKernel kernel) {
+  return kernel == NaKernel::plain ? "plain" : kernel == NaKernel::fused ? "fused" : "mma";
+}
 
 /// Element types as the kernel choice sees them.
 enum class NaElement : int { f32, f64, f16, bf16 };
@@ -164,9 +171,32 @@ inline NaKernel choose_na_kernel(NaElement element, int64_t dim, int64_t batch_h
              : NaKernel::plain;
 }
 
+/// The forward kernel a call the fused kernel takes runs: `fused` or `mma` (the register-tiled
+/// forward), as TESSERA_NA_CUDA_FORWARD names it (null or empty: `default_kernel`); false for
+/// another value.
+inline bool parse_na_forward(const char* value, NaKernel default_kernel, NaKernel& kernel) {
+  if (value == nullptr || value[0] == '\0') {
+    kernel = default_kernel;
+    return true;
+  }
+  const auto same = [](const char* a, const char* b) {
+    while (*a && *a == *b) ++a, ++b;
+    return *a == *b;
+  };
+  if (same(value, "fused")) kernel = NaKernel::fused;
+  else if (same(value, "mma")) kernel = NaKernel::mma;
+  else return false;
+  return true;
+}
+
 /// Query tile of the fused kernel: kFusedQueries queries of the local piece, shaped per axis
 /// so that a tile's key box stays small (1-d: 64; 2-d: 8 x 8; 3-d: 4 x 4 x 4).
 constexpr int kFusedQueries = 64;
+
+/// A query tile's extents along the 3 axes.
+struct NaTileShape {
+  int64_t extent[3];
+};
 
 /// The fused kernel's tile extents along the 3 axes for a call with `spatial` user axes.
 inline void na_fused_tile_shape(int spatial, int64_t tile[3]) {

@@ -12,6 +12,9 @@
 //    of the tile, query pieces with key tiles at offsets);
 //  - the plain kernels equal the reference in f64 and f32 on such pieces, head dims on and off
 //    the tiled sizes;
+//  - the mma forward (registers-only S, P and O) equals the reference and the fused forward on
+//    the same kind of cases, and the backward from its output and lse equals the reference's;
+//    under TESSERA_NA_CUDA_FORWARD=mma the sharded sweeps run it too (scripts/gpu-check.sh);
 //  - the backward is deterministic: two runs give the same bits.
 #include <gtest/gtest.h>
 
@@ -229,7 +232,7 @@ TEST(NaGpu, FusedKernelsMatchThePlainKernelsAndTheReference) {
   SKIP_WITHOUT_GPU();
   using ops::kernels::NaKernel;
   const Tensor probe = Tensor::zeros({1, 8, 1, 32}, DType::bf16, kGpu);
-  if (ops::na_cuda_kernel_for(probe) != NaKernel::fused)
+  if (ops::na_cuda_kernel_for(probe) == NaKernel::plain)
     GTEST_SKIP() << "the fused kernels need bf16 tensor cores (sm_80 or newer), which "
                  << kGpu.str() << " lacks";
   for (int index = 0; index < 120; ++index) {
@@ -237,7 +240,7 @@ TEST(NaGpu, FusedKernelsMatchThePlainKernelsAndTheReference) {
     const DType dtype = index % 2 == 0 ? DType::f16 : DType::bf16;
     const int64_t dims[] = {32, 64, 128};
     const KernelCase c = random_kernel_case(rng, dims[index % 3], dtype);
-    ASSERT_EQ(ops::na_cuda_kernel_for(c.q), NaKernel::fused) << c.str;
+    ASSERT_NE(ops::na_cuda_kernel_for(c.q), NaKernel::plain) << c.str;
     const Tensor* rpb = c.has_rpb ? &c.rpb : nullptr;
     const Stream stream = compute_stream_for(kGpu);
     const ops::NaForward fused =
@@ -276,6 +279,50 @@ TEST(NaGpu, FusedKernelsMatchThePlainKernelsAndTheReference) {
       EXPECT_LE(testing::relative_error(host(*plain_list[i]), host(*reference_list[i])), bound)
           << names[i] << " plain " << c.str;
     }
+  }
+}
+
+TEST(NaGpu, MmaForwardMatchesTheReferenceAndTheFusedForward) {
+  SKIP_WITHOUT_GPU();
+  using ops::kernels::NaKernel;
+  const Tensor probe = Tensor::zeros({1, 8, 1, 32}, DType::bf16, kGpu);
+  if (ops::na_cuda_kernel_for(probe) == NaKernel::plain)
+    GTEST_SKIP() << "the mma forward needs bf16 tensor cores (sm_80 or newer), which "
+                 << kGpu.str() << " lacks";
+  for (int index = 0; index < 150; ++index) {
+    CaseRng rng(testing::case_seed(83, 1, 0, index));
+    const DType dtype = index % 2 == 0 ? DType::bf16 : DType::f16;
+    const int64_t dims[] = {64, 32, 128};
+    const KernelCase c = random_kernel_case(rng, dims[index % 3], dtype);
+    const Tensor* rpb = c.has_rpb ? &c.rpb : nullptr;
+    const Stream stream = compute_stream_for(kGpu);
+    const ops::NaForward mma =
+        ops::na_cuda_forward(c.q, c.k, c.v, rpb, c.geometry, c.pieces, stream, NaKernel::mma);
+    const ops::NaForward fused =
+        ops::na_cuda_forward(c.q, c.k, c.v, rpb, c.geometry, c.pieces, stream, NaKernel::fused);
+    // The backward from the mma forward's output and lse (the fused backward runs).
+    const ops::NaGradients grads =
+        ops::na_cuda_backward(c.q, c.k, c.v, rpb, &mma.output, mma.lse, c.go, &c.glse, c.geometry,
+                              c.pieces, stream, NaKernel::mma);
+    auto cpu = [](const Tensor& t) { return t.to(Device::cpu()); };
+    const Tensor rpb_host = c.has_rpb ? cpu(c.rpb) : Tensor();
+    const Tensor glse_host = cpu(c.glse);
+    const ops::NaForward reference = ops::na_forward(
+        cpu(c.q), cpu(c.k), cpu(c.v), c.has_rpb ? &rpb_host : nullptr, c.geometry, c.pieces);
+    const ops::NaGradients reference_grads =
+        ops::na_backward(cpu(c.q), cpu(c.k), cpu(c.v), c.has_rpb ? &rpb_host : nullptr, cpu(c.go),
+                         &glse_host, c.geometry, c.pieces);
+    const double bound = bound_of(dtype);
+    EXPECT_LE(testing::relative_error(host(mma.output), host(reference.output)), bound) << c.str;
+    EXPECT_LE(testing::relative_error(host(mma.output), host(fused.output)), bound) << c.str;
+    EXPECT_LE(testing::relative_error(host(mma.lse), host(reference.lse)), 1e-3) << c.str;
+    const char* names[] = {"dq", "dk", "dv", "drpb"};
+    const Tensor* got[] = {&grads.dq, &grads.dk, &grads.dv, &grads.drpb};
+    const Tensor* want[] = {&reference_grads.dq, &reference_grads.dk, &reference_grads.dv,
+                            &reference_grads.drpb};
+    for (int i = 0; i < (c.has_rpb ? 4 : 3); ++i)
+      EXPECT_LE(testing::relative_error(host(*got[i]), host(*want[i])), bound)
+          << names[i] << " after the mma forward " << c.str;
   }
 }
 

@@ -143,6 +143,28 @@ TEST(NaCudaPlan, DispatchSendsHalfTypesWithATiledHeadDimToTheFusedKernel) {
     }
 }
 
+TEST(NaCudaPlan, TheForwardKernelIsFusedUnlessTesseraNaCudaForwardNamesMma) {
+  using ops::kernels::NaKernel;
+  using ops::kernels::parse_na_forward;
+  NaKernel kernel = NaKernel::plain;
+  EXPECT_TRUE(parse_na_forward(nullptr, NaKernel::fused, kernel));
+  EXPECT_EQ(kernel, NaKernel::fused);
+  EXPECT_TRUE(parse_na_forward("", NaKernel::mma, kernel));
+  EXPECT_EQ(kernel, NaKernel::mma);
+  EXPECT_TRUE(parse_na_forward("mma", NaKernel::fused, kernel));
+  EXPECT_EQ(kernel, NaKernel::mma);
+  EXPECT_TRUE(parse_na_forward("fused", NaKernel::mma, kernel));
+  EXPECT_EQ(kernel, NaKernel::fused);
+  for (const char* bad : {"plain", "MMA", "mm", "mmax", "fused ", "1"}) {
+    kernel = NaKernel::plain;
+    EXPECT_FALSE(parse_na_forward(bad, NaKernel::fused, kernel)) << bad;
+    EXPECT_EQ(kernel, NaKernel::plain) << bad << ": a refused value changes nothing";
+  }
+  EXPECT_STREQ(ops::kernels::na_kernel_name(NaKernel::plain), "plain");
+  EXPECT_STREQ(ops::kernels::na_kernel_name(NaKernel::fused), "fused");
+  EXPECT_STREQ(ops::kernels::na_kernel_name(NaKernel::mma), "mma");
+}
+
 TEST(NaCudaPlan, FusedTilesHoldSixtyFourQueriesOnTheUserAxes) {
   for (int spatial = 1; spatial <= 3; ++spatial) {
     int64_t tile[3];
