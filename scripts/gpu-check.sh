@@ -233,7 +233,7 @@ if want test; then
   # The register-tiled (mma) forward of neighborhood attention, opt-in until checked here: the
   # sharded sweeps and the kernel comparison again with it as the forward the dispatch picks.
   start=$SECONDS
-  if capped 90 env LD_LIBRARY_PATH="$our_ld" TESSERA_NA_CUDA_FORWARD=mma \
+  if capped 90 env LD_LIBRARY_PATH="$our_ld" TESSERA_NA_CUDA_KERNEL=mma \
        "$build/tests/tessera_gpu_na_tests" \
        --gtest_filter='NaGpu.Mma*:NaGpu.ShardedFused*:NaGpu.FusedKernels*:NaGpu.Fixtures*' \
        >"$logs/na-mma-tests.log" 2>&1; then
@@ -279,7 +279,7 @@ if want bench; then
   step ceilings 40 "$python" "$root/scripts/gpu_ceilings.py"
   step bench-na-bf16 60 "${tessera[@]}" bench na --device cuda --dtype bf16 --ranks 1,4 \
     --kernel 7,13,31 --reference-size 0 --json
-  step bench-na-mma-bf16 60 env TESSERA_NA_CUDA_FORWARD=mma "${tessera[@]}" bench na \
+  step bench-na-mma-bf16 60 env TESSERA_NA_CUDA_KERNEL=mma "${tessera[@]}" bench na \
     --device cuda --dtype bf16 --ranks 1,4 --kernel 7,13,31 --reference-size 0 --json
   step torch-na-bf16 75 "$python" "$root/apps/bench/torch_na_bench.py" --impl flex --dtype bf16 \
     --kernel 7,13,31 --json

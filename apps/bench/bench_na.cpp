@@ -229,7 +229,7 @@ void run_na_bench(const NaBenchOptions& options) {
   report.set("backend", backend_name(backend));
   report.set("cpu_isa", ops::cpu_isa_name());      // TESSERA_CPU_ISA may ask for a lower one
   report.set("kernels", nlohmann::json::array());  // the kernels table's rows, when it runs
-  if (on_cuda)  // the kernel the dispatch runs for this dtype and head dim (TESSERA_NA_CUDA_FORWARD)
+  if (on_cuda)  // the kernel the dispatch runs for this dtype and head dim (TESSERA_NA_CUDA_KERNEL)
     report.set("cuda_forward_kernel",
                ops::kernels::na_kernel_name(ops::na_cuda_kernel_for(Tensor::zeros(
                    {1, 8, options.heads, options.dim}, dtype, rank_device(options.device, 0)))));

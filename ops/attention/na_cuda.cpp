@@ -42,20 +42,20 @@ bool has_tensor_cores(Device device) {
          major >= 8;
 }
 
-/// The tensor-core forward TESSERA_NA_CUDA_FORWARD asks for (read once; default fused).
+/// The tensor-core forward TESSERA_NA_CUDA_KERNEL asks for (read once; default fused).
 kernels::NaKernel tiled_forward() {
   static const kernels::NaKernel chosen = [] {
-    const char* value = std::getenv("TESSERA_NA_CUDA_FORWARD");
+    const char* value = std::getenv("TESSERA_NA_CUDA_KERNEL");
     kernels::NaKernel kernel = kernels::NaKernel::fused;
     check_arg(kernels::parse_na_forward(value, kernels::NaKernel::fused, kernel), "na",
-              "TESSERA_NA_CUDA_FORWARD={}: expected fused or mma", value ? value : "");
+              "TESSERA_NA_CUDA_KERNEL={}: expected fused or mma", value ? value : "");
     return kernel;
   }();
   return chosen;
 }
 
 /// The kernel for contiguous q, k, v: the dispatch of choose_na_kernel, its tensor-core choice
-/// as TESSERA_NA_CUDA_FORWARD says.
+/// as TESSERA_NA_CUDA_KERNEL says.
 kernels::NaKernel kernel_for(const Tensor& q, const Tensor& k, const Tensor& v) {
   const int64_t dim = q.ndim() > 0 ? q.shape(q.ndim() - 1) : 0;
   const int64_t batch_heads = q.ndim() >= 2 ? q.shape(0) * q.shape(q.ndim() - 2) : 0;

@@ -172,7 +172,7 @@ inline NaKernel choose_na_kernel(NaElement element, int64_t dim, int64_t batch_h
 }
 
 /// The forward kernel a call the fused kernel takes runs: `fused` or `mma` (the register-tiled
-/// forward), as TESSERA_NA_CUDA_FORWARD names it (null or empty: `default_kernel`); false for
+/// forward), as TESSERA_NA_CUDA_KERNEL names it (null or empty: `default_kernel`); false for
 /// another value.
 inline bool parse_na_forward(const char* value, NaKernel default_kernel, NaKernel& kernel) {
   if (value == nullptr || value[0] == '\0') {

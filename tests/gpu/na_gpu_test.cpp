@@ -14,7 +14,7 @@
 //    the tiled sizes;
 //  - the mma forward (registers-only S, P and O) equals the reference and the fused forward on
 //    the same kind of cases, and the backward from its output and lse equals the reference's;
-//    under TESSERA_NA_CUDA_FORWARD=mma the sharded sweeps run it too (scripts/gpu-check.sh);
+//    under TESSERA_NA_CUDA_KERNEL=mma the sharded sweeps run it too (scripts/gpu-check.sh);
 //  - the backward is deterministic: two runs give the same bits.
 #include <gtest/gtest.h>
 

@@ -1,0 +1,295 @@
+// The register-tiled forward kernel of neighborhood attention (see na_cuda_mma.cu for what it
+// does and na_mma.cuh for its building blocks). A header so that the unit tests can run the same
+// source on the cpu under tests/emu/'s emulation of the primitives (TESSERA_NA_EMULATE).
+#pragma once
+
+#include <cstdint>
+
+#include "ops/attention/na_mma.cuh"
+
+namespace tessera::ops::kernels::mma_detail {
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kMmaWarps* kWarp)
+    mma_forward(NaCall c, NaTileShape tile, const T* q, const T* k, const T* v, const T* rpb, T* o,
+                float* lse) {
+#if TESSERA_NA_MMA
+  using L = MmaLayout<D>;
+  constexpr int kVector = 8;  // elements per 16-byte copy
+  constexpr int kRowVectors = D / kVector;
+  TESSERA_NA_DYNAMIC_SHARED(smem);
+  T* qs = reinterpret_cast<T*>(smem);
+  long long* q_flat = reinterpret_cast<long long*>(smem + L::flat_at);
+  const int tid = threadIdx.x, warp = tid / kWarp, lane = tid % kWarp;
+  const int group = lane / 4, quad = lane % 4;  // the mma fragments' row group and column pair
+  const int64_t h = blockIdx.y % c.heads, b = blockIdx.y / c.heads;
+  const int64_t token_stride = c.heads * c.dim;
+
+  // The tile's corner, and its key box: per axis the union [lo, lo + box) of its windows.
+  int64_t corner[3], lo[3], box[3], volume = 1;
+  {
+    int64_t tiles[3], coords[3];
+#pragma unroll
+    for (int a = 0; a < 3; ++a)
+      tiles[a] = (c.axes[a].queries + tile.extent[a] - 1) / tile.extent[a];
+    split_flat(blockIdx.x, tiles[0], tiles[1], tiles[2], coords);
+#pragma unroll
+    for (int a = 0; a < 3; ++a) {
+      corner[a] = coords[a] * tile.extent[a];
+      const int64_t first = c.axes[a].query_offset + corner[a];
+      const int64_t end_local = c.axes[a].query_offset + c.axes[a].queries;
+      const int64_t last = first + tile.extent[a] < end_local ? first + tile.extent[a] : end_local;
+      int64_t hi;
+      na_axis_key_range(c.axes[a], first, last, lo[a], hi);
+      box[a] = hi - lo[a];
+      volume *= box[a];
+    }
+  }
+  // Tile row r (0..63): its query's local offsets per axis, and whether it is inside the piece.
+  auto tile_row = [&](int r, int64_t i[3]) {
+    int64_t t[3];
+    split_flat(r, tile.extent[0], tile.extent[1], tile.extent[2], t);
+    bool valid = true;
+#pragma unroll
+    for (int a = 0; a < 3; ++a) {
+      valid = valid && corner[a] + t[a] < c.axes[a].queries;
+      i[a] = c.axes[a].query_offset + corner[a] + t[a];
+    }
+    return valid;
+  };
+  if (tid < kFusedQueries) {
+    int64_t i[3];
+    const bool valid = tile_row(tid, i);
+    long long flat = 0;
+#pragma unroll
+    for (int a = 0; a < 3; ++a) flat = flat * c.axes[a].queries + (i[a] - c.axes[a].query_offset);
+    q_flat[tid] = valid ? flat : -1;
+  }
+  // This lane's two rows: warp * 16 + group and 8 rows further.
+  Row rows[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    int64_t i[3];
+    const bool valid = tile_row(warp * 16 + group + 8 * half, i);
+#pragma unroll
+    for (int a = 0; a < 3; ++a) {
+      const NaSpan w = na_axis_window(c.axes[a], i[a]);
+      rows[half].first[a] = valid ? static_cast<int>(w.first) : 0;
+      rows[half].end[a] = valid ? static_cast<int>(w.end()) : 0;
+      rows[half].at[a] = static_cast<int>(i[a]);
+    }
+  }
+  const bool dilated = c.axes[0].dilation > 1 || c.axes[1].dilation > 1 || c.axes[2].dilation > 1;
+  const int dilation[3] = {static_cast<int>(c.axes[0].dilation),
+                           static_cast<int>(c.axes[1].dilation),
+                           static_cast<int>(c.axes[2].dilation)};
+  const T* rpb_head = c.has_rpb ? rpb + h * c.rpb_count() : nullptr;
+  const int rpb_extent[3] = {static_cast<int>(c.rpb_extent(0)), static_cast<int>(c.rpb_extent(1)),
+                             static_cast<int>(c.rpb_extent(2))};
+  const int kernel[3] = {static_cast<int>(c.axes[0].kernel), static_cast<int>(c.axes[1].kernel),
+                         static_cast<int>(c.axes[2].kernel)};
+  const float scale_log2 = static_cast<float>(c.scale) * kLog2e;
+  __syncthreads();  // q_flat
+
+  // The Q tile (zero rows outside the piece): the first group of copies.
+  for (int index = tid; index < kFusedQueries * kRowVectors; index += kMmaWarps * kWarp) {
+    const int r = index / kRowVectors, col = index % kRowVectors * kVector;
+    const bool valid = q_flat[r] >= 0;
+    const T* source =
+        valid ? q + ((b * c.query_count() + q_flat[r]) * c.heads + h) * c.dim + col : q;
+    copy_async(qs + r * L::ld + col, source, valid);
+  }
+
+  // Chunk `chunk` of the box (keys chunk * 64 ..) into stage `stage`: K and V rows (zeros past the
+  // box) and the keys' coordinates.
+  auto load_chunk = [&](int64_t chunk, int stage) {
+    const int64_t first_key = chunk * kMmaKeys;
+    T* ks = reinterpret_cast<T*>(smem + L::k_at + stage * L::kv_bytes);
+    T* vs = reinterpret_cast<T*>(smem + L::v_at + stage * L::kv_bytes);
+    for (int index = tid; index < kMmaKeys * kRowVectors; index += kMmaWarps * kWarp) {
+      const int row = index / kRowVectors, col = index % kRowVectors * kVector;
+      const bool valid = first_key + row < volume;
+      int64_t at = 0;
+      if (valid) {
+        int64_t j[3];
+        split_flat(first_key + row, box[0], box[1], box[2], j);
+        int64_t position = 0;
+#pragma unroll
+        for (int a = 0; a < 3; ++a)
+          position = position * c.axes[a].tile + (lo[a] + j[a] - c.axes[a].tile_offset);
+        at = (b * c.tile_count() + position) * token_stride + h * c.dim + col;
+      }
+      copy_async(ks + row * L::ld + col, k + at, valid);
+      copy_async(vs + row * L::ld + col, v + at, valid);
+    }
+    if (tid < kMmaKeys) {
+      int4* keys = reinterpret_cast<int4*>(smem + L::key_at + stage * L::key_bytes);
+      int4 key = make_int4(-1, -1, -1, 0);
+      if (first_key + tid < volume) {
+        int64_t j[3];
+        split_flat(first_key + tid, box[0], box[1], box[2], j);
+        key = make_int4(static_cast<int>(lo[0] + j[0]), static_cast<int>(lo[1] + j[1]),
+                        static_cast<int>(lo[2] + j[2]), 0);
+      }
+      keys[tid] = key;
+    }
+  };
+
+  const int64_t chunks = (volume + kMmaKeys - 1) / kMmaKeys;
+  if (chunks > 0) load_chunk(0, 0);
+  commit_async();
+
+  uint32_t qf[D / 16][4];  // Q's A fragments, one per 16 elements of the head dim
+  float acc[D / 8][4];     // O: 8 columns of the head dim per accumulator
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+  float row_max[2] = {-kInf, -kInf}, row_sum[2] = {0.0f, 0.0f};  // log2 domain; this lane's sum
+
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    const int stage = static_cast<int>(chunk % kStages);
+    if (chunk + 1 < chunks) {
+      load_chunk(chunk + 1, (stage + 1) % kStages);
+      commit_async();
+      wait_async<1>();
+    } else {
+      wait_async<0>();
+    }
+    __syncthreads();
+    if (chunk == 0) {
+      // A fragment of rows warp*16.., columns 16s..: matrices (rows 0-7 | 8-15) x (cols 0-7 |
+      // 8-15).
+#pragma unroll
+      for (int s = 0; s < D / 16; ++s)
+        load_matrices(qf[s], qs + (warp * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * L::ld + 16 * s +
+                                 8 * (lane / 16));
+    }
+    const T* ks = reinterpret_cast<const T*>(smem + L::k_at + stage * L::kv_bytes);
+    const T* vs = reinterpret_cast<const T*>(smem + L::v_at + stage * L::kv_bytes);
+    const int4* keys = reinterpret_cast<const int4*>(smem + L::key_at + stage * L::key_bytes);
+
+    // S = Q K^T: n-tile j holds keys 8j..8j+7; B fragments of two k-steps per ldmatrix.x4
+    // (matrix m: keys 8j + 0..7, head-dim columns 32p + 8m ..).
+    float s[kMmaKeys / 8][4];
+#pragma unroll
+    for (int j = 0; j < kMmaKeys / 8; ++j) {
+      s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+      for (int p = 0; p < D / 32; ++p) {
+        uint32_t kf[4];
+        load_matrices(kf, ks + (8 * j + lane % 8) * L::ld + 32 * p + 8 * (lane / 8));
+        mma(s[j], qf[2 * p], kf[0], kf[1], T{});
+        mma(s[j], qf[2 * p + 1], kf[2], kf[3], T{});
+      }
+    }
+
+    // The mask, scale and bias: s[j][2 * half + e] is row group + 8 * half, key 8j + 2 quad + e.
+    float chunk_max[2] = {-kInf, -kInf};
+#pragma unroll
+    for (int j = 0; j < kMmaKeys / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int4 key = keys[8 * j + 2 * quad + e];
+        const int at[3] = {key.x, key.y, key.z};
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const Row& row = rows[half];
+          bool hit = true;
+#pragma unroll
+          for (int a = 0; a < 3; ++a) hit = hit && at[a] >= row.first[a] && at[a] < row.end[a];
+          if (dilated) {
+#pragma unroll
+            for (int a = 0; a < 3; ++a) hit = hit && (at[a] - row.first[a]) % dilation[a] == 0;
+          }
+          float x = -kInf;
+          if (hit) {
+            x = s[j][2 * half + e] * scale_log2;
+            if (rpb_head) {
+              int index = 0;
+#pragma unroll
+              for (int a = 0; a < 3; ++a)
+                index = index * rpb_extent[a] + kernel[a] - 1 + (at[a] - row.at[a]) / dilation[a];
+              x += widen(rpb_head[index]) * kLog2e;
+            }
+          }
+          s[j][2 * half + e] = x;
+          chunk_max[half] = fmaxf(chunk_max[half], x);
+        }
+      }
+    }
+
+    // The online softmax: the rows' maxima over their 4 lanes, the rescale of O and of the sums.
+    float alpha[2], next_max[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float m = chunk_max[half];
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      next_max[half] = fmaxf(row_max[half], m);
+      // A row with no key so far keeps -inf: nothing to rescale, every p of it 0.
+      alpha[half] = next_max[half] == -kInf ? 1.0f : exp2f(row_max[half] - next_max[half]);
+      row_max[half] = next_max[half];
+      row_sum[half] *= alpha[half];
+    }
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      acc[n][0] *= alpha[0];
+      acc[n][1] *= alpha[0];
+      acc[n][2] *= alpha[1];
+      acc[n][3] *= alpha[1];
+    }
+#pragma unroll
+    for (int j = 0; j < kMmaKeys / 8; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int half = i / 2;
+        const float p = next_max[half] == -kInf ? 0.0f : exp2f(s[j][i] - next_max[half]);
+        s[j][i] = p;
+        row_sum[half] += p;
+      }
+    }
+
+    // O += P V: k-step t takes keys 16t..16t+15, whose A fragment is S's n-tiles 2t and 2t+1;
+    // V's B fragments for head-dim n-tiles n and n+1 in one ldmatrix.x4.trans (matrix m: keys
+    // 16t + 8 (m % 2) + 0..7, columns 8n + 8 (m / 2) ..).
+#pragma unroll
+    for (int t = 0; t < kMmaKeys / 16; ++t) {
+      uint32_t pf[4];
+      pf[0] = pack(s[2 * t][0], s[2 * t][1], T{});
+      pf[1] = pack(s[2 * t][2], s[2 * t][3], T{});
+      pf[2] = pack(s[2 * t + 1][0], s[2 * t + 1][1], T{});
+      pf[3] = pack(s[2 * t + 1][2], s[2 * t + 1][3], T{});
+#pragma unroll
+      for (int n = 0; n < D / 8; n += 2) {
+        uint32_t vf[4];
+        load_matrices_transposed(
+            vf, vs + (16 * t + lane % 8 + 8 * ((lane / 8) % 2)) * L::ld + 8 * n + 8 * (lane / 16));
+        mma(acc[n], pf, vf[0], vf[1], T{});
+        mma(acc[n + 1], pf, vf[2], vf[3], T{});
+      }
+    }
+    __syncthreads();  // this stage is free for the chunk after next
+  }
+
+  // o = O / l and lse = m ln 2 + ln l for the rows inside the piece.
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float sum = row_sum[half];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const long long flat = q_flat[warp * 16 + group + 8 * half];
+    if (flat < 0 || sum <= 0.0f) continue;
+    const int64_t row = (b * c.query_count() + flat) * c.heads + h;
+    const float inverse = 1.0f / sum;
+    T* out = o + row * c.dim + 2 * quad;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+      *reinterpret_cast<uint32_t*>(out + 8 * n) =
+          pack(acc[n][2 * half] * inverse, acc[n][2 * half + 1] * inverse, T{});
+    if (quad == 0) lse[row] = row_max[half] * kLn2 + logf(sum);
+  }
+#else
+  __trap();
+#endif
+}
+
+}  // namespace tessera::ops::kernels::mma_detail
