@@ -42,7 +42,7 @@ bool has_tensor_cores(Device device) {
          major >= 8;
 }
 
-/// The tensor-core forward TESSERA_NA_CUDA_KERNEL asks for (read once; default fused).
+/// The tensor-core kernels TESSERA_NA_CUDA_KERNEL asks for (read once; default fused).
 kernels::NaKernel tiled_forward() {
   static const kernels::NaKernel chosen = [] {
     const char* value = std::getenv("TESSERA_NA_CUDA_KERNEL");

@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "ops/attention/na_cuda.cuh"
 #include "ops/cuda_elements.cuh"
@@ -406,8 +407,8 @@ constexpr int kVector = 8;
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kFusedWarps* kWarp)
-    fused_forward(NaCall c, NaTileShape tile, const T* q, const T* k, const T* v, const T* rpb, T* o,
-                  float* lse) {
+    fused_forward(NaCall c, NaTileShape tile, const T* q, const T* k, const T* v, const T* rpb,
+                  T* o, float* lse) {
 #if TESSERA_NA_TENSOR_CORES
   namespace wmma = nvcuda::wmma;
   using L = FusedLayout<D>;
@@ -1081,7 +1082,8 @@ cudaError_t backward_fused_dim(const NaCall& call, const Backward<T>& g, cudaStr
 /// The fused backward of a half type: delta' rows, dq per query tile, dk and dv per key tile,
 /// and d rpb from the plain pass (all reading delta', queued in that order).
 template <typename T>
-cudaError_t backward_fused(const NaCall& call, const NaBackwardArgs& args, cudaStream_t stream) {
+cudaError_t backward_fused(NaKernel kernel, const NaCall& call, const NaBackwardArgs& args,
+                           cudaStream_t stream) {
   const Backward<T> g{static_cast<const T*>(args.q),
                       static_cast<const T*>(args.k),
                       static_cast<const T*>(args.v),
@@ -1098,7 +1100,11 @@ cudaError_t backward_fused(const NaCall& call, const NaBackwardArgs& args, cudaS
   if (rows > 0)
     delta_rows<T><<<row_blocks(rows, kRowWarps), kRowWarps * kWarp, 0, stream>>>(
         rows, call.dim, g.go, static_cast<const T*>(args.o), g.glse, g.delta);
-  if (call.batch * call.heads > 0) {
+  if (call.batch * call.heads > 0 && kernel == NaKernel::mma) {
+    const cudaError_t status = launch_na_backward_mma(
+        call, std::is_same_v<T, __half> ? ElementType::f16 : ElementType::bf16, args, stream);
+    if (status != cudaSuccess) return status;
+  } else if (call.batch * call.heads > 0) {
     cudaError_t status = cudaSuccess;
     switch (call.dim) {
       case 32: status = backward_fused_dim<T, 32>(call, g, stream); break;
@@ -1141,11 +1147,12 @@ cudaError_t launch_na_backward(NaKernel kernel, const NaCall& call, ElementType 
     case ElementType::f32: return backward_plain<float>(call, args, stream);
     case ElementType::f64: return backward_plain<double>(call, args, stream);
     case ElementType::f16:
-      return kernel != NaKernel::plain && args.o ? backward_fused<__half>(call, args, stream)
-                                                 : backward_plain<__half>(call, args, stream);
+      return kernel != NaKernel::plain && args.o
+                 ? backward_fused<__half>(kernel, call, args, stream)
+                 : backward_plain<__half>(call, args, stream);
     case ElementType::bf16:
       return kernel != NaKernel::plain && args.o
-                 ? backward_fused<__nv_bfloat16>(call, args, stream)
+                 ? backward_fused<__nv_bfloat16>(kernel, call, args, stream)
                  : backward_plain<__nv_bfloat16>(call, args, stream);
   }
   return cudaErrorInvalidValue;

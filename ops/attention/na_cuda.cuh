@@ -37,6 +37,12 @@ cudaError_t launch_na_forward(NaKernel kernel, const NaCall& call, ElementType t
 cudaError_t launch_na_forward_mma(const NaCall& call, ElementType type, const NaForwardArgs& args,
                                   cudaStream_t stream);
 
+/// dq, dk and dv of `call` with the register-tiled backward kernels (na_cuda_mma.cu): f16/bf16,
+/// head dim 32, 64 or 128; reads args.lse and args.delta (delta' = go . o - glse per (query,
+/// head), already computed on the stream); d rpb is not theirs.
+cudaError_t launch_na_backward_mma(const NaCall& call, ElementType type, const NaBackwardArgs& args,
+                                   cudaStream_t stream);
+
 /// dq, dk, dv (and drpb) of `call` with kernel `kernel`; deterministic (no atomics: dq per
 /// query, dk and dv per key over the queries whose window holds it, drpb per bias entry).
 cudaError_t launch_na_backward(NaKernel kernel, const NaCall& call, ElementType type,

@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "ops/attention/na_cuda.cuh"
+#include "ops/attention/na_mma_backward.cuh"
 #include "ops/attention/na_mma_forward.cuh"
 
 namespace tessera::ops::kernels {
@@ -58,7 +59,67 @@ cudaError_t launch_typed(const NaCall& call, const NaForwardArgs& args, cudaStre
   }
 }
 
+template <typename T, int D>
+cudaError_t launch_backward_dim(const NaCall& call, const NaBackwardArgs& args,
+                                cudaStream_t stream) {
+  NaTileShape tile{};
+  na_fused_tile_shape(call.spatial, tile.extent);
+  int64_t query_tiles = 1, key_tiles = 1;
+  for (int a = 0; a < 3; ++a) {
+    query_tiles *= (call.axes[a].queries + tile.extent[a] - 1) / tile.extent[a];
+    key_tiles *= (call.axes[a].tile + tile.extent[a] - 1) / tile.extent[a];
+  }
+  if (call.batch * call.heads == 0) return cudaSuccess;
+  const size_t bytes = MmaBackwardLayout<D>::bytes;
+  for (const void* kernel : {reinterpret_cast<const void*>(mma_backward_query<T, D>),
+                             reinterpret_cast<const void*>(mma_backward_key<T, D>)}) {
+    const cudaError_t status = cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+    if (status != cudaSuccess) return status;
+  }
+  const MmaBackward<T> g{static_cast<const T*>(args.q),
+                         static_cast<const T*>(args.k),
+                         static_cast<const T*>(args.v),
+                         static_cast<const T*>(args.rpb),
+                         static_cast<const T*>(args.go),
+                         static_cast<const float*>(args.lse),
+                         static_cast<const float*>(args.delta),
+                         static_cast<T*>(args.dq),
+                         static_cast<T*>(args.dk),
+                         static_cast<T*>(args.dv)};
+  const unsigned pairs = static_cast<unsigned>(call.batch * call.heads);
+  if (query_tiles > 0)
+    mma_backward_query<T, D>
+        <<<dim3(static_cast<unsigned>(query_tiles), pairs), kMmaWarps * kWarp, bytes, stream>>>(
+            call, tile, g);
+  if (key_tiles > 0)
+    mma_backward_key<T, D>
+        <<<dim3(static_cast<unsigned>(key_tiles), pairs), kMmaWarps * kWarp, bytes, stream>>>(
+            call, tile, g);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_backward_typed(const NaCall& call, const NaBackwardArgs& args,
+                                  cudaStream_t stream) {
+  switch (call.dim) {
+    case 32: return launch_backward_dim<T, 32>(call, args, stream);
+    case 64: return launch_backward_dim<T, 64>(call, args, stream);
+    case 128: return launch_backward_dim<T, 128>(call, args, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
 }  // namespace
+
+cudaError_t launch_na_backward_mma(const NaCall& call, ElementType type, const NaBackwardArgs& args,
+                                   cudaStream_t stream) {
+  switch (type) {
+    case ElementType::f16: return launch_backward_typed<__half>(call, args, stream);
+    case ElementType::bf16: return launch_backward_typed<__nv_bfloat16>(call, args, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
 
 cudaError_t launch_na_forward_mma(const NaCall& call, ElementType type, const NaForwardArgs& args,
                                   cudaStream_t stream) {

@@ -142,8 +142,8 @@ TESSERA_NA_HD void na_axis_query_range(const NaAxis& axis, int64_t first, int64_
 enum class NaKernel : int {
   plain,  ///< one warp per (query, head) or (key, head) row, no tensor cores: any call
   fused,  ///< query tiles with tensor cores, online softmax: f16/bf16, dim 32, 64 or 128
-  mma     ///< the fused kernel's calls; its forward keeps S, P and O in registers (mma.sync,
-          ///< cp.async double buffering), its backward is the fused one
+  mma     ///< the fused kernel's calls, S, P and the accumulators in registers (mma.sync,
+          ///< ldmatrix, cp.async double buffering), forward and backward
 };
 
 /// A kernel's name: plain, fused or mma.
@@ -171,8 +171,8 @@ inline NaKernel choose_na_kernel(NaElement element, int64_t dim, int64_t batch_h
              : NaKernel::plain;
 }
 
-/// The forward kernel a call the fused kernel takes runs: `fused` or `mma` (the register-tiled
-/// forward), as TESSERA_NA_CUDA_KERNEL names it (null or empty: `default_kernel`); false for
+/// The tensor-core kernels a call the fused kernel takes runs: `fused` or `mma` (the
+/// register-tiled ones), as TESSERA_NA_CUDA_KERNEL names it (null or empty: `default_kernel`); false for
 /// another value.
 inline bool parse_na_forward(const char* value, NaKernel default_kernel, NaKernel& kernel) {
   if (value == nullptr || value[0] == '\0') {

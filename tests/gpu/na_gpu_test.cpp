@@ -12,9 +12,10 @@
 //    of the tile, query pieces with key tiles at offsets);
 //  - the plain kernels equal the reference in f64 and f32 on such pieces, head dims on and off
 //    the tiled sizes;
-//  - the mma forward (registers-only S, P and O) equals the reference and the fused forward on
-//    the same kind of cases, and the backward from its output and lse equals the reference's;
-//    under TESSERA_NA_CUDA_KERNEL=mma the sharded sweeps run it too (scripts/gpu-check.sh);
+//  - the mma kernels (S, P and the accumulators in registers): the forward equals the reference
+//    and the fused forward on the same kind of cases, and the mma backward from its output and
+//    lse equals the reference's; under TESSERA_NA_CUDA_KERNEL=mma the sharded sweep and the
+//    determinism test run them too (scripts/gpu-check.sh);
 //  - the backward is deterministic: two runs give the same bits.
 #include <gtest/gtest.h>
 
@@ -282,7 +283,7 @@ TEST(NaGpu, FusedKernelsMatchThePlainKernelsAndTheReference) {
   }
 }
 
-TEST(NaGpu, MmaForwardMatchesTheReferenceAndTheFusedForward) {
+TEST(NaGpu, MmaKernelsMatchTheReferenceAndTheFusedForward) {
   SKIP_WITHOUT_GPU();
   using ops::kernels::NaKernel;
   const Tensor probe = Tensor::zeros({1, 8, 1, 32}, DType::bf16, kGpu);
@@ -300,7 +301,7 @@ TEST(NaGpu, MmaForwardMatchesTheReferenceAndTheFusedForward) {
         ops::na_cuda_forward(c.q, c.k, c.v, rpb, c.geometry, c.pieces, stream, NaKernel::mma);
     const ops::NaForward fused =
         ops::na_cuda_forward(c.q, c.k, c.v, rpb, c.geometry, c.pieces, stream, NaKernel::fused);
-    // The backward from the mma forward's output and lse (the fused backward runs).
+    // The mma backward from the mma forward's output and lse.
     const ops::NaGradients grads =
         ops::na_cuda_backward(c.q, c.k, c.v, rpb, &mma.output, mma.lse, c.go, &c.glse, c.geometry,
                               c.pieces, stream, NaKernel::mma);
@@ -322,7 +323,7 @@ TEST(NaGpu, MmaForwardMatchesTheReferenceAndTheFusedForward) {
                             &reference_grads.drpb};
     for (int i = 0; i < (c.has_rpb ? 4 : 3); ++i)
       EXPECT_LE(testing::relative_error(host(*got[i]), host(*want[i])), bound)
-          << names[i] << " after the mma forward " << c.str;
+          << names[i] << " of the mma backward " << c.str;
   }
 }
 

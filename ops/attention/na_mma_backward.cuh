@@ -1,0 +1,552 @@
+// The register-tiled backward kernels of neighborhood attention (f16/bf16, head dim 32, 64 or
+// 128), built from the primitives of na_mma.cuh. A header so that the unit tests can run the same
+// source on the cpu (TESSERA_NA_EMULATE, tests/emu/).
+//
+// Both read delta' = go . o - glse per (query, head), computed before them (delta_rows in
+// na_cuda.cu), and the forward's lse; p = exp(s - lse) is recomputed from S, never stored.
+//  - mma_backward_query: one block of 4 warps per tile of 64 queries (as the forward), each warp
+//    16 query rows. The tile's key box is streamed 64 keys at a time (K, V and the keys'
+//    coordinates, two chunks in flight). Per chunk: S = Q K^T and dP = dO V^T on mma.sync, then
+//    dS = P (dP - delta') in registers, and dQ += dS K with dS rounded to the element type
+//    straight from the accumulators. dq = scale dQ.
+//  - mma_backward_key: one block per tile of 64 keys of the key/value tile (the same tile shapes
+//    over the tile's extents), each warp 16 key rows. The box of local queries whose windows may
+//    hold these keys (na_axis_query_range) is streamed 64 queries at a time (Q, dO and each
+//    query's window, lse and delta'). Per chunk: S^T = K Q^T and dP^T = V dO^T, then P^T and
+//    dS^T in registers, dV += P^T dO and dK += dS^T Q. dk = scale dK, dv = dV.
+// Each row of dq, dk and dv is written by one warp of one block, in a fixed order: no atomics,
+// the same bits run to run. d rpb comes from the plain pass (na_cuda.cu).
+#pragma once
+
+#include <cstdint>
+
+#include "ops/attention/na_mma.cuh"
+
+namespace tessera::ops::kernels::mma_detail {
+
+/// Operands of the backward kernels: the forward's inputs, the gradient go of o, the forward's
+/// lse and delta' per (query, head) (float), and the outputs dq (the query pieces' shape) and dk,
+/// dv (the tile's shape).
+template <typename T>
+struct MmaBackward {
+  const T *q, *k, *v, *rpb, *go;
+  const float *lse, *delta;
+  T *dq, *dk, *dv;
+};
+
+/// What the key kernel keeps of each streamed query: its window per axis as [first, end) (empty:
+/// not a query of the box or outside the piece), its global coordinates, lse in the log2 domain
+/// and delta'. 48 bytes, read as three int4.
+struct QueryInfo {
+  int first[3], end[3], at[3];
+  float lse2, delta;
+  int unused;
+};
+static_assert(sizeof(QueryInfo) == 48, "QueryInfo is read as three 16-byte vectors");
+
+/// Shared memory of both backward kernels for head dim D: two fixed 64-row tiles (query kernel: Q
+/// and dO; key kernel: K and V), kStages stages of two streamed 64-row tiles (K and V; Q and dO)
+/// with the streamed rows' information (int4 key coordinates; QueryInfo), and the flat local
+/// positions of the fixed tile's rows (-1: none).
+template <int D>
+struct MmaBackwardLayout {
+  static constexpr int ld = D + 8;
+  static constexpr size_t tile_bytes = size_t(64) * ld * 2;
+  static constexpr size_t info_bytes = size_t(64) * sizeof(QueryInfo);
+  static constexpr size_t stage_bytes = 2 * tile_bytes + info_bytes;
+  static constexpr size_t stage_at = 2 * tile_bytes, flat_at = stage_at + kStages * stage_bytes,
+                          bytes = flat_at + size_t(64) * 8;
+  static_assert(tile_bytes % 16 == 0 && stage_bytes % 16 == 0 && flat_at % 16 == 0,
+                "the regions must stay 16-byte aligned");
+  template <typename T>
+  static __device__ T* fixed(unsigned char* smem, int t) {
+    return reinterpret_cast<T*>(smem + t * tile_bytes);
+  }
+  template <typename T>
+  static __device__ T* streamed(unsigned char* smem, int stage, int t) {
+    return reinterpret_cast<T*>(smem + stage_at + stage * stage_bytes + t * tile_bytes);
+  }
+  static __device__ unsigned char* info(unsigned char* smem, int stage) {
+    return smem + stage_at + stage * stage_bytes + 2 * tile_bytes;
+  }
+  static __device__ long long* flat(unsigned char* smem) {
+    return reinterpret_cast<long long*>(smem + flat_at);
+  }
+};
+
+#if TESSERA_NA_MMA
+/// s = A B^T for one warp: A the 16 rows at `a` (D elements each, leading dimension ld), B the N
+/// rows at `b`; n-tile j of s holds columns 8j..8j+7 (rows of B). A's fragments through ldmatrix
+/// (matrices: rows 0-7 | 8-15 x columns 0-7 | 8-15 of each 16-column step), B's through
+/// ldmatrix of two 16-column steps at once (matrix m: rows 8j + 0..7, columns 32p + 8m ..).
+template <typename T, int D, int N>
+__device__ __forceinline__ void warp_scores(float s[N / 8][4], const T* a, const T* b, int ld,
+                                            int lane) {
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+  for (int p = 0; p < D / 32; ++p) {
+    uint32_t a0[4], a1[4];
+    const T* a_row = a + (lane % 8 + 8 * ((lane / 8) % 2)) * ld + 32 * p + 8 * (lane / 16);
+    load_matrices(a0, a_row);
+    load_matrices(a1, a_row + 16);
+#pragma unroll
+    for (int j = 0; j < N / 8; ++j) {
+      uint32_t bf[4];
+      load_matrices(bf, b + (8 * j + lane % 8) * ld + 32 * p + 8 * (lane / 8));
+      mma(s[j], a0, bf[0], bf[1], T{});
+      mma(s[j], a1, bf[2], bf[3], T{});
+    }
+  }
+}
+
+/// acc += P B for one warp: P (16 x N) the values in s's accumulator layout, rounded to T (an
+/// n-tile pair of accumulators is one 16-column A fragment), B the N rows at `b` (D elements,
+/// leading dimension ld) through ldmatrix.trans (matrix m: rows 16t + 8 (m % 2) + 0..7,
+/// columns 8n + 8 (m / 2) ..).
+template <typename T, int D, int N>
+__device__ __forceinline__ void warp_accumulate(float acc[D / 8][4], const float s[N / 8][4],
+                                                const T* b, int ld, int lane) {
+#pragma unroll
+  for (int t = 0; t < N / 16; ++t) {
+    uint32_t pf[4];
+    pf[0] = pack(s[2 * t][0], s[2 * t][1], T{});
+    pf[1] = pack(s[2 * t][2], s[2 * t][3], T{});
+    pf[2] = pack(s[2 * t + 1][0], s[2 * t + 1][1], T{});
+    pf[3] = pack(s[2 * t + 1][2], s[2 * t + 1][3], T{});
+#pragma unroll
+    for (int n = 0; n < D / 8; n += 2) {
+      uint32_t bf[4];
+      load_matrices_transposed(
+          bf, b + (16 * t + lane % 8 + 8 * ((lane / 8) % 2)) * ld + 8 * n + 8 * (lane / 16));
+      mma(acc[n], pf, bf[0], bf[1], T{});
+      mma(acc[n + 1], pf, bf[2], bf[3], T{});
+    }
+  }
+}
+#endif
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kMmaWarps* kWarp)
+    mma_backward_query(NaCall c, NaTileShape tile, MmaBackward<T> g) {
+#if TESSERA_NA_MMA
+  using L = MmaBackwardLayout<D>;
+  constexpr int kVector = 8, kRowVectors = D / kVector, ld = L::ld;
+  // Keys per pass over a chunk: fewer for D = 128, whose accumulator takes 64 registers.
+  constexpr int kPass = D == 128 ? 32 : 64;
+  TESSERA_NA_DYNAMIC_SHARED(smem);
+  T* qs = L::template fixed<T>(smem, 0);
+  T* gs = L::template fixed<T>(smem, 1);
+  long long* q_flat = L::flat(smem);
+  const int tid = threadIdx.x, warp = tid / kWarp, lane = tid % kWarp;
+  const int group = lane / 4, quad = lane % 4;
+  const int64_t h = blockIdx.y % c.heads, b = blockIdx.y / c.heads;
+  const int64_t token_stride = c.heads * c.dim;
+
+  // The tile's corner and key box, as in the forward.
+  int64_t corner[3], lo[3], box[3], volume = 1;
+  {
+    int64_t tiles[3], coords[3];
+#pragma unroll
+    for (int a = 0; a < 3; ++a)
+      tiles[a] = (c.axes[a].queries + tile.extent[a] - 1) / tile.extent[a];
+    split_flat(blockIdx.x, tiles[0], tiles[1], tiles[2], coords);
+#pragma unroll
+    for (int a = 0; a < 3; ++a) {
+      corner[a] = coords[a] * tile.extent[a];
+      const int64_t first = c.axes[a].query_offset + corner[a];
+      const int64_t end_local = c.axes[a].query_offset + c.axes[a].queries;
+      const int64_t last = first + tile.extent[a] < end_local ? first + tile.extent[a] : end_local;
+      int64_t hi;
+      na_axis_key_range(c.axes[a], first, last, lo[a], hi);
+      box[a] = hi - lo[a];
+      volume *= box[a];
+    }
+  }
+  // Tile row r: its query's global coordinates and local flat position (-1: outside the piece).
+  auto tile_row = [&](int r, int64_t i[3]) -> long long {
+    int64_t t[3];
+    split_flat(r, tile.extent[0], tile.extent[1], tile.extent[2], t);
+    bool valid = true;
+    long long flat = 0;
+#pragma unroll
+    for (int a = 0; a < 3; ++a) {
+      valid = valid && corner[a] + t[a] < c.axes[a].queries;
+      i[a] = c.axes[a].query_offset + corner[a] + t[a];
+      flat = flat * c.axes[a].queries + corner[a] + t[a];
+    }
+    return valid ? flat : -1;
+  };
+  if (tid < 64) {
+    int64_t i[3];
+    q_flat[tid] = tile_row(tid, i);
+  }
+  // This lane's rows (warp * 16 + group and 8 further): windows, coordinates, lse and delta'.
+  Row rows[2];
+  float lse2[2], delta[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    int64_t i[3];
+    const long long flat = tile_row(warp * 16 + group + 8 * half, i);
+#pragma unroll
+    for (int a = 0; a < 3; ++a) {
+      const NaSpan w = na_axis_window(c.axes[a], i[a]);
+      rows[half].first[a] = flat >= 0 ? static_cast<int>(w.first) : 0;
+      rows[half].end[a] = flat >= 0 ? static_cast<int>(w.end()) : 0;
+      rows[half].at[a] = static_cast<int>(i[a]);
+    }
+    const int64_t stat = (b * c.query_count() + (flat >= 0 ? flat : 0)) * c.heads + h;
+    lse2[half] = flat >= 0 ? g.lse[stat] * kLog2e : 0.0f;
+    delta[half] = flat >= 0 ? g.delta[stat] : 0.0f;
+  }
+  const bool dilated = c.axes[0].dilation > 1 || c.axes[1].dilation > 1 || c.axes[2].dilation > 1;
+  const int dilation[3] = {static_cast<int>(c.axes[0].dilation),
+                           static_cast<int>(c.axes[1].dilation),
+                           static_cast<int>(c.axes[2].dilation)};
+  const T* rpb_head = c.has_rpb ? g.rpb + h * c.rpb_count() : nullptr;
+  const int rpb_extent[3] = {static_cast<int>(c.rpb_extent(0)), static_cast<int>(c.rpb_extent(1)),
+                             static_cast<int>(c.rpb_extent(2))};
+  const int kernel[3] = {static_cast<int>(c.axes[0].kernel), static_cast<int>(c.axes[1].kernel),
+                         static_cast<int>(c.axes[2].kernel)};
+  const float scale = static_cast<float>(c.scale), scale_log2 = scale * kLog2e;
+  __syncthreads();  // q_flat
+
+  // Q and dO of the tile (zero rows outside the piece).
+  for (int index = tid; index < 64 * kRowVectors; index += kMmaWarps * kWarp) {
+    const int r = index / kRowVectors, col = index % kRowVectors * kVector;
+    const bool valid = q_flat[r] >= 0;
+    const int64_t at =
+        valid ? ((b * c.query_count() + q_flat[r]) * c.heads + h) * c.dim + col : int64_t{0};
+    copy_async(qs + r * ld + col, g.q + at, valid);
+    copy_async(gs + r * ld + col, g.go + at, valid);
+  }
+  // Chunk `chunk` of the key box into `stage`: K, V and the keys' coordinates (-1 past the box).
+  auto load_chunk = [&](int64_t chunk, int stage) {
+    const int64_t first_key = chunk * 64;
+    T* ks = L::template streamed<T>(smem, stage, 0);
+    T* vs = L::template streamed<T>(smem, stage, 1);
+    for (int index = tid; index < 64 * kRowVectors; index += kMmaWarps * kWarp) {
+      const int row = index / kRowVectors, col = index % kRowVectors * kVector;
+      const bool valid = first_key + row < volume;
+      int64_t at = 0;
+      if (valid) {
+        int64_t j[3];
+        split_flat(first_key + row, box[0], box[1], box[2], j);
+        int64_t position = 0;
+#pragma unroll
+        for (int a = 0; a < 3; ++a)
+          position = position * c.axes[a].tile + (lo[a] + j[a] - c.axes[a].tile_offset);
+        at = (b * c.tile_count() + position) * token_stride + h * c.dim + col;
+      }
+      copy_async(ks + row * ld + col, g.k + at, valid);
+      copy_async(vs + row * ld + col, g.v + at, valid);
+    }
+    if (tid < 64) {
+      int4* keys = reinterpret_cast<int4*>(L::info(smem, stage));
+      int4 key = make_int4(-1, -1, -1, 0);
+      if (first_key + tid < volume) {
+        int64_t j[3];
+        split_flat(first_key + tid, box[0], box[1], box[2], j);
+        key = make_int4(static_cast<int>(lo[0] + j[0]), static_cast<int>(lo[1] + j[1]),
+                        static_cast<int>(lo[2] + j[2]), 0);
+      }
+      keys[tid] = key;
+    }
+  };
+  const int64_t chunks = (volume + 63) / 64;
+  if (chunks > 0) load_chunk(0, 0);
+  commit_async();
+
+  float acc[D / 8][4];  // dQ
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    const int stage = static_cast<int>(chunk % kStages);
+    if (chunk + 1 < chunks) {
+      load_chunk(chunk + 1, (stage + 1) % kStages);
+      commit_async();
+      wait_async<1>();
+    } else {
+      wait_async<0>();
+    }
+    __syncthreads();
+#pragma unroll
+    for (int pass = 0; pass < 64 / kPass; ++pass) {
+      const T* ks = L::template streamed<T>(smem, stage, 0) + pass * kPass * ld;
+      const T* vs = L::template streamed<T>(smem, stage, 1) + pass * kPass * ld;
+      const int4* keys = reinterpret_cast<const int4*>(L::info(smem, stage)) + pass * kPass;
+      float s[kPass / 8][4], dp[kPass / 8][4];
+      warp_scores<T, D, kPass>(s, qs + warp * 16 * ld, ks, ld, lane);   // S = Q K^T
+      warp_scores<T, D, kPass>(dp, gs + warp * 16 * ld, vs, ld, lane);  // dP = dO V^T
+      // dS = P (dP - delta') where the window holds the key, else 0 (into s).
+#pragma unroll
+      for (int j = 0; j < kPass / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int4 key = keys[8 * j + 2 * quad + e];
+          const int at[3] = {key.x, key.y, key.z};
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const Row& row = rows[half];
+            bool hit = true;
+#pragma unroll
+            for (int a = 0; a < 3; ++a) hit = hit && at[a] >= row.first[a] && at[a] < row.end[a];
+            if (dilated) {
+#pragma unroll
+              for (int a = 0; a < 3; ++a) hit = hit && (at[a] - row.first[a]) % dilation[a] == 0;
+            }
+            float ds = 0.0f;
+            if (hit) {
+              float x = s[j][2 * half + e] * scale_log2;
+              if (rpb_head) {
+                int index = 0;
+#pragma unroll
+                for (int a = 0; a < 3; ++a)
+                  index = index * rpb_extent[a] + kernel[a] - 1 + (at[a] - row.at[a]) / dilation[a];
+                x += widen(rpb_head[index]) * kLog2e;
+              }
+              ds = exp2f(x - lse2[half]) * (dp[j][2 * half + e] - delta[half]);
+            }
+            s[j][2 * half + e] = ds;
+          }
+        }
+      }
+      warp_accumulate<T, D, kPass>(acc, s, ks, ld, lane);  // dQ += dS K
+    }
+    __syncthreads();  // this stage is free for the chunk after next
+  }
+
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const long long flat = q_flat[warp * 16 + group + 8 * half];
+    if (flat < 0) continue;
+    T* out = g.dq + ((b * c.query_count() + flat) * c.heads + h) * c.dim + 2 * quad;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+      *reinterpret_cast<uint32_t*>(out + 8 * n) =
+          pack(scale * acc[n][2 * half], scale * acc[n][2 * half + 1], T{});
+  }
+#else
+  __trap();
+#endif
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kMmaWarps* kWarp)
+    mma_backward_key(NaCall c, NaTileShape tile, MmaBackward<T> g) {
+#if TESSERA_NA_MMA
+  using L = MmaBackwardLayout<D>;
+  constexpr int kVector = 8, kRowVectors = D / kVector, ld = L::ld;
+  // Query columns per pass over a chunk: fewer for D = 128, whose two accumulators take 128
+  // registers (more spill).
+  constexpr int kPass = D == 128 ? 16 : D == 64 ? 32 : 64;
+  TESSERA_NA_DYNAMIC_SHARED(smem);
+  T* ks = L::template fixed<T>(smem, 0);
+  T* vs = L::template fixed<T>(smem, 1);
+  long long* key_flat = L::flat(smem);
+  const int tid = threadIdx.x, warp = tid / kWarp, lane = tid % kWarp;
+  const int group = lane / 4, quad = lane % 4;
+  const int64_t h = blockIdx.y % c.heads, b = blockIdx.y / c.heads;
+  const int64_t token_stride = c.heads * c.dim;
+
+  // The key tile's corner in the tile, and the box of local queries that may read its keys.
+  int64_t corner[3], lo[3], box[3], volume = 1;
+  {
+    int64_t tiles[3], coords[3];
+#pragma unroll
+    for (int a = 0; a < 3; ++a) tiles[a] = (c.axes[a].tile + tile.extent[a] - 1) / tile.extent[a];
+    split_flat(blockIdx.x, tiles[0], tiles[1], tiles[2], coords);
+#pragma unroll
+    for (int a = 0; a < 3; ++a) {
+      corner[a] = coords[a] * tile.extent[a];
+      const int64_t first = c.axes[a].tile_offset + corner[a];
+      const int64_t end_tile = c.axes[a].tile_offset + c.axes[a].tile;
+      const int64_t last = first + tile.extent[a] < end_tile ? first + tile.extent[a] : end_tile;
+      int64_t hi;
+      na_axis_query_range(c.axes[a], first, last, lo[a], hi);
+      box[a] = hi - lo[a];
+      volume *= box[a];
+    }
+  }
+  // Tile row r: its key's global coordinates and flat position in the tile (-1: past the tile).
+  auto tile_row = [&](int r, int64_t j[3]) -> long long {
+    int64_t t[3];
+    split_flat(r, tile.extent[0], tile.extent[1], tile.extent[2], t);
+    bool valid = true;
+    long long flat = 0;
+#pragma unroll
+    for (int a = 0; a < 3; ++a) {
+      valid = valid && corner[a] + t[a] < c.axes[a].tile;
+      j[a] = c.axes[a].tile_offset + corner[a] + t[a];
+      flat = flat * c.axes[a].tile + corner[a] + t[a];
+    }
+    return valid ? flat : -1;
+  };
+  if (tid < 64) {
+    int64_t j[3];
+    key_flat[tid] = tile_row(tid, j);
+  }
+  // This lane's key rows: global coordinates (-1 past the tile: no window holds them).
+  int key_at[2][3];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    int64_t j[3];
+    const long long flat = tile_row(warp * 16 + group + 8 * half, j);
+#pragma unroll
+    for (int a = 0; a < 3; ++a) key_at[half][a] = flat >= 0 ? static_cast<int>(j[a]) : -1;
+  }
+  const bool dilated = c.axes[0].dilation > 1 || c.axes[1].dilation > 1 || c.axes[2].dilation > 1;
+  const int dilation[3] = {static_cast<int>(c.axes[0].dilation),
+                           static_cast<int>(c.axes[1].dilation),
+                           static_cast<int>(c.axes[2].dilation)};
+  const T* rpb_head = c.has_rpb ? g.rpb + h * c.rpb_count() : nullptr;
+  const int rpb_extent[3] = {static_cast<int>(c.rpb_extent(0)), static_cast<int>(c.rpb_extent(1)),
+                             static_cast<int>(c.rpb_extent(2))};
+  const int kernel[3] = {static_cast<int>(c.axes[0].kernel), static_cast<int>(c.axes[1].kernel),
+                         static_cast<int>(c.axes[2].kernel)};
+  const float scale = static_cast<float>(c.scale), scale_log2 = scale * kLog2e;
+  __syncthreads();  // key_flat
+
+  // K and V of the tile (zero rows past it).
+  for (int index = tid; index < 64 * kRowVectors; index += kMmaWarps * kWarp) {
+    const int r = index / kRowVectors, col = index % kRowVectors * kVector;
+    const bool valid = key_flat[r] >= 0;
+    const int64_t at =
+        valid ? (b * c.tile_count() + key_flat[r]) * token_stride + h * c.dim + col : int64_t{0};
+    copy_async(ks + r * ld + col, g.k + at, valid);
+    copy_async(vs + r * ld + col, g.v + at, valid);
+  }
+  // Chunk `chunk` of the query box into `stage`: Q, dO and each query's QueryInfo.
+  auto load_chunk = [&](int64_t chunk, int stage) {
+    const int64_t first_query = chunk * 64;
+    T* qs = L::template streamed<T>(smem, stage, 0);
+    T* gs = L::template streamed<T>(smem, stage, 1);
+    // The local flat position of box query n (all of the box is inside the piece).
+    auto flat_of = [&](int64_t n, int64_t i[3]) {
+      int64_t u[3];
+      split_flat(n, box[0], box[1], box[2], u);
+      long long flat = 0;
+#pragma unroll
+      for (int a = 0; a < 3; ++a) {
+        i[a] = lo[a] + u[a];
+        flat = flat * c.axes[a].queries + (i[a] - c.axes[a].query_offset);
+      }
+      return flat;
+    };
+    for (int index = tid; index < 64 * kRowVectors; index += kMmaWarps * kWarp) {
+      const int row = index / kRowVectors, col = index % kRowVectors * kVector;
+      const bool valid = first_query + row < volume;
+      int64_t at = 0;
+      if (valid) {
+        int64_t i[3];
+        at = ((b * c.query_count() + flat_of(first_query + row, i)) * c.heads + h) * c.dim + col;
+      }
+      copy_async(qs + row * ld + col, g.q + at, valid);
+      copy_async(gs + row * ld + col, g.go + at, valid);
+    }
+    if (tid < 64) {
+      QueryInfo info{};
+      if (first_query + tid < volume) {
+        int64_t i[3];
+        const long long flat = flat_of(first_query + tid, i);
+#pragma unroll
+        for (int a = 0; a < 3; ++a) {
+          const NaSpan w = na_axis_window(c.axes[a], i[a]);
+          info.first[a] = static_cast<int>(w.first);
+          info.end[a] = static_cast<int>(w.end());
+          info.at[a] = static_cast<int>(i[a]);
+        }
+        const int64_t stat = (b * c.query_count() + flat) * c.heads + h;
+        info.lse2 = g.lse[stat] * kLog2e;
+        info.delta = g.delta[stat];
+      }
+      reinterpret_cast<QueryInfo*>(L::info(smem, stage))[tid] = info;
+    }
+  };
+  const int64_t chunks = (volume + 63) / 64;
+  if (chunks > 0) load_chunk(0, 0);
+  commit_async();
+
+  float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n)
+    dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.0f;
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    const int stage = static_cast<int>(chunk % kStages);
+    if (chunk + 1 < chunks) {
+      load_chunk(chunk + 1, (stage + 1) % kStages);
+      commit_async();
+      wait_async<1>();
+    } else {
+      wait_async<0>();
+    }
+    __syncthreads();
+    const QueryInfo* infos = reinterpret_cast<const QueryInfo*>(L::info(smem, stage));
+#pragma unroll
+    for (int pass = 0; pass < 64 / kPass; ++pass) {
+      const T* qs = L::template streamed<T>(smem, stage, 0) + pass * kPass * ld;
+      const T* gs = L::template streamed<T>(smem, stage, 1) + pass * kPass * ld;
+      float s[kPass / 8][4], dp[kPass / 8][4];
+      warp_scores<T, D, kPass>(s, ks + warp * 16 * ld, qs, ld, lane);   // S^T = K Q^T
+      warp_scores<T, D, kPass>(dp, vs + warp * 16 * ld, gs, ld, lane);  // dP^T = V dO^T
+      // P^T (into s) and dS^T = P^T (dP^T - delta') (into dp) where the query's window holds
+      // the key, else 0.
+#pragma unroll
+      for (int j = 0; j < kPass / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const QueryInfo info = infos[pass * kPass + 8 * j + 2 * quad + e];
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int* at = key_at[half];
+            bool hit = true;
+#pragma unroll
+            for (int a = 0; a < 3; ++a) hit = hit && at[a] >= info.first[a] && at[a] < info.end[a];
+            if (dilated) {
+#pragma unroll
+              for (int a = 0; a < 3; ++a) hit = hit && (at[a] - info.first[a]) % dilation[a] == 0;
+            }
+            float p = 0.0f, ds = 0.0f;
+            if (hit) {
+              float x = s[j][2 * half + e] * scale_log2;
+              if (rpb_head) {
+                int index = 0;
+#pragma unroll
+                for (int a = 0; a < 3; ++a)
+                  index =
+                      index * rpb_extent[a] + kernel[a] - 1 + (at[a] - info.at[a]) / dilation[a];
+                x += widen(rpb_head[index]) * kLog2e;
+              }
+              p = exp2f(x - info.lse2);
+              ds = p * (dp[j][2 * half + e] - info.delta);
+            }
+            s[j][2 * half + e] = p;
+            dp[j][2 * half + e] = ds;
+          }
+        }
+      }
+      warp_accumulate<T, D, kPass>(dv, s, gs, ld, lane);   // dV += P^T dO
+      warp_accumulate<T, D, kPass>(dk, dp, qs, ld, lane);  // dK += dS^T Q
+    }
+    __syncthreads();  // this stage is free for the chunk after next
+  }
+
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const long long flat = key_flat[warp * 16 + group + 8 * half];
+    if (flat < 0) continue;
+    const int64_t row = (b * c.tile_count() + flat) * token_stride + h * c.dim + 2 * quad;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      *reinterpret_cast<uint32_t*>(g.dk + row + 8 * n) =
+          pack(scale * dk[n][2 * half], scale * dk[n][2 * half + 1], T{});
+      *reinterpret_cast<uint32_t*>(g.dv + row + 8 * n) =
+          pack(dv[n][2 * half], dv[n][2 * half + 1], T{});
+    }
+  }
+#else
+  __trap();
+#endif
+}
+
+}  // namespace tessera::ops::kernels::mma_detail
