@@ -24,6 +24,19 @@ struct Copy {
   bool valid;
 };
 
+// What the race checks know of one 16-byte granule of shared memory: the cp.async writes into it
+// and the ldmatrix reads of it, by barrier interval ("epoch"). Plain loads and stores are not
+// seen.
+struct Granule {
+  int pending_writer = -1;  // a thread whose copy into it has not landed
+  std::source_location pending_site;
+  int landed_writer = -1;  // the thread whose copy landed last, in landed_epoch
+  uint64_t landed_epoch = 0;
+  int reader_warp = -1;  // the warp that read it last with ldmatrix (-2: several), in read_epoch
+  uint64_t read_epoch = 0;
+  std::source_location read_site;
+};
+
 struct Thread {
   ucontext_t context{};
   State state = State::runnable;
@@ -52,6 +65,8 @@ struct Block {
   uint3 index{};
   dim3 grid, block;
   int current = 0, barrier_arrived = 0, exited = 0;
+  uint64_t epoch = 1;  // barriers completed in this block, plus one
+  std::vector<Granule> granules;
   std::source_location barrier_site;
   bool reverse = false;
   const std::function<void()>* kernel = nullptr;
@@ -134,12 +149,20 @@ void thread_main() {
   switch_away();
 }
 
-void land(const std::vector<Copy>& group) {
+Granule& granule_of(Block& b, const void* shared) {
+  return b.granules[(static_cast<const unsigned char*>(shared) - b.shared) / 16];
+}
+
+void land(Block& b, int thread, const std::vector<Copy>& group) {
   for (const Copy& copy : group) {
     if (copy.valid)
       std::memcpy(copy.shared, copy.global, 16);
     else
       std::memset(copy.shared, 0, 16);
+    Granule& granule = granule_of(b, copy.shared);
+    if (granule.pending_writer == thread) granule.pending_writer = -1;
+    granule.landed_writer = thread;
+    granule.landed_epoch = b.epoch;
   }
 }
 
@@ -165,6 +188,7 @@ void launch(dim3 grid, unsigned threads, size_t shared_bytes, const std::functio
       [](void* p) { ::operator delete(p, std::align_val_t(128)); });
   b.shared = shared.get();
   b.shared_bytes = shared_bytes;
+  b.granules.resize(shared_alloc / 16);
   b.grid = grid;
   b.block = dim3(threads, 1, 1);
   b.reverse = options.reverse;
@@ -176,6 +200,8 @@ void launch(dim3 grid, unsigned threads, size_t shared_bytes, const std::functio
         b.index = make_uint3(x, y, z);
         std::memset(b.shared, options.shared_fill, shared_alloc);
         b.barrier_arrived = b.exited = 0;
+        b.epoch = 1;
+        std::fill(b.granules.begin(), b.granules.end(), Granule{});
         for (Warp& warp : b.warps) warp = Warp{};
         for (unsigned t = 0; t < threads; ++t) {
           Thread& thread = b.threads[t];
@@ -247,6 +273,7 @@ void sync_threads(std::source_location site) {
   b.threads[t].site = site;
   if (++b.barrier_arrived == n) {
     b.barrier_arrived = 0;
+    ++b.epoch;
     ++stats.barriers;
     for (Thread& thread : b.threads) thread.state = State::runnable;
     return;
@@ -307,12 +334,41 @@ void check_shared(const void* address, size_t bytes, size_t alignment, const cha
          " is not a multiple of " + std::to_string(alignment));
 }
 
+void check_shared_read(const void* address, int warp, std::source_location site) {
+  Block& b = block();
+  Granule& granule = granule_of(b, address);
+  if (granule.pending_writer >= 0)
+    fail("ldmatrix at " + where(site) + " reads shared bytes whose cp.async by " +
+         thread_name(granule.pending_writer) + " (" + where(granule.pending_site) +
+         ") has not landed (no wait_async covers it yet)");
+  if (granule.landed_epoch == b.epoch && granule.landed_writer / kWarpSize != warp)
+    fail("ldmatrix at " + where(site) + " reads shared bytes " +
+         thread_name(granule.landed_writer) +
+         "'s cp.async landed in with no __syncthreads between");
+  if (granule.read_epoch != b.epoch) granule.reader_warp = warp;
+  else if (granule.reader_warp != warp) granule.reader_warp = -2;
+  granule.read_epoch = b.epoch;
+  granule.read_site = site;
+}
+
 void async_copy(void* shared, const void* global, bool valid, std::source_location site) {
   check_shared(shared, 16, 16, "cp.async destination", site);
   if (valid && reinterpret_cast<uintptr_t>(global) % 16 != 0)
     fail("cp.async at " + where(site) + ": a global source not 16-byte aligned");
   Block& b = block();
-  b.threads[b.current].open.push_back({shared, valid ? global : nullptr, valid});
+  const int t = b.current;
+  Granule& granule = granule_of(b, shared);
+  // The copy may land at any moment until its wait: an unlanded copy of another thread or a read
+  // by another warp since the last barrier is a race.
+  if (granule.pending_writer >= 0 && granule.pending_writer != t)
+    fail("cp.async at " + where(site) + " into shared bytes " + thread_name(granule.pending_writer) +
+         " is still copying into (" + where(granule.pending_site) + ")");
+  if (granule.read_epoch == b.epoch && granule.reader_warp != t / kWarpSize)
+    fail("cp.async at " + where(site) + " into shared bytes another warp read with ldmatrix at " +
+         where(granule.read_site) + " with no __syncthreads between");
+  granule.pending_writer = t;
+  granule.pending_site = site;
+  b.threads[t].open.push_back({shared, valid ? global : nullptr, valid});
   ++stats.async_copies;
 }
 
@@ -327,7 +383,7 @@ void async_wait(int pending) {
   Block& b = block();
   Thread& thread = b.threads[b.current];
   while (static_cast<int>(thread.groups.size()) > pending) {
-    land(thread.groups.front());
+    land(b, b.current, thread.groups.front());
     thread.groups.pop_front();
   }
 }
@@ -362,6 +418,8 @@ void load_op(const void* const in[32], void* const out[32]) {
   for (int lane = 0; lane < kWarpSize; ++lane) {
     const auto* operand = static_cast<const LoadIn*>(in[lane]);
     emu::check_shared(operand->row, 16, 16, "ldmatrix row", operand->site);
+    emu::check_shared_read(operand->row, static_cast<int>(emu::thread_index().x) / kWarpSize,
+                           operand->site);
     std::memcpy(matrix[lane / 8][lane % 8], operand->row, 16);
   }
   for (int lane = 0; lane < kWarpSize; ++lane) {

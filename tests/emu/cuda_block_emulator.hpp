@@ -16,7 +16,12 @@
 //  - __shfl_xor_sync on any trivially copyable value of up to 8 bytes.
 // Every collective checks its participants: all 32 lanes of the warp at the same collective (the
 // same call site), all threads of the block at the same __syncthreads, no thread exited while
-// others wait for it, shared-memory operands inside the block's shared memory and aligned.
+// others wait for it, shared-memory operands inside the block's shared memory and aligned. The
+// shared memory the asynchronous copies write and ldmatrix reads is checked for races per 16-byte
+// granule and barrier interval: a read of bytes whose copy has not landed (no wait_async of the
+// copying thread yet) or landed from another warp since the last __syncthreads, and a copy into
+// bytes another warp read, or another thread is still copying into, since the last barrier.
+// Plain loads and stores of shared memory are not seen by these checks.
 // A violation (and __trap) prints a message naming the block, the threads and the call sites and
 // aborts: it is a kernel bug.
 //
@@ -96,6 +101,10 @@ void warp_collective(const char* name, WarpOp op, const void* in, void* out,
 /// multiple of `alignment`.
 void check_shared(const void* address, size_t bytes, size_t alignment, const char* what,
                   std::source_location site);
+
+/// Records an ldmatrix read of the 16 shared bytes at `address` by warp `warp`; aborts when a
+/// cp.async into them has not landed, or landed from another warp since the last barrier.
+void check_shared_read(const void* address, int warp, std::source_location site);
 
 /// cp.async of 16 bytes for the current thread (zeros when !valid), its commit and its wait.
 void async_copy(void* shared, const void* global, bool valid, std::source_location site);

@@ -209,6 +209,30 @@ TEST(NaMmaEmulatedDeathTest, KernelBugsAbortWithAMessage) {
   const auto unaligned_copy = [] {
     mma::copy_async(emu::shared_memory() + 8, emu::shared_memory() + 32, true);
   };
+  alignas(16) static const uint16_t rows[32][8] = {};
+  const auto read_before_wait = [] {
+    unsigned char* tile = emu::shared_memory() + 16 * threadIdx.x;
+    mma::copy_async(tile, rows[threadIdx.x], true);
+    mma::commit_async();
+    uint32_t r[4];
+    mma::load_matrices(r, tile);
+  };
+  const auto copy_over_a_read = [] {
+    const int lane = threadIdx.x % 32;
+    unsigned char* tile = emu::shared_memory() + 16 * lane;
+    if (threadIdx.x < 32) {
+      uint32_t r[4];
+      mma::load_matrices(r, tile);
+    } else {
+      mma::copy_async(tile, rows[lane], true);  // warp 1, with no barrier after warp 0's read
+      mma::commit_async();
+      mma::wait_async<0>();
+    }
+  };
+  EXPECT_DEATH(emu::launch(dim3(1), 32, 512, read_before_wait),
+               "ldmatrix at .* reads shared bytes whose cp.async by thread 0 .* has not landed");
+  EXPECT_DEATH(emu::launch(dim3(1), 64, 512, copy_over_a_read),
+               "cp.async at .* into shared bytes another warp read with ldmatrix");
   EXPECT_DEATH(emu::launch(dim3(1), 32, 16, skipped_shuffle),
                "thread 7 .* exited while lanes of its warp wait at __shfl_xor_sync");
   EXPECT_DEATH(emu::launch(dim3(1), 64, 16, two_barriers),
