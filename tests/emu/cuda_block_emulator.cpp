@@ -345,8 +345,10 @@ void check_shared_read(const void* address, int warp, std::source_location site)
     fail("ldmatrix at " + where(site) + " reads shared bytes " +
          thread_name(granule.landed_writer) +
          "'s cp.async landed in with no __syncthreads between");
-  if (granule.read_epoch != b.epoch) granule.reader_warp = warp;
-  else if (granule.reader_warp != warp) granule.reader_warp = -2;
+  if (granule.read_epoch != b.epoch)
+    granule.reader_warp = warp;
+  else if (granule.reader_warp != warp)
+    granule.reader_warp = -2;
   granule.read_epoch = b.epoch;
   granule.read_site = site;
 }
@@ -361,8 +363,9 @@ void async_copy(void* shared, const void* global, bool valid, std::source_locati
   // The copy may land at any moment until its wait: an unlanded copy of another thread or a read
   // by another warp since the last barrier is a race.
   if (granule.pending_writer >= 0 && granule.pending_writer != t)
-    fail("cp.async at " + where(site) + " into shared bytes " + thread_name(granule.pending_writer) +
-         " is still copying into (" + where(granule.pending_site) + ")");
+    fail("cp.async at " + where(site) + " into shared bytes " +
+         thread_name(granule.pending_writer) + " is still copying into (" +
+         where(granule.pending_site) + ")");
   if (granule.read_epoch == b.epoch && granule.reader_warp != t / kWarpSize)
     fail("cp.async at " + where(site) + " into shared bytes another warp read with ldmatrix at " +
          where(granule.read_site) + " with no __syncthreads between");
