@@ -58,7 +58,7 @@ struct Warp {
 struct Block {
   std::vector<Thread> threads;
   std::vector<Warp> warps;
-  std::unique_ptr<char[]> stacks;
+  char* stacks = nullptr;
   size_t stack_bytes = 0;
   unsigned char* shared = nullptr;
   size_t shared_bytes = 0;
@@ -75,6 +75,9 @@ struct Block {
 
 thread_local Block* active = nullptr;
 thread_local LaunchStats stats;
+// The threads' stacks, kept from launch to launch (a test launches hundreds of grids).
+thread_local std::unique_ptr<char[]> stack_pool;
+thread_local size_t stack_pool_bytes = 0;
 
 Block& block() {
   if (active == nullptr) {
@@ -181,7 +184,12 @@ void launch(dim3 grid, unsigned threads, size_t shared_bytes, const std::functio
   b.warps.resize((threads + kWarpSize - 1) / kWarpSize);
   b.stack_bytes = options.stack_bytes;
   // Untouched stack pages are never committed: 256 KiB per thread costs what the kernel uses.
-  b.stacks.reset(new char[b.stack_bytes * threads]);
+  // The pool outlives the launch.
+  if (stack_pool_bytes < b.stack_bytes * threads) {
+    stack_pool.reset(new char[b.stack_bytes * threads]);
+    stack_pool_bytes = b.stack_bytes * threads;
+  }
+  b.stacks = stack_pool.get();
   const size_t shared_alloc = shared_bytes > 0 ? (shared_bytes + 127) / 128 * 128 : 128;
   std::unique_ptr<unsigned char, void (*)(void*)> shared(
       static_cast<unsigned char*>(::operator new(shared_alloc, std::align_val_t(128))),
@@ -210,7 +218,7 @@ void launch(dim3 grid, unsigned threads, size_t shared_bytes, const std::functio
           thread.open.clear();
           thread.groups.clear();
           getcontext(&thread.context);
-          thread.context.uc_stack.ss_sp = b.stacks.get() + t * b.stack_bytes;
+          thread.context.uc_stack.ss_sp = b.stacks + t * b.stack_bytes;
           thread.context.uc_stack.ss_size = b.stack_bytes;
           thread.context.uc_link = nullptr;
           makecontext(&thread.context, thread_main, 0);
@@ -420,7 +428,8 @@ void load_op(const void* const in[32], void* const out[32]) {
   uint16_t matrix[4][8][8];
   for (int lane = 0; lane < kWarpSize; ++lane) {
     const auto* operand = static_cast<const LoadIn*>(in[lane]);
-    emu::check_shared(operand->row, 16, 16, "ldmatrix row", operand->site);
+    const std::string what = "ldmatrix row of lane " + std::to_string(lane);
+    emu::check_shared(operand->row, 16, 16, what.c_str(), operand->site);
     emu::check_shared_read(operand->row, static_cast<int>(emu::thread_index().x) / kWarpSize,
                            operand->site);
     std::memcpy(matrix[lane / 8][lane % 8], operand->row, 16);

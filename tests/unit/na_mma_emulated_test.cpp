@@ -238,7 +238,7 @@ TEST(NaMmaEmulatedDeathTest, KernelBugsAbortWithAMessage) {
   EXPECT_DEATH(emu::launch(dim3(1), 64, 16, two_barriers),
                "reached __syncthreads at .* while threads wait at __syncthreads");
   EXPECT_DEATH(emu::launch(dim3(1), 32, 64, row_outside),
-               "ldmatrix row .* outside the block's 64 bytes");
+               "ldmatrix row of lane 4 at .* outside the block's 64 bytes");
   EXPECT_DEATH(emu::launch(dim3(1), 1, 64, unaligned_copy),
                "cp.async destination .* not a multiple of 16");
   EXPECT_DEATH(emu::launch(dim3(1), 1, 16, [] { __trap(); }), "__trap");
