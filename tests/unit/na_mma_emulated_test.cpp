@@ -1,0 +1,433 @@
+// The register-tiled (mma) neighborhood-attention forward (ops/attention/na_mma_forward.cuh) run
+// on the cpu under the emulation of the CUDA thread model and of its warp primitives
+// (tests/emu/cuda_block_emulator.hpp):
+//  - the emulator itself: mma.m16n8k16 of known f16/bf16 matrices equals their product plus C;
+//    ldmatrix.x4 and .x4.trans give each lane the elements the PTX ISA names; asynchronous copies
+//    land only at their wait_group; __shfl_xor_sync exchanges; a lane that skips a collective, a
+//    __syncthreads at two call sites and __trap abort with a message;
+//  - the kernel: on random calls (1-d, 2-d, 3-d; odd and even kernels, dilation, causal, a bias;
+//    query pieces with key tiles at offsets; extents not multiples of the tile) launched with the
+//    grid of launch_dim (na_cuda_mma.cu), o and lse equal the reference na_forward on the same
+//    rounded inputs within the GPU test's bounds (f16 1e-2, bf16 5e-2 of the largest value; lse
+//    1e-3), in both thread schedules, and nothing outside o and lse is written.
+// Proves the kernel's indexing, masking, softmax and synchronisation under the ISA's definition of
+// the instructions; not its speed or anything of the hardware beyond that definition.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ops/attention/na_problem.hpp"
+#include "ops/attention/na_reference.hpp"
+#include "tests/dist/harness.hpp"
+#include "tests/dist/shard_cases.hpp"
+#include "tests/emu/cuda_block_emulator.hpp"
+
+namespace tessera {
+namespace {
+
+namespace mma = ops::kernels::mma_detail;
+using testing::CaseRng;
+
+uint16_t bits_of(float value, __nv_bfloat16) {
+  const __nv_bfloat16 rounded = __float2bfloat16_rn(value);
+  uint16_t bits;
+  std::memcpy(&bits, &rounded, 2);
+  return bits;
+}
+uint16_t bits_of(float value, __half) {
+  const __half rounded = __float2half_rn(value);
+  uint16_t bits;
+  std::memcpy(&bits, &rounded, 2);
+  return bits;
+}
+uint32_t pair(uint16_t low, uint16_t high) {
+  return uint32_t(low) | uint32_t(high) << 16;
+}
+
+template <typename T>
+void expect_mma_is_the_product() {
+  // Small integers and halves: exact in f16 and bf16, so the product is exact too.
+  float a[16][16], b[16][8], c[16][8];
+  for (int i = 0; i < 16; ++i)
+    for (int k = 0; k < 16; ++k) a[i][k] = static_cast<float>((i * 7 + k * 3) % 11 - 5) * 0.5f;
+  for (int k = 0; k < 16; ++k)
+    for (int j = 0; j < 8; ++j) b[k][j] = static_cast<float>((k * 5 + j * 9) % 13 - 6);
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 8; ++j) c[i][j] = static_cast<float>(i - j) * 0.25f;
+  float d[16][8];
+  for (auto& row : d) std::fill(std::begin(row), std::end(row), std::nanf(""));
+  emu::launch(dim3(1), 32, 16, [&] {
+    const int lane = threadIdx.x, g = lane / 4, t = lane % 4;
+    auto bits = [](float x) { return bits_of(x, T{}); };
+    const uint32_t fragment[4] = {pair(bits(a[g][2 * t]), bits(a[g][2 * t + 1])),
+                                  pair(bits(a[g + 8][2 * t]), bits(a[g + 8][2 * t + 1])),
+                                  pair(bits(a[g][2 * t + 8]), bits(a[g][2 * t + 9])),
+                                  pair(bits(a[g + 8][2 * t + 8]), bits(a[g + 8][2 * t + 9]))};
+    const uint32_t b0 = pair(bits(b[2 * t][g]), bits(b[2 * t + 1][g]));
+    const uint32_t b1 = pair(bits(b[2 * t + 8][g]), bits(b[2 * t + 9][g]));
+    float acc[4] = {c[g][2 * t], c[g][2 * t + 1], c[g + 8][2 * t], c[g + 8][2 * t + 1]};
+    mma::mma(acc, fragment, b0, b1, T{});
+    d[g][2 * t] = acc[0];
+    d[g][2 * t + 1] = acc[1];
+    d[g + 8][2 * t] = acc[2];
+    d[g + 8][2 * t + 1] = acc[3];
+  });
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 8; ++j) {
+      float expected = c[i][j];
+      for (int k = 0; k < 16; ++k) expected += a[i][k] * b[k][j];
+      EXPECT_EQ(d[i][j], expected) << "row " << i << " col " << j;
+    }
+}
+
+TEST(NaMmaEmulated, MmaOfKnownMatricesIsTheirProductPlusC) {
+  expect_mma_is_the_product<__nv_bfloat16>();
+  expect_mma_is_the_product<__half>();
+}
+
+TEST(NaMmaEmulated, LdmatrixGivesEachLaneTheElementsTheIsaNames) {
+  // Four 8x8 matrices in shared memory, rows 24 elements apart (padded like the kernels' tiles),
+  // element (m, r, c) holding the value m * 64 + r * 8 + c.
+  constexpr int kLd = 24;
+  uint32_t plain[32][4], transposed[32][4];
+  emu::launch(dim3(1), 32, 4 * 8 * kLd * 2, [&] {
+    auto* tile = reinterpret_cast<uint16_t*>(emu::shared_memory());
+    const int lane = threadIdx.x;
+    if (lane == 0)
+      for (int m = 0; m < 4; ++m)
+        for (int r = 0; r < 8; ++r)
+          for (int c = 0; c < 8; ++c) tile[(m * 8 + r) * kLd + c] = uint16_t(m * 64 + r * 8 + c);
+    __syncthreads();
+    const uint16_t* row = tile + (lane / 8 * 8 + lane % 8) * kLd;
+    mma::load_matrices(plain[lane], row);
+    mma::load_matrices_transposed(transposed[lane], row);
+  });
+  for (int lane = 0; lane < 32; ++lane)
+    for (int m = 0; m < 4; ++m) {
+      const int r = lane / 4, c = 2 * (lane % 4);
+      EXPECT_EQ(plain[lane][m],
+                pair(uint16_t(m * 64 + r * 8 + c), uint16_t(m * 64 + r * 8 + c + 1)))
+          << "lane " << lane << " matrix " << m;
+      // .trans: the lane's pair runs down a column: (2 (l % 4), l / 4) and the row below.
+      EXPECT_EQ(transposed[lane][m],
+                pair(uint16_t(m * 64 + c * 8 + r), uint16_t(m * 64 + (c + 1) * 8 + r)))
+          << "lane " << lane << " matrix " << m;
+    }
+}
+
+TEST(NaMmaEmulated, AsyncCopiesLandOnlyAtTheirWait) {
+  alignas(16) static const uint32_t source[2][4] = {{1, 2, 3, 4}, {5, 6, 7, 8}};
+  uint32_t seen[4][3];
+  emu::launch(dim3(1), 1, 48, [&] {
+    auto* shared = reinterpret_cast<uint32_t*>(emu::shared_memory());
+    mma::copy_async(shared, source[0], true);
+    mma::commit_async();
+    mma::copy_async(shared + 4, source[1], true);
+    mma::copy_async(shared + 8, source[1], false);  // zeros, nothing read
+    mma::commit_async();
+    seen[0][0] = shared[0];
+    seen[0][1] = shared[4];
+    seen[0][2] = shared[8];
+    mma::wait_async<1>();
+    seen[1][0] = shared[0];
+    seen[1][1] = shared[4];
+    seen[1][2] = shared[8];
+    mma::wait_async<0>();
+    seen[2][0] = shared[0];
+    seen[2][1] = shared[4];
+    seen[2][2] = shared[8];
+  });
+  const uint32_t fill = 0xFFFFFFFFu;
+  EXPECT_EQ(seen[0][0], fill);
+  EXPECT_EQ(seen[0][1], fill);
+  EXPECT_EQ(seen[0][2], fill);
+  EXPECT_EQ(seen[1][0], 1u);
+  EXPECT_EQ(seen[1][1], fill);
+  EXPECT_EQ(seen[1][2], fill);
+  EXPECT_EQ(seen[2][0], 1u);
+  EXPECT_EQ(seen[2][1], 5u);
+  EXPECT_EQ(seen[2][2], 0u);
+}
+
+TEST(NaMmaEmulated, ShuffleXorAndBarriersAcrossWarps) {
+  for (const bool reverse : {false, true}) {
+    std::vector<float> out(128), neighbor(128);
+    emu::LaunchOptions options;
+    options.reverse = reverse;
+    emu::launch(
+        dim3(2, 3), 128, 128 * 4,
+        [&] {
+          auto* shared = reinterpret_cast<float*>(emu::shared_memory());
+          const int t = threadIdx.x;
+          const float mine = static_cast<float>(t + 1000 * (blockIdx.x + 2 * blockIdx.y));
+          float x = __shfl_xor_sync(0xffffffffu, mine, 1);
+          x += __shfl_xor_sync(0xffffffffu, mine, 16);
+          shared[t] = mine;
+          __syncthreads();
+          if (blockIdx.x == 1 && blockIdx.y == 2) {
+            out[t] = x;
+            neighbor[t] = shared[(t + 64) % 128];  // written by another warp before the barrier
+          }
+        },
+        options);
+    const float base = 1000.0f * 5;
+    for (int t = 0; t < 128; ++t) {
+      EXPECT_EQ(out[t], (base + (t ^ 1)) + (base + (t ^ 16))) << t << " reverse " << reverse;
+      EXPECT_EQ(neighbor[t], base + (t + 64) % 128) << t << " reverse " << reverse;
+    }
+    EXPECT_EQ(emu::last_launch_stats().blocks, 6u);
+    EXPECT_EQ(emu::last_launch_stats().barriers, 6u);
+    EXPECT_EQ(emu::last_launch_stats().warp_collectives, 6u * 4 * 2);
+  }
+}
+
+TEST(NaMmaEmulatedDeathTest, KernelBugsAbortWithAMessage) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  // The kernels are written out of the EXPECT_DEATH macros: inside one, every call site would
+  // share the macro's line.
+  const auto skipped_shuffle = [] {
+    float x = 1.0f;
+    if (threadIdx.x != 7) x = __shfl_xor_sync(0xffffffffu, x, 1);
+    (void)x;
+  };
+  const auto two_barriers = [] {
+    if (threadIdx.x < 32)
+      __syncthreads();
+    else
+      __syncthreads();
+  };
+  const auto row_outside = [] {
+    uint32_t r[4];
+    mma::load_matrices(r, emu::shared_memory() + 16 * threadIdx.x);
+  };
+  const auto unaligned_copy = [] {
+    mma::copy_async(emu::shared_memory() + 8, emu::shared_memory() + 32, true);
+  };
+  alignas(16) static const uint16_t rows[32][8] = {};
+  const auto read_before_wait = [] {
+    unsigned char* tile = emu::shared_memory() + 16 * threadIdx.x;
+    mma::copy_async(tile, rows[threadIdx.x], true);
+    mma::commit_async();
+    uint32_t r[4];
+    mma::load_matrices(r, tile);
+  };
+  const auto copy_over_a_read = [] {
+    const int lane = threadIdx.x % 32;
+    unsigned char* tile = emu::shared_memory() + 16 * lane;
+    if (threadIdx.x < 32) {
+      uint32_t r[4];
+      mma::load_matrices(r, tile);
+    } else {
+      mma::copy_async(tile, rows[lane], true);  // warp 1, with no barrier after warp 0's read
+      mma::commit_async();
+      mma::wait_async<0>();
+    }
+  };
+  EXPECT_DEATH(emu::launch(dim3(1), 32, 512, read_before_wait),
+               "ldmatrix at .* reads shared bytes whose cp.async by thread 0 .* has not landed");
+  EXPECT_DEATH(emu::launch(dim3(1), 64, 512, copy_over_a_read),
+               "cp.async at .* into shared bytes another warp read with ldmatrix");
+  EXPECT_DEATH(emu::launch(dim3(1), 32, 16, skipped_shuffle),
+               "thread 7 .* exited while lanes of its warp wait at __shfl_xor_sync");
+  EXPECT_DEATH(emu::launch(dim3(1), 64, 16, two_barriers),
+               "reached __syncthreads at .* while threads wait at __syncthreads");
+  EXPECT_DEATH(emu::launch(dim3(1), 32, 64, row_outside),
+               "ldmatrix row of lane 4 at .* outside the block's 64 bytes");
+  EXPECT_DEATH(emu::launch(dim3(1), 1, 64, unaligned_copy),
+               "cp.async destination .* not a multiple of 16");
+  EXPECT_DEATH(emu::launch(dim3(1), 1, 16, [] { __trap(); }), "__trap");
+}
+
+// --- The kernel against the reference ---------------------------------------------------------
+
+/// A random single-rank call (as tests/gpu/na_gpu_test.cpp's kernel cases): q the local
+/// piece [first, last) of each axis, k and v the tile of the keys its windows read.
+struct KernelCase {
+  ops::NaGeometry geometry;
+  ops::NaPieces pieces;
+  Tensor q, k, v, rpb;
+  bool has_rpb = false;
+  std::string str;
+};
+
+KernelCase random_kernel_case(CaseRng& rng, int64_t dim, DType dtype) {
+  KernelCase c;
+  const int spatial = static_cast<int>(rng.uniform(1, 3));
+  const int64_t max_length = spatial == 1 ? 150 : spatial == 2 ? 21 : 9;
+  Shape full{rng.uniform(1, 2)};
+  bool rpb_allowed = true;
+  for (int a = 0; a < spatial; ++a) {
+    const int64_t kernel = rng.uniform(1, spatial == 3 ? 4 : 9);
+    const int64_t dilation = rng.chance(0.6) ? 1 : rng.uniform(2, 3);
+    const int64_t causal = rng.chance(0.25) ? 1 : 0;
+    const int64_t length = std::max(kernel * dilation, rng.uniform(1, max_length));
+    full.push_back(length);
+    c.geometry.extent.push_back(length);
+    c.geometry.kernel.push_back(kernel);
+    c.geometry.dilation.push_back(dilation);
+    c.geometry.causal.push_back(causal);
+    rpb_allowed = rpb_allowed && !causal && kernel % 2 == 1;
+  }
+  const int64_t heads = rng.uniform(1, 3);
+  full.push_back(heads);
+  full.push_back(dim);
+  c.geometry.scale = 1.0 / std::sqrt(static_cast<double>(dim));
+  c.has_rpb = rpb_allowed && rng.chance(0.5);
+  auto random = [&](const Shape& shape) {
+    std::normal_distribution<double> normal;
+    Tensor t = Tensor::empty(shape, DType::f64);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<double>()[i] = normal(rng.engine());
+    return t.to_dtype(dtype);
+  };
+  const Tensor q = random(full), k = random(full), v = random(full);
+  Tensor q_piece = q, k_tile = k, v_tile = v;
+  for (int a = 0; a < spatial; ++a) {
+    const int64_t length = full[1 + a];
+    int64_t first = 0, last = length;
+    if (rng.chance(0.5)) {
+      first = rng.uniform(0, length - 1);
+      last = rng.uniform(first + 1, length);
+    }
+    ops::kernels::NaAxis axis;
+    axis.length = length;
+    axis.kernel = c.geometry.kernel[a];
+    axis.dilation = c.geometry.dilation[a];
+    axis.causal = static_cast<int>(c.geometry.causal[a]);
+    int64_t lo, hi;
+    ops::kernels::na_axis_key_range(axis, first, last, lo, hi);
+    q_piece = q_piece.slice(1 + a, first, last);
+    k_tile = k_tile.slice(1 + a, lo, hi);
+    v_tile = v_tile.slice(1 + a, lo, hi);
+    c.pieces.query_offset.push_back(first);
+    c.pieces.key_offset.push_back(lo);
+  }
+  c.q = q_piece.contiguous();
+  c.k = k_tile.contiguous();
+  c.v = v_tile.contiguous();
+  if (c.has_rpb) c.rpb = random(ops::na_rpb_shape(heads, c.geometry));
+  c.str = fmt::format(
+      "q {} (piece at {}) tile {} (at {}) kernel {} dilation {} causal {} rpb {} {}", c.q.shape(),
+      c.pieces.query_offset, c.k.shape(), c.pieces.key_offset, c.geometry.kernel,
+      c.geometry.dilation, c.geometry.causal, c.has_rpb, dtype_name(dtype));
+  return c;
+}
+
+/// Elements of guard on each side of the outputs: they must keep their pattern.
+constexpr int64_t kGuard = 64;
+
+/// o and lse of mma_forward<T, D> on the case, launched as launch_dim does; checks the guards.
+template <typename T, int D>
+ops::NaForward run_emulated(const KernelCase& c, const emu::LaunchOptions& options) {
+  const ops::na_detail::Problem p = ops::na_detail::make_problem(
+      c.q, c.k, c.v, c.has_rpb ? &c.rpb : nullptr, c.geometry, c.pieces);
+  const ops::kernels::NaCall call = ops::na_detail::make_na_call(p, c.geometry);
+  ops::kernels::NaTileShape tile{};
+  ops::kernels::na_fused_tile_shape(call.spatial, tile.extent);
+  int64_t tiles = 1;
+  for (int a = 0; a < 3; ++a) tiles *= (call.axes[a].queries + tile.extent[a] - 1) / tile.extent[a];
+  const int64_t rows = c.q.numel() / D;
+  // o starts as NaN (0xFFFF): a row the kernel leaves unwritten fails the comparison.
+  std::vector<uint16_t> o(rows * D + 2 * kGuard, 0xFFFF);
+  std::vector<float> lse(rows + 2 * kGuard, std::nanf(""));
+  const uint16_t guard_bits = 0x5A5A;
+  const float guard_value = -12345.0f;
+  std::fill(o.begin(), o.begin() + kGuard, guard_bits);
+  std::fill(o.end() - kGuard, o.end(), guard_bits);
+  std::fill(lse.begin(), lse.begin() + kGuard, guard_value);
+  std::fill(lse.end() - kGuard, lse.end(), guard_value);
+  const T* q = static_cast<const T*>(c.q.raw_data());
+  const T* k = static_cast<const T*>(c.k.raw_data());
+  const T* v = static_cast<const T*>(c.v.raw_data());
+  const T* rpb = c.has_rpb ? static_cast<const T*>(c.rpb.raw_data()) : nullptr;
+  T* o_data = reinterpret_cast<T*>(o.data() + kGuard);
+  float* lse_data = lse.data() + kGuard;
+  if (tiles > 0 && call.batch * call.heads > 0) {
+    const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(call.batch * call.heads));
+    emu::launch(
+        grid, mma::kMmaWarps * mma::kWarp, mma::MmaLayout<D>::bytes,
+        [&] { mma::mma_forward<T, D>(call, tile, q, k, v, rpb, o_data, lse_data); }, options);
+  }
+  for (int64_t i = 0; i < kGuard; ++i) {
+    EXPECT_EQ(o[i], guard_bits) << "o written before its start: " << c.str;
+    EXPECT_EQ(o[o.size() - 1 - i], guard_bits) << "o written past its end: " << c.str;
+    EXPECT_EQ(lse[i], guard_value) << "lse written before its start: " << c.str;
+    EXPECT_EQ(lse[lse.size() - 1 - i], guard_value) << "lse written past its end: " << c.str;
+  }
+  Shape lse_shape = c.q.shape();
+  lse_shape.pop_back();
+  ops::NaForward result{Tensor::empty(c.q.shape(), c.q.dtype()),
+                        Tensor::empty(lse_shape, DType::f32)};
+  std::memcpy(result.output.raw_data(), o_data, rows * D * sizeof(uint16_t));
+  std::memcpy(result.lse.raw_data(), lse_data, rows * sizeof(float));
+  return result;
+}
+
+template <typename T>
+ops::NaForward run_emulated_dim(const KernelCase& c, int64_t dim,
+                                const emu::LaunchOptions& options) {
+  switch (dim) {
+    case 32: return run_emulated<T, 32>(c, options);
+    case 64: return run_emulated<T, 64>(c, options);
+    default: return run_emulated<T, 128>(c, options);
+  }
+}
+
+Tensor as_f64(const Tensor& t) {
+  return t.to_dtype(DType::f64);
+}
+
+TEST(NaMmaEmulated, ForwardMatchesTheReferenceOnRandomCalls) {
+  constexpr int kCalls = 120;
+  const auto start = std::chrono::steady_clock::now();
+  uint64_t switches = 0, collectives = 0, blocks = 0;
+  int spatial_seen[4] = {};
+  double worst_o[2] = {0, 0}, worst_lse[2] = {0, 0};  // f16, bf16
+  for (int index = 0; index < kCalls; ++index) {
+    CaseRng rng(testing::case_seed(97, 1, 0, index));
+    const DType dtype = index % 2 == 0 ? DType::bf16 : DType::f16;
+    const int64_t dims[] = {32, 64, 128};
+    const int64_t dim = dims[index / 2 % 3];
+    const KernelCase c = random_kernel_case(rng, dim, dtype);
+    ++spatial_seen[c.geometry.extent.size()];
+    emu::LaunchOptions options;
+    options.reverse = index % 4 >= 2;
+    const ops::NaForward emulated = dtype == DType::bf16
+                                        ? run_emulated_dim<__nv_bfloat16>(c, dim, options)
+                                        : run_emulated_dim<__half>(c, dim, options);
+    switches += emu::last_launch_stats().switches;
+    collectives += emu::last_launch_stats().warp_collectives;
+    blocks += emu::last_launch_stats().blocks;
+    const ops::NaForward reference =
+        ops::na_forward(c.q, c.k, c.v, c.has_rpb ? &c.rpb : nullptr, c.geometry, c.pieces);
+    const double bound = dtype == DType::f16 ? 1e-2 : 5e-2;
+    const double o_error =
+        testing::relative_error(as_f64(emulated.output), as_f64(reference.output));
+    const double lse_error = testing::relative_error(as_f64(emulated.lse), as_f64(reference.lse));
+    EXPECT_LE(o_error, bound) << "o " << c.str << (options.reverse ? " (reverse schedule)" : "");
+    EXPECT_LE(lse_error, 1e-3) << "lse " << c.str << (options.reverse ? " (reverse schedule)" : "");
+    const int slot = dtype == DType::f16 ? 0 : 1;
+    worst_o[slot] = std::max(worst_o[slot], o_error);
+    worst_lse[slot] = std::max(worst_lse[slot], lse_error);
+  }
+  EXPECT_GT(spatial_seen[1], 0);
+  EXPECT_GT(spatial_seen[2], 0);
+  EXPECT_GT(spatial_seen[3], 0);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf(
+      "[emulated mma forward] %d calls, %llu blocks, %llu warp collectives, %llu context "
+      "switches in %.1f s; worst relative error of o f16 %.2e bf16 %.2e, of lse f16 %.2e bf16 "
+      "%.2e\n",
+      kCalls, static_cast<unsigned long long>(blocks), static_cast<unsigned long long>(collectives),
+      static_cast<unsigned long long>(switches), seconds, worst_o[0], worst_o[1], worst_lse[0],
+      worst_lse[1]);
+}
+
+}  // namespace
+}  // namespace tessera
