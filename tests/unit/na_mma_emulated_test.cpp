@@ -9,7 +9,10 @@
 //    query pieces with key tiles at offsets; extents not multiples of the tile) launched with the
 //    grid of launch_dim (na_cuda_mma.cu), o and lse equal the reference na_forward on the same
 //    rounded inputs within the GPU test's bounds (f16 1e-2, bf16 5e-2 of the largest value; lse
-//    1e-3), in both thread schedules, and nothing outside o and lse is written.
+//    1e-3), in both thread schedules, and nothing outside o and lse is written;
+//  - the backward kernels (na_mma_backward.cuh, launched as launch_backward_dim does) on the same
+//    kind of calls with a random gradient of o and of lse: dq, dk and dv equal the reference
+//    na_backward within the same bounds, every row written, nothing outside them.
 // Proves the kernel's indexing, masking, softmax and synchronisation under the ISA's definition of
 // the instructions; not its speed or anything of the hardware beyond that definition.
 #include <gtest/gtest.h>
@@ -27,6 +30,8 @@
 #include "tests/dist/harness.hpp"
 #include "tests/dist/shard_cases.hpp"
 #include "tests/emu/cuda_block_emulator.hpp"
+// The backward kernels, after the emulator (which includes na_mma.cuh and the forward).
+#include "ops/attention/na_mma_backward.cuh"
 
 namespace tessera {
 namespace {
@@ -427,6 +432,146 @@ TEST(NaMmaEmulated, ForwardMatchesTheReferenceOnRandomCalls) {
       kCalls, static_cast<unsigned long long>(blocks), static_cast<unsigned long long>(collectives),
       static_cast<unsigned long long>(switches), seconds, worst_o[0], worst_o[1], worst_lse[0],
       worst_lse[1]);
+}
+
+/// An output buffer of `count` 16-bit elements between guards, starting as NaN (0xFFFF) so that
+/// an unwritten element fails the comparison.
+struct Guarded {
+  explicit Guarded(int64_t count) : bits(count + 2 * kGuard, 0xFFFF) {
+    std::fill(bits.begin(), bits.begin() + kGuard, kBits);
+    std::fill(bits.end() - kGuard, bits.end(), kBits);
+  }
+  template <typename T>
+  T* data() {
+    return reinterpret_cast<T*>(bits.data() + kGuard);
+  }
+  void expect_guards(const std::string& name, const std::string& what) const {
+    for (int64_t i = 0; i < kGuard; ++i) {
+      EXPECT_EQ(bits[i], kBits) << name << " written before its start: " << what;
+      EXPECT_EQ(bits[bits.size() - 1 - i], kBits) << name << " written past its end: " << what;
+    }
+  }
+  Tensor tensor(const Shape& shape, DType dtype) const {
+    Tensor t = Tensor::empty(shape, dtype);
+    std::memcpy(t.raw_data(), bits.data() + kGuard, t.numel() * sizeof(uint16_t));
+    return t;
+  }
+  static constexpr uint16_t kBits = 0x5A5A;
+  std::vector<uint16_t> bits;
+};
+
+/// dq, dk, dv of the mma backward kernels on the case with gradients go (of o) and glse (of lse),
+/// from the reference forward's lse and delta' = go . o - glse, launched as launch_backward_dim
+/// does.
+template <typename T, int D>
+ops::NaGradients run_emulated_backward(const KernelCase& c, const Tensor& go, const Tensor& glse,
+                                       const emu::LaunchOptions& options) {
+  const ops::na_detail::Problem p = ops::na_detail::make_problem(
+      c.q, c.k, c.v, c.has_rpb ? &c.rpb : nullptr, c.geometry, c.pieces);
+  const ops::kernels::NaCall call = ops::na_detail::make_na_call(p, c.geometry);
+  const ops::NaForward forward =
+      ops::na_forward(c.q, c.k, c.v, c.has_rpb ? &c.rpb : nullptr, c.geometry, c.pieces);
+  const int64_t rows = c.q.numel() / D;
+  const Tensor o = forward.output.to_dtype(DType::f64), g = go.to_dtype(DType::f64);
+  const Tensor lse = forward.lse.to_dtype(DType::f32), gl = glse.to_dtype(DType::f64);
+  std::vector<float> delta(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    double dot = 0;
+    for (int64_t e = 0; e < D; ++e)
+      dot += o.data<double>()[r * D + e] * g.data<double>()[r * D + e];
+    delta[r] = static_cast<float>(dot - gl.data<double>()[r]);
+  }
+  ops::kernels::NaTileShape tile{};
+  ops::kernels::na_fused_tile_shape(call.spatial, tile.extent);
+  int64_t query_tiles = 1, key_tiles = 1;
+  for (int a = 0; a < 3; ++a) {
+    query_tiles *= (call.axes[a].queries + tile.extent[a] - 1) / tile.extent[a];
+    key_tiles *= (call.axes[a].tile + tile.extent[a] - 1) / tile.extent[a];
+  }
+  Guarded dq(c.q.numel()), dk(c.k.numel()), dv(c.v.numel());
+  const mma::MmaBackward<T> args{static_cast<const T*>(c.q.raw_data()),
+                                 static_cast<const T*>(c.k.raw_data()),
+                                 static_cast<const T*>(c.v.raw_data()),
+                                 c.has_rpb ? static_cast<const T*>(c.rpb.raw_data()) : nullptr,
+                                 static_cast<const T*>(go.raw_data()),
+                                 lse.data<float>(),
+                                 delta.data(),
+                                 dq.data<T>(),
+                                 dk.data<T>(),
+                                 dv.data<T>()};
+  const unsigned pairs = static_cast<unsigned>(call.batch * call.heads);
+  const size_t bytes = mma::MmaBackwardLayout<D>::bytes;
+  if (query_tiles > 0 && pairs > 0)
+    emu::launch(
+        dim3(static_cast<unsigned>(query_tiles), pairs), mma::kMmaWarps * mma::kWarp, bytes,
+        [&] { mma::mma_backward_query<T, D>(call, tile, args); }, options);
+  if (key_tiles > 0 && pairs > 0)
+    emu::launch(
+        dim3(static_cast<unsigned>(key_tiles), pairs), mma::kMmaWarps * mma::kWarp, bytes,
+        [&] { mma::mma_backward_key<T, D>(call, tile, args); }, options);
+  dq.expect_guards("dq", c.str);
+  dk.expect_guards("dk", c.str);
+  dv.expect_guards("dv", c.str);
+  return ops::NaGradients{dq.tensor(c.q.shape(), c.q.dtype()), dk.tensor(c.k.shape(), c.k.dtype()),
+                          dv.tensor(c.v.shape(), c.v.dtype()), Tensor()};
+}
+
+template <typename T>
+ops::NaGradients run_emulated_backward_dim(const KernelCase& c, int64_t dim, const Tensor& go,
+                                           const Tensor& glse, const emu::LaunchOptions& options) {
+  switch (dim) {
+    case 32: return run_emulated_backward<T, 32>(c, go, glse, options);
+    case 64: return run_emulated_backward<T, 64>(c, go, glse, options);
+    default: return run_emulated_backward<T, 128>(c, go, glse, options);
+  }
+}
+
+TEST(NaMmaEmulated, BackwardMatchesTheReferenceOnRandomCalls) {
+  constexpr int kCalls = 90;
+  double worst[2][3] = {};  // f16, bf16 x dq, dk, dv
+  int spatial_seen[4] = {};
+  for (int index = 0; index < kCalls; ++index) {
+    CaseRng rng(testing::case_seed(101, 1, 0, index));
+    const DType dtype = index % 2 == 0 ? DType::bf16 : DType::f16;
+    const int64_t dims[] = {32, 64, 128};
+    const int64_t dim = dims[index / 2 % 3];
+    const KernelCase c = random_kernel_case(rng, dim, dtype);
+    ++spatial_seen[c.geometry.extent.size()];
+    std::normal_distribution<double> normal;
+    auto random = [&](const Shape& shape, DType type) {
+      Tensor t = Tensor::empty(shape, DType::f64);
+      for (int64_t i = 0; i < t.numel(); ++i) t.data<double>()[i] = normal(rng.engine());
+      return t.to_dtype(type);
+    };
+    Shape lse_shape = c.q.shape();
+    lse_shape.pop_back();
+    const Tensor go = random(c.q.shape(), dtype), glse = random(lse_shape, DType::f32);
+    emu::LaunchOptions options;
+    options.reverse = index % 4 >= 2;
+    const ops::NaGradients emulated =
+        dtype == DType::bf16 ? run_emulated_backward_dim<__nv_bfloat16>(c, dim, go, glse, options)
+                             : run_emulated_backward_dim<__half>(c, dim, go, glse, options);
+    const ops::NaGradients reference = ops::na_backward(c.q, c.k, c.v, c.has_rpb ? &c.rpb : nullptr,
+                                                        go, &glse, c.geometry, c.pieces);
+    const double bound = dtype == DType::f16 ? 1e-2 : 5e-2;
+    const char* names[] = {"dq", "dk", "dv"};
+    const Tensor* got[] = {&emulated.dq, &emulated.dk, &emulated.dv};
+    const Tensor* want[] = {&reference.dq, &reference.dk, &reference.dv};
+    for (int i = 0; i < 3; ++i) {
+      const double error = testing::relative_error(as_f64(*got[i]), as_f64(*want[i]));
+      EXPECT_LE(error, bound) << names[i] << " " << c.str
+                              << (options.reverse ? " (reverse schedule)" : "");
+      double& slot = worst[dtype == DType::f16 ? 0 : 1][i];
+      slot = std::max(slot, error);
+    }
+  }
+  EXPECT_GT(spatial_seen[1], 0);
+  EXPECT_GT(spatial_seen[2], 0);
+  EXPECT_GT(spatial_seen[3], 0);
+  std::printf(
+      "[emulated mma backward] %d calls; worst relative error f16 dq %.2e dk %.2e dv %.2e, bf16 "
+      "dq %.2e dk %.2e dv %.2e\n",
+      kCalls, worst[0][0], worst[0][1], worst[0][2], worst[1][0], worst[1][1], worst[1][2]);
 }
 
 }  // namespace
