@@ -30,7 +30,7 @@ namespace {
 
 using namespace mma_detail;
 
-template <typename T, int D>
+template <typename T, int D, bool kBias>
 cudaError_t launch_dim(const NaCall& call, const NaForwardArgs& args, cudaStream_t stream) {
   NaTileShape tile{};
   na_fused_tile_shape(call.spatial, tile.extent);
@@ -38,11 +38,12 @@ cudaError_t launch_dim(const NaCall& call, const NaForwardArgs& args, cudaStream
   for (int a = 0; a < 3; ++a) tiles *= (call.axes[a].queries + tile.extent[a] - 1) / tile.extent[a];
   if (tiles == 0 || call.batch * call.heads == 0) return cudaSuccess;
   const size_t bytes = MmaLayout<D>::bytes;
-  const cudaError_t status = cudaFuncSetAttribute(
-      mma_forward<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  const cudaError_t status =
+      cudaFuncSetAttribute(mma_forward<T, D, kBias>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(bytes));
   if (status != cudaSuccess) return status;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(call.batch * call.heads));
-  mma_forward<T, D><<<grid, kMmaWarps * kWarp, bytes, stream>>>(
+  mma_forward<T, D, kBias><<<grid, kMmaWarps * kWarp, bytes, stream>>>(
       call, tile, static_cast<const T*>(args.q), static_cast<const T*>(args.k),
       static_cast<const T*>(args.v), static_cast<const T*>(args.rpb), static_cast<T*>(args.o),
       static_cast<float*>(args.lse));
@@ -52,14 +53,20 @@ cudaError_t launch_dim(const NaCall& call, const NaForwardArgs& args, cudaStream
 template <typename T>
 cudaError_t launch_typed(const NaCall& call, const NaForwardArgs& args, cudaStream_t stream) {
   switch (call.dim) {
-    case 32: return launch_dim<T, 32>(call, args, stream);
-    case 64: return launch_dim<T, 64>(call, args, stream);
-    case 128: return launch_dim<T, 128>(call, args, stream);
+    case 32:
+      return call.has_rpb ? launch_dim<T, 32, true>(call, args, stream)
+                          : launch_dim<T, 32, false>(call, args, stream);
+    case 64:
+      return call.has_rpb ? launch_dim<T, 64, true>(call, args, stream)
+                          : launch_dim<T, 64, false>(call, args, stream);
+    case 128:
+      return call.has_rpb ? launch_dim<T, 128, true>(call, args, stream)
+                          : launch_dim<T, 128, false>(call, args, stream);
     default: return cudaErrorInvalidValue;
   }
 }
 
-template <typename T, int D>
+template <typename T, int D, bool kBias>
 cudaError_t launch_backward_dim(const NaCall& call, const NaBackwardArgs& args,
                                 cudaStream_t stream) {
   NaTileShape tile{};
@@ -71,8 +78,8 @@ cudaError_t launch_backward_dim(const NaCall& call, const NaBackwardArgs& args,
   }
   if (call.batch * call.heads == 0) return cudaSuccess;
   const size_t bytes = MmaBackwardLayout<D>::bytes;
-  for (const void* kernel : {reinterpret_cast<const void*>(mma_backward_query<T, D>),
-                             reinterpret_cast<const void*>(mma_backward_key<T, D>)}) {
+  for (const void* kernel : {reinterpret_cast<const void*>(mma_backward_query<T, D, kBias>),
+                             reinterpret_cast<const void*>(mma_backward_key<T, D, kBias>)}) {
     const cudaError_t status = cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
     if (status != cudaSuccess) return status;
@@ -89,11 +96,11 @@ cudaError_t launch_backward_dim(const NaCall& call, const NaBackwardArgs& args,
                          static_cast<T*>(args.dv)};
   const unsigned pairs = static_cast<unsigned>(call.batch * call.heads);
   if (query_tiles > 0)
-    mma_backward_query<T, D>
+    mma_backward_query<T, D, kBias>
         <<<dim3(static_cast<unsigned>(query_tiles), pairs), kMmaWarps * kWarp, bytes, stream>>>(
             call, tile, g);
   if (key_tiles > 0)
-    mma_backward_key<T, D>
+    mma_backward_key<T, D, kBias>
         <<<dim3(static_cast<unsigned>(key_tiles), pairs), kMmaWarps * kWarp, bytes, stream>>>(
             call, tile, g);
   return cudaGetLastError();
@@ -103,9 +110,15 @@ template <typename T>
 cudaError_t launch_backward_typed(const NaCall& call, const NaBackwardArgs& args,
                                   cudaStream_t stream) {
   switch (call.dim) {
-    case 32: return launch_backward_dim<T, 32>(call, args, stream);
-    case 64: return launch_backward_dim<T, 64>(call, args, stream);
-    case 128: return launch_backward_dim<T, 128>(call, args, stream);
+    case 32:
+      return call.has_rpb ? launch_backward_dim<T, 32, true>(call, args, stream)
+                          : launch_backward_dim<T, 32, false>(call, args, stream);
+    case 64:
+      return call.has_rpb ? launch_backward_dim<T, 64, true>(call, args, stream)
+                          : launch_backward_dim<T, 64, false>(call, args, stream);
+    case 128:
+      return call.has_rpb ? launch_backward_dim<T, 128, true>(call, args, stream)
+                          : launch_backward_dim<T, 128, false>(call, args, stream);
     default: return cudaErrorInvalidValue;
   }
 }

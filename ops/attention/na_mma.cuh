@@ -88,6 +88,38 @@ __device__ __forceinline__ void split_flat(int64_t flat, int64_t e0, int64_t e1,
   out[0] = flat / e1;
 }
 
+/// Whether the window [first, end) per axis holds key `at` (global coordinates; with `dilated`,
+/// only keys of the window's dilation group, `dilation` per axis).
+__device__ __forceinline__ bool window_holds(const int first[3], const int end[3], const int at[3],
+                                             bool dilated, const int dilation[3]) {
+  bool hit = true;
+#pragma unroll
+  for (int a = 0; a < 3; ++a) hit = hit && at[a] >= first[a] && at[a] < end[a];
+  if (dilated) {
+#pragma unroll
+    for (int a = 0; a < 3; ++a) hit = hit && (at[a] - first[a]) % dilation[a] == 0;
+  }
+  return hit;
+}
+
+/// The entry of one head's bias table for query `query` and key `key` of its window:
+/// (k - 1) + (key - query) / dilation per axis, over extents 2k - 1.
+__device__ __forceinline__ int bias_entry(const int query[3], const int key[3], const int kernel[3],
+                                          const int dilation[3]) {
+  int index = 0;
+#pragma unroll
+  for (int a = 0; a < 3; ++a)
+    index = index * (2 * kernel[a] - 1) + kernel[a] - 1 + (key[a] - query[a]) / dilation[a];
+  return index;
+}
+
+/// Whether n-tile j (8 columns) of a warp's 16 x N block has a live element: `live` is the or
+/// over the warp of each lane's hit bits, bit 4j + 2 half + e for row group + 8 half and column
+/// 8j + 2 quad + e.
+__device__ __forceinline__ bool tile_live(unsigned live, int j) {
+  return (live >> (4 * j) & 0xFu) != 0;
+}
+
 /// One query row a lane holds: its window per axis as [first, end) in global coordinates (empty
 /// for a row outside the piece) and its global coordinates.
 struct Row {

@@ -76,12 +76,13 @@ struct MmaBackwardLayout {
 
 #if TESSERA_NA_MMA
 /// s = A B^T for one warp: A the 16 rows at `a` (D elements each, leading dimension ld), B the N
-/// rows at `b`; n-tile j of s holds columns 8j..8j+7 (rows of B). A's fragments through ldmatrix
+/// rows at `b`; n-tile j of s holds columns 8j..8j+7 (rows of B), computed only where
+/// tile_live(live, j) (0 elsewhere). A's fragments through ldmatrix
 /// (matrices: rows 0-7 | 8-15 x columns 0-7 | 8-15 of each 16-column step), B's through
 /// ldmatrix of two 16-column steps at once (matrix m: rows 8j + 0..7, columns 32p + 8m ..).
 template <typename T, int D, int N>
 __device__ __forceinline__ void warp_scores(float s[N / 8][4], const T* a, const T* b, int ld,
-                                            int lane) {
+                                            int lane, unsigned live) {
 #pragma unroll
   for (int j = 0; j < N / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
@@ -92,6 +93,7 @@ __device__ __forceinline__ void warp_scores(float s[N / 8][4], const T* a, const
     load_matrices(a1, a_row + 16);
 #pragma unroll
     for (int j = 0; j < N / 8; ++j) {
+      if (!tile_live(live, j)) continue;
       uint32_t bf[4];
       load_matrices(bf, b + (8 * j + lane % 8) * ld + 32 * p + 8 * (lane / 8));
       mma(s[j], a0, bf[0], bf[1], T{});
@@ -103,12 +105,13 @@ __device__ __forceinline__ void warp_scores(float s[N / 8][4], const T* a, const
 /// acc += P B for one warp: P (16 x N) the values in s's accumulator layout, rounded to T (an
 /// n-tile pair of accumulators is one 16-column A fragment), B the N rows at `b` (D elements,
 /// leading dimension ld) through ldmatrix.trans (matrix m: rows 16t + 8 (m % 2) + 0..7,
-/// columns 8n + 8 (m / 2) ..).
+/// columns 8n + 8 (m / 2) ..). 16-column steps with no live n-tile are skipped (P is 0 there).
 template <typename T, int D, int N>
 __device__ __forceinline__ void warp_accumulate(float acc[D / 8][4], const float s[N / 8][4],
-                                                const T* b, int ld, int lane) {
+                                                const T* b, int ld, int lane, unsigned live) {
 #pragma unroll
   for (int t = 0; t < N / 16; ++t) {
+    if (!tile_live(live, 2 * t) && !tile_live(live, 2 * t + 1)) continue;
     uint32_t pf[4];
     pf[0] = pack(s[2 * t][0], s[2 * t][1], T{});
     pf[1] = pack(s[2 * t][2], s[2 * t][3], T{});
@@ -126,7 +129,7 @@ __device__ __forceinline__ void warp_accumulate(float acc[D / 8][4], const float
 }
 #endif
 
-template <typename T, int D>
+template <typename T, int D, bool kBias>
 __global__ void __launch_bounds__(kMmaWarps* kWarp)
     mma_backward_query(NaCall c, NaTileShape tile, MmaBackward<T> g) {
 #if TESSERA_NA_MMA
@@ -203,9 +206,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
   const int dilation[3] = {static_cast<int>(c.axes[0].dilation),
                            static_cast<int>(c.axes[1].dilation),
                            static_cast<int>(c.axes[2].dilation)};
-  const T* rpb_head = c.has_rpb ? g.rpb + h * c.rpb_count() : nullptr;
-  const int rpb_extent[3] = {static_cast<int>(c.rpb_extent(0)), static_cast<int>(c.rpb_extent(1)),
-                             static_cast<int>(c.rpb_extent(2))};
+  const T* rpb_head = kBias ? g.rpb + h * c.rpb_count() : nullptr;  // kBias: c.has_rpb
   const int kernel[3] = {static_cast<int>(c.axes[0].kernel), static_cast<int>(c.axes[1].kernel),
                          static_cast<int>(c.axes[2].kernel)};
   const float scale = static_cast<float>(c.scale), scale_log2 = scale * kLog2e;
@@ -275,10 +276,9 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
       const T* ks = L::template streamed<T>(smem, stage, 0) + pass * kPass * ld;
       const T* vs = L::template streamed<T>(smem, stage, 1) + pass * kPass * ld;
       const int4* keys = reinterpret_cast<const int4*>(L::info(smem, stage)) + pass * kPass;
-      float s[kPass / 8][4], dp[kPass / 8][4];
-      warp_scores<T, D, kPass>(s, qs + warp * 16 * ld, ks, ld, lane);   // S = Q K^T
-      warp_scores<T, D, kPass>(dp, gs + warp * 16 * ld, vs, ld, lane);  // dP = dO V^T
-      // dS = P (dP - delta') where the window holds the key, else 0 (into s).
+      // The mask first (bit 4j + 2 half + e: row group + 8 half, key 8j + 2 quad + e), so that
+      // n-tiles no row of the warp reads cost no mma.
+      uint32_t hits = 0;
 #pragma unroll
       for (int j = 0; j < kPass / 8; ++j) {
 #pragma unroll
@@ -286,24 +286,29 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
           const int4 key = keys[8 * j + 2 * quad + e];
           const int at[3] = {key.x, key.y, key.z};
 #pragma unroll
+          for (int half = 0; half < 2; ++half)
+            if (window_holds(rows[half].first, rows[half].end, at, dilated, dilation))
+              hits |= 1u << (4 * j + 2 * half + e);
+        }
+      }
+      const unsigned live = __reduce_or_sync(0xffffffffu, hits);
+      float s[kPass / 8][4], dp[kPass / 8][4];
+      warp_scores<T, D, kPass>(s, qs + warp * 16 * ld, ks, ld, lane, live);   // S = Q K^T
+      warp_scores<T, D, kPass>(dp, gs + warp * 16 * ld, vs, ld, lane, live);  // dP = dO V^T
+      // dS = P (dP - delta') where the window holds the key, else 0 (into s).
+#pragma unroll
+      for (int j = 0; j < kPass / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+#pragma unroll
           for (int half = 0; half < 2; ++half) {
-            const Row& row = rows[half];
-            bool hit = true;
-#pragma unroll
-            for (int a = 0; a < 3; ++a) hit = hit && at[a] >= row.first[a] && at[a] < row.end[a];
-            if (dilated) {
-#pragma unroll
-              for (int a = 0; a < 3; ++a) hit = hit && (at[a] - row.first[a]) % dilation[a] == 0;
-            }
             float ds = 0.0f;
-            if (hit) {
+            if (hits >> (4 * j + 2 * half + e) & 1u) {
               float x = s[j][2 * half + e] * scale_log2;
-              if (rpb_head) {
-                int index = 0;
-#pragma unroll
-                for (int a = 0; a < 3; ++a)
-                  index = index * rpb_extent[a] + kernel[a] - 1 + (at[a] - row.at[a]) / dilation[a];
-                x += widen(rpb_head[index]) * kLog2e;
+              if constexpr (kBias) {
+                const int4 key = keys[8 * j + 2 * quad + e];
+                const int at[3] = {key.x, key.y, key.z};
+                x += widen(rpb_head[bias_entry(rows[half].at, at, kernel, dilation)]) * kLog2e;
               }
               ds = exp2f(x - lse2[half]) * (dp[j][2 * half + e] - delta[half]);
             }
@@ -311,7 +316,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
           }
         }
       }
-      warp_accumulate<T, D, kPass>(acc, s, ks, ld, lane);  // dQ += dS K
+      warp_accumulate<T, D, kPass>(acc, s, ks, ld, lane, live);  // dQ += dS K
     }
     __syncthreads();  // this stage is free for the chunk after next
   }
@@ -331,7 +336,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
 #endif
 }
 
-template <typename T, int D>
+template <typename T, int D, bool kBias>
 __global__ void __launch_bounds__(kMmaWarps* kWarp)
     mma_backward_key(NaCall c, NaTileShape tile, MmaBackward<T> g) {
 #if TESSERA_NA_MMA
@@ -399,9 +404,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
   const int dilation[3] = {static_cast<int>(c.axes[0].dilation),
                            static_cast<int>(c.axes[1].dilation),
                            static_cast<int>(c.axes[2].dilation)};
-  const T* rpb_head = c.has_rpb ? g.rpb + h * c.rpb_count() : nullptr;
-  const int rpb_extent[3] = {static_cast<int>(c.rpb_extent(0)), static_cast<int>(c.rpb_extent(1)),
-                             static_cast<int>(c.rpb_extent(2))};
+  const T* rpb_head = kBias ? g.rpb + h * c.rpb_count() : nullptr;  // kBias: c.has_rpb
   const int kernel[3] = {static_cast<int>(c.axes[0].kernel), static_cast<int>(c.axes[1].kernel),
                          static_cast<int>(c.axes[2].kernel)};
   const float scale = static_cast<float>(c.scale), scale_log2 = scale * kLog2e;
@@ -486,37 +489,38 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
     for (int pass = 0; pass < 64 / kPass; ++pass) {
       const T* qs = L::template streamed<T>(smem, stage, 0) + pass * kPass * ld;
       const T* gs = L::template streamed<T>(smem, stage, 1) + pass * kPass * ld;
-      float s[kPass / 8][4], dp[kPass / 8][4];
-      warp_scores<T, D, kPass>(s, ks + warp * 16 * ld, qs, ld, lane);   // S^T = K Q^T
-      warp_scores<T, D, kPass>(dp, vs + warp * 16 * ld, gs, ld, lane);  // dP^T = V dO^T
-      // P^T (into s) and dS^T = P^T (dP^T - delta') (into dp) where the query's window holds
-      // the key, else 0.
+      // The mask first (bit 4j + 2 half + e: key row group + 8 half, query 8j + 2 quad + e), so
+      // that n-tiles of queries that read none of the warp's keys cost no mma.
+      uint32_t hits = 0;
 #pragma unroll
       for (int j = 0; j < kPass / 8; ++j) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const QueryInfo info = infos[pass * kPass + 8 * j + 2 * quad + e];
+          const QueryInfo& info = infos[pass * kPass + 8 * j + 2 * quad + e];
+#pragma unroll
+          for (int half = 0; half < 2; ++half)
+            if (window_holds(info.first, info.end, key_at[half], dilated, dilation))
+              hits |= 1u << (4 * j + 2 * half + e);
+        }
+      }
+      const unsigned live = __reduce_or_sync(0xffffffffu, hits);
+      float s[kPass / 8][4], dp[kPass / 8][4];
+      warp_scores<T, D, kPass>(s, ks + warp * 16 * ld, qs, ld, lane, live);   // S^T = K Q^T
+      warp_scores<T, D, kPass>(dp, vs + warp * 16 * ld, gs, ld, lane, live);  // dP^T = V dO^T
+      // P^T (into s) and dS^T = P^T (dP^T - delta') (into dp) where the query's window holds the
+      // key, else 0.
+#pragma unroll
+      for (int j = 0; j < kPass / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
-            const int* at = key_at[half];
-            bool hit = true;
-#pragma unroll
-            for (int a = 0; a < 3; ++a) hit = hit && at[a] >= info.first[a] && at[a] < info.end[a];
-            if (dilated) {
-#pragma unroll
-              for (int a = 0; a < 3; ++a) hit = hit && (at[a] - info.first[a]) % dilation[a] == 0;
-            }
             float p = 0.0f, ds = 0.0f;
-            if (hit) {
+            if (hits >> (4 * j + 2 * half + e) & 1u) {
+              const QueryInfo& info = infos[pass * kPass + 8 * j + 2 * quad + e];
               float x = s[j][2 * half + e] * scale_log2;
-              if (rpb_head) {
-                int index = 0;
-#pragma unroll
-                for (int a = 0; a < 3; ++a)
-                  index =
-                      index * rpb_extent[a] + kernel[a] - 1 + (at[a] - info.at[a]) / dilation[a];
-                x += widen(rpb_head[index]) * kLog2e;
-              }
+              if constexpr (kBias)
+                x += widen(rpb_head[bias_entry(info.at, key_at[half], kernel, dilation)]) * kLog2e;
               p = exp2f(x - info.lse2);
               ds = p * (dp[j][2 * half + e] - info.delta);
             }
@@ -525,8 +529,8 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
           }
         }
       }
-      warp_accumulate<T, D, kPass>(dv, s, gs, ld, lane);   // dV += P^T dO
-      warp_accumulate<T, D, kPass>(dk, dp, qs, ld, lane);  // dK += dS^T Q
+      warp_accumulate<T, D, kPass>(dv, s, gs, ld, lane, live);   // dV += P^T dO
+      warp_accumulate<T, D, kPass>(dk, dp, qs, ld, lane, live);  // dK += dS^T Q
     }
     __syncthreads();  // this stage is free for the chunk after next
   }

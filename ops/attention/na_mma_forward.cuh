@@ -9,7 +9,7 @@
 
 namespace tessera::ops::kernels::mma_detail {
 
-template <typename T, int D>
+template <typename T, int D, bool kBias>
 __global__ void __launch_bounds__(kMmaWarps* kWarp)
     mma_forward(NaCall c, NaTileShape tile, const T* q, const T* k, const T* v, const T* rpb, T* o,
                 float* lse) {
@@ -83,9 +83,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
   const int dilation[3] = {static_cast<int>(c.axes[0].dilation),
                            static_cast<int>(c.axes[1].dilation),
                            static_cast<int>(c.axes[2].dilation)};
-  const T* rpb_head = c.has_rpb ? rpb + h * c.rpb_count() : nullptr;
-  const int rpb_extent[3] = {static_cast<int>(c.rpb_extent(0)), static_cast<int>(c.rpb_extent(1)),
-                             static_cast<int>(c.rpb_extent(2))};
+  const T* rpb_head = kBias ? rpb + h * c.rpb_count() : nullptr;  // kBias: c.has_rpb
   const int kernel[3] = {static_cast<int>(c.axes[0].kernel), static_cast<int>(c.axes[1].kernel),
                          static_cast<int>(c.axes[2].kernel)};
   const float scale_log2 = static_cast<float>(c.scale) * kLog2e;
@@ -167,12 +165,31 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
     const T* vs = reinterpret_cast<const T*>(smem + L::v_at + stage * L::kv_bytes);
     const int4* keys = reinterpret_cast<const int4*>(smem + L::key_at + stage * L::key_bytes);
 
+    // The mask first: bit 4j + 2 half + e of `hits` says whether the window of row group + 8 half
+    // holds key 8j + 2 quad + e. An n-tile of 8 keys that no row of the warp reads (a key box
+    // row far from the warp's queries, a chunk's end) costs no mma: `live` is the warp's union.
+    uint32_t hits = 0;
+#pragma unroll 1
+    for (int j = 0; j < kMmaKeys / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int4 key = keys[8 * j + 2 * quad + e];
+        const int at[3] = {key.x, key.y, key.z};
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          if (window_holds(rows[half].first, rows[half].end, at, dilated, dilation))
+            hits |= 1u << (4 * j + 2 * half + e);
+      }
+    }
+    const unsigned live = __reduce_or_sync(0xffffffffu, hits);
+
     // S = Q K^T: n-tile j holds keys 8j..8j+7; B fragments of two k-steps per ldmatrix.x4
     // (matrix m: keys 8j + 0..7, head-dim columns 32p + 8m ..).
     float s[kMmaKeys / 8][4];
 #pragma unroll
     for (int j = 0; j < kMmaKeys / 8; ++j) {
       s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+      if (!tile_live(live, j)) continue;
 #pragma unroll
       for (int p = 0; p < D / 32; ++p) {
         uint32_t kf[4];
@@ -182,33 +199,22 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
       }
     }
 
-    // The mask, scale and bias: s[j][2 * half + e] is row group + 8 * half, key 8j + 2 quad + e.
+    // Scale and bias where the window holds the key, -inf elsewhere: s[j][2 * half + e] is row
+    // group + 8 * half, key 8j + 2 quad + e.
     float chunk_max[2] = {-kInf, -kInf};
 #pragma unroll
     for (int j = 0; j < kMmaKeys / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int4 key = keys[8 * j + 2 * quad + e];
-        const int at[3] = {key.x, key.y, key.z};
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const Row& row = rows[half];
-          bool hit = true;
-#pragma unroll
-          for (int a = 0; a < 3; ++a) hit = hit && at[a] >= row.first[a] && at[a] < row.end[a];
-          if (dilated) {
-#pragma unroll
-            for (int a = 0; a < 3; ++a) hit = hit && (at[a] - row.first[a]) % dilation[a] == 0;
-          }
           float x = -kInf;
-          if (hit) {
+          if (hits >> (4 * j + 2 * half + e) & 1u) {
             x = s[j][2 * half + e] * scale_log2;
-            if (rpb_head) {
-              int index = 0;
-#pragma unroll
-              for (int a = 0; a < 3; ++a)
-                index = index * rpb_extent[a] + kernel[a] - 1 + (at[a] - row.at[a]) / dilation[a];
-              x += widen(rpb_head[index]) * kLog2e;
+            if constexpr (kBias) {
+              const int4 key = keys[8 * j + 2 * quad + e];
+              const int at[3] = {key.x, key.y, key.z};
+              x += widen(rpb_head[bias_entry(rows[half].at, at, kernel, dilation)]) * kLog2e;
             }
           }
           s[j][2 * half + e] = x;
@@ -253,6 +259,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
     // 16t + 8 (m % 2) + 0..7, columns 8n + 8 (m / 2) ..).
 #pragma unroll
     for (int t = 0; t < kMmaKeys / 16; ++t) {
+      if (!tile_live(live, 2 * t) && !tile_live(live, 2 * t + 1)) continue;  // P is 0 there
       uint32_t pf[4];
       pf[0] = pack(s[2 * t][0], s[2 * t][1], T{});
       pf[1] = pack(s[2 * t][2], s[2 * t][3], T{});

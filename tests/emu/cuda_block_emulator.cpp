@@ -408,6 +408,12 @@ void shuffle_xor(const void* const in[32], void* const out[32]) {
     std::memcpy(out[lane], source->value, mine->bytes);
   }
 }
+
+void reduce_or(const void* const in[32], void* const out[32]) {
+  unsigned value = 0;
+  for (int lane = 0; lane < kWarpSize; ++lane) value |= *static_cast<const unsigned*>(in[lane]);
+  for (int lane = 0; lane < kWarpSize; ++lane) *static_cast<unsigned*>(out[lane]) = value;
+}
 }  // namespace detail
 
 }  // namespace tessera::emu

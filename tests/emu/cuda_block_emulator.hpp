@@ -13,7 +13,7 @@
 //  - ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 and mma.sync.aligned.m16n8k16.row.col with
 //    f32 accumulation (f16, bf16): warp collectives computed from all 32 lanes' operands with the
 //    ISA's fragment layouts; products are exact and the sum is rounded to f32 once;
-//  - __shfl_xor_sync on any trivially copyable value of up to 8 bytes.
+//  - __shfl_xor_sync on any trivially copyable value of up to 8 bytes, __reduce_or_sync.
 // Every collective checks its participants: all 32 lanes of the warp at the same collective (the
 // same call site), all threads of the block at the same __syncthreads, no thread exited while
 // others wait for it, shared-memory operands inside the block's shared memory and aligned. The
@@ -118,6 +118,7 @@ struct ShuffleIn {
   size_t bytes;
 };
 void shuffle_xor(const void* const in[32], void* const out[32]);
+void reduce_or(const void* const in[32], void* const out[32]);
 }  // namespace detail
 
 }  // namespace tessera::emu
@@ -152,6 +153,17 @@ T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32,
   const ::tessera::emu::detail::ShuffleIn in{&value, lane_mask, sizeof(T)};
   T result;
   ::tessera::emu::warp_collective("__shfl_xor_sync", ::tessera::emu::detail::shuffle_xor, &in,
+                                  &result, site);
+  return result;
+}
+
+/// The bitwise or of every lane's value (__reduce_or_sync, sm_80); full masks only.
+inline unsigned __reduce_or_sync(unsigned mask, unsigned value,
+                                 std::source_location site = std::source_location::current()) {
+  if (mask != 0xffffffffu)
+    ::tessera::emu::fail("__reduce_or_sync with a partial mask: the emulator supports full warps");
+  unsigned result = 0;
+  ::tessera::emu::warp_collective("__reduce_or_sync", ::tessera::emu::detail::reduce_or, &value,
                                   &result, site);
   return result;
 }

@@ -356,7 +356,13 @@ ops::NaForward run_emulated(const KernelCase& c, const emu::LaunchOptions& optio
     const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(call.batch * call.heads));
     emu::launch(
         grid, mma::kMmaWarps * mma::kWarp, mma::MmaLayout<D>::bytes,
-        [&] { mma::mma_forward<T, D>(call, tile, q, k, v, rpb, o_data, lse_data); }, options);
+        [&] {
+          if (call.has_rpb)
+            mma::mma_forward<T, D, true>(call, tile, q, k, v, rpb, o_data, lse_data);
+          else
+            mma::mma_forward<T, D, false>(call, tile, q, k, v, rpb, o_data, lse_data);
+        },
+        options);
   }
   for (int64_t i = 0; i < kGuard; ++i) {
     EXPECT_EQ(o[i], guard_bits) << "o written before its start: " << c.str;
@@ -504,11 +510,23 @@ ops::NaGradients run_emulated_backward(const KernelCase& c, const Tensor& go, co
   if (query_tiles > 0 && pairs > 0)
     emu::launch(
         dim3(static_cast<unsigned>(query_tiles), pairs), mma::kMmaWarps * mma::kWarp, bytes,
-        [&] { mma::mma_backward_query<T, D>(call, tile, args); }, options);
+        [&] {
+          if (call.has_rpb)
+            mma::mma_backward_query<T, D, true>(call, tile, args);
+          else
+            mma::mma_backward_query<T, D, false>(call, tile, args);
+        },
+        options);
   if (key_tiles > 0 && pairs > 0)
     emu::launch(
         dim3(static_cast<unsigned>(key_tiles), pairs), mma::kMmaWarps * mma::kWarp, bytes,
-        [&] { mma::mma_backward_key<T, D>(call, tile, args); }, options);
+        [&] {
+          if (call.has_rpb)
+            mma::mma_backward_key<T, D, true>(call, tile, args);
+          else
+            mma::mma_backward_key<T, D, false>(call, tile, args);
+        },
+        options);
   dq.expect_guards("dq", c.str);
   dk.expect_guards("dk", c.str);
   dv.expect_guards("dv", c.str);
