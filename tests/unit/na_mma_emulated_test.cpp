@@ -592,5 +592,71 @@ TEST(NaMmaEmulated, BackwardMatchesTheReferenceOnRandomCalls) {
       kCalls, worst[0][0], worst[0][1], worst[0][2], worst[1][0], worst[1][1], worst[1][2]);
 }
 
+TEST(NaMmaEmulated, LongKeyBoxesOfLargeWindowsMatchTheReference) {
+  // 2-d 40 x 36, k 13 x 11 and 3-d 12 x 10 x 9, k 5: key boxes of 300-1000 keys, 5-16 chunks per
+  // tile through the two-stage pipeline; D 64, bf16, no bias, a key tile at an offset.
+  struct Geometry {
+    Shape extent, kernel;
+  };
+  const Geometry geometries[] = {{{40, 36}, {13, 11}}, {{12, 10, 9}, {5, 5, 5}}};
+  for (const Geometry& geometry : geometries) {
+    CaseRng rng(testing::case_seed(103, 1, 0, static_cast<int>(geometry.extent.size())));
+    KernelCase c;
+    Shape full{1};
+    for (size_t a = 0; a < geometry.extent.size(); ++a) {
+      full.push_back(geometry.extent[a]);
+      c.geometry.extent.push_back(geometry.extent[a]);
+      c.geometry.kernel.push_back(geometry.kernel[a]);
+      c.geometry.dilation.push_back(1);
+      c.geometry.causal.push_back(0);
+    }
+    full.push_back(2);
+    full.push_back(64);
+    c.geometry.scale = 0.125;
+    std::normal_distribution<double> normal;
+    auto random = [&](const Shape& shape) {
+      Tensor t = Tensor::empty(shape, DType::f64);
+      for (int64_t i = 0; i < t.numel(); ++i) t.data<double>()[i] = normal(rng.engine());
+      return t.to_dtype(DType::bf16);
+    };
+    Tensor q = random(full), k = random(full), v = random(full);
+    // The queries from 3 on along the first axis, the keys their windows read.
+    for (size_t a = 0; a < geometry.extent.size(); ++a) {
+      const int64_t first = a == 0 ? 3 : 0, length = geometry.extent[a];
+      ops::kernels::NaAxis axis;
+      axis.length = length;
+      axis.kernel = geometry.kernel[a];
+      int64_t lo, hi;
+      ops::kernels::na_axis_key_range(axis, first, length, lo, hi);
+      q = q.slice(1 + static_cast<int>(a), first, length);
+      k = k.slice(1 + static_cast<int>(a), lo, hi);
+      v = v.slice(1 + static_cast<int>(a), lo, hi);
+      c.pieces.query_offset.push_back(first);
+      c.pieces.key_offset.push_back(lo);
+    }
+    c.q = q.contiguous();
+    c.k = k.contiguous();
+    c.v = v.contiguous();
+    c.str = fmt::format("q {} tile {} kernel {}", c.q.shape(), c.k.shape(), c.geometry.kernel);
+    Shape lse_shape = c.q.shape();
+    lse_shape.pop_back();
+    const Tensor go = random(c.q.shape());
+    Tensor glse = Tensor::empty(lse_shape, DType::f64);
+    for (int64_t i = 0; i < glse.numel(); ++i) glse.data<double>()[i] = normal(rng.engine());
+    glse = glse.to_dtype(DType::f32);
+    const ops::NaForward emulated = run_emulated<__nv_bfloat16, 64>(c, {});
+    const ops::NaForward reference = ops::na_forward(c.q, c.k, c.v, nullptr, c.geometry, c.pieces);
+    EXPECT_LE(testing::relative_error(as_f64(emulated.output), as_f64(reference.output)), 5e-2)
+        << c.str;
+    EXPECT_LE(testing::relative_error(as_f64(emulated.lse), as_f64(reference.lse)), 1e-3) << c.str;
+    const ops::NaGradients grads = run_emulated_backward<__nv_bfloat16, 64>(c, go, glse, {});
+    const ops::NaGradients want =
+        ops::na_backward(c.q, c.k, c.v, nullptr, go, &glse, c.geometry, c.pieces);
+    EXPECT_LE(testing::relative_error(as_f64(grads.dq), as_f64(want.dq)), 5e-2) << "dq " << c.str;
+    EXPECT_LE(testing::relative_error(as_f64(grads.dk), as_f64(want.dk)), 5e-2) << "dk " << c.str;
+    EXPECT_LE(testing::relative_error(as_f64(grads.dv), as_f64(want.dv)), 5e-2) << "dv " << c.str;
+  }
+}
+
 }  // namespace
 }  // namespace tessera
