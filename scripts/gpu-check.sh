@@ -291,6 +291,19 @@ if want bench; then
   done
   step bench-comm 30 "${tessera[@]}" bench comm --device cuda --json
   step bench-conv-nocomm-bf16 30 "${tessera[@]}" bench conv --device cuda --dtype bf16 --no-comm --json
+  # Nsight Compute on one forward and one backward launch of each neighborhood-attention family
+  # (k 7, bf16, 256^2, 4 heads, D 64): speed of light, occupancy, the memory chart, warp stalls.
+  ncu_path=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+  if [ -n "$ncu_path" ]; then
+    for family in fused mma; do
+      step "ncu-na-$family" 45 env TESSERA_NA_CUDA_KERNEL=$family "$ncu_path" --clock-control none \
+        --kernel-name 'regex:(fused|mma)_(forward|backward_query|backward_key)' --launch-skip 1 \
+        --launch-count 9 --section SpeedOfLight --section Occupancy --section LaunchStats \
+        --section MemoryWorkloadAnalysis --section WarpStateStats --section ComputeWorkloadAnalysis \
+        env LD_LIBRARY_PATH="$our_ld" "$build/apps/tessera" bench na --device cuda --dtype bf16 \
+        --ranks 1 --kernel 7 --reference-size 0 --iterations 2
+    done
+  fi
   stage_end=0
   if [ -z "$failed_steps" ]; then record bench pass $((SECONDS - start)) "figures in bench-*.json"
   else record bench fail $((SECONDS - start)) "failed or cut:$failed_steps"; fi
