@@ -278,10 +278,10 @@ if want bench; then
   }
   # In order of what the acceptance needs most, so that a short deadline drops the least.
   step ceilings 40 "$python" "$root/scripts/gpu_ceilings.py"
-  step bench-na-bf16 60 "${tessera[@]}" bench na --device cuda --dtype bf16 --ranks 1,4 \
-    --kernel 7,13,31 --reference-size 0 --json
   step bench-na-mma-bf16 60 env TESSERA_NA_CUDA_KERNEL=mma "${tessera[@]}" bench na \
     --device cuda --dtype bf16 --ranks 1,4 --kernel 7,13,31 --reference-size 0 --json
+  step bench-na-bf16 60 "${tessera[@]}" bench na --device cuda --dtype bf16 --ranks 1,4 \
+    --kernel 7,13,31 --reference-size 0 --json
   step torch-na-bf16 75 "$python" "$root/apps/bench/torch_na_bench.py" --impl flex --dtype bf16 \
     --kernel 7,13,31 --json
   for dtype in bf16 f32; do
@@ -297,6 +297,7 @@ if want bench; then
   if [ -n "$ncu_path" ]; then
     for family in fused mma; do
       step "ncu-na-$family" 45 env TESSERA_NA_CUDA_KERNEL=$family "$ncu_path" --clock-control none \
+        --log-file "$logs/ncu-na-$family.txt" \
         --kernel-name 'regex:(fused|mma)_(forward|backward_query|backward_key)' --launch-skip 1 \
         --launch-count 9 --section SpeedOfLight --section Occupancy --section LaunchStats \
         --section MemoryWorkloadAnalysis --section WarpStateStats --section ComputeWorkloadAnalysis \

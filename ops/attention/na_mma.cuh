@@ -88,28 +88,103 @@ __device__ __forceinline__ void split_flat(int64_t flat, int64_t e0, int64_t e1,
   out[0] = flat / e1;
 }
 
-/// Whether the window [first, end) per axis holds key `at` (global coordinates; with `dilated`,
-/// only keys of the window's dilation group, `dilation` per axis).
+/// The call's window attributes as 32-bit values (global extents stay below 2^30 on this path),
+/// for the masks and the bias.
+struct Windows {
+  int kernel[3], dilation[3];
+  bool dilated;  ///< any axis with a dilation above 1
+};
+__device__ __forceinline__ Windows windows_of(const NaCall& c) {
+  Windows w;
+  w.dilated = false;
+#pragma unroll
+  for (int a = 0; a < 3; ++a) {
+    w.kernel[a] = static_cast<int>(c.axes[a].kernel);
+    w.dilation[a] = static_cast<int>(c.axes[a].dilation);
+    w.dilated = w.dilated || w.dilation[a] > 1;
+  }
+  return w;
+}
+
+/// A block's tile and the box it streams: the tile's corner among the local queries (a query
+/// tile) or in the key tile (a key tile), and per axis the union [lo, lo + box) of the windows of
+/// the tile's queries (of the inverse windows of its keys: the local queries that may read them);
+/// volume keys (queries) in all.
+struct TileBox {
+  int64_t corner[3], lo[3], box[3], volume;
+};
+
+/// Along axis a, the local queries (keys: the key tile) that tiles cut.
+__device__ __forceinline__ int64_t tiled_extent(const NaCall& c, int a, bool keys) {
+  return keys ? c.axes[a].tile : c.axes[a].queries;
+}
+
+/// Block `block`'s query tile (keys false) or key tile (keys true) and its box.
+__device__ __forceinline__ TileBox tile_box(const NaCall& c, const NaTileShape& tile, int64_t block,
+                                            bool keys) {
+  TileBox t;
+  t.volume = 1;
+  int64_t tiles[3], coords[3];
+#pragma unroll
+  for (int a = 0; a < 3; ++a)
+    tiles[a] = (tiled_extent(c, a, keys) + tile.extent[a] - 1) / tile.extent[a];
+  split_flat(block, tiles[0], tiles[1], tiles[2], coords);
+#pragma unroll
+  for (int a = 0; a < 3; ++a) {
+    t.corner[a] = coords[a] * tile.extent[a];
+    const int64_t offset = keys ? c.axes[a].tile_offset : c.axes[a].query_offset;
+    const int64_t first = offset + t.corner[a], end = offset + tiled_extent(c, a, keys);
+    const int64_t last = first + tile.extent[a] < end ? first + tile.extent[a] : end;
+    int64_t hi;
+    if (keys)
+      na_axis_query_range(c.axes[a], first, last, t.lo[a], hi);
+    else
+      na_axis_key_range(c.axes[a], first, last, t.lo[a], hi);
+    t.box[a] = hi - t.lo[a];
+    t.volume *= t.box[a];
+  }
+  return t;
+}
+
+/// Row r of the block's tile: its global coordinates `at` and its flat position among the local
+/// queries (keys: in the key tile), -1 for a row past them.
+__device__ __forceinline__ long long tile_row(const NaCall& c, const NaTileShape& tile,
+                                              const TileBox& t, int r, bool keys, int64_t at[3]) {
+  int64_t u[3];
+  split_flat(r, tile.extent[0], tile.extent[1], tile.extent[2], u);
+  bool valid = true;
+  long long flat = 0;
+#pragma unroll
+  for (int a = 0; a < 3; ++a) {
+    const int64_t extent = tiled_extent(c, a, keys), local = t.corner[a] + u[a];
+    valid = valid && local < extent;
+    at[a] = (keys ? c.axes[a].tile_offset : c.axes[a].query_offset) + local;
+    flat = flat * extent + local;
+  }
+  return valid ? flat : -1;
+}
+
+/// Whether the window [first, end) per axis holds key `at` (global coordinates; with dilation,
+/// only keys of the window's dilation group).
 __device__ __forceinline__ bool window_holds(const int first[3], const int end[3], const int at[3],
-                                             bool dilated, const int dilation[3]) {
+                                             const Windows& w) {
   bool hit = true;
 #pragma unroll
   for (int a = 0; a < 3; ++a) hit = hit && at[a] >= first[a] && at[a] < end[a];
-  if (dilated) {
+  if (w.dilated) {
 #pragma unroll
-    for (int a = 0; a < 3; ++a) hit = hit && (at[a] - first[a]) % dilation[a] == 0;
+    for (int a = 0; a < 3; ++a) hit = hit && (at[a] - first[a]) % w.dilation[a] == 0;
   }
   return hit;
 }
 
 /// The entry of one head's bias table for query `query` and key `key` of its window:
 /// (k - 1) + (key - query) / dilation per axis, over extents 2k - 1.
-__device__ __forceinline__ int bias_entry(const int query[3], const int key[3], const int kernel[3],
-                                          const int dilation[3]) {
+__device__ __forceinline__ int bias_entry(const int query[3], const int key[3], const Windows& w) {
   int index = 0;
 #pragma unroll
   for (int a = 0; a < 3; ++a)
-    index = index * (2 * kernel[a] - 1) + kernel[a] - 1 + (key[a] - query[a]) / dilation[a];
+    index = index * (2 * w.kernel[a] - 1) + w.kernel[a] - 1 + (key[a] - query[a]) / w.dilation[a];
   return index;
 }
 
@@ -125,6 +200,48 @@ __device__ __forceinline__ bool tile_live(unsigned live, int j) {
 struct Row {
   int first[3], end[3], at[3];
 };
+
+/// The windows of a lane's two query rows of a query tile (tile rows row0 and row0 + 8): empty
+/// for a row outside the piece. Their flat positions among the local queries (-1: outside) go to
+/// `flat`.
+__device__ __forceinline__ void query_rows(const NaCall& c, const NaTileShape& tile,
+                                           const TileBox& t, int row0, Row rows[2],
+                                           long long flat[2]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    int64_t i[3];
+    flat[half] = tile_row(c, tile, t, row0 + 8 * half, false, i);
+#pragma unroll
+    for (int a = 0; a < 3; ++a) {
+      const NaSpan span = na_axis_window(c.axes[a], i[a]);
+      rows[half].first[a] = flat[half] >= 0 ? static_cast<int>(span.first) : 0;
+      rows[half].end[a] = flat[half] >= 0 ? static_cast<int>(span.end()) : 0;
+      rows[half].at[a] = static_cast<int>(i[a]);
+    }
+  }
+}
+
+/// The hit bits of a lane's two query rows against n-tiles [0, kTiles) of a chunk's keys (global
+/// coordinates, -1 past the box): bit 4j + 2 half + e for row half and key 8j + 2 quad + e.
+template <int kTiles>
+__device__ __forceinline__ uint32_t row_hits(const int4* keys, const Row rows[2], int quad,
+                                             const Windows& w) {
+  uint32_t hits = 0;
+  // Not unrolled: the keys' coordinates would stay live in registers through the products.
+#pragma unroll 1
+  for (int j = 0; j < kTiles; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int4 key = keys[8 * j + 2 * quad + e];
+      const int at[3] = {key.x, key.y, key.z};
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        if (window_holds(rows[half].first, rows[half].end, at, w))
+          hits |= 1u << (4 * j + 2 * half + e);
+    }
+  }
+  return hits;
+}
 
 #if !defined(TESSERA_NA_EMULATE)
 __device__ __forceinline__ unsigned shared_address(const void* pointer) {
@@ -181,5 +298,43 @@ __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 #endif
+
+/// Chunk `chunk` (64 keys) of a query tile's key box `t` for (batch b, head h): K and V rows
+/// into ks and vs (leading dimension ld; cp.async, zeros past the box) and the keys' global
+/// coordinates into `keys` (-1 past the box), each thread of the block taking its share.
+template <typename T, int D>
+__device__ __forceinline__ void load_key_chunk(const NaCall& c, const TileBox& t, int64_t b,
+                                               int64_t h, int64_t chunk, const T* k, const T* v,
+                                               T* ks, T* vs, int4* keys, int ld) {
+  constexpr int kVector = 8, kRowVectors = D / kVector;
+  const int tid = threadIdx.x;
+  const int64_t first_key = chunk * 64;
+  for (int index = tid; index < 64 * kRowVectors; index += kMmaWarps * kWarp) {
+    const int row = index / kRowVectors, col = index % kRowVectors * kVector;
+    const bool valid = first_key + row < t.volume;
+    int64_t at = 0;
+    if (valid) {
+      int64_t j[3];
+      split_flat(first_key + row, t.box[0], t.box[1], t.box[2], j);
+      int64_t position = 0;
+#pragma unroll
+      for (int a = 0; a < 3; ++a)
+        position = position * c.axes[a].tile + (t.lo[a] + j[a] - c.axes[a].tile_offset);
+      at = (b * c.tile_count() + position) * c.heads * c.dim + h * c.dim + col;
+    }
+    copy_async(ks + row * ld + col, k + at, valid);
+    copy_async(vs + row * ld + col, v + at, valid);
+  }
+  if (tid < 64) {
+    int4 key = make_int4(-1, -1, -1, 0);
+    if (first_key + tid < t.volume) {
+      int64_t j[3];
+      split_flat(first_key + tid, t.box[0], t.box[1], t.box[2], j);
+      key = make_int4(static_cast<int>(t.lo[0] + j[0]), static_cast<int>(t.lo[1] + j[1]),
+                      static_cast<int>(t.lo[2] + j[2]), 0);
+    }
+    keys[tid] = key;
+  }
+}
 
 }  // namespace tessera::ops::kernels::mma_detail

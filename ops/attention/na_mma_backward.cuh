@@ -144,71 +144,26 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
   const int tid = threadIdx.x, warp = tid / kWarp, lane = tid % kWarp;
   const int group = lane / 4, quad = lane % 4;
   const int64_t h = blockIdx.y % c.heads, b = blockIdx.y / c.heads;
-  const int64_t token_stride = c.heads * c.dim;
 
-  // The tile's corner and key box, as in the forward.
-  int64_t corner[3], lo[3], box[3], volume = 1;
-  {
-    int64_t tiles[3], coords[3];
-#pragma unroll
-    for (int a = 0; a < 3; ++a)
-      tiles[a] = (c.axes[a].queries + tile.extent[a] - 1) / tile.extent[a];
-    split_flat(blockIdx.x, tiles[0], tiles[1], tiles[2], coords);
-#pragma unroll
-    for (int a = 0; a < 3; ++a) {
-      corner[a] = coords[a] * tile.extent[a];
-      const int64_t first = c.axes[a].query_offset + corner[a];
-      const int64_t end_local = c.axes[a].query_offset + c.axes[a].queries;
-      const int64_t last = first + tile.extent[a] < end_local ? first + tile.extent[a] : end_local;
-      int64_t hi;
-      na_axis_key_range(c.axes[a], first, last, lo[a], hi);
-      box[a] = hi - lo[a];
-      volume *= box[a];
-    }
-  }
-  // Tile row r: its query's global coordinates and local flat position (-1: outside the piece).
-  auto tile_row = [&](int r, int64_t i[3]) -> long long {
-    int64_t t[3];
-    split_flat(r, tile.extent[0], tile.extent[1], tile.extent[2], t);
-    bool valid = true;
-    long long flat = 0;
-#pragma unroll
-    for (int a = 0; a < 3; ++a) {
-      valid = valid && corner[a] + t[a] < c.axes[a].queries;
-      i[a] = c.axes[a].query_offset + corner[a] + t[a];
-      flat = flat * c.axes[a].queries + corner[a] + t[a];
-    }
-    return valid ? flat : -1;
-  };
+  // The tile and its key box, as in the forward; this lane's rows, their lse and delta'.
+  const TileBox t = tile_box(c, tile, blockIdx.x, false);
   if (tid < 64) {
     int64_t i[3];
-    q_flat[tid] = tile_row(tid, i);
+    q_flat[tid] = tile_row(c, tile, t, tid, false, i);
   }
-  // This lane's rows (warp * 16 + group and 8 further): windows, coordinates, lse and delta'.
   Row rows[2];
+  long long row_flat[2];
+  query_rows(c, tile, t, warp * 16 + group, rows, row_flat);
   float lse2[2], delta[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    int64_t i[3];
-    const long long flat = tile_row(warp * 16 + group + 8 * half, i);
-#pragma unroll
-    for (int a = 0; a < 3; ++a) {
-      const NaSpan w = na_axis_window(c.axes[a], i[a]);
-      rows[half].first[a] = flat >= 0 ? static_cast<int>(w.first) : 0;
-      rows[half].end[a] = flat >= 0 ? static_cast<int>(w.end()) : 0;
-      rows[half].at[a] = static_cast<int>(i[a]);
-    }
-    const int64_t stat = (b * c.query_count() + (flat >= 0 ? flat : 0)) * c.heads + h;
-    lse2[half] = flat >= 0 ? g.lse[stat] * kLog2e : 0.0f;
-    delta[half] = flat >= 0 ? g.delta[stat] : 0.0f;
+    const int64_t stat =
+        (b * c.query_count() + (row_flat[half] >= 0 ? row_flat[half] : 0)) * c.heads + h;
+    lse2[half] = row_flat[half] >= 0 ? g.lse[stat] * kLog2e : 0.0f;
+    delta[half] = row_flat[half] >= 0 ? g.delta[stat] : 0.0f;
   }
-  const bool dilated = c.axes[0].dilation > 1 || c.axes[1].dilation > 1 || c.axes[2].dilation > 1;
-  const int dilation[3] = {static_cast<int>(c.axes[0].dilation),
-                           static_cast<int>(c.axes[1].dilation),
-                           static_cast<int>(c.axes[2].dilation)};
+  const Windows w = windows_of(c);
   const T* rpb_head = kBias ? g.rpb + h * c.rpb_count() : nullptr;  // kBias: c.has_rpb
-  const int kernel[3] = {static_cast<int>(c.axes[0].kernel), static_cast<int>(c.axes[1].kernel),
-                         static_cast<int>(c.axes[2].kernel)};
   const float scale = static_cast<float>(c.scale), scale_log2 = scale * kLog2e;
   __syncthreads();  // q_flat
 
@@ -221,40 +176,13 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
     copy_async(qs + r * ld + col, g.q + at, valid);
     copy_async(gs + r * ld + col, g.go + at, valid);
   }
-  // Chunk `chunk` of the key box into `stage`: K, V and the keys' coordinates (-1 past the box).
+  // Chunk `chunk` of the key box into `stage`: K, V and the keys' coordinates.
   auto load_chunk = [&](int64_t chunk, int stage) {
-    const int64_t first_key = chunk * 64;
-    T* ks = L::template streamed<T>(smem, stage, 0);
-    T* vs = L::template streamed<T>(smem, stage, 1);
-    for (int index = tid; index < 64 * kRowVectors; index += kMmaWarps * kWarp) {
-      const int row = index / kRowVectors, col = index % kRowVectors * kVector;
-      const bool valid = first_key + row < volume;
-      int64_t at = 0;
-      if (valid) {
-        int64_t j[3];
-        split_flat(first_key + row, box[0], box[1], box[2], j);
-        int64_t position = 0;
-#pragma unroll
-        for (int a = 0; a < 3; ++a)
-          position = position * c.axes[a].tile + (lo[a] + j[a] - c.axes[a].tile_offset);
-        at = (b * c.tile_count() + position) * token_stride + h * c.dim + col;
-      }
-      copy_async(ks + row * ld + col, g.k + at, valid);
-      copy_async(vs + row * ld + col, g.v + at, valid);
-    }
-    if (tid < 64) {
-      int4* keys = reinterpret_cast<int4*>(L::info(smem, stage));
-      int4 key = make_int4(-1, -1, -1, 0);
-      if (first_key + tid < volume) {
-        int64_t j[3];
-        split_flat(first_key + tid, box[0], box[1], box[2], j);
-        key = make_int4(static_cast<int>(lo[0] + j[0]), static_cast<int>(lo[1] + j[1]),
-                        static_cast<int>(lo[2] + j[2]), 0);
-      }
-      keys[tid] = key;
-    }
+    load_key_chunk<T, D>(c, t, b, h, chunk, g.k, g.v, L::template streamed<T>(smem, stage, 0),
+                         L::template streamed<T>(smem, stage, 1),
+                         reinterpret_cast<int4*>(L::info(smem, stage)), ld);
   };
-  const int64_t chunks = (volume + 63) / 64;
+  const int64_t chunks = (t.volume + 63) / 64;
   if (chunks > 0) load_chunk(0, 0);
   commit_async();
 
@@ -278,19 +206,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
       const int4* keys = reinterpret_cast<const int4*>(L::info(smem, stage)) + pass * kPass;
       // The mask first (bit 4j + 2 half + e: row group + 8 half, key 8j + 2 quad + e), so that
       // n-tiles no row of the warp reads cost no mma.
-      uint32_t hits = 0;
-#pragma unroll
-      for (int j = 0; j < kPass / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int4 key = keys[8 * j + 2 * quad + e];
-          const int at[3] = {key.x, key.y, key.z};
-#pragma unroll
-          for (int half = 0; half < 2; ++half)
-            if (window_holds(rows[half].first, rows[half].end, at, dilated, dilation))
-              hits |= 1u << (4 * j + 2 * half + e);
-        }
-      }
+      const uint32_t hits = row_hits<kPass / 8>(keys, rows, quad, w);
       const unsigned live = __reduce_or_sync(0xffffffffu, hits);
       float s[kPass / 8][4], dp[kPass / 8][4];
       warp_scores<T, D, kPass>(s, qs + warp * 16 * ld, ks, ld, lane, live);   // S = Q K^T
@@ -308,7 +224,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
               if constexpr (kBias) {
                 const int4 key = keys[8 * j + 2 * quad + e];
                 const int at[3] = {key.x, key.y, key.z};
-                x += widen(rpb_head[bias_entry(rows[half].at, at, kernel, dilation)]) * kLog2e;
+                x += widen(rpb_head[bias_entry(rows[half].at, at, w)]) * kLog2e;
               }
               ds = exp2f(x - lse2[half]) * (dp[j][2 * half + e] - delta[half]);
             }
@@ -354,59 +270,23 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
   const int64_t h = blockIdx.y % c.heads, b = blockIdx.y / c.heads;
   const int64_t token_stride = c.heads * c.dim;
 
-  // The key tile's corner in the tile, and the box of local queries that may read its keys.
-  int64_t corner[3], lo[3], box[3], volume = 1;
-  {
-    int64_t tiles[3], coords[3];
-#pragma unroll
-    for (int a = 0; a < 3; ++a) tiles[a] = (c.axes[a].tile + tile.extent[a] - 1) / tile.extent[a];
-    split_flat(blockIdx.x, tiles[0], tiles[1], tiles[2], coords);
-#pragma unroll
-    for (int a = 0; a < 3; ++a) {
-      corner[a] = coords[a] * tile.extent[a];
-      const int64_t first = c.axes[a].tile_offset + corner[a];
-      const int64_t end_tile = c.axes[a].tile_offset + c.axes[a].tile;
-      const int64_t last = first + tile.extent[a] < end_tile ? first + tile.extent[a] : end_tile;
-      int64_t hi;
-      na_axis_query_range(c.axes[a], first, last, lo[a], hi);
-      box[a] = hi - lo[a];
-      volume *= box[a];
-    }
-  }
-  // Tile row r: its key's global coordinates and flat position in the tile (-1: past the tile).
-  auto tile_row = [&](int r, int64_t j[3]) -> long long {
-    int64_t t[3];
-    split_flat(r, tile.extent[0], tile.extent[1], tile.extent[2], t);
-    bool valid = true;
-    long long flat = 0;
-#pragma unroll
-    for (int a = 0; a < 3; ++a) {
-      valid = valid && corner[a] + t[a] < c.axes[a].tile;
-      j[a] = c.axes[a].tile_offset + corner[a] + t[a];
-      flat = flat * c.axes[a].tile + corner[a] + t[a];
-    }
-    return valid ? flat : -1;
-  };
+  // The key tile and the box of local queries that may read its keys; this lane's key rows
+  // (global coordinates, -1 past the tile: no window holds them).
+  const TileBox t = tile_box(c, tile, blockIdx.x, true);
   if (tid < 64) {
     int64_t j[3];
-    key_flat[tid] = tile_row(tid, j);
+    key_flat[tid] = tile_row(c, tile, t, tid, true, j);
   }
-  // This lane's key rows: global coordinates (-1 past the tile: no window holds them).
   int key_at[2][3];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     int64_t j[3];
-    const long long flat = tile_row(warp * 16 + group + 8 * half, j);
+    const long long flat = tile_row(c, tile, t, warp * 16 + group + 8 * half, true, j);
 #pragma unroll
     for (int a = 0; a < 3; ++a) key_at[half][a] = flat >= 0 ? static_cast<int>(j[a]) : -1;
   }
-  const bool dilated = c.axes[0].dilation > 1 || c.axes[1].dilation > 1 || c.axes[2].dilation > 1;
-  const int dilation[3] = {static_cast<int>(c.axes[0].dilation),
-                           static_cast<int>(c.axes[1].dilation),
-                           static_cast<int>(c.axes[2].dilation)};
+  const Windows w = windows_of(c);
   const T* rpb_head = kBias ? g.rpb + h * c.rpb_count() : nullptr;  // kBias: c.has_rpb
-  const int kernel[3] = {static_cast<int>(c.axes[0].kernel), static_cast<int>(c.axes[1].kernel),
-                         static_cast<int>(c.axes[2].kernel)};
   const float scale = static_cast<float>(c.scale), scale_log2 = scale * kLog2e;
   __syncthreads();  // key_flat
 
@@ -427,18 +307,18 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
     // The local flat position of box query n (all of the box is inside the piece).
     auto flat_of = [&](int64_t n, int64_t i[3]) {
       int64_t u[3];
-      split_flat(n, box[0], box[1], box[2], u);
+      split_flat(n, t.box[0], t.box[1], t.box[2], u);
       long long flat = 0;
 #pragma unroll
       for (int a = 0; a < 3; ++a) {
-        i[a] = lo[a] + u[a];
+        i[a] = t.lo[a] + u[a];
         flat = flat * c.axes[a].queries + (i[a] - c.axes[a].query_offset);
       }
       return flat;
     };
     for (int index = tid; index < 64 * kRowVectors; index += kMmaWarps * kWarp) {
       const int row = index / kRowVectors, col = index % kRowVectors * kVector;
-      const bool valid = first_query + row < volume;
+      const bool valid = first_query + row < t.volume;
       int64_t at = 0;
       if (valid) {
         int64_t i[3];
@@ -449,7 +329,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
     }
     if (tid < 64) {
       QueryInfo info{};
-      if (first_query + tid < volume) {
+      if (first_query + tid < t.volume) {
         int64_t i[3];
         const long long flat = flat_of(first_query + tid, i);
 #pragma unroll
@@ -466,7 +346,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
       reinterpret_cast<QueryInfo*>(L::info(smem, stage))[tid] = info;
     }
   };
-  const int64_t chunks = (volume + 63) / 64;
+  const int64_t chunks = (t.volume + 63) / 64;
   if (chunks > 0) load_chunk(0, 0);
   commit_async();
 
@@ -499,7 +379,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
           const QueryInfo& info = infos[pass * kPass + 8 * j + 2 * quad + e];
 #pragma unroll
           for (int half = 0; half < 2; ++half)
-            if (window_holds(info.first, info.end, key_at[half], dilated, dilation))
+            if (window_holds(info.first, info.end, key_at[half], w))
               hits |= 1u << (4 * j + 2 * half + e);
         }
       }
@@ -520,7 +400,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
               const QueryInfo& info = infos[pass * kPass + 8 * j + 2 * quad + e];
               float x = s[j][2 * half + e] * scale_log2;
               if constexpr (kBias)
-                x += widen(rpb_head[bias_entry(info.at, key_at[half], kernel, dilation)]) * kLog2e;
+                x += widen(rpb_head[bias_entry(info.at, key_at[half], w)]) * kLog2e;
               p = exp2f(x - info.lse2);
               ds = p * (dp[j][2 * half + e] - info.delta);
             }

@@ -23,69 +23,18 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
   const int tid = threadIdx.x, warp = tid / kWarp, lane = tid % kWarp;
   const int group = lane / 4, quad = lane % 4;  // the mma fragments' row group and column pair
   const int64_t h = blockIdx.y % c.heads, b = blockIdx.y / c.heads;
-  const int64_t token_stride = c.heads * c.dim;
 
-  // The tile's corner, and its key box: per axis the union [lo, lo + box) of its windows.
-  int64_t corner[3], lo[3], box[3], volume = 1;
-  {
-    int64_t tiles[3], coords[3];
-#pragma unroll
-    for (int a = 0; a < 3; ++a)
-      tiles[a] = (c.axes[a].queries + tile.extent[a] - 1) / tile.extent[a];
-    split_flat(blockIdx.x, tiles[0], tiles[1], tiles[2], coords);
-#pragma unroll
-    for (int a = 0; a < 3; ++a) {
-      corner[a] = coords[a] * tile.extent[a];
-      const int64_t first = c.axes[a].query_offset + corner[a];
-      const int64_t end_local = c.axes[a].query_offset + c.axes[a].queries;
-      const int64_t last = first + tile.extent[a] < end_local ? first + tile.extent[a] : end_local;
-      int64_t hi;
-      na_axis_key_range(c.axes[a], first, last, lo[a], hi);
-      box[a] = hi - lo[a];
-      volume *= box[a];
-    }
-  }
-  // Tile row r (0..63): its query's local offsets per axis, and whether it is inside the piece.
-  auto tile_row = [&](int r, int64_t i[3]) {
-    int64_t t[3];
-    split_flat(r, tile.extent[0], tile.extent[1], tile.extent[2], t);
-    bool valid = true;
-#pragma unroll
-    for (int a = 0; a < 3; ++a) {
-      valid = valid && corner[a] + t[a] < c.axes[a].queries;
-      i[a] = c.axes[a].query_offset + corner[a] + t[a];
-    }
-    return valid;
-  };
+  // The tile and its key box (the union of its queries' windows); this lane's two query rows.
+  const TileBox t = tile_box(c, tile, blockIdx.x, false);
   if (tid < kFusedQueries) {
     int64_t i[3];
-    const bool valid = tile_row(tid, i);
-    long long flat = 0;
-#pragma unroll
-    for (int a = 0; a < 3; ++a) flat = flat * c.axes[a].queries + (i[a] - c.axes[a].query_offset);
-    q_flat[tid] = valid ? flat : -1;
+    q_flat[tid] = tile_row(c, tile, t, tid, false, i);
   }
-  // This lane's two rows: warp * 16 + group and 8 rows further.
   Row rows[2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    int64_t i[3];
-    const bool valid = tile_row(warp * 16 + group + 8 * half, i);
-#pragma unroll
-    for (int a = 0; a < 3; ++a) {
-      const NaSpan w = na_axis_window(c.axes[a], i[a]);
-      rows[half].first[a] = valid ? static_cast<int>(w.first) : 0;
-      rows[half].end[a] = valid ? static_cast<int>(w.end()) : 0;
-      rows[half].at[a] = static_cast<int>(i[a]);
-    }
-  }
-  const bool dilated = c.axes[0].dilation > 1 || c.axes[1].dilation > 1 || c.axes[2].dilation > 1;
-  const int dilation[3] = {static_cast<int>(c.axes[0].dilation),
-                           static_cast<int>(c.axes[1].dilation),
-                           static_cast<int>(c.axes[2].dilation)};
+  long long row_flat[2];
+  query_rows(c, tile, t, warp * 16 + group, rows, row_flat);
+  const Windows w = windows_of(c);
   const T* rpb_head = kBias ? rpb + h * c.rpb_count() : nullptr;  // kBias: c.has_rpb
-  const int kernel[3] = {static_cast<int>(c.axes[0].kernel), static_cast<int>(c.axes[1].kernel),
-                         static_cast<int>(c.axes[2].kernel)};
   const float scale_log2 = static_cast<float>(c.scale) * kLog2e;
   __syncthreads();  // q_flat
 
@@ -97,43 +46,15 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
         valid ? q + ((b * c.query_count() + q_flat[r]) * c.heads + h) * c.dim + col : q;
     copy_async(qs + r * L::ld + col, source, valid);
   }
-
-  // Chunk `chunk` of the box (keys chunk * 64 ..) into stage `stage`: K and V rows (zeros past the
-  // box) and the keys' coordinates.
+  // Chunk `chunk` of the key box (keys chunk * 64 ..) into stage `stage`.
   auto load_chunk = [&](int64_t chunk, int stage) {
-    const int64_t first_key = chunk * kMmaKeys;
-    T* ks = reinterpret_cast<T*>(smem + L::k_at + stage * L::kv_bytes);
-    T* vs = reinterpret_cast<T*>(smem + L::v_at + stage * L::kv_bytes);
-    for (int index = tid; index < kMmaKeys * kRowVectors; index += kMmaWarps * kWarp) {
-      const int row = index / kRowVectors, col = index % kRowVectors * kVector;
-      const bool valid = first_key + row < volume;
-      int64_t at = 0;
-      if (valid) {
-        int64_t j[3];
-        split_flat(first_key + row, box[0], box[1], box[2], j);
-        int64_t position = 0;
-#pragma unroll
-        for (int a = 0; a < 3; ++a)
-          position = position * c.axes[a].tile + (lo[a] + j[a] - c.axes[a].tile_offset);
-        at = (b * c.tile_count() + position) * token_stride + h * c.dim + col;
-      }
-      copy_async(ks + row * L::ld + col, k + at, valid);
-      copy_async(vs + row * L::ld + col, v + at, valid);
-    }
-    if (tid < kMmaKeys) {
-      int4* keys = reinterpret_cast<int4*>(smem + L::key_at + stage * L::key_bytes);
-      int4 key = make_int4(-1, -1, -1, 0);
-      if (first_key + tid < volume) {
-        int64_t j[3];
-        split_flat(first_key + tid, box[0], box[1], box[2], j);
-        key = make_int4(static_cast<int>(lo[0] + j[0]), static_cast<int>(lo[1] + j[1]),
-                        static_cast<int>(lo[2] + j[2]), 0);
-      }
-      keys[tid] = key;
-    }
+    load_key_chunk<T, D>(c, t, b, h, chunk, k, v,
+                         reinterpret_cast<T*>(smem + L::k_at + stage * L::kv_bytes),
+                         reinterpret_cast<T*>(smem + L::v_at + stage * L::kv_bytes),
+                         reinterpret_cast<int4*>(smem + L::key_at + stage * L::key_bytes), L::ld);
   };
 
-  const int64_t chunks = (volume + kMmaKeys - 1) / kMmaKeys;
+  const int64_t chunks = (t.volume + kMmaKeys - 1) / kMmaKeys;
   if (chunks > 0) load_chunk(0, 0);
   commit_async();
 
@@ -168,19 +89,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
     // The mask first: bit 4j + 2 half + e of `hits` says whether the window of row group + 8 half
     // holds key 8j + 2 quad + e. An n-tile of 8 keys that no row of the warp reads (a key box
     // row far from the warp's queries, a chunk's end) costs no mma: `live` is the warp's union.
-    uint32_t hits = 0;
-#pragma unroll 1
-    for (int j = 0; j < kMmaKeys / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int4 key = keys[8 * j + 2 * quad + e];
-        const int at[3] = {key.x, key.y, key.z};
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-          if (window_holds(rows[half].first, rows[half].end, at, dilated, dilation))
-            hits |= 1u << (4 * j + 2 * half + e);
-      }
-    }
+    const uint32_t hits = row_hits<kMmaKeys / 8>(keys, rows, quad, w);
     const unsigned live = __reduce_or_sync(0xffffffffu, hits);
 
     // S = Q K^T: n-tile j holds keys 8j..8j+7; B fragments of two k-steps per ldmatrix.x4
@@ -214,7 +123,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
             if constexpr (kBias) {
               const int4 key = keys[8 * j + 2 * quad + e];
               const int at[3] = {key.x, key.y, key.z};
-              x += widen(rpb_head[bias_entry(rows[half].at, at, kernel, dilation)]) * kLog2e;
+              x += widen(rpb_head[bias_entry(rows[half].at, at, w)]) * kLog2e;
             }
           }
           s[j][2 * half + e] = x;
