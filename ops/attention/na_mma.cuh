@@ -299,6 +299,39 @@ __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0
 }
 #endif
 
+/// 64 rows of D elements into shared tiles (leading dimension ld) with cp.async, each thread of
+/// the block taking its share: row r of `a` (and of `b` when given) from source + at(r) (element
+/// offsets of the row's start), zeros where at(r) < 0.
+template <typename T, int D, typename At>
+__device__ __forceinline__ void load_rows(T* a, const T* a_source, T* b, const T* b_source, int ld,
+                                          At&& at) {
+  constexpr int kVector = 8, kRowVectors = D / kVector;
+  for (int index = threadIdx.x; index < 64 * kRowVectors; index += kMmaWarps * kWarp) {
+    const int row = index / kRowVectors, col = index % kRowVectors * kVector;
+    const int64_t start = at(row);
+    const int64_t offset = start >= 0 ? start + col : 0;
+    copy_async(a + row * ld + col, a_source + offset, start >= 0);
+    if (b != nullptr) copy_async(b + row * ld + col, b_source + offset, start >= 0);
+  }
+}
+
+/// One step of a two-stage pipeline over `chunks` chunks: issues chunk + 1 into the other stage
+/// (load(chunk + 1, stage)) when there is one, then waits until chunk `chunk` has landed for the
+/// whole block. Returns chunk's stage.
+template <typename Load>
+__device__ __forceinline__ int next_chunk(int64_t chunk, int64_t chunks, Load&& load) {
+  const int stage = static_cast<int>(chunk % kStages);
+  if (chunk + 1 < chunks) {
+    load(chunk + 1, (stage + 1) % kStages);
+    commit_async();
+    wait_async<1>();
+  } else {
+    wait_async<0>();
+  }
+  __syncthreads();
+  return stage;
+}
+
 /// Chunk `chunk` (64 keys) of a query tile's key box `t` for (batch b, head h): K and V rows
 /// into ks and vs (leading dimension ld; cp.async, zeros past the box) and the keys' global
 /// coordinates into `keys` (-1 past the box), each thread of the block taking its share.
@@ -306,25 +339,18 @@ template <typename T, int D>
 __device__ __forceinline__ void load_key_chunk(const NaCall& c, const TileBox& t, int64_t b,
                                                int64_t h, int64_t chunk, const T* k, const T* v,
                                                T* ks, T* vs, int4* keys, int ld) {
-  constexpr int kVector = 8, kRowVectors = D / kVector;
   const int tid = threadIdx.x;
   const int64_t first_key = chunk * 64;
-  for (int index = tid; index < 64 * kRowVectors; index += kMmaWarps * kWarp) {
-    const int row = index / kRowVectors, col = index % kRowVectors * kVector;
-    const bool valid = first_key + row < t.volume;
-    int64_t at = 0;
-    if (valid) {
-      int64_t j[3];
-      split_flat(first_key + row, t.box[0], t.box[1], t.box[2], j);
-      int64_t position = 0;
+  load_rows<T, D>(ks, k, vs, v, ld, [&](int row) -> int64_t {
+    if (first_key + row >= t.volume) return -1;
+    int64_t j[3];
+    split_flat(first_key + row, t.box[0], t.box[1], t.box[2], j);
+    int64_t position = 0;
 #pragma unroll
-      for (int a = 0; a < 3; ++a)
-        position = position * c.axes[a].tile + (t.lo[a] + j[a] - c.axes[a].tile_offset);
-      at = (b * c.tile_count() + position) * c.heads * c.dim + h * c.dim + col;
-    }
-    copy_async(ks + row * ld + col, k + at, valid);
-    copy_async(vs + row * ld + col, v + at, valid);
-  }
+    for (int a = 0; a < 3; ++a)
+      position = position * c.axes[a].tile + (t.lo[a] + j[a] - c.axes[a].tile_offset);
+    return ((b * c.tile_count() + position) * c.heads + h) * c.dim;
+  });
   if (tid < 64) {
     int4 key = make_int4(-1, -1, -1, 0);
     if (first_key + tid < t.volume) {

@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
     mma_backward_query(NaCall c, NaTileShape tile, MmaBackward<T> g) {
 #if TESSERA_NA_MMA
   using L = MmaBackwardLayout<D>;
-  constexpr int kVector = 8, kRowVectors = D / kVector, ld = L::ld;
+  constexpr int ld = L::ld;
   // Keys per pass over a chunk: fewer for D = 128, whose accumulator takes 64 registers.
   constexpr int kPass = D == 128 ? 32 : 64;
   TESSERA_NA_DYNAMIC_SHARED(smem);
@@ -168,14 +168,9 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
   __syncthreads();  // q_flat
 
   // Q and dO of the tile (zero rows outside the piece).
-  for (int index = tid; index < 64 * kRowVectors; index += kMmaWarps * kWarp) {
-    const int r = index / kRowVectors, col = index % kRowVectors * kVector;
-    const bool valid = q_flat[r] >= 0;
-    const int64_t at =
-        valid ? ((b * c.query_count() + q_flat[r]) * c.heads + h) * c.dim + col : int64_t{0};
-    copy_async(qs + r * ld + col, g.q + at, valid);
-    copy_async(gs + r * ld + col, g.go + at, valid);
-  }
+  load_rows<T, D>(qs, g.q, gs, g.go, ld, [&](int r) -> int64_t {
+    return q_flat[r] >= 0 ? ((b * c.query_count() + q_flat[r]) * c.heads + h) * c.dim : -1;
+  });
   // Chunk `chunk` of the key box into `stage`: K, V and the keys' coordinates.
   auto load_chunk = [&](int64_t chunk, int stage) {
     load_key_chunk<T, D>(c, t, b, h, chunk, g.k, g.v, L::template streamed<T>(smem, stage, 0),
@@ -190,15 +185,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-    const int stage = static_cast<int>(chunk % kStages);
-    if (chunk + 1 < chunks) {
-      load_chunk(chunk + 1, (stage + 1) % kStages);
-      commit_async();
-      wait_async<1>();
-    } else {
-      wait_async<0>();
-    }
-    __syncthreads();
+    const int stage = next_chunk(chunk, chunks, load_chunk);
 #pragma unroll
     for (int pass = 0; pass < 64 / kPass; ++pass) {
       const T* ks = L::template streamed<T>(smem, stage, 0) + pass * kPass * ld;
@@ -257,7 +244,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
     mma_backward_key(NaCall c, NaTileShape tile, MmaBackward<T> g) {
 #if TESSERA_NA_MMA
   using L = MmaBackwardLayout<D>;
-  constexpr int kVector = 8, kRowVectors = D / kVector, ld = L::ld;
+  constexpr int ld = L::ld;
   // Query columns per pass over a chunk: fewer for D = 128, whose two accumulators take 128
   // registers (more spill).
   constexpr int kPass = D == 128 ? 16 : D == 64 ? 32 : 64;
@@ -291,14 +278,9 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
   __syncthreads();  // key_flat
 
   // K and V of the tile (zero rows past it).
-  for (int index = tid; index < 64 * kRowVectors; index += kMmaWarps * kWarp) {
-    const int r = index / kRowVectors, col = index % kRowVectors * kVector;
-    const bool valid = key_flat[r] >= 0;
-    const int64_t at =
-        valid ? (b * c.tile_count() + key_flat[r]) * token_stride + h * c.dim + col : int64_t{0};
-    copy_async(ks + r * ld + col, g.k + at, valid);
-    copy_async(vs + r * ld + col, g.v + at, valid);
-  }
+  load_rows<T, D>(ks, g.k, vs, g.v, ld, [&](int r) -> int64_t {
+    return key_flat[r] >= 0 ? ((b * c.tile_count() + key_flat[r]) * c.heads + h) * c.dim : -1;
+  });
   // Chunk `chunk` of the query box into `stage`: Q, dO and each query's QueryInfo.
   auto load_chunk = [&](int64_t chunk, int stage) {
     const int64_t first_query = chunk * 64;
@@ -316,17 +298,11 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
       }
       return flat;
     };
-    for (int index = tid; index < 64 * kRowVectors; index += kMmaWarps * kWarp) {
-      const int row = index / kRowVectors, col = index % kRowVectors * kVector;
-      const bool valid = first_query + row < t.volume;
-      int64_t at = 0;
-      if (valid) {
-        int64_t i[3];
-        at = ((b * c.query_count() + flat_of(first_query + row, i)) * c.heads + h) * c.dim + col;
-      }
-      copy_async(qs + row * ld + col, g.q + at, valid);
-      copy_async(gs + row * ld + col, g.go + at, valid);
-    }
+    load_rows<T, D>(qs, g.q, gs, g.go, ld, [&](int row) -> int64_t {
+      if (first_query + row >= t.volume) return -1;
+      int64_t i[3];
+      return ((b * c.query_count() + flat_of(first_query + row, i)) * c.heads + h) * c.dim;
+    });
     if (tid < 64) {
       QueryInfo info{};
       if (first_query + tid < t.volume) {
@@ -355,15 +331,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
   for (int n = 0; n < D / 8; ++n)
     dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.0f;
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-    const int stage = static_cast<int>(chunk % kStages);
-    if (chunk + 1 < chunks) {
-      load_chunk(chunk + 1, (stage + 1) % kStages);
-      commit_async();
-      wait_async<1>();
-    } else {
-      wait_async<0>();
-    }
-    __syncthreads();
+    const int stage = next_chunk(chunk, chunks, load_chunk);
     const QueryInfo* infos = reinterpret_cast<const QueryInfo*>(L::info(smem, stage));
 #pragma unroll
     for (int pass = 0; pass < 64 / kPass; ++pass) {

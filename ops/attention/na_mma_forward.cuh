@@ -15,8 +15,6 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
                 float* lse) {
 #if TESSERA_NA_MMA
   using L = MmaLayout<D>;
-  constexpr int kVector = 8;  // elements per 16-byte copy
-  constexpr int kRowVectors = D / kVector;
   TESSERA_NA_DYNAMIC_SHARED(smem);
   T* qs = reinterpret_cast<T*>(smem);
   long long* q_flat = reinterpret_cast<long long*>(smem + L::flat_at);
@@ -39,13 +37,9 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
   __syncthreads();  // q_flat
 
   // The Q tile (zero rows outside the piece): the first group of copies.
-  for (int index = tid; index < kFusedQueries * kRowVectors; index += kMmaWarps * kWarp) {
-    const int r = index / kRowVectors, col = index % kRowVectors * kVector;
-    const bool valid = q_flat[r] >= 0;
-    const T* source =
-        valid ? q + ((b * c.query_count() + q_flat[r]) * c.heads + h) * c.dim + col : q;
-    copy_async(qs + r * L::ld + col, source, valid);
-  }
+  load_rows<T, D>(qs, q, nullptr, nullptr, L::ld, [&](int r) -> int64_t {
+    return q_flat[r] >= 0 ? ((b * c.query_count() + q_flat[r]) * c.heads + h) * c.dim : -1;
+  });
   // Chunk `chunk` of the key box (keys chunk * 64 ..) into stage `stage`.
   auto load_chunk = [&](int64_t chunk, int stage) {
     load_key_chunk<T, D>(c, t, b, h, chunk, k, v,
@@ -65,15 +59,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
   float row_max[2] = {-kInf, -kInf}, row_sum[2] = {0.0f, 0.0f};  // log2 domain; this lane's sum
 
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-    const int stage = static_cast<int>(chunk % kStages);
-    if (chunk + 1 < chunks) {
-      load_chunk(chunk + 1, (stage + 1) % kStages);
-      commit_async();
-      wait_async<1>();
-    } else {
-      wait_async<0>();
-    }
-    __syncthreads();
+    const int stage = next_chunk(chunk, chunks, load_chunk);
     if (chunk == 0) {
       // A fragment of rows warp*16.., columns 16s..: matrices (rows 0-7 | 8-15) x (cols 0-7 |
       // 8-15).
