@@ -74,61 +74,6 @@ struct MmaBackwardLayout {
   }
 };
 
-#if TESSERA_NA_MMA
-/// s = A B^T for one warp: A the 16 rows at `a` (D elements each, leading dimension ld), B the N
-/// rows at `b`; n-tile j of s holds columns 8j..8j+7 (rows of B), computed only where
-/// tile_live(live, j) (0 elsewhere). A's fragments through ldmatrix
-/// (matrices: rows 0-7 | 8-15 x columns 0-7 | 8-15 of each 16-column step), B's through
-/// ldmatrix of two 16-column steps at once (matrix m: rows 8j + 0..7, columns 32p + 8m ..).
-template <typename T, int D, int N>
-__device__ __forceinline__ void warp_scores(float s[N / 8][4], const T* a, const T* b, int ld,
-                                            int lane, unsigned live) {
-#pragma unroll
-  for (int j = 0; j < N / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-#pragma unroll
-  for (int p = 0; p < D / 32; ++p) {
-    uint32_t a0[4], a1[4];
-    const T* a_row = a + (lane % 8 + 8 * ((lane / 8) % 2)) * ld + 32 * p + 8 * (lane / 16);
-    load_matrices(a0, a_row);
-    load_matrices(a1, a_row + 16);
-#pragma unroll
-    for (int j = 0; j < N / 8; ++j) {
-      if (!tile_live(live, j)) continue;
-      uint32_t bf[4];
-      load_matrices(bf, b + (8 * j + lane % 8) * ld + 32 * p + 8 * (lane / 8));
-      mma(s[j], a0, bf[0], bf[1], T{});
-      mma(s[j], a1, bf[2], bf[3], T{});
-    }
-  }
-}
-
-/// acc += P B for one warp: P (16 x N) the values in s's accumulator layout, rounded to T (an
-/// n-tile pair of accumulators is one 16-column A fragment), B the N rows at `b` (D elements,
-/// leading dimension ld) through ldmatrix.trans (matrix m: rows 16t + 8 (m % 2) + 0..7,
-/// columns 8n + 8 (m / 2) ..). 16-column steps with no live n-tile are skipped (P is 0 there).
-template <typename T, int D, int N>
-__device__ __forceinline__ void warp_accumulate(float acc[D / 8][4], const float s[N / 8][4],
-                                                const T* b, int ld, int lane, unsigned live) {
-#pragma unroll
-  for (int t = 0; t < N / 16; ++t) {
-    if (!tile_live(live, 2 * t) && !tile_live(live, 2 * t + 1)) continue;
-    uint32_t pf[4];
-    pf[0] = pack(s[2 * t][0], s[2 * t][1], T{});
-    pf[1] = pack(s[2 * t][2], s[2 * t][3], T{});
-    pf[2] = pack(s[2 * t + 1][0], s[2 * t + 1][1], T{});
-    pf[3] = pack(s[2 * t + 1][2], s[2 * t + 1][3], T{});
-#pragma unroll
-    for (int n = 0; n < D / 8; n += 2) {
-      uint32_t bf[4];
-      load_matrices_transposed(
-          bf, b + (16 * t + lane % 8 + 8 * ((lane / 8) % 2)) * ld + 8 * n + 8 * (lane / 16));
-      mma(acc[n], pf, bf[0], bf[1], T{});
-      mma(acc[n + 1], pf, bf[2], bf[3], T{});
-    }
-  }
-}
-#endif
-
 template <typename T, int D, bool kBias>
 __global__ void __launch_bounds__(kMmaWarps* kWarp)
     mma_backward_query(NaCall c, NaTileShape tile, MmaBackward<T> g) {

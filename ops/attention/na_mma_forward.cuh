@@ -149,26 +149,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
       }
     }
 
-    // O += P V: k-step t takes keys 16t..16t+15, whose A fragment is S's n-tiles 2t and 2t+1;
-    // V's B fragments for head-dim n-tiles n and n+1 in one ldmatrix.x4.trans (matrix m: keys
-    // 16t + 8 (m % 2) + 0..7, columns 8n + 8 (m / 2) ..).
-#pragma unroll
-    for (int t = 0; t < kMmaKeys / 16; ++t) {
-      if (!tile_live(live, 2 * t) && !tile_live(live, 2 * t + 1)) continue;  // P is 0 there
-      uint32_t pf[4];
-      pf[0] = pack(s[2 * t][0], s[2 * t][1], T{});
-      pf[1] = pack(s[2 * t][2], s[2 * t][3], T{});
-      pf[2] = pack(s[2 * t + 1][0], s[2 * t + 1][1], T{});
-      pf[3] = pack(s[2 * t + 1][2], s[2 * t + 1][3], T{});
-#pragma unroll
-      for (int n = 0; n < D / 8; n += 2) {
-        uint32_t vf[4];
-        load_matrices_transposed(
-            vf, vs + (16 * t + lane % 8 + 8 * ((lane / 8) % 2)) * L::ld + 8 * n + 8 * (lane / 16));
-        mma(acc[n], pf, vf[0], vf[1], T{});
-        mma(acc[n + 1], pf, vf[2], vf[3], T{});
-      }
-    }
+    warp_accumulate<T, D, kMmaKeys>(acc, s, vs, L::ld, lane, live);  // O += P V
     __syncthreads();  // this stage is free for the chunk after next
   }
 

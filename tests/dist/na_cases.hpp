@@ -1,6 +1,8 @@
 // Random sharded neighborhood attention cases (geometry, options, bias, placements and extents)
 // and their run through the tape, shared by the cpu sweep (na_sharded_test.cpp) and the cuda one
-// (tests/gpu/na_gpu_test.cpp).
+// (tests/gpu/na_gpu_test.cpp); and random single-rank kernel calls (a query piece and the key tile
+// its windows read), shared by the cuda kernel tests and the emulated mma kernel tests
+// (tests/unit/na_mma_emulated_test.cpp).
 #pragma once
 
 #include <fmt/format.h>
@@ -8,11 +10,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/autograd.hpp"
+#include "ops/attention/na_cuda_plan.hpp"
+#include "ops/attention/na_reference.hpp"
 #include "ops/ops.hpp"
 #include "tests/dist/harness.hpp"
 #include "tests/dist/shard_cases.hpp"
@@ -166,6 +171,80 @@ inline NaData random_na_data(const NaCase& c, CaseRng& rng) {
   return NaData{random_na_tensor(c.shape, rng), random_na_tensor(c.shape, rng),
                 random_na_tensor(c.shape, rng), random_na_tensor(rpb_shape, rng),
                 random_na_tensor(c.shape, rng), random_na_tensor(lse_shape, rng)};
+}
+
+/// A random single-rank kernel call: 1-d, 2-d or 3-d; odd and even kernels, dilation, causal
+/// axes; a query piece [first, last) per axis (half the time the whole axis) and the key tile
+/// [lo, hi) its windows read; whether a bias fits (no causal axis, odd kernels) and is drawn.
+struct NaKernelCall {
+  ops::NaGeometry geometry;
+  ops::NaPieces pieces;
+  Shape full;  ///< [B, extents.., heads, dim]
+  std::vector<int64_t> query_end, key_end;
+  int64_t heads = 1;
+  bool has_rpb = false;
+
+  /// The call's piece of a full tensor: the query piece (q, go) or the key tile (k, v).
+  Tensor piece(const Tensor& full_tensor, bool keys) const {
+    Tensor t = full_tensor;
+    for (size_t a = 0; a < query_end.size(); ++a) {
+      const int dim = 1 + static_cast<int>(a);
+      t = keys ? t.slice(dim, pieces.key_offset[a], key_end[a])
+               : t.slice(dim, pieces.query_offset[a], query_end[a]);
+    }
+    return t.contiguous();
+  }
+  std::string str(const Tensor& q, const Tensor& k, DType dtype) const {
+    return fmt::format(
+        "q {} (piece at {}) tile {} (at {}) kernel {} dilation {} causal {} rpb {} {}", q.shape(),
+        pieces.query_offset, k.shape(), pieces.key_offset, geometry.kernel, geometry.dilation,
+        geometry.causal, has_rpb, dtype_name(dtype));
+  }
+};
+
+inline NaKernelCall random_na_kernel_call(CaseRng& rng, int64_t dim) {
+  NaKernelCall c;
+  const int spatial = static_cast<int>(rng.uniform(1, 3));
+  const int64_t max_length = spatial == 1 ? 150 : spatial == 2 ? 21 : 9;
+  c.full = Shape{rng.uniform(1, 2)};
+  bool rpb_allowed = true;
+  for (int a = 0; a < spatial; ++a) {
+    const int64_t kernel = rng.uniform(1, spatial == 3 ? 4 : 9);
+    const int64_t dilation = rng.chance(0.6) ? 1 : rng.uniform(2, 3);
+    const int64_t causal = rng.chance(0.25) ? 1 : 0;
+    const int64_t length = std::max(kernel * dilation, rng.uniform(1, max_length));
+    c.full.push_back(length);
+    c.geometry.extent.push_back(length);
+    c.geometry.kernel.push_back(kernel);
+    c.geometry.dilation.push_back(dilation);
+    c.geometry.causal.push_back(causal);
+    rpb_allowed = rpb_allowed && !causal && kernel % 2 == 1;
+  }
+  c.heads = rng.uniform(1, 3);
+  c.full.push_back(c.heads);
+  c.full.push_back(dim);
+  c.geometry.scale = 1.0 / std::sqrt(static_cast<double>(dim));
+  c.has_rpb = rpb_allowed && rng.chance(0.5);
+  for (int a = 0; a < spatial; ++a) {
+    const int64_t length = c.full[1 + a];
+    int64_t first = 0, last = length;
+    if (rng.chance(0.5)) {
+      first = rng.uniform(0, length - 1);
+      last = rng.uniform(first + 1, length);
+    }
+    ops::kernels::NaAxis axis;
+    axis.length = length;
+    axis.kernel = c.geometry.kernel[a];
+    axis.dilation = c.geometry.dilation[a];
+    axis.causal = static_cast<int>(c.geometry.causal[a]);
+    int64_t lo, hi;
+    ops::kernels::na_axis_key_range(axis, first, last, lo, hi);
+    c.pieces.query_offset.push_back(first);
+    c.query_end.push_back(last);
+    c.pieces.key_offset.push_back(lo);
+    c.key_end.push_back(hi);
+  }
+  return c;
 }
 
 }  // namespace tessera::testing

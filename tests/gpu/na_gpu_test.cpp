@@ -160,68 +160,24 @@ struct KernelCase {
 };
 
 KernelCase random_kernel_case(CaseRng& rng, int64_t dim, DType dtype) {
+  const testing::NaKernelCall call = testing::random_na_kernel_call(rng, dim);
   KernelCase c;
-  const int spatial = static_cast<int>(rng.uniform(1, 3));
-  const int64_t max_length = spatial == 1 ? 150 : spatial == 2 ? 21 : 9;
-  Shape full{rng.uniform(1, 2)};
-  bool rpb_allowed = true;
-  for (int a = 0; a < spatial; ++a) {
-    const int64_t kernel = rng.uniform(1, spatial == 3 ? 4 : 9);
-    const int64_t dilation = rng.chance(0.6) ? 1 : rng.uniform(2, 3);
-    const int64_t causal = rng.chance(0.25) ? 1 : 0;
-    const int64_t length = std::max(kernel * dilation, rng.uniform(1, max_length));
-    full.push_back(length);
-    c.geometry.extent.push_back(length);
-    c.geometry.kernel.push_back(kernel);
-    c.geometry.dilation.push_back(dilation);
-    c.geometry.causal.push_back(causal);
-    rpb_allowed = rpb_allowed && !causal && kernel % 2 == 1;
-  }
-  const int64_t heads = rng.uniform(1, 3);
-  full.push_back(heads);
-  full.push_back(dim);
-  c.geometry.scale = 1.0 / std::sqrt(static_cast<double>(dim));
-  c.has_rpb = rpb_allowed && rng.chance(0.5);
+  c.geometry = call.geometry;
+  c.pieces = call.pieces;
+  c.has_rpb = call.has_rpb;
   auto random = [&](const Shape& shape) {
     return testing::random_na_tensor(shape, rng).to_dtype(dtype).to(kGpu);
   };
-  const Tensor q = random(full), k = random(full), v = random(full), go = random(full);
-  // A local piece (half the time the whole axis) and the tile of keys it reads.
-  Tensor q_piece = q, k_tile = k, v_tile = v, go_piece = go;
-  for (int a = 0; a < spatial; ++a) {
-    const int64_t length = full[1 + a];
-    int64_t first = 0, last = length;
-    if (rng.chance(0.5)) {
-      first = rng.uniform(0, length - 1);
-      last = rng.uniform(first + 1, length);
-    }
-    ops::kernels::NaAxis axis;
-    axis.length = length;
-    axis.kernel = c.geometry.kernel[a];
-    axis.dilation = c.geometry.dilation[a];
-    axis.causal = static_cast<int>(c.geometry.causal[a]);
-    int64_t lo, hi;
-    ops::kernels::na_axis_key_range(axis, first, last, lo, hi);
-    q_piece = q_piece.slice(1 + a, first, last);
-    go_piece = go_piece.slice(1 + a, first, last);
-    k_tile = k_tile.slice(1 + a, lo, hi);
-    v_tile = v_tile.slice(1 + a, lo, hi);
-    c.pieces.query_offset.push_back(first);
-    c.pieces.key_offset.push_back(lo);
-  }
-  c.q = q_piece.contiguous();
-  c.k = k_tile.contiguous();
-  c.v = v_tile.contiguous();
-  c.go = go_piece.contiguous();
+  c.q = call.piece(random(call.full), false);
+  c.k = call.piece(random(call.full), true);
+  c.v = call.piece(random(call.full), true);
+  c.go = call.piece(random(call.full), false);
   Shape lse_shape = c.q.shape();
   lse_shape.pop_back();
   c.glse = testing::random_na_tensor(lse_shape, rng).to_dtype(DType::f32).to(kGpu);
   if (dtype == DType::f64) c.glse = c.glse.to_dtype(DType::f64);
-  if (c.has_rpb) c.rpb = random(ops::na_rpb_shape(heads, c.geometry));
-  c.str = fmt::format(
-      "q {} (piece at {}) tile {} (at {}) kernel {} dilation {} causal {} rpb {} {}", c.q.shape(),
-      c.pieces.query_offset, c.k.shape(), c.pieces.key_offset, c.geometry.kernel,
-      c.geometry.dilation, c.geometry.causal, c.has_rpb, dtype_name(dtype));
+  if (c.has_rpb) c.rpb = random(ops::na_rpb_shape(call.heads, c.geometry));
+  c.str = call.str(c.q, c.k, dtype);
   return c;
 }
 
@@ -288,8 +244,8 @@ TEST(NaGpu, MmaKernelsMatchTheReferenceAndTheFusedForward) {
   using ops::kernels::NaKernel;
   const Tensor probe = Tensor::zeros({1, 8, 1, 32}, DType::bf16, kGpu);
   if (ops::na_cuda_kernel_for(probe) == NaKernel::plain)
-    GTEST_SKIP() << "the mma forward needs bf16 tensor cores (sm_80 or newer), which "
-                 << kGpu.str() << " lacks";
+    GTEST_SKIP() << "the mma forward needs bf16 tensor cores (sm_80 or newer), which " << kGpu.str()
+                 << " lacks";
   for (int index = 0; index < 150; ++index) {
     CaseRng rng(testing::case_seed(83, 1, 0, index));
     const DType dtype = index % 2 == 0 ? DType::bf16 : DType::f16;
