@@ -181,6 +181,17 @@ KernelCase random_kernel_case(CaseRng& rng, int64_t dim, DType dtype) {
   return c;
 }
 
+/// The exact reference's forward and gradients on the case's inputs (on the cpu).
+std::pair<ops::NaForward, ops::NaGradients> reference_of(const KernelCase& c) {
+  auto cpu = [](const Tensor& t) { return t.to(Device::cpu()); };
+  const Tensor rpb_host = c.has_rpb ? cpu(c.rpb) : Tensor();
+  const Tensor glse_host = cpu(c.glse);
+  return {ops::na_forward(cpu(c.q), cpu(c.k), cpu(c.v), c.has_rpb ? &rpb_host : nullptr, c.geometry,
+                          c.pieces),
+          ops::na_backward(cpu(c.q), cpu(c.k), cpu(c.v), c.has_rpb ? &rpb_host : nullptr, cpu(c.go),
+                           &glse_host, c.geometry, c.pieces)};
+}
+
 Tensor host(const Tensor& t) {
   return t.to(Device::cpu()).to_dtype(DType::f64);
 }
@@ -210,14 +221,7 @@ TEST(NaGpu, FusedKernelsMatchThePlainKernelsAndTheReference) {
     const ops::NaGradients plain_grads =
         ops::na_cuda_backward(c.q, c.k, c.v, rpb, &plain.output, plain.lse, c.go, &c.glse,
                               c.geometry, c.pieces, stream, NaKernel::plain);
-    auto cpu = [](const Tensor& t) { return t.to(Device::cpu()); };
-    const Tensor rpb_host = c.has_rpb ? cpu(c.rpb) : Tensor();
-    const Tensor glse_host = cpu(c.glse);
-    const ops::NaForward reference = ops::na_forward(
-        cpu(c.q), cpu(c.k), cpu(c.v), c.has_rpb ? &rpb_host : nullptr, c.geometry, c.pieces);
-    const ops::NaGradients reference_grads =
-        ops::na_backward(cpu(c.q), cpu(c.k), cpu(c.v), c.has_rpb ? &rpb_host : nullptr, cpu(c.go),
-                         &glse_host, c.geometry, c.pieces);
+    const auto [reference, reference_grads] = reference_of(c);
     const double bound = bound_of(dtype);
     EXPECT_LE(testing::relative_error(host(fused.output), host(plain.output)), bound) << c.str;
     EXPECT_LE(testing::relative_error(host(fused.output), host(reference.output)), bound) << c.str;
@@ -261,14 +265,7 @@ TEST(NaGpu, MmaKernelsMatchTheReferenceAndTheFusedForward) {
     const ops::NaGradients grads =
         ops::na_cuda_backward(c.q, c.k, c.v, rpb, &mma.output, mma.lse, c.go, &c.glse, c.geometry,
                               c.pieces, stream, NaKernel::mma);
-    auto cpu = [](const Tensor& t) { return t.to(Device::cpu()); };
-    const Tensor rpb_host = c.has_rpb ? cpu(c.rpb) : Tensor();
-    const Tensor glse_host = cpu(c.glse);
-    const ops::NaForward reference = ops::na_forward(
-        cpu(c.q), cpu(c.k), cpu(c.v), c.has_rpb ? &rpb_host : nullptr, c.geometry, c.pieces);
-    const ops::NaGradients reference_grads =
-        ops::na_backward(cpu(c.q), cpu(c.k), cpu(c.v), c.has_rpb ? &rpb_host : nullptr, cpu(c.go),
-                         &glse_host, c.geometry, c.pieces);
+    const auto [reference, reference_grads] = reference_of(c);
     const double bound = bound_of(dtype);
     EXPECT_LE(testing::relative_error(host(mma.output), host(reference.output)), bound) << c.str;
     EXPECT_LE(testing::relative_error(host(mma.output), host(fused.output)), bound) << c.str;
