@@ -979,6 +979,17 @@ __global__ void __launch_bounds__(kFusedWarps* kWarp)
 #endif
 }
 
+/// Whether the mma kernels' shared memory for `call` fits the current device's opt-in limit per
+/// block (their membership tables grow with kernel x dilation); if not, the fused kernels run.
+bool mma_fits(const NaCall& call, bool backward) {
+  int device = 0, limit = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+          cudaSuccess)
+    return false;
+  return na_mma_shared_bytes(call, backward) <= static_cast<size_t>(limit);
+}
+
 /// Blocks for `rows` rows of one warp each.
 unsigned row_blocks(int64_t rows, int warps) {
   const int64_t blocks = (rows + warps - 1) / warps;
@@ -1100,7 +1111,7 @@ cudaError_t backward_fused(NaKernel kernel, const NaCall& call, const NaBackward
   if (rows > 0)
     delta_rows<T><<<row_blocks(rows, kRowWarps), kRowWarps * kWarp, 0, stream>>>(
         rows, call.dim, g.go, static_cast<const T*>(args.o), g.glse, g.delta);
-  if (call.batch * call.heads > 0 && kernel == NaKernel::mma) {
+  if (call.batch * call.heads > 0 && kernel == NaKernel::mma && mma_fits(call, true)) {
     const cudaError_t status = launch_na_backward_mma(
         call, std::is_same_v<T, __half> ? ElementType::f16 : ElementType::bf16, args, stream);
     if (status != cudaSuccess) return status;
@@ -1131,7 +1142,9 @@ cudaError_t launch_na_forward(NaKernel kernel, const NaCall& call, ElementType t
     case ElementType::f16:
     case ElementType::bf16: break;
   }
-  if (kernel == NaKernel::mma) return launch_na_forward_mma(call, type, args, stream);
+  if (kernel == NaKernel::mma && mma_fits(call, false))
+    return launch_na_forward_mma(call, type, args, stream);
+  if (kernel == NaKernel::mma) kernel = NaKernel::fused;
   if (type == ElementType::f16)
     return kernel == NaKernel::fused ? forward_fused<__half>(call, args, stream)
                                      : forward_plain<__half>(call, args, stream);

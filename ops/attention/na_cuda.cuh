@@ -37,6 +37,11 @@ cudaError_t launch_na_forward(NaKernel kernel, const NaCall& call, ElementType t
 cudaError_t launch_na_forward_mma(const NaCall& call, ElementType type, const NaForwardArgs& args,
                                   cudaStream_t stream);
 
+/// The dynamic shared memory one block of the mma forward (backward) kernels takes for `call`:
+/// the fixed layout and the membership tables, which grow with kernel x dilation. A call whose
+/// bytes exceed the device's opt-in limit runs the fused kernels instead.
+size_t na_mma_shared_bytes(const NaCall& call, bool backward);
+
 /// dq, dk and dv of `call` with the register-tiled backward kernels (na_cuda_mma.cu): f16/bf16,
 /// head dim 32, 64 or 128; reads args.lse and args.delta (delta' = go . o - glse per (query,
 /// head), already computed on the stream); d rpb is not theirs.

@@ -37,14 +37,15 @@ cudaError_t launch_dim(const NaCall& call, const NaForwardArgs& args, cudaStream
   int64_t tiles = 1;
   for (int a = 0; a < 3; ++a) tiles *= (call.axes[a].queries + tile.extent[a] - 1) / tile.extent[a];
   if (tiles == 0 || call.batch * call.heads == 0) return cudaSuccess;
-  const size_t bytes = MmaLayout<D>::bytes;
+  const MaskTables tables = mask_tables(call, tile);
+  const size_t bytes = MmaLayout<D>::bytes + tables.bytes;
   const cudaError_t status =
       cudaFuncSetAttribute(mma_forward<T, D, kBias>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(bytes));
   if (status != cudaSuccess) return status;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(call.batch * call.heads));
   mma_forward<T, D, kBias><<<grid, kMmaWarps * kWarp, bytes, stream>>>(
-      call, tile, static_cast<const T*>(args.q), static_cast<const T*>(args.k),
+      call, tile, tables, static_cast<const T*>(args.q), static_cast<const T*>(args.k),
       static_cast<const T*>(args.v), static_cast<const T*>(args.rpb), static_cast<T*>(args.o),
       static_cast<float*>(args.lse));
   return cudaGetLastError();
@@ -77,7 +78,8 @@ cudaError_t launch_backward_dim(const NaCall& call, const NaBackwardArgs& args,
     key_tiles *= (call.axes[a].tile + tile.extent[a] - 1) / tile.extent[a];
   }
   if (call.batch * call.heads == 0) return cudaSuccess;
-  const size_t bytes = MmaBackwardLayout<D>::bytes;
+  const MaskTables tables = mask_tables(call, tile);
+  const size_t bytes = MmaBackwardLayout<D>::bytes + tables.bytes;
   for (const void* kernel : {reinterpret_cast<const void*>(mma_backward_query<T, D, kBias>),
                              reinterpret_cast<const void*>(mma_backward_key<T, D, kBias>)}) {
     const cudaError_t status = cudaFuncSetAttribute(
@@ -98,11 +100,11 @@ cudaError_t launch_backward_dim(const NaCall& call, const NaBackwardArgs& args,
   if (query_tiles > 0)
     mma_backward_query<T, D, kBias>
         <<<dim3(static_cast<unsigned>(query_tiles), pairs), kMmaWarps * kWarp, bytes, stream>>>(
-            call, tile, g);
+            call, tile, tables, g);
   if (key_tiles > 0)
     mma_backward_key<T, D, kBias>
         <<<dim3(static_cast<unsigned>(key_tiles), pairs), kMmaWarps * kWarp, bytes, stream>>>(
-            call, tile, g);
+            call, tile, tables, g);
   return cudaGetLastError();
 }
 
@@ -124,6 +126,17 @@ cudaError_t launch_backward_typed(const NaCall& call, const NaBackwardArgs& args
 }
 
 }  // namespace
+
+size_t na_mma_shared_bytes(const NaCall& call, bool backward) {
+  NaTileShape tile{};
+  na_fused_tile_shape(call.spatial, tile.extent);
+  const size_t tables = mask_tables(call, tile).bytes;
+  switch (call.dim) {
+    case 32: return tables + (backward ? MmaBackwardLayout<32>::bytes : MmaLayout<32>::bytes);
+    case 64: return tables + (backward ? MmaBackwardLayout<64>::bytes : MmaLayout<64>::bytes);
+    default: return tables + (backward ? MmaBackwardLayout<128>::bytes : MmaLayout<128>::bytes);
+  }
+}
 
 cudaError_t launch_na_backward_mma(const NaCall& call, ElementType type, const NaBackwardArgs& args,
                                    cudaStream_t stream) {

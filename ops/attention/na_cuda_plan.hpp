@@ -138,6 +138,15 @@ TESSERA_NA_HD void na_axis_query_range(const NaAxis& axis, int64_t first, int64_
   if (hi < lo) hi = lo;
 }
 
+/// The most coordinates along `axis` of the box of one tile of `extent` consecutive local queries
+/// (the union of their windows, na_axis_key_range) or of `extent` consecutive keys (the local
+/// queries that read them, na_axis_query_range): extent + 2 k d, at most the axis' length.
+/// Sizes the mma kernels' membership tables.
+TESSERA_NA_HD int64_t na_box_capacity(const NaAxis& axis, int64_t extent) {
+  const int64_t bound = extent + 2 * axis.kernel * axis.dilation;
+  return bound < axis.length ? bound : axis.length;
+}
+
 /// Which cuda kernel runs a call.
 enum class NaKernel : int {
   plain,  ///< one warp per (query, head) or (key, head) row, no tensor cores: any call

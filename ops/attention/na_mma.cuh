@@ -42,16 +42,17 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kInf = __builtin_huge_valf();
 
-/// Shared memory for head dim D: the Q tile, kStages chunks of K and of V (rows padded by 8
-/// elements: 16-byte aligned rows whose ldmatrix phases hit 8 distinct 16-byte bank groups), the
-/// chunks' key coordinates (int4: 3 global coordinates, the 4th unused; -1 for keys past the box),
-/// and the tile's local flat query positions (-1: outside the piece).
+/// Shared memory of the forward for head dim D: the Q tile, kStages chunks of K and of V (rows
+/// padded by 8 elements: 16-byte aligned rows whose ldmatrix phases hit 8 distinct 16-byte bank
+/// groups), the chunks' keys (int4 global coordinates, -1 past the box; then each key's row mask)
+/// and the tile's local flat query positions (-1: outside the piece). The membership tables
+/// (MaskTables) follow at `bytes`.
 template <int D>
 struct MmaLayout {
   static constexpr int ld = D + 8;
   static constexpr size_t q_bytes = size_t(kFusedQueries) * ld * 2;
   static constexpr size_t kv_bytes = size_t(kMmaKeys) * ld * 2;
-  static constexpr size_t key_bytes = size_t(kMmaKeys) * 16;
+  static constexpr size_t key_bytes = size_t(kMmaKeys) * (16 + 8);
   static constexpr size_t k_at = q_bytes, v_at = k_at + kStages * kv_bytes,
                           key_at = v_at + kStages * kv_bytes,
                           flat_at = key_at + kStages * key_bytes,
@@ -89,19 +90,16 @@ __device__ __forceinline__ void split_flat(int64_t flat, int64_t e0, int64_t e1,
 }
 
 /// The call's window attributes as 32-bit values (global extents stay below 2^30 on this path),
-/// for the masks and the bias.
+/// for the bias.
 struct Windows {
   int kernel[3], dilation[3];
-  bool dilated;  ///< any axis with a dilation above 1
 };
 __device__ __forceinline__ Windows windows_of(const NaCall& c) {
   Windows w;
-  w.dilated = false;
 #pragma unroll
   for (int a = 0; a < 3; ++a) {
     w.kernel[a] = static_cast<int>(c.axes[a].kernel);
     w.dilation[a] = static_cast<int>(c.axes[a].dilation);
-    w.dilated = w.dilated || w.dilation[a] > 1;
   }
   return w;
 }
@@ -164,20 +162,6 @@ __device__ __forceinline__ long long tile_row(const NaCall& c, const NaTileShape
   return valid ? flat : -1;
 }
 
-/// Whether the window [first, end) per axis holds key `at` (global coordinates; with dilation,
-/// only keys of the window's dilation group).
-__device__ __forceinline__ bool window_holds(const int first[3], const int end[3], const int at[3],
-                                             const Windows& w) {
-  bool hit = true;
-#pragma unroll
-  for (int a = 0; a < 3; ++a) hit = hit && at[a] >= first[a] && at[a] < end[a];
-  if (w.dilated) {
-#pragma unroll
-    for (int a = 0; a < 3; ++a) hit = hit && (at[a] - first[a]) % w.dilation[a] == 0;
-  }
-  return hit;
-}
-
 /// The entry of one head's bias table for query `query` and key `key` of its window:
 /// (k - 1) + (key - query) / dilation per axis, over extents 2k - 1.
 __device__ __forceinline__ int bias_entry(const int query[3], const int key[3], const Windows& w) {
@@ -195,49 +179,115 @@ __device__ __forceinline__ bool tile_live(unsigned live, int j) {
   return (live >> (4 * j) & 0xFu) != 0;
 }
 
-/// One query row a lane holds: its window per axis as [first, end) in global coordinates (empty
-/// for a row outside the piece) and its global coordinates.
-struct Row {
-  int first[3], end[3], at[3];
-};
-
-/// The windows of a lane's two query rows of a query tile (tile rows row0 and row0 + 8): empty
-/// for a row outside the piece. Their flat positions among the local queries (-1: outside) go to
-/// `flat`.
+/// The global coordinates of a lane's two query rows of a query tile (tile rows row0 and
+/// row0 + 8, for the bias) and their flat positions among the local queries (-1: outside).
 __device__ __forceinline__ void query_rows(const NaCall& c, const NaTileShape& tile,
-                                           const TileBox& t, int row0, Row rows[2],
+                                           const TileBox& t, int row0, int at[2][3],
                                            long long flat[2]) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     int64_t i[3];
     flat[half] = tile_row(c, tile, t, row0 + 8 * half, false, i);
 #pragma unroll
-    for (int a = 0; a < 3; ++a) {
-      const NaSpan span = na_axis_window(c.axes[a], i[a]);
-      rows[half].first[a] = flat[half] >= 0 ? static_cast<int>(span.first) : 0;
-      rows[half].end[a] = flat[half] >= 0 ? static_cast<int>(span.end()) : 0;
-      rows[half].at[a] = static_cast<int>(i[a]);
+    for (int a = 0; a < 3; ++a) at[half][a] = static_cast<int>(i[a]);
+  }
+}
+
+// --- Membership: which rows of a tile an item of the streamed box meets -----------------------
+// The window test of a (query, key) pair is a product over the axes, and so is the set of a
+// tile's rows that meet one item of its box (a key of a query tile's key box, or a query of a key
+// tile's query box): the rows whose coordinate along each axis is in that item's per-axis set.
+// A block tabulates the per-axis sets once (a 64-bit mask over the tile's coordinates along the
+// axis, per box coordinate), each chunk combines them into one 64-bit mask over the tile's rows
+// per item, and a lane's hit test is a shift: no window arithmetic per (row, item) pair.
+
+/// Where a block keeps its per-axis tables: `capacity[a]` masks for axis a from mask `offset[a]`
+/// on, in 64-bit words after the kernel's own shared memory.
+struct MaskTables {
+  int capacity[3], offset[3];
+  size_t bytes;
+};
+inline MaskTables mask_tables(const NaCall& c, const NaTileShape& tile) {
+  MaskTables m{};
+  int64_t words = 0;
+  for (int a = 0; a < 3; ++a) {
+    m.capacity[a] = static_cast<int>(na_box_capacity(c.axes[a], tile.extent[a]));
+    m.offset[a] = static_cast<int>(words);
+    words += m.capacity[a];
+  }
+  m.bytes = static_cast<size_t>(words) * 8;
+  return m;
+}
+
+/// Bits origin + t (t < extent) of a span's members, as bit t.
+__device__ __forceinline__ unsigned long long span_bits(const NaSpan& span, int64_t origin,
+                                                        int64_t extent) {
+  if (span.count == 0 || extent <= 0) return 0;
+  if (span.step == 1) {
+    const int64_t lo = span.first - origin > 0 ? span.first - origin : 0;
+    const int64_t hi = span.end() - origin < extent ? span.end() - origin : extent;
+    if (hi <= lo) return 0;
+    const unsigned long long width = hi - lo == 64 ? ~0ull : (1ull << (hi - lo)) - 1;
+    return width << lo;
+  }
+  unsigned long long bits = 0;
+  for (int64_t t = 0; t < extent; ++t)
+    if (span.holds(origin + t)) bits |= 1ull << t;
+  return bits;
+}
+
+/// Fills the block's per-axis tables (all threads; the caller synchronizes before use). For a
+/// query tile (keys false): bit t of entry u along axis a says the tile's query at coordinate t
+/// (inside the piece) has a window that holds key lo + u there (the key's inverse window). For a
+/// key tile: that the window of query lo + u holds the tile's key at coordinate t (inside the
+/// tile).
+__device__ __forceinline__ void build_masks(const NaCall& c, const NaTileShape& tile,
+                                            const TileBox& t, bool keys, const MaskTables& m,
+                                            unsigned long long* masks) {
+#pragma unroll
+  for (int a = 0; a < 3; ++a) {
+    if (t.box[a] > m.capacity[a]) __trap();  // na_box_capacity is a bound (NaCudaPlan test)
+    const int64_t rest = tiled_extent(c, a, keys) - t.corner[a];
+    const int64_t extent = rest < tile.extent[a] ? rest : tile.extent[a];
+    const int64_t origin = (keys ? c.axes[a].tile_offset : c.axes[a].query_offset) + t.corner[a];
+    for (int64_t u = threadIdx.x; u < t.box[a]; u += kMmaWarps * kWarp) {
+      const NaSpan span = keys ? na_axis_window(c.axes[a], t.lo[a] + u)
+                               : na_axis_inverse_window(c.axes[a], t.lo[a] + u);
+      masks[m.offset[a] + u] = span_bits(span, origin, extent);
     }
   }
 }
 
-/// The hit bits of a lane's two query rows against n-tiles [0, kTiles) of a chunk's keys (global
-/// coordinates, -1 past the box): bit 4j + 2 half + e for row half and key 8j + 2 quad + e.
+/// The rows of the tile (row (t0 E1 + t1) E2 + t2 for tile extents E) that meet the box item at
+/// box coordinates u: the product of the per-axis sets.
+__device__ __forceinline__ unsigned long long row_mask(const unsigned long long* masks,
+                                                       const MaskTables& m, const int64_t u[3],
+                                                       const NaTileShape& tile) {
+  const unsigned long long m0 = masks[m.offset[0] + u[0]], m1 = masks[m.offset[1] + u[1]],
+                           m2 = masks[m.offset[2] + u[2]];
+  const int e1 = static_cast<int>(tile.extent[1]), e2 = static_cast<int>(tile.extent[2]);
+  unsigned long long rows = 0;
+  for (int t0 = 0; t0 < tile.extent[0]; ++t0)
+    if (m0 >> t0 & 1)
+      for (int t1 = 0; t1 < e1; ++t1)
+        if (m1 >> t1 & 1) rows |= m2 << ((t0 * e1 + t1) * e2);
+  return rows;
+}
+
+/// The hit bits of a lane's two rows (row0, row0 + 8 of the tile) against n-tiles [0, kTiles) of
+/// a chunk's items (each item's row mask at `members`, stride `stride` words): bit 4j + 2 half + e
+/// for row half and item 8j + 2 quad + e.
 template <int kTiles>
-__device__ __forceinline__ uint32_t row_hits(const int4* keys, const Row rows[2], int quad,
-                                             const Windows& w) {
+__device__ __forceinline__ uint32_t row_hits(const unsigned long long* members, int stride,
+                                             int row0, int quad) {
   uint32_t hits = 0;
-  // Not unrolled: the keys' coordinates would stay live in registers through the products.
-#pragma unroll 1
+#pragma unroll
   for (int j = 0; j < kTiles; ++j) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      const int4 key = keys[8 * j + 2 * quad + e];
-      const int at[3] = {key.x, key.y, key.z};
-#pragma unroll
-      for (int half = 0; half < 2; ++half)
-        if (window_holds(rows[half].first, rows[half].end, at, w))
-          hits |= 1u << (4 * j + 2 * half + e);
+      const unsigned long long rows = members[(8 * j + 2 * quad + e) * stride] >> row0;
+      hits |= static_cast<uint32_t>(rows & 1) << (4 * j + e);
+      hits |= static_cast<uint32_t>(rows >> 8 & 1) << (4 * j + 2 + e);
     }
   }
   return hits;
@@ -333,12 +383,17 @@ __device__ __forceinline__ int next_chunk(int64_t chunk, int64_t chunks, Load&& 
 }
 
 /// Chunk `chunk` (64 keys) of a query tile's key box `t` for (batch b, head h): K and V rows
-/// into ks and vs (leading dimension ld; cp.async, zeros past the box) and the keys' global
-/// coordinates into `keys` (-1 past the box), each thread of the block taking its share.
+/// into ks and vs (leading dimension ld; cp.async, zeros past the box), the keys' global
+/// coordinates into `keys` (-1 past the box) and the rows of the tile each key meets into
+/// `members` (from the block's tables `masks`; 0 past the box), each thread of the block taking
+/// its share.
 template <typename T, int D>
-__device__ __forceinline__ void load_key_chunk(const NaCall& c, const TileBox& t, int64_t b,
+__device__ __forceinline__ void load_key_chunk(const NaCall& c, const NaTileShape& tile,
+                                               const TileBox& t, const MaskTables& m,
+                                               const unsigned long long* masks, int64_t b,
                                                int64_t h, int64_t chunk, const T* k, const T* v,
-                                               T* ks, T* vs, int4* keys, int ld) {
+                                               T* ks, T* vs, int4* keys,
+                                               unsigned long long* members, int ld) {
   const int tid = threadIdx.x;
   const int64_t first_key = chunk * 64;
   load_rows<T, D>(ks, k, vs, v, ld, [&](int row) -> int64_t {
@@ -353,13 +408,16 @@ __device__ __forceinline__ void load_key_chunk(const NaCall& c, const TileBox& t
   });
   if (tid < 64) {
     int4 key = make_int4(-1, -1, -1, 0);
+    unsigned long long rows = 0;
     if (first_key + tid < t.volume) {
       int64_t j[3];
       split_flat(first_key + tid, t.box[0], t.box[1], t.box[2], j);
       key = make_int4(static_cast<int>(t.lo[0] + j[0]), static_cast<int>(t.lo[1] + j[1]),
                       static_cast<int>(t.lo[2] + j[2]), 0);
+      rows = row_mask(masks, m, j, tile);
     }
     keys[tid] = key;
+    members[tid] = rows;
   }
 }
 

@@ -34,20 +34,22 @@ struct MmaBackward {
   T *dq, *dk, *dv;
 };
 
-/// What the key kernel keeps of each streamed query: its window per axis as [first, end) (empty:
-/// not a query of the box or outside the piece), its global coordinates, lse in the log2 domain
-/// and delta'. 48 bytes, read as three int4.
+/// What the key kernel keeps of each streamed query: the rows of the key tile its window holds
+/// (a row mask; 0 past the box), its global coordinates (for the bias), lse in the log2 domain
+/// and delta'. 32 bytes.
 struct QueryInfo {
-  int first[3], end[3], at[3];
+  unsigned long long member;
+  int at[3];
   float lse2, delta;
   int unused;
 };
-static_assert(sizeof(QueryInfo) == 48, "QueryInfo is read as three 16-byte vectors");
+static_assert(sizeof(QueryInfo) == 32, "QueryInfo is 32 bytes");
 
 /// Shared memory of both backward kernels for head dim D: two fixed 64-row tiles (query kernel: Q
 /// and dO; key kernel: K and V), kStages stages of two streamed 64-row tiles (K and V; Q and dO)
-/// with the streamed rows' information (int4 key coordinates; QueryInfo), and the flat local
-/// positions of the fixed tile's rows (-1: none).
+/// with the streamed rows' information (int4 key coordinates, then the keys' row masks;
+/// QueryInfo), and the flat local positions of the fixed tile's rows (-1: none). The membership
+/// tables (MaskTables) follow at `bytes`.
 template <int D>
 struct MmaBackwardLayout {
   static constexpr int ld = D + 8;
@@ -76,7 +78,7 @@ struct MmaBackwardLayout {
 
 template <typename T, int D, bool kBias>
 __global__ void __launch_bounds__(kMmaWarps* kWarp)
-    mma_backward_query(NaCall c, NaTileShape tile, MmaBackward<T> g) {
+    mma_backward_query(NaCall c, NaTileShape tile, MaskTables m, MmaBackward<T> g) {
 #if TESSERA_NA_MMA
   using L = MmaBackwardLayout<D>;
   constexpr int ld = L::ld;
@@ -96,9 +98,11 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
     int64_t i[3];
     q_flat[tid] = tile_row(c, tile, t, tid, false, i);
   }
-  Row rows[2];
+  unsigned long long* masks = reinterpret_cast<unsigned long long*>(smem + L::bytes);
+  build_masks(c, tile, t, false, m, masks);
+  int row_at[2][3];
   long long row_flat[2];
-  query_rows(c, tile, t, warp * 16 + group, rows, row_flat);
+  query_rows(c, tile, t, warp * 16 + group, row_at, row_flat);
   float lse2[2], delta[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -118,9 +122,11 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
   });
   // Chunk `chunk` of the key box into `stage`: K, V and the keys' coordinates.
   auto load_chunk = [&](int64_t chunk, int stage) {
-    load_key_chunk<T, D>(c, t, b, h, chunk, g.k, g.v, L::template streamed<T>(smem, stage, 0),
-                         L::template streamed<T>(smem, stage, 1),
-                         reinterpret_cast<int4*>(L::info(smem, stage)), ld);
+    int4* keys = reinterpret_cast<int4*>(L::info(smem, stage));
+    load_key_chunk<T, D>(c, tile, t, m, masks, b, h, chunk, g.k, g.v,
+                         L::template streamed<T>(smem, stage, 0),
+                         L::template streamed<T>(smem, stage, 1), keys,
+                         reinterpret_cast<unsigned long long*>(keys + 64), ld);
   };
   const int64_t chunks = (t.volume + 63) / 64;
   if (chunks > 0) load_chunk(0, 0);
@@ -135,10 +141,15 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
     for (int pass = 0; pass < 64 / kPass; ++pass) {
       const T* ks = L::template streamed<T>(smem, stage, 0) + pass * kPass * ld;
       const T* vs = L::template streamed<T>(smem, stage, 1) + pass * kPass * ld;
+      // This pass's keys: coordinates, then (after the chunk's 64) row masks.
       const int4* keys = reinterpret_cast<const int4*>(L::info(smem, stage)) + pass * kPass;
+      const unsigned long long* members =
+          reinterpret_cast<const unsigned long long*>(
+              reinterpret_cast<const int4*>(L::info(smem, stage)) + 64) +
+          pass * kPass;
       // The mask first (bit 4j + 2 half + e: row group + 8 half, key 8j + 2 quad + e), so that
       // n-tiles no row of the warp reads cost no mma.
-      const uint32_t hits = row_hits<kPass / 8>(keys, rows, quad, w);
+      const uint32_t hits = row_hits<kPass / 8>(members, 1, warp * 16 + group, quad);
       const unsigned live = __reduce_or_sync(0xffffffffu, hits);
       float s[kPass / 8][4], dp[kPass / 8][4];
       warp_scores<T, D, kPass>(s, qs + warp * 16 * ld, ks, ld, lane, live);   // S = Q K^T
@@ -156,7 +167,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
               if constexpr (kBias) {
                 const int4 key = keys[8 * j + 2 * quad + e];
                 const int at[3] = {key.x, key.y, key.z};
-                x += widen(rpb_head[bias_entry(rows[half].at, at, w)]) * kLog2e;
+                x += widen(rpb_head[bias_entry(row_at[half], at, w)]) * kLog2e;
               }
               ds = exp2f(x - lse2[half]) * (dp[j][2 * half + e] - delta[half]);
             }
@@ -186,7 +197,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
 
 template <typename T, int D, bool kBias>
 __global__ void __launch_bounds__(kMmaWarps* kWarp)
-    mma_backward_key(NaCall c, NaTileShape tile, MmaBackward<T> g) {
+    mma_backward_key(NaCall c, NaTileShape tile, MaskTables m, MmaBackward<T> g) {
 #if TESSERA_NA_MMA
   using L = MmaBackwardLayout<D>;
   constexpr int ld = L::ld;
@@ -202,20 +213,22 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
   const int64_t h = blockIdx.y % c.heads, b = blockIdx.y / c.heads;
   const int64_t token_stride = c.heads * c.dim;
 
-  // The key tile and the box of local queries that may read its keys; this lane's key rows
-  // (global coordinates, -1 past the tile: no window holds them).
+  // The key tile and the box of local queries that may read its keys, the membership tables;
+  // this lane's key rows (global coordinates).
   const TileBox t = tile_box(c, tile, blockIdx.x, true);
   if (tid < 64) {
     int64_t j[3];
     key_flat[tid] = tile_row(c, tile, t, tid, true, j);
   }
-  int key_at[2][3];
+  unsigned long long* masks = reinterpret_cast<unsigned long long*>(smem + L::bytes);
+  build_masks(c, tile, t, true, m, masks);
+  int key_at[2][3];  // for the bias
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     int64_t j[3];
-    const long long flat = tile_row(c, tile, t, warp * 16 + group + 8 * half, true, j);
+    tile_row(c, tile, t, warp * 16 + group + 8 * half, true, j);
 #pragma unroll
-    for (int a = 0; a < 3; ++a) key_at[half][a] = flat >= 0 ? static_cast<int>(j[a]) : -1;
+    for (int a = 0; a < 3; ++a) key_at[half][a] = static_cast<int>(j[a]);
   }
   const Windows w = windows_of(c);
   const T* rpb_head = kBias ? g.rpb + h * c.rpb_count() : nullptr;  // kBias: c.has_rpb
@@ -231,9 +244,9 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
     const int64_t first_query = chunk * 64;
     T* qs = L::template streamed<T>(smem, stage, 0);
     T* gs = L::template streamed<T>(smem, stage, 1);
-    // The local flat position of box query n (all of the box is inside the piece).
-    auto flat_of = [&](int64_t n, int64_t i[3]) {
-      int64_t u[3];
+    // The local flat position of box query n (all of the box is inside the piece), its box
+    // coordinates u and global coordinates i.
+    auto flat_of = [&](int64_t n, int64_t u[3], int64_t i[3]) {
       split_flat(n, t.box[0], t.box[1], t.box[2], u);
       long long flat = 0;
 #pragma unroll
@@ -245,21 +258,17 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
     };
     load_rows<T, D>(qs, g.q, gs, g.go, ld, [&](int row) -> int64_t {
       if (first_query + row >= t.volume) return -1;
-      int64_t i[3];
-      return ((b * c.query_count() + flat_of(first_query + row, i)) * c.heads + h) * c.dim;
+      int64_t u[3], i[3];
+      return ((b * c.query_count() + flat_of(first_query + row, u, i)) * c.heads + h) * c.dim;
     });
     if (tid < 64) {
       QueryInfo info{};
       if (first_query + tid < t.volume) {
-        int64_t i[3];
-        const long long flat = flat_of(first_query + tid, i);
+        int64_t u[3], i[3];
+        const long long flat = flat_of(first_query + tid, u, i);
+        info.member = row_mask(masks, m, u, tile);
 #pragma unroll
-        for (int a = 0; a < 3; ++a) {
-          const NaSpan w = na_axis_window(c.axes[a], i[a]);
-          info.first[a] = static_cast<int>(w.first);
-          info.end[a] = static_cast<int>(w.end());
-          info.at[a] = static_cast<int>(i[a]);
-        }
+        for (int a = 0; a < 3; ++a) info.at[a] = static_cast<int>(i[a]);
         const int64_t stat = (b * c.query_count() + flat) * c.heads + h;
         info.lse2 = g.lse[stat] * kLog2e;
         info.delta = g.delta[stat];
@@ -284,18 +293,8 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
       const T* gs = L::template streamed<T>(smem, stage, 1) + pass * kPass * ld;
       // The mask first (bit 4j + 2 half + e: key row group + 8 half, query 8j + 2 quad + e), so
       // that n-tiles of queries that read none of the warp's keys cost no mma.
-      uint32_t hits = 0;
-#pragma unroll
-      for (int j = 0; j < kPass / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const QueryInfo& info = infos[pass * kPass + 8 * j + 2 * quad + e];
-#pragma unroll
-          for (int half = 0; half < 2; ++half)
-            if (window_holds(info.first, info.end, key_at[half], w))
-              hits |= 1u << (4 * j + 2 * half + e);
-        }
-      }
+      const uint32_t hits = row_hits<kPass / 8>(&infos[pass * kPass].member, sizeof(QueryInfo) / 8,
+                                                warp * 16 + group, quad);
       const unsigned live = __reduce_or_sync(0xffffffffu, hits);
       float s[kPass / 8][4], dp[kPass / 8][4];
       warp_scores<T, D, kPass>(s, ks + warp * 16 * ld, qs, ld, lane, live);   // S^T = K Q^T

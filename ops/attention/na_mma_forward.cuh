@@ -11,8 +11,8 @@ namespace tessera::ops::kernels::mma_detail {
 
 template <typename T, int D, bool kBias>
 __global__ void __launch_bounds__(kMmaWarps* kWarp)
-    mma_forward(NaCall c, NaTileShape tile, const T* q, const T* k, const T* v, const T* rpb, T* o,
-                float* lse) {
+    mma_forward(NaCall c, NaTileShape tile, MaskTables m, const T* q, const T* k, const T* v,
+                const T* rpb, T* o, float* lse) {
 #if TESSERA_NA_MMA
   using L = MmaLayout<D>;
   TESSERA_NA_DYNAMIC_SHARED(smem);
@@ -28,13 +28,15 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
     int64_t i[3];
     q_flat[tid] = tile_row(c, tile, t, tid, false, i);
   }
-  Row rows[2];
+  unsigned long long* masks = reinterpret_cast<unsigned long long*>(smem + L::bytes);
+  build_masks(c, tile, t, false, m, masks);
+  int row_at[2][3];
   long long row_flat[2];
-  query_rows(c, tile, t, warp * 16 + group, rows, row_flat);
+  query_rows(c, tile, t, warp * 16 + group, row_at, row_flat);
   const Windows w = windows_of(c);
   const T* rpb_head = kBias ? rpb + h * c.rpb_count() : nullptr;  // kBias: c.has_rpb
   const float scale_log2 = static_cast<float>(c.scale) * kLog2e;
-  __syncthreads();  // q_flat
+  __syncthreads();  // q_flat, the tables
 
   // The Q tile (zero rows outside the piece): the first group of copies.
   load_rows<T, D>(qs, q, nullptr, nullptr, L::ld, [&](int r) -> int64_t {
@@ -42,10 +44,12 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
   });
   // Chunk `chunk` of the key box (keys chunk * 64 ..) into stage `stage`.
   auto load_chunk = [&](int64_t chunk, int stage) {
-    load_key_chunk<T, D>(c, t, b, h, chunk, k, v,
+    unsigned char* keys = smem + L::key_at + stage * L::key_bytes;
+    load_key_chunk<T, D>(c, tile, t, m, masks, b, h, chunk, k, v,
                          reinterpret_cast<T*>(smem + L::k_at + stage * L::kv_bytes),
                          reinterpret_cast<T*>(smem + L::v_at + stage * L::kv_bytes),
-                         reinterpret_cast<int4*>(smem + L::key_at + stage * L::key_bytes), L::ld);
+                         reinterpret_cast<int4*>(keys),
+                         reinterpret_cast<unsigned long long*>(keys + kMmaKeys * 16), L::ld);
   };
 
   const int64_t chunks = (t.volume + kMmaKeys - 1) / kMmaKeys;
@@ -71,11 +75,13 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
     const T* ks = reinterpret_cast<const T*>(smem + L::k_at + stage * L::kv_bytes);
     const T* vs = reinterpret_cast<const T*>(smem + L::v_at + stage * L::kv_bytes);
     const int4* keys = reinterpret_cast<const int4*>(smem + L::key_at + stage * L::key_bytes);
+    const unsigned long long* members =
+        reinterpret_cast<const unsigned long long*>(keys + kMmaKeys);
 
     // The mask first: bit 4j + 2 half + e of `hits` says whether the window of row group + 8 half
     // holds key 8j + 2 quad + e. An n-tile of 8 keys that no row of the warp reads (a key box
     // row far from the warp's queries, a chunk's end) costs no mma: `live` is the warp's union.
-    const uint32_t hits = row_hits<kMmaKeys / 8>(keys, rows, quad, w);
+    const uint32_t hits = row_hits<kMmaKeys / 8>(members, 1, warp * 16 + group, quad);
     const unsigned live = __reduce_or_sync(0xffffffffu, hits);
 
     // S = Q K^T: n-tile j holds keys 8j..8j+7; B fragments of two k-steps per ldmatrix.x4
@@ -109,7 +115,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
             if constexpr (kBias) {
               const int4 key = keys[8 * j + 2 * quad + e];
               const int at[3] = {key.x, key.y, key.z};
-              x += widen(rpb_head[bias_entry(rows[half].at, at, w)]) * kLog2e;
+              x += widen(rpb_head[bias_entry(row_at[half], at, w)]) * kLog2e;
             }
           }
           s[j][2 * half + e] = x;

@@ -123,6 +123,34 @@ TEST(NaCudaPlan, KeyAndQueryRangesAreTheUnionsOfTheWindows) {
   });
 }
 
+TEST(NaCudaPlan, BoxCapacityBoundsEveryTilesKeyBoxAndQueryBox) {
+  int64_t checked = 0;
+  for_each_axis(14, [&](const NaAxis& axis) {
+    const int64_t piece_end = axis.query_offset + axis.queries;
+    for (int64_t extent : {1, 2, 4, 8, 64}) {
+      const int64_t capacity = ops::kernels::na_box_capacity(axis, extent);
+      for (int64_t first = axis.query_offset; first < piece_end; ++first) {
+        int64_t lo, hi;
+        ops::kernels::na_axis_key_range(axis, first, std::min(first + extent, piece_end), lo, hi);
+        ASSERT_LE(hi - lo, capacity) << "key box of queries [" << first << ", +" << extent
+                                     << ") L " << axis.length << " k " << axis.kernel << " d "
+                                     << axis.dilation << " causal " << axis.causal;
+        ++checked;
+      }
+      for (int64_t first = 0; first < axis.length; ++first) {
+        int64_t lo, hi;
+        ops::kernels::na_axis_query_range(axis, first, std::min(first + extent, axis.length), lo,
+                                          hi);
+        ASSERT_LE(hi - lo, capacity) << "query box of keys [" << first << ", +" << extent
+                                     << ") L " << axis.length << " k " << axis.kernel << " d "
+                                     << axis.dilation << " causal " << axis.causal;
+        ++checked;
+      }
+    }
+  });
+  EXPECT_GT(checked, 10000);
+}
+
 TEST(NaCudaPlan, DispatchSendsHalfTypesWithATiledHeadDimToTheFusedKernel) {
   using ops::kernels::choose_na_kernel;
   using ops::kernels::NaElement;

@@ -290,6 +290,7 @@ ops::NaForward run_emulated(const KernelCase& c, const emu::LaunchOptions& optio
   const ops::kernels::NaCall call = ops::na_detail::make_na_call(p, c.geometry);
   ops::kernels::NaTileShape tile{};
   ops::kernels::na_fused_tile_shape(call.spatial, tile.extent);
+  const mma::MaskTables tables = mma::mask_tables(call, tile);
   int64_t tiles = 1;
   for (int a = 0; a < 3; ++a) tiles *= (call.axes[a].queries + tile.extent[a] - 1) / tile.extent[a];
   const int64_t rows = c.q.numel() / D;
@@ -311,12 +312,12 @@ ops::NaForward run_emulated(const KernelCase& c, const emu::LaunchOptions& optio
   if (tiles > 0 && call.batch * call.heads > 0) {
     const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(call.batch * call.heads));
     emu::launch(
-        grid, mma::kMmaWarps * mma::kWarp, mma::MmaLayout<D>::bytes,
+        grid, mma::kMmaWarps * mma::kWarp, mma::MmaLayout<D>::bytes + tables.bytes,
         [&] {
           if (call.has_rpb)
-            mma::mma_forward<T, D, true>(call, tile, q, k, v, rpb, o_data, lse_data);
+            mma::mma_forward<T, D, true>(call, tile, tables, q, k, v, rpb, o_data, lse_data);
           else
-            mma::mma_forward<T, D, false>(call, tile, q, k, v, rpb, o_data, lse_data);
+            mma::mma_forward<T, D, false>(call, tile, tables, q, k, v, rpb, o_data, lse_data);
         },
         options);
   }
@@ -462,15 +463,16 @@ ops::NaGradients run_emulated_backward(const KernelCase& c, const Tensor& go, co
                                  dk.data<T>(),
                                  dv.data<T>()};
   const unsigned pairs = static_cast<unsigned>(call.batch * call.heads);
-  const size_t bytes = mma::MmaBackwardLayout<D>::bytes;
+  const mma::MaskTables tables = mma::mask_tables(call, tile);
+  const size_t bytes = mma::MmaBackwardLayout<D>::bytes + tables.bytes;
   if (query_tiles > 0 && pairs > 0)
     emu::launch(
         dim3(static_cast<unsigned>(query_tiles), pairs), mma::kMmaWarps * mma::kWarp, bytes,
         [&] {
           if (call.has_rpb)
-            mma::mma_backward_query<T, D, true>(call, tile, args);
+            mma::mma_backward_query<T, D, true>(call, tile, tables, args);
           else
-            mma::mma_backward_query<T, D, false>(call, tile, args);
+            mma::mma_backward_query<T, D, false>(call, tile, tables, args);
         },
         options);
   if (key_tiles > 0 && pairs > 0)
@@ -478,9 +480,9 @@ ops::NaGradients run_emulated_backward(const KernelCase& c, const Tensor& go, co
         dim3(static_cast<unsigned>(key_tiles), pairs), mma::kMmaWarps * mma::kWarp, bytes,
         [&] {
           if (call.has_rpb)
-            mma::mma_backward_key<T, D, true>(call, tile, args);
+            mma::mma_backward_key<T, D, true>(call, tile, tables, args);
           else
-            mma::mma_backward_key<T, D, false>(call, tile, args);
+            mma::mma_backward_key<T, D, false>(call, tile, tables, args);
         },
         options);
   dq.expect_guards("dq", c.str);
