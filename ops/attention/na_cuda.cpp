@@ -43,7 +43,7 @@ bool has_tensor_cores(Device device) {
 }
 
 /// The tensor-core kernels TESSERA_NA_CUDA_KERNEL asks for (read once; default fused).
-kernels::NaKernel tiled_forward() {
+kernels::NaKernel tensor_core_family() {
   static const kernels::NaKernel chosen = [] {
     const char* value = std::getenv("TESSERA_NA_CUDA_KERNEL");
     kernels::NaKernel kernel = kernels::NaKernel::fused;
@@ -62,7 +62,7 @@ kernels::NaKernel kernel_for(const Tensor& q, const Tensor& k, const Tensor& v) 
   const kernels::NaKernel kernel = kernels::choose_na_kernel(
       na_element(q.dtype()), dim, batch_heads, aligned(q) && aligned(k) && aligned(v),
       has_tensor_cores(q.device()));
-  return kernel == kernels::NaKernel::fused ? tiled_forward() : kernel;
+  return kernel == kernels::NaKernel::fused ? tensor_core_family() : kernel;
 }
 
 /// The kernel a call runs: `asked` if the call allows it, else the dispatch's. The fused kernel
