@@ -128,10 +128,10 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
     float alpha[2], next_max[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      float m = chunk_max[half];
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-      next_max[half] = fmaxf(row_max[half], m);
+      float peak = chunk_max[half];
+      peak = fmaxf(peak, __shfl_xor_sync(0xffffffffu, peak, 1));
+      peak = fmaxf(peak, __shfl_xor_sync(0xffffffffu, peak, 2));
+      next_max[half] = fmaxf(row_max[half], peak);
       // A row with no key so far keeps -inf: nothing to rescale, every p of it 0.
       alpha[half] = next_max[half] == -kInf ? 1.0f : exp2f(row_max[half] - next_max[half]);
       row_max[half] = next_max[half];
