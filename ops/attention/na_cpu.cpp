@@ -35,8 +35,6 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -417,9 +415,6 @@ struct QueryTiles {
   int axis = 2;
   std::vector<int64_t> first;
   std::vector<int> count;
-  // The item order (see tile_items): tiles in blocks of block_tiles, the inner axis in blocks of
-  // block_inner. 1 and 0 (the whole axis): no blocking.
-  int64_t block_tiles = 1, block_inner = 0;
 };
 
 /// The tile axis of a problem: the second-to-last spatial axis of 2-d and 3-d calls (the last
@@ -450,41 +445,11 @@ std::array<int, 2> other_axes(int axis) {
                      : std::array<int, 2>{0, 1};
 }
 
-/// Items of the tiled loops: (batch, outer axis query, block of tiles, block of inner axis
-/// queries, tile in the block, inner axis query in the block), the last fastest. Without blocks
-/// (tiles.block_tiles 1, block_inner the whole inner axis) that is (batch, outer, tile, inner).
+/// Items of the tiled loops: (batch, outer axis query, tile, inner axis query), the inner axis
+/// fastest.
 int64_t tile_items(const Problem& p, const QueryTiles& tiles) {
   const auto [outer, inner] = other_axes(tiles.axis);
   return p.batch * p.queries[outer] * static_cast<int64_t>(tiles.first.size()) * p.queries[inner];
-}
-
-/// Where tile item `item` lies: batch, outer axis query, tile, inner axis query.
-struct TileItem {
-  int64_t batch, outer_index, tile, inner_index;
-};
-
-TESSERA_NA_INLINE TileItem tile_item(const Problem& p, const QueryTiles& tiles, int64_t item) {
-  const auto [outer, inner] = other_axes(tiles.axis);
-  const int64_t tile_count = static_cast<int64_t>(tiles.first.size());
-  const int64_t inner_count = p.queries[inner];
-  const int64_t plane = tile_count * inner_count;  // items of one (batch, outer index)
-  TileItem at;
-  at.outer_index = (item / plane) % p.queries[outer];
-  at.batch = item / plane / p.queries[outer];
-  // Blocks of tiles hold block_tiles * inner_count items (the last may hold fewer tiles); inside
-  // one, blocks of the inner axis hold tiles_here * block_inner items (the last fewer indices).
-  const int64_t block_tiles = tiles.block_tiles;
-  const int64_t block_inner = tiles.block_inner > 0 ? tiles.block_inner : inner_count;
-  const int64_t in_plane = item % plane;
-  const int64_t tile_block = in_plane / (block_tiles * inner_count);
-  const int64_t tiles_here = std::min(block_tiles, tile_count - tile_block * block_tiles);
-  const int64_t in_tile_block = in_plane % (block_tiles * inner_count);
-  const int64_t inner_block = in_tile_block / (tiles_here * block_inner);
-  const int64_t inner_here = std::min(block_inner, inner_count - inner_block * block_inner);
-  const int64_t in_block = in_tile_block % (tiles_here * block_inner);
-  at.tile = tile_block * block_tiles + in_block / inner_here;
-  at.inner_index = inner_block * block_inner + in_block % inner_here;
-  return at;
 }
 
 /// One segment of a tile: slabs [slab_begin, slab_end) of the union of the windows on the tile
@@ -516,8 +481,13 @@ TESSERA_NA_INLINE void tile_keys(const Problem& p, const QueryTiles& tiles, int6
                                  TileKeys& keys) {
   const int a = tiles.axis;
   const auto [outer, inner] = other_axes(a);
-  const auto [batch, outer_index, tile, inner_index] = tile_item(p, tiles, item);
-  keys.batch = batch;
+  const int64_t tile_count = static_cast<int64_t>(tiles.first.size());
+  const int64_t inner_index = item % p.queries[inner];
+  int64_t rest = item / p.queries[inner];
+  const int64_t tile = rest % tile_count;
+  rest /= tile_count;
+  const int64_t outer_index = rest % p.queries[outer];
+  keys.batch = rest / p.queries[outer];
   keys.queries = tiles.count[tile];
   const int64_t step = p.dilation[a];
   const std::array<int64_t, kAxes> stride{p.tile[1] * p.tile[2], p.tile[2], 1};
@@ -1439,14 +1409,7 @@ NaForward forward_in(const Problem& p, const Tensor& q, const Tensor& k, const T
   const bool wide =
       set.wide_tile_queries > set.tile_queries && p.kernel[tile_axis(p)] <= kWideTileLimit;
   const int tile_queries = wide ? set.wide_tile_queries : set.tile_queries;
-  QueryTiles tiles = tile_queries > 0 ? query_tiles(p, tile_queries) : QueryTiles{};
-  // Measurement knob of the blocked item order: TESSERA_NA_BLOCKS="tiles,inner" (tile_item).
-  if (const char* env = std::getenv("TESSERA_NA_BLOCKS")) {
-    long bt = 1, bi = 0;
-    std::sscanf(env, "%ld,%ld", &bt, &bi);
-    tiles.block_tiles = bt;
-    tiles.block_inner = bi;
-  }
+  const QueryTiles tiles = tile_queries > 0 ? query_tiles(p, tile_queries) : QueryTiles{};
   const ForwardJob<T> job{&p,
                           &tiles,
                           qc.data<T>(),
