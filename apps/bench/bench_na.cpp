@@ -229,10 +229,12 @@ void run_na_bench(const NaBenchOptions& options) {
   report.set("backend", backend_name(backend));
   report.set("cpu_isa", ops::cpu_isa_name());      // TESSERA_CPU_ISA may ask for a lower one
   report.set("kernels", nlohmann::json::array());  // the kernels table's rows, when it runs
-  if (on_cuda)  // the kernel the dispatch runs for this dtype and head dim (TESSERA_NA_CUDA_KERNEL)
-    report.set("cuda_forward_kernel",
-               ops::kernels::na_kernel_name(ops::na_cuda_kernel_for(Tensor::zeros(
-                   {1, 8, options.heads, options.dim}, dtype, rank_device(options.device, 0)))));
+  // The kernel the dispatch runs on cuda for this dtype and head dim (TESSERA_NA_CUDA_KERNEL).
+  const char* cuda_kernel =
+      on_cuda ? ops::kernels::na_kernel_name(ops::na_cuda_kernel_for(Tensor::zeros(
+                    {1, 8, options.heads, options.dim}, dtype, rank_device(options.device, 0))))
+              : "";
+  if (on_cuda) report.set("cuda_forward_kernel", cuda_kernel);
   bench::BenchTable& table = report.table(
       "rows",
       fmt::format("tessera bench na: {} on {}, 2-d [B, X, Y, heads, D], non-causal, dilation 1, "
@@ -307,10 +309,7 @@ void run_na_bench(const NaBenchOptions& options) {
         "kernels",
         on_cuda ? fmt::format("cuda kernels alone (1 rank on {}): ref = the plain kernel, fast = "
                               "the dispatched one ({})",
-                              rank_device(options.device, 0).str(),
-                              ops::kernels::na_kernel_name(ops::na_cuda_kernel_for(Tensor::zeros(
-                                  {1, 8, options.heads, options.dim}, dtype,
-                                  rank_device(options.device, 0)))))
+                              rank_device(options.device, 0).str(), cuda_kernel)
                 : fmt::format("kernels alone (1 rank, fast on {} thread(s), reference "
                               "single-threaded in f64)",
                               threads),

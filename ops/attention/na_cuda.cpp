@@ -47,7 +47,7 @@ kernels::NaKernel tensor_core_family() {
   static const kernels::NaKernel chosen = [] {
     const char* value = std::getenv("TESSERA_NA_CUDA_KERNEL");
     kernels::NaKernel kernel = kernels::NaKernel::fused;
-    check_arg(kernels::parse_na_forward(value, kernels::NaKernel::fused, kernel), "na",
+    check_arg(kernels::parse_na_kernel_family(value, kernels::NaKernel::fused, kernel), "na",
               "TESSERA_NA_CUDA_KERNEL={}: expected fused or mma", value ? value : "");
     return kernel;
   }();

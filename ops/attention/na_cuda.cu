@@ -1012,8 +1012,7 @@ cudaError_t forward_fused_dim(const NaCall& call, const NaForwardArgs& args, int
                               cudaStream_t stream) {
   NaTileShape tile{};
   na_fused_tile_shape(spatial, tile.extent);
-  int64_t tiles = 1;
-  for (int a = 0; a < 3; ++a) tiles *= (call.axes[a].queries + tile.extent[a] - 1) / tile.extent[a];
+  const int64_t tiles = na_tile_count(call, tile, false);
   if (tiles == 0 || call.batch * call.heads == 0) return cudaSuccess;
   const size_t bytes = FusedLayout<D>::bytes;
   cudaError_t status = cudaFuncSetAttribute(
@@ -1066,11 +1065,8 @@ template <typename T, int D>
 cudaError_t backward_fused_dim(const NaCall& call, const Backward<T>& g, cudaStream_t stream) {
   NaTileShape tile{};
   na_fused_tile_shape(call.spatial, tile.extent);
-  int64_t query_tiles = 1, key_tiles = 1;
-  for (int a = 0; a < 3; ++a) {
-    query_tiles *= (call.axes[a].queries + tile.extent[a] - 1) / tile.extent[a];
-    key_tiles *= (call.axes[a].tile + tile.extent[a] - 1) / tile.extent[a];
-  }
+  const int64_t query_tiles = na_tile_count(call, tile, false),
+                key_tiles = na_tile_count(call, tile, true);
   const size_t bytes = BackwardLayout<D>::bytes;
   const unsigned pairs = static_cast<unsigned>(call.batch * call.heads);
   for (const void* kernel : {reinterpret_cast<const void*>(fused_backward_query<T, D>),

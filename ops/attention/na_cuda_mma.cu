@@ -19,6 +19,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "ops/attention/na_cuda.cuh"
 #include "ops/attention/na_mma_backward.cuh"
@@ -30,12 +31,26 @@ namespace {
 
 using namespace mma_detail;
 
+/// f(std::integral_constant<int, D>, std::bool_constant<bias>) for the call's head dim D (32,
+/// 64 or 128) and whether it has a bias: the kernels' instantiations.
+template <typename F>
+cudaError_t by_dim_and_bias(const NaCall& call, F&& f) {
+  auto with_bias = [&](auto dim) {
+    return call.has_rpb ? f(dim, std::true_type{}) : f(dim, std::false_type{});
+  };
+  switch (call.dim) {
+    case 32: return with_bias(std::integral_constant<int, 32>{});
+    case 64: return with_bias(std::integral_constant<int, 64>{});
+    case 128: return with_bias(std::integral_constant<int, 128>{});
+    default: return cudaErrorInvalidValue;
+  }
+}
+
 template <typename T, int D, bool kBias>
 cudaError_t launch_dim(const NaCall& call, const NaForwardArgs& args, cudaStream_t stream) {
   NaTileShape tile{};
   na_fused_tile_shape(call.spatial, tile.extent);
-  int64_t tiles = 1;
-  for (int a = 0; a < 3; ++a) tiles *= (call.axes[a].queries + tile.extent[a] - 1) / tile.extent[a];
+  const int64_t tiles = na_tile_count(call, tile, false);
   if (tiles == 0 || call.batch * call.heads == 0) return cudaSuccess;
   const MaskTables tables = mask_tables(call, tile);
   const size_t bytes = MmaLayout<D>::bytes + tables.bytes;
@@ -51,32 +66,13 @@ cudaError_t launch_dim(const NaCall& call, const NaForwardArgs& args, cudaStream
   return cudaGetLastError();
 }
 
-template <typename T>
-cudaError_t launch_typed(const NaCall& call, const NaForwardArgs& args, cudaStream_t stream) {
-  switch (call.dim) {
-    case 32:
-      return call.has_rpb ? launch_dim<T, 32, true>(call, args, stream)
-                          : launch_dim<T, 32, false>(call, args, stream);
-    case 64:
-      return call.has_rpb ? launch_dim<T, 64, true>(call, args, stream)
-                          : launch_dim<T, 64, false>(call, args, stream);
-    case 128:
-      return call.has_rpb ? launch_dim<T, 128, true>(call, args, stream)
-                          : launch_dim<T, 128, false>(call, args, stream);
-    default: return cudaErrorInvalidValue;
-  }
-}
-
 template <typename T, int D, bool kBias>
 cudaError_t launch_backward_dim(const NaCall& call, const NaBackwardArgs& args,
                                 cudaStream_t stream) {
   NaTileShape tile{};
   na_fused_tile_shape(call.spatial, tile.extent);
-  int64_t query_tiles = 1, key_tiles = 1;
-  for (int a = 0; a < 3; ++a) {
-    query_tiles *= (call.axes[a].queries + tile.extent[a] - 1) / tile.extent[a];
-    key_tiles *= (call.axes[a].tile + tile.extent[a] - 1) / tile.extent[a];
-  }
+  const int64_t query_tiles = na_tile_count(call, tile, false),
+                key_tiles = na_tile_count(call, tile, true);
   if (call.batch * call.heads == 0) return cudaSuccess;
   const MaskTables tables = mask_tables(call, tile);
   const size_t bytes = MmaBackwardLayout<D>::bytes + tables.bytes;
@@ -108,23 +104,6 @@ cudaError_t launch_backward_dim(const NaCall& call, const NaBackwardArgs& args,
   return cudaGetLastError();
 }
 
-template <typename T>
-cudaError_t launch_backward_typed(const NaCall& call, const NaBackwardArgs& args,
-                                  cudaStream_t stream) {
-  switch (call.dim) {
-    case 32:
-      return call.has_rpb ? launch_backward_dim<T, 32, true>(call, args, stream)
-                          : launch_backward_dim<T, 32, false>(call, args, stream);
-    case 64:
-      return call.has_rpb ? launch_backward_dim<T, 64, true>(call, args, stream)
-                          : launch_backward_dim<T, 64, false>(call, args, stream);
-    case 128:
-      return call.has_rpb ? launch_backward_dim<T, 128, true>(call, args, stream)
-                          : launch_backward_dim<T, 128, false>(call, args, stream);
-    default: return cudaErrorInvalidValue;
-  }
-}
-
 }  // namespace
 
 size_t na_mma_shared_bytes(const NaCall& call, bool backward) {
@@ -141,8 +120,14 @@ size_t na_mma_shared_bytes(const NaCall& call, bool backward) {
 cudaError_t launch_na_backward_mma(const NaCall& call, ElementType type, const NaBackwardArgs& args,
                                    cudaStream_t stream) {
   switch (type) {
-    case ElementType::f16: return launch_backward_typed<__half>(call, args, stream);
-    case ElementType::bf16: return launch_backward_typed<__nv_bfloat16>(call, args, stream);
+    case ElementType::f16:
+      return by_dim_and_bias(call, [&](auto dim, auto bias) {
+        return launch_backward_dim<__half, dim.value, bias.value>(call, args, stream);
+      });
+    case ElementType::bf16:
+      return by_dim_and_bias(call, [&](auto dim, auto bias) {
+        return launch_backward_dim<__nv_bfloat16, dim.value, bias.value>(call, args, stream);
+      });
     default: return cudaErrorInvalidValue;
   }
 }
@@ -150,8 +135,14 @@ cudaError_t launch_na_backward_mma(const NaCall& call, ElementType type, const N
 cudaError_t launch_na_forward_mma(const NaCall& call, ElementType type, const NaForwardArgs& args,
                                   cudaStream_t stream) {
   switch (type) {
-    case ElementType::f16: return launch_typed<__half>(call, args, stream);
-    case ElementType::bf16: return launch_typed<__nv_bfloat16>(call, args, stream);
+    case ElementType::f16:
+      return by_dim_and_bias(call, [&](auto dim, auto bias) {
+        return launch_dim<__half, dim.value, bias.value>(call, args, stream);
+      });
+    case ElementType::bf16:
+      return by_dim_and_bias(call, [&](auto dim, auto bias) {
+        return launch_dim<__nv_bfloat16, dim.value, bias.value>(call, args, stream);
+      });
     default: return cudaErrorInvalidValue;
   }
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 #if defined(__CUDACC__)
 #define TESSERA_NA_HD __host__ __device__ __forceinline__
@@ -181,20 +182,18 @@ inline NaKernel choose_na_kernel(NaElement element, int64_t dim, int64_t batch_h
 }
 
 /// The tensor-core kernels a call the fused kernel takes runs: `fused` or `mma` (the
-/// register-tiled ones), as TESSERA_NA_CUDA_KERNEL names it (null or empty: `default_kernel`); false for
-/// another value.
-inline bool parse_na_forward(const char* value, NaKernel default_kernel, NaKernel& kernel) {
-  if (value == nullptr || value[0] == '\0') {
+/// register-tiled ones), as TESSERA_NA_CUDA_KERNEL names it (null or empty: `default_kernel`);
+/// false for another value.
+inline bool parse_na_kernel_family(const char* value, NaKernel default_kernel, NaKernel& kernel) {
+  const std::string_view name = value ? value : "";
+  if (name.empty())
     kernel = default_kernel;
-    return true;
-  }
-  const auto same = [](const char* a, const char* b) {
-    while (*a && *a == *b) ++a, ++b;
-    return *a == *b;
-  };
-  if (same(value, "fused")) kernel = NaKernel::fused;
-  else if (same(value, "mma")) kernel = NaKernel::mma;
-  else return false;
+  else if (name == "fused")
+    kernel = NaKernel::fused;
+  else if (name == "mma")
+    kernel = NaKernel::mma;
+  else
+    return false;
   return true;
 }
 
@@ -206,6 +205,17 @@ constexpr int kFusedQueries = 64;
 struct NaTileShape {
   int64_t extent[3];
 };
+
+/// Tiles of `tile` over a call's local queries (keys: over its key tile): the blocks of a query
+/// tile (key tile) kernel's launch.
+TESSERA_NA_HD int64_t na_tile_count(const NaCall& call, const NaTileShape& tile, bool keys) {
+  int64_t tiles = 1;
+  for (int a = 0; a < 3; ++a) {
+    const int64_t extent = keys ? call.axes[a].tile : call.axes[a].queries;
+    tiles *= (extent + tile.extent[a] - 1) / tile.extent[a];
+  }
+  return tiles;
+}
 
 /// The fused kernel's tile extents along the 3 axes for a call with `spatial` user axes.
 inline void na_fused_tile_shape(int spatial, int64_t tile[3]) {

@@ -179,15 +179,16 @@ __device__ __forceinline__ bool tile_live(unsigned live, int j) {
   return (live >> (4 * j) & 0xFu) != 0;
 }
 
-/// The global coordinates of a lane's two query rows of a query tile (tile rows row0 and
-/// row0 + 8, for the bias) and their flat positions among the local queries (-1: outside).
-__device__ __forceinline__ void query_rows(const NaCall& c, const NaTileShape& tile,
-                                           const TileBox& t, int row0, int at[2][3],
-                                           long long flat[2]) {
+/// The global coordinates of a lane's two rows of the block's tile (tile rows row0 and row0 + 8:
+/// queries of a query tile, keys of a key tile; for the bias) and their flat positions (-1: past
+/// the local queries or the key tile).
+__device__ __forceinline__ void lane_rows(const NaCall& c, const NaTileShape& tile,
+                                          const TileBox& t, int row0, bool keys, int at[2][3],
+                                          long long flat[2]) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     int64_t i[3];
-    flat[half] = tile_row(c, tile, t, row0 + 8 * half, false, i);
+    flat[half] = tile_row(c, tile, t, row0 + 8 * half, keys, i);
 #pragma unroll
     for (int a = 0; a < 3; ++a) at[half][a] = static_cast<int>(i[a]);
   }
@@ -256,6 +257,21 @@ __device__ __forceinline__ void build_masks(const NaCall& c, const NaTileShape& 
       masks[m.offset[a] + u] = span_bits(span, origin, extent);
     }
   }
+}
+
+/// A block's setup, the same in every kernel: its tile (keys: of the key tile) and the box it
+/// streams, the flat positions of the tile's 64 rows into `flat` (threads 0..63) and the
+/// membership tables into `masks`. The caller synchronizes before reading either.
+__device__ __forceinline__ TileBox setup_tile(const NaCall& c, const NaTileShape& tile, bool keys,
+                                              const MaskTables& m, long long* flat,
+                                              unsigned long long* masks) {
+  const TileBox t = tile_box(c, tile, blockIdx.x, keys);
+  if (threadIdx.x < 64) {
+    int64_t at[3];
+    flat[threadIdx.x] = tile_row(c, tile, t, threadIdx.x, keys, at);
+  }
+  build_masks(c, tile, t, keys, m, masks);
+  return t;
 }
 
 /// The rows of the tile (row (t0 E1 + t1) E2 + t2 for tile extents E) that meet the box item at

@@ -93,16 +93,11 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
   const int64_t h = blockIdx.y % c.heads, b = blockIdx.y / c.heads;
 
   // The tile and its key box, as in the forward; this lane's rows, their lse and delta'.
-  const TileBox t = tile_box(c, tile, blockIdx.x, false);
-  if (tid < 64) {
-    int64_t i[3];
-    q_flat[tid] = tile_row(c, tile, t, tid, false, i);
-  }
   unsigned long long* masks = reinterpret_cast<unsigned long long*>(smem + L::bytes);
-  build_masks(c, tile, t, false, m, masks);
+  const TileBox t = setup_tile(c, tile, false, m, q_flat, masks);
   int row_at[2][3];
   long long row_flat[2];
-  query_rows(c, tile, t, warp * 16 + group, row_at, row_flat);
+  lane_rows(c, tile, t, warp * 16 + group, false, row_at, row_flat);
   float lse2[2], delta[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -215,21 +210,11 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
 
   // The key tile and the box of local queries that may read its keys, the membership tables;
   // this lane's key rows (global coordinates).
-  const TileBox t = tile_box(c, tile, blockIdx.x, true);
-  if (tid < 64) {
-    int64_t j[3];
-    key_flat[tid] = tile_row(c, tile, t, tid, true, j);
-  }
   unsigned long long* masks = reinterpret_cast<unsigned long long*>(smem + L::bytes);
-  build_masks(c, tile, t, true, m, masks);
+  const TileBox t = setup_tile(c, tile, true, m, key_flat, masks);
   int key_at[2][3];  // for the bias
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    int64_t j[3];
-    tile_row(c, tile, t, warp * 16 + group + 8 * half, true, j);
-#pragma unroll
-    for (int a = 0; a < 3; ++a) key_at[half][a] = static_cast<int>(j[a]);
-  }
+  long long row_flat[2];
+  lane_rows(c, tile, t, warp * 16 + group, true, key_at, row_flat);
   const Windows w = windows_of(c);
   const T* rpb_head = kBias ? g.rpb + h * c.rpb_count() : nullptr;  // kBias: c.has_rpb
   const float scale = static_cast<float>(c.scale), scale_log2 = scale * kLog2e;

@@ -23,16 +23,11 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
   const int64_t h = blockIdx.y % c.heads, b = blockIdx.y / c.heads;
 
   // The tile and its key box (the union of its queries' windows); this lane's two query rows.
-  const TileBox t = tile_box(c, tile, blockIdx.x, false);
-  if (tid < kFusedQueries) {
-    int64_t i[3];
-    q_flat[tid] = tile_row(c, tile, t, tid, false, i);
-  }
   unsigned long long* masks = reinterpret_cast<unsigned long long*>(smem + L::bytes);
-  build_masks(c, tile, t, false, m, masks);
+  const TileBox t = setup_tile(c, tile, false, m, q_flat, masks);
   int row_at[2][3];
   long long row_flat[2];
-  query_rows(c, tile, t, warp * 16 + group, row_at, row_flat);
+  lane_rows(c, tile, t, warp * 16 + group, false, row_at, row_flat);
   const Windows w = windows_of(c);
   const T* rpb_head = kBias ? rpb + h * c.rpb_count() : nullptr;  // kBias: c.has_rpb
   const float scale_log2 = static_cast<float>(c.scale) * kLog2e;
@@ -165,6 +160,7 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
     float sum = row_sum[half];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    // From shared memory, not row_flat: holding that through the loop costs registers (spills).
     const long long flat = q_flat[warp * 16 + group + 8 * half];
     if (flat < 0 || sum <= 0.0f) continue;
     const int64_t row = (b * c.query_count() + flat) * c.heads + h;

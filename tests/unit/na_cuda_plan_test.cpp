@@ -132,18 +132,18 @@ TEST(NaCudaPlan, BoxCapacityBoundsEveryTilesKeyBoxAndQueryBox) {
       for (int64_t first = axis.query_offset; first < piece_end; ++first) {
         int64_t lo, hi;
         ops::kernels::na_axis_key_range(axis, first, std::min(first + extent, piece_end), lo, hi);
-        ASSERT_LE(hi - lo, capacity) << "key box of queries [" << first << ", +" << extent
-                                     << ") L " << axis.length << " k " << axis.kernel << " d "
-                                     << axis.dilation << " causal " << axis.causal;
+        ASSERT_LE(hi - lo, capacity)
+            << "key box of queries [" << first << ", +" << extent << ") L " << axis.length << " k "
+            << axis.kernel << " d " << axis.dilation << " causal " << axis.causal;
         ++checked;
       }
       for (int64_t first = 0; first < axis.length; ++first) {
         int64_t lo, hi;
         ops::kernels::na_axis_query_range(axis, first, std::min(first + extent, axis.length), lo,
                                           hi);
-        ASSERT_LE(hi - lo, capacity) << "query box of keys [" << first << ", +" << extent
-                                     << ") L " << axis.length << " k " << axis.kernel << " d "
-                                     << axis.dilation << " causal " << axis.causal;
+        ASSERT_LE(hi - lo, capacity)
+            << "query box of keys [" << first << ", +" << extent << ") L " << axis.length << " k "
+            << axis.kernel << " d " << axis.dilation << " causal " << axis.causal;
         ++checked;
       }
     }
@@ -173,19 +173,19 @@ TEST(NaCudaPlan, DispatchSendsHalfTypesWithATiledHeadDimToTheFusedKernel) {
 
 TEST(NaCudaPlan, TheForwardKernelIsFusedUnlessTesseraNaCudaForwardNamesMma) {
   using ops::kernels::NaKernel;
-  using ops::kernels::parse_na_forward;
+  using ops::kernels::parse_na_kernel_family;
   NaKernel kernel = NaKernel::plain;
-  EXPECT_TRUE(parse_na_forward(nullptr, NaKernel::fused, kernel));
+  EXPECT_TRUE(parse_na_kernel_family(nullptr, NaKernel::fused, kernel));
   EXPECT_EQ(kernel, NaKernel::fused);
-  EXPECT_TRUE(parse_na_forward("", NaKernel::mma, kernel));
+  EXPECT_TRUE(parse_na_kernel_family("", NaKernel::mma, kernel));
   EXPECT_EQ(kernel, NaKernel::mma);
-  EXPECT_TRUE(parse_na_forward("mma", NaKernel::fused, kernel));
+  EXPECT_TRUE(parse_na_kernel_family("mma", NaKernel::fused, kernel));
   EXPECT_EQ(kernel, NaKernel::mma);
-  EXPECT_TRUE(parse_na_forward("fused", NaKernel::mma, kernel));
+  EXPECT_TRUE(parse_na_kernel_family("fused", NaKernel::mma, kernel));
   EXPECT_EQ(kernel, NaKernel::fused);
   for (const char* bad : {"plain", "MMA", "mm", "mmax", "fused ", "1"}) {
     kernel = NaKernel::plain;
-    EXPECT_FALSE(parse_na_forward(bad, NaKernel::fused, kernel)) << bad;
+    EXPECT_FALSE(parse_na_kernel_family(bad, NaKernel::fused, kernel)) << bad;
     EXPECT_EQ(kernel, NaKernel::plain) << bad << ": a refused value changes nothing";
   }
   EXPECT_STREQ(ops::kernels::na_kernel_name(NaKernel::plain), "plain");

@@ -291,8 +291,7 @@ ops::NaForward run_emulated(const KernelCase& c, const emu::LaunchOptions& optio
   ops::kernels::NaTileShape tile{};
   ops::kernels::na_fused_tile_shape(call.spatial, tile.extent);
   const mma::MaskTables tables = mma::mask_tables(call, tile);
-  int64_t tiles = 1;
-  for (int a = 0; a < 3; ++a) tiles *= (call.axes[a].queries + tile.extent[a] - 1) / tile.extent[a];
+  const int64_t tiles = ops::kernels::na_tile_count(call, tile, false);
   const int64_t rows = c.q.numel() / D;
   // o starts as NaN (0xFFFF): a row the kernel leaves unwritten fails the comparison.
   std::vector<uint16_t> o(rows * D + 2 * kGuard, 0xFFFF);
@@ -446,11 +445,8 @@ ops::NaGradients run_emulated_backward(const KernelCase& c, const Tensor& go, co
   }
   ops::kernels::NaTileShape tile{};
   ops::kernels::na_fused_tile_shape(call.spatial, tile.extent);
-  int64_t query_tiles = 1, key_tiles = 1;
-  for (int a = 0; a < 3; ++a) {
-    query_tiles *= (call.axes[a].queries + tile.extent[a] - 1) / tile.extent[a];
-    key_tiles *= (call.axes[a].tile + tile.extent[a] - 1) / tile.extent[a];
-  }
+  const int64_t query_tiles = ops::kernels::na_tile_count(call, tile, false),
+                key_tiles = ops::kernels::na_tile_count(call, tile, true);
   Guarded dq(c.q.numel()), dk(c.k.numel()), dv(c.v.numel());
   const mma::MmaBackward<T> args{static_cast<const T*>(c.q.raw_data()),
                                  static_cast<const T*>(c.k.raw_data()),
