@@ -1,8 +1,8 @@
 // `tessera bench conv`: sharded convolution forward and forward+backward (conv backward data,
 // weight and bias through the tape), unsharded on 1 rank vs sharded over P ranks along the
 // first spatial dim, with GFLOP/s, the halo exchange's own time, and a correctness check of
-// the sharded output against the 1-rank output (#wrong). PyTorch's figures for the same shapes
-// come from apps/bench/torch_conv_bench.py.
+// the sharded output against the 1-rank output (#wrong, and the largest error). PyTorch's figures
+// for the same shapes come from apps/bench/torch_conv_bench.py.
 //
 // --device cuda runs cuDNN (f32 without TF32, or --dtype bf16/f16), timed with CUDA events on
 // each rank's compute stream (all local ranks share the visible GPUs round-robin), and adds the
@@ -29,6 +29,7 @@
 #include "core/runtime/rank_context.hpp"
 #include "core/tessera.hpp"
 #include "core/trace.hpp"
+#include "ops/conv/conv_cudnn.hpp"
 #include "ops/conv/conv_kernels.hpp"
 #include "ops/ops.hpp"
 
@@ -231,7 +232,8 @@ void run_conv_bench(const ConvBenchOptions& options_given) {
        {"forward_backward_gflops", "fwd+bwd", "GFLOP/s", 9, 1},
        {"forward_backward_gbps", "fwd+bwd", "GB/s", 7, 1},
        {"halo_ms", "halo", "ms", 10, 3},
-       {"wrong", "#wrong", "", 7}});
+       {"wrong", "#wrong", "", 7},
+       {"max_error", "max err", "", 9, 5}});
   for (const std::string& shape_text : options.shapes) {
     const Shape x_shape = parse_list(shape_text);
     check_arg(x_shape.size() >= 3 && x_shape.size() <= 5, "bench", "shape {} is not N,C,spatial..",
@@ -253,16 +255,19 @@ void run_conv_bench(const ConvBenchOptions& options_given) {
         if (world->rank() == 0) figures = std::move(mine);
       });
       // The first configuration (normally 1 rank) is the reference output.
-      int64_t wrong = 0;
+      bench::Mismatch mismatch;
       // Beyond f32's 1e-4 (different algorithms per piece), bf16/f16 outputs differ by their
-      // rounding of differently ordered sums: 1e-2 of the magnitude.
-      const double tolerance = dtype == DType::f32 ? 1e-4 : 1e-2;
+      // rounding of differently ordered sums, and by more where an algorithm rounds partial
+      // results (Winograd transforms): 1e-2 of the magnitude, 4 units of bf16 roundoff for bf16.
+      const double tolerance = dtype == DType::f32    ? 1e-4
+                               : dtype == DType::bf16 ? std::ldexp(1.0, -6)
+                                                      : 1e-2;
       if (options.no_comm || figures.y.numel() == 0) {
         // no output to check
       } else if (reference.numel() == 0) {
         reference = std::move(figures.y);
       } else {
-        wrong = bench::count_wrong(reference, figures.y, tolerance);
+        mismatch = bench::count_wrong(reference, figures.y, tolerance);
       }
       // The row so far on stderr as soon as it is known: stdout holds one JSON document, and a
       // run cut short by a time limit still shows what it finished.
@@ -271,7 +276,7 @@ void run_conv_bench(const ConvBenchOptions& options_given) {
                    "bench conv: shape {} on {} ranks: forward {:.3f} ms, fwd+bwd {:.3f} ms, "
                    "inputs {:.0f} ms, #wrong {}\n",
                    fmt::join(x_shape, ","), ranks, figures.forward * 1e3,
-                   figures.forward_backward * 1e3, figures.inputs * 1e3, wrong);
+                   figures.forward_backward * 1e3, figures.inputs * 1e3, mismatch.wrong);
       const int used_threads =
           threads > 0 ? threads
                       : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
@@ -295,9 +300,13 @@ void run_conv_bench(const ConvBenchOptions& options_given) {
                  {"halo_ms", figures.halo * 1e3},
                  {"halo_overlapped", 0.0},
                  {"inputs_seconds", figures.inputs},
-                 {"wrong", wrong}});
+                 {"wrong", mismatch.wrong},
+                 {"max_error", mismatch.max_error}});
     }
   }
+  // What cuDNN was measured to run for each conv of the benchmark (one line per shape, direction,
+  // dtype and layout), so that a figure can be read beside the algorithm behind it.
+  if (cuda) report.set("cudnn_algorithms", ops::conv_cudnn_algorithm_choices());
   report.finish();
 }
 

@@ -86,10 +86,7 @@ Tensor random_tensor(const Shape& shape, uint64_t seed, DType dtype) {
   return random_box(shape, Box::of_shape(shape), seed, dtype);
 }
 
-/// Elements of `output` that differ from `reference` (same shape and floating dtype) by more than
-/// `tolerance` * (1 + |reference|), counted on the host's threads without a converted copy of
-/// either.
-int64_t count_wrong(const Tensor& reference, const Tensor& output, double tolerance) {
+Mismatch count_wrong(const Tensor& reference, const Tensor& output, double tolerance) {
   if (reference.dtype() != output.dtype() || reference.shape() != output.shape() ||
       !is_floating(reference.dtype()) || !reference.device().is_cpu() || !output.device().is_cpu())
     throw InvalidArgument("bench", fmt::format("output {} {} on {} beside reference {} {} on {}",
@@ -99,7 +96,7 @@ int64_t count_wrong(const Tensor& reference, const Tensor& output, double tolera
   const int64_t count = reference.numel();
   const int threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   constexpr int64_t kChunk = int64_t{1} << 16;
-  std::vector<int64_t> wrong_per_slot(threads, 0);
+  std::vector<Mismatch> per_slot(threads);
   dispatch_dtype(reference.dtype(), [&]<typename T>() {
     const T* expected = reference.data<T>();
     const T* actual = output.data<T>();
@@ -110,17 +107,24 @@ int64_t count_wrong(const Tensor& reference, const Tensor& output, double tolera
         return static_cast<double>(element);
     };
     parallel_for((count + kChunk - 1) / kChunk, threads, [&](int64_t begin, int64_t end, int slot) {
-      int64_t wrong = 0;
+      Mismatch mine;
       for (int64_t i = begin * kChunk; i < std::min(count, end * kChunk); ++i) {
         const double r = value(expected[i]);
-        wrong += std::fabs(value(actual[i]) - r) > tolerance * (1 + std::fabs(r));
+        const double error = std::fabs(value(actual[i]) - r) / (1 + std::fabs(r));
+        // A NaN (which compares false) is wrong and the largest error.
+        mine.wrong += !(error <= tolerance);
+        mine.max_error = std::max(mine.max_error, std::isnan(error) ? INFINITY : error);
       }
-      wrong_per_slot[slot] += wrong;
+      per_slot[slot].wrong += mine.wrong;
+      per_slot[slot].max_error = std::max(per_slot[slot].max_error, mine.max_error);
     });
   });
-  int64_t wrong = 0;
-  for (int64_t slot_wrong : wrong_per_slot) wrong += slot_wrong;
-  return wrong;
+  Mismatch total;
+  for (const Mismatch& slot : per_slot) {
+    total.wrong += slot.wrong;
+    total.max_error = std::max(total.max_error, slot.max_error);
+  }
+  return total;
 }
 
 }  // namespace tessera::bench

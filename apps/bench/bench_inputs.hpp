@@ -25,9 +25,16 @@ Tensor random_box(const Shape& global_shape, const Box& box, uint64_t seed,
 /// build alike.
 Tensor random_tensor(const Shape& shape, uint64_t seed, DType dtype = DType::f32);
 
-/// Elements of `output` that differ from `reference` (same shape and floating dtype) by more than
-/// `tolerance` * (1 + |reference|), compared in f64 element by element on the host's threads
-/// (no converted copy of either tensor). Both on the cpu.
-int64_t count_wrong(const Tensor& reference, const Tensor& output, double tolerance);
+/// How `output` differs from `reference`: the elements off by more than `tolerance` *
+/// (1 + |reference|), and the largest |output - reference| / (1 + |reference|).
+struct Mismatch {
+  int64_t wrong = 0;
+  double max_error = 0;
+};
+
+/// The mismatch of `output` against `reference` (same shape and floating dtype), compared in f64
+/// element by element on the host's threads (no converted copy of either tensor). Both on the
+/// cpu.
+Mismatch count_wrong(const Tensor& reference, const Tensor& output, double tolerance);
 
 }  // namespace tessera::bench

@@ -42,12 +42,13 @@ bool has_tensor_cores(Device device) {
          major >= 8;
 }
 
-/// The tensor-core kernels TESSERA_NA_CUDA_KERNEL asks for (read once; default fused).
+/// The tensor-core kernels TESSERA_NA_CUDA_KERNEL asks for (read once; default mma, the
+/// register-tiled kernels; `fused` keeps the earlier shared-memory ones).
 kernels::NaKernel tensor_core_family() {
   static const kernels::NaKernel chosen = [] {
     const char* value = std::getenv("TESSERA_NA_CUDA_KERNEL");
-    kernels::NaKernel kernel = kernels::NaKernel::fused;
-    check_arg(kernels::parse_na_kernel_family(value, kernels::NaKernel::fused, kernel), "na",
+    kernels::NaKernel kernel = kernels::NaKernel::mma;
+    check_arg(kernels::parse_na_kernel_family(value, kernels::NaKernel::mma, kernel), "na",
               "TESSERA_NA_CUDA_KERNEL={}: expected fused or mma", value ? value : "");
     return kernel;
   }();

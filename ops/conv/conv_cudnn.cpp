@@ -21,6 +21,7 @@
 #include <array>
 #include <cstdlib>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -387,7 +388,8 @@ CudnnAlgoChoice measure(cudnnHandle_t handle, const ConvCall& call, const ConvPo
     }
   }
   std::optional<CudnnAlgoChoice> choice =
-      choose_algorithm(measurements, call.key.deterministic, workspace.bytes());
+      choose_algorithm(measurements, cudnn_determinism_for(call.key.dtype, call.key.deterministic),
+                       workspace.bytes());
   if (!choice)
     throw NotAvailable(kOp, fmt::format("cuDNN has no algorithm for conv {} within a workspace "
                                         "of {} bytes{}",
@@ -398,9 +400,15 @@ CudnnAlgoChoice measure(cudnnHandle_t handle, const ConvCall& call, const ConvPo
   return *choice;
 }
 
-// The algorithm for `call`: cached, or measured now and cached.
+// The algorithm for `call`: cached, or measured now and cached. Measurements run one at a time
+// in the process: local ranks sharing a GPU reach the same convs together, and four measuring at
+// once would time each algorithm against the others' (and cache what won under contention);
+// the others wait and then find the first one's choice when their key is the same.
 CudnnAlgoChoice algorithm_for(cudnnHandle_t handle, const ConvCall& call, const ConvPointers& p,
                               const Stream& stream) {
+  if (const auto cached = algorithm_cache().find(call.key)) return *cached;
+  static std::mutex measuring;
+  std::lock_guard lock(measuring);
   if (const auto cached = algorithm_cache().find(call.key)) return *cached;
   return algorithm_cache().insert(call.key, measure(handle, call, p, stream));
 }
@@ -591,6 +599,15 @@ void conv_backward_bias_cudnn(const ConvOperand& dy, const ConvOperand& db) {
 
 size_t conv_cudnn_cached_algorithms() {
   return algorithm_cache().size();
+}
+
+std::vector<std::string> conv_cudnn_algorithm_choices() {
+  std::vector<std::string> lines;
+  for (const auto& [key, choice] : algorithm_cache().entries())
+    lines.push_back(fmt::format("{}: algorithm {} math {} workspace {} bytes", describe(key),
+                                choice.algorithm, choice.math, choice.workspace_bytes));
+  std::sort(lines.begin(), lines.end());
+  return lines;
 }
 
 }  // namespace tessera::ops

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include "core/device.hpp"
@@ -54,5 +55,8 @@ void conv_backward_bias_cudnn(const ConvOperand& dy, const ConvOperand& db);
 
 /// Number of (shape, direction, ...) keys whose algorithm has been measured and cached.
 size_t conv_cudnn_cached_algorithms();
+/// One line per cached key, sorted: the conv (describe) and the algorithm, math type and
+/// workspace chosen for it (what bench conv reports beside its figures).
+std::vector<std::string> conv_cudnn_algorithm_choices();
 
 }  // namespace tessera::ops

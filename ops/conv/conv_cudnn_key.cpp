@@ -146,16 +146,28 @@ bool allow_tf32_from_env(const char* value) {
   return value != nullptr && std::string(value) == "1";
 }
 
+CudnnDeterminism cudnn_determinism_for(DType dtype, bool required) {
+  if (required) return CudnnDeterminism::required;
+  if (dtype == DType::f16 || dtype == DType::bf16) return CudnnDeterminism::preferred;
+  return CudnnDeterminism::any;
+}
+
 std::optional<CudnnAlgoChoice> choose_algorithm(
-    const std::vector<CudnnAlgoMeasurement>& measurements, bool deterministic,
+    const std::vector<CudnnAlgoMeasurement>& measurements, CudnnDeterminism determinism,
     size_t workspace_limit) {
-  const CudnnAlgoMeasurement* best = nullptr;
-  for (const CudnnAlgoMeasurement& m : measurements) {
-    if (!m.ok || m.workspace_bytes > workspace_limit || (deterministic && !m.deterministic))
-      continue;
-    // cuDNN lists them fastest first; the comparison keeps that order on ties.
-    if (best == nullptr || m.milliseconds < best->milliseconds) best = &m;
-  }
+  // The fastest that ran, fits and (when `deterministic_only`) is deterministic.
+  auto fastest = [&](bool deterministic_only) -> const CudnnAlgoMeasurement* {
+    const CudnnAlgoMeasurement* best = nullptr;
+    for (const CudnnAlgoMeasurement& m : measurements) {
+      if (!m.ok || m.workspace_bytes > workspace_limit || (deterministic_only && !m.deterministic))
+        continue;
+      // cuDNN lists them fastest first; the comparison keeps that order on ties.
+      if (best == nullptr || m.milliseconds < best->milliseconds) best = &m;
+    }
+    return best;
+  };
+  const CudnnAlgoMeasurement* best = fastest(determinism != CudnnDeterminism::any);
+  if (best == nullptr && determinism == CudnnDeterminism::preferred) best = fastest(false);
   if (best == nullptr) return std::nullopt;
   return CudnnAlgoChoice{best->algorithm, best->math, best->workspace_bytes};
 }
@@ -223,6 +235,11 @@ CudnnAlgoChoice CudnnAlgoCache::insert(const CudnnConvKey& key, const CudnnAlgoC
 size_t CudnnAlgoCache::size() const {
   std::lock_guard lock(mu_);
   return choices_.size();
+}
+
+std::vector<std::pair<CudnnConvKey, CudnnAlgoChoice>> CudnnAlgoCache::entries() const {
+  std::lock_guard lock(mu_);
+  return {choices_.begin(), choices_.end()};
 }
 
 void CudnnAlgoCache::clear() {

@@ -111,10 +111,20 @@ struct CudnnAlgoChoice {
   bool operator==(const CudnnAlgoChoice&) const = default;
 };
 
-/// The fastest measured algorithm that ran, fits `workspace_limit` and (when asked) is
-/// deterministic; nullopt when none qualifies.
+/// Which measured algorithms may be chosen: any; the deterministic ones when one qualifies, else
+/// any (preferred); only the deterministic ones (required).
+enum class CudnnDeterminism { any, preferred, required };
+
+/// The determinism rule of a conv on `dtype`: required when TESSERA_CUDNN_DETERMINISTIC asks
+/// (`required`); else preferred for f16/bf16, whose non-deterministic backward algorithms add
+/// partial sums into the output with atomics, so in the half type itself (an error that grows
+/// with the number of partial sums, beyond one rounding of an f32 sum); else any.
+CudnnDeterminism cudnn_determinism_for(DType dtype, bool required);
+
+/// The fastest measured algorithm that ran, fits `workspace_limit` and meets `determinism`;
+/// nullopt when none qualifies.
 std::optional<CudnnAlgoChoice> choose_algorithm(
-    const std::vector<CudnnAlgoMeasurement>& measurements, bool deterministic,
+    const std::vector<CudnnAlgoMeasurement>& measurements, CudnnDeterminism determinism,
     size_t workspace_limit);
 
 /// Everything a cuDNN convolution's algorithm choice depends on: direction, dtype and math,
@@ -151,6 +161,8 @@ class CudnnAlgoCache {
   CudnnAlgoChoice insert(const CudnnConvKey& key, const CudnnAlgoChoice& choice);
   /// Number of cached keys.
   size_t size() const;
+  /// Every cached key with its choice, in no particular order.
+  std::vector<std::pair<CudnnConvKey, CudnnAlgoChoice>> entries() const;
   /// Forgets every choice.
   void clear();
 

@@ -47,4 +47,8 @@ size_t conv_cudnn_cached_algorithms() {
   return 0;
 }
 
+std::vector<std::string> conv_cudnn_algorithm_choices() {
+  return {};
+}
+
 }  // namespace tessera::ops

@@ -47,6 +47,9 @@ struct OpCase {
   int64_t sum_length = 1;
   bool broadcast = false;
   bool positive = false;  ///< inputs in [0.5, 1.5] (sqrt, log, pow's base)
+  /// An input that only selects (where's condition): the bound's run on |inputs| keeps its
+  /// signed values, so that it selects the same elements as the runs it bounds.
+  int condition_input = -1;
 };
 
 ShardTensor apply_one(const std::string& op, const std::vector<ShardTensor>& in,
@@ -116,7 +119,9 @@ std::vector<OpCase> op_cases() {
        {small, small, {3}},
        [](const auto& in) { return add(where(relu(in[1]), in[0], in[2]), scale(in[1], 0.0)); },
        20,
-       true});
+       true,
+       false,
+       1});
   for (const char* binary : {"add", "sub", "mul", "div"}) {
     const std::string name = binary;
     cases.push_back({name + " same shape", {{7, 33}, {7, 33}}, [binary](const auto& in) {
@@ -210,6 +215,12 @@ Tensor absolute(const Tensor& t) {
   return out;
 }
 
+/// Input i of `c` in the run that gives the bounds: |values|, or the values themselves for the
+/// condition input (|in| would select other elements: relu(|x|) > 0 almost everywhere).
+Tensor magnitude_of(const OpCase& c, size_t i, const Tensor& values) {
+  return static_cast<int>(i) == c.condition_input ? values : absolute(values);
+}
+
 /// The output and the input gradients of `c` on `mesh` in `dtype` on `device`, from inputs laid
 /// out as `layouts` and the output gradient `gy` (full tensors, f64); back on the host in f64.
 std::vector<Tensor> run_case(const OpCase& c, const DeviceMesh& mesh,
@@ -298,7 +309,7 @@ TEST(BasicOpsGpu, EveryOpForwardAndBackwardOnCudaMatchesCpuInEveryDtype) {
         std::vector<ShardSpec> layouts;
         for (size_t i = 0; i < c.shapes.size(); ++i) {
           values.push_back(case_values(c, i, dtype, rng));
-          magnitudes.push_back(absolute(values.back()));
+          magnitudes.push_back(magnitude_of(c, i, values.back()));
           layouts.push_back(ShardSpec::make(c.shapes[i], {1}, {Placement::replicate()}));
         }
         std::vector<ShardTensor> probe_inputs;
@@ -373,7 +384,7 @@ TEST(BasicOpsGpu, ShardedOnOneTwoAndFourLocalRanksMatchesOneRank) {
             std::vector<Tensor> values, magnitudes;
             for (size_t i = 0; i < c.shapes.size(); ++i) {
               values.push_back(case_values(c, i, dtype, rng));
-              magnitudes.push_back(absolute(values.back()));
+              magnitudes.push_back(magnitude_of(c, i, values.back()));
             }
             const std::vector<ShardSpec> layouts = case_layouts(c, mesh, rng);
             std::vector<ShardSpec> single_layouts;

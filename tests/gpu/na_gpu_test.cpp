@@ -6,7 +6,7 @@
 //  - the random cases of the cpu sweep (tests/dist/na_cases.hpp) sharded over 1, 2 and 4 local
 //    ranks on the GPU equal the cpu op on one rank: f64 within 1e-12, f32 within 1e-5, f16 and
 //    bf16 within their roundoff (1e-2, 5e-2 of the largest value); the same with a head dim of
-//    32, where f16/bf16 calls take the fused kernel;
+//    32, where f16/bf16 calls take the tensor-core kernels (mma by default);
 //  - the fused kernels (forward and backward) equal the plain kernels and the reference on the
 //    same inputs (1-d/2-d/3-d, odd and even kernels, dilation, causal, rpb, extents not multiples
 //    of the tile, query pieces with key tiles at offsets);
@@ -14,8 +14,8 @@
 //    the tiled sizes;
 //  - the mma kernels (S, P and the accumulators in registers): the forward equals the reference
 //    and the fused forward on the same kind of cases, and the mma backward from its output and
-//    lse equals the reference's; under TESSERA_NA_CUDA_KERNEL=mma the sharded sweep and the
-//    determinism test run them too (scripts/gpu-check.sh);
+//    lse equals the reference's; the sharded sweep and the determinism test run them as the
+//    default, and the fused kernels under TESSERA_NA_CUDA_KERNEL=fused (scripts/gpu-check.sh);
 //  - the backward is deterministic: two runs give the same bits.
 #include <gtest/gtest.h>
 

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -113,13 +114,29 @@ TEST(BenchInputs, CountWrongCountsElementsBeyondTheTolerance) {
   const Shape shape{3, 100003};
   for (DType dtype : {DType::f32, DType::bf16}) {
     const Tensor reference = random_tensor(shape, 21, dtype);
-    EXPECT_EQ(count_wrong(reference, reference, 1e-2), 0) << dtype_name(dtype);
+    EXPECT_EQ(count_wrong(reference, reference, 1e-2).wrong, 0) << dtype_name(dtype);
+    EXPECT_EQ(count_wrong(reference, reference, 1e-2).max_error, 0) << dtype_name(dtype);
     Tensor output = random_tensor(shape, 21);
     float* values = output.data<float>();
     for (int64_t i : {int64_t{0}, int64_t{70000}, int64_t{300008}}) values[i] += 0.5f;
     for (int64_t i : {int64_t{5}, int64_t{200000}}) values[i] += 1e-4f;  // within 1e-2
-    EXPECT_EQ(count_wrong(reference, output.to_dtype(dtype), 1e-2), 3) << dtype_name(dtype);
+    const Mismatch mismatch = count_wrong(reference, output.to_dtype(dtype), 1e-2);
+    EXPECT_EQ(mismatch.wrong, 3) << dtype_name(dtype);
+    // The largest error: 0.5 added to one of the three, over 1 + |reference|.
+    double largest = 0;
+    for (int64_t i : {int64_t{0}, int64_t{70000}, int64_t{300008}}) {
+      const double r = reference.to_dtype(DType::f64).data<double>()[i];
+      const double o = output.to_dtype(dtype).to_dtype(DType::f64).data<double>()[i];
+      largest = std::max(largest, std::fabs(o - r) / (1 + std::fabs(r)));
+    }
+    EXPECT_DOUBLE_EQ(mismatch.max_error, largest) << dtype_name(dtype);
   }
+  // A NaN is wrong whatever the tolerance, and the largest error.
+  Tensor output = random_tensor({4, 5}, 3);
+  output.data<float>()[7] = NAN;
+  const Mismatch nan = count_wrong(random_tensor({4, 5}, 3), output, 1e-2);
+  EXPECT_EQ(nan.wrong, 1);
+  EXPECT_TRUE(std::isinf(nan.max_error));
 }
 
 TEST(BenchInputs, CountWrongRejectsOutputsOfAnotherShapeOrDtype) {

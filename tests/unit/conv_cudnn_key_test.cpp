@@ -150,11 +150,40 @@ TEST(ConvCudnnKey, ChosenAlgorithmIsTheFastestThatRanFitsAndIsDeterministicWhenA
       {3, true, 0.3f, 1 << 10, false, 1},  // non-deterministic
       {4, true, 0.4f, 1 << 10, true, 3},
       {5, true, 0.5f, 0, true, 3}};
-  EXPECT_EQ(choose_algorithm(measured, false, 1 << 20), (CudnnAlgoChoice{3, 1, 1 << 10}));
-  EXPECT_EQ(choose_algorithm(measured, true, 1 << 20), (CudnnAlgoChoice{4, 3, 1 << 10}));
-  EXPECT_EQ(choose_algorithm(measured, false, size_t{1} << 31), (CudnnAlgoChoice{2, 1, 1 << 30}));
-  EXPECT_EQ(choose_algorithm(measured, true, 0), (CudnnAlgoChoice{5, 3, 0}));
-  EXPECT_FALSE(choose_algorithm({{1, false, 0.1f, 0, true, 0}}, false, 1 << 20).has_value());
+  using enum CudnnDeterminism;
+  EXPECT_EQ(choose_algorithm(measured, any, 1 << 20), (CudnnAlgoChoice{3, 1, 1 << 10}));
+  EXPECT_EQ(choose_algorithm(measured, required, 1 << 20), (CudnnAlgoChoice{4, 3, 1 << 10}));
+  EXPECT_EQ(choose_algorithm(measured, preferred, 1 << 20), (CudnnAlgoChoice{4, 3, 1 << 10}));
+  EXPECT_EQ(choose_algorithm(measured, any, size_t{1} << 31), (CudnnAlgoChoice{2, 1, 1 << 30}));
+  EXPECT_EQ(choose_algorithm(measured, required, 0), (CudnnAlgoChoice{5, 3, 0}));
+  EXPECT_FALSE(choose_algorithm({{1, false, 0.1f, 0, true, 0}}, any, 1 << 20).has_value());
+  // Preferred falls back to a non-deterministic algorithm when no deterministic one qualifies;
+  // required has none.
+  const std::vector<CudnnAlgoMeasurement> atomics_only{{3, true, 0.3f, 0, false, 1},
+                                                       {4, true, 0.1f, 1 << 30, true, 1}};
+  EXPECT_EQ(choose_algorithm(atomics_only, preferred, 1 << 20), (CudnnAlgoChoice{3, 1, 0}));
+  EXPECT_FALSE(choose_algorithm(atomics_only, required, 1 << 20).has_value());
+}
+
+// Half-precision convs avoid the atomics-based backward algorithms (their partial sums add up in
+// the half type itself: f16 dx of a stride-2 conv fell outside one rounding of an f32 sum on an
+// H100 when the measurement picked one); f32 and f64 take the fastest; the environment's
+// requirement holds for every dtype.
+TEST(ConvCudnnKey, HalfPrecisionPrefersDeterministicAlgorithms) {
+  using enum CudnnDeterminism;
+  EXPECT_EQ(cudnn_determinism_for(DType::f16, false), preferred);
+  EXPECT_EQ(cudnn_determinism_for(DType::bf16, false), preferred);
+  EXPECT_EQ(cudnn_determinism_for(DType::f32, false), any);
+  EXPECT_EQ(cudnn_determinism_for(DType::f64, false), any);
+  for (DType dtype : {DType::f16, DType::bf16, DType::f32, DType::f64})
+    EXPECT_EQ(cudnn_determinism_for(dtype, true), required);
+  // A measurement where the atomics-based algorithm is fastest: bf16 takes the other.
+  const std::vector<CudnnAlgoMeasurement> backward_data{{0, true, 0.2f, 0, false, 1},
+                                                        {1, true, 0.3f, 1 << 12, true, 1}};
+  EXPECT_EQ(choose_algorithm(backward_data, cudnn_determinism_for(DType::bf16, false), 1 << 20),
+            (CudnnAlgoChoice{1, 1, 1 << 12}));
+  EXPECT_EQ(choose_algorithm(backward_data, cudnn_determinism_for(DType::f32, false), 1 << 20),
+            (CudnnAlgoChoice{0, 1, 0}));
 }
 
 CudnnConvKey sample_key() {
@@ -217,6 +246,10 @@ TEST(ConvCudnnKey, CacheKeepsTheFirstChoicePerKeyAcrossThreads) {
   const CudnnAlgoChoice first = *cache.find(key);
   EXPECT_EQ(cache.insert(key, CudnnAlgoChoice{99, 1, 1}), first);
   EXPECT_EQ(*cache.find(key), first);
+  // entries: every key once, with the choice find gives.
+  const auto entries = cache.entries();
+  EXPECT_EQ(entries.size(), 4u);
+  for (const auto& [entry_key, choice] : entries) EXPECT_EQ(*cache.find(entry_key), choice);
   cache.clear();
   EXPECT_EQ(cache.size(), 0u);
 }
