@@ -979,15 +979,17 @@ __global__ void __launch_bounds__(kFusedWarps* kWarp)
 #endif
 }
 
-/// Whether the mma kernels' shared memory for `call` fits the current device's opt-in limit per
-/// block (their membership tables grow with kernel x dilation); if not, the fused kernels run.
+/// Whether the mma kernels take `call`: its boxes split in 32 bits (na_mma_boxes_fit) and their
+/// shared memory fits the current device's opt-in limit per block (their membership tables grow
+/// with kernel x dilation); if not, the fused kernels run.
 bool mma_fits(const NaCall& call, bool backward) {
   int device = 0, limit = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
           cudaSuccess)
     return false;
-  return na_mma_shared_bytes(call, backward) <= static_cast<size_t>(limit);
+  return na_mma_boxes_fit(call) &&
+         na_mma_shared_bytes(call, backward) <= static_cast<size_t>(limit);
 }
 
 /// Blocks for `rows` rows of one warp each.

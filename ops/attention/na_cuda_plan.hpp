@@ -224,4 +224,18 @@ inline void na_fused_tile_shape(int spatial, int64_t tile[3]) {
   tile[2] = spatial == 3 ? 4 : spatial == 2 ? 8 : 64;
 }
 
+/// Whether every key box of a query tile and every query box of a key tile of the mma kernels
+/// (na_fused_tile_shape) holds fewer than 2^31 items: the kernels split box items in 32 bits
+/// (a bound: the product of na_box_capacity over the axes). Calls past it run the fused kernels.
+inline bool na_mma_boxes_fit(const NaCall& call) {
+  int64_t tile[3];
+  na_fused_tile_shape(call.spatial, tile);
+  int64_t volume = 1;
+  for (int a = 0; a < 3; ++a) {
+    volume *= na_box_capacity(call.axes[a], tile[a]);
+    if (volume >= (int64_t{1} << 31)) return false;
+  }
+  return true;
+}
+
 }  // namespace tessera::ops::kernels

@@ -89,6 +89,16 @@ __device__ __forceinline__ void split_flat(int64_t flat, int64_t e0, int64_t e1,
   out[0] = flat / e1;
 }
 
+/// Splits item n of a key (query) box with extents (b0, b1, b2) into its box coordinates, in 32
+/// bits: the streaming loops run this for every row of every chunk, where 64-bit division is a
+/// long subroutine. Box volumes stay below 2^31 on this path (na_mma_boxes_fit).
+__device__ __forceinline__ void split_box(uint32_t n, uint32_t b1, uint32_t b2, int out[3]) {
+  const uint32_t n2 = n / b2;
+  out[2] = static_cast<int>(n - n2 * b2);
+  out[0] = static_cast<int>(n2 / b1);
+  out[1] = static_cast<int>(n2 - static_cast<uint32_t>(out[0]) * b1);
+}
+
 /// The call's window attributes as 32-bit values (global extents stay below 2^30 on this path),
 /// for the bias.
 struct Windows {
@@ -277,7 +287,7 @@ __device__ __forceinline__ TileBox setup_tile(const NaCall& c, const NaTileShape
 /// The rows of the tile (row (t0 E1 + t1) E2 + t2 for tile extents E) that meet the box item at
 /// box coordinates u: the product of the per-axis sets.
 __device__ __forceinline__ unsigned long long row_mask(const unsigned long long* masks,
-                                                       const MaskTables& m, const int64_t u[3],
+                                                       const MaskTables& m, const int u[3],
                                                        const NaTileShape& tile) {
   const unsigned long long m0 = masks[m.offset[0] + u[0]], m1 = masks[m.offset[1] + u[1]],
                            m2 = masks[m.offset[2] + u[2]];
@@ -414,8 +424,9 @@ __device__ __forceinline__ void load_key_chunk(const NaCall& c, const NaTileShap
   const int64_t first_key = chunk * 64;
   load_rows<T, D>(ks, k, vs, v, ld, [&](int row) -> int64_t {
     if (first_key + row >= t.volume) return -1;
-    int64_t j[3];
-    split_flat(first_key + row, t.box[0], t.box[1], t.box[2], j);
+    int j[3];
+    split_box(static_cast<uint32_t>(first_key + row), static_cast<uint32_t>(t.box[1]),
+              static_cast<uint32_t>(t.box[2]), j);
     int64_t position = 0;
 #pragma unroll
     for (int a = 0; a < 3; ++a)
@@ -426,8 +437,9 @@ __device__ __forceinline__ void load_key_chunk(const NaCall& c, const NaTileShap
     int4 key = make_int4(-1, -1, -1, 0);
     unsigned long long rows = 0;
     if (first_key + tid < t.volume) {
-      int64_t j[3];
-      split_flat(first_key + tid, t.box[0], t.box[1], t.box[2], j);
+      int j[3];
+      split_box(static_cast<uint32_t>(first_key + tid), static_cast<uint32_t>(t.box[1]),
+                static_cast<uint32_t>(t.box[2]), j);
       key = make_int4(static_cast<int>(t.lo[0] + j[0]), static_cast<int>(t.lo[1] + j[1]),
                       static_cast<int>(t.lo[2] + j[2]), 0);
       rows = row_mask(masks, m, j, tile);

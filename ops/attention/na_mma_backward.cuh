@@ -231,8 +231,9 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
     T* gs = L::template streamed<T>(smem, stage, 1);
     // The local flat position of box query n (all of the box is inside the piece), its box
     // coordinates u and global coordinates i.
-    auto flat_of = [&](int64_t n, int64_t u[3], int64_t i[3]) {
-      split_flat(n, t.box[0], t.box[1], t.box[2], u);
+    auto flat_of = [&](int64_t n, int u[3], int64_t i[3]) {
+      split_box(static_cast<uint32_t>(n), static_cast<uint32_t>(t.box[1]),
+                static_cast<uint32_t>(t.box[2]), u);
       long long flat = 0;
 #pragma unroll
       for (int a = 0; a < 3; ++a) {
@@ -243,13 +244,15 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
     };
     load_rows<T, D>(qs, g.q, gs, g.go, ld, [&](int row) -> int64_t {
       if (first_query + row >= t.volume) return -1;
-      int64_t u[3], i[3];
+      int u[3];
+      int64_t i[3];
       return ((b * c.query_count() + flat_of(first_query + row, u, i)) * c.heads + h) * c.dim;
     });
     if (tid < 64) {
       QueryInfo info{};
       if (first_query + tid < t.volume) {
-        int64_t u[3], i[3];
+        int u[3];
+        int64_t i[3];
         const long long flat = flat_of(first_query + tid, u, i);
         info.member = row_mask(masks, m, u, tile);
 #pragma unroll

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <string>
@@ -41,17 +42,27 @@ namespace {
 
 constexpr const char* kOp = "conv";
 
-// Most workspace one convolution may use, unless TESSERA_CUDNN_WORKSPACE_MB says otherwise;
-// the measurement never offers more than half of the device's free memory either.
-constexpr size_t kDefaultWorkspaceLimit = size_t{2} << 30;
-
+// Most workspace one convolution may use: TESSERA_CUDNN_WORKSPACE_MB when set; the measurement
+// never offers more than half of the device's free memory either (with no cap set, that half:
+// as PyTorch's benchmark mode, which offers what it can allocate; a fixed 2 GiB kept the fast
+// algorithms of 1-GiB activations out).
 size_t workspace_limit() {
   static const size_t limit = [] {
     const char* value = std::getenv("TESSERA_CUDNN_WORKSPACE_MB");
     return value != nullptr ? static_cast<size_t>(std::strtoull(value, nullptr, 10)) << 20
-                            : kDefaultWorkspaceLimit;
+                            : std::numeric_limits<size_t>::max();
   }();
   return limit;
+}
+
+// TESSERA_CUDNN_LOG=1 prints each measurement to stderr: the conv, the workspace offered, every
+// algorithm's workspace need and measured time, and the choice.
+bool log_measurements() {
+  static const bool on = [] {
+    const char* value = std::getenv("TESSERA_CUDNN_LOG");
+    return value != nullptr && std::string(value) == "1";
+  }();
+  return on;
 }
 
 // TESSERA_CUDNN_DETERMINISTIC=1 keeps only algorithms that give bit-identical results run to
@@ -348,9 +359,15 @@ CudnnAlgoChoice measure(cudnnHandle_t handle, const ConvCall& call, const ConvPo
   gpu::memory_info(call.device, &free_bytes, &total_bytes);
   const size_t limit = std::min(workspace_limit(), free_bytes / 2);
   size_t offered = 0;
-  for (int algorithm = 0; algorithm < algorithm_count(call.key.direction); ++algorithm)
-    if (const auto bytes = workspace_of(handle, call, algorithm); bytes && *bytes <= limit)
-      offered = std::max(offered, *bytes);
+  std::string needs;  // for TESSERA_CUDNN_LOG: each algorithm's workspace need
+  for (int algorithm = 0; algorithm < algorithm_count(call.key.direction); ++algorithm) {
+    const auto bytes = workspace_of(handle, call, algorithm);
+    if (bytes && *bytes <= limit) offered = std::max(offered, *bytes);
+    if (log_measurements())
+      needs += bytes ? fmt::format(" {}:{:.1f}MiB{}", algorithm, *bytes / 1048576.0,
+                                   *bytes > limit ? "(over)" : "")
+                     : fmt::format(" {}:n/a", algorithm);
+  }
   Workspace workspace(offered, Device::cuda(call.device), stream);
   constexpr int kMaxAlgorithms = 16;
   int returned = 0;
@@ -397,6 +414,18 @@ CudnnAlgoChoice measure(cudnnHandle_t handle, const ConvCall& call, const ConvPo
                                         call.key.deterministic ? " that is deterministic" : ""));
   // Without TF32 an f32 conv keeps FMA math whatever the measurement reports.
   if (call.key.math == CudnnMath::fma) choice->math = CUDNN_FMA_MATH;
+  if (log_measurements()) {
+    std::string times;
+    for (const CudnnAlgoMeasurement& m : measurements)
+      times += m.ok ? fmt::format(" {}:{:.3f}ms{}", m.algorithm, m.milliseconds,
+                                  m.deterministic ? "" : "(atomics)")
+                    : fmt::format(" {}:failed", m.algorithm);
+    fmt::print(stderr,
+               "[cudnn] {}: limit {:.0f} MiB (free {:.0f} MiB), offered {:.1f} MiB; needs{}; "
+               "measured{}; chose algorithm {} ({:.1f} MiB)\n",
+               describe(call.key), limit / 1048576.0, free_bytes / 1048576.0, offered / 1048576.0,
+               needs, times, choice->algorithm, choice->workspace_bytes / 1048576.0);
+  }
   return *choice;
 }
 

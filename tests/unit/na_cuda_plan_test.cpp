@@ -171,7 +171,7 @@ TEST(NaCudaPlan, DispatchSendsHalfTypesWithATiledHeadDimToTheFusedKernel) {
     }
 }
 
-TEST(NaCudaPlan, TheForwardKernelIsFusedUnlessTesseraNaCudaForwardNamesMma) {
+TEST(NaCudaPlan, TheTensorCoreFamilyIsWhatTesseraNaCudaKernelNames) {
   using ops::kernels::NaKernel;
   using ops::kernels::parse_na_kernel_family;
   NaKernel kernel = NaKernel::plain;
@@ -191,6 +191,31 @@ TEST(NaCudaPlan, TheForwardKernelIsFusedUnlessTesseraNaCudaForwardNamesMma) {
   EXPECT_STREQ(ops::kernels::na_kernel_name(NaKernel::plain), "plain");
   EXPECT_STREQ(ops::kernels::na_kernel_name(NaKernel::fused), "fused");
   EXPECT_STREQ(ops::kernels::na_kernel_name(NaKernel::mma), "mma");
+}
+
+// The mma kernels split box items in 32 bits: a call whose boxes could hold 2^31 items or more
+// (windows spread by a large dilation over long axes) runs the fused kernels instead.
+TEST(NaCudaPlan, MmaBoxesFitInThirtyTwoBitsUnlessTheWindowsSpanBillionsOfItems) {
+  auto call_of = [](int spatial, int64_t length, int64_t kernel, int64_t dilation) {
+    ops::kernels::NaCall call{};
+    call.spatial = spatial;
+    for (int a = 0; a < 3; ++a) {
+      const bool user = a >= 3 - spatial;
+      NaAxis& axis = call.axes[a];
+      axis.length = user ? length : 1;
+      axis.kernel = user ? kernel : 1;
+      axis.dilation = user ? dilation : 1;
+      axis.queries = axis.tile = axis.length;
+    }
+    return call;
+  };
+  using ops::kernels::na_mma_boxes_fit;
+  EXPECT_TRUE(na_mma_boxes_fit(call_of(2, 256, 7, 1)));
+  EXPECT_TRUE(na_mma_boxes_fit(call_of(3, 2048, 31, 1)));                    // 66^3 items
+  EXPECT_TRUE(na_mma_boxes_fit(call_of(3, 4096, 31, 20)));                   // 1244^3 < 2^31
+  EXPECT_FALSE(na_mma_boxes_fit(call_of(3, 4096, 31, 21)));                  // 1306^3 > 2^31
+  EXPECT_FALSE(na_mma_boxes_fit(call_of(2, 100000, 31, 1000)));              // 62008^2
+  EXPECT_TRUE(na_mma_boxes_fit(call_of(1, int64_t{1} << 29, 31, 1000000)));  // one axis: 62 M
 }
 
 TEST(NaCudaPlan, FusedTilesHoldSixtyFourQueriesOnTheUserAxes) {
