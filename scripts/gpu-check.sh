@@ -281,17 +281,20 @@ if want bench; then
   step ceilings 40 "$python" "$root/scripts/gpu_ceilings.py"
   step bench-na-bf16 60 "${tessera[@]}" bench na --device cuda --dtype bf16 --ranks 1,4 \
     --kernel 7,13,31 --reference-size 0 --json
-  step bench-na-fused-bf16 60 env TESSERA_NA_CUDA_KERNEL=fused "${tessera[@]}" bench na \
-    --device cuda --dtype bf16 --ranks 1,4 --kernel 7,13,31 --reference-size 0 --json
   step torch-na-bf16 75 "$python" "$root/apps/bench/torch_na_bench.py" --impl flex --dtype bf16 \
     --kernel 7,13,31 --json
+  # cuDNN's measurements (every algorithm's workspace need and time, the choice) go to the log.
   for dtype in bf16 f32; do
-    step "bench-conv-$dtype" 60 "${tessera[@]}" bench conv --device cuda --dtype "$dtype" --json
+    step "bench-conv-$dtype" 60 env TESSERA_CUDNN_LOG=1 "${tessera[@]}" bench conv --device cuda \
+      --dtype "$dtype" --json
     step "torch-conv-$dtype" 60 "$python" "$root/apps/bench/torch_conv_bench.py" --device cuda \
       --dtype "$dtype" --json
   done
   step bench-comm 30 "${tessera[@]}" bench comm --device cuda --json
-  step bench-conv-nocomm-bf16 30 "${tessera[@]}" bench conv --device cuda --dtype bf16 --no-comm --json
+  step bench-conv-nocomm-bf16 30 env TESSERA_CUDNN_LOG=1 "${tessera[@]}" bench conv --device cuda \
+    --dtype bf16 --no-comm --json
+  step bench-na-fused-bf16 60 env TESSERA_NA_CUDA_KERNEL=fused "${tessera[@]}" bench na \
+    --device cuda --dtype bf16 --ranks 1,4 --kernel 7,13,31 --reference-size 0 --json
   # Nsight Compute on one forward and one backward launch of each neighborhood-attention family
   # (k 7, bf16, 256^2, 4 heads, D 64): speed of light, occupancy, the memory chart, warp stalls.
   ncu_path=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
