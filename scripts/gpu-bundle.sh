@@ -42,6 +42,17 @@ if [ -n "$prebuilt" ]; then
   rel=${prebuilt#"$root"/}
   binaries=("$prebuilt/apps/tessera")
   for binary in "$prebuilt"/tests/tessera_gpu_*; do [ -x "$binary" ] && binaries+=("$binary"); done
+  # The MPI launcher the build was configured with (its CTest files name it), when it is MPICH's
+  # Hydra: the device's mpiexec may be another MPI's, which cannot start our MPICH programs.
+  # gpu-check.sh points the CTest files at this copy (prebuilt.mpiexec names the original path).
+  mpiexec=$(sed -n 's/^MPIEXEC_EXECUTABLE:FILEPATH=//p' "$prebuilt/CMakeCache.txt" 2>/dev/null || true)
+  rm -rf "$prebuilt/gpu-bin"
+  if [ -n "$mpiexec" ] && [ "$(basename "$(readlink -f "$mpiexec")")" = mpiexec.hydra ]; then
+    mkdir -p "$prebuilt/gpu-bin"
+    hydra_dir=$(dirname "$(readlink -f "$mpiexec")")
+    cp -L "$hydra_dir/mpiexec.hydra" "$hydra_dir/hydra_pmi_proxy" "$prebuilt/gpu-bin/"
+    binaries+=("$prebuilt/gpu-bin/mpiexec.hydra" "$prebuilt/gpu-bin/hydra_pmi_proxy")
+  fi
   # Shared libraries outside the C/C++ runtimes and CUDA (the device has its own of those).
   libs="$prebuilt/gpu-libs"
   rm -rf "$libs"; mkdir -p "$libs"
@@ -54,6 +65,7 @@ if [ -n "$prebuilt" ]; then
       cp -L "$path" "$libs/$soname"
     done
   files=("${binaries[@]#"$root"/}" "$rel/gpu-libs")
+  echo "${mpiexec:-}" >"$root/.gpu-deps/prebuilt.mpiexec"
   while IFS= read -r f; do files+=("${f#"$root"/}"); done < <(find "$prebuilt" -name CTestTestfile.cmake)
   echo "[gpu-bundle] packing ${#binaries[@]} programs and $(ls "$libs" | wc -l) libraries from $rel/"
   # One large LZMA window: the test programs share most of their code, so each after the first
@@ -62,6 +74,6 @@ if [ -n "$prebuilt" ]; then
   echo "$root" >"$root/.gpu-deps/prebuilt.root"
   echo "$rel" >"$root/.gpu-deps/prebuilt.build"
   git -C "$root" rev-parse HEAD >"$root/.gpu-deps/prebuilt.commit"
-  rm -rf "$libs"
+  rm -rf "$libs" "$prebuilt/gpu-bin"
 fi
 du -sh "$root/.gpu-deps" | awk '{print "[gpu-bundle] .gpu-deps/: " $1}'

@@ -168,6 +168,15 @@ use_prebuilt() {
     if ldconfig -p | grep -q "^[[:space:]]*$name "; then rm -f "$lib"; else echo "carried: $name"; fi
   done
   our_ld="$our_ld:$build/gpu-libs"
+  # The CTest files' mpiexec was the build machine's (MPICH's Hydra, carried in gpu-bin/): this
+  # machine's mpiexec may belong to another MPI, which cannot start our programs.
+  local mpiexec
+  mpiexec=$(cat "$root/.gpu-deps/prebuilt.mpiexec" 2>/dev/null || true)
+  if [ -n "$mpiexec" ] && [ -x "$build/gpu-bin/mpiexec.hydra" ]; then
+    find "$build" -name CTestTestfile.cmake -exec sed -i "s|\"$mpiexec\"|\"$build/gpu-bin/mpiexec.hydra\"|g" {} +
+    export PATH="$build/gpu-bin:$PATH"
+    echo "mpiexec: $mpiexec -> $build/gpu-bin/mpiexec.hydra"
+  fi
   ours ldd "$build/apps/tessera" | grep 'not found' && return 1
   ours "$build/apps/tessera" --version || return 1
 }
@@ -211,7 +220,8 @@ import json, sys
 seen = []
 for test in json.load(sys.stdin).get("tests", []):
     command = test.get("command") or []
-    if command and command[0] not in seen:
+    # The test programs themselves, not a launcher (mpiexec) that runs one.
+    if command and command[0].rsplit("/", 1)[-1].startswith("tessera_") and command[0] not in seen:
         seen.append(command[0]); print(command[0])'
 }
 

@@ -5,7 +5,10 @@
 // device copies of the same inputs, and must leave the same bytes:
 //  - on the local backend with 1, 2 and 4 ranks sharing one GPU;
 //  - on the nccl backend with one rank per visible GPU (at most 4; 1 on a one-GPU machine);
-// and neither backend may move a byte between host and device (transfer_stats).
+//  - on the mpi backend under mpiexec (ctest tessera_gpu_comm_tests_mpi_2: 2 processes sharing
+//    the GPUs; device buffers staged through pinned host memory, or handed to a CUDA-aware MPI);
+// and neither the local nor the nccl backend may move a byte between host and device
+// (transfer_stats).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -336,6 +339,19 @@ TEST(CommDeviceNccl, SmallAllGathersRunAsAnAllReduceAndGatherTheBytesExactly) {
   for (int ranks = 1; ranks <= most; ranks *= 2)
     launch(Backend::nccl, ranks,
            [](std::shared_ptr<Comm> comm) { every_collective_on_device(comm); });
+}
+
+TEST(CommDeviceMpi, EveryCollectiveOverMpiMatchesHostBuffersOnDeviceBuffers) {
+  SKIP_WITHOUT_GPU();
+  if (!testing::mpi_backend())
+    GTEST_SKIP() << "runs under mpiexec with TESSERA_BACKEND=mpi (ctest "
+                    "tessera_gpu_comm_tests_mpi_2)";
+  ScopedEnv device("TESSERA_DEVICE", "cuda");
+  launch(Backend::mpi, 1, [](std::shared_ptr<Comm> comm) {
+    EXPECT_EQ(comm->backend(), "mpi");
+    ASSERT_TRUE(current_rank_context().device().is_cuda());
+    every_collective_on_device(comm);
+  });
 }
 
 }  // namespace
