@@ -253,6 +253,16 @@ if want test; then
   else
     record test-na-fused fail $((SECONDS - start)) "$(grep -E 'FAILED|PASSED' "$logs/na-fused-tests.log" | head -n 3 | tr '\n' ' ')"
   fi
+  # The mma forward built for 4 blocks per SM (TESSERA_NA_MMA_FORWARD_BLOCKS=4: at most 128
+  # registers a thread), against the reference and the fused forward.
+  start=$SECONDS
+  if capped 60 env LD_LIBRARY_PATH="$our_ld" TESSERA_NA_MMA_FORWARD_BLOCKS=4 \
+       "$build/tests/tessera_gpu_na_tests" --gtest_filter='NaGpu.MmaKernels*' \
+       >"$logs/na-mma4-tests.log" 2>&1; then
+    record test-na-mma4 pass $((SECONDS - start)) "$(grep -E 'PASSED' "$logs/na-mma4-tests.log" | tail -n 1)"
+  else
+    record test-na-mma4 fail $((SECONDS - start)) "$(grep -E 'FAILED|PASSED' "$logs/na-mma4-tests.log" | head -n 3 | tr '\n' ' ')"
+  fi
   stage_end=0
   # The main job on the GPU: layouts, the conv network step and attention, checked vs one rank.
   start=$SECONDS
@@ -293,6 +303,9 @@ if want bench; then
     --kernel 7,13,31 --reference-size 0 --json
   step torch-na-bf16 75 "$python" "$root/apps/bench/torch_na_bench.py" --impl flex --dtype bf16 \
     --kernel 7,13,31 --json
+  # The mma forward at 4 blocks per SM (16 warps instead of 12, some spills): faster or not?
+  step bench-na-mma4-bf16 40 env TESSERA_NA_MMA_FORWARD_BLOCKS=4 "${tessera[@]}" bench na \
+    --device cuda --dtype bf16 --ranks 1 --kernel 7,13,31 --reference-size 0 --json
   # cuDNN's measurements (every algorithm's workspace need and time, the choice) go to the log.
   for dtype in bf16 f32; do
     step "bench-conv-$dtype" 60 env TESSERA_CUDNN_LOG=1 "${tessera[@]}" bench conv --device cuda \

@@ -234,7 +234,12 @@ void run_na_bench(const NaBenchOptions& options) {
       on_cuda ? ops::kernels::na_kernel_name(ops::na_cuda_kernel_for(Tensor::zeros(
                     {1, 8, options.heads, options.dim}, dtype, rank_device(options.device, 0))))
               : "";
-  if (on_cuda) report.set("cuda_forward_kernel", cuda_kernel);
+  if (on_cuda) {
+    report.set("cuda_forward_kernel", cuda_kernel);
+    // The mma forward's blocks per SM (TESSERA_NA_MMA_FORWARD_BLOCKS: auto or 4).
+    const char* blocks = std::getenv("TESSERA_NA_MMA_FORWARD_BLOCKS");
+    report.set("mma_forward_blocks", blocks && *blocks ? blocks : "auto");
+  }
   bench::BenchTable& table = report.table(
       "rows",
       fmt::format("tessera bench na: {} on {}, 2-d [B, X, Y, heads, D], non-causal, dilation 1, "

@@ -46,7 +46,7 @@ cudaError_t by_dim_and_bias(const NaCall& call, F&& f) {
   }
 }
 
-template <typename T, int D, bool kBias>
+template <typename T, int D, bool kBias, int kBlocks>
 cudaError_t launch_dim(const NaCall& call, const NaForwardArgs& args, cudaStream_t stream) {
   NaTileShape tile{};
   na_fused_tile_shape(call.spatial, tile.extent);
@@ -55,11 +55,11 @@ cudaError_t launch_dim(const NaCall& call, const NaForwardArgs& args, cudaStream
   const MaskTables tables = mask_tables(call, tile);
   const size_t bytes = MmaLayout<D>::bytes + tables.bytes;
   const cudaError_t status =
-      cudaFuncSetAttribute(mma_forward<T, D, kBias>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(bytes));
+      cudaFuncSetAttribute(mma_forward<T, D, kBias, kBlocks>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   if (status != cudaSuccess) return status;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(call.batch * call.heads));
-  mma_forward<T, D, kBias><<<grid, kMmaWarps * kWarp, bytes, stream>>>(
+  mma_forward<T, D, kBias, kBlocks><<<grid, kMmaWarps * kWarp, bytes, stream>>>(
       call, tile, tables, static_cast<const T*>(args.q), static_cast<const T*>(args.k),
       static_cast<const T*>(args.v), static_cast<const T*>(args.rpb), static_cast<T*>(args.o),
       static_cast<float*>(args.lse));
@@ -104,6 +104,17 @@ cudaError_t launch_backward_dim(const NaCall& call, const NaBackwardArgs& args,
   return cudaGetLastError();
 }
 
+/// The forward for element type T: the kernel built for 4 blocks per SM when `args` asks for it
+/// and the head dim is 32 or 64 (at 128 the shared memory allows 2 blocks whatever the registers).
+template <typename T>
+cudaError_t launch_forward(const NaCall& call, const NaForwardArgs& args, cudaStream_t stream) {
+  return by_dim_and_bias(call, [&](auto dim, auto bias) {
+    if constexpr (dim.value <= 64)
+      if (args.mma_blocks == 4) return launch_dim<T, dim.value, bias.value, 4>(call, args, stream);
+    return launch_dim<T, dim.value, bias.value, 1>(call, args, stream);
+  });
+}
+
 }  // namespace
 
 size_t na_mma_shared_bytes(const NaCall& call, bool backward) {
@@ -135,14 +146,8 @@ cudaError_t launch_na_backward_mma(const NaCall& call, ElementType type, const N
 cudaError_t launch_na_forward_mma(const NaCall& call, ElementType type, const NaForwardArgs& args,
                                   cudaStream_t stream) {
   switch (type) {
-    case ElementType::f16:
-      return by_dim_and_bias(call, [&](auto dim, auto bias) {
-        return launch_dim<__half, dim.value, bias.value>(call, args, stream);
-      });
-    case ElementType::bf16:
-      return by_dim_and_bias(call, [&](auto dim, auto bias) {
-        return launch_dim<__nv_bfloat16, dim.value, bias.value>(call, args, stream);
-      });
+    case ElementType::f16: return launch_forward<__half>(call, args, stream);
+    case ElementType::bf16: return launch_forward<__nv_bfloat16>(call, args, stream);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -197,6 +197,23 @@ inline bool parse_na_kernel_family(const char* value, NaKernel default_kernel, N
   return true;
 }
 
+/// TESSERA_NA_MMA_FORWARD_BLOCKS: how many blocks of the mma forward one SM must hold at once.
+/// Null, empty or "auto": as many as the registers the compiler allocates allow (3 for a head dim
+/// of 64 on sm_90); "4": a thread keeps to 128 registers (Q's fragments re-read from shared
+/// memory for each 8-key tile, and some spills), for 16 warps per SM instead of 12, at head dims
+/// 32 and 64 (at 128 the shared memory allows 2 blocks whatever the registers). Sets `blocks` (0
+/// for auto) and returns true, or returns false (and leaves it) for any other value.
+inline bool parse_na_mma_forward_blocks(const char* value, int& blocks) {
+  const std::string_view name = value ? value : "";
+  if (name.empty() || name == "auto")
+    blocks = 0;
+  else if (name == "4")
+    blocks = 4;
+  else
+    return false;
+  return true;
+}
+
 /// Query tile of the fused kernel: kFusedQueries queries of the local piece, shaped per axis
 /// so that a tile's key box stays small (1-d: 64; 2-d: 8 x 8; 3-d: 4 x 4 x 4).
 constexpr int kFusedQueries = 64;

@@ -9,8 +9,11 @@
 
 namespace tessera::ops::kernels::mma_detail {
 
-template <typename T, int D, bool kBias>
-__global__ void __launch_bounds__(kMmaWarps* kWarp)
+/// kBlocks: the blocks per SM the launch bounds ask for (1: the compiler's allocation decides; 4:
+/// at most 128 registers a thread, Q's A fragments re-read from shared memory per n-tile rather
+/// than held across the chunk loop).
+template <typename T, int D, bool kBias, int kBlocks = 1>
+__global__ void __launch_bounds__(kMmaWarps* kWarp, kBlocks)
     mma_forward(NaCall c, NaTileShape tile, MaskTables m, const T* q, const T* k, const T* v,
                 const T* rpb, T* o, float* lse) {
 #if TESSERA_NA_MMA
@@ -31,6 +34,9 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
   const Windows w = windows_of(c);
   const T* rpb_head = kBias ? rpb + h * c.rpb_count() : nullptr;  // kBias: c.has_rpb
   const float scale_log2 = static_cast<float>(c.scale) * kLog2e;
+  // This lane's row of Q's A fragments: matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15) of rows
+  // warp*16.., columns 16s.. at q_row + 16s.
+  const T* q_row = qs + (warp * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * L::ld + 8 * (lane / 16);
   __syncthreads();  // q_flat, the tables
 
   // The Q tile (zero rows outside the piece): the first group of copies.
@@ -51,21 +57,22 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
   if (chunks > 0) load_chunk(0, 0);
   commit_async();
 
-  uint32_t qf[D / 16][4];  // Q's A fragments, one per 16 elements of the head dim
-  float acc[D / 8][4];     // O: 8 columns of the head dim per accumulator
+  constexpr bool kQInRegisters = kBlocks < 4;
+  // Q's A fragments, one per 16 elements of the head dim (held across the chunks unless kBlocks
+  // asks for 4 blocks per SM).
+  uint32_t qf[kQInRegisters ? D / 16 : 1][4];
+  float acc[D / 8][4];  // O: 8 columns of the head dim per accumulator
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
   float row_max[2] = {-kInf, -kInf}, row_sum[2] = {0.0f, 0.0f};  // log2 domain; this lane's sum
 
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
     const int stage = next_chunk(chunk, chunks, load_chunk);
-    if (chunk == 0) {
-      // A fragment of rows warp*16.., columns 16s..: matrices (rows 0-7 | 8-15) x (cols 0-7 |
-      // 8-15).
+    if constexpr (kQInRegisters) {
+      if (chunk == 0) {
 #pragma unroll
-      for (int s = 0; s < D / 16; ++s)
-        load_matrices(qf[s], qs + (warp * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * L::ld + 16 * s +
-                                 8 * (lane / 16));
+        for (int s = 0; s < D / 16; ++s) load_matrices(qf[s], q_row + 16 * s);
+      }
     }
     const T* ks = reinterpret_cast<const T*>(smem + L::k_at + stage * L::kv_bytes);
     const T* vs = reinterpret_cast<const T*>(smem + L::v_at + stage * L::kv_bytes);
@@ -90,8 +97,16 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
       for (int p = 0; p < D / 32; ++p) {
         uint32_t kf[4];
         load_matrices(kf, ks + (8 * j + lane % 8) * L::ld + 32 * p + 8 * (lane / 8));
-        mma(s[j], qf[2 * p], kf[0], kf[1], T{});
-        mma(s[j], qf[2 * p + 1], kf[2], kf[3], T{});
+        if constexpr (kQInRegisters) {
+          mma(s[j], qf[2 * p], kf[0], kf[1], T{});
+          mma(s[j], qf[2 * p + 1], kf[2], kf[3], T{});
+        } else {
+          uint32_t qa[4], qb[4];
+          load_matrices(qa, q_row + 32 * p);
+          load_matrices(qb, q_row + 32 * p + 16);
+          mma(s[j], qa, kf[0], kf[1], T{});
+          mma(s[j], qb, kf[2], kf[3], T{});
+        }
       }
     }
 

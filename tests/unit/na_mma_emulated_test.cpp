@@ -282,8 +282,9 @@ KernelCase random_kernel_case(CaseRng& rng, int64_t dim, DType dtype) {
 /// Elements of guard on each side of the outputs: they must keep their pattern.
 constexpr int64_t kGuard = 64;
 
-/// o and lse of mma_forward<T, D> on the case, launched as launch_dim does; checks the guards.
-template <typename T, int D>
+/// o and lse of mma_forward<T, D, kBias, kBlocks> on the case, launched as launch_dim does;
+/// checks the guards.
+template <typename T, int D, int kBlocks = 1>
 ops::NaForward run_emulated(const KernelCase& c, const emu::LaunchOptions& options) {
   const ops::na_detail::Problem p = ops::na_detail::make_problem(
       c.q, c.k, c.v, c.has_rpb ? &c.rpb : nullptr, c.geometry, c.pieces);
@@ -314,9 +315,11 @@ ops::NaForward run_emulated(const KernelCase& c, const emu::LaunchOptions& optio
         grid, mma::kMmaWarps * mma::kWarp, mma::MmaLayout<D>::bytes + tables.bytes,
         [&] {
           if (call.has_rpb)
-            mma::mma_forward<T, D, true>(call, tile, tables, q, k, v, rpb, o_data, lse_data);
+            mma::mma_forward<T, D, true, kBlocks>(call, tile, tables, q, k, v, rpb, o_data,
+                                                  lse_data);
           else
-            mma::mma_forward<T, D, false>(call, tile, tables, q, k, v, rpb, o_data, lse_data);
+            mma::mma_forward<T, D, false, kBlocks>(call, tile, tables, q, k, v, rpb, o_data,
+                                                   lse_data);
         },
         options);
   }
@@ -335,9 +338,13 @@ ops::NaForward run_emulated(const KernelCase& c, const emu::LaunchOptions& optio
   return result;
 }
 
+/// run_emulated for a head dim of `dim`; `blocks` 4: the variant for 4 blocks per SM (Q's
+/// fragments re-read per n-tile, TESSERA_NA_MMA_FORWARD_BLOCKS=4), which head dims 32 and 64 run.
 template <typename T>
-ops::NaForward run_emulated_dim(const KernelCase& c, int64_t dim,
-                                const emu::LaunchOptions& options) {
+ops::NaForward run_emulated_dim(const KernelCase& c, int64_t dim, const emu::LaunchOptions& options,
+                                int blocks = 0) {
+  if (blocks == 4 && dim == 32) return run_emulated<T, 32, 4>(c, options);
+  if (blocks == 4 && dim == 64) return run_emulated<T, 64, 4>(c, options);
   switch (dim) {
     case 32: return run_emulated<T, 32>(c, options);
     case 64: return run_emulated<T, 64>(c, options);
@@ -364,9 +371,11 @@ TEST(NaMmaEmulated, ForwardMatchesTheReferenceOnRandomCalls) {
     ++spatial_seen[c.geometry.extent.size()];
     emu::LaunchOptions options;
     options.reverse = index % 4 >= 2;
+    // Every dtype and head dim with both variants: 6 calls each in turn.
+    const int variant = index / 6 % 2 == 1 ? 4 : 0;
     const ops::NaForward emulated = dtype == DType::bf16
-                                        ? run_emulated_dim<__nv_bfloat16>(c, dim, options)
-                                        : run_emulated_dim<__half>(c, dim, options);
+                                        ? run_emulated_dim<__nv_bfloat16>(c, dim, options, variant)
+                                        : run_emulated_dim<__half>(c, dim, options, variant);
     switches += emu::last_launch_stats().switches;
     collectives += emu::last_launch_stats().warp_collectives;
     blocks += emu::last_launch_stats().blocks;
@@ -376,8 +385,10 @@ TEST(NaMmaEmulated, ForwardMatchesTheReferenceOnRandomCalls) {
     const double o_error =
         testing::relative_error(as_f64(emulated.output), as_f64(reference.output));
     const double lse_error = testing::relative_error(as_f64(emulated.lse), as_f64(reference.lse));
-    EXPECT_LE(o_error, bound) << "o " << c.str << (options.reverse ? " (reverse schedule)" : "");
-    EXPECT_LE(lse_error, 1e-3) << "lse " << c.str << (options.reverse ? " (reverse schedule)" : "");
+    const std::string how = std::string(options.reverse ? " (reverse schedule)" : "") +
+                            (variant == 4 && dim <= 64 ? " (4 blocks per SM)" : "");
+    EXPECT_LE(o_error, bound) << "o " << c.str << how;
+    EXPECT_LE(lse_error, 1e-3) << "lse " << c.str << how;
     const int slot = dtype == DType::f16 ? 0 : 1;
     worst_o[slot] = std::max(worst_o[slot], o_error);
     worst_lse[slot] = std::max(worst_lse[slot], lse_error);
