@@ -286,7 +286,7 @@ fi
 # --- bench ---------------------------------------------------------------------------------
 if want bench; then
   start=$SECONDS
-  stage_end=$((SECONDS + ${GPU_CHECK_BENCH_SECONDS:-170}))
+  stage_end=$((SECONDS + ${GPU_CHECK_BENCH_SECONDS:-200}))
   tessera=(env LD_LIBRARY_PATH="$our_ld" "$build/apps/tessera")
   failed_steps=
   step() {  # name seconds command...: one benchmark; its JSON (stdout) to NAME.json, log to NAME.log
