@@ -20,7 +20,6 @@
 #include <algorithm>
 #include <array>
 #include <cstdlib>
-#include <limits>
 #include <map>
 #include <mutex>
 #include <string>
@@ -41,19 +40,6 @@ namespace tessera::ops {
 namespace {
 
 constexpr const char* kOp = "conv";
-
-// Most workspace one convolution may use: TESSERA_CUDNN_WORKSPACE_MB when set; the measurement
-// never offers more than half of the device's free memory either (with no cap set, that half:
-// as PyTorch's benchmark mode, which offers what it can allocate; a fixed 2 GiB kept the fast
-// algorithms of 1-GiB activations out).
-size_t workspace_limit() {
-  static const size_t limit = [] {
-    const char* value = std::getenv("TESSERA_CUDNN_WORKSPACE_MB");
-    return value != nullptr ? static_cast<size_t>(std::strtoull(value, nullptr, 10)) << 20
-                            : std::numeric_limits<size_t>::max();
-  }();
-  return limit;
-}
 
 // TESSERA_CUDNN_LOG=1 prints each measurement to stderr: the conv, the workspace offered, every
 // algorithm's workspace need and measured time, and the choice.
@@ -357,7 +343,8 @@ CudnnAlgoChoice measure(cudnnHandle_t handle, const ConvCall& call, const ConvPo
                         const Stream& stream) {
   size_t free_bytes = 0, total_bytes = 0;
   gpu::memory_info(call.device, &free_bytes, &total_bytes);
-  const size_t limit = std::min(workspace_limit(), free_bytes / 2);
+  static const char* const cap_mb = std::getenv("TESSERA_CUDNN_WORKSPACE_MB");
+  const size_t limit = cudnn_workspace_limit(cap_mb, total_bytes, free_bytes);
   size_t offered = 0;
   std::string needs;  // for TESSERA_CUDNN_LOG: each algorithm's workspace need
   for (int algorithm = 0; algorithm < algorithm_count(call.key.direction); ++algorithm) {

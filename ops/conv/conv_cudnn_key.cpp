@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <functional>
 #include <string>
 
@@ -144,6 +145,13 @@ CudnnMath cudnn_math_for(DType dtype, bool allow_tf32) {
 
 bool allow_tf32_from_env(const char* value) {
   return value != nullptr && std::string(value) == "1";
+}
+
+size_t cudnn_workspace_limit(const char* cap_mb, size_t total_bytes, size_t free_bytes) {
+  const size_t cap = cap_mb != nullptr
+                         ? static_cast<size_t>(std::strtoull(cap_mb, nullptr, 10)) << 20
+                         : std::max<size_t>(size_t{2} << 30, total_bytes / 8);
+  return std::min(cap, free_bytes / 2);
 }
 
 CudnnDeterminism cudnn_determinism_for(DType dtype, bool required) {

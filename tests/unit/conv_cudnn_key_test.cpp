@@ -165,6 +165,16 @@ TEST(ConvCudnnKey, ChosenAlgorithmIsTheFastestThatRanFitsAndIsDeterministicWhenA
   EXPECT_FALSE(choose_algorithm(atomics_only, required, 1 << 20).has_value());
 }
 
+TEST(ConvCudnnKey, WorkspaceLimitIsAnEighthOfTheDeviceAtLeast2GiBAndHalfTheFreeAtMost) {
+  constexpr size_t GiB = size_t{1} << 30;
+  EXPECT_EQ(cudnn_workspace_limit(nullptr, 80 * GiB, 70 * GiB), 10 * GiB);
+  EXPECT_EQ(cudnn_workspace_limit(nullptr, 16 * GiB, 14 * GiB), 2 * GiB) << "at least 2 GiB";
+  EXPECT_EQ(cudnn_workspace_limit(nullptr, 80 * GiB, 6 * GiB), 3 * GiB) << "half the free";
+  EXPECT_EQ(cudnn_workspace_limit("512", 80 * GiB, 70 * GiB), 512 * (size_t{1} << 20));
+  EXPECT_EQ(cudnn_workspace_limit("0", 80 * GiB, 70 * GiB), 0u);
+  EXPECT_EQ(cudnn_workspace_limit("65536", 80 * GiB, 70 * GiB), 35 * GiB) << "half the free";
+}
+
 // Half-precision convs avoid the atomics-based backward algorithms (their partial sums add up in
 // the half type itself: f16 dx of a stride-2 conv fell outside one rounding of an f32 sum on an
 // H100 when the measurement picked one); f32 and f64 take the fastest; the environment's
