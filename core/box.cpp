@@ -60,4 +60,26 @@ Box intersect(const Box& a, const Box& b) {
   return result;
 }
 
+std::vector<Box> boxes_around(const Box& whole, const Box& inner, size_t first_dim,
+                              size_t end_dim) {
+  if (inner.empty()) return whole.empty() ? std::vector<Box>{} : std::vector<Box>{whole};
+  std::vector<Box> pieces;
+  Box rest = whole;
+  for (size_t dim = first_dim; dim < end_dim; ++dim) {
+    if (inner.lo[dim] > rest.lo[dim]) {
+      Box below = rest;
+      below.hi[dim] = inner.lo[dim];
+      pieces.push_back(below);
+    }
+    if (inner.hi[dim] < rest.hi[dim]) {
+      Box above = rest;
+      above.lo[dim] = inner.hi[dim];
+      pieces.push_back(above);
+    }
+    rest.lo[dim] = inner.lo[dim];
+    rest.hi[dim] = inner.hi[dim];
+  }
+  return pieces;
+}
+
 }  // namespace tessera

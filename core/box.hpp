@@ -40,4 +40,10 @@ struct Box {
 /// The intersection of two boxes of equal rank (possibly empty).
 Box intersect(const Box& a, const Box& b);
 
+/// `whole` minus `inner` (inner within whole; an empty inner leaves all of whole) as disjoint
+/// boxes whose union is the rest: per dim in [first_dim, end_dim), the slab below and the slab
+/// above inner's range, the earlier dims already cut to inner's. The other dims keep whole's
+/// extent (inner must span them). At most 2 (end_dim - first_dim) boxes, none empty.
+std::vector<Box> boxes_around(const Box& whole, const Box& inner, size_t first_dim, size_t end_dim);
+
 }  // namespace tessera

@@ -24,6 +24,7 @@
 #include "core/op_registry.hpp"
 #include "ops/attention/na_cpu.hpp"
 #include "ops/attention/na_cuda.hpp"
+#include "ops/attention/na_problem.hpp"
 #include "ops/op_costs.hpp"
 #include "ops/op_helpers.hpp"
 
@@ -160,6 +161,78 @@ std::vector<Tensor> na_cuda(const KernelContext& context, const std::vector<Tens
   return {std::move(result.output), std::move(result.lse)};
 }
 
+// ---- overlap of the cpu forward with the halo exchange ----
+//
+// A query whose window (along every axis) lies in the rank's own keys is "interior": its o and
+// lse can be computed before any halo key has landed. Along each axis the interior is taken as
+// one run of queries (below), so it is a box; the rest of the local queries is at most two slabs
+// per spatial axis (boxes_around), computed once the halos are in. Each region runs the same kernel
+// on its query piece (the k/v tile and its offset unchanged), so every output element is the same
+// sum as without the split.
+
+/// The interior queries of the local piece, in local coordinates of q (possibly empty).
+Box na_interior_queries(const KernelContext& context, const NaGeometry& geometry) {
+  const Box& queries = context.input_boxes[0];  // global box of the local q piece
+  const Box& owned = context.owned_boxes[1];    // global box of the rank's own keys
+  Box interior = Box::of_shape(queries.shape());
+  for (size_t a = 0; a < geometry.extent.size(); ++a) {
+    const size_t dim = 1 + a;
+    // With dilation d windows move forward only within each class of queries mod d, so the
+    // interior is taken as the run after the last query whose window starts below the own keys
+    // and before the first whose window ends past them.
+    int64_t first = queries.lo[dim], end = queries.hi[dim];
+    for (int64_t t = queries.lo[dim]; t < queries.hi[dim]; ++t) {
+      const auto [lo, hi] = key_range(t, t + 1, geometry.extent[a], geometry.kernel[a],
+                                      geometry.dilation[a], geometry.causal[a] != 0);
+      if (lo < owned.lo[dim]) first = t + 1;
+      if (hi > owned.hi[dim] && end == queries.hi[dim]) end = t;
+    }
+    interior.lo[dim] = first - queries.lo[dim];
+    interior.hi[dim] = std::max(first, end) - queries.lo[dim];
+  }
+  return interior;
+}
+
+/// o and lse of the queries in `region` (local coordinates of q) into `o` and `lse`.
+void na_cpu_region(const KernelContext& context, const std::vector<Tensor>& inputs,
+                   const NaGeometry& geometry, const Box& region, Tensor& o, Tensor& lse) {
+  if (region.empty()) return;
+  const size_t spatial = geometry.extent.size();
+  std::vector<int64_t> query_offset = spatial_lo(context.input_boxes[0], spatial);
+  for (size_t a = 0; a < spatial; ++a) query_offset[a] += region.lo[1 + a];
+  const NaPieces pieces{query_offset, spatial_lo(context.input_boxes[1], spatial)};
+  const Tensor* rpb = inputs.size() == 4 ? &inputs[3] : nullptr;
+  const NaForward piece = na_cpu_forward(inputs[0].view_box(region).contiguous(), inputs[1],
+                                         inputs[2], rpb, geometry, pieces);
+  o.view_box(region).copy_from(piece.output);
+  Box lse_region = region;
+  lse_region.lo.pop_back();
+  lse_region.hi.pop_back();
+  lse.view_box(lse_region).copy_from(piece.lse);
+}
+
+/// The interior queries, while the k/v halos travel; o and lse allocated whole.
+std::vector<Tensor> na_cpu_interior(const KernelContext& context,
+                                    const std::vector<Tensor>& inputs) {
+  const NaGeometry geometry = resolve(context.input_specs[0].global_shape, context.attrs);
+  Shape lse_shape = inputs[0].shape();
+  lse_shape.pop_back();
+  Tensor o = Tensor::empty(inputs[0].shape(), inputs[0].dtype());
+  Tensor lse = Tensor::empty(lse_shape, na_detail::lse_dtype(inputs[0].dtype()));
+  na_cpu_region(context, inputs, geometry, na_interior_queries(context, geometry), o, lse);
+  return {std::move(o), std::move(lse)};
+}
+
+/// The rest of the queries, once the halos have landed.
+void na_cpu_boundary(const KernelContext& context, const std::vector<Tensor>& inputs,
+                     std::vector<Tensor>& outputs) {
+  const NaGeometry geometry = resolve(context.input_specs[0].global_shape, context.attrs);
+  const Box whole = Box::of_shape(inputs[0].shape());
+  for (const Box& region :
+       boxes_around(whole, na_interior_queries(context, geometry), 1, 1 + geometry.extent.size()))
+    na_cpu_region(context, inputs, geometry, region, outputs[0], outputs[1]);
+}
+
 /// The local gradient of output `index` in that output's layout (zeros when none arrived).
 std::optional<Tensor> local_grad(const OpRecord& record,
                                  const std::vector<std::optional<ShardTensor>>& grads,
@@ -236,6 +309,7 @@ void register_attention_ops() {
       .cpu = na_cpu,
       .cuda = na_cuda,
       .backward = na_backward_op,
+      .cpu_overlap = OverlapKernel{na_cpu_interior, na_cpu_boundary},
       .cost = na_cost});
 }
 

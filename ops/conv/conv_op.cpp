@@ -329,29 +329,6 @@ void conv_region(const Tensor& x, const Tensor& w, const Tensor* bias, const Con
   conv_forward_into(x.view_box(input), w, bias, region_geometry, y_region);
 }
 
-/// `whole` minus `inner` (inner within whole, possibly empty) as disjoint boxes: per spatial dim
-/// the slab below and the slab above the inner range, earlier dims already cut to it.
-std::vector<Box> boxes_around(const Box& whole, const Box& inner) {
-  if (inner.empty()) return {whole};
-  std::vector<Box> pieces;
-  Box rest = whole;
-  for (size_t dim = 2; dim < whole.lo.size(); ++dim) {
-    if (inner.lo[dim] > rest.lo[dim]) {
-      Box below = rest;
-      below.hi[dim] = inner.lo[dim];
-      pieces.push_back(below);
-    }
-    if (inner.hi[dim] < rest.hi[dim]) {
-      Box above = rest;
-      above.lo[dim] = inner.hi[dim];
-      pieces.push_back(above);
-    }
-    rest.lo[dim] = inner.lo[dim];
-    rest.hi[dim] = inner.hi[dim];
-  }
-  return pieces;
-}
-
 std::vector<Tensor> conv_interior(const KernelContext& context, const std::vector<Tensor>& inputs) {
   const ConvGeometry geometry = local_geometry(context);
   const Tensor* bias = inputs.size() == 3 ? &inputs[2] : nullptr;
@@ -368,7 +345,7 @@ void conv_boundary(const KernelContext& context, const std::vector<Tensor>& inpu
   const Shape out = context.output_boxes[0].shape();
   const Box whole{Shape(out.size(), 0), out};
   for (const Box& piece :
-       boxes_around(whole, interior_outputs(context, geometry, inputs[1].shape())))
+       boxes_around(whole, interior_outputs(context, geometry, inputs[1].shape()), 2, out.size()))
     conv_region(inputs[0], inputs[1], bias, geometry, piece, outputs[0]);
 }
 
