@@ -100,6 +100,10 @@ kernels::NaKernel na_cuda_kernel_for(const Tensor& q) {
   return kernel_for(rows, rows, rows);
 }
 
+int na_cuda_mma_forward_blocks() {
+  return mma_forward_blocks();
+}
+
 NaForward na_cuda_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* rpb,
                           const NaGeometry& geometry, const NaPieces& pieces, const Stream& stream,
                           std::optional<kernels::NaKernel> kernel) {

@@ -16,6 +16,10 @@ namespace tessera::ops {
 /// The kernel na_cuda_forward picks for q (the dispatch of choose_na_kernel).
 kernels::NaKernel na_cuda_kernel_for(const Tensor& q);
 
+/// The mma forward's blocks per SM (TESSERA_NA_MMA_FORWARD_BLOCKS, parse_na_mma_forward_blocks;
+/// 0: auto).
+int na_cuda_mma_forward_blocks();
+
 /// Forward like na_forward on cuda tensors q, k, v (rpb: on the same device, any floating
 /// dtype). `kernel` forces a kernel (the fused one only where na_cuda_kernel_for picks it);
 /// by default the dispatch picks it.

@@ -167,8 +167,9 @@ std::vector<Tensor> na_cuda(const KernelContext& context, const std::vector<Tens
 // lse can be computed before any halo key has landed. Along each axis the interior is taken as
 // one run of queries (below), so it is a box; the rest of the local queries is at most two slabs
 // per spatial axis (boxes_around), computed once the halos are in. Each region runs the same kernel
-// on its query piece (the k/v tile and its offset unchanged), so every output element is the same
-// sum as without the split.
+// on its query piece (the k/v tile and its offset unchanged), over the same keys; the kernels tile
+// the queries of the piece they are given, so a query may round differently than without the
+// split (within 1e-12 in f64).
 
 /// The interior queries of the local piece, in local coordinates of q (possibly empty).
 Box na_interior_queries(const KernelContext& context, const NaGeometry& geometry) {

@@ -14,6 +14,10 @@ kernels::NaKernel na_cuda_kernel_for(const Tensor&) {
   not_built();
 }
 
+int na_cuda_mma_forward_blocks() {
+  not_built();
+}
+
 NaForward na_cuda_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor*,
                           const NaGeometry&, const NaPieces&, const Stream&,
                           std::optional<kernels::NaKernel>) {

@@ -89,31 +89,25 @@ TEST(ConvSharded, RandomCasesMatchUnshardedForwardAndGradients) {
 // (OverlapKernel); with overlap off the plain kernel runs on the complete haloed piece. In f64
 // every output element is the same sum either way, so the two agree bit for bit.
 TEST(ConvSharded, HaloOverlapGivesBitwiseTheSameForwardAsNoOverlap) {
-  const bool before = halo_overlap(Device::Kind::cpu);
   int compared = 0;
   for (int world_size = 1; world_size <= 4; ++world_size) {
     const auto meshes = testing::mesh_factorizations(world_size);
     for (size_t mesh_index = 0; mesh_index < meshes.size(); ++mesh_index) {
       for (int index = 0; index < 24; ++index) {
-        std::vector<Tensor> outputs[2];
-        for (bool overlap : {true, false}) {
-          set_halo_overlap(Device::Kind::cpu, overlap);
-          testing::run_world(world_size, [&](std::shared_ptr<Comm> comm) {
-            DeviceMesh mesh(comm, meshes[mesh_index]);
-            CaseRng rng(testing::case_seed(42, world_size, static_cast<int>(mesh_index), index));
-            const ConvCase c = random_conv_case(mesh.shape(), rng);
-            const Tensor x = testing::integer_tensor(c.x_shape, DType::f64, rng, -3, 3);
-            const Tensor w = testing::integer_tensor(c.w_shape, DType::f64, rng, -3, 3);
-            const ShardTensor y =
-                ops::conv(ShardTensor::distribute(x, mesh, c.placements, c.extents),
-                          ShardTensor::distribute(
-                              w, mesh, std::vector<Placement>(mesh.ndim(), Placement::replicate())),
-                          std::nullopt, c.options);
-            const Tensor full = y.full_tensor();
-            if (comm->rank() == 0) outputs[overlap ? 0 : 1].push_back(full);
-          });
-        }
-        set_halo_overlap(Device::Kind::cpu, before);
+        const auto outputs =
+            testing::with_and_without_cpu_overlap(world_size, [&](std::shared_ptr<Comm> comm) {
+              DeviceMesh mesh(comm, meshes[mesh_index]);
+              CaseRng rng(testing::case_seed(42, world_size, static_cast<int>(mesh_index), index));
+              const ConvCase c = random_conv_case(mesh.shape(), rng);
+              const Tensor x = testing::integer_tensor(c.x_shape, DType::f64, rng, -3, 3);
+              const Tensor w = testing::integer_tensor(c.w_shape, DType::f64, rng, -3, 3);
+              const ShardTensor y = ops::conv(
+                  ShardTensor::distribute(x, mesh, c.placements, c.extents),
+                  ShardTensor::distribute(
+                      w, mesh, std::vector<Placement>(mesh.ndim(), Placement::replicate())),
+                  std::nullopt, c.options);
+              return std::vector<Tensor>{y.full_tensor()};
+            });
         if (outputs[0].empty()) continue;  // under mpiexec only the launcher's world size runs
         EXPECT_TRUE(bitwise_equal(outputs[0][0], outputs[1][0]))
             << "world " << world_size << " mesh " << testing::shape_str(meshes[mesh_index])

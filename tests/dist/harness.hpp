@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -43,6 +44,26 @@ inline void run_world(int world_size, std::function<void(std::shared_ptr<Comm>)>
     return;
   }
   run_local_ranks(world_size, body);
+}
+
+/// Rank 0's results of `body` on a world of `world_size` ranks (run_world), first with the cpu
+/// halo overlap on, then off; the switch is restored after. Both empty where the world does not
+/// run (under mpiexec, a size other than the launcher's).
+inline std::array<std::vector<Tensor>, 2> with_and_without_cpu_overlap(
+    int world_size, const std::function<std::vector<Tensor>(std::shared_ptr<Comm>)>& body) {
+  struct Restore {
+    bool before = halo_overlap(Device::Kind::cpu);
+    ~Restore() { set_halo_overlap(Device::Kind::cpu, before); }
+  } restore;
+  std::array<std::vector<Tensor>, 2> results;  // [0]: overlap on, [1]: off
+  for (int off = 0; off < 2; ++off) {
+    set_halo_overlap(Device::Kind::cpu, off == 0);
+    run_world(world_size, [&](std::shared_ptr<Comm> comm) {
+      std::vector<Tensor> result = body(comm);
+      if (comm->rank() == 0) results[off] = std::move(result);
+    });
+  }
+  return results;
 }
 
 /// run_world for every world size 1..max_world_size.

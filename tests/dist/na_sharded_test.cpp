@@ -10,7 +10,6 @@
 #include <gtest/gtest.h>
 
 #include "core/autograd.hpp"
-#include "core/op_registry.hpp"
 #include "ops/ops.hpp"
 #include "tests/dist/harness.hpp"
 #include "tests/dist/na_cases.hpp"
@@ -54,8 +53,6 @@ TEST(NaSharded, RandomCasesMatchUnshardedForwardAndGradients) {
   }
 }
 
-// The loss of run_na_case (the cuda sweep's too) in every dtype: for f16/bf16 the lse is f32 and
-// o is not, and the sharded result equals one rank within the dtype's roundoff.
 // With halo overlap on, the cpu forward computes the queries whose windows hold only the rank's
 // own keys while the k/v halos travel, and the rest once they have landed (OverlapKernel). The
 // cpu kernels tile the queries of each piece they are given, so a query may take another path
@@ -63,25 +60,19 @@ TEST(NaSharded, RandomCasesMatchUnshardedForwardAndGradients) {
 // gradient equal the plain kernel's on the complete haloed tile within 1e-12 in f64, as the
 // sharded results equal one rank's.
 TEST(NaSharded, HaloOverlapGivesTheSameResultsAsNoOverlap) {
-  const bool before = halo_overlap(Device::Kind::cpu);
   int compared = 0;
   for (int world = 1; world <= 4; ++world) {
     const auto meshes = testing::mesh_factorizations(world);
     for (size_t mesh_index = 0; mesh_index < meshes.size(); ++mesh_index) {
       for (int index = 0; index < 12; ++index) {
-        std::vector<Tensor> results[2];
-        for (bool overlap : {true, false}) {
-          set_halo_overlap(Device::Kind::cpu, overlap);
-          testing::run_world(world, [&](std::shared_ptr<Comm> comm) {
-            DeviceMesh mesh(comm, meshes[mesh_index]);
-            CaseRng rng(testing::case_seed(59, world, static_cast<int>(mesh_index), index));
-            const NaCase c = testing::random_na_case(mesh.shape(), rng);
-            const NaData data = testing::random_na_data(c, rng);
-            std::vector<Tensor> result = testing::run_na_case(c, mesh, data, true);
-            if (comm->rank() == 0) results[overlap ? 0 : 1] = std::move(result);
-          });
-        }
-        set_halo_overlap(Device::Kind::cpu, before);
+        const auto results =
+            testing::with_and_without_cpu_overlap(world, [&](std::shared_ptr<Comm> comm) {
+              DeviceMesh mesh(comm, meshes[mesh_index]);
+              CaseRng rng(testing::case_seed(59, world, static_cast<int>(mesh_index), index));
+              const NaCase c = testing::random_na_case(mesh.shape(), rng);
+              const NaData data = testing::random_na_data(c, rng);
+              return testing::run_na_case(c, mesh, data, true);
+            });
         if (results[0].empty()) continue;  // under mpiexec only the launcher's world size runs
         ASSERT_EQ(results[0].size(), results[1].size());
         const char* names[] = {"o", "lse", "dq", "dk", "dv", "drpb"};
@@ -98,6 +89,8 @@ TEST(NaSharded, HaloOverlapGivesTheSameResultsAsNoOverlap) {
   }
 }
 
+// The loss of run_na_case (the cuda sweep's too) in every dtype: for f16/bf16 the lse is f32 and
+// o is not, and the sharded result equals one rank within the dtype's roundoff.
 TEST(NaSharded, LossOfBothOutputsRunsInEveryDtypeAndMatchesOneRank) {
   int total_cases = 0;
   for (int world : {1, 2}) {
