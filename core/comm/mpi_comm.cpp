@@ -72,15 +72,18 @@ class Staging {
   }
 
   /// The pointer MPI writes `bytes` of output to (in place: the host copy of the same input).
-  void* output(void* data, size_t bytes) {
+  /// `written`, when given, are the only bytes MPI writes (the blocks of a v collective): just
+  /// these go back to the device, and the gaps between them keep what the device held.
+  void* output(void* data, size_t bytes, std::vector<ByteRange> written = {}) {
     if (direct_ || bytes == 0) return data;
     for (Staged& staged : staged_) {
       if (staged.data == data && staged.bytes >= bytes) {
-        staged.is_output = true;
+        staged.is_output = true;  // the host copy holds the whole input: copied back whole
         return staged.lease.data();
       }
     }
-    staged_.push_back({data, bytes, true, pool_->acquire(bytes)});
+    if (written.empty()) written.push_back({0, bytes});
+    staged_.push_back({data, bytes, true, pool_->acquire(bytes), std::move(written)});
     return staged_.back().lease.data();
   }
 
@@ -97,8 +100,13 @@ class Staging {
     bool copied = false;
     for (Staged& staged : staged_) {
       if (!staged.is_output) continue;
-      gpu::copy_bytes_async(staged.data, staged.lease.data(), staged.bytes, comm_.handle, device_);
-      count_transfer(Device::cuda(device_), Device::cpu(), staged.bytes);
+      if (staged.written.empty()) staged.written.push_back({0, staged.bytes});
+      for (const ByteRange& range : staged.written) {
+        gpu::copy_bytes_async(static_cast<std::byte*>(staged.data) + range.offset,
+                              static_cast<const std::byte*>(staged.lease.data()) + range.offset,
+                              range.bytes, comm_.handle, device_);
+        count_transfer(Device::cuda(device_), Device::cpu(), range.bytes);
+      }
       copied = true;
     }
     // The pinned blocks go back to the pool with this object: the copies must be done first.
@@ -115,6 +123,7 @@ class Staging {
     size_t bytes;
     bool is_output;
     StagingPool::Lease lease;
+    std::vector<ByteRange> written;  // the bytes copied back (empty: all of them)
   };
   std::shared_ptr<StagingPool> pool_;
   int device_;
@@ -447,7 +456,8 @@ class MpiComm final : public Comm {
     const size_t element = dtype_size(dtype);
     Staging staging = stage(device_of({send, recv}));
     const void* mpi_send = staging.input(send, extent_of(send_counts, send_displs) * element);
-    void* mpi_recv = staging.output(recv, extent_of(recv_counts, recv_displs) * element);
+    void* mpi_recv = staging.output(recv, extent_of(recv_counts, recv_displs) * element,
+                                    written_ranges(recv_counts, recv_displs, element));
     staging.before_mpi();
     MPI_Request request;
     MPI_Ialltoallv(mpi_send, scounts.data(), sdispls.data(), mpi_type(dtype), mpi_recv,

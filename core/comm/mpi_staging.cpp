@@ -17,6 +17,25 @@ bool choose_mpi_cuda_aware(const char* override_value, int library_answer) {
   return value == "1";
 }
 
+std::vector<ByteRange> written_ranges(std::span<const size_t> counts,
+                                      std::span<const size_t> displs, size_t element) {
+  std::vector<ByteRange> blocks;
+  for (size_t i = 0; i < counts.size() && i < displs.size(); ++i)
+    if (counts[i]) blocks.push_back({displs[i] * element, counts[i] * element});
+  std::sort(blocks.begin(), blocks.end(),
+            [](const ByteRange& a, const ByteRange& b) { return a.offset < b.offset; });
+  std::vector<ByteRange> merged;
+  for (const ByteRange& block : blocks) {
+    if (!merged.empty() && block.offset <= merged.back().offset + merged.back().bytes) {
+      ByteRange& last = merged.back();
+      last.bytes = std::max(last.offset + last.bytes, block.offset + block.bytes) - last.offset;
+    } else {
+      merged.push_back(block);
+    }
+  }
+  return merged;
+}
+
 struct StagingPool::Lease::State {
   AllocateFn allocate;
   ReleaseFn release;

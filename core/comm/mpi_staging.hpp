@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <vector>
 
 namespace tessera {
@@ -14,6 +15,20 @@ namespace tessera {
 /// yes, "0" no; null or "" when unset) wins; otherwise `library_answer` (1 aware, 0 not, -1 the
 /// library cannot tell, which counts as not aware). Throws InvalidArgument for another value.
 bool choose_mpi_cuda_aware(const char* override_value, int library_answer);
+
+/// The bytes [offset, offset + bytes) of a buffer.
+struct ByteRange {
+  size_t offset = 0;
+  size_t bytes = 0;
+  bool operator==(const ByteRange&) const = default;
+};
+
+/// The bytes a v collective writes into its receive buffer: rank p's block of `counts[p]`
+/// elements of `element` bytes at element `displs[p]`, in order of offset, empty blocks left out,
+/// touching or overlapping blocks merged. A staged receive buffer is copied back to the device
+/// over these ranges only, so the bytes between the blocks keep what the device held.
+std::vector<ByteRange> written_ranges(std::span<const size_t> counts,
+                                      std::span<const size_t> displs, size_t element);
 
 /// Host blocks for staging, kept for reuse: a lease takes the smallest free block that fits (or
 /// allocates one, rounded up to a power of two of at least 4 KiB) and gives it back when

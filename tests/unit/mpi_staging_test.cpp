@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <vector>
 
 #include "core/errors.hpp"
 
@@ -71,6 +72,22 @@ TEST(MpiStaging, BlocksAreReleasedWhenThePoolAndItsLeasesAreGone) {
     EXPECT_EQ(live_blocks, 2);  // the lease keeps the pool's blocks alive
   }
   EXPECT_EQ(live_blocks, 0);
+}
+
+TEST(MpiStaging, WrittenRangesAreTheReceiveBlocksWithTheGapsBetweenThemLeftOut) {
+  // all_to_all_v's receive side on 3 ranks, 4-byte elements: blocks of 2, 0 and 1 elements at
+  // 0, 3 and 4, a one-element gap after the first; the zero-count block writes nothing.
+  const std::vector<size_t> counts{2, 0, 1}, displs{0, 3, 4};
+  EXPECT_EQ(written_ranges(counts, displs, 4), (std::vector<ByteRange>{{0, 8}, {16, 4}}));
+  // Out of order and touching: merged into one range in order of offset.
+  const std::vector<size_t> counts2{1, 2, 1}, displs2{3, 1, 7};
+  EXPECT_EQ(written_ranges(counts2, displs2, 2), (std::vector<ByteRange>{{2, 6}, {14, 2}}));
+  // Overlapping blocks (a receive buffer written twice) merge to their union.
+  const std::vector<size_t> counts3{4, 2}, displs3{0, 1};
+  EXPECT_EQ(written_ranges(counts3, displs3, 1), (std::vector<ByteRange>{{0, 4}}));
+  // Nothing received: nothing to copy back.
+  const std::vector<size_t> none{0, 0}, at{0, 5};
+  EXPECT_TRUE(written_ranges(none, at, 8).empty());
 }
 
 }  // namespace
