@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -36,10 +37,12 @@ using Json = nlohmann::json;
 
 const std::string kFixtures = testing::fixture_dir("onnx");
 
-/// A fresh scratch folder for one test.
+/// A fresh scratch folder for one test, of this process alone (memcheck and racecheck run the
+/// binary at the same time).
 std::filesystem::path scratch(const std::string& name) {
   const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("tessera_cli_gpu_" + name);
+      std::filesystem::temp_directory_path() /
+      ("tessera_cli_gpu_" + name + "_" + std::to_string(static_cast<long>(::getpid())));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;

@@ -4,6 +4,7 @@
 // tensor's. Sharded reads, scatter, gather_write, write_sharded and checkpoints on 1, 2 and 4
 // local ranks sharing one GPU leave pieces on the device and files equal to the cpu ones.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -39,7 +40,9 @@ Tensor pattern(const Shape& shape) {
 
 TEST(IoGpu, DeviceTensorsCrossInSlabsOnceEachWay) {
   SKIP_WITHOUT_GPU();
-  const std::string dir = ::testing::TempDir() + "/tessera_io_gpu";
+  // One folder per process: memcheck and racecheck run this binary at the same time.
+  const std::string dir =
+      ::testing::TempDir() + "/tessera_io_gpu_" + std::to_string(static_cast<long>(::getpid()));
   std::filesystem::create_directories(dir);
   const std::string file = dir + "/device.h5";
   const Tensor host = pattern({37, 19, 11});
