@@ -233,8 +233,9 @@ if want test; then
   # The tests' own TIMEOUTs outrank --timeout; --stop-time cuts them all at the stage's end.
   if [ "$deadline" -gt 0 ] && [ $((deadline - 40)) -lt "$stage_end" ]; then stage_end=$((deadline - 40)); fi
   stop=$(date -d "+$((stage_end - SECONDS - 10)) seconds" +%H:%M:%S)
+  # GPU_CHECK_TEST_FILTER=REGEX: only the CTest entries it matches (a short rerun of a failure)
   if capped 100000 env LD_LIBRARY_PATH="$our_ld" ctest --test-dir "$build" -L gpu -j 16 \
-       --output-on-failure --stop-time "$stop" --output-junit "$logs/gpu-tests.xml" \
+       ${GPU_CHECK_TEST_FILTER:+-R "$GPU_CHECK_TEST_FILTER"} --output-on-failure --stop-time "$stop" --output-junit "$logs/gpu-tests.xml" \
        >"$logs/gpu-tests.log" 2>&1; then
     record test pass $((SECONDS - start)) "$(grep -E 'tests passed' "$logs/gpu-tests.log" | tail -n 1)"
   else
