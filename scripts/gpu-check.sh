@@ -369,6 +369,9 @@ if want sanitize; then
       log="$logs/sanitize-$tool-$(basename "$binary").log"
       # The tests that provoke a CUDA error on purpose (out of memory) are left out: the tool
       # reports every failed API call as an error, expected or not.
+      # The seeded sweeps run an eighth of their cases (GPU_CHECK_SANITIZE_SWEEP_DIVISOR): under
+      # the tools every kernel runs 10-100x slower, and a whole sweep takes minutes.
+      TESSERA_TEST_SWEEP_DIVISOR="${GPU_CHECK_SANITIZE_SWEEP_DIVISOR:-8}" \
       TESSERA_BACKEND=local GTEST_FILTER="${GPU_CHECK_SANITIZE_GTEST:--*OutOfMemory*}" capped 100000 \
         env LD_LIBRARY_PATH="$our_ld" "$sanitizer" --tool "$tool" \
         --error-exitcode 99 --print-limit 20 "$binary" >"$log" 2>&1 &

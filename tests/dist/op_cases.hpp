@@ -82,7 +82,7 @@ void expect_cuda_sweep_matches_cpu(int seed, Device gpu, MakeCase make_case, Mak
       DeviceMesh single(comm->split(comm->rank(), 0), {1});
       for (size_t mesh_index = 0; mesh_index < meshes.size(); ++mesh_index) {
         DeviceMesh mesh(comm, meshes[mesh_index]);
-        for (int index = 0; index < 12; ++index) {
+        for (int index = 0; index < sweep_cases(12); ++index) {
           CaseRng rng(case_seed(seed, world, static_cast<int>(mesh_index), index));
           const auto c = make_case(mesh.shape(), rng);
           const Tensor x = make_input(c.x_shape, rng);

@@ -7,7 +7,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -111,6 +114,35 @@ inline bool holds_values(const std::vector<Placement>& placements, const std::ve
     if (placements[m].is_partial() && placements[m].reduce == ReduceOp::sum && coord[m] != 0)
       return false;
   return true;
+}
+
+/// TESSERA_TEST_SWEEP_DIVISOR: a positive integer D (default 1); the GPU tests' seeded sweeps
+/// then run about 1/D of their cases (through sweep_cases and sweep_takes). scripts/gpu-check.sh sets it for its compute-sanitizer runs, under
+/// which every kernel runs 10-100 times slower, so that each sweep still finishes and reaches
+/// every kernel on every mesh. Another value throws (the test fails saying so).
+inline int sweep_divisor() {
+  static const int divisor = [] {
+    const char* value = std::getenv("TESSERA_TEST_SWEEP_DIVISOR");
+    if (value == nullptr || *value == '\0') return 1;
+    char* end = nullptr;
+    const long parsed = std::strtol(value, &end, 10);
+    if (*end != '\0' || parsed < 1 || parsed > 1000000)
+      throw std::invalid_argument(
+          fmt::format("TESSERA_TEST_SWEEP_DIVISOR='{}' (expected a positive integer)", value));
+    return static_cast<int>(parsed);
+  }();
+  return divisor;
+}
+
+/// How many of a sweep's `cases` to run: all of them, or 1/sweep_divisor() of them (at least 1).
+inline int sweep_cases(int cases) {
+  return std::max(1, cases / sweep_divisor());
+}
+
+/// Whether a sweep that visits its combinations in a fixed order takes combination number
+/// `counter` (every one, or every sweep_divisor()-th).
+inline bool sweep_takes(int counter) {
+  return counter % sweep_divisor() == 0;
 }
 
 /// How many random cases each mesh of a world gets, so that every world size runs about

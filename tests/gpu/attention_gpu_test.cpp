@@ -79,7 +79,7 @@ TEST(AttentionGpu, ShardedOnCudaMatchesCpuOneRankEveryDtype) {
     testing::run_world(world, [&](std::shared_ptr<Comm> comm) {
       DeviceMesh single(comm->split(comm->rank(), 0), {1});
       DeviceMesh mesh(comm, {comm->size()});
-      for (int index = 0; index < 10; ++index) {
+      for (int index = 0; index < testing::sweep_cases(10); ++index) {
         CaseRng rng(testing::case_seed(89, world, 0, index));
         const int64_t b = rng.uniform(1, 2), h = rng.uniform(1, 3), d = rng.uniform(1, 40),
                       dv = rng.uniform(1, 40), sq = rng.uniform(0, 70);

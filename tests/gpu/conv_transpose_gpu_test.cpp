@@ -109,7 +109,7 @@ TEST(ConvTransposeGpu, ShardedOnOneTwoAndFourLocalRanksMatchesTheCpuOnOneRank) {
       DeviceMesh single(comm->split(comm->rank(), 0), {1});
       for (size_t mesh_index = 0; mesh_index < meshes.size(); ++mesh_index) {
         DeviceMesh mesh(comm, meshes[mesh_index]);
-        for (int index = 0; index < 12; ++index) {
+        for (int index = 0; index < testing::sweep_cases(12); ++index) {
           testing::CaseRng rng(testing::case_seed(73, world, static_cast<int>(mesh_index), index));
           const testing::ConvTransposeCase c =
               testing::random_conv_transpose_case(mesh.shape(), rng);

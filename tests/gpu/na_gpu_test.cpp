@@ -114,7 +114,8 @@ int expect_sweep_matches_cpu(int seed, int per_world, int64_t dim,
       int cases = 0;
       for (size_t mesh_index = 0; mesh_index < meshes.size(); ++mesh_index) {
         DeviceMesh mesh(comm, meshes[mesh_index]);
-        for (int index = 0; index < testing::cases_per_mesh(world, per_world); ++index, ++cases) {
+        for (int index = 0; index < testing::cases_per_mesh(world, testing::sweep_cases(per_world));
+             ++index, ++cases) {
           CaseRng rng(testing::case_seed(seed, world, static_cast<int>(mesh_index), index));
           testing::NaCase c = testing::random_na_case(mesh.shape(), rng);
           if (dim > 0) c.shape.back() = dim;
@@ -141,12 +142,13 @@ TEST(NaGpu, ShardedOnOneTwoAndFourLocalRanksMatchesTheCpuOnOneRank) {
   SKIP_WITHOUT_GPU();
   const int cases =
       expect_sweep_matches_cpu(71, 100, 0, {DType::f64, DType::f32, DType::f16, DType::bf16});
-  EXPECT_GE(cases, 300);
+  EXPECT_GE(cases, 3 * testing::sweep_cases(100));
 }
 
 TEST(NaGpu, ShardedFusedKernelMatchesTheCpuOnOneRank) {
   SKIP_WITHOUT_GPU();
-  EXPECT_GE(expect_sweep_matches_cpu(73, 30, 32, {DType::f16, DType::bf16}), 90);
+  EXPECT_GE(expect_sweep_matches_cpu(73, 30, 32, {DType::f16, DType::bf16}),
+            3 * testing::sweep_cases(30));
 }
 
 /// A random single-rank call for the kernel comparisons: q the local piece [offset, offset + n)
@@ -203,7 +205,7 @@ TEST(NaGpu, FusedKernelsMatchThePlainKernelsAndTheReference) {
   if (ops::na_cuda_kernel_for(probe) == NaKernel::plain)
     GTEST_SKIP() << "the fused kernels need bf16 tensor cores (sm_80 or newer), which "
                  << kGpu.str() << " lacks";
-  for (int index = 0; index < 120; ++index) {
+  for (int index = 0; index < testing::sweep_cases(120); ++index) {
     CaseRng rng(testing::case_seed(79, 1, 0, index));
     const DType dtype = index % 2 == 0 ? DType::f16 : DType::bf16;
     const int64_t dims[] = {32, 64, 128};
@@ -250,7 +252,7 @@ TEST(NaGpu, MmaKernelsMatchTheReferenceAndTheFusedForward) {
   if (ops::na_cuda_kernel_for(probe) == NaKernel::plain)
     GTEST_SKIP() << "the mma forward needs bf16 tensor cores (sm_80 or newer), which " << kGpu.str()
                  << " lacks";
-  for (int index = 0; index < 150; ++index) {
+  for (int index = 0; index < testing::sweep_cases(150); ++index) {
     CaseRng rng(testing::case_seed(83, 1, 0, index));
     const DType dtype = index % 2 == 0 ? DType::bf16 : DType::f16;
     const int64_t dims[] = {64, 32, 128};
@@ -282,7 +284,7 @@ TEST(NaGpu, MmaKernelsMatchTheReferenceAndTheFusedForward) {
 
 TEST(NaGpu, PlainKernelsMatchTheReferenceOnPiecesWithTilesAtOffsets) {
   SKIP_WITHOUT_GPU();
-  for (int index = 0; index < 60; ++index) {
+  for (int index = 0; index < testing::sweep_cases(60); ++index) {
     CaseRng rng(testing::case_seed(83, 1, 0, index));
     const DType dtype = index % 2 == 0 ? DType::f64 : DType::f32;
     const int64_t dims[] = {1, 5, 32, 130};
@@ -317,7 +319,7 @@ TEST(NaGpu, PlainKernelsMatchTheReferenceOnPiecesWithTilesAtOffsets) {
 
 TEST(NaGpu, BackwardIsBitwiseReproducible) {
   SKIP_WITHOUT_GPU();
-  for (int index = 0; index < 24; ++index) {
+  for (int index = 0; index < testing::sweep_cases(24); ++index) {
     CaseRng rng(testing::case_seed(89, 1, 0, index));
     const DType dtypes[] = {DType::f32, DType::bf16, DType::f16, DType::f64};
     const DType dtype = dtypes[index % 4];

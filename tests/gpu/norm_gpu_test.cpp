@@ -120,7 +120,7 @@ TEST(NormGpu, ShardedOnOneTwoAndFourLocalRanksMatchesTheCpuOnOneRank) {
       DeviceMesh single(comm->split(comm->rank(), 0), {1});
       for (size_t mesh_index = 0; mesh_index < meshes.size(); ++mesh_index) {
         DeviceMesh mesh(comm, meshes[mesh_index]);
-        for (int index = 0; index < 12; ++index) {
+        for (int index = 0; index < testing::sweep_cases(12); ++index) {
           testing::CaseRng rng(testing::case_seed(74, world, static_cast<int>(mesh_index), index));
           const testing::NormCase c = testing::random_norm_case(mesh.shape(), rng);
           const testing::NormInputs in = testing::random_norm_inputs(c, rng);
