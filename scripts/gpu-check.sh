@@ -264,6 +264,16 @@ if want test; then
   else
     record test-na-mma4 fail $((SECONDS - start)) "$(grep -E 'FAILED|PASSED' "$logs/na-mma4-tests.log" | head -n 3 | tr '\n' ' ')"
   fi
+  # The conv tests again with cuDNN's graph API (TESSERA_CUDNN_API=graph, opt-in until it passes
+  # here): fixtures, rounding bounds, determinism, the sharded sweep.
+  start=$SECONDS
+  if capped 120 env LD_LIBRARY_PATH="$our_ld" TESSERA_CUDNN_API=graph \
+       "$build/tests/tessera_gpu_conv_tests" --gtest_filter='-*OutOfMemory*' \
+       >"$logs/conv-graph-tests.log" 2>&1; then
+    record test-conv-graph pass $((SECONDS - start)) "$(grep -E 'PASSED' "$logs/conv-graph-tests.log" | tail -n 1)"
+  else
+    record test-conv-graph fail $((SECONDS - start)) "$(grep -E 'FAILED|PASSED' "$logs/conv-graph-tests.log" | head -n 3 | tr '\n' ' ')"
+  fi
   stage_end=0
   # The main job on the GPU: layouts, the conv network step and attention, checked vs one rank.
   start=$SECONDS
@@ -315,6 +325,11 @@ if want bench; then
       --dtype "$dtype" --json
   done
   step bench-comm 30 "${tessera[@]}" bench comm --device cuda --json
+  # The same convs through cuDNN's graph API (every engine its heuristics list, timed).
+  for dtype in f32 bf16; do
+    step "bench-conv-graph-$dtype" 60 env TESSERA_CUDNN_API=graph TESSERA_CUDNN_LOG=1 \
+      "${tessera[@]}" bench conv --device cuda --dtype "$dtype" --json
+  done
   step bench-conv-nocomm-bf16 30 env TESSERA_CUDNN_LOG=1 "${tessera[@]}" bench conv --device cuda \
     --dtype bf16 --no-comm --json
   step bench-na-fused-bf16 60 env TESSERA_NA_CUDA_KERNEL=fused "${tessera[@]}" bench na \
@@ -443,6 +458,35 @@ with open(os.path.join(out, "gpu-check.md"), "w") as md:
                      f"{ms(mma4, k, 'forward_ms')} | {ms(fused, k, 'forward_ms')} | {ms(fused, k, 'forward_backward_ms')} | "
                      f"{ms(flex, k, 'forward_ms')} | {ms(flex, k, 'forward_backward_ms')} | "
                      f"{ratio(k, 'forward_ms')} | {ratio(k, 'forward_backward_ms')} |\n")
+    # Convolution: legacy and graph API beside PyTorch, 1 rank (4 ranks: ours), per shape.
+    def conv_rows(name, ranks=1):
+        data = report["results"].get(name) or {}
+        rows = data.get("rows", []) if isinstance(data, dict) else []
+        return {(tuple(r.get("shape", [])), r.get("kernel")): r for r in rows
+                if r.get("ranks", 1) == ranks}
+    for dtype in ("bf16", "f32"):
+        legacy, graph = conv_rows(f"bench-conv-{dtype}.json"), conv_rows(f"bench-conv-graph-{dtype}.json")
+        torch_rows, four = conv_rows(f"torch-conv-{dtype}.json"), conv_rows(f"bench-conv-{dtype}.json", 4)
+        shapes = sorted(set(legacy) | set(graph) | set(torch_rows), key=str)
+        if not shapes:
+            continue
+        md.write(f"\n## Convolution, {dtype} (ms, fwd / f+b)\n\n"
+                 "| shape, k | legacy | graph | PyTorch | legacy / PyTorch | graph / PyTorch | 4 ranks legacy |\n"
+                 "|---|---|---|---|---|---|---|\n")
+        def pair(rows, key):
+            r = rows.get(key, {})
+            f, b = r.get("forward_ms"), r.get("forward_backward_ms")
+            return f"{f:.2f} / {b:.2f}" if isinstance(f, (int, float)) and isinstance(b, (int, float)) else "-"
+        def over(rows, key):
+            a, t = rows.get(key, {}), torch_rows.get(key, {})
+            try:
+                return (f"{a['forward_ms'] / t['forward_ms']:.2f}x / "
+                        f"{a['forward_backward_ms'] / t['forward_backward_ms']:.2f}x")
+            except (KeyError, TypeError, ZeroDivisionError):
+                return "-"
+        for key in shapes:
+            md.write(f"| {','.join(map(str, key[0]))} k{key[1]} | {pair(legacy, key)} | {pair(graph, key)} | "
+                     f"{pair(torch_rows, key)} | {over(legacy, key)} | {over(graph, key)} | {pair(four, key)} |\n")
 print(open(os.path.join(out, "gpu-check.md")).read())
 PY
 failed=0

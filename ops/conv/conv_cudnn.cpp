@@ -4,7 +4,8 @@
 // That API takes strided tensor descriptors directly, which is what running on boxes of a
 // haloed buffer needs, and it measures algorithms with cudnnFind*AlgorithmEx on our own
 // buffers and workspace. cuDNN 9 marks it deprecated (the graph API is its successor), so this
-// file silences that warning; moving to the graph API changes only this file.
+// file silences that warning. TESSERA_CUDNN_API=graph runs the same calls through the graph API
+// instead (conv_cudnn_graph.cpp): it reaches engines the legacy algorithm enums do not name.
 //
 // Per call: descriptors are built from the operands (ops/conv/conv_cudnn_key.hpp does the
 // dims/strides math), the algorithm comes from a process-wide cache keyed by everything it
@@ -31,6 +32,7 @@
 #include "core/runtime/rank_context.hpp"
 #include "ops/conv/conv_bias_cuda.cuh"
 #include "ops/conv/conv_bias_plan.hpp"
+#include "ops/conv/conv_cudnn_graph.hpp"
 #include "ops/conv/conv_cudnn_key.hpp"
 #include "ops/cuda_support.hpp"
 
@@ -429,9 +431,20 @@ CudnnAlgoChoice algorithm_for(cudnnHandle_t handle, const ConvCall& call, const 
   return algorithm_cache().insert(call.key, measure(handle, call, p, stream));
 }
 
+// TESSERA_CUDNN_API: legacy (the default) or graph (conv_cudnn_graph.cpp). A bad value gives
+// the same InvalidArgument on every conv call (the static is set only once a value parses).
+CudnnApi cudnn_api() {
+  static const CudnnApi api = cudnn_api_from_env(std::getenv("TESSERA_CUDNN_API"));
+  return api;
+}
+
 // Queues the convolution of `call` with its algorithm (output = alpha * op + 0).
 void run(const ConvCall& call, const ConvPointers& p) {
   const Stream stream = compute_stream_for(Device::cuda(call.device));
+  if (cudnn_api() == CudnnApi::graph) {
+    conv_graph_run(call.key, p.x, p.w, p.y, stream, call.what);
+    return;
+  }
   cudnnHandle_t handle = handle_for(call.device, stream);
   const CudnnAlgoChoice choice = algorithm_for(handle, call, p, stream);
   TESSERA_CUDNN_CHECK(
@@ -622,6 +635,7 @@ std::vector<std::string> conv_cudnn_algorithm_choices() {
   for (const auto& [key, choice] : algorithm_cache().entries())
     lines.push_back(fmt::format("{}: algorithm {} math {} workspace {} bytes", describe(key),
                                 choice.algorithm, choice.math, choice.workspace_bytes));
+  for (std::string& line : conv_graph_choices()) lines.push_back(std::move(line));
   std::sort(lines.begin(), lines.end());
   return lines;
 }

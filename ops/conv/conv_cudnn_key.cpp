@@ -154,6 +154,41 @@ size_t cudnn_workspace_limit(const char* cap_mb, size_t total_bytes, size_t free
   return std::min(cap, free_bytes / 2);
 }
 
+std::array<int64_t, 5> cudnn_filter_strides(const CudnnFilterDims& w) {
+  std::array<int64_t, 5> strides{};
+  const int rank = w.rank;
+  if (!w.channels_last) {
+    strides[rank - 1] = 1;
+    for (int d = rank - 2; d >= 0; --d) strides[d] = strides[d + 1] * w.dims[d + 1];
+    return strides;
+  }
+  strides[1] = 1;
+  int64_t stride = w.dims[1];
+  for (int d = rank - 1; d >= 2; --d) {
+    strides[d] = stride;
+    stride *= w.dims[d];
+  }
+  strides[0] = stride;
+  return strides;
+}
+
+CudnnApi cudnn_api_from_env(const char* value) {
+  const std::string name = value != nullptr ? value : "";
+  if (name.empty() || name == "legacy") return CudnnApi::legacy;
+  check_arg(name == "graph", "conv", "TESSERA_CUDNN_API='{}' (expected legacy or graph)", name);
+  return CudnnApi::graph;
+}
+
+bool cudnn_engine_allowed(const CudnnEngineNotes& notes, DType dtype, CudnnMath math,
+                          CudnnDeterminism determinism) {
+  if (notes.down_convert_inputs) return false;
+  if (math == CudnnMath::fma && notes.tensor_core) return false;
+  if ((dtype == DType::f16 || dtype == DType::bf16) && notes.reduced_precision_reduction)
+    return false;
+  if (determinism == CudnnDeterminism::required && notes.nondeterministic) return false;
+  return true;
+}
+
 CudnnDeterminism cudnn_determinism_for(DType dtype, bool required) {
   if (required) return CudnnDeterminism::required;
   if (dtype == DType::f16 || dtype == DType::bf16) return CudnnDeterminism::preferred;

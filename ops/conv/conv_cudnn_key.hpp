@@ -47,6 +47,11 @@ struct CudnnFilterDims {
   bool operator==(const CudnnFilterDims&) const = default;
 };
 
+/// The strides (elements) of the filter `w` describes, in its dims' order [K, C/groups, k..]:
+/// packed row-major for the NCHW format, packed [K, k.., C/groups] for NHWC (the graph API takes
+/// strides where the legacy filter descriptor takes a format).
+std::array<int64_t, 5> cudnn_filter_strides(const CudnnFilterDims& w);
+
 /// Padding, stride and dilation of a cuDNN convolution descriptor (2 entries for conv1d/2d, 3
 /// for conv3d). Padding is always zero: Tessera's conv is valid on the haloed piece.
 struct CudnnConvParams {
@@ -133,6 +138,32 @@ CudnnDeterminism cudnn_determinism_for(DType dtype, bool required);
 std::optional<CudnnAlgoChoice> choose_algorithm(
     const std::vector<CudnnAlgoMeasurement>& measurements, CudnnDeterminism determinism,
     size_t workspace_limit);
+
+/// Which cuDNN API runs the convolutions (TESSERA_CUDNN_API): `legacy` (the default:
+/// cudnnFind*AlgorithmEx and cudnnConvolution*, the algorithms of cuDNN 7's enums) or `graph`
+/// (the backend graph API: every engine that cuDNN's heuristics list for the conv, each timed
+/// on the operands; it reaches engines the legacy enums do not name).
+enum class CudnnApi { legacy, graph };
+
+/// The API TESSERA_CUDNN_API's value names: null or "" or "legacy" legacy, "graph" graph;
+/// another value throws InvalidArgument ("expected legacy or graph").
+CudnnApi cudnn_api_from_env(const char* value);
+
+/// The notes of one graph-API engine that the choice looks at (cuDNN's numerical notes).
+struct CudnnEngineNotes {
+  bool tensor_core = false;                  ///< runs on tensor cores (f32 inputs: TF32)
+  bool down_convert_inputs = false;          ///< converts its inputs to a narrower type
+  bool reduced_precision_reduction = false;  ///< sums in the data type (f16/bf16), not f32
+  bool nondeterministic = false;             ///< results may differ run to run (atomics)
+};
+
+/// Whether an engine with `notes` keeps the numerical contract of a conv of `dtype` run with
+/// `math`, as the legacy path keeps it through the math mode: no engine that down-converts its
+/// inputs; under fma math (f32 without TF32, f64) no tensor-core engine; for f16 and bf16 none
+/// that sums in the half type; and with `determinism` required none that is non-deterministic
+/// (preferred is settled among the measured engines by choose_algorithm).
+bool cudnn_engine_allowed(const CudnnEngineNotes& notes, DType dtype, CudnnMath math,
+                          CudnnDeterminism determinism);
 
 /// Everything a cuDNN convolution's algorithm choice depends on: direction, dtype and math,
 /// the device, layouts, dims and strides of the three operands, and the conv parameters.

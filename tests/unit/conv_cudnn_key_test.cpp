@@ -196,6 +196,59 @@ TEST(ConvCudnnKey, HalfPrecisionPrefersDeterministicAlgorithms) {
             (CudnnAlgoChoice{0, 1, 0}));
 }
 
+TEST(ConvCudnnKey, FilterStridesFollowTheFormat) {
+  // [K 8, C 3, 2, 5] row-major, and the same stored [K, kh, kw, C] (NHWC).
+  const Shape w{8, 3, 2, 5};
+  const CudnnFilterDims first = cudnn_filter_dims(w, contiguous_strides(w), "conv");
+  EXPECT_EQ(cudnn_filter_strides(first), (std::array<int64_t, 5>{30, 10, 5, 1, 0}));
+  const CudnnFilterDims last = cudnn_filter_dims(w, channels_last_strides(w), "conv");
+  ASSERT_TRUE(last.channels_last);
+  EXPECT_EQ(cudnn_filter_strides(last), (std::array<int64_t, 5>{30, 1, 15, 3, 0}));
+  // conv3d, and conv1d lifted to a unit kernel height.
+  const Shape w3{4, 2, 3, 3, 3};
+  EXPECT_EQ(cudnn_filter_strides(cudnn_filter_dims(w3, channels_last_strides(w3), "conv")),
+            (std::array<int64_t, 5>{54, 1, 18, 6, 2}));
+  const Shape w1{4, 2, 7};
+  EXPECT_EQ(cudnn_filter_strides(cudnn_filter_dims(w1, contiguous_strides(w1), "conv")),
+            (std::array<int64_t, 5>{14, 7, 7, 1, 0}));
+}
+
+TEST(ConvCudnnKey, GraphApiIsChosenByItsNameOnly) {
+  EXPECT_EQ(cudnn_api_from_env(nullptr), CudnnApi::legacy);
+  EXPECT_EQ(cudnn_api_from_env(""), CudnnApi::legacy);
+  EXPECT_EQ(cudnn_api_from_env("legacy"), CudnnApi::legacy);
+  EXPECT_EQ(cudnn_api_from_env("graph"), CudnnApi::graph);
+  EXPECT_THROW(cudnn_api_from_env("1"), InvalidArgument);
+  EXPECT_THROW(cudnn_api_from_env("Graph"), InvalidArgument);
+}
+
+TEST(ConvCudnnKey, GraphEnginesKeepTheNumericalContractOfTheLegacyMathModes) {
+  using enum CudnnDeterminism;
+  const CudnnEngineNotes plain{}, tensor_core{.tensor_core = true},
+      down_convert{.tensor_core = true, .down_convert_inputs = true},
+      half_sums{.tensor_core = true, .reduced_precision_reduction = true},
+      atomics{.nondeterministic = true};
+  // f32 without TF32 (fma) and f64: no tensor cores, which would round f32 inputs to TF32.
+  for (DType dtype : {DType::f32, DType::f64}) {
+    EXPECT_TRUE(cudnn_engine_allowed(plain, dtype, CudnnMath::fma, any));
+    EXPECT_FALSE(cudnn_engine_allowed(tensor_core, dtype, CudnnMath::fma, any));
+  }
+  // f32 with TF32 allowed: tensor cores yes, down-converted inputs (to f16/bf16) no.
+  EXPECT_TRUE(cudnn_engine_allowed(tensor_core, DType::f32, CudnnMath::default_math, any));
+  EXPECT_FALSE(cudnn_engine_allowed(down_convert, DType::f32, CudnnMath::default_math, any));
+  // f16 and bf16: tensor cores with f32 sums; never sums in the half type.
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    EXPECT_TRUE(cudnn_engine_allowed(tensor_core, dtype, CudnnMath::tensor_op, preferred));
+    EXPECT_FALSE(cudnn_engine_allowed(half_sums, dtype, CudnnMath::tensor_op, preferred));
+    EXPECT_FALSE(cudnn_engine_allowed(down_convert, dtype, CudnnMath::tensor_op, preferred));
+  }
+  // Non-deterministic engines: out only when determinism is required (preferred is settled
+  // among the measured ones, as for the legacy algorithms).
+  EXPECT_TRUE(cudnn_engine_allowed(atomics, DType::f32, CudnnMath::fma, any));
+  EXPECT_TRUE(cudnn_engine_allowed(atomics, DType::bf16, CudnnMath::tensor_op, preferred));
+  EXPECT_FALSE(cudnn_engine_allowed(atomics, DType::f32, CudnnMath::fma, required));
+}
+
 CudnnConvKey sample_key() {
   const Shape x{2, 4, 10, 12}, w{8, 2, 3, 3}, y{2, 8, 8, 10};
   CudnnConvKey key;
