@@ -171,6 +171,7 @@ struct Graph {
   BackendDesc x, w, y, conv, operation, graph;
 };
 
+/// The graph of `gk` (with `handle` null: not bound to a device, as the cpu tests build it).
 Graph build_graph(cudnnHandle_t handle, const GraphKey& gk, const std::string& what) {
   const CudnnConvKey& key = gk.key;
   Graph g;
@@ -255,7 +256,8 @@ Graph build_graph(cudnnHandle_t handle, const GraphKey& gk, const std::string& w
 
   g.graph = BackendDesc(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, what);
   set_descriptor(g.graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, g.operation, what);
-  set_attribute(g.graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, what);
+  if (handle != nullptr)
+    set_attribute(g.graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, what);
   TESSERA_GRAPH_CHECK(cudnnBackendFinalize(g.graph.get()), what);
   return g;
 }
@@ -585,6 +587,10 @@ void conv_graph_run(const CudnnConvKey& key, void* x, void* w, void* y, const St
   const ReadyPlan& ready = *it->second;
   Workspace workspace(ready.workspace, key.device, stream);
   TESSERA_GRAPH_CHECK(execute(handle, ready.plan, x, w, y, workspace.data(), what), what);
+}
+
+void conv_graph_check_descriptors(const CudnnConvKey& key) {
+  build_graph(nullptr, GraphKey{key, {16, 16, 16}}, describe(key));
 }
 
 std::vector<std::string> conv_graph_choices() {

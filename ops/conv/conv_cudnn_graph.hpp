@@ -22,6 +22,11 @@ namespace tessera::ops {
 void conv_graph_run(const CudnnConvKey& key, void* x, void* w, void* y, const Stream& stream,
                     const std::string& what);
 
+/// Builds and finalizes the descriptors of `key`'s graph that need no device: the three tensors,
+/// the convolution, its operation and the operation graph (not bound to a handle). Throws as
+/// conv_graph_run would when cuDNN refuses one. For the tests on machines without a GPU.
+void conv_graph_check_descriptors(const CudnnConvKey& key);
+
 /// The engines chosen so far, one line per key (for bench conv's JSON and TESSERA_CUDNN_LOG).
 std::vector<std::string> conv_graph_choices();
 

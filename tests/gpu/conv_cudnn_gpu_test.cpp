@@ -7,6 +7,8 @@
 //  - the sharded conv (ops::conv through apply_op, halo exchange on the device) on 1, 2 and 4
 //    local ranks sharing the GPU equals the same conv on one rank, forward and gradients, on the
 //    random cases of the cpu sweep (tests/dist/conv_cases.hpp), with and without halo overlap.
+// One test needs no GPU and runs everywhere cuDNN is built in: the graph API's descriptors
+// (TESSERA_CUDNN_API=graph) finalize for every direction, layout, dtype and geometry.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,6 +21,7 @@
 #include "core/op_registry.hpp"
 #include "core/runtime/rank_context.hpp"
 #include "ops/conv/conv_cudnn.hpp"
+#include "ops/conv/conv_cudnn_graph.hpp"
 #include "ops/conv/conv_cudnn_key.hpp"
 #include "ops/conv/conv_kernels.hpp"
 #include "ops/ops.hpp"
@@ -39,6 +42,60 @@ const Device kGpu = Device::cuda(0);
   if (gpu::device_count() == 0)                                                                 \
   GTEST_SKIP() << "no CUDA device is visible (gpu::device_count() == 0): the cuDNN conv tests " \
                   "need a GPU"
+
+// ---- the graph API's descriptors, without a GPU ----
+
+TEST(ConvCudnnGraph, DescriptorsFinalizeForEveryDirectionLayoutDtypeAndGeometry) {
+  struct Geometry {
+    Shape x, w;
+    std::vector<int64_t> stride, dilation, padding;
+    int groups;
+  };
+  const std::vector<Geometry> geometries{
+      {{2, 4, 19}, {6, 4, 5}, {1}, {1}, {2}, 1},                       // conv1d, padded
+      {{1, 6, 12, 10}, {4, 3, 3, 3}, {2, 1}, {1, 2}, {1, 0}, 2},       // conv2d, groups 2
+      {{1, 2, 7, 8, 9}, {3, 2, 3, 2, 3}, {1, 2, 1}, {2, 1, 1}, {}, 1}  // conv3d
+  };
+  int built = 0;
+  for (const Geometry& g : geometries) {
+    const int spatial = static_cast<int>(g.x.size()) - 2;
+    Shape y{g.x[0], g.w[0]};
+    for (int d = 0; d < spatial; ++d) {
+      const int64_t pad = g.padding.empty() ? 0 : g.padding[d];
+      y.push_back((g.x[2 + d] + 2 * pad - g.dilation[d] * (g.w[2 + d] - 1) - 1) / g.stride[d] + 1);
+    }
+    for (bool channels_last : {false, true})
+      for (DType dtype : {DType::f32, DType::f64, DType::f16, DType::bf16})
+        for (CudnnDirection direction : {CudnnDirection::forward, CudnnDirection::backward_data,
+                                         CudnnDirection::backward_filter}) {
+          const auto strides = [&](const Shape& shape) {
+            return channels_last ? channels_last_strides(shape) : contiguous_strides(shape);
+          };
+          CudnnConvKey key;
+          key.direction = direction;
+          key.dtype = dtype;
+          key.math = cudnn_math_for(dtype, false);
+          key.layout =
+              channels_last ? ActivationLayout::channels_last : ActivationLayout::channels_first;
+          key.x = cudnn_tensor_dims(g.x, strides(g.x), "conv");
+          key.y = cudnn_tensor_dims(y, strides(y), "conv");
+          key.w = cudnn_filter_dims(g.w, strides(g.w), "conv");
+          key.params = cudnn_conv_params(spatial, g.stride, g.dilation, "conv", g.padding);
+          key.groups = g.groups;
+          EXPECT_NO_THROW(conv_graph_check_descriptors(key)) << describe(key);
+          ++built;
+        }
+  }
+  EXPECT_EQ(built, 3 * 2 * 4 * 3);
+  // And cuDNN checks what it is given: an output one element too long is refused.
+  const Shape x{1, 2, 9, 9}, w{3, 2, 3, 3}, y_wrong{1, 3, 8, 7};
+  CudnnConvKey key;
+  key.x = cudnn_tensor_dims(x, contiguous_strides(x), "conv");
+  key.y = cudnn_tensor_dims(y_wrong, contiguous_strides(y_wrong), "conv");
+  key.w = cudnn_filter_dims(w, contiguous_strides(w), "conv");
+  key.params = cudnn_conv_params(2, {1, 1}, {1, 1}, "conv");
+  EXPECT_THROW(conv_graph_check_descriptors(key), Error);
+}
 
 // ---- host helpers (f64 on the cpu) ----
 
