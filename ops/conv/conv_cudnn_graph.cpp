@@ -462,6 +462,9 @@ ReadyPlan measure(cudnnHandle_t handle, const GraphKey& gk, Graph graph,
   const CudnnConvKey& key = gk.key;
   size_t free_bytes = 0, total_bytes = 0;
   gpu::memory_info(key.device, &free_bytes, &total_bytes);
+  // The caching allocator's cache counts as free (it gives it back when the device runs out).
+  const Device device = Device::cuda(key.device);
+  free_bytes += backend_for(device).allocator_stats(device).cached;
   static const char* const cap_mb = std::getenv("TESSERA_CUDNN_WORKSPACE_MB");
   const size_t limit = cudnn_workspace_limit(cap_mb, total_bytes, free_bytes);
   std::vector<std::optional<BackendDesc>> plans;
@@ -503,11 +506,12 @@ ReadyPlan measure(cudnnHandle_t handle, const GraphKey& gk, Graph graph,
                                    candidates.size()));
   const size_t position = static_cast<size_t>(choice->algorithm);
   if (log_measurements())
-    fmt::print(stderr,
-               "[cudnn graph] {}: limit {:.0f} MiB (free {:.0f} MiB), offered {:.1f} MiB; "
-               "engines{}; chose engine {} ({:.1f} MiB)\n",
-               describe(key), limit / 1048576.0, free_bytes / 1048576.0, offered / 1048576.0, log,
-               candidates[position].engine, needs[position] / 1048576.0);
+    fmt::print(
+        stderr,
+        "[cudnn graph] {}: limit {:.0f} MiB (free or cached {:.0f} MiB), offered {:.1f} MiB; "
+        "engines{}; chose engine {} ({:.1f} MiB)\n",
+        describe(key), limit / 1048576.0, free_bytes / 1048576.0, offered / 1048576.0, log,
+        candidates[position].engine, needs[position] / 1048576.0);
   {
     ChoiceCache& cache = choice_cache();
     std::lock_guard lock(cache.mu);

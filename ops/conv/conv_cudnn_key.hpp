@@ -117,9 +117,10 @@ struct CudnnAlgoChoice {
 };
 
 /// The most workspace a measurement offers one convolution on a device with `total_bytes` of
-/// memory, `free_bytes` of them free: `cap_mb` MiB (TESSERA_CUDNN_WORKSPACE_MB; null: an eighth of
-/// the device's memory, at least 2 GiB), never more than half the free memory. (10 GB on an 80 GB
-/// H100: a fixed 2 GiB kept out the fast algorithms of 1-GiB activations, and ranks sharing a
+/// memory, `free_bytes` of them free or held in the caching allocator's cache (which it gives
+/// back when an allocation would fail): `cap_mb` MiB (TESSERA_CUDNN_WORKSPACE_MB; null: an eighth
+/// of the device's memory, at least 2 GiB), never more than half the free memory. (10 GB on an 80
+/// GB H100: a fixed 2 GiB kept out the fast algorithms of 1-GiB activations, and ranks sharing a
 /// GPU each hold their own workspace.)
 size_t cudnn_workspace_limit(const char* cap_mb, size_t total_bytes, size_t free_bytes);
 
