@@ -34,6 +34,7 @@
 #include "ops/conv/conv_bias_plan.hpp"
 #include "ops/conv/conv_cudnn_graph.hpp"
 #include "ops/conv/conv_cudnn_key.hpp"
+#include "ops/conv/cudnn_common.hpp"
 #include "ops/cuda_support.hpp"
 
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
@@ -41,17 +42,11 @@
 namespace tessera::ops {
 namespace {
 
-constexpr const char* kOp = "conv";
+using cudnn_common::data_type;
+using cudnn_common::log_measurements;
+using cudnn_common::Workspace;
 
-// TESSERA_CUDNN_LOG=1 prints each measurement to stderr: the conv, the workspace offered, every
-// algorithm's workspace need and measured time, and the choice.
-bool log_measurements() {
-  static const bool on = [] {
-    const char* value = std::getenv("TESSERA_CUDNN_LOG");
-    return value != nullptr && std::string(value) == "1";
-  }();
-  return on;
-}
+constexpr const char* kOp = "conv";
 
 // TESSERA_CUDNN_DETERMINISTIC=1 keeps only algorithms that give bit-identical results run to
 // run (cuDNN's atomics-based backward algorithms are excluded).
@@ -67,26 +62,6 @@ CudnnAlgoCache& algorithm_cache() {
   static CudnnAlgoCache* cache = new CudnnAlgoCache;
   return *cache;
 }
-
-// What a failing cuDNN call is reported with: the call, the status, the device and the op.
-[[noreturn]] void throw_cudnn_error(const char* call, cudnnStatus_t status, int device,
-                                    const std::string& what) {
-  char detail[512] = {0};
-  cudnnGetLastErrorString(detail, sizeof(detail));
-  const std::string message =
-      fmt::format("{} failed on cuda:{}: {} ({}){} for conv {}", call, device,
-                  cudnnGetErrorString(status), static_cast<int>(status),
-                  detail[0] != 0 ? fmt::format(" [{}]", detail) : std::string(), what);
-  if (status == CUDNN_STATUS_NOT_SUPPORTED) throw NotAvailable(kOp, message);
-  throw Error(kOp, message);
-}
-
-#define TESSERA_CUDNN_CHECK(call, device, what)                          \
-  do {                                                                   \
-    const cudnnStatus_t tessera_cudnn_status_ = (call);                  \
-    if (tessera_cudnn_status_ != CUDNN_STATUS_SUCCESS)                   \
-      throw_cudnn_error(#call, tessera_cudnn_status_, (device), (what)); \
-  } while (0)
 
 // ---- handles ----
 
@@ -147,18 +122,6 @@ using FilterDesc =
     Descriptor<cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor, cudnnDestroyFilterDescriptor>;
 using ConvDesc = Descriptor<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor,
                             cudnnDestroyConvolutionDescriptor>;
-
-cudnnDataType_t data_type(DType dtype) {
-  switch (dtype) {
-    case DType::f32: return CUDNN_DATA_FLOAT;
-    case DType::f64: return CUDNN_DATA_DOUBLE;
-    case DType::f16: return CUDNN_DATA_HALF;
-    case DType::bf16: return CUDNN_DATA_BFLOAT16;
-    default: break;
-  }
-  throw InvalidArgument(
-      kOp, fmt::format("cuDNN convolutions take f32, f64, f16 or bf16, got {}", dtype_name(dtype)));
-}
 
 cudnnMathType_t math_type(CudnnMath math) {
   switch (math) {
@@ -263,29 +226,6 @@ struct ConvCall {
   }
 };
 
-// Device memory from the backend's allocator for the length of one call, handed back
-// stream-ordered (the allocator reuses it only after the queued work).
-class Workspace {
- public:
-  Workspace(size_t bytes, Device device, const Stream& stream)
-      : bytes_(bytes), device_(device), stream_(stream) {
-    if (bytes_ > 0) data_ = backend_for(device_).allocate(bytes_, device_, stream_, kOp);
-  }
-  ~Workspace() {
-    if (data_ != nullptr) backend_for(device_).release(data_, bytes_, device_, stream_);
-  }
-  Workspace(const Workspace&) = delete;
-  Workspace& operator=(const Workspace&) = delete;
-  void* data() const { return data_; }
-  size_t bytes() const { return bytes_; }
-
- private:
-  size_t bytes_;
-  Device device_;
-  Stream stream_;
-  void* data_ = nullptr;
-};
-
 int algorithm_count(CudnnDirection direction) {
   switch (direction) {
     case CudnnDirection::forward: return CUDNN_CONVOLUTION_FWD_ALGO_COUNT;
@@ -343,14 +283,7 @@ struct ConvPointers {
 // themselves) and keeps the fastest that fits the workspace limit.
 CudnnAlgoChoice measure(cudnnHandle_t handle, const ConvCall& call, const ConvPointers& p,
                         const Stream& stream) {
-  size_t free_bytes = 0, total_bytes = 0;
-  gpu::memory_info(call.device, &free_bytes, &total_bytes);
-  // What the caching allocator holds for reuse is free too: it gives its cache back and retries
-  // when the device runs out.
-  const Device device = Device::cuda(call.device);
-  free_bytes += backend_for(device).allocator_stats(device).cached;
-  static const char* const cap_mb = std::getenv("TESSERA_CUDNN_WORKSPACE_MB");
-  const size_t limit = cudnn_workspace_limit(cap_mb, total_bytes, free_bytes);
+  const auto [limit, free_bytes] = cudnn_common::workspace_limit(call.device);
   size_t offered = 0;
   std::string needs;  // for TESSERA_CUDNN_LOG: each algorithm's workspace need
   for (int algorithm = 0; algorithm < algorithm_count(call.key.direction); ++algorithm) {
@@ -447,7 +380,7 @@ CudnnApi cudnn_api() {
 void run(const ConvCall& call, const ConvPointers& p) {
   const Stream stream = compute_stream_for(Device::cuda(call.device));
   if (cudnn_api() == CudnnApi::graph) {
-    conv_graph_run(call.key, p.x, p.w, p.y, stream, call.what);
+    conv_graph_run(call.key, p.x, p.w, p.y, stream, call.what + " (graph API)");
     return;
   }
   cudnnHandle_t handle = handle_for(call.device, stream);

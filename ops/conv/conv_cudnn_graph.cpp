@@ -30,6 +30,7 @@
 #include "core/backend/backend.hpp"
 #include "core/errors.hpp"
 #include "core/gpu_runtime.hpp"
+#include "ops/conv/cudnn_common.hpp"
 
 // The operation graph's and the execution plan's CUDNN_ATTR_*_HANDLE are marked deprecated in
 // cuDNN 9 (a device-properties descriptor is their successor for building without a device);
@@ -42,32 +43,13 @@ namespace {
 constexpr const char* kOp = "conv";
 constexpr int64_t kUidX = 'x', kUidW = 'w', kUidY = 'y';
 
-[[noreturn]] void throw_graph_error(const char* call, cudnnStatus_t status,
-                                    const std::string& what) {
-  char detail[512] = {0};
-  cudnnGetLastErrorString(detail, sizeof(detail));
-  const std::string message =
-      fmt::format("{} failed: {} ({}){} for conv {} (TESSERA_CUDNN_API=graph)", call,
-                  cudnnGetErrorString(status), static_cast<int>(status),
-                  detail[0] != 0 ? fmt::format(" [{}]", detail) : std::string(), what);
-  if (status == CUDNN_STATUS_NOT_SUPPORTED) throw NotAvailable(kOp, message);
-  throw Error(kOp, message);
+/// The calling thread's current device, for errors (-1 when there is none).
+int current_device() {
+  int device = -1;
+  return cudaGetDevice(&device) == cudaSuccess ? device : -1;
 }
 
-#define TESSERA_GRAPH_CHECK(call, what)                        \
-  do {                                                         \
-    const cudnnStatus_t tessera_graph_status_ = (call);        \
-    if (tessera_graph_status_ != CUDNN_STATUS_SUCCESS)         \
-      throw_graph_error(#call, tessera_graph_status_, (what)); \
-  } while (0)
-
-bool log_measurements() {
-  static const bool on = [] {
-    const char* value = std::getenv("TESSERA_CUDNN_LOG");
-    return value != nullptr && std::string(value) == "1";
-  }();
-  return on;
-}
+#define TESSERA_GRAPH_CHECK(call, what) TESSERA_CUDNN_CHECK(call, current_device(), what)
 
 /// One backend descriptor, destroyed with the object.
 class BackendDesc {
@@ -107,18 +89,6 @@ void set_descriptor(const BackendDesc& desc, cudnnBackendAttributeName_t name,
   set_attribute(desc, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &raw, what);
 }
 
-cudnnDataType_t graph_data_type(DType dtype) {
-  switch (dtype) {
-    case DType::f32: return CUDNN_DATA_FLOAT;
-    case DType::f64: return CUDNN_DATA_DOUBLE;
-    case DType::f16: return CUDNN_DATA_HALF;
-    case DType::bf16: return CUDNN_DATA_BFLOAT16;
-    default: break;
-  }
-  throw InvalidArgument(
-      kOp, fmt::format("cuDNN convolves f32, f64, f16 and bf16, not {}", dtype_name(dtype)));
-}
-
 /// The largest power of two up to 16 that divides the address: what the graph's tensor may
 /// promise the engines about its start.
 int64_t alignment_of(const void* pointer) {
@@ -146,7 +116,7 @@ struct GraphKeyHash {
 BackendDesc tensor_desc(int64_t uid, DType dtype, int rank, const int64_t* dims,
                         const int64_t* strides, int64_t alignment, const std::string& what) {
   BackendDesc tensor(CUDNN_BACKEND_TENSOR_DESCRIPTOR, what);
-  const cudnnDataType_t type = graph_data_type(dtype);
+  const cudnnDataType_t type = cudnn_common::data_type(dtype);
   set_attribute(tensor, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type, what);
   set_attribute(tensor, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, rank, dims, what);
   set_attribute(tensor, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, rank, strides, what);
@@ -164,6 +134,42 @@ BackendDesc activation_desc(int64_t uid, DType dtype, const CudnnTensorDims& dim
     s[i] = dims.strides[i];
   }
   return tensor_desc(uid, dtype, dims.rank, d.data(), s.data(), alignment, what);
+}
+
+/// The operation descriptor of a direction and its attributes for the operands in forward terms
+/// (x, w, y: dx, w, dy for backward data; x, dw, dy for backward filter).
+struct OperationAttributes {
+  cudnnBackendDescriptorType_t type;
+  cudnnBackendAttributeName_t x, w, y, conv, alpha, beta;
+};
+
+OperationAttributes operation_attributes(CudnnDirection direction) {
+  switch (direction) {
+    case CudnnDirection::forward:
+      return {CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA};
+    case CudnnDirection::backward_data:
+      return {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA};
+    case CudnnDirection::backward_filter: break;
+  }
+  return {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
+          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
+          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
+          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY,
+          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA};
 }
 
 /// The descriptors of one conv's operation graph, kept alive as long as its plans.
@@ -214,44 +220,14 @@ Graph build_graph(cudnnHandle_t handle, const GraphKey& gk, const std::string& w
   const cudnnBackendAttributeType_t scalar = is_double ? CUDNN_TYPE_DOUBLE : CUDNN_TYPE_FLOAT;
   const void* alpha = is_double ? static_cast<const void*>(&alpha_double) : &alpha_float;
   const void* beta = is_double ? static_cast<const void*>(&beta_double) : &beta_float;
-  switch (key.direction) {
-    case CudnnDirection::forward:
-      g.operation = BackendDesc(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, what);
-      set_descriptor(g.operation, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, g.x, what);
-      set_descriptor(g.operation, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, g.w, what);
-      set_descriptor(g.operation, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, g.y, what);
-      set_descriptor(g.operation, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, g.conv, what);
-      set_attribute(g.operation, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, scalar, 1, alpha,
-                    what);
-      set_attribute(g.operation, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, scalar, 1, beta,
-                    what);
-      break;
-    case CudnnDirection::backward_data:
-      g.operation = BackendDesc(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR, what);
-      set_descriptor(g.operation, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, g.x, what);
-      set_descriptor(g.operation, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, g.w, what);
-      set_descriptor(g.operation, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, g.y, what);
-      set_descriptor(g.operation, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, g.conv,
-                     what);
-      set_attribute(g.operation, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, scalar, 1, alpha,
-                    what);
-      set_attribute(g.operation, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, scalar, 1, beta,
-                    what);
-      break;
-    case CudnnDirection::backward_filter:
-      g.operation =
-          BackendDesc(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR, what);
-      set_descriptor(g.operation, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, g.x, what);
-      set_descriptor(g.operation, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, g.w, what);
-      set_descriptor(g.operation, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, g.y, what);
-      set_descriptor(g.operation, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, g.conv,
-                     what);
-      set_attribute(g.operation, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, scalar, 1,
-                    alpha, what);
-      set_attribute(g.operation, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, scalar, 1, beta,
-                    what);
-      break;
-  }
+  const OperationAttributes names = operation_attributes(key.direction);
+  g.operation = BackendDesc(names.type, what);
+  set_descriptor(g.operation, names.x, g.x, what);
+  set_descriptor(g.operation, names.w, g.w, what);
+  set_descriptor(g.operation, names.y, g.y, what);
+  set_descriptor(g.operation, names.conv, g.conv, what);
+  set_attribute(g.operation, names.alpha, scalar, 1, alpha, what);
+  set_attribute(g.operation, names.beta, scalar, 1, beta, what);
   TESSERA_GRAPH_CHECK(cudnnBackendFinalize(g.operation.get()), what);
 
   g.graph = BackendDesc(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, what);
@@ -377,27 +353,6 @@ cudnnStatus_t execute(cudnnHandle_t handle, const BackendDesc& plan, void* x, vo
   return cudnnBackendExecute(handle, plan.get(), pack.get());
 }
 
-/// Device memory from the backend's allocator for one call, handed back stream-ordered.
-class Workspace {
- public:
-  Workspace(size_t bytes, int device, const Stream& stream)
-      : bytes_(bytes), device_(Device::cuda(device)), stream_(stream) {
-    if (bytes_ > 0) data_ = backend_for(device_).allocate(bytes_, device_, stream_, kOp);
-  }
-  ~Workspace() {
-    if (data_ != nullptr) backend_for(device_).release(data_, bytes_, device_, stream_);
-  }
-  Workspace(const Workspace&) = delete;
-  Workspace& operator=(const Workspace&) = delete;
-  void* data() const { return data_; }
-
- private:
-  size_t bytes_;
-  Device device_;
-  Stream stream_;
-  void* data_ = nullptr;
-};
-
 /// Milliseconds of one run of `plan` on `stream` (after a warm-up run), or nullopt when it fails.
 std::optional<float> time_plan(cudnnHandle_t handle, const BackendDesc& plan, void* x, void* w,
                                void* y, void* workspace, const Stream& stream,
@@ -460,13 +415,7 @@ ReadyPlan measure(cudnnHandle_t handle, const GraphKey& gk, Graph graph,
                   std::vector<Candidate>& candidates, void* x, void* w, void* y,
                   const Stream& stream, const std::string& what) {
   const CudnnConvKey& key = gk.key;
-  size_t free_bytes = 0, total_bytes = 0;
-  gpu::memory_info(key.device, &free_bytes, &total_bytes);
-  // The caching allocator's cache counts as free (it gives it back when the device runs out).
-  const Device device = Device::cuda(key.device);
-  free_bytes += backend_for(device).allocator_stats(device).cached;
-  static const char* const cap_mb = std::getenv("TESSERA_CUDNN_WORKSPACE_MB");
-  const size_t limit = cudnn_workspace_limit(cap_mb, total_bytes, free_bytes);
+  const auto [limit, free_bytes] = cudnn_common::workspace_limit(key.device);
   std::vector<std::optional<BackendDesc>> plans;
   std::vector<size_t> needs(candidates.size(), 0);
   size_t offered = 0;
@@ -474,7 +423,7 @@ ReadyPlan measure(cudnnHandle_t handle, const GraphKey& gk, Graph graph,
     plans.push_back(build_plan(handle, candidates[i].config, &needs[i], what));
     if (plans.back() && needs[i] <= limit) offered = std::max(offered, needs[i]);
   }
-  Workspace workspace(offered, key.device, stream);
+  cudnn_common::Workspace workspace(offered, Device::cuda(key.device), stream);
   std::vector<CudnnAlgoMeasurement> measurements;
   std::string log;
   for (size_t i = 0; i < candidates.size(); ++i) {
@@ -489,7 +438,7 @@ ReadyPlan measure(cudnnHandle_t handle, const GraphKey& gk, Graph graph,
       m.milliseconds = milliseconds.value_or(0);
     }
     measurements.push_back(m);
-    if (log_measurements())
+    if (cudnn_common::log_measurements())
       log += !plans[i] ? fmt::format(" e{}:no-plan", candidates[i].engine)
              : !m.ok
                  ? fmt::format(" e{}:failed({:.1f}MiB)", candidates[i].engine, needs[i] / 1048576.0)
@@ -505,7 +454,7 @@ ReadyPlan measure(cudnnHandle_t handle, const GraphKey& gk, Graph graph,
                                    what, offered, key.deterministic ? " that is deterministic" : "",
                                    candidates.size()));
   const size_t position = static_cast<size_t>(choice->algorithm);
-  if (log_measurements())
+  if (cudnn_common::log_measurements())
     fmt::print(
         stderr,
         "[cudnn graph] {}: limit {:.0f} MiB (free or cached {:.0f} MiB), offered {:.1f} MiB; "
@@ -589,7 +538,7 @@ void conv_graph_run(const CudnnConvKey& key, void* x, void* w, void* y, const St
     it = plans.emplace(gk, std::make_shared<ReadyPlan>(prepare(handle, gk, x, w, y, stream, what)))
              .first;
   const ReadyPlan& ready = *it->second;
-  Workspace workspace(ready.workspace, key.device, stream);
+  cudnn_common::Workspace workspace(ready.workspace, Device::cuda(key.device), stream);
   TESSERA_GRAPH_CHECK(execute(handle, ready.plan, x, w, y, workspace.data(), what), what);
 }
 
