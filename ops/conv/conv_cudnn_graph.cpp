@@ -309,7 +309,8 @@ std::vector<BackendDesc> heuristic_configs(const Graph& g, cudnnBackendHeurMode_
 }
 
 /// The candidates of the conv, in a fixed order (heuristics mode A, then fallback; engines
-/// whose notes break the conv's contract left out), the same on every thread.
+/// whose notes break the conv's contract left out; the first TESSERA_CUDNN_GRAPH_CANDIDATES of
+/// them), the same on every thread.
 std::vector<Candidate> candidates_of(const Graph& g, const CudnnConvKey& key,
                                      const std::string& what) {
   const CudnnDeterminism determinism = cudnn_determinism_for(key.dtype, key.deterministic);
@@ -321,6 +322,9 @@ std::vector<Candidate> candidates_of(const Graph& g, const CudnnConvKey& key,
         candidates.push_back(std::move(*candidate));
     }
   }
+  static const size_t most =
+      cudnn_graph_candidates_from_env(std::getenv("TESSERA_CUDNN_GRAPH_CANDIDATES"));
+  if (candidates.size() > most) candidates.resize(most);
   return candidates;
 }
 

@@ -9,6 +9,7 @@
 #include <climits>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <string>
 
 #include "core/errors.hpp"
@@ -170,6 +171,17 @@ std::array<int64_t, 5> cudnn_filter_strides(const CudnnFilterDims& w) {
   }
   strides[0] = stride;
   return strides;
+}
+
+size_t cudnn_graph_candidates_from_env(const char* value) {
+  const std::string text = value != nullptr ? value : "";
+  if (text.empty()) return 10;
+  const bool digits = text.size() <= 6 && std::all_of(text.begin(), text.end(),
+                                                      [](char c) { return c >= '0' && c <= '9'; });
+  check_arg(digits, "conv", "TESSERA_CUDNN_GRAPH_CANDIDATES='{}' (expected a count, 0 for all)",
+            text);
+  const size_t count = std::stoul(text);
+  return count == 0 ? std::numeric_limits<size_t>::max() : count;
 }
 
 CudnnApi cudnn_api_from_env(const char* value) {

@@ -150,6 +150,11 @@ enum class CudnnApi { legacy, graph };
 /// another value throws InvalidArgument ("expected legacy or graph").
 CudnnApi cudnn_api_from_env(const char* value);
 
+/// How many of the graph API's candidate engines a measurement times, from
+/// TESSERA_CUDNN_GRAPH_CANDIDATES: null or "" 10 (the first ten the heuristics rank, as PyTorch's
+/// cudnn.benchmark_limit), a count, or 0 for all of them; another value throws InvalidArgument.
+size_t cudnn_graph_candidates_from_env(const char* value);
+
 /// The notes of one graph-API engine that the choice looks at (cuDNN's numerical notes).
 struct CudnnEngineNotes {
   bool tensor_core = false;                  ///< runs on tensor cores (f32 inputs: TF32)

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <climits>
+#include <limits>
 #include <thread>
 #include <unordered_set>
 #include <vector>
@@ -213,13 +214,19 @@ TEST(ConvCudnnKey, FilterStridesFollowTheFormat) {
             (std::array<int64_t, 5>{14, 7, 7, 1, 0}));
 }
 
-TEST(ConvCudnnKey, GraphApiIsChosenByItsNameOnly) {
+TEST(ConvCudnnKey, GraphApiAndItsCandidateCountAreChosenByName) {
   EXPECT_EQ(cudnn_api_from_env(nullptr), CudnnApi::legacy);
   EXPECT_EQ(cudnn_api_from_env(""), CudnnApi::legacy);
   EXPECT_EQ(cudnn_api_from_env("legacy"), CudnnApi::legacy);
   EXPECT_EQ(cudnn_api_from_env("graph"), CudnnApi::graph);
   EXPECT_THROW(cudnn_api_from_env("1"), InvalidArgument);
   EXPECT_THROW(cudnn_api_from_env("Graph"), InvalidArgument);
+  EXPECT_EQ(cudnn_graph_candidates_from_env(nullptr), 10u);
+  EXPECT_EQ(cudnn_graph_candidates_from_env(""), 10u);
+  EXPECT_EQ(cudnn_graph_candidates_from_env("3"), 3u);
+  EXPECT_EQ(cudnn_graph_candidates_from_env("0"), std::numeric_limits<size_t>::max());
+  EXPECT_THROW(cudnn_graph_candidates_from_env("-1"), InvalidArgument);
+  EXPECT_THROW(cudnn_graph_candidates_from_env("ten"), InvalidArgument);
 }
 
 TEST(ConvCudnnKey, GraphEnginesKeepTheNumericalContractOfTheLegacyMathModes) {
