@@ -407,9 +407,11 @@ std::optional<GraphChoice> cached_choice(const GraphKey& key) {
   return it->second;
 }
 
-/// A plan ready to run on the thread that built it, with the graph it came from.
+/// A plan ready to run on the thread that built it, with the graph and the engine configuration
+/// it came from (kept alive with it).
 struct ReadyPlan {
   Graph graph;
+  BackendDesc config;
   BackendDesc plan;
   size_t workspace = 0;
 };
@@ -470,14 +472,15 @@ ReadyPlan measure(cudnnHandle_t handle, const GraphKey& gk, Graph graph,
     std::lock_guard lock(cache.mu);
     cache.choices.emplace(gk, GraphChoice{position, candidates[position].engine, needs[position]});
   }
-  return ReadyPlan{std::move(graph), std::move(*plans[position]), needs[position]};
+  return ReadyPlan{std::move(graph), std::move(candidates[position].config),
+                   std::move(*plans[position]), needs[position]};
 }
 
 /// The plan for `gk` on this thread: built from the cached choice, or measured now (one
 /// measurement at a time in the process, as on the legacy path).
 ReadyPlan prepare(cudnnHandle_t handle, const GraphKey& gk, void* x, void* w, void* y,
                   const Stream& stream, const std::string& what) {
-  const auto from_choice = [&](Graph& graph, const std::vector<Candidate>& candidates,
+  const auto from_choice = [&](Graph& graph, std::vector<Candidate>& candidates,
                                const GraphChoice& choice) -> std::optional<ReadyPlan> {
     if (choice.position >= candidates.size() || candidates[choice.position].engine != choice.engine)
       return std::nullopt;
@@ -485,7 +488,8 @@ ReadyPlan prepare(cudnnHandle_t handle, const GraphKey& gk, void* x, void* w, vo
     std::optional<BackendDesc> plan =
         build_plan(handle, candidates[choice.position].config, &workspace, what);
     if (!plan) return std::nullopt;
-    return ReadyPlan{std::move(graph), std::move(*plan), workspace};
+    return ReadyPlan{std::move(graph), std::move(candidates[choice.position].config),
+                     std::move(*plan), workspace};
   };
   Graph graph = build_graph(handle, gk, what);
   std::vector<Candidate> candidates = candidates_of(graph, gk.key, what);
