@@ -400,8 +400,9 @@ if want sanitize; then
       [ -e "$log" ] || continue
       read -r e f < <(sanitize_summary "$log")
       errors=$((errors + e)) finished=$((finished + f))
-      grep -qE '(ERROR|RACECHECK) SUMMARY' "$log" || cut=$((cut + 1))
-      echo "$tool $(basename "$log"): $e errors, $f tests finished" >>"$logs/sanitize-summary.txt"
+      whole=" (ran to the end)"
+      grep -qE '(ERROR|RACECHECK) SUMMARY' "$log" || { cut=$((cut + 1)); whole=" (cut by the deadline)"; }
+      echo "$tool $(basename "$log"): $e errors, $f tests finished$whole" >>"$logs/sanitize-summary.txt"
     done
     if [ "$errors" -eq 0 ]; then
       record "sanitize-$tool" pass $((SECONDS - start)) "0 errors; $finished tests finished; $cut binaries cut by the deadline"
