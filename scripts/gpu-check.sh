@@ -434,6 +434,13 @@ with open(os.path.join(out, "gpu-check.md"), "w") as md:
     md.write("# GPU check\n\n| stage | status | seconds | note |\n|---|---|---|---|\n")
     for s in stages:
         md.write(f"| {s['stage']} | {s['status']} | {s['seconds']} | {s['note']} |\n")
+    # The sanitizer runs that reported errors or were cut (the rest ran to the end clean).
+    summary = os.path.join(logs, "sanitize-summary.txt")
+    if os.path.exists(summary):
+        lines = [line.strip() for line in open(summary)
+                 if " 0 errors" not in line or "cut by the deadline" in line]
+        md.write("\n## Sanitizer runs with errors or cut\n\n")
+        md.write("".join(f"- {line}\n" for line in lines) if lines else "none\n")
     # Neighborhood attention: both kernel families beside flex_attention, 1 rank, per window.
     def na_rows(name):
         data = report["results"].get(name) or {}
