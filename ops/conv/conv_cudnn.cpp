@@ -565,7 +565,7 @@ void conv_backward_bias_cudnn(const ConvOperand& dy, const ConvOperand& db) {
 }
 
 size_t conv_cudnn_cached_algorithms() {
-  return algorithm_cache().size();
+  return algorithm_cache().size() + conv_graph_cached_choices();
 }
 
 std::vector<std::string> conv_cudnn_algorithm_choices() {

@@ -53,7 +53,8 @@ void conv_backward_filter_cudnn(const ConvOperand& x, const ConvOperand& dy,
 /// to run.
 void conv_backward_bias_cudnn(const ConvOperand& dy, const ConvOperand& db);
 
-/// Number of (shape, direction, ...) keys whose algorithm has been measured and cached.
+/// Number of (shape, direction, ...) keys whose algorithm (or graph-API engine) has been measured
+/// and cached.
 size_t conv_cudnn_cached_algorithms();
 /// One line per cached key, sorted: the conv (describe) and the algorithm, math type and
 /// workspace chosen for it (what bench conv reports beside its figures).

@@ -554,6 +554,12 @@ void conv_graph_check_descriptors(const CudnnConvKey& key) {
   build_graph(nullptr, GraphKey{key, {16, 16, 16}}, describe(key));
 }
 
+size_t conv_graph_cached_choices() {
+  ChoiceCache& cache = choice_cache();
+  std::lock_guard lock(cache.mu);
+  return cache.choices.size();
+}
+
 std::vector<std::string> conv_graph_choices() {
   std::vector<std::string> lines;
   ChoiceCache& cache = choice_cache();

@@ -27,6 +27,9 @@ void conv_graph_run(const CudnnConvKey& key, void* x, void* w, void* y, const St
 /// conv_graph_run would when cuDNN refuses one. For the tests on machines without a GPU.
 void conv_graph_check_descriptors(const CudnnConvKey& key);
 
+/// How many keys have a chosen engine (one measurement each).
+size_t conv_graph_cached_choices();
+
 /// The engines chosen so far, one line per key (for bench conv's JSON and TESSERA_CUDNN_LOG).
 std::vector<std::string> conv_graph_choices();
 
