@@ -241,39 +241,31 @@ if want test; then
   else
     record test fail $((SECONDS - start)) "$(grep -E 'tests passed|tests failed' "$logs/gpu-tests.log" | tail -n 1)"
   fi
+  # rerun NAME SECONDS BINARY FILTER VAR=VALUE...: one test binary again under other settings,
+  # its log (NAME without "test-")-tests.log, recorded as stage NAME.
+  rerun() {
+    local name=$1 seconds=$2 binary=$3 filter=$4
+    shift 4
+    local log="$logs/${name#test-}-tests.log" start=$SECONDS
+    if capped "$seconds" env LD_LIBRARY_PATH="$our_ld" "$@" "$build/tests/$binary" \
+         --gtest_filter="$filter" >"$log" 2>&1; then
+      record "$name" pass $((SECONDS - start)) "$(grep -E 'PASSED' "$log" | tail -n 1)"
+    else
+      record "$name" fail $((SECONDS - start)) "$(grep -E 'FAILED|PASSED' "$log" | head -n 3 | tr '\n' ' ')"
+    fi
+  }
   # The shared-memory (fused) kernels of neighborhood attention, kept beside the default
   # register-tiled (mma) ones: the sharded sweep of the tensor-core calls and the determinism
   # test again with them as the kernels the dispatch picks (the kernel comparisons NaGpu.Mma* and
   # NaGpu.Fused* ran in the suite above).
-  start=$SECONDS
-  if capped 90 env LD_LIBRARY_PATH="$our_ld" TESSERA_NA_CUDA_KERNEL=fused \
-       "$build/tests/tessera_gpu_na_tests" \
-       --gtest_filter='NaGpu.ShardedFused*:NaGpu.Backward*' \
-       >"$logs/na-fused-tests.log" 2>&1; then
-    record test-na-fused pass $((SECONDS - start)) "$(grep -E 'PASSED' "$logs/na-fused-tests.log" | tail -n 1)"
-  else
-    record test-na-fused fail $((SECONDS - start)) "$(grep -E 'FAILED|PASSED' "$logs/na-fused-tests.log" | head -n 3 | tr '\n' ' ')"
-  fi
+  rerun test-na-fused 90 tessera_gpu_na_tests 'NaGpu.ShardedFused*:NaGpu.Backward*' \
+    TESSERA_NA_CUDA_KERNEL=fused
   # The mma forward built for 4 blocks per SM (TESSERA_NA_MMA_FORWARD_BLOCKS=4: at most 128
   # registers a thread), against the reference and the fused forward.
-  start=$SECONDS
-  if capped 60 env LD_LIBRARY_PATH="$our_ld" TESSERA_NA_MMA_FORWARD_BLOCKS=4 \
-       "$build/tests/tessera_gpu_na_tests" --gtest_filter='NaGpu.MmaKernels*' \
-       >"$logs/na-mma4-tests.log" 2>&1; then
-    record test-na-mma4 pass $((SECONDS - start)) "$(grep -E 'PASSED' "$logs/na-mma4-tests.log" | tail -n 1)"
-  else
-    record test-na-mma4 fail $((SECONDS - start)) "$(grep -E 'FAILED|PASSED' "$logs/na-mma4-tests.log" | head -n 3 | tr '\n' ' ')"
-  fi
+  rerun test-na-mma4 60 tessera_gpu_na_tests 'NaGpu.MmaKernels*' TESSERA_NA_MMA_FORWARD_BLOCKS=4
   # The conv tests again with cuDNN's graph API (TESSERA_CUDNN_API=graph, opt-in until it passes
   # here): fixtures, rounding bounds, determinism, the sharded sweep.
-  start=$SECONDS
-  if capped 120 env LD_LIBRARY_PATH="$our_ld" TESSERA_CUDNN_API=graph \
-       "$build/tests/tessera_gpu_conv_tests" --gtest_filter='-*OutOfMemory*' \
-       >"$logs/conv-graph-tests.log" 2>&1; then
-    record test-conv-graph pass $((SECONDS - start)) "$(grep -E 'PASSED' "$logs/conv-graph-tests.log" | tail -n 1)"
-  else
-    record test-conv-graph fail $((SECONDS - start)) "$(grep -E 'FAILED|PASSED' "$logs/conv-graph-tests.log" | head -n 3 | tr '\n' ' ')"
-  fi
+  rerun test-conv-graph 120 tessera_gpu_conv_tests '-*OutOfMemory*' TESSERA_CUDNN_API=graph
   stage_end=0
   # The main job on the GPU: layouts, the conv network step and attention, checked vs one rank.
   start=$SECONDS
@@ -442,10 +434,11 @@ with open(os.path.join(out, "gpu-check.md"), "w") as md:
         md.write("\n## Sanitizer runs with errors or cut\n\n")
         md.write("".join(f"- {line}\n" for line in lines) if lines else "none\n")
     # Neighborhood attention: both kernel families beside flex_attention, 1 rank, per window.
-    def na_rows(name):
+    def rows_of(name):  # a benchmark's rows (none when it failed or did not run)
         data = report["results"].get(name) or {}
-        rows = data.get("rows", []) if isinstance(data, dict) else []
-        return {row.get("kernel"): row for row in rows if row.get("ranks", 1) == 1}
+        return data.get("rows", []) if isinstance(data, dict) else []
+    def na_rows(name):
+        return {row.get("kernel"): row for row in rows_of(name) if row.get("ranks", 1) == 1}
     mma, fused, flex = (na_rows("bench-na-bf16.json"), na_rows("bench-na-fused-bf16.json"),
                         na_rows("torch-na-bf16.json"))
     mma4 = na_rows("bench-na-mma4-bf16.json")  # TESSERA_NA_MMA_FORWARD_BLOCKS=4
@@ -468,9 +461,7 @@ with open(os.path.join(out, "gpu-check.md"), "w") as md:
                      f"{ratio(k, 'forward_ms')} | {ratio(k, 'forward_backward_ms')} |\n")
     # Convolution: legacy and graph API beside PyTorch, 1 rank (4 ranks: ours), per shape.
     def conv_rows(name, ranks=1):
-        data = report["results"].get(name) or {}
-        rows = data.get("rows", []) if isinstance(data, dict) else []
-        return {(tuple(r.get("shape", [])), r.get("kernel")): r for r in rows
+        return {(tuple(r.get("shape", [])), r.get("kernel")): r for r in rows_of(name)
                 if r.get("ranks", 1) == ranks}
     for dtype in ("bf16", "f32"):
         legacy, graph = conv_rows(f"bench-conv-{dtype}.json"), conv_rows(f"bench-conv-graph-{dtype}.json")

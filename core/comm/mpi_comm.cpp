@@ -82,7 +82,6 @@ class Staging {
         return staged.lease.data();
       }
     }
-    if (written.empty()) written.push_back({0, bytes});
     staged_.push_back({data, bytes, true, pool_->acquire(bytes), std::move(written)});
     return staged_.back().lease.data();
   }
@@ -100,8 +99,8 @@ class Staging {
     bool copied = false;
     for (Staged& staged : staged_) {
       if (!staged.is_output) continue;
-      if (staged.written.empty()) staged.written.push_back({0, staged.bytes});
-      for (const ByteRange& range : staged.written) {
+      const std::vector<ByteRange> whole{{0, staged.bytes}};
+      for (const ByteRange& range : staged.written.empty() ? whole : staged.written) {
         gpu::copy_bytes_async(static_cast<std::byte*>(staged.data) + range.offset,
                               static_cast<const std::byte*>(staged.lease.data()) + range.offset,
                               range.bytes, comm_.handle, device_);

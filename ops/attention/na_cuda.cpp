@@ -55,18 +55,6 @@ kernels::NaKernel tensor_core_family() {
   return chosen;
 }
 
-/// The mma forward's blocks per SM TESSERA_NA_MMA_FORWARD_BLOCKS asks for (read once; 0: auto).
-int mma_forward_blocks() {
-  static const int chosen = [] {
-    const char* value = std::getenv("TESSERA_NA_MMA_FORWARD_BLOCKS");
-    int blocks = 0;
-    check_arg(kernels::parse_na_mma_forward_blocks(value, blocks), "na",
-              "TESSERA_NA_MMA_FORWARD_BLOCKS={}: expected auto or 4", value ? value : "");
-    return blocks;
-  }();
-  return chosen;
-}
-
 /// The kernel for contiguous q, k, v: the dispatch of choose_na_kernel, its tensor-core choice
 /// as TESSERA_NA_CUDA_KERNEL says.
 kernels::NaKernel kernel_for(const Tensor& q, const Tensor& k, const Tensor& v) {
@@ -100,8 +88,16 @@ kernels::NaKernel na_cuda_kernel_for(const Tensor& q) {
   return kernel_for(rows, rows, rows);
 }
 
+/// Read once from TESSERA_NA_MMA_FORWARD_BLOCKS.
 int na_cuda_mma_forward_blocks() {
-  return mma_forward_blocks();
+  static const int chosen = [] {
+    const char* value = std::getenv("TESSERA_NA_MMA_FORWARD_BLOCKS");
+    int blocks = 0;
+    check_arg(kernels::parse_na_mma_forward_blocks(value, blocks), "na",
+              "TESSERA_NA_MMA_FORWARD_BLOCKS={}: expected auto or 4", value ? value : "");
+    return blocks;
+  }();
+  return chosen;
 }
 
 NaForward na_cuda_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* rpb,
@@ -125,7 +121,7 @@ NaForward na_cuda_forward(const Tensor& q, const Tensor& k, const Tensor& v, con
   args.rpb = rpb ? bias.raw_data() : nullptr;
   args.o = result.output.raw_data();
   args.lse = result.lse.raw_data();
-  if (chosen == kernels::NaKernel::mma) args.mma_blocks = mma_forward_blocks();
+  if (chosen == kernels::NaKernel::mma) args.mma_blocks = na_cuda_mma_forward_blocks();
   check_launch(kernels::launch_na_forward(chosen, call, element_type(q.dtype(), "na"), args,
                                           stream_handle(stream)),
                "na", q.device(), "neighborhood attention forward");

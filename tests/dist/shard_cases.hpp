@@ -117,9 +117,10 @@ inline bool holds_values(const std::vector<Placement>& placements, const std::ve
 }
 
 /// TESSERA_TEST_SWEEP_DIVISOR: a positive integer D (default 1); the GPU tests' seeded sweeps
-/// then run about 1/D of their cases (through sweep_cases and sweep_takes). scripts/gpu-check.sh sets it for its compute-sanitizer runs, under
-/// which every kernel runs 10-100 times slower, so that each sweep still finishes and reaches
-/// every kernel on every mesh. Another value throws (the test fails saying so).
+/// then run about 1/D of their cases (through sweep_cases and sweep_takes). scripts/gpu-check.sh
+/// sets it for its compute-sanitizer runs, under which every kernel runs 10-100 times slower, so
+/// that each sweep still finishes and reaches every kernel on every mesh. Another value throws (the
+/// test fails saying so).
 inline int sweep_divisor() {
   static const int divisor = [] {
     const char* value = std::getenv("TESSERA_TEST_SWEEP_DIVISOR");
