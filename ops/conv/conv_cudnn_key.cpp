@@ -7,9 +7,9 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "core/errors.hpp"
@@ -148,10 +148,27 @@ bool allow_tf32_from_env(const char* value) {
   return value != nullptr && std::string(value) == "1";
 }
 
+namespace {
+
+/// A count written in decimal digits only (at most `digits` of them), or nullopt.
+std::optional<size_t> parse_count(const std::string& text, size_t digits) {
+  if (text.empty() || text.size() > digits ||
+      !std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return std::nullopt;
+  return static_cast<size_t>(std::stoull(text));
+}
+
+}  // namespace
+
 size_t cudnn_workspace_limit(const char* cap_mb, size_t total_bytes, size_t free_bytes) {
-  const size_t cap = cap_mb != nullptr
-                         ? static_cast<size_t>(std::strtoull(cap_mb, nullptr, 10)) << 20
-                         : std::max<size_t>(size_t{2} << 30, total_bytes / 8);
+  const std::string text = cap_mb != nullptr ? cap_mb : "";
+  size_t cap = std::max<size_t>(size_t{2} << 30, total_bytes / 8);
+  if (!text.empty()) {
+    const std::optional<size_t> mib = parse_count(text, 9);
+    check_arg(mib.has_value(), "conv", "TESSERA_CUDNN_WORKSPACE_MB='{}' (expected a count of MiB)",
+              text);
+    cap = *mib << 20;
+  }
   return std::min(cap, free_bytes / 2);
 }
 
@@ -176,12 +193,10 @@ std::array<int64_t, 5> cudnn_filter_strides(const CudnnFilterDims& w) {
 size_t cudnn_graph_candidates_from_env(const char* value) {
   const std::string text = value != nullptr ? value : "";
   if (text.empty()) return 10;
-  const bool digits = text.size() <= 6 && std::all_of(text.begin(), text.end(),
-                                                      [](char c) { return c >= '0' && c <= '9'; });
-  check_arg(digits, "conv", "TESSERA_CUDNN_GRAPH_CANDIDATES='{}' (expected a count, 0 for all)",
-            text);
-  const size_t count = std::stoul(text);
-  return count == 0 ? std::numeric_limits<size_t>::max() : count;
+  const std::optional<size_t> count = parse_count(text, 6);
+  check_arg(count.has_value(), "conv",
+            "TESSERA_CUDNN_GRAPH_CANDIDATES='{}' (expected a count, 0 for all)", text);
+  return *count == 0 ? std::numeric_limits<size_t>::max() : *count;
 }
 
 CudnnApi cudnn_api_from_env(const char* value) {

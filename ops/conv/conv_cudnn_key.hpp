@@ -121,7 +121,8 @@ struct CudnnAlgoChoice {
 /// back when an allocation would fail): `cap_mb` MiB (TESSERA_CUDNN_WORKSPACE_MB; null: an eighth
 /// of the device's memory, at least 2 GiB), never more than half the free memory. (10 GB on an 80
 /// GB H100: a fixed 2 GiB kept out the fast algorithms of 1-GiB activations, and ranks sharing a
-/// GPU each hold their own workspace.)
+/// GPU each hold their own workspace.) A `cap_mb` other than decimal digits throws
+/// InvalidArgument; "" counts as unset.
 size_t cudnn_workspace_limit(const char* cap_mb, size_t total_bytes, size_t free_bytes);
 
 /// Which measured algorithms may be chosen: any; the deterministic ones when one qualifies, else

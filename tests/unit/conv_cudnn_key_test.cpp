@@ -174,6 +174,9 @@ TEST(ConvCudnnKey, WorkspaceLimitIsAnEighthOfTheDeviceAtLeast2GiBAndHalfTheFreeA
   EXPECT_EQ(cudnn_workspace_limit("512", 80 * GiB, 70 * GiB), 512 * (size_t{1} << 20));
   EXPECT_EQ(cudnn_workspace_limit("0", 80 * GiB, 70 * GiB), 0u);
   EXPECT_EQ(cudnn_workspace_limit("65536", 80 * GiB, 70 * GiB), 35 * GiB) << "half the free";
+  EXPECT_EQ(cudnn_workspace_limit("", 80 * GiB, 70 * GiB), 10 * GiB) << "empty is unset";
+  for (const char* bad : {"abc", "-5", "1.5", "512MB", "99999999999"})
+    EXPECT_THROW(cudnn_workspace_limit(bad, 80 * GiB, 70 * GiB), InvalidArgument) << bad;
 }
 
 // Half-precision convs avoid the atomics-based backward algorithms (their partial sums add up in
