@@ -296,8 +296,19 @@ void note_cost(trace::Span& span, const OpDef& op, const KernelContext& context,
 
 }  // namespace
 
-std::vector<ShardTensor> apply_op(const std::string& name, const std::vector<ShardTensor>& inputs,
+std::vector<ShardTensor> apply_op(const std::string& name,
+                                  const std::vector<ShardTensor>& given_inputs,
                                   const OpAttrs& attrs) {
+  // Kernels, halo exchanges and backward functions (built-in and user-written) read contiguous
+  // pieces: a strided input (a view, e.g. one of split's parts) is made contiguous here, once,
+  // keeping its identity for autograd (as torch's kernels call .contiguous() on a view).
+  std::vector<ShardTensor> made_contiguous;
+  const bool strided =
+      std::any_of(given_inputs.begin(), given_inputs.end(),
+                  [](const ShardTensor& t) { return !t.to_local().is_contiguous(); });
+  if (strided)
+    for (const ShardTensor& input : given_inputs) made_contiguous.push_back(input.contiguous());
+  const std::vector<ShardTensor>& inputs = strided ? made_contiguous : given_inputs;
   const std::shared_ptr<const OpDef> definition = find_op(name);
   const OpDef& op = *definition;
   CommOpScope scope(name);

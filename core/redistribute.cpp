@@ -217,8 +217,9 @@ ShardTensor ShardTensor::redistribute_to(const ShardSpec& target) const {
     span.arg("to", target.str());
     span.arg("local_bytes", static_cast<int64_t>(local_.nbytes()));
   }
-  // Device tensors stay on their device: every buffer below is made on local_'s device.
-  Tensor local = local_;
+  // Device tensors stay on their device: every buffer below is made on local_'s device. A
+  // strided piece (a view) is made contiguous once: the collectives carry contiguous payloads.
+  Tensor local = local_.contiguous();
   ShardSpec current = spec_;
   trace::CopyTally copied(span);  // outside the collectives
 

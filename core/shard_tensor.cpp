@@ -54,6 +54,13 @@ ShardTensor::ShardTensor(Tensor local, DeviceMesh mesh, ShardSpec spec)
       spec_(std::move(spec)),
       id_(next_shard_tensor_id.fetch_add(1)) {}
 
+ShardTensor ShardTensor::contiguous() const {
+  if (local_.is_contiguous()) return *this;
+  ShardTensor result = *this;
+  result.local_ = local_.contiguous();
+  return result;
+}
+
 ShardTensor ShardTensor::from_local(Tensor local, DeviceMesh mesh, Shape global_shape,
                                     std::vector<Placement> placements,
                                     std::vector<std::vector<int64_t>> extents) {
@@ -179,7 +186,7 @@ ShardTensor ShardTensor::distribute(const Tensor& replicated, DeviceMesh mesh,
 Tensor ShardTensor::full_tensor() const {
   NoGrad plain_values;  // a plain Tensor: nothing for a tape to record
   std::vector<Placement> replicated(mesh_.ndim(), Placement::replicate());
-  return redistribute(replicated).to_local();
+  return redistribute(replicated).to_local().contiguous();
 }
 
 Tensor ShardTensor::gather(int root) const {

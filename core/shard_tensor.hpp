@@ -37,8 +37,12 @@ class ShardTensor {
                                 std::vector<Placement> placements,
                                 std::vector<std::vector<int64_t>> extents = {});
 
-  /// This rank's piece.
+  /// This rank's piece. It may be a strided view (split's parts are views of their input, as
+  /// torch.split's are): read it through its strides, or call contiguous() first.
   const Tensor& to_local() const { return local_; }
+  /// The same tensor (same identity for autograd, same layout) whose local piece is contiguous:
+  /// this tensor itself when it already is, else one with a contiguous copy of the piece.
+  ShardTensor contiguous() const;
   const DeviceMesh& mesh() const { return mesh_; }
   const ShardSpec& spec() const { return spec_; }
   const Shape& global_shape() const { return spec_.global_shape; }

@@ -105,6 +105,10 @@ bool Tensor::is_shape_only() const {
 }
 
 void* Tensor::comm_data() const {
+  if (numel_ > 0 && !is_contiguous())
+    throw Error("tensor", fmt::format("internal error: {} is a strided view, not a contiguous "
+                                      "payload for communication",
+                                      str()));
   return is_shape_only() ? nullptr : raw_data();
 }
 

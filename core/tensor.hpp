@@ -81,7 +81,9 @@ class Tensor {
   /// views of shape-only tensors are shape-only and move nothing.
   bool is_shape_only() const;
   /// The pointer communication carries as a payload: raw_data(), or null for a shape-only tensor
-  /// (whose messages the estimate's communicator records without moving them).
+  /// (whose messages the estimate's communicator records without moving them). A payload is
+  /// nbytes() contiguous bytes, so a strided view with elements raises an internal error here
+  /// (call contiguous() first) instead of sending the bytes between its elements.
   void* comm_data() const;
   /// Where the first element lies in the storage, in elements (views share one storage).
   int64_t storage_offset() const { return offset_; }

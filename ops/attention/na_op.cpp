@@ -161,7 +161,7 @@ std::vector<Tensor> na_cuda(const KernelContext& context, const std::vector<Tens
   return {std::move(result.output), std::move(result.lse)};
 }
 
-// ---- overlap of the cpu forward with the halo exchange ----
+// ---- overlap of the forward with the halo exchange (cpu and cuda) ----
 //
 // A query whose window (along every axis) lies in the rank's own keys is "interior": its o and
 // lse can be computed before any halo key has landed. Along each axis the interior is taken as
@@ -194,17 +194,21 @@ Box na_interior_queries(const KernelContext& context, const NaGeometry& geometry
   return interior;
 }
 
-/// o and lse of the queries in `region` (local coordinates of q) into `o` and `lse`.
-void na_cpu_region(const KernelContext& context, const std::vector<Tensor>& inputs,
-                   const NaGeometry& geometry, const Box& region, Tensor& o, Tensor& lse) {
+/// o and lse of the queries in `region` (local coordinates of q) into `o` and `lse`, by the
+/// inputs' device's kernel (on a device queued on the compute stream, as the copies are).
+void na_region(const KernelContext& context, const std::vector<Tensor>& inputs,
+               const NaGeometry& geometry, const Box& region, Tensor& o, Tensor& lse) {
   if (region.empty()) return;
   const size_t spatial = geometry.extent.size();
   std::vector<int64_t> query_offset = spatial_lo(context.input_boxes[0], spatial);
   for (size_t a = 0; a < spatial; ++a) query_offset[a] += region.lo[1 + a];
   const NaPieces pieces{query_offset, spatial_lo(context.input_boxes[1], spatial)};
   const Tensor* rpb = inputs.size() == 4 ? &inputs[3] : nullptr;
-  const NaForward piece = na_cpu_forward(inputs[0].view_box(region).contiguous(), inputs[1],
-                                         inputs[2], rpb, geometry, pieces);
+  const Tensor q = inputs[0].view_box(region).contiguous();
+  const NaForward piece =
+      inputs[0].device().is_cuda()
+          ? na_cuda_forward(q, inputs[1], inputs[2], rpb, geometry, pieces, context.stream)
+          : na_cpu_forward(q, inputs[1], inputs[2], rpb, geometry, pieces);
   o.view_box(region).copy_from(piece.output);
   Box lse_region = region;
   lse_region.lo.pop_back();
@@ -213,25 +217,25 @@ void na_cpu_region(const KernelContext& context, const std::vector<Tensor>& inpu
 }
 
 /// The interior queries, while the k/v halos travel; o and lse allocated whole.
-std::vector<Tensor> na_cpu_interior(const KernelContext& context,
-                                    const std::vector<Tensor>& inputs) {
+std::vector<Tensor> na_interior(const KernelContext& context, const std::vector<Tensor>& inputs) {
   const NaGeometry geometry = resolve(context.input_specs[0].global_shape, context.attrs);
   Shape lse_shape = inputs[0].shape();
   lse_shape.pop_back();
-  Tensor o = Tensor::empty(inputs[0].shape(), inputs[0].dtype());
-  Tensor lse = Tensor::empty(lse_shape, na_detail::lse_dtype(inputs[0].dtype()));
-  na_cpu_region(context, inputs, geometry, na_interior_queries(context, geometry), o, lse);
+  const Device device = inputs[0].device();
+  Tensor o = Tensor::empty(inputs[0].shape(), inputs[0].dtype(), device);
+  Tensor lse = Tensor::empty(lse_shape, na_detail::lse_dtype(inputs[0].dtype()), device);
+  na_region(context, inputs, geometry, na_interior_queries(context, geometry), o, lse);
   return {std::move(o), std::move(lse)};
 }
 
 /// The rest of the queries, once the halos have landed.
-void na_cpu_boundary(const KernelContext& context, const std::vector<Tensor>& inputs,
-                     std::vector<Tensor>& outputs) {
+void na_boundary(const KernelContext& context, const std::vector<Tensor>& inputs,
+                 std::vector<Tensor>& outputs) {
   const NaGeometry geometry = resolve(context.input_specs[0].global_shape, context.attrs);
   const Box whole = Box::of_shape(inputs[0].shape());
   for (const Box& region :
        boxes_around(whole, na_interior_queries(context, geometry), 1, 1 + geometry.extent.size()))
-    na_cpu_region(context, inputs, geometry, region, outputs[0], outputs[1]);
+    na_region(context, inputs, geometry, region, outputs[0], outputs[1]);
 }
 
 /// The local gradient of output `index` in that output's layout (zeros when none arrived).
@@ -310,7 +314,8 @@ void register_attention_ops() {
       .cpu = na_cpu,
       .cuda = na_cuda,
       .backward = na_backward_op,
-      .cpu_overlap = OverlapKernel{na_cpu_interior, na_cpu_boundary},
+      .cpu_overlap = OverlapKernel{na_interior, na_boundary},
+      .cuda_overlap = OverlapKernel{na_interior, na_boundary},
       .cost = na_cost});
 }
 

@@ -258,16 +258,15 @@ void register_split() {
   };
   KernelFn kernel = [](const KernelContext& context, const std::vector<Tensor>& inputs) {
     const SplitPlan plan = split_plan(context.input_specs[0], context.attrs);
-    // A part that is contiguous in x (x contiguous and every local dim before the cut of extent
-    // 1: the cut dim is the outermost non-trivial one) is a view of x's storage, as torch.split's
-    // parts are. A strided part is copied: every kernel that reads it would make it contiguous,
-    // on every use, and a view that keeps the rest of x alive would be no cheaper.
+    // Every part is a view of x's storage, as torch.split's parts are: no copy. A part cut from
+    // further in than the outermost non-trivial dim is strided; apply_op makes it contiguous
+    // when an op reads it, redistribute and the IO paths when they move it (ShardTensor's
+    // to_local() says so).
     std::vector<Tensor> parts;
     int64_t offset = 0;
     for (const Box& box : context.output_boxes) {
       const int64_t length = box.extent(plan.dim);
-      const Tensor part = inputs[0].slice(plan.dim, offset, offset + length);
-      parts.push_back(part.is_contiguous() ? part : part.clone());
+      parts.push_back(inputs[0].slice(plan.dim, offset, offset + length));
       offset += length;
     }
     return parts;

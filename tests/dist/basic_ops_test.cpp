@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "core/autograd.hpp"
 #include "ops/ops.hpp"
@@ -435,26 +436,102 @@ TEST(BasicOps, F32SumOverALeadingDimIsWithinFloatRoundoffOfTheExactSum) {
   });
 }
 
-// split on the outermost non-trivial dim gives views of x's storage (no copy), holding x's
-// values; a cut further in gives contiguous copies with the same values.
-TEST(BasicOps, SplitOnTheOutermostDimIsAViewOfX) {
+// split's parts are views of x's storage (no copy), strided ones included, as torch.split's are;
+// every consumer of a strided part (an op with a halo, a pointwise op, redistribute, gather, a
+// user op without a rule, backward) gives exactly what it gives for a contiguous copy of it.
+TEST(BasicOps, SplitPartsAreViewsOfXThatEveryConsumerReadsThroughTheirStrides) {
   testing::run_world(1, [](std::shared_ptr<Comm> comm) {
     DeviceMesh mesh(comm, {1});
     CaseRng rng(testing::case_seed(91, 1, 0, 0));
     const Tensor values = smooth_values({1, 5, 3, 4}, rng);
     const ShardTensor x = ShardTensor::distribute(values, mesh, {Placement::replicate()});
     const double* first = x.to_local().data<double>();
-    const std::vector<ShardTensor> views = ops::split(x, {2, 0, 3}, 1);
-    ASSERT_EQ(views.size(), 3u);
-    EXPECT_EQ(views[0].to_local().data<double>(), first);
-    EXPECT_EQ(views[2].to_local().data<double>(), first + 2 * 3 * 4);
-    EXPECT_EQ(views[1].to_local().numel(), 0);
-    EXPECT_EQ(max_abs_diff(views[2].full_tensor(), values.slice(1, 2, 5).contiguous()), 0.0);
-    const std::vector<ShardTensor> copies = ops::split(x, {1, 2}, 2);
-    ASSERT_EQ(copies.size(), 2u);
-    EXPECT_TRUE(copies[1].to_local().is_contiguous());
-    EXPECT_NE(copies[0].to_local().data<double>(), first);
-    EXPECT_EQ(max_abs_diff(copies[1].full_tensor(), values.slice(2, 1, 3).contiguous()), 0.0);
+    const std::vector<ShardTensor> outer = ops::split(x, {2, 0, 3}, 1);
+    ASSERT_EQ(outer.size(), 3u);
+    EXPECT_EQ(outer[0].to_local().data<double>(), first);
+    EXPECT_EQ(outer[2].to_local().data<double>(), first + 2 * 3 * 4);
+    EXPECT_EQ(outer[1].to_local().numel(), 0);
+    const std::vector<ShardTensor> inner = ops::split(x, {1, 3}, 3);
+    ASSERT_EQ(inner.size(), 2u);
+    EXPECT_FALSE(inner[1].to_local().is_contiguous());
+    EXPECT_EQ(inner[1].to_local().data<double>(), first + 1);
+    EXPECT_EQ(max_abs_diff(inner[1].full_tensor(), values.slice(3, 1, 4).contiguous()), 0.0);
+    EXPECT_THROW(inner[1].to_local().comm_data(), Error) << "a strided payload is refused";
+    // A user's kernel (here one without a rule, which runs replicated) is given contiguous
+    // pieces: it may read them as flat arrays.
+    register_op(OpDef{.name = "test_flat_copy",
+                      .cpu = [](const KernelContext&, const std::vector<Tensor>& inputs) {
+                        EXPECT_TRUE(inputs[0].is_contiguous());
+                        Tensor out = Tensor::empty(inputs[0].shape(), inputs[0].dtype());
+                        std::memcpy(out.raw_data(), inputs[0].raw_data(), inputs[0].nbytes());
+                        return std::vector<Tensor>{out};
+                      }});
+    const ShardTensor flat = apply_op("test_flat_copy", {inner[1]})[0];
+    EXPECT_EQ(max_abs_diff(flat.full_tensor(), values.slice(3, 1, 4).contiguous()), 0.0);
+  });
+  // 4 ranks sharding dims 2 and 3 unevenly: the parts cut along dim 3 (sharded) and dim 1.
+  testing::run_world(4, [](std::shared_ptr<Comm> comm) {
+    DeviceMesh mesh(comm, {2, 2});
+    CaseRng rng(testing::case_seed(91, 4, 0, 0));
+    const Tensor values = smooth_values({2, 4, 7, 9}, rng);
+    for (int dim : {1, 3}) {
+      SCOPED_TRACE(fmt::format("split along dim {}", dim));
+      const std::vector<int64_t> sizes =
+          dim == 1 ? std::vector<int64_t>{1, 3} : std::vector<int64_t>{4, 5};
+      // One program on split's views of x, and on leaves holding contiguous copies of the parts
+      // in the views' layouts (no split at all): the same values, bit for bit.
+      auto program = [&](const std::vector<ShardTensor>& parts) {
+        ops::PoolOptions pool;
+        pool.kernel_size = {3};
+        pool.stride = {1};
+        pool.padding = {1};
+        const ShardTensor pooled = ops::avg_pool(parts[1], pool);  // halos of a strided piece
+        const ShardTensor moved =
+            parts[0].redistribute({Placement::replicate(), Placement::shard(2)});
+        const ShardTensor loss =
+            ops::add(ops::sum(ops::mul(pooled, parts[1])), ops::sum(ops::mul(moved, moved)));
+        return std::pair{loss, pooled};
+      };
+      Tape tape;
+      ShardTensor x = ShardTensor::distribute(
+          values, mesh, {Placement::shard(2), Placement::shard(3)}, {{3, 4}, {6, 3}});
+      x.set_requires_grad();
+      const std::vector<ShardTensor> views = ops::split(x, sizes, dim);
+      if (dim == 1) {
+        EXPECT_FALSE(views[1].to_local().is_contiguous()) << "the part is a strided view";
+        EXPECT_EQ(views[1].to_local().data<double>(),
+                  x.to_local().data<double>() + x.to_local().strides()[1]);
+      }
+      const auto [loss, pooled] = program(views);
+      const Tensor gathered = views[1].gather(0);
+      tape.backward(loss);
+      const Tensor grad = tape.grad(x)->full_tensor();
+
+      Tape reference_tape;
+      std::vector<ShardTensor> leaves;
+      int64_t offset = 0;
+      for (size_t k = 0; k < 2; ++k) {
+        const Tensor part = values.slice(dim, offset, offset + sizes[k]).contiguous();
+        offset += sizes[k];
+        leaves.push_back(
+            ShardTensor::distribute(part, mesh, views[k].placements(), views[k].spec().extents));
+        leaves.back().set_requires_grad();
+      }
+      const auto [reference_loss, reference_pooled] = program(leaves);
+      reference_tape.backward(reference_loss);
+      EXPECT_EQ(max_abs_diff(loss.full_tensor(), reference_loss.full_tensor()), 0.0);
+      EXPECT_EQ(max_abs_diff(pooled.full_tensor(), reference_pooled.full_tensor()), 0.0);
+      Tensor reference_grad = Tensor::zeros(values.shape(), values.dtype());
+      reference_grad.slice(dim, 0, sizes[0])
+          .copy_from(reference_tape.grad(leaves[0])->full_tensor());
+      reference_grad.slice(dim, sizes[0], sizes[0] + sizes[1])
+          .copy_from(reference_tape.grad(leaves[1])->full_tensor());
+      EXPECT_EQ(max_abs_diff(grad, reference_grad), 0.0);
+      if (comm->rank() == 0)
+        EXPECT_EQ(
+            max_abs_diff(gathered, values.slice(dim, sizes[0], sizes[0] + sizes[1]).contiguous()),
+            0.0);
+    }
   });
 }
 

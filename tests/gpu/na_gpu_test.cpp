@@ -24,6 +24,7 @@
 
 #include "core/autograd.hpp"
 #include "core/gpu_runtime.hpp"
+#include "core/op_registry.hpp"
 #include "ops/attention/na_cuda.hpp"
 #include "ops/ops.hpp"
 #include "tests/common/fixtures.hpp"
@@ -149,6 +150,17 @@ TEST(NaGpu, ShardedFusedKernelMatchesTheCpuOnOneRank) {
   SKIP_WITHOUT_GPU();
   EXPECT_GE(expect_sweep_matches_cpu(73, 30, 32, {DType::f16, DType::bf16}),
             3 * testing::sweep_cases(30));
+}
+
+// The forward in two parts on the device (the interior queries while the k/v halos travel, the
+// rest once they land; halo overlap is off by default on cuda, docs/gpu.md): the same results.
+TEST(NaGpu, ShardedWithTheHaloOverlapSplitMatchesTheCpuOnOneRank) {
+  SKIP_WITHOUT_GPU();
+  const bool was = halo_overlap(Device::Kind::cuda);
+  set_halo_overlap(Device::Kind::cuda, true);
+  const int cases = expect_sweep_matches_cpu(79, 40, 0, {DType::f64, DType::bf16});
+  set_halo_overlap(Device::Kind::cuda, was);
+  EXPECT_GE(cases, 3 * testing::sweep_cases(40));
 }
 
 /// A random single-rank call for the kernel comparisons: q the local piece [offset, offset + n)
