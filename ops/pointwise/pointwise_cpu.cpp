@@ -68,14 +68,26 @@ struct Relu {
   TESSERA_VM_INLINE T forward(T x) const { return x > 0 ? x : T(0); }
   TESSERA_VM_INLINE T backward(T x, T g) const { return (x > 0 ? T(1) : T(0)) * g; }
 };
+// gelu(x) = x Phi(x), gelu'(x) = Phi(x) + x phi(x). f32 takes Phi from vm::normal_cdf_f32 (one
+// range, the negative tail without cancellation), f64 the erf form of pointwise_math.hpp.
 template <typename T>
 struct Gelu {
   T a, b;
-  TESSERA_VM_INLINE T forward(T x) const { return T(0.5) * x * (1 + erf_of(x * T(kInvSqrt2))); }
+  TESSERA_VM_INLINE T forward(T x) const {
+    if constexpr (std::is_same_v<T, float>) {
+      return x * vm::normal_cdf_f32(x);
+    } else {
+      return T(0.5) * x * (1 + erf_of(x * T(kInvSqrt2)));
+    }
+  }
   TESSERA_VM_INLINE T backward(T x, T g) const {
-    return (T(0.5) * (1 + erf_of(x * T(kInvSqrt2))) +
-            x * T(kInvSqrt2Pi) * exp_of(T(-0.5) * x * x)) *
-           g;
+    if constexpr (std::is_same_v<T, float>) {
+      return (vm::normal_cdf_f32(x) + x * float(kInvSqrt2Pi) * vm::exp_f32(-0.5f * x * x)) * g;
+    } else {
+      return (T(0.5) * (1 + erf_of(x * T(kInvSqrt2))) +
+              x * T(kInvSqrt2Pi) * exp_of(T(-0.5) * x * x)) *
+             g;
+    }
   }
 };
 template <typename T>
