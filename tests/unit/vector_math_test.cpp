@@ -142,9 +142,9 @@ TEST(VectorMath, ErfWithinTwoUlpEverywhere) {
   EXPECT_EQ(vm::erf_f32(-kInf), -1.0f);
 }
 
-// The standard normal's distribution function (gelu's f32 body): within 1.5e-7 absolute
-// everywhere (about 2 ulp of values near 1/2) and, below 0, relative to the tail however small
-// (3.5e-7 plus the rounding of x^2 in the exponent, about 2.5e-7 x^2), against erfc in double.
+// The standard normal's distribution function (gelu's f32 body): within 2e-7 absolute everywhere
+// (about 3 ulp of values near 1/2) and, below 0, relative to the tail however small (4.5e-7 plus
+// the rounding of x^2 in the exponent, about 2.5e-7 x^2), against erfc in double.
 TEST(VectorMath, NormalCdfAbsolutelyAndInItsTailRelativelyAccurate) {
   std::vector<float> values = sweep(-149, 128);
   for (float x = -14.0f; x <= 14.0f; x += 1.0f / 1024) values.push_back(x);
@@ -157,11 +157,11 @@ TEST(VectorMath, NormalCdfAbsolutelyAndInItsTailRelativelyAccurate) {
     const double absolute = std::fabs(got - want);
     if (absolute > worst_abs) worst_abs = absolute, at_abs = x;
     if (want > double(std::numeric_limits<float>::min())) {
-      const double relative = absolute / want / (3.5e-7 + 2.5e-7 * double(x) * x);
+      const double relative = absolute / want / (4.5e-7 + 2.5e-7 * double(x) * x);
       if (relative > worst_rel) worst_rel = relative, at_rel = x;
     }
   }
-  EXPECT_LE(worst_abs, 1.5e-7) << "at x = " << at_abs;
+  EXPECT_LE(worst_abs, 2e-7) << "at x = " << at_abs;
   EXPECT_LE(worst_rel, 1.0) << "at x = " << at_rel;
   EXPECT_TRUE(std::isnan(vm::normal_cdf_f32(kNaN)));
   EXPECT_EQ(vm::normal_cdf_f32(kInf), 1.0f);
