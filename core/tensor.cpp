@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -14,7 +15,9 @@
 #include "core/backend/strided_plan.hpp"
 #include "core/backend/transfer.hpp"
 #include "core/checked_math.hpp"
+#include "core/compute_threads.hpp"
 #include "core/estimate/estimate_mode.hpp"
+#include "core/parallel_for.hpp"
 
 namespace tessera {
 
@@ -178,46 +181,82 @@ Tensor Tensor::to_dtype(DType dtype) const {
   return result;
 }
 
+namespace {
+
+/// Copies elements [begin, end) of the row-major order over `merged`'s dims: whole rows by one
+/// memcpy when the innermost dim is contiguous in both, else element by element.
+void copy_element_range(char* out, const char* in, const MergedDims& merged, size_t element_size,
+                        int64_t begin, int64_t end) {
+  const std::vector<int64_t>& extent = merged.extent;
+  const std::vector<int64_t>& dstride = merged.dst_strides;
+  const std::vector<int64_t>& sstride = merged.src_strides;
+  const int dims = static_cast<int>(extent.size());
+  const int last = dims - 1;
+  const int64_t row = extent[last];
+  const bool rows_contiguous = dstride[last] == 1 && sstride[last] == 1;
+  const auto bytes = static_cast<int64_t>(element_size);
+  std::vector<int64_t> index(dims, 0);
+  int64_t out_offset = 0, in_offset = 0;  // elements, of the current element
+  for (int64_t rest = begin, d = last; d >= 0; --d) {
+    index[d] = rest % extent[d];
+    rest /= extent[d];
+    out_offset += index[d] * dstride[d];
+    in_offset += index[d] * sstride[d];
+  }
+  for (int64_t e = begin; e < end;) {
+    const int64_t first = index[last];
+    const int64_t n = std::min(row - first, end - e);
+    if (rows_contiguous) {
+      std::memcpy(out + out_offset * bytes, in + in_offset * bytes, n * element_size);
+    } else {
+      for (int64_t i = 0; i < n; ++i)
+        std::memcpy(out + (out_offset + i * dstride[last]) * bytes,
+                    in + (in_offset + i * sstride[last]) * bytes, element_size);
+    }
+    e += n;
+    if (e == end) break;
+    // The next row: back to its start, then the odometer over the outer dims.
+    out_offset -= first * dstride[last];
+    in_offset -= first * sstride[last];
+    index[last] = 0;
+    for (int d = last - 1; d >= 0; --d) {
+      out_offset += dstride[d];
+      in_offset += sstride[d];
+      if (++index[d] < extent[d]) break;
+      out_offset -= extent[d] * dstride[d];
+      in_offset -= extent[d] * sstride[d];
+      index[d] = 0;
+    }
+  }
+}
+
+/// Copies of at least this many bytes run on the rank's compute threads (memory bandwidth grows
+/// with the cores that stream; below it the threads' start costs more than they save).
+constexpr int64_t kParallelCopyBytes = int64_t{1} << 20;
+
+}  // namespace
+
 void copy_strided_host(void* dst, const int64_t* dst_strides, const void* src,
                        const int64_t* src_strides, const int64_t* shape, int ndim,
                        size_t element_size) {
   // Unit dims dropped and neighbours contiguous in both tensors merged, so the common cases
-  // become a few long memcpy calls.
+  // become a few long memcpy calls; large copies are split by elements over the compute threads.
   const MergedDims merged = merge_strided_dims(shape, ndim, dst_strides, src_strides);
   if (merged.count == 0) return;
-  const std::vector<int64_t>& extent = merged.extent;
-  const std::vector<int64_t>& dstride = merged.dst_strides;
-  const std::vector<int64_t>& sstride = merged.src_strides;
   auto* out = static_cast<char*>(dst);
   const auto* in = static_cast<const char*>(src);
-  const int dims = static_cast<int>(extent.size());
-  if (dims == 0) {
+  if (merged.extent.empty()) {
     std::memcpy(out, in, element_size);
     return;
   }
-  const int64_t row = extent[dims - 1];
-  const bool rows_contiguous = dstride[dims - 1] == 1 && sstride[dims - 1] == 1;
-  const int64_t ds = dstride[dims - 1] * static_cast<int64_t>(element_size);
-  const int64_t ss = sstride[dims - 1] * static_cast<int64_t>(element_size);
-  std::vector<int64_t> index(dims, 0);
-  const int64_t rows = shape_numel(Shape(extent.begin(), extent.end() - 1));
-  int64_t out_offset = 0, in_offset = 0;  // bytes, of the current row's first element
-  for (int64_t r = 0; r < rows; ++r) {
-    if (rows_contiguous) {
-      std::memcpy(out + out_offset, in + in_offset, row * element_size);
-    } else {
-      for (int64_t i = 0; i < row; ++i)
-        std::memcpy(out + out_offset + i * ds, in + in_offset + i * ss, element_size);
-    }
-    for (int d = dims - 2; d >= 0; --d) {  // odometer over the outer dims
-      out_offset += dstride[d] * static_cast<int64_t>(element_size);
-      in_offset += sstride[d] * static_cast<int64_t>(element_size);
-      if (++index[d] < extent[d]) break;
-      out_offset -= extent[d] * dstride[d] * static_cast<int64_t>(element_size);
-      in_offset -= extent[d] * sstride[d] * static_cast<int64_t>(element_size);
-      index[d] = 0;
-    }
+  const int threads = compute_threads();
+  if (threads > 1 && merged.count * static_cast<int64_t>(element_size) >= kParallelCopyBytes) {
+    parallel_for(merged.count, threads, [&](int64_t begin, int64_t end, int) {
+      copy_element_range(out, in, merged, element_size, begin, end);
+    });
+    return;
   }
+  copy_element_range(out, in, merged, element_size, 0, merged.count);
 }
 
 void Tensor::copy_from(const Tensor& source) {

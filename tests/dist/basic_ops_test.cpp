@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "core/autograd.hpp"
+#include "core/compute_threads.hpp"
 #include "ops/ops.hpp"
 #include "tests/dist/harness.hpp"
 #include "tests/dist/shard_cases.hpp"
@@ -533,6 +534,50 @@ TEST(BasicOps, SplitPartsAreViewsOfXThatEveryConsumerReadsThroughTheirStrides) {
             0.0);
     }
   });
+}
+
+// Copies of 1 MiB and more run on the compute threads, cut by elements anywhere in a row: views
+// cut on every dim (strided on either side, rows contiguous or not) copy exactly, with 1, 2 and 3
+// threads.
+TEST(TensorCopy, LargeStridedCopiesOnSeveralThreadsEqualTheElementwiseCopy) {
+  const Shape shape{3, 7, 99, 129};  // 2.1 MiB of doubles
+  Tensor source = Tensor::empty(shape, DType::f64);
+  for (int64_t i = 0; i < source.numel(); ++i) source.data<double>()[i] = double(i) * 0.5 - 7;
+  const int before = compute_threads();
+  for (int threads : {1, 2, 3}) {
+    set_compute_threads(threads);
+    for (int dim = 0; dim < 4; ++dim) {
+      // A strided part of the source into a fresh tensor, and into a strided part of another.
+      const int64_t cut = shape[dim] / 3;
+      const Tensor part = source.slice(dim, cut, shape[dim]);
+      ASSERT_GE(part.nbytes(), size_t{1} << 20) << "large enough to run on the threads";
+      Tensor dense = Tensor::empty(part.shape(), DType::f64);
+      dense.copy_from(part);
+      Shape wide = part.shape();
+      wide[(dim + 1) % 4] += 2;
+      Tensor holder = Tensor::zeros(wide, DType::f64);
+      Tensor window = holder.slice((dim + 1) % 4, 1, 1 + part.shape((dim + 1) % 4));
+      window.copy_from(part);
+      int64_t wrong = 0;
+      std::vector<int64_t> at(4);
+      for (at[0] = 0; at[0] < part.shape(0); ++at[0])
+        for (at[1] = 0; at[1] < part.shape(1); ++at[1])
+          for (at[2] = 0; at[2] < part.shape(2); ++at[2])
+            for (at[3] = 0; at[3] < part.shape(3); ++at[3]) {
+              const double want = part.item_as_double(at);
+              wrong += dense.item_as_double(at) != want || window.item_as_double(at) != want;
+            }
+      EXPECT_EQ(wrong, 0) << "threads " << threads << " dim " << dim;
+      // The cells of the holder outside the window stay zero.
+      double outside = 0;
+      for (int64_t i = 0; i < holder.numel(); ++i) outside += std::fabs(holder.data<double>()[i]);
+      double inside = 0;
+      const Tensor packed = window.contiguous();
+      for (int64_t i = 0; i < packed.numel(); ++i) inside += std::fabs(packed.data<double>()[i]);
+      EXPECT_EQ(outside, inside) << "threads " << threads << " dim " << dim;
+    }
+  }
+  set_compute_threads(before);
 }
 
 /// Reverses the rows (dim 0) of a tensor: its own adjoint.
