@@ -306,22 +306,35 @@ Tensor pool_backward_cpu(const PoolWindows& windows, const Tensor& x, const Tens
   if (windows.kind == PoolKind::max)
     check_arg(output.shape() == grad.shape() && output.dtype() == input.dtype(), op_name(windows),
               "backward got the output {} for the gradient {}", output.str(), grad.str());
-  Tensor dx = Tensor::zeros(input.shape(), input.dtype());
+  // Every plane of dx is written whole below (zeroed, then the gradient added), so it starts
+  // uninitialised; with no gradient at all it is zeros.
+  Tensor dx = Tensor::empty(input.shape(), input.dtype());
   const int64_t in_plane = windows.in_plane(), out_plane = windows.out_plane();
-  if (grad.numel() == 0 || dx.numel() == 0) return dx;
+  if (grad.numel() == 0 || dx.numel() == 0) {
+    dx.fill(0.0);
+    return dx;
+  }
   const auto ranges = ranges_of(windows);
   const FullRun run = full_run(windows.dims[2], ranges[2]);
   dispatch_pool(input.dtype(), op_name(windows), [&]<typename T, typename C>() {
     const T* in = static_cast<const T*>(input.raw_data());
     const T* g = static_cast<const T*>(grad.raw_data());
     T* out = static_cast<T*>(dx.raw_data());
+    // Accumulated in the computation type one plane at a time: in dx's own plane when that is
+    // the computation type (f32, f64), else in a buffer rounded once at the end (f16, bf16).
+    constexpr bool in_place = std::is_same_v<T, C>;
     parallel_for(windows.planes, compute_threads(), [&](int64_t begin, int64_t end, int) {
-      // Accumulated in the computation type, one plane at a time, then rounded once.
-      std::vector<C> acc(static_cast<size_t>(in_plane));
+      std::vector<C> buffer(in_place ? 0 : static_cast<size_t>(in_plane));
       std::vector<C> shares(
           static_cast<size_t>(windows.kind == PoolKind::avg ? run.hi - run.lo : 0));
       for (int64_t p = begin; p < end; ++p) {
-        std::fill(acc.begin(), acc.end(), C(0));
+        T* target = out + p * in_plane;
+        C* acc = nullptr;
+        if constexpr (in_place)
+          acc = target;
+        else
+          acc = buffer.data();
+        std::fill(acc, acc + in_plane, C(0));
         const T* plane = in + p * in_plane;
         const T* g_plane = g + p * out_plane;
         if (windows.kind == PoolKind::max) {
@@ -334,10 +347,10 @@ Tensor pool_backward_cpu(const PoolWindows& windows, const Tensor& x, const Tens
                             if (arg >= 0) acc[arg] += static_cast<C>(g_plane[o]);
                           });
         } else {
-          avg_plane_backward<T, C>(windows, ranges, run, g_plane, acc.data(), shares.data());
+          avg_plane_backward<T, C>(windows, ranges, run, g_plane, acc, shares.data());
         }
-        T* target = out + p * in_plane;
-        for (int64_t i = 0; i < in_plane; ++i) target[i] = T(acc[i]);
+        if constexpr (!in_place)
+          for (int64_t i = 0; i < in_plane; ++i) target[i] = T(acc[i]);
       }
     });
   });
