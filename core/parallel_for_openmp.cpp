@@ -1,7 +1,9 @@
 // parallel_for on OpenMP threads (built when CMake finds OpenMP; see parallel_for.hpp).
 #include <omp.h>
+#include <pthread.h>
 
 #include <algorithm>
+#include <atomic>
 #include <exception>
 #include <mutex>
 
@@ -9,11 +11,24 @@
 
 namespace tessera {
 
+namespace {
+
+// libgomp's thread pool does not survive fork(): in a child of a process that has run a
+// parallel region, the next region waits for threads that no longer exist. A forked child (a
+// crash-safety test, a launcher that forks workers) runs every loop on its one thread instead.
+std::atomic<bool> in_forked_child{false};
+const bool fork_handler_registered = [] {
+  return ::pthread_atfork(
+             nullptr, nullptr, +[] { in_forked_child.store(true); }) == 0;
+}();
+
+}  // namespace
+
 void parallel_for(int64_t count, int threads,
                   const std::function<void(int64_t begin, int64_t end, int slot)>& body) {
   if (count <= 0) return;
   threads = static_cast<int>(std::clamp<int64_t>(threads, 1, count));
-  if (threads == 1) {
+  if (threads == 1 || in_forked_child.load(std::memory_order_relaxed)) {
     body(0, count, 0);
     return;
   }
