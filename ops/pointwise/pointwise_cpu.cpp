@@ -82,7 +82,8 @@ struct Gelu {
   }
   TESSERA_VM_INLINE T backward(T x, T g) const {
     if constexpr (std::is_same_v<T, float>) {
-      return (vm::normal_cdf_f32(x) + x * float(kInvSqrt2Pi) * vm::exp_f32(-0.5f * x * x)) * g;
+      const float e = vm::normal_exp_f32(x);  // one exponential for both terms
+      return (vm::normal_cdf_f32(x, e) + x * float(kInvSqrt2Pi) * e) * g;
     } else {
       return (T(0.5) * (1 + erf_of(x * T(kInvSqrt2))) +
               x * T(kInvSqrt2Pi) * exp_of(T(-0.5) * x * x)) *

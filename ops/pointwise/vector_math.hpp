@@ -149,11 +149,13 @@ TESSERA_VM_INLINE float erf_f32(float x) {
 /// Half of erfc(|x| / sqrt 2): the standard normal's tail beyond |x|, P(X >= |x|), never by
 /// cancellation. erfc(a) = e^{-a^2} t U(t) with t = 1 / (1 + a/2) over all a >= 0 (t in (0, 1]);
 /// U is a degree-10 polynomial in s = 2t - 1 fitted here (least squares in relative terms,
-/// reweighted to the maximum) to erfc(a) e^{a^2} / t: 1.1e-8 relative. The exponential does not
-/// wait for the division and the polynomial (the two run side by side in every lane). The rounding
-/// of a^2 in the exponent adds about 2e-7 x^2 relative (1e-6 at |x| = 5, where the tail is 3e-7).
-/// One range, one division and one exponential for every lane. NaN gives NaN; +-inf give 0.
-TESSERA_VM_INLINE float normal_tail_f32(float x) {
+/// reweighted to the maximum) to erfc(a) e^{a^2} / t: 1.1e-8 relative. `e` is e^{-x^2/2}
+/// (= e^{-a^2}), which the caller computes (gelu's backward needs it for the density as well); it
+/// does not wait for the division and the polynomial (the two run side by side in every lane).
+/// The rounding of x^2 in the exponent adds about 2e-7 x^2 relative (1e-6 at |x| = 5, where the
+/// tail is 3e-7). One range, one division and one exponential for every lane. NaN gives NaN;
+/// +-inf give 0.
+TESSERA_VM_INLINE float normal_tail_f32(float x, float e) {
   const float a = (x < 0.0f ? -x : x) * 0.707106781f;
   const float t = 1.0f / (1.0f + 0.5f * a);
   const float s = 2.0f * t - 1.0f;  // (-1, 1]: the terms fall off, little rounding to add up
@@ -168,16 +170,25 @@ TESSERA_VM_INLINE float normal_tail_f32(float x) {
   u = u * s + 0.139735715f;
   u = u * s + 0.343580305f;
   u = u * s + 0.510791357f;
-  return 0.5f * exp_f32(-a * a) * (t * u);
+  return 0.5f * e * (t * u);
 }
 
 /// The standard normal's distribution function P(X <= x) = erfc(-x / sqrt 2) / 2 from
 /// normal_tail_f32: the tail itself below 0 (accurate in relative terms however small), one minus
 /// it above. Within 1.8e-7 absolute (3 ulp near 1/2, where the rounding of t is amplified about
-/// twice). gelu(x) = x P(X <= x).
-TESSERA_VM_INLINE float normal_cdf_f32(float x) {
-  const float tail = normal_tail_f32(x);
+/// twice). gelu(x) = x P(X <= x). `e` is e^{-x^2/2}, as normal_tail_f32 takes it.
+TESSERA_VM_INLINE float normal_cdf_f32(float x, float e) {
+  const float tail = normal_tail_f32(x, e);
   return x < 0.0f ? tail : 1.0f - tail;
+}
+
+/// e^{-x^2/2}: the standard normal's density times sqrt(2 pi), and normal_cdf_f32's `e`.
+TESSERA_VM_INLINE float normal_exp_f32(float x) {
+  return exp_f32(-0.5f * x * x);
+}
+
+TESSERA_VM_INLINE float normal_cdf_f32(float x) {
+  return normal_cdf_f32(x, normal_exp_f32(x));
 }
 
 /// x^y for a float base and a double exponent (pow_f32 below; pow's backward passes y - 1, exact
