@@ -106,7 +106,8 @@ std::vector<ShardTensor> apply_fallback(const std::shared_ptr<const OpDef>& defi
   // differentiable.
   Tape* tape = Tape::active();
   if (tape && op.backward && any_requires_grad(full)) {
-    for (ShardTensor& output : replicated_outputs) output.set_requires_grad(true);
+    for (ShardTensor& output : replicated_outputs)
+      output.set_requires_grad(is_floating(output.dtype()));
     OpRule rule{context.input_specs, std::vector<std::optional<HaloNeed>>(inputs.size()), {}};
     for (const ShardTensor& output : replicated_outputs) rule.outputs.push_back(output.spec());
     tape->record(OpRecord{definition, attrs, std::move(rule), full, locals,
@@ -128,15 +129,19 @@ std::vector<ShardTensor> apply_fallback(const std::shared_ptr<const OpDef>& defi
 }
 
 /// The outputs of a kernel skipped in estimate mode: shape-only tensors of the rule's output
-/// boxes, of the dtype an attribute "dtype" names (cast) or else the first input's.
-std::vector<Tensor> shape_only_outputs(const KernelContext& context,
+/// boxes, of the dtype the rule names for the output, else the one an attribute "dtype" names
+/// (cast), else the first input's.
+std::vector<Tensor> shape_only_outputs(const KernelContext& context, const OpRule& rule,
                                        const std::vector<ShardTensor>& inputs,
                                        const OpAttrs& attrs) {
   const DType dtype =
       attrs.has("dtype") ? dtype_from_name(attrs.get_string("dtype")) : inputs.at(0).dtype();
   std::vector<Tensor> outputs;
-  for (const Box& box : context.output_boxes)
-    outputs.push_back(Tensor::empty(box.shape(), dtype, context.device));
+  for (size_t o = 0; o < context.output_boxes.size(); ++o) {
+    const bool named = o < rule.output_dtypes.size() && rule.output_dtypes[o].has_value();
+    outputs.push_back(Tensor::empty(context.output_boxes[o].shape(),
+                                    named ? *rule.output_dtypes[o] : dtype, context.device));
+  }
   return outputs;
 }
 
@@ -409,7 +414,7 @@ std::vector<ShardTensor> apply_op(const std::string& name,
   }
   for (size_t e = 0; e < exchanges.size(); ++e) locals[exchanged[e]] = halo_end(exchanges[e]);
   if (estimating)
-    results = shape_only_outputs(context, inputs, attrs);
+    results = shape_only_outputs(context, rule, inputs, attrs);
   else if (overlap)
     split->boundary(context, locals, results);
   else
@@ -432,7 +437,8 @@ std::vector<ShardTensor> apply_op(const std::string& name,
   // 5. Record for autograd.
   Tape* tape = Tape::active();
   if (tape && op.backward && any_requires_grad(ready)) {
-    for (ShardTensor& output : outputs) output.set_requires_grad(true);
+    // Integer outputs (max_pool's indices) take no gradient, as in PyTorch.
+    for (ShardTensor& output : outputs) output.set_requires_grad(is_floating(output.dtype()));
     tape->record(OpRecord{definition, attrs, std::move(rule), ready, locals, plans, outputs});
   }
   return outputs;

@@ -29,6 +29,10 @@ struct OpRule {
   std::vector<ShardSpec> inputs;               ///< layouts the inputs are redistributed to first
   std::vector<std::optional<HaloNeed>> halos;  ///< per input; nullopt = the owned piece as is
   std::vector<ShardSpec> outputs;              ///< output layouts (Partial placements allowed)
+  /// Per output, the dtype the kernel makes when it is not the first input's (max_pool's i64
+  /// indices); empty or nullopt: the first input's (or the attribute "dtype"'s). Read where no
+  /// kernel runs (estimate mode's shape-only outputs).
+  std::vector<std::optional<DType>> output_dtypes{};
 };
 
 /// What a local kernel is told about its pieces.

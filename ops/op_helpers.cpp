@@ -100,6 +100,7 @@ std::vector<std::optional<ShardTensor>> single_input_halo_backward(
     const OpRecord& record, const std::vector<std::optional<ShardTensor>>& grads,
     const HaloedBackward& local) {
   const ShardTensor& x = record.inputs[0];
+  if (!grads[0]) return {std::nullopt};  // no gradient reached y (only another output's)
   const ShardSpec& y = record.outputs[0].spec();
   const ShardTensor g =
       grads[0]->spec() == y ? *grads[0] : grads[0]->redistribute(y.placements, y.extents);

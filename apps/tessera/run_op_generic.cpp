@@ -177,6 +177,12 @@ void run_generic(std::shared_ptr<Comm> world, const std::string& name,
       const ShardTensor& y = outputs[o];
       const ShardSpec layout = ops::without_partial(y.spec());
       const std::string grad_name = "g" + op.outputs[o];
+      // Integer outputs (max_pool's indices) take no gradient (the same on every rank).
+      agreed(name, [&] {
+        check_arg(is_floating(y.dtype()), name,
+                  "the input file has a dataset '{}', but output '{}' is {} and takes no gradient",
+                  grad_name, op.outputs[o], dtype_name(y.dtype()));
+      });
       // The gradient's shape must be the output's (checked on rank 0, agreed everywhere).
       std::optional<std::string> mismatch;
       if (world->rank() == 0) {

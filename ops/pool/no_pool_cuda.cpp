@@ -11,8 +11,8 @@ namespace {
 }
 }  // namespace
 
-Tensor pool_forward_cuda(const kernels::PoolWindows& windows, const Tensor&, const Shape&,
-                         const Stream&) {
+std::vector<Tensor> pool_forward_cuda(const kernels::PoolWindows& windows, const Tensor&,
+                                      const Shape&, const Stream&) {
   not_built(windows);
 }
 

@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -50,85 +52,72 @@ const char* op_name(const PoolWindows& windows) {
   return windows.kind == PoolKind::max ? "max_pool" : "avg_pool";
 }
 
-/// Walks every output of one plane: visit(output index, r0, r1, r2, window start (3 dims)).
-template <typename Visit>
-void for_each_window(const PoolWindows& windows,
-                     const std::array<std::vector<PoolRange>, 3>& ranges, Visit&& visit) {
-  const PoolDim* dims = windows.dims;
-  int64_t o = 0;
-  for (int64_t j0 = 0; j0 < dims[0].out; ++j0) {
-    const int64_t s0 = dims[0].first + j0 * dims[0].stride;
-    for (int64_t j1 = 0; j1 < dims[1].out; ++j1) {
-      const int64_t s1 = dims[1].first + j1 * dims[1].stride;
-      for (int64_t j2 = 0; j2 < dims[2].out; ++j2, ++o) {
-        const int64_t s2 = dims[2].first + j2 * dims[2].stride;
-        visit(o, ranges[0][j0], ranges[1][j1], ranges[2][j2], s0, s1, s2);
-      }
-    }
-  }
-}
-
 /// Whether a window holds no real cell.
 bool empty_window(const PoolRange& r0, const PoolRange& r1, const PoolRange& r2) {
   return r0.hi <= r0.lo || r1.hi <= r1.lo || r2.hi <= r2.lo;
 }
 
-/// The input index of the first real cell of a window (PyTorch's argmax when every real cell is
-/// -inf), or -1 when the window holds no real cell.
-int64_t first_real_cell(const PoolWindows& windows, const PoolRange& r0, const PoolRange& r1,
-                        const PoolRange& r2, int64_t s0, int64_t s1, int64_t s2) {
-  if (empty_window(r0, r1, r2)) return -1;
-  const PoolDim* dims = windows.dims;
-  return ((s0 + r0.lo * dims[0].dilation) * dims[1].in + s1 + r1.lo * dims[1].dilation) *
-             dims[2].in +
-         s2 + r2.lo * dims[2].dilation;
-}
+/// A window's maximum: its local input index in the plane and pool_global_index's, or -1 for
+/// both when the window holds no real cell.
+struct PoolArgmax {
+  int64_t local = -1, global = -1;
+};
 
-/// The input index of the maximum of a window (first maximum in window order, the last NaN when
-/// there is one, the first real cell when all are -inf), or -1 when the window holds no real cell.
+/// The maximum of a window: the first maximum in window order, the last NaN when there is one,
+/// the first real cell when all are -inf (as PyTorch's).
 template <typename T, typename C>
-int64_t window_argmax(const PoolWindows& windows, const T* plane, const PoolRange& r0,
-                      const PoolRange& r1, const PoolRange& r2, int64_t s0, int64_t s1,
-                      int64_t s2) {
+PoolArgmax window_argmax(const PoolWindows& windows, const T* plane, const PoolRange& r0,
+                         const PoolRange& r1, const PoolRange& r2, int64_t s0, int64_t s1,
+                         int64_t s2) {
+  if (empty_window(r0, r1, r2)) return {};
   const PoolDim* dims = windows.dims;
   C best = -std::numeric_limits<C>::infinity();
-  int64_t arg = first_real_cell(windows, r0, r1, r2, s0, s1, s2);
+  int64_t b0 = r0.lo, b1 = r1.lo, b2 = r2.lo;  // the kernel cell of the maximum
   for (int64_t t0 = r0.lo; t0 < r0.hi; ++t0) {
     const int64_t i0 = s0 + t0 * dims[0].dilation;
     for (int64_t t1 = r1.lo; t1 < r1.hi; ++t1) {
-      const int64_t row = (i0 * dims[1].in + s1 + t1 * dims[1].dilation) * dims[2].in + s2;
+      const T* row = plane + (i0 * dims[1].in + s1 + t1 * dims[1].dilation) * dims[2].in + s2;
       for (int64_t t2 = r2.lo; t2 < r2.hi; ++t2) {
-        const int64_t index = row + t2 * dims[2].dilation;
-        const C value = static_cast<C>(plane[index]);
+        const C value = static_cast<C>(row[t2 * dims[2].dilation]);
         if (value > best || value != value) {
           best = value;
-          arg = index;
+          b0 = t0;
+          b1 = t1;
+          b2 = t2;
         }
       }
     }
   }
-  return arg;
+  const int64_t i0 = s0 + b0 * dims[0].dilation, i1 = s1 + b1 * dims[1].dilation,
+                i2 = s2 + b2 * dims[2].dilation;
+  return {(i0 * dims[1].in + i1) * dims[2].in + i2,
+          kernels::pool_global_index(windows, i0, i1, i2)};
 }
 
-/// window_argmax given the window's maximum `y` (the forward's output): the first cell equal to
-/// it (the forward keeps the first of equal maxima), or the last NaN when y is NaN.
-template <typename T, typename C>
-int64_t window_argmax_of(const PoolWindows& windows, const T* plane, C y, const PoolRange& r0,
-                         const PoolRange& r1, const PoolRange& r2, int64_t s0, int64_t s1,
-                         int64_t s2) {
-  if (y != y) return window_argmax<T, C>(windows, plane, r0, r1, r2, s0, s1, s2);
-  const PoolDim* dims = windows.dims;
-  for (int64_t t0 = r0.lo; t0 < r0.hi; ++t0) {
-    const int64_t i0 = s0 + t0 * dims[0].dilation;
-    for (int64_t t1 = r1.lo; t1 < r1.hi; ++t1) {
-      const int64_t row = (i0 * dims[1].in + s1 + t1 * dims[1].dilation) * dims[2].in + s2;
-      for (int64_t t2 = r2.lo; t2 < r2.hi; ++t2)
-        if (static_cast<C>(plane[row + t2 * dims[2].dilation]) == y)
-          return row + t2 * dims[2].dilation;
-    }
+/// Turns max_pool's global indices (pool_global_index) into local input indices of the plane:
+/// by one subtraction when the piece holds whole rows and columns of the global planes (shards
+/// of the first spatial dim only), else by splitting the index into its coordinates.
+class LocalIndex {
+ public:
+  explicit LocalIndex(const PoolWindows& windows) : dims_(windows.dims) {
+    whole_ = dims_[1].global_lo == 0 && dims_[1].in == dims_[1].global_in &&
+             dims_[2].global_lo == 0 && dims_[2].in == dims_[2].global_in;
+    base_ = dims_[0].global_lo * dims_[1].in * dims_[2].in;
   }
-  return -1;
-}
+
+  int64_t operator()(int64_t global) const {
+    if (whole_) return global - base_;
+    const int64_t i2 = global % dims_[2].global_in, rest = global / dims_[2].global_in;
+    const int64_t i1 = rest % dims_[1].global_in, i0 = rest / dims_[1].global_in;
+    return ((i0 - dims_[0].global_lo) * dims_[1].in + i1 - dims_[1].global_lo) * dims_[2].in + i2 -
+           dims_[2].global_lo;
+  }
+
+ private:
+  const PoolDim* dims_;
+  bool whole_ = false;
+  int64_t base_ = 0;
+};
 
 /// avg's divisor of a window with real cells r0 x r1 x r2.
 double avg_divisor(const PoolWindows& windows, const PoolRange& r0, const PoolRange& r1,
@@ -169,6 +158,98 @@ T avg_window(const PoolWindows& windows, const T* plane, const PoolRange& r0, co
       for (int64_t t2 = r2.lo; t2 < r2.hi; ++t2) sum += static_cast<C>(row[t2]);
     }
   return T(sum / static_cast<C>(avg_divisor(windows, r0, r1, r2)));
+}
+
+/// The kernel cells of max windows as offsets from the window's start: cell code
+/// c = (t0 * K1 + t1) * K2 + t2 (window order) lies `local[c]` cells into the plane from the start
+/// and `global[c]` cells into the global plane (pool_global_index is linear in the coordinates).
+struct KernelOffsets {
+  std::vector<int64_t> local, global;
+};
+
+/// Kernel volumes up to this run the full run of max windows side by side (above: one by one).
+inline constexpr int64_t kMaxRunKernelCells = 4096;
+
+KernelOffsets kernel_offsets(const PoolWindows& windows) {
+  const PoolDim* dims = windows.dims;
+  KernelOffsets offsets;
+  for (int64_t t0 = 0; t0 < dims[0].kernel; ++t0)
+    for (int64_t t1 = 0; t1 < dims[1].kernel; ++t1)
+      for (int64_t t2 = 0; t2 < dims[2].kernel; ++t2) {
+        const int64_t i0 = t0 * dims[0].dilation, i1 = t1 * dims[1].dilation,
+                      i2 = t2 * dims[2].dilation;
+        offsets.local.push_back((i0 * dims[1].in + i1) * dims[2].in + i2);
+        offsets.global.push_back((i0 * dims[1].global_in + i1) * dims[2].global_in + i2);
+      }
+  return offsets;
+}
+
+/// max pooling of one plane into `target` (values) and `target_index` (global indices). Outputs
+/// of the full run (every kernel cell real along the innermost dim) are reduced side by side in
+/// `best` and `cell` (at least run.hi - run.lo values each), each visiting its cells in window
+/// order with window_argmax's comparison, so the results are the same.
+template <typename T, typename C>
+void max_plane_forward(const PoolWindows& windows,
+                       const std::array<std::vector<PoolRange>, 3>& ranges, const FullRun& run,
+                       const KernelOffsets& offsets, const T* plane, T* target,
+                       int64_t* target_index, C* __restrict best, int32_t* __restrict cell) {
+  const PoolDim* dims = windows.dims;
+  const int64_t stride = dims[2].stride, width = run.hi - run.lo;
+  const bool runs = width > 0 && static_cast<int64_t>(offsets.local.size()) > 0;
+  for (int64_t j0 = 0; j0 < dims[0].out; ++j0) {
+    const int64_t s0 = dims[0].first + j0 * dims[0].stride;
+    const PoolRange& r0 = ranges[0][j0];
+    for (int64_t j1 = 0; j1 < dims[1].out; ++j1) {
+      const int64_t s1 = dims[1].first + j1 * dims[1].stride;
+      const PoolRange& r1 = ranges[1][j1];
+      const int64_t row_start = (j0 * dims[1].out + j1) * dims[2].out;
+      T* out = target + row_start;
+      int64_t* out_index = target_index + row_start;
+      const bool vector = runs && r0.hi > r0.lo && r1.hi > r1.lo;
+      for (int64_t j2 = 0; j2 < dims[2].out; ++j2) {
+        if (vector && j2 == run.lo) j2 = run.hi;
+        if (j2 == dims[2].out) break;
+        const PoolArgmax arg = window_argmax<T, C>(windows, plane, r0, r1, ranges[2][j2], s0, s1,
+                                                   dims[2].first + j2 * stride);
+        out[j2] = arg.local < 0 ? T(-std::numeric_limits<C>::infinity()) : plane[arg.local];
+        out_index[j2] = arg.global;
+      }
+      if (!vector) continue;
+      // The first real cell of each window until a larger one is seen.
+      const int32_t first_cell =
+          static_cast<int32_t>((r0.lo * dims[1].kernel + r1.lo) * dims[2].kernel);
+      for (int64_t j = 0; j < width; ++j) {
+        best[j] = -std::numeric_limits<C>::infinity();
+        cell[j] = first_cell;
+      }
+      const int64_t s2 = dims[2].first + run.lo * stride;  // the start of the run's first window
+      for (int64_t t0 = r0.lo; t0 < r0.hi; ++t0)
+        for (int64_t t1 = r1.lo; t1 < r1.hi; ++t1) {
+          const T* row = plane +
+                         ((s0 + t0 * dims[0].dilation) * dims[1].in + s1 + t1 * dims[1].dilation) *
+                             dims[2].in +
+                         s2;
+          for (int64_t t2 = 0; t2 < dims[2].kernel; ++t2) {
+            const T* cells = row + t2 * dims[2].dilation;
+            const int32_t code =
+                static_cast<int32_t>((t0 * dims[1].kernel + t1) * dims[2].kernel + t2);
+            for (int64_t j = 0; j < width; ++j) {
+              const C value = static_cast<C>(cells[j * stride]);
+              const bool take = value > best[j] || value != value;
+              best[j] = take ? value : best[j];
+              cell[j] = take ? code : cell[j];
+            }
+          }
+        }
+      const int64_t local_start = (s0 * dims[1].in + s1) * dims[2].in + s2;
+      const int64_t global_start = kernels::pool_global_index(windows, s0, s1, s2);
+      for (int64_t j = 0; j < width; ++j) {
+        const int64_t local = local_start + j * stride + offsets.local[cell[j]];
+        out[run.lo + j] = plane[local];
+        out_index[run.lo + j] = global_start + j * stride + offsets.global[cell[j]];
+      }
+    }
+  }
 }
 
 /// avg pooling of one plane. Outputs of the full run are summed side by side in `sums` (at least
@@ -264,51 +345,61 @@ void avg_plane_backward(const PoolWindows& windows,
 
 }  // namespace
 
-Tensor pool_forward_cpu(const PoolWindows& windows, const Tensor& x, const Shape& y_shape) {
+std::vector<Tensor> pool_forward_cpu(const PoolWindows& windows, const Tensor& x,
+                                     const Shape& y_shape) {
   check_arg(x.device().is_cpu(), op_name(windows), "cpu kernel got a {} tensor", x.str());
+  const bool max = windows.kind == PoolKind::max;
   const Tensor input = x.contiguous();
   Tensor y = Tensor::empty(y_shape, input.dtype());
+  Tensor indices = max ? Tensor::empty(y_shape, DType::i64) : Tensor();
   const int64_t in_plane = windows.in_plane(), out_plane = windows.out_plane();
-  if (y.numel() == 0) return y;
-  const auto ranges = ranges_of(windows);
-  dispatch_pool(input.dtype(), op_name(windows), [&]<typename T, typename C>() {
-    const T* in = static_cast<const T*>(input.raw_data());
-    T* out = static_cast<T*>(y.raw_data());
-    const FullRun run = full_run(windows.dims[2], ranges[2]);
-    parallel_for(windows.planes, compute_threads(), [&](int64_t begin, int64_t end, int) {
-      std::vector<C> sums(static_cast<size_t>(windows.kind == PoolKind::avg ? run.hi - run.lo : 0));
-      for (int64_t p = begin; p < end; ++p) {
-        const T* plane = in + p * in_plane;
-        T* target = out + p * out_plane;
-        if (windows.kind == PoolKind::max) {
-          for_each_window(
-              windows, ranges,
-              [&](int64_t o, const PoolRange& r0, const PoolRange& r1, const PoolRange& r2,
-                  int64_t s0, int64_t s1, int64_t s2) {
-                const int64_t arg = window_argmax<T, C>(windows, plane, r0, r1, r2, s0, s1, s2);
-                target[o] = arg < 0 ? T(-std::numeric_limits<C>::infinity()) : plane[arg];
-              });
-        } else {
-          avg_plane_forward<T, C>(windows, ranges, run, plane, target, sums.data());
+  if (y.numel() > 0) {
+    const auto ranges = ranges_of(windows);
+    dispatch_pool(input.dtype(), op_name(windows), [&]<typename T, typename C>() {
+      const T* in = static_cast<const T*>(input.raw_data());
+      T* out = static_cast<T*>(y.raw_data());
+      int64_t* argmax = max ? static_cast<int64_t*>(indices.raw_data()) : nullptr;
+      const FullRun run = full_run(windows.dims[2], ranges[2]);
+      const int64_t volume =
+          windows.dims[0].kernel * windows.dims[1].kernel * windows.dims[2].kernel;
+      const KernelOffsets offsets =
+          max && volume <= kMaxRunKernelCells ? kernel_offsets(windows) : KernelOffsets{};
+      parallel_for(windows.planes, compute_threads(), [&](int64_t begin, int64_t end, int) {
+        const size_t width = static_cast<size_t>(run.hi - run.lo);
+        std::vector<C> sums(width);  // avg: the sums; max: the best values
+        std::vector<int32_t> cells(max ? width : 0);
+        for (int64_t p = begin; p < end; ++p) {
+          const T* plane = in + p * in_plane;
+          T* target = out + p * out_plane;
+          if (max) {
+            max_plane_forward<T, C>(windows, ranges, run, offsets, plane, target,
+                                    argmax + p * out_plane, sums.data(), cells.data());
+          } else {
+            avg_plane_forward<T, C>(windows, ranges, run, plane, target, sums.data());
+          }
         }
-      }
+      });
     });
-  });
-  return y;
+  }
+  std::vector<Tensor> outputs{std::move(y)};
+  if (max) outputs.push_back(std::move(indices));
+  return outputs;
 }
 
-Tensor pool_backward_cpu(const PoolWindows& windows, const Tensor& x, const Tensor& y,
-                         const Tensor& gy) {
-  check_arg(x.device().is_cpu() && gy.device().is_cpu() && gy.dtype() == x.dtype(),
-            op_name(windows), "cpu kernel got {} and {}", x.str(), gy.str());
-  const Tensor input = x.contiguous(), grad = gy.contiguous();
-  const Tensor output = y.contiguous();
-  if (windows.kind == PoolKind::max)
-    check_arg(output.shape() == grad.shape() && output.dtype() == input.dtype(), op_name(windows),
-              "backward got the output {} for the gradient {}", output.str(), grad.str());
+Tensor pool_backward_cpu(const PoolWindows& windows, const Shape& x_shape,
+                         const std::optional<Tensor>& indices, const Tensor& gy) {
+  const bool max = windows.kind == PoolKind::max;
+  check_arg(gy.device().is_cpu(), op_name(windows), "cpu kernel got {}", gy.str());
+  const Tensor grad = gy.contiguous();
+  if (max)
+    check_arg(indices && indices->device().is_cpu() && indices->dtype() == DType::i64 &&
+                  indices->shape() == grad.shape(),
+              op_name(windows), "backward got the indices {} for the gradient {}",
+              indices ? indices->str() : std::string("(none)"), grad.str());
+  const Tensor argmax = max ? indices->contiguous() : Tensor();
   // Every plane of dx is written whole below (zeroed, then the gradient added), so it starts
   // uninitialised; with no gradient at all it is zeros.
-  Tensor dx = Tensor::empty(input.shape(), input.dtype());
+  Tensor dx = Tensor::empty(x_shape, grad.dtype());
   const int64_t in_plane = windows.in_plane(), out_plane = windows.out_plane();
   if (grad.numel() == 0 || dx.numel() == 0) {
     dx.fill(0.0);
@@ -316,8 +407,9 @@ Tensor pool_backward_cpu(const PoolWindows& windows, const Tensor& x, const Tens
   }
   const auto ranges = ranges_of(windows);
   const FullRun run = full_run(windows.dims[2], ranges[2]);
-  dispatch_pool(input.dtype(), op_name(windows), [&]<typename T, typename C>() {
-    const T* in = static_cast<const T*>(input.raw_data());
+  const LocalIndex local_index(windows);
+  std::atomic<bool> stray{false};  // an index outside the piece (indices of another call)
+  dispatch_pool(grad.dtype(), op_name(windows), [&]<typename T, typename C>() {
     const T* g = static_cast<const T*>(grad.raw_data());
     T* out = static_cast<T*>(dx.raw_data());
     // Accumulated in the computation type one plane at a time: in dx's own plane when that is
@@ -325,8 +417,7 @@ Tensor pool_backward_cpu(const PoolWindows& windows, const Tensor& x, const Tens
     constexpr bool in_place = std::is_same_v<T, C>;
     parallel_for(windows.planes, compute_threads(), [&](int64_t begin, int64_t end, int) {
       std::vector<C> buffer(in_place ? 0 : static_cast<size_t>(in_plane));
-      std::vector<C> shares(
-          static_cast<size_t>(windows.kind == PoolKind::avg ? run.hi - run.lo : 0));
+      std::vector<C> shares(static_cast<size_t>(max ? 0 : run.hi - run.lo));
       for (int64_t p = begin; p < end; ++p) {
         T* target = out + p * in_plane;
         C* acc = nullptr;
@@ -335,17 +426,20 @@ Tensor pool_backward_cpu(const PoolWindows& windows, const Tensor& x, const Tens
         else
           acc = buffer.data();
         std::fill(acc, acc + in_plane, C(0));
-        const T* plane = in + p * in_plane;
         const T* g_plane = g + p * out_plane;
-        if (windows.kind == PoolKind::max) {
-          const T* y_plane = static_cast<const T*>(output.raw_data()) + p * out_plane;
-          for_each_window(windows, ranges,
-                          [&](int64_t o, const PoolRange& r0, const PoolRange& r1,
-                              const PoolRange& r2, int64_t s0, int64_t s1, int64_t s2) {
-                            const int64_t arg = window_argmax_of<T, C>(
-                                windows, plane, static_cast<C>(y_plane[o]), r0, r1, r2, s0, s1, s2);
-                            if (arg >= 0) acc[arg] += static_cast<C>(g_plane[o]);
-                          });
+        if (max) {
+          // Each output's gradient goes to the cell its index names (none for a window with no
+          // real cell, index -1), in output order.
+          const int64_t* index = static_cast<const int64_t*>(argmax.raw_data()) + p * out_plane;
+          for (int64_t o = 0; o < out_plane; ++o) {
+            if (index[o] < 0) continue;
+            const int64_t cell = local_index(index[o]);
+            if (static_cast<uint64_t>(cell) >= static_cast<uint64_t>(in_plane)) {
+              stray = true;
+              continue;
+            }
+            acc[cell] += static_cast<C>(g_plane[o]);
+          }
         } else {
           avg_plane_backward<T, C>(windows, ranges, run, g_plane, acc, shares.data());
         }
@@ -354,6 +448,10 @@ Tensor pool_backward_cpu(const PoolWindows& windows, const Tensor& x, const Tens
       }
     });
   });
+  if (stray)
+    throw Error(op_name(windows),
+                "backward got indices of cells outside this rank's input piece (the indices are "
+                "not this call's)");
   return dx;
 }
 

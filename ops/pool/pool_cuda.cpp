@@ -15,17 +15,23 @@ const char* op_name(const kernels::PoolWindows& windows) {
 }
 }  // namespace
 
-Tensor pool_forward_cuda(const kernels::PoolWindows& windows, const Tensor& x, const Shape& y_shape,
-                         const Stream& stream) {
+std::vector<Tensor> pool_forward_cuda(const kernels::PoolWindows& windows, const Tensor& x,
+                                      const Shape& y_shape, const Stream& stream) {
   const char* op = op_name(windows);
   require_cuda_operands({&x}, op);
+  const bool max = windows.kind == kernels::PoolKind::max;
   const Tensor input = x.contiguous();
   Tensor y = Tensor::empty(y_shape, x.dtype(), x.device());
-  if (y.numel() == 0) return y;
-  check_launch(kernels::launch_pool_forward(windows, element_type(x.dtype(), op), input.raw_data(),
-                                            y.raw_data(), stream_handle(stream)),
-               op, x.device(), "pooling forward");
-  return y;
+  Tensor indices = max ? Tensor::empty(y_shape, DType::i64, x.device()) : Tensor();
+  if (y.numel() > 0)
+    check_launch(
+        kernels::launch_pool_forward(
+            windows, element_type(x.dtype(), op), input.raw_data(), y.raw_data(),
+            max ? static_cast<int64_t*>(indices.raw_data()) : nullptr, stream_handle(stream)),
+        op, x.device(), "pooling forward");
+  std::vector<Tensor> outputs{std::move(y)};
+  if (max) outputs.push_back(std::move(indices));
+  return outputs;
 }
 
 Tensor pool_backward_cuda(const kernels::PoolWindows& windows, const Tensor& x, const Tensor& gy,

@@ -1,8 +1,8 @@
 // Device code of the pooling ops: the forward with one thread per output (the window's real
-// cells from pool_windows.hpp, max: the first maximum in window order or the last NaN, avg: the
-// sum over the divisor), and the backward as a gather with one thread per input cell over the
-// windows that contain it (max: those whose argmax, written by a first pass, is the cell), so
-// every gradient is summed in a fixed order without atomics.
+// cells from pool_windows.hpp, max: the first maximum in window order or the last NaN and its
+// global index, avg: the sum over the divisor), and the backward as a gather with one thread per
+// input cell over the windows that contain it (max: those whose argmax, written by a first pass, is
+// the cell), so every gradient is summed in a fixed order without atomics.
 #include <cstdint>
 #include <limits>
 
@@ -15,39 +15,43 @@ namespace {
 
 /// The local input index of the maximum of output `o`'s window in plane `plane` (first maximum in
 /// window order, the last NaN when there is one, the first real cell when all are -inf), -1 when
-/// no cell of the window is real.
+/// no cell of the window is real; with `global`, its pool_global_index there too (-1 likewise).
 template <typename T>
 __device__ int64_t window_argmax(const PoolWindows& w, const T* plane, int64_t j0, int64_t j1,
-                                 int64_t j2) {
+                                 int64_t j2, int64_t* global = nullptr) {
   using C = Compute<T>;
   const PoolRange r0 = pool_range(w.dims[0], j0), r1 = pool_range(w.dims[1], j1),
                   r2 = pool_range(w.dims[2], j2);
   const int64_t s0 = w.dims[0].first + j0 * w.dims[0].stride;
   const int64_t s1 = w.dims[1].first + j1 * w.dims[1].stride;
   const int64_t s2 = w.dims[2].first + j2 * w.dims[2].stride;
+  if (r0.hi <= r0.lo || r1.hi <= r1.lo || r2.hi <= r2.lo) {
+    if (global != nullptr) *global = -1;
+    return -1;
+  }
   C best = -std::numeric_limits<C>::infinity();
-  // The first real cell (PyTorch's argmax when every real cell is -inf), or none.
-  int64_t arg =
-      r0.hi <= r0.lo || r1.hi <= r1.lo || r2.hi <= r2.lo
-          ? -1
-          : ((s0 + r0.lo * w.dims[0].dilation) * w.dims[1].in + s1 + r1.lo * w.dims[1].dilation) *
-                    w.dims[2].in +
-                s2 + r2.lo * w.dims[2].dilation;
+  // The kernel cell of the maximum; the first real cell (PyTorch's argmax when every real cell
+  // is -inf) until a larger one is seen.
+  int64_t b0 = r0.lo, b1 = r1.lo, b2 = r2.lo;
   for (int64_t t0 = r0.lo; t0 < r0.hi; ++t0) {
     const int64_t i0 = s0 + t0 * w.dims[0].dilation;
     for (int64_t t1 = r1.lo; t1 < r1.hi; ++t1) {
       const int64_t row = (i0 * w.dims[1].in + s1 + t1 * w.dims[1].dilation) * w.dims[2].in + s2;
       for (int64_t t2 = r2.lo; t2 < r2.hi; ++t2) {
-        const int64_t index = row + t2 * w.dims[2].dilation;
-        const C value = to_compute(plane[index]);
+        const C value = to_compute(plane[row + t2 * w.dims[2].dilation]);
         if (value > best || value != value) {
           best = value;
-          arg = index;
+          b0 = t0;
+          b1 = t1;
+          b2 = t2;
         }
       }
     }
   }
-  return arg;
+  const int64_t i0 = s0 + b0 * w.dims[0].dilation, i1 = s1 + b1 * w.dims[1].dilation,
+                i2 = s2 + b2 * w.dims[2].dilation;
+  if (global != nullptr) *global = pool_global_index(w, i0, i1, i2);
+  return (i0 * w.dims[1].in + i1) * w.dims[2].in + i2;
 }
 
 /// avg's divisor of output (j0, j1, j2), 0 when its window holds no real cell.
@@ -72,7 +76,8 @@ __device__ void split_output(const PoolWindows& w, int64_t index, int64_t& plane
 }
 
 template <typename T>
-__global__ void pool_forward_kernel(PoolWindows w, const T* x, T* y, int64_t count) {
+__global__ void pool_forward_kernel(PoolWindows w, const T* x, T* y, int64_t* indices,
+                                    int64_t count) {
   using C = Compute<T>;
   for (int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; index < count;
        index += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -80,7 +85,7 @@ __global__ void pool_forward_kernel(PoolWindows w, const T* x, T* y, int64_t cou
     split_output(w, index, p, j0, j1, j2);
     const T* plane = x + p * w.in_plane();
     if (w.kind == PoolKind::max) {
-      const int64_t arg = window_argmax(w, plane, j0, j1, j2);
+      const int64_t arg = window_argmax(w, plane, j0, j1, j2, indices + index);
       y[index] = arg < 0 ? from_compute<T>(-std::numeric_limits<C>::infinity()) : plane[arg];
       continue;
     }
@@ -187,13 +192,13 @@ cudaError_t dispatch(ElementType type, Fn&& fn) {
 }  // namespace
 
 cudaError_t launch_pool_forward(const PoolWindows& windows, ElementType type, const void* x,
-                                void* y, cudaStream_t stream) {
+                                void* y, int64_t* indices, cudaStream_t stream) {
   const int64_t count = windows.planes * windows.out_plane();
   if (count == 0) return cudaSuccess;
   return dispatch(type, [&](auto zero) {
     using T = decltype(zero);
     pool_forward_kernel<T><<<grid_for(count), kBlockThreads, 0, stream>>>(
-        windows, static_cast<const T*>(x), static_cast<T*>(y), count);
+        windows, static_cast<const T*>(x), static_cast<T*>(y), indices, count);
     return cudaGetLastError();
   });
 }

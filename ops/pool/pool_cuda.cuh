@@ -14,9 +14,10 @@
 
 namespace tessera::ops::kernels {
 
-/// y = the pooling of x over `windows`.
+/// y = the pooling of x over `windows`; max also writes `indices` (one per output: the
+/// pool_global_index of its window's maximum, -1 for a window with no real cell).
 cudaError_t launch_pool_forward(const PoolWindows& windows, ElementType type, const void* x,
-                                void* y, cudaStream_t stream);
+                                void* y, int64_t* indices, cudaStream_t stream);
 
 /// dx = the gradient of x from gy (dx is fully written). Max pooling first writes every window's
 /// argmax (a local input index, or -1) into `argmax` (one per output), then gathers.

@@ -4,15 +4,18 @@
 // nothing synchronizes.
 #pragma once
 
+#include <vector>
+
 #include "core/runtime/rank_context.hpp"
 #include "core/tensor.hpp"
 #include "ops/pool/pool_windows.hpp"
 
 namespace tessera::ops {
 
-/// y [N, C, out..] = the pooling of the haloed piece x [N, C, in..] over `windows`.
-Tensor pool_forward_cuda(const kernels::PoolWindows& windows, const Tensor& x, const Shape& y_shape,
-                         const Stream& stream);
+/// y [N, C, out..] = the pooling of the haloed piece x [N, C, in..] over `windows`, and for max
+/// its indices, as pool_forward_cpu returns them.
+std::vector<Tensor> pool_forward_cuda(const kernels::PoolWindows& windows, const Tensor& x,
+                                      const Shape& y_shape, const Stream& stream);
 
 /// dx (x's shape) from gy, as pool_backward_cpu computes it.
 Tensor pool_backward_cuda(const kernels::PoolWindows& windows, const Tensor& x, const Tensor& gy,

@@ -132,6 +132,10 @@ OpRule pool_rule(PoolKind kind, const std::vector<ShardSpec>& inputs, const OpAt
   }
   const ShardSpec y = ShardSpec::make(out_shape, x.mesh_shape, x.placements, out_extents, op);
   rule.outputs.push_back(y);
+  if (kind == PoolKind::max) {  // the indices, laid out as y
+    rule.outputs.push_back(y);
+    rule.output_dtypes = {std::nullopt, DType::i64};
+  }
 
   // Halo of x: the input range every rank's outputs read, cut to the tensor.
   HaloNeed need;
@@ -180,12 +184,14 @@ PoolWindows windows_of(PoolKind kind, const OpAttrs& attrs, const Shape& x_shape
     dim.real_lo = std::clamp<int64_t>(-lo, 0, dim.in);
     dim.real_hi = std::clamp<int64_t>(dims.input[i] - lo, dim.real_lo, dim.in);
     dim.padded_hi = dims.input[i] + dims.padding[i] - lo;
+    dim.global_lo = lo;
+    dim.global_in = dims.input[i];
   }
   return windows;
 }
 
-Tensor forward_local(const PoolWindows& windows, const Tensor& x, const Shape& y_shape,
-                     const Stream& stream) {
+std::vector<Tensor> forward_local(const PoolWindows& windows, const Tensor& x, const Shape& y_shape,
+                                  const Stream& stream) {
   if (x.device().is_cuda()) return pool_forward_cuda(windows, x, y_shape, stream);
   return pool_forward_cpu(windows, x, y_shape);
 }
@@ -194,8 +200,7 @@ KernelFn kernel_of(PoolKind kind) {
   return [kind](const KernelContext& context, const std::vector<Tensor>& inputs) {
     const PoolWindows windows = windows_of(kind, context.attrs, context.input_specs[0].global_shape,
                                            context.input_boxes[0], context.output_boxes[0]);
-    return std::vector<Tensor>{
-        forward_local(windows, inputs[0], context.output_boxes[0].shape(), context.stream)};
+    return forward_local(windows, inputs[0], context.output_boxes[0].shape(), context.stream);
   };
 }
 
@@ -206,10 +211,14 @@ BackwardFn backward_of(PoolKind kind) {
           const PoolWindows windows =
               windows_of(kind, record.attrs, record.inputs[0].global_shape(), box,
                          record.outputs[0].local_box());
-          return x_haloed.device().is_cuda()
-                     ? pool_backward_cuda(windows, x_haloed, g_local,
-                                          compute_stream_for(x_haloed.device()))
-                     : pool_backward_cpu(windows, x_haloed, record.outputs[0].to_local(), g_local);
+          if (x_haloed.device().is_cuda())
+            return pool_backward_cuda(windows, x_haloed, g_local,
+                                      compute_stream_for(x_haloed.device()));
+          // max: the gradient goes where the forward's indices say (x itself is not read).
+          const std::optional<Tensor> indices =
+              kind == PoolKind::max ? std::optional<Tensor>(record.outputs.at(1).to_local())
+                                    : std::nullopt;
+          return pool_backward_cpu(windows, x_haloed.shape(), indices, g_local);
         });
   };
 }
@@ -255,9 +264,10 @@ void register_pool_ops() {
   };
   register_op(OpDef{
       .name = "max_pool",
-      .summary = "max_pool1d/2d/3d (by the rank of x) of x [N, C, spatial..], PyTorch's semantics",
+      .summary = "max_pool1d/2d/3d (by the rank of x) of x [N, C, spatial..] and the indices of "
+                 "the maxima (i64, flat in the input's spatial plane), PyTorch's semantics",
       .inputs = {{.name = "x"}},
-      .outputs = {"y"},
+      .outputs = {"y", "indices"},
       .attrs = {per_dim_attr("kernel_size", std::nullopt, "per spatial dim, or one for all"),
                 per_dim_attr("stride", std::nullopt,
                              "per spatial dim, or one for all; unset: "
@@ -295,6 +305,12 @@ void register_pool_ops() {
 
 ShardTensor max_pool(const ShardTensor& x, const PoolOptions& options) {
   return apply_op("max_pool", {x}, attrs_of(PoolKind::max, options))[0];
+}
+
+std::pair<ShardTensor, ShardTensor> max_pool_with_indices(const ShardTensor& x,
+                                                          const PoolOptions& options) {
+  std::vector<ShardTensor> outputs = apply_op("max_pool", {x}, attrs_of(PoolKind::max, options));
+  return {std::move(outputs[0]), std::move(outputs[1])};
 }
 
 ShardTensor avg_pool(const ShardTensor& x, const PoolOptions& options) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/shard_tensor.hpp"
@@ -33,6 +34,14 @@ struct PoolOptions {
 /// spatial dim is owned by the rank owning input clamp(o*stride, 0, L-1); windows crossing shard
 /// borders read the halo.
 ShardTensor max_pool(const ShardTensor& x, const PoolOptions& options);
+
+/// Collective: max_pool's y and its indices (i64, y's layout), as torch's max_pool*d with
+/// return_indices=True: per output the flat index, in the global input's spatial plane, of its
+/// window's maximum (the first maximum in window order, the last NaN when there is one, the
+/// first real cell when every real cell is -inf; -1 for a window with no real cell, possible
+/// only with dilation). The indices are the same however x is sharded; they take no gradient.
+std::pair<ShardTensor, ShardTensor> max_pool_with_indices(const ShardTensor& x,
+                                                          const PoolOptions& options);
 
 /// Collective: avg_pool1d/2d/3d of x [N, C, spatial..] sharded on any dims (dilation must be 1),
 /// laid out as max_pool's output.

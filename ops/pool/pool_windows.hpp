@@ -24,6 +24,8 @@ struct PoolDim {
   int64_t real_lo = 0;    ///< first real (not padding) input cell
   int64_t real_hi = 1;    ///< one past the last real input cell
   int64_t padded_hi = 1;  ///< one past the padded extent (avg windows are clipped to it)
+  int64_t global_lo = 0;  ///< the global index of local cell 0
+  int64_t global_in = 1;  ///< the global input extent
 };
 
 /// Every window of a local piece: `planes` (N*C) contiguous input and output planes.
@@ -39,6 +41,16 @@ struct PoolWindows {
   /// Output cells per plane.
   constexpr int64_t out_plane() const { return dims[0].out * dims[1].out * dims[2].out; }
 };
+
+/// max_pool's index of local input cell (i0, i1, i2): the flat index of the cell in the global
+/// input's spatial plane (PyTorch's return_indices), the same however the input is sharded.
+constexpr int64_t pool_global_index(const PoolWindows& windows, int64_t i0, int64_t i1,
+                                    int64_t i2) {
+  const PoolDim* dims = windows.dims;
+  return ((dims[0].global_lo + i0) * dims[1].global_in + dims[1].global_lo + i1) *
+             dims[2].global_in +
+         dims[2].global_lo + i2;
+}
 
 /// The kernel cells [lo, hi) of output j's window along `dim` that are real input cells (for avg,
 /// dilation is 1, so they are the cells of the window clipped to the input), and the window's

@@ -90,8 +90,8 @@ def fixture_layout(x_shape, dims):
 
 def check_fixture_case(tessera, launch, fixture_dir, scratch, tally, op, case, attr_args):
     """Runs one fixture case (x, gy into an input file) forward and --backward with `attr_args` on
-    4 ranks (fixture_layout) and on 1 rank; y and gx must equal the fixture's within 1e-10 and
-    each other within 1e-12."""
+    4 ranks (fixture_layout) and on 1 rank; y, gx (and any other output the fixture holds, as
+    max_pool's indices) must equal the fixture's within 1e-10 and each other within 1e-12."""
     name, x_shape = case["name"], case["x_shape"]
     path_in = os.path.join(scratch, f"{name}.in.h5")
     with h5py.File(path_in, "w") as f:
@@ -110,9 +110,12 @@ def check_fixture_case(tessera, launch, fixture_dir, scratch, tally, op, case, a
             results[label] = {key: f[key][...] for key in f.keys()}
     if len(results) != 2:
         return
+    # Every output the fixture holds (y, and max_pool's indices) and gx.
+    keys = [("y", case["y_shape"]), ("gx", x_shape)]
+    if "indices" in case["files"]:
+        keys.append(("indices", case["y_shape"]))
     compare_results(tally, name, results,
-                    [(key, load_array(fixture_dir, case, key, shape))
-                     for key, shape in [("y", case["y_shape"]), ("gx", x_shape)]])
+                    [(key, load_array(fixture_dir, case, key, shape)) for key, shape in keys])
 
 
 def compare_results(tally, name, results, expected):

@@ -175,9 +175,9 @@ TEST(PoolSharded, LowPrecisionDtypesMatchF64WithinTheirRoundoff) {
 }
 
 // Ties, NaN and -inf as torch.nn.functional.max_pool1d (1.13) treats them, on 1 rank and sharded
-// over 2 (values and gradients below are PyTorch's, gy = 1, 2, 3, ...): the first maximum in
-// window order wins a tie, the last NaN wins over everything, and a window whose real cells are
-// all -inf sends its gradient to its first real cell.
+// over 2 (values, indices and gradients below are PyTorch's, gy = 1, 2, 3, ...): the first
+// maximum in window order wins a tie, the last NaN wins over everything, and a window whose real
+// cells are all -inf has its first real cell as its index and sends its gradient there.
 TEST(PoolSharded, MaxPoolTiesNaNAndInfinityFollowPyTorch) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const double inf = std::numeric_limits<double>::infinity();
@@ -185,15 +185,21 @@ TEST(PoolSharded, MaxPoolTiesNaNAndInfinityFollowPyTorch) {
     std::vector<double> x;
     int64_t kernel, padding;
     std::vector<double> y, gx;
+    std::vector<int64_t> indices;
   };
-  const std::vector<Case> cases{
-      {{1, 3, 3, 2}, 3, 0, {3, 3}, {0, 3, 0, 0}},
-      {{1, nan, 3, nan, 2, 0}, 3, 1, {nan, nan, nan, nan, nan, 2}, {0, 3, 0, 12, 6, 0}},
-      {{-inf, -inf, 5, -inf, -inf, -inf},
-       2,
-       1,
-       {-inf, -inf, 5, 5, -inf, -inf, -inf},
-       {3, 0, 7, 5, 6, 7}}};
+  const std::vector<Case> cases{{{1, 3, 3, 2}, 3, 0, {3, 3}, {0, 3, 0, 0}, {1, 1}},
+                                {{1, nan, 3, nan, 2, 0},
+                                 3,
+                                 1,
+                                 {nan, nan, nan, nan, nan, 2},
+                                 {0, 3, 0, 12, 6, 0},
+                                 {1, 1, 3, 3, 3, 4}},
+                                {{-inf, -inf, 5, -inf, -inf, -inf},
+                                 2,
+                                 1,
+                                 {-inf, -inf, 5, 5, -inf, -inf, -inf},
+                                 {3, 0, 7, 5, 6, 7},
+                                 {0, 0, 2, 2, 3, 4, 5}}};
   for (int world : {1, 2}) {
     testing::run_world(world, [&](std::shared_ptr<Comm> comm) {
       DeviceMesh mesh(comm, {world});
@@ -220,8 +226,120 @@ TEST(PoolSharded, MaxPoolTiesNaNAndInfinityFollowPyTorch) {
         }
         for (int64_t i = 0; i < length; ++i)
           EXPECT_EQ(gx.data<double>()[i], c.gx[i]) << "gx[" << i << "] on " << world << " rank(s)";
+        const ShardTensor indices =
+            ops::max_pool_with_indices(
+                ShardTensor::distribute(x, mesh, pool_case.placements, pool_case.extents),
+                pool_case.options)
+                .second;
+        const Tensor full = indices.full_tensor().contiguous();
+        EXPECT_EQ(std::vector<int64_t>(full.data<int64_t>(), full.data<int64_t>() + full.numel()),
+                  c.indices)
+            << "indices on " << world << " rank(s)";
       }
     });
+  }
+}
+
+/// max_pool's index of every output of `c` on the full x, computed the plain way: per (n, c)
+/// plane and output, the window's cells in order (padding skipped), the first maximum or the last
+/// NaN, the first real cell when all are -inf, -1 with no real cell; flat in the spatial plane.
+std::vector<int64_t> reference_indices(const PoolCase& c, const Tensor& x, const Shape& y_shape) {
+  const Tensor input = x.contiguous();
+  const int spatial = static_cast<int>(c.x_shape.size()) - 2;
+  const auto option = [&](const std::vector<int64_t>& values, int i, int64_t fallback) {
+    return values.empty() ? fallback : values[values.size() == 1 ? 0 : i];
+  };
+  int64_t in_plane = 1, out_plane = 1;
+  for (int i = 0; i < spatial; ++i) {
+    in_plane *= c.x_shape[2 + i];
+    out_plane *= y_shape[2 + i];
+  }
+  std::vector<int64_t> indices;
+  for (int64_t p = 0; p < c.x_shape[0] * c.x_shape[1]; ++p)
+    for (int64_t o = 0; o < out_plane; ++o) {
+      // The output's coordinates, then every kernel cell in window order.
+      std::vector<int64_t> out(spatial), kernel(spatial), start(spatial);
+      int64_t rest = o, cells = 1;
+      for (int i = spatial - 1; i >= 0; --i) {
+        out[i] = rest % y_shape[2 + i];
+        rest /= y_shape[2 + i];
+        kernel[i] = option(c.options.kernel_size, i, 1);
+        start[i] =
+            out[i] * option(c.options.stride, i, kernel[i]) - option(c.options.padding, i, 0);
+        cells *= kernel[i];
+      }
+      double best = -std::numeric_limits<double>::infinity();
+      int64_t arg = -1;
+      for (int64_t k = 0; k < cells; ++k) {
+        int64_t krest = k, flat = 0, scale = 1;
+        bool real = true;
+        for (int i = spatial - 1; i >= 0; --i) {
+          const int64_t t = krest % kernel[i];
+          krest /= kernel[i];
+          const int64_t at = start[i] + t * option(c.options.dilation, i, 1);
+          real = real && at >= 0 && at < c.x_shape[2 + i];
+          flat += at * scale;
+          scale *= c.x_shape[2 + i];
+        }
+        if (!real) continue;
+        const double value = input.data<double>()[p * in_plane + flat];
+        if (arg < 0 || value > best || std::isnan(value)) {
+          arg = flat;
+          best = value;
+        }
+      }
+      indices.push_back(arg);
+    }
+  return indices;
+}
+
+// max_pool's indices (PyTorch's return_indices: the flat index of each window's maximum in the
+// global input's spatial plane): for a seeded sweep of max cases on every mesh of 1..8 ranks, the
+// sharded indices equal the ones computed the plain way on the full input, they are i64 and take
+// no gradient, and y is x at the indices.
+TEST(PoolSharded, MaxPoolIndicesAreTheGlobalArgmaxOnEveryLayout) {
+  int total_cases = 0;
+  testing::run_every_world([&](std::shared_ptr<Comm> comm) {
+    const auto meshes = testing::mesh_factorizations(comm->size());
+    int cases = 0;
+    for (size_t mesh_index = 0; mesh_index < meshes.size(); ++mesh_index) {
+      DeviceMesh mesh(comm, meshes[mesh_index]);
+      for (int index = 0; index < testing::cases_per_mesh(comm->size(), 60); ++index) {
+        CaseRng rng(testing::case_seed(67, comm->size(), static_cast<int>(mesh_index), index));
+        const PoolCase c = random_pool_case(mesh.shape(), rng);
+        if (!c.max) continue;
+        ++cases;
+        const Tensor x = random_input(c.x_shape, rng);
+        ShardTensor xs = ShardTensor::distribute(x, mesh, c.placements, c.extents);
+        xs.set_requires_grad();
+        Tape tape;
+        const auto [y, indices] = ops::max_pool_with_indices(xs, c.options);
+        EXPECT_EQ(indices.dtype(), DType::i64);
+        EXPECT_FALSE(indices.requires_grad());
+        EXPECT_EQ(indices.spec(), y.spec());
+        const Tensor full = indices.full_tensor().contiguous();
+        const std::vector<int64_t> expected = reference_indices(c, x, y.global_shape());
+        EXPECT_EQ(std::vector<int64_t>(full.data<int64_t>(), full.data<int64_t>() + full.numel()),
+                  expected)
+            << "case " << index << " mesh " << testing::shape_str(mesh.shape()) << " " << c.str();
+        // y is x at the indices (-inf where a window has no real cell).
+        const Tensor y_full = y.full_tensor().contiguous();
+        const int64_t out_plane = y_full.numel() / (c.x_shape[0] * c.x_shape[1]);
+        const int64_t in_plane = x.numel() / (c.x_shape[0] * c.x_shape[1]);
+        int64_t wrong = 0;
+        for (int64_t o = 0; o < y_full.numel(); ++o) {
+          const int64_t at = expected[o];
+          const double value = at < 0 ? -std::numeric_limits<double>::infinity()
+                                      : x.data<double>()[(o / out_plane) * in_plane + at];
+          wrong += y_full.data<double>()[o] != value;
+        }
+        EXPECT_EQ(wrong, 0) << "case " << index << " " << c.str();
+      }
+    }
+    if (comm->rank() == 0) total_cases += cases;
+  });
+  if (!testing::mpi_backend()) {
+    EXPECT_GE(total_cases, 200);
   }
 }
 

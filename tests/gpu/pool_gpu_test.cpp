@@ -1,6 +1,7 @@
 // The pooling cuda kernels on a GPU (skipped, with the reason printed, when none is visible):
 //  - every PyTorch fixture (tests/fixtures/pool) through ops::max_pool / ops::avg_pool on cuda
-//    tensors in f64, forward and gx within 1e-10 of PyTorch;
+//    tensors in f64, forward and gx within 1e-10 of PyTorch, max_pool's indices exactly;
+//  - max_pool's indices sharded on cuda equal the cpu's on one rank;
 //  - the random cases of the cpu sweep (tests/dist/pool_cases.hpp) sharded over 1, 2 and 4
 //    local ranks sharing the GPU equal the cpu op on one rank: f64 within 1e-12, f32 within 1e-5
 //    of the largest value; f16 and bf16 run and match within their roundoff scale.
@@ -60,6 +61,17 @@ TEST(PoolGpu, FixturesMatchPyTorchOnCuda) {
           << fixture["name"];
       EXPECT_LT(max_abs_diff(result[1], testing::read_fixture(dir, files["gx"], c.x_shape)), 1e-10)
           << fixture["name"];
+      if (!c.max) continue;
+      // The indices (return_indices=True) exactly.
+      const ShardTensor x =
+          ShardTensor::distribute(testing::read_fixture(dir, files["x"], c.x_shape).to(kGpu), mesh,
+                                  {Placement::replicate()});
+      const Tensor indices = ops::max_pool_with_indices(x, c.options)
+                                 .second.full_tensor()
+                                 .to(Device::cpu())
+                                 .to_dtype(DType::f64);
+      EXPECT_EQ(max_abs_diff(indices, testing::read_fixture(dir, files["indices"], y_shape)), 0.0)
+          << fixture["name"];
     }
   });
 }
@@ -73,6 +85,39 @@ TEST(PoolGpu, ShardedOnOneTwoAndFourLocalRanksMatchesTheCpuOnOneRank) {
       },
       [](const Shape& shape, testing::CaseRng& rng) { return testing::random_input(shape, rng); },
       [](const auto& c, const ShardTensor& x) { return testing::pool(c, x); });
+}
+
+// max_pool's indices on cuda, x sharded over 1, 2 and 4 local ranks sharing the GPU, in f64 and
+// f32: exactly the cpu's on one rank (the same windows, the same first maximum).
+TEST(PoolGpu, MaxPoolIndicesShardedOnCudaEqualTheCpuOnOneRank) {
+  SKIP_WITHOUT_GPU();
+  for (int world : {1, 2, 4}) {
+    testing::run_world(world, [&](std::shared_ptr<Comm> comm) {
+      DeviceMesh mesh(comm, {world});
+      auto self = comm->split(comm->rank(), 0);
+      DeviceMesh single(self, {1});
+      int cases = 0;
+      for (int index = 0; cases < 12; ++index) {
+        testing::CaseRng rng(testing::case_seed(69, world, 0, index));
+        const testing::PoolCase c = testing::random_pool_case(mesh.shape(), rng);
+        if (!c.max) continue;
+        ++cases;
+        const Tensor x = testing::random_input(c.x_shape, rng);
+        const Tensor expected =
+            ops::max_pool_with_indices(ShardTensor::distribute(x, single, {Placement::replicate()}),
+                                       c.options)
+                .second.full_tensor();
+        for (DType dtype : {DType::f64, DType::f32}) {
+          const ShardTensor cpu = ShardTensor::distribute(x, mesh, c.placements, c.extents);
+          const ShardTensor xs(cpu.to_local().to_dtype(dtype).to(kGpu), mesh, cpu.spec());
+          const Tensor actual =
+              ops::max_pool_with_indices(xs, c.options).second.full_tensor().to(Device::cpu());
+          EXPECT_EQ(max_abs_diff(actual.to_dtype(DType::f64), expected.to_dtype(DType::f64)), 0.0)
+              << dtype_name(dtype) << " on " << world << " rank(s): " << c.str();
+        }
+      }
+    });
+  }
 }
 
 }  // namespace
