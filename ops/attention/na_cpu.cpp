@@ -569,7 +569,8 @@ TESSERA_NA_INLINE int64_t tile_bias_index(const Problem& p, const TileKeys& keys
 /// reduction tree together in one register.
 template <int W, int Dim, int N, typename T>
 TESSERA_NA_INLINE void tile_dots(const T* const* a, const T* base, const int64_t* positions,
-                                 int64_t row_stride, int64_t count, T factor, T* const* out) {
+                                 int64_t row_stride, int64_t count, T factor, T* const* out,
+                                 const T* also = nullptr) {
   constexpr int lanes = kLanes<T, W>;
   constexpr int padded = std::bit_ceil(static_cast<unsigned>(N));
   constexpr int R = lanes / padded;
@@ -581,6 +582,14 @@ TESSERA_NA_INLINE void tile_dots(const T* const* a, const T* base, const int64_t
     const T* rows[R];
     for (int r = 0; r < R; ++r)
       rows[r] = base + positions[start + (r < valid ? r : 0)] * row_stride;
+    // The rows at the same positions of `also` (the forward's v, read by p.v after the softmax)
+    // are asked for now, so that their first read from memory overlaps these dot products.
+    if (also != nullptr)
+      for (int r = 0; r < valid; ++r) {
+        const char* row = reinterpret_cast<const char*>(also + positions[start + r] * row_stride);
+        for (int offset = 0; offset < Dim * static_cast<int>(sizeof(T)); offset += 64)
+          __builtin_prefetch(row + offset, 0, 3);
+      }
     V s[lanes];
     for (V& v : s) v = V{};
     for (int e = 0; e < Dim; e += lanes) {
@@ -637,10 +646,11 @@ TESSERA_NA_INLINE void tile_accumulate(T* const* acc, const T* const* w, const T
 template <int W, int Dim, int Max, typename T>
 TESSERA_NA_INLINE void tile_dots_for(int n, const T* const* a, const T* base,
                                      const int64_t* positions, int64_t row_stride, int64_t count,
-                                     T factor, T* const* out) {
+                                     T factor, T* const* out, const T* also = nullptr) {
   if constexpr (Max >= 1) {
-    if (n == Max) return tile_dots<W, Dim, Max>(a, base, positions, row_stride, count, factor, out);
-    tile_dots_for<W, Dim, Max - 1>(n, a, base, positions, row_stride, count, factor, out);
+    if (n == Max)
+      return tile_dots<W, Dim, Max>(a, base, positions, row_stride, count, factor, out, also);
+    tile_dots_for<W, Dim, Max - 1>(n, a, base, positions, row_stride, count, factor, out, also);
   }
 }
 
@@ -765,7 +775,8 @@ TESSERA_NA_INLINE void forward_tiles(const ForwardJob<T>& job, int64_t begin, in
           const int64_t* positions = keys.positions.data() + segment.slab_begin * keys.inner;
           const int64_t count = (segment.slab_end - segment.slab_begin) * keys.inner;
           tile_dots_for<W, Dim, Q>(segment.query_end - segment.query_begin, segment_queries,
-                                   k_batch + h * Dim, positions, row, count, scale, out);
+                                   k_batch + h * Dim, positions, row, count, scale, out,
+                                   v_batch + h * Dim);
         }
         const T* bias = job.bias ? job.bias + h * p.rpb_count() : nullptr;
         T maxima[Q];
