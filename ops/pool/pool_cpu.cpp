@@ -160,6 +160,18 @@ T avg_window(const PoolWindows& windows, const T* plane, const PoolRange& r0, co
   return T(sum / static_cast<C>(avg_divisor(windows, r0, r1, r2)));
 }
 
+/// Calls row(r0, r1, s0, s1, start) for every row (j0, j1) of a plane's outputs: the window
+/// ranges and starts on the two outer dims, and the flat index of the row's first output.
+template <typename Row>
+void for_each_output_row(const PoolWindows& windows,
+                         const std::array<std::vector<PoolRange>, 3>& ranges, Row&& row) {
+  const PoolDim* dims = windows.dims;
+  for (int64_t j0 = 0; j0 < dims[0].out; ++j0)
+    for (int64_t j1 = 0; j1 < dims[1].out; ++j1)
+      row(ranges[0][j0], ranges[1][j1], dims[0].first + j0 * dims[0].stride,
+          dims[1].first + j1 * dims[1].stride, (j0 * dims[1].out + j1) * dims[2].out);
+}
+
 /// The kernel cells of max windows as offsets from the window's start: cell code
 /// c = (t0 * K1 + t1) * K2 + t2 (window order) lies `local[c]` cells into the plane from the start
 /// and `global[c]` cells into the global plane (pool_global_index is linear in the coordinates).
@@ -196,60 +208,56 @@ void max_plane_forward(const PoolWindows& windows,
   const PoolDim* dims = windows.dims;
   const int64_t stride = dims[2].stride, width = run.hi - run.lo;
   const bool runs = width > 0 && static_cast<int64_t>(offsets.local.size()) > 0;
-  for (int64_t j0 = 0; j0 < dims[0].out; ++j0) {
-    const int64_t s0 = dims[0].first + j0 * dims[0].stride;
-    const PoolRange& r0 = ranges[0][j0];
-    for (int64_t j1 = 0; j1 < dims[1].out; ++j1) {
-      const int64_t s1 = dims[1].first + j1 * dims[1].stride;
-      const PoolRange& r1 = ranges[1][j1];
-      const int64_t row_start = (j0 * dims[1].out + j1) * dims[2].out;
-      T* out = target + row_start;
-      int64_t* out_index = target_index + row_start;
-      const bool vector = runs && r0.hi > r0.lo && r1.hi > r1.lo;
-      for (int64_t j2 = 0; j2 < dims[2].out; ++j2) {
-        if (vector && j2 == run.lo) j2 = run.hi;
-        if (j2 == dims[2].out) break;
-        const PoolArgmax arg = window_argmax<T, C>(windows, plane, r0, r1, ranges[2][j2], s0, s1,
-                                                   dims[2].first + j2 * stride);
-        out[j2] = arg.local < 0 ? T(-std::numeric_limits<C>::infinity()) : plane[arg.local];
-        out_index[j2] = arg.global;
-      }
-      if (!vector) continue;
-      // The first real cell of each window until a larger one is seen.
-      const int32_t first_cell =
-          static_cast<int32_t>((r0.lo * dims[1].kernel + r1.lo) * dims[2].kernel);
-      for (int64_t j = 0; j < width; ++j) {
-        best[j] = -std::numeric_limits<C>::infinity();
-        cell[j] = first_cell;
-      }
-      const int64_t s2 = dims[2].first + run.lo * stride;  // the start of the run's first window
-      for (int64_t t0 = r0.lo; t0 < r0.hi; ++t0)
-        for (int64_t t1 = r1.lo; t1 < r1.hi; ++t1) {
-          const T* row = plane +
-                         ((s0 + t0 * dims[0].dilation) * dims[1].in + s1 + t1 * dims[1].dilation) *
-                             dims[2].in +
-                         s2;
-          for (int64_t t2 = 0; t2 < dims[2].kernel; ++t2) {
-            const T* cells = row + t2 * dims[2].dilation;
-            const int32_t code =
-                static_cast<int32_t>((t0 * dims[1].kernel + t1) * dims[2].kernel + t2);
-            for (int64_t j = 0; j < width; ++j) {
-              const C value = static_cast<C>(cells[j * stride]);
-              const bool take = value > best[j] || value != value;
-              best[j] = take ? value : best[j];
-              cell[j] = take ? code : cell[j];
+  for_each_output_row(
+      windows, ranges,
+      [&](const PoolRange& r0, const PoolRange& r1, int64_t s0, int64_t s1, int64_t row_start) {
+        T* out = target + row_start;
+        int64_t* out_index = target_index + row_start;
+        const bool vector = runs && r0.hi > r0.lo && r1.hi > r1.lo;
+        for (int64_t j2 = 0; j2 < dims[2].out; ++j2) {
+          if (vector && j2 == run.lo) j2 = run.hi;
+          if (j2 == dims[2].out) break;
+          const PoolArgmax arg = window_argmax<T, C>(windows, plane, r0, r1, ranges[2][j2], s0, s1,
+                                                     dims[2].first + j2 * stride);
+          out[j2] = arg.local < 0 ? T(-std::numeric_limits<C>::infinity()) : plane[arg.local];
+          out_index[j2] = arg.global;
+        }
+        if (!vector) return;
+        // The first real cell of each window until a larger one is seen.
+        const int32_t first_cell =
+            static_cast<int32_t>((r0.lo * dims[1].kernel + r1.lo) * dims[2].kernel);
+        for (int64_t j = 0; j < width; ++j) {
+          best[j] = -std::numeric_limits<C>::infinity();
+          cell[j] = first_cell;
+        }
+        const int64_t s2 = dims[2].first + run.lo * stride;  // the start of the run's first window
+        for (int64_t t0 = r0.lo; t0 < r0.hi; ++t0)
+          for (int64_t t1 = r1.lo; t1 < r1.hi; ++t1) {
+            const T* row =
+                plane +
+                ((s0 + t0 * dims[0].dilation) * dims[1].in + s1 + t1 * dims[1].dilation) *
+                    dims[2].in +
+                s2;
+            for (int64_t t2 = 0; t2 < dims[2].kernel; ++t2) {
+              const T* cells = row + t2 * dims[2].dilation;
+              const int32_t code =
+                  static_cast<int32_t>((t0 * dims[1].kernel + t1) * dims[2].kernel + t2);
+              for (int64_t j = 0; j < width; ++j) {
+                const C value = static_cast<C>(cells[j * stride]);
+                const bool take = value > best[j] || value != value;
+                best[j] = take ? value : best[j];
+                cell[j] = take ? code : cell[j];
+              }
             }
           }
+        const int64_t local_start = (s0 * dims[1].in + s1) * dims[2].in + s2;
+        const int64_t global_start = kernels::pool_global_index(windows, s0, s1, s2);
+        for (int64_t j = 0; j < width; ++j) {
+          const int64_t local = local_start + j * stride + offsets.local[cell[j]];
+          out[run.lo + j] = plane[local];
+          out_index[run.lo + j] = global_start + j * stride + offsets.global[cell[j]];
         }
-      const int64_t local_start = (s0 * dims[1].in + s1) * dims[2].in + s2;
-      const int64_t global_start = kernels::pool_global_index(windows, s0, s1, s2);
-      for (int64_t j = 0; j < width; ++j) {
-        const int64_t local = local_start + j * stride + offsets.local[cell[j]];
-        out[run.lo + j] = plane[local];
-        out_index[run.lo + j] = global_start + j * stride + offsets.global[cell[j]];
-      }
-    }
-  }
+      });
 }
 
 /// avg pooling of one plane. Outputs of the full run are summed side by side in `sums` (at least
@@ -260,38 +268,34 @@ void avg_plane_forward(const PoolWindows& windows,
                        const T* plane, T* target, C* __restrict sums) {
   const PoolDim* dims = windows.dims;
   const int64_t stride = dims[2].stride, width = run.hi - run.lo;
-  for (int64_t j0 = 0; j0 < dims[0].out; ++j0) {
-    const int64_t s0 = dims[0].first + j0 * dims[0].stride;
-    const PoolRange& r0 = ranges[0][j0];
-    for (int64_t j1 = 0; j1 < dims[1].out; ++j1) {
-      const int64_t s1 = dims[1].first + j1 * dims[1].stride;
-      const PoolRange& r1 = ranges[1][j1];
-      T* out = target + (j0 * dims[1].out + j1) * dims[2].out;
-      const bool vector = width > 0 && r0.hi > r0.lo && r1.hi > r1.lo;
-      for (int64_t j2 = 0; j2 < dims[2].out; ++j2) {
-        if (vector && j2 == run.lo) j2 = run.hi;
-        if (j2 == dims[2].out) break;
-        out[j2] = avg_window<T, C>(windows, plane, r0, r1, ranges[2][j2], s0, s1,
-                                   dims[2].first + j2 * stride);
-      }
-      if (!vector) continue;
-      for (int64_t j = 0; j < width; ++j) sums[j] = 0;
-      for (int64_t t0 = r0.lo; t0 < r0.hi; ++t0)
-        for (int64_t t1 = r1.lo; t1 < r1.hi; ++t1) {
-          const T* row = plane + ((s0 + t0) * dims[1].in + s1 + t1) * dims[2].in + dims[2].first +
-                         run.lo * stride;
-          for (int64_t t2 = 0; t2 < dims[2].kernel; ++t2) {
-            const T* cells = row + t2;
-            if (stride == 1)
-              for (int64_t j = 0; j < width; ++j) sums[j] += static_cast<C>(cells[j]);
-            else
-              for (int64_t j = 0; j < width; ++j) sums[j] += static_cast<C>(cells[j * stride]);
-          }
+  for_each_output_row(
+      windows, ranges,
+      [&](const PoolRange& r0, const PoolRange& r1, int64_t s0, int64_t s1, int64_t row_start) {
+        T* out = target + row_start;
+        const bool vector = width > 0 && r0.hi > r0.lo && r1.hi > r1.lo;
+        for (int64_t j2 = 0; j2 < dims[2].out; ++j2) {
+          if (vector && j2 == run.lo) j2 = run.hi;
+          if (j2 == dims[2].out) break;
+          out[j2] = avg_window<T, C>(windows, plane, r0, r1, ranges[2][j2], s0, s1,
+                                     dims[2].first + j2 * stride);
         }
-      const C divisor = static_cast<C>(avg_divisor(windows, r0, r1, ranges[2][run.lo]));
-      for (int64_t j = 0; j < width; ++j) out[run.lo + j] = T(sums[j] / divisor);
-    }
-  }
+        if (!vector) return;
+        for (int64_t j = 0; j < width; ++j) sums[j] = 0;
+        for (int64_t t0 = r0.lo; t0 < r0.hi; ++t0)
+          for (int64_t t1 = r1.lo; t1 < r1.hi; ++t1) {
+            const T* row = plane + ((s0 + t0) * dims[1].in + s1 + t1) * dims[2].in + dims[2].first +
+                           run.lo * stride;
+            for (int64_t t2 = 0; t2 < dims[2].kernel; ++t2) {
+              const T* cells = row + t2;
+              if (stride == 1)
+                for (int64_t j = 0; j < width; ++j) sums[j] += static_cast<C>(cells[j]);
+              else
+                for (int64_t j = 0; j < width; ++j) sums[j] += static_cast<C>(cells[j * stride]);
+            }
+          }
+        const C divisor = static_cast<C>(avg_divisor(windows, r0, r1, ranges[2][run.lo]));
+        for (int64_t j = 0; j < width; ++j) out[run.lo + j] = T(sums[j] / divisor);
+      });
 }
 
 /// avg's backward of one plane into acc: each output's share gy / divisor added to its window's
@@ -303,44 +307,40 @@ void avg_plane_backward(const PoolWindows& windows,
                         const T* g_plane, C* __restrict acc, C* __restrict shares) {
   const PoolDim* dims = windows.dims;
   const int64_t stride = dims[2].stride, width = run.hi - run.lo;
-  for (int64_t j0 = 0; j0 < dims[0].out; ++j0) {
-    const int64_t s0 = dims[0].first + j0 * dims[0].stride;
-    const PoolRange& r0 = ranges[0][j0];
-    for (int64_t j1 = 0; j1 < dims[1].out; ++j1) {
-      const int64_t s1 = dims[1].first + j1 * dims[1].stride;
-      const PoolRange& r1 = ranges[1][j1];
-      const T* g = g_plane + (j0 * dims[1].out + j1) * dims[2].out;
-      const bool vector = width > 0 && r0.hi > r0.lo && r1.hi > r1.lo;
-      for (int64_t j2 = 0; j2 < dims[2].out; ++j2) {
-        if (vector && j2 == run.lo) j2 = run.hi;
-        if (j2 == dims[2].out) break;
-        const PoolRange& r2 = ranges[2][j2];
-        if (empty_window(r0, r1, r2)) continue;
-        const int64_t s2 = dims[2].first + j2 * stride;
-        const C share = static_cast<C>(g[j2]) / static_cast<C>(avg_divisor(windows, r0, r1, r2));
+  for_each_output_row(
+      windows, ranges,
+      [&](const PoolRange& r0, const PoolRange& r1, int64_t s0, int64_t s1, int64_t row_start) {
+        const T* g = g_plane + row_start;
+        const bool vector = width > 0 && r0.hi > r0.lo && r1.hi > r1.lo;
+        for (int64_t j2 = 0; j2 < dims[2].out; ++j2) {
+          if (vector && j2 == run.lo) j2 = run.hi;
+          if (j2 == dims[2].out) break;
+          const PoolRange& r2 = ranges[2][j2];
+          if (empty_window(r0, r1, r2)) continue;
+          const int64_t s2 = dims[2].first + j2 * stride;
+          const C share = static_cast<C>(g[j2]) / static_cast<C>(avg_divisor(windows, r0, r1, r2));
+          for (int64_t t0 = r0.lo; t0 < r0.hi; ++t0)
+            for (int64_t t1 = r1.lo; t1 < r1.hi; ++t1) {
+              C* row = acc + ((s0 + t0) * dims[1].in + s1 + t1) * dims[2].in + s2;
+              for (int64_t t2 = r2.lo; t2 < r2.hi; ++t2) row[t2] += share;
+            }
+        }
+        if (!vector) return;
+        const C divisor = static_cast<C>(avg_divisor(windows, r0, r1, ranges[2][run.lo]));
+        for (int64_t j = 0; j < width; ++j) shares[j] = static_cast<C>(g[run.lo + j]) / divisor;
         for (int64_t t0 = r0.lo; t0 < r0.hi; ++t0)
           for (int64_t t1 = r1.lo; t1 < r1.hi; ++t1) {
-            C* row = acc + ((s0 + t0) * dims[1].in + s1 + t1) * dims[2].in + s2;
-            for (int64_t t2 = r2.lo; t2 < r2.hi; ++t2) row[t2] += share;
+            C* row = acc + ((s0 + t0) * dims[1].in + s1 + t1) * dims[2].in + dims[2].first +
+                     run.lo * stride;
+            for (int64_t t2 = 0; t2 < dims[2].kernel; ++t2) {
+              C* cells = row + t2;
+              if (stride == 1)
+                for (int64_t j = 0; j < width; ++j) cells[j] += shares[j];
+              else
+                for (int64_t j = 0; j < width; ++j) cells[j * stride] += shares[j];
+            }
           }
-      }
-      if (!vector) continue;
-      const C divisor = static_cast<C>(avg_divisor(windows, r0, r1, ranges[2][run.lo]));
-      for (int64_t j = 0; j < width; ++j) shares[j] = static_cast<C>(g[run.lo + j]) / divisor;
-      for (int64_t t0 = r0.lo; t0 < r0.hi; ++t0)
-        for (int64_t t1 = r1.lo; t1 < r1.hi; ++t1) {
-          C* row = acc + ((s0 + t0) * dims[1].in + s1 + t1) * dims[2].in + dims[2].first +
-                   run.lo * stride;
-          for (int64_t t2 = 0; t2 < dims[2].kernel; ++t2) {
-            C* cells = row + t2;
-            if (stride == 1)
-              for (int64_t j = 0; j < width; ++j) cells[j] += shares[j];
-            else
-              for (int64_t j = 0; j < width; ++j) cells[j * stride] += shares[j];
-          }
-        }
-    }
-  }
+      });
 }
 
 }  // namespace

@@ -48,4 +48,24 @@ inline std::vector<int64_t> lopsided(int64_t n, int parts) {
   return extents;
 }
 
+/// How the fixture tests shard a fixture's x over `world` ranks: the world over the last spatial
+/// dim, or a 2x2 mesh over the last two spatial dims (4 ranks, 2-d and 3-d calls), lopsided.
+struct FixtureLayout {
+  std::vector<int> mesh;
+  std::vector<Placement> placements;
+  std::vector<std::vector<int64_t>> extents;
+};
+
+inline FixtureLayout fixture_layout(const Shape& x_shape, int spatial, int world) {
+  FixtureLayout layout;
+  layout.mesh = world == 4 && spatial >= 2 ? std::vector<int>{2, 2} : std::vector<int>{world};
+  const int ndim = static_cast<int>(layout.mesh.size());
+  for (int m = 0; m < ndim; ++m) {
+    const int dim = static_cast<int>(x_shape.size()) - ndim + m;
+    layout.placements.push_back(Placement::shard(dim));
+    layout.extents.push_back(lopsided(x_shape[dim], layout.mesh[m]));
+  }
+  return layout;
+}
+
 }  // namespace tessera::testing

@@ -47,16 +47,10 @@ TEST(ConvFixtures, ShardedConvMatchesPyTorchForwardAndGradients) {
         }
         options.groups = fixture["groups"];
         options.padding_mode = fixture["padding_mode"];
-        // Mesh: the world over the last spatial dim, or 2x2 over the last two spatial dims.
-        const bool square = world == 4 && spatial >= 2;
-        DeviceMesh mesh(comm, square ? std::vector<int>{2, 2} : std::vector<int>{world});
-        std::vector<Placement> placements;
-        std::vector<std::vector<int64_t>> extents;
-        for (int m = 0; m < mesh.ndim(); ++m) {
-          const int dim = static_cast<int>(x_shape.size()) - mesh.ndim() + m;
-          placements.push_back(Placement::shard(dim));
-          extents.push_back(lopsided(x_shape[dim], mesh.size(m)));
-        }
+        const testing::FixtureLayout layout = testing::fixture_layout(x_shape, spatial, world);
+        DeviceMesh mesh(comm, layout.mesh);
+        const std::vector<Placement>& placements = layout.placements;
+        const std::vector<std::vector<int64_t>>& extents = layout.extents;
         const std::vector<Placement> replicated(mesh.ndim(), Placement::replicate());
         Tape tape;
         ShardTensor xs = ShardTensor::distribute(x, mesh, placements, extents);

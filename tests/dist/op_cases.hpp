@@ -125,19 +125,11 @@ inline void check_fixtures(const std::string& dir,
         const Shape x_shape = fixture["x_shape"].get<Shape>();
         const Shape y_shape = fixture["y_shape"].get<Shape>();
         const nlohmann::json& files = fixture["files"];
-        // Mesh: the world over the last spatial dim, or 2x2 over the last two spatial dims.
-        const bool square = world == 4 && spatial >= 2;
-        DeviceMesh mesh(comm, square ? std::vector<int>{2, 2} : std::vector<int>{world});
-        std::vector<Placement> placements;
-        std::vector<std::vector<int64_t>> extents;
-        for (int m = 0; m < mesh.ndim(); ++m) {
-          const int dim = static_cast<int>(x_shape.size()) - mesh.ndim() + m;
-          placements.push_back(Placement::shard(dim));
-          extents.push_back(lopsided(x_shape[dim], mesh.size(m)));
-        }
-        const auto result =
-            forward_and_grad(op_of(fixture), mesh, read_fixture(dir, files["x"], x_shape),
-                             read_fixture(dir, files["gy"], y_shape), placements, extents, true);
+        const FixtureLayout layout = fixture_layout(x_shape, spatial, world);
+        DeviceMesh mesh(comm, layout.mesh);
+        const auto result = forward_and_grad(
+            op_of(fixture), mesh, read_fixture(dir, files["x"], x_shape),
+            read_fixture(dir, files["gy"], y_shape), layout.placements, layout.extents, true);
         const std::string where = fmt::format("{} on {} rank(s)", name, world);
         ASSERT_EQ(result[0].shape(), y_shape) << where;
         EXPECT_LT(max_abs_diff(result[0], read_fixture(dir, files["y"], y_shape)), 1e-10) << where;

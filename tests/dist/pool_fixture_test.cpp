@@ -12,16 +12,22 @@
 namespace tessera {
 namespace {
 
+/// The options of a fixture case.
+ops::PoolOptions options_of(const nlohmann::json& fixture) {
+  ops::PoolOptions options;
+  options.kernel_size = fixture["kernel_size"].get<std::vector<int64_t>>();
+  options.stride = fixture["stride"].get<std::vector<int64_t>>();
+  options.padding = fixture["padding"].get<std::vector<int64_t>>();
+  options.dilation = fixture["dilation"].get<std::vector<int64_t>>();
+  options.ceil_mode = fixture["ceil_mode"];
+  options.count_include_pad = fixture["count_include_pad"];
+  options.divisor_override = fixture["divisor_override"];
+  return options;
+}
+
 TEST(PoolFixtures, ShardedPoolingMatchesPyTorchForwardAndGradient) {
   testing::check_fixtures(testing::fixture_dir("pool"), [](const nlohmann::json& fixture) {
-    ops::PoolOptions options;
-    options.kernel_size = fixture["kernel_size"].get<std::vector<int64_t>>();
-    options.stride = fixture["stride"].get<std::vector<int64_t>>();
-    options.padding = fixture["padding"].get<std::vector<int64_t>>();
-    options.dilation = fixture["dilation"].get<std::vector<int64_t>>();
-    options.ceil_mode = fixture["ceil_mode"];
-    options.count_include_pad = fixture["count_include_pad"];
-    options.divisor_override = fixture["divisor_override"];
+    const ops::PoolOptions options = options_of(fixture);
     const bool max = fixture["op"] == "max_pool";
     return testing::UnaryOp([max, options](const ShardTensor& x) {
       return max ? ops::max_pool(x, options) : ops::avg_pool(x, options);
@@ -39,28 +45,15 @@ TEST(PoolFixtures, ShardedMaxPoolIndicesEqualPyTorchs) {
         if (fixture["op"] != "max_pool") continue;
         const Shape x_shape = fixture["x_shape"].get<Shape>();
         const Shape y_shape = fixture["y_shape"].get<Shape>();
-        const int spatial = fixture["dims"];
-        // The layouts of check_fixtures: the last spatial dim over the world, or 2x2 over the
-        // last two, uneven.
-        const bool square = world == 4 && spatial >= 2;
-        DeviceMesh mesh(comm, square ? std::vector<int>{2, 2} : std::vector<int>{world});
-        std::vector<Placement> placements;
-        std::vector<std::vector<int64_t>> extents;
-        for (int m = 0; m < mesh.ndim(); ++m) {
-          const int dim = static_cast<int>(x_shape.size()) - mesh.ndim() + m;
-          placements.push_back(Placement::shard(dim));
-          extents.push_back(testing::lopsided(x_shape[dim], mesh.size(m)));
-        }
-        ops::PoolOptions options;
-        options.kernel_size = fixture["kernel_size"].get<std::vector<int64_t>>();
-        options.stride = fixture["stride"].get<std::vector<int64_t>>();
-        options.padding = fixture["padding"].get<std::vector<int64_t>>();
-        options.dilation = fixture["dilation"].get<std::vector<int64_t>>();
-        options.ceil_mode = fixture["ceil_mode"];
+        // The layouts of check_fixtures.
+        const testing::FixtureLayout layout =
+            testing::fixture_layout(x_shape, fixture["dims"], world);
+        DeviceMesh mesh(comm, layout.mesh);
+        const ops::PoolOptions options = options_of(fixture);
         const Tensor x = testing::read_fixture(dir, fixture["files"]["x"], x_shape);
         const ShardTensor indices =
-            ops::max_pool_with_indices(ShardTensor::distribute(x, mesh, placements, extents),
-                                       options)
+            ops::max_pool_with_indices(
+                ShardTensor::distribute(x, mesh, layout.placements, layout.extents), options)
                 .second;
         const Tensor actual = indices.full_tensor().to_dtype(DType::f64);
         const Tensor expected = testing::read_fixture(dir, fixture["files"]["indices"], y_shape);
