@@ -431,6 +431,13 @@ std::vector<ShardTensor> apply_op(const std::string& name,
     check_arg(results[o].shape() == context.output_boxes[o].shape(), name,
               "the kernel's output {} has shape {} on rank {}, the rule's layout says {}", o,
               results[o].shape(), mesh.rank(), context.output_boxes[o].shape());
+    // A dtype the rule names (what estimate mode's shape-only outputs get) is the kernel's.
+    const DType declared = o < rule.output_dtypes.size() && rule.output_dtypes[o]
+                               ? *rule.output_dtypes[o]
+                               : results[o].dtype();
+    check_arg(results[o].dtype() == declared, name,
+              "the kernel's output {} is {} on rank {}, the rule says {}", o,
+              dtype_name(results[o].dtype()), mesh.rank(), dtype_name(declared));
     outputs.emplace_back(results[o], mesh, rule.outputs[o]);
   }
 

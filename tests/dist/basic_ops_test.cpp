@@ -7,6 +7,7 @@
 // gradients equal central finite differences (so the derivative formulas themselves are
 // checked); an op registered without a rule runs through the replicated fallback.
 #include <fmt/ranges.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -528,10 +529,11 @@ TEST(BasicOps, SplitPartsAreViewsOfXThatEveryConsumerReadsThroughTheirStrides) {
       reference_grad.slice(dim, sizes[0], sizes[0] + sizes[1])
           .copy_from(reference_tape.grad(leaves[1])->full_tensor());
       EXPECT_EQ(max_abs_diff(grad, reference_grad), 0.0);
-      if (comm->rank() == 0)
+      if (comm->rank() == 0) {
         EXPECT_EQ(
             max_abs_diff(gathered, values.slice(dim, sizes[0], sizes[0] + sizes[1]).contiguous()),
             0.0);
+      }
     }
   });
 }
@@ -589,6 +591,50 @@ Tensor reverse_rows(const Tensor& input) {
     std::memcpy(out.data<double>() + r * row, in.data<double>() + (rows - 1 - r) * row,
                 row * sizeof(double));
   return out;
+}
+
+// A rule may name an output's dtype (what estimate mode's shape-only outputs get); a kernel
+// that makes another one is an error naming the op, and the integer output takes no gradient.
+TEST(OpRegistry, AnOutputDtypeTheRuleNamesIsTheKernels) {
+  const auto rule = [](const std::vector<ShardSpec>& inputs, const OpAttrs&) {
+    OpRule result{{inputs[0]}, {std::nullopt}, {inputs[0], inputs[0]}};
+    result.output_dtypes = {std::nullopt, DType::i64};
+    return result;
+  };
+  const auto kernel = [](DType second) {
+    return [second](const KernelContext&, const std::vector<Tensor>& inputs) {
+      return std::vector<Tensor>{inputs[0].clone(), Tensor::zeros(inputs[0].shape(), second)};
+    };
+  };
+  const auto backward = [](const OpRecord&, const std::vector<std::optional<ShardTensor>>& grads)
+      -> std::vector<std::optional<ShardTensor>> { return {grads[0]}; };
+  register_op(OpDef{.name = "test_value_and_count",
+                    .rule = rule,
+                    .cpu = kernel(DType::i64),
+                    .backward = backward});
+  register_op(OpDef{.name = "test_value_and_wrong_count",
+                    .rule = rule,
+                    .cpu = kernel(DType::f64),
+                    .backward = backward});
+  testing::run_world(2, [](std::shared_ptr<Comm> comm) {
+    DeviceMesh mesh(comm, {2});
+    Tape tape;
+    ShardTensor x = ShardTensor::distribute(Tensor::zeros({4, 3}, DType::f64), mesh,
+                                            {Placement::shard(0)}, {{3, 1}});
+    x.set_requires_grad();
+    const std::vector<ShardTensor> outputs = apply_op("test_value_and_count", {x});
+    EXPECT_TRUE(outputs[0].requires_grad());
+    EXPECT_EQ(outputs[1].dtype(), DType::i64);
+    EXPECT_FALSE(outputs[1].requires_grad()) << "an integer output takes no gradient";
+    try {
+      apply_op("test_value_and_wrong_count", {x});
+      ADD_FAILURE() << "a kernel output of another dtype than the rule's was accepted";
+    } catch (const InvalidArgument& error) {
+      EXPECT_THAT(error.what(), ::testing::StartsWith("[test_value_and_wrong_count] the kernel's "
+                                                      "output 1 is f64 on rank"));
+      EXPECT_THAT(error.what(), ::testing::HasSubstr("the rule says i64"));
+    }
+  });
 }
 
 TEST(OpRegistry, AnOpWithoutARuleRunsReplicatedReshardsAndDifferentiates) {

@@ -101,6 +101,22 @@ void layer_norm_program(std::shared_ptr<Comm> world) {
   ASSERT_TRUE(tape.grad(w).has_value());
 }
 
+/// max_pool forward and backward of x [2, 3, 11, 9] (f32) on a 2x2 mesh sharding the spatial
+/// dims unevenly, windows crossing the shard borders (a halo); its second output is i64 indices.
+void max_pool_program(std::shared_ptr<Comm> world) {
+  DeviceMesh mesh(world, {2, 2});
+  Tape tape;
+  ShardTensor x =
+      ShardTensor::distribute(Tensor::zeros({2, 3, 11, 9}, DType::f32), mesh,
+                              {Placement::shard(2), Placement::shard(3)}, {{7, 4}, {2, 7}});
+  x.set_requires_grad();
+  const auto [y, indices] = ops::max_pool_with_indices(
+      x, ops::PoolOptions{.kernel_size = {3}, .stride = {2}, .padding = {1}});
+  ASSERT_EQ(indices.dtype(), DType::i64);
+  tape.backward(ops::sum(y));
+  ASSERT_TRUE(tape.grad(x).has_value());
+}
+
 /// group_norm forward and backward (w, b) of x [3, 6, 7] on a 2x2 mesh sharding the channel dim
 /// (a group split across ranks) and the spatial dim unevenly: the statistics travel in the
 /// forward only, the backward's sums in the backward.
@@ -239,6 +255,15 @@ TEST(Estimate, GroupNormForwardBackwardRecordsTheRealRunsMessages) {
   const AllocatorStats after = host_allocator_stats();
   EXPECT_EQ(after.raw_allocations, before.raw_allocations) << "no tensor data was allocated";
   EXPECT_GT(count_category(real, "comm"), 0u);
+  expect_same_events(real, estimated);
+}
+
+// max_pool's indices are i64 in estimate mode too (the rule names their dtype), so the op's
+// recorded bytes are the real run's.
+TEST(Estimate, MaxPoolForwardBackwardRecordsTheRealRunsMessagesAndBytes) {
+  const estimate::Recording real = estimate::record_local(4, max_pool_program);
+  const estimate::Recording estimated = estimate::record(4, max_pool_program);
+  EXPECT_GT(count_category(real, "halo"), 0u);
   expect_same_events(real, estimated);
 }
 
