@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "ops/cpu_loops.hpp"
 
@@ -47,11 +48,16 @@ constexpr int64_t kPiece = int64_t{1} << 16;
 constexpr int64_t kColumns = 1024;
 /// Independent f64 accumulators of a contiguous sum (vector lanes).
 constexpr int kLanes = 16;
+/// Values an f32 sum accumulates in float (per column, or per lane of a contiguous sum) before
+/// adding the block's sum into f64.
+constexpr int64_t kFloatRows = 32;
 
 template <typename T>
 void sum_rows(const T* x, const Blocks& b, double* out) {
   // inner == 1: each output sums a contiguous row; rows cut into pieces of kPiece, each piece
-  // summed in kLanes lanes, the pieces' sums added in order.
+  // summed in kLanes lanes, the pieces' sums added in order. f32 lanes sum blocks of kFloatRows
+  // values in float (no conversion per value; a block's error is that of at most kFloatRows
+  // float additions, as in sum_columns_f32), the blocks' sums in f64.
   const int64_t pieces = std::max<int64_t>(1, (b.reduced + kPiece - 1) / kPiece);
   std::vector<double> partial(static_cast<size_t>(b.outer * pieces), 0.0);
   parallel_ranges(
@@ -63,6 +69,14 @@ void sum_rows(const T* x, const Blocks& b, double* out) {
           const T* values = x + row * b.reduced;
           double lanes[kLanes] = {};
           int64_t j = begin;
+          if constexpr (std::is_same_v<T, float>) {
+            for (; j + kFloatRows * kLanes <= end; j += kFloatRows * kLanes) {
+              float block[kLanes] = {};
+              for (int64_t step = 0; step < kFloatRows; ++step)
+                for (int l = 0; l < kLanes; ++l) block[l] += values[j + step * kLanes + l];
+              for (int l = 0; l < kLanes; ++l) lanes[l] += static_cast<double>(block[l]);
+            }
+          }
           for (; j + kLanes <= end; j += kLanes)
             for (int l = 0; l < kLanes; ++l) lanes[l] += double(values[j + l]);
           double total = 0;
@@ -112,9 +126,6 @@ void sum_columns(const T* x, const Blocks& b, double* out) {
       },
       1);
 }
-
-/// Rows of x an f32 column sum accumulates in float before adding the block's sum into f64.
-constexpr int64_t kFloatRows = 32;
 
 void sum_columns_f32(const float* x, const Blocks& b, double scale, float* out) {
   // inner > 1, f32: as sum_columns, but each column sums blocks of kFloatRows rows in float lanes
