@@ -228,14 +228,19 @@ TESSERA_NA_INLINE void store_scaled(T* __restrict out, const T* __restrict acc, 
   for (int64_t e = 0; e < n; ++e) out[e] = acc[e] * factor;
 }
 
-/// Asks for the cache lines of an output row ahead of writing it, so that fetching them (the
-/// row is usually not cached) overlaps the computation of its values instead of stalling the
-/// store.
-template <typename T>
-TESSERA_NA_INLINE void prefetch_for_write(const T* row, int64_t count) {
+/// Asks for the cache lines of the `count` values of a row ahead of reading (Write = 0) or
+/// writing (1) them, so that fetching them (the row is usually not cached) overlaps computation.
+template <int Write, typename T>
+TESSERA_NA_INLINE void prefetch_row(const T* row, int64_t count) {
   const char* bytes = reinterpret_cast<const char*>(row);
   for (int64_t offset = 0; offset < count * static_cast<int64_t>(sizeof(T)); offset += 64)
-    __builtin_prefetch(bytes + offset, 1, 3);
+    __builtin_prefetch(bytes + offset, Write, 3);
+}
+
+/// prefetch_row of an output row: its store then does not stall on the fetch.
+template <typename T>
+TESSERA_NA_INLINE void prefetch_for_write(const T* row, int64_t count) {
+  prefetch_row<1>(row, count);
 }
 
 /// exp(x) on every lane of an f32 register (softmax weights, x <= 0): exp(x) = 2^n exp(r) with
@@ -585,11 +590,8 @@ TESSERA_NA_INLINE void tile_dots(const T* const* a, const T* base, const int64_t
     // The rows at the same positions of `also` (the forward's v, read by p.v after the softmax)
     // are asked for now, so that their first read from memory overlaps these dot products.
     if (also != nullptr)
-      for (int r = 0; r < valid; ++r) {
-        const char* row = reinterpret_cast<const char*>(also + positions[start + r] * row_stride);
-        for (int offset = 0; offset < Dim * static_cast<int>(sizeof(T)); offset += 64)
-          __builtin_prefetch(row + offset, 0, 3);
-      }
+      for (int r = 0; r < valid; ++r)
+        prefetch_row<0>(also + positions[start + r] * row_stride, Dim);
     V s[lanes];
     for (V& v : s) v = V{};
     for (int e = 0; e < Dim; e += lanes) {

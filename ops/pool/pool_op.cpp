@@ -303,14 +303,14 @@ void register_pool_ops() {
       .cost = pool_cost});
 }
 
-ShardTensor max_pool(const ShardTensor& x, const PoolOptions& options) {
-  return apply_op("max_pool", {x}, attrs_of(PoolKind::max, options))[0];
-}
-
 std::pair<ShardTensor, ShardTensor> max_pool_with_indices(const ShardTensor& x,
                                                           const PoolOptions& options) {
   std::vector<ShardTensor> outputs = apply_op("max_pool", {x}, attrs_of(PoolKind::max, options));
   return {std::move(outputs[0]), std::move(outputs[1])};
+}
+
+ShardTensor max_pool(const ShardTensor& x, const PoolOptions& options) {
+  return max_pool_with_indices(x, options).first;
 }
 
 ShardTensor avg_pool(const ShardTensor& x, const PoolOptions& options) {
