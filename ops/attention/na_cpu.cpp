@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -429,10 +430,11 @@ int tile_axis(const Problem& p) {
   return p.spatial >= 2 ? 1 : 2;
 }
 
-QueryTiles query_tiles(const Problem& p, int tile_queries) {
+/// Tiles of up to `tile_queries` queries along `axis`, each within one dilation group.
+QueryTiles query_tiles_on(const Problem& p, int axis, int tile_queries) {
   QueryTiles tiles;
-  tiles.axis = tile_axis(p);
-  const int64_t n = p.queries[tiles.axis], step = p.dilation[tiles.axis];
+  tiles.axis = axis;
+  const int64_t n = p.queries[axis], step = p.dilation[axis];
   // Local indices r, r + d, r + 2d ... are one dilation group whatever the piece's offset.
   for (int64_t r = 0; r < std::min(n, step); ++r)
     for (int64_t i = r; i < n; i += tile_queries * step) {
@@ -441,6 +443,10 @@ QueryTiles query_tiles(const Problem& p, int tile_queries) {
           static_cast<int>(std::min<int64_t>(tile_queries, (n - 1 - i) / step + 1)));
     }
   return tiles;
+}
+
+QueryTiles query_tiles(const Problem& p, int tile_queries) {
+  return query_tiles_on(p, tile_axis(p), tile_queries);
 }
 
 /// The axes other than the tile axis, outer first.
@@ -810,6 +816,384 @@ TESSERA_NA_INLINE void forward_tiles(const ForwardJob<T>& job, int64_t begin, in
           job.lse[query_head] = maxima[u] + std::log(sums[u]);
         }
       }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lane tiles (the f32 forward with AVX2 or AVX-512, D of 32, 64 or 128): the queries of a tile
+// are the 8 lanes of one register, neighbours along the innermost axis in one dilation group,
+// so that q.k is a small matrix product with no reduction tree. The tile's queries share their
+// window on the other axes (its key rows), and their windows on the innermost axis lie in a
+// union of J <= 8 + k - 1 keys (the strip), so for every key row and key j of the strip
+//   s[row][j] (one register, a lane per query) = sum_d qt[d] * k[row][j][d]
+// with qt the tile's queries transposed (a register per d) and each k value broadcast: each
+// register of qt meets up to 14 keys in independent chains. A lane's logits outside its window
+// are computed too and masked (for k = 7, half of the products), which costs less than the
+// reduction trees and short segments of the query tiles. The softmax runs lane-wise over the
+// masked logits (exp and log as vector polynomials), and p.v runs per query with D in registers
+// and the weights broadcast from s.
+//
+// Work items are (batch, strip, block of rows of the other two axes). A strip's tiles are
+// walked row by row in dilation-group order, so consecutive tiles share all but one key row, and
+// all heads of a row are done together. The k/v rows of a strip are copied, per key row and for
+// every head, into a cache slot ([head][key of the strip][D], contiguous) when a window first
+// holds them and kept while later windows still do: each k/v row is read from memory once per
+// strip, sequentially, and every key of a slot lies at a fixed offset from the slot's start.
+
+/// Register width and lanes of the lane forward (8 f32 lanes, also on AVX-512: 16 lanes would
+/// make the strip 22 keys for 16 queries of a k = 7 window, measured slower).
+constexpr int kLaneWidth = 32;
+constexpr int kLaneQueries = 8;
+
+/// Keys of the strip one call of lane_logits takes at most: its 14 sums, the query register and
+/// the broadcast key fill AVX2's 16 registers.
+constexpr int kLaneKeys = 14;
+
+/// Keys of a strip the lane forward takes at most (8 + k - 1 on the innermost axis: k <= 33).
+constexpr int64_t kLaneMaxStrip = 40;
+
+/// Bytes of the k (or v) cache of one thread the lane forward takes at most.
+constexpr int64_t kLaneMaxCache = int64_t{4} << 20;
+
+/// The strips of a problem and the blocks of rows its work items cover.
+struct LanePlan {
+  QueryTiles strips;                    // tiles of 8 queries on the innermost axis
+  int64_t rows = 0;                     // rows of the other two axes (queries[0] * queries[1])
+  int64_t blocks = 1;                   // row blocks per (batch, strip)
+  int64_t max_strip = 0;                // the largest J of any strip
+  int64_t slots = 0;                    // cache slots: key rows of a window, kernel[0] * kernel[1]
+  std::vector<int64_t> order;           // rows (z * queries[1] + y) in dilation-group order
+  std::vector<int64_t> slot_z, slot_y;  // cache slot of a key row: slot_z[local z] + slot_y[y]
+
+  int64_t items(const Problem& p) const {
+    return p.batch * static_cast<int64_t>(strips.first.size()) * blocks;
+  }
+};
+
+/// The rank-th index of [0, n) in dilation-group order: r, r + d, r + 2d ... for r = 0, 1 ...
+int64_t group_order(int64_t rank, int64_t n, int64_t d) {
+  for (int64_t r = 0; r < d; ++r) {
+    const int64_t size = (n - r + d - 1) / d;
+    if (rank < size) return r + rank * d;
+    rank -= size;
+  }
+  return n - 1;  // not reached for rank < n
+}
+
+/// Strip `s` of the plan: each lane's local query index on the innermost axis (lanes past the
+/// tile's queries repeat lane 0), the global index of the strip's first key, its J, and where
+/// each lane's window starts in it and how many keys it holds.
+struct LaneStrip {
+  int queries = 0;
+  int64_t x[kLaneQueries];
+  int64_t first_key = 0, keys = 0;
+  int32_t start[kLaneQueries], count[kLaneQueries];
+};
+
+TESSERA_NA_INLINE void lane_strip(const Problem& p, const QueryTiles& strips, int64_t s,
+                                  LaneStrip& strip) {
+  strip.queries = strips.count[s];
+  const int64_t step = p.dilation[2];
+  const NaWindow& w0 = p.windows[2][strips.first[s]];
+  strip.first_key = w0.first;
+  int64_t last = w0.first;
+  for (int i = 0; i < kLaneQueries; ++i) {
+    strip.x[i] = strips.first[s] + (i < strip.queries ? i : 0) * step;
+    const NaWindow& w = p.windows[2][strip.x[i]];
+    strip.start[i] = static_cast<int32_t>((w.first - strip.first_key) / step);
+    strip.count[i] = static_cast<int32_t>(w.count);
+    last = std::max(last, w.first + (w.count - 1) * step);
+  }
+  strip.keys = (last - strip.first_key) / step + 1;
+}
+
+/// The lane plan of a problem on `threads` threads.
+LanePlan lane_plan(const Problem& p, int threads) {
+  LanePlan plan;
+  plan.strips = query_tiles_on(p, 2, kLaneQueries);
+  plan.rows = p.queries[0] * p.queries[1];
+  plan.slots = p.kernel[0] * p.kernel[1];
+  LaneStrip strip;
+  for (size_t s = 0; s < plan.strips.first.size(); ++s) {
+    lane_strip(p, plan.strips, static_cast<int64_t>(s), strip);
+    plan.max_strip = std::max(plan.max_strip, strip.keys);
+  }
+  for (int64_t rank = 0; rank < plan.rows; ++rank)
+    plan.order.push_back(group_order(rank / p.queries[1], p.queries[0], p.dilation[0]) *
+                             p.queries[1] +
+                         group_order(rank % p.queries[1], p.queries[1], p.dilation[1]));
+  // The key rows of one window are consecutive in their dilation group on each axis, so their
+  // slots differ (taken from the global index: the same whatever the tile's offset).
+  for (int64_t z = 0; z < p.tile[0]; ++z)
+    plan.slot_z.push_back((p.tile_offset[0] + z) / p.dilation[0] % p.kernel[0] * p.kernel[1]);
+  for (int64_t y = 0; y < p.tile[1]; ++y)
+    plan.slot_y.push_back((p.tile_offset[1] + y) / p.dilation[1] % p.kernel[1]);
+  // Enough items for every thread (a block copies its first window's key rows again).
+  const int64_t base = p.batch * static_cast<int64_t>(plan.strips.first.size());
+  if (base > 0 && plan.rows > 0)
+    plan.blocks = std::clamp<int64_t>((8 * threads + base - 1) / base, 1, plan.rows);
+  return plan;
+}
+
+/// Whether the lane forward can take a problem: strips of at most kLaneMaxStrip keys and
+/// caches of at most kLaneMaxCache bytes (the caller checks dtype, D and instruction set).
+bool lane_forward_fits(const Problem& p) {
+  if (p.kernel[2] - 1 + kLaneQueries > kLaneMaxStrip) return false;
+  return p.kernel[0] * p.kernel[1] * p.heads * kLaneMaxStrip * p.dim *
+             static_cast<int64_t>(sizeof(float)) <=
+         kLaneMaxCache;
+}
+
+/// Whether the lane forward is the faster one: its tiles fill at least 3/4 of the lanes on
+/// average (a short innermost axis leaves lanes empty; the query tiles then run).
+bool lane_forward_pays(const Problem& p) {
+  const int64_t n = p.queries[2], step = p.dilation[2];
+  int64_t lanes = 0;
+  for (int64_t r = 0; r < std::min(n, step); ++r)
+    lanes += ((n - r + step - 1) / step + kLaneQueries - 1) / kLaneQueries * kLaneQueries;
+  return 4 * n >= 3 * lanes;
+}
+
+/// out[j] = sum_d qt[d] * keys[j * Dim + d] for j < JB (registers of L lanes).
+template <int W, int Dim, int JB>
+TESSERA_NA_INLINE void lane_logits(const float* __restrict qt, const float* __restrict keys,
+                                   float* __restrict out) {
+  using V = Vec<float, W>;
+  constexpr int L = kLanes<float, W>;
+  V acc[JB];
+  for (V& a : acc) a = V{};
+  for (int d = 0; d < Dim; ++d) {
+    const V qv = load<W>(qt + d * L);
+    for (int j = 0; j < JB; ++j) acc[j] += qv * keys[j * Dim + d];
+  }
+  for (int j = 0; j < JB; ++j) store<W>(out + j * L, acc[j]);
+}
+
+/// lane_logits for n <= Max keys (n a compile-time constant in each branch).
+template <int W, int Dim, int Max>
+TESSERA_NA_INLINE void lane_logits_for(int n, const float* qt, const float* keys, float* out) {
+  if constexpr (Max >= 1) {
+    if (n == Max) return lane_logits<W, Dim, Max>(qt, keys, out);
+    lane_logits_for<W, Dim, Max - 1>(n, qt, keys, out);
+  }
+}
+
+/// L registers of L lanes transposed in place (row i, lane j to row j, lane i): log2(L) stages,
+/// stage B swapping bit B of the row and the lane index.
+template <int W, int B = kLanes<float, W> / 2>
+TESSERA_NA_INLINE void transpose_lanes(Vec<float, W>* rows) {
+  constexpr int L = kLanes<float, W>;
+#if !TESSERA_NA_HAVE_SHUFFLEVECTOR
+  if constexpr (B == L / 2) {
+    for (int i = 0; i < L; ++i)
+      for (int j = i + 1; j < L; ++j) std::swap(rows[i][j], rows[j][i]);
+  }
+#else
+  if constexpr (B >= 1) {
+    constexpr auto lo = [](int p) { return (p & B) == 0 ? p : L + p - B; };
+    constexpr auto hi = [](int p) { return (p & B) == 0 ? p + B : L + p; };
+    const auto shuffle = [&]<size_t... P>(std::index_sequence<P...>, auto index, Vec<float, W> a,
+                                          Vec<float, W> c) {
+      return __builtin_shufflevector(a, c, index(static_cast<int>(P))...);
+    };
+    for (int i = 0; i < L; ++i)
+      if ((i & B) == 0) {
+        const Vec<float, W> a = rows[i], c = rows[i + B];
+        rows[i] = shuffle(std::make_index_sequence<L>{}, lo, a, c);
+        rows[i + B] = shuffle(std::make_index_sequence<L>{}, hi, a, c);
+      }
+    transpose_lanes<W, B / 2>(rows);
+  }
+#endif
+}
+
+/// log(x) on every lane of an f32 register, x >= 1 (a softmax denominator): x = 2^e m with
+/// m in [sqrt(1/2), sqrt(2)), log(m) by a degree-9 polynomial in m - 1 (about 1 ulp).
+template <int W>
+TESSERA_NA_INLINE Vec<float, W> log_lanes(Vec<float, W> x) {
+  using V = Vec<float, W>;
+  using I = Vec<int32_t, W>;
+  const I bits = std::bit_cast<I>(x);
+  I exponent = (bits >> 23) - 126;
+  V m = std::bit_cast<V>((bits & 0x007fffff) | 0x3f000000);  // in [1/2, 1)
+  const auto small = m < 0.707106781186547524f;
+  exponent = small ? exponent - 1 : exponent;
+  m = small ? m + m - 1.0f : m - 1.0f;
+  const V e = __builtin_convertvector(exponent, V);
+  const V z = m * m;
+  V y = V{} + 7.0376836292e-2f;
+  y = y * m - 1.1514610310e-1f;
+  y = y * m + 1.1676998740e-1f;
+  y = y * m - 1.2420140846e-1f;
+  y = y * m + 1.4249322787e-1f;
+  y = y * m - 1.6668057665e-1f;
+  y = y * m + 2.0000714765e-1f;
+  y = y * m - 2.4999993993e-1f;
+  y = y * m + 3.3333331174e-1f;
+  y = y * m * z;
+  y = y + e * -2.12194440e-4f;
+  y = y - 0.5f * z;
+  return m + y + e * 0.693359375f;
+}
+
+/// Forward of the lane work items [begin, end): (batch, strip, block of rows), see LanePlan.
+template <int Dim>
+TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePlan& plan,
+                                     int64_t begin, int64_t end) {
+  constexpr int W = kLaneWidth, L = kLaneQueries, JB = kLaneKeys;
+  using V = Vec<float, W>;
+  using I = Vec<int32_t, W>;
+  static_assert(kLanes<float, W> == L, "lane forward: one lane per query");
+  constexpr int chunks = Dim / L;
+  static_assert(Dim % L == 0, "lane forward: D must be whole registers");
+  const Problem& p = *job.problem;
+  const int64_t heads = p.heads, row = heads * Dim;
+  const float scale = static_cast<float>(p.scale);
+  const int64_t strip_count = static_cast<int64_t>(plan.strips.first.size());
+  const int64_t jcap = plan.max_strip;
+  const int64_t slot_size = heads * jcap * Dim;  // [head][key of the strip][D]
+  std::vector<float> k_cache(plan.slots * slot_size), v_cache(plan.slots * slot_size);
+  std::vector<int64_t> tags(plan.slots);
+  alignas(64) float qt[Dim * L];
+  std::vector<float> logits(plan.slots * jcap * L);
+  std::vector<const float*> k_rows(plan.slots), v_rows(plan.slots);
+  std::vector<int64_t> bias_rows(plan.slots);
+  const int64_t rows_per_block = (plan.rows + plan.blocks - 1) / plan.blocks;
+  const int64_t qy = p.queries[1], qx = p.queries[2], ty = p.tile[1], tx = p.tile[2];
+  LaneStrip strip;
+  for (int64_t item = begin; item < end; ++item) {
+    const int64_t block = item % plan.blocks;
+    const int64_t s = (item / plan.blocks) % strip_count;
+    const int64_t b = item / plan.blocks / strip_count;
+    lane_strip(p, plan.strips, s, strip);
+    const int64_t jn = strip.keys, x0 = strip.first_key - p.tile_offset[2];
+    const float* k_batch = job.k + b * p.tile_count() * row;
+    const float* v_batch = job.v + b * p.tile_count() * row;
+    std::fill(tags.begin(), tags.end(), -1);
+    // Lane masks: key j of the strip is in lane i's window when start[i] <= j < start[i] + count.
+    I lane_start, lane_end;
+    for (int i = 0; i < L; ++i) {
+      lane_start[i] = strip.start[i];
+      lane_end[i] = strip.start[i] + strip.count[i];
+    }
+    const int64_t row_begin = block * rows_per_block;
+    const int64_t row_end = std::min(plan.rows, row_begin + rows_per_block);
+    for (int64_t rank = row_begin; rank < row_end; ++rank) {
+      const int64_t z = plan.order[rank] / qy, y = plan.order[rank] % qy;
+      const int64_t query_row = (b * p.queries[0] + z) * qy + y;
+      const NaWindow& wz = p.windows[0][z];
+      const NaWindow& wy = p.windows[1][y];
+      // The window's key rows, each in its cache slot (copied, all heads, when not there).
+      int64_t key_rows = 0;
+      for (int64_t iz = 0; iz < wz.count; ++iz) {
+        const int64_t lz = wz.first + iz * wz.step - p.tile_offset[0];
+        for (int64_t iy = 0; iy < wy.count; ++iy, ++key_rows) {
+          const int64_t ly = wy.first + iy * wy.step - p.tile_offset[1];
+          const int64_t slot = plan.slot_z[lz] + plan.slot_y[ly];
+          const int64_t local = lz * ty + ly;
+          float* kc = k_cache.data() + slot * slot_size;
+          float* vc = v_cache.data() + slot * slot_size;
+          if (tags[slot] != local) {
+            tags[slot] = local;
+            const int64_t first = (local * tx + x0) * row;
+            for (int64_t j = 0; j < jn; ++j) {
+              const float* k_at = k_batch + first + j * p.dilation[2] * row;
+              const float* v_at = v_batch + first + j * p.dilation[2] * row;
+              for (int64_t h = 0; h < heads; ++h) {
+                std::memcpy(kc + (h * jcap + j) * Dim, k_at + h * Dim, sizeof(float) * Dim);
+                std::memcpy(vc + (h * jcap + j) * Dim, v_at + h * Dim, sizeof(float) * Dim);
+              }
+            }
+          }
+          k_rows[key_rows] = kc;
+          v_rows[key_rows] = vc;
+          if (job.bias)
+            bias_rows[key_rows] =
+                (p.kernel[0] - 1 +
+                 (lz + p.tile_offset[0] - p.query_offset[0] - z) / p.dilation[0]) *
+                    p.rpb[1] * p.rpb[2] +
+                (p.kernel[1] - 1 +
+                 (ly + p.tile_offset[1] - p.query_offset[1] - y) / p.dilation[1]) *
+                    p.rpb[2];
+        }
+      }
+      for (int64_t h = 0; h < heads; ++h) {
+        // The tile's queries of head h, scaled and transposed (lanes past the tile: lane 0).
+        for (int g = 0; g < chunks; ++g) {
+          V block_rows[L];
+          for (int i = 0; i < L; ++i)
+            block_rows[i] =
+                load<W>(job.q + (query_row * qx + strip.x[i]) * row + h * Dim + g * L) * scale;
+          transpose_lanes<W>(block_rows);
+          for (int i = 0; i < L; ++i) store<W>(qt + (g * L + i) * L, block_rows[i]);
+        }
+        // Logits of every lane against every key of the strip, key row by key row.
+        const int64_t head_offset = h * jcap * Dim;
+        for (int64_t kr = 0; kr < key_rows; ++kr)
+          for (int64_t j = 0; j < jn; j += JB) {
+            const int n = static_cast<int>(std::min<int64_t>(JB, jn - j));
+            lane_logits_for<W, Dim, JB>(n, qt, k_rows[kr] + head_offset + j * Dim,
+                                        logits.data() + (kr * jcap + j) * L);
+          }
+        if (job.bias) {
+          const float* bias = job.bias + h * p.rpb_count();
+          for (int i = 0; i < strip.queries; ++i) {
+            const int64_t gx = p.query_offset[2] + strip.x[i];
+            for (int64_t kr = 0; kr < key_rows; ++kr)
+              for (int o = 0; o < strip.count[i]; ++o) {
+                const int64_t j = strip.start[i] + o;
+                const int64_t kx = strip.first_key + j * p.dilation[2];
+                logits[(kr * jcap + j) * L + i] +=
+                    bias[bias_rows[kr] + p.kernel[2] - 1 + (kx - gx) / p.dilation[2]];
+              }
+          }
+        }
+        // Lane-wise softmax over the masked logits.
+        const V minus_infinity = V{} - std::numeric_limits<float>::infinity();
+        V best = minus_infinity;
+        for (int64_t kr = 0; kr < key_rows; ++kr) {
+          float* at = logits.data() + kr * jcap * L;
+          for (int64_t j = 0; j < jn; ++j) {
+            const I jv = I{} + static_cast<int32_t>(j);
+            V value = load<W>(at + j * L);
+            value = (jv >= lane_start) & (jv < lane_end) ? value : minus_infinity;
+            store<W>(at + j * L, value);
+            best = value > best ? value : best;
+          }
+        }
+        V sum = V{};
+        for (int64_t kr = 0; kr < key_rows; ++kr) {
+          float* at = logits.data() + kr * jcap * L;
+          for (int64_t j = 0; j < jn; ++j) {
+            const V e = exp_lanes<W>(load<W>(at + j * L) - best);
+            store<W>(at + j * L, e);
+            sum += e;
+          }
+        }
+        const V inverse = 1.0f / sum, lse = best + log_lanes<W>(sum);
+        // p.v per query: D in registers (8 at a time), the weights broadcast from the logits.
+        constexpr int C = chunks < 8 ? chunks : 8;
+        static_assert(chunks % C == 0, "lane forward: D must be a power-of-two of registers");
+        for (int i = 0; i < strip.queries; ++i) {
+          const int64_t query_head = (query_row * qx + strip.x[i]) * heads + h;
+          float* out = job.output + query_head * Dim;
+          for (int g = 0; g < chunks; g += C) {
+            V acc[C];
+            for (V& a : acc) a = V{};
+            for (int64_t kr = 0; kr < key_rows; ++kr) {
+              const float* vr = v_rows[kr] + head_offset + strip.start[i] * Dim + g * L;
+              const float* wr = logits.data() + (kr * jcap + strip.start[i]) * L + i;
+              for (int o = 0; o < strip.count[i]; ++o) {
+                const float weight = wr[o * L];
+                for (int c = 0; c < C; ++c) acc[c] += weight * load<W>(vr + o * Dim + c * L);
+              }
+            }
+            for (int c = 0; c < C; ++c) store<W>(out + g * L + c * L, acc[c] * inverse[i]);
+          }
+          job.lse[query_head] = lse[i];
+        }
+      }
+    }
   }
 }
 
@@ -1311,8 +1695,13 @@ constexpr int kDefaultWidth = 16;
 
 template <typename T, int Dim>
 struct Kernels {
+  /// Whether the lane forward exists for T and D (f32, D a compile-time multiple of 8).
+  static constexpr bool kHasLanes = std::is_same_v<T, float> && Dim > 0 && Dim % kLaneQueries == 0;
   static void forward(const ForwardJob<T>& job, int64_t begin, int64_t end) {
     forward_body<kDefaultWidth, T, Dim>(job, begin, end);
+  }
+  static void lanes(const ForwardJob<T>& job, const LanePlan& plan, int64_t begin, int64_t end) {
+    if constexpr (kHasLanes) forward_lanes<Dim>(job, plan, begin, end);
   }
   static void query_pass(const BackwardJob<T>& job, int64_t begin, int64_t end, int slot) {
     query_pass_body<kDefaultWidth, T, Dim>(job, begin, end, slot);
@@ -1323,6 +1712,14 @@ struct Kernels {
 #if TESSERA_MULTI_ISA
   TESSERA_TARGET_V4 static void forward_v4(const ForwardJob<T>& job, int64_t begin, int64_t end) {
     forward_body<64, T, Dim>(job, begin, end);
+  }
+  TESSERA_TARGET_V4 static void lanes_v4(const ForwardJob<T>& job, const LanePlan& plan,
+                                         int64_t begin, int64_t end) {
+    if constexpr (kHasLanes) forward_lanes<Dim>(job, plan, begin, end);
+  }
+  TESSERA_TARGET_V3 static void lanes_v3(const ForwardJob<T>& job, const LanePlan& plan,
+                                         int64_t begin, int64_t end) {
+    if constexpr (kHasLanes) forward_lanes<Dim>(job, plan, begin, end);
   }
   TESSERA_TARGET_V4 static void query_pass_v4(const BackwardJob<T>& job, int64_t begin, int64_t end,
                                               int slot) {
@@ -1351,6 +1748,8 @@ struct KernelSet {
   void (*key_pass)(const BackwardJob<T>&, int64_t, int64_t);
   int tile_queries;       // queries per tile of the tiled forward and query pass; 0: per query
   int wide_tile_queries;  // queries per tile of the forward for small windows (kWideTileLimit)
+  // The lane forward (f32, D of 32, 64, 128, AVX2 or AVX-512), or nullptr.
+  void (*lanes)(const ForwardJob<T>&, const LanePlan&, int64_t, int64_t) = nullptr;
 };
 
 template <int W, typename T, int Dim>
@@ -1374,14 +1773,26 @@ KernelSet<T> kernels_for_isa() {
   using K = Kernels<T, Dim>;
 #if TESSERA_MULTI_ISA
   if (cpu_isa_level() == 4)
-    return {&K::forward_v4, &K::query_pass_v4, &K::key_pass_v4, tile_queries_for<64, T, Dim>(),
-            wide_tile_queries_for<64, T, Dim>()};
+    return {&K::forward_v4,
+            &K::query_pass_v4,
+            &K::key_pass_v4,
+            tile_queries_for<64, T, Dim>(),
+            wide_tile_queries_for<64, T, Dim>(),
+            K::kHasLanes ? &K::lanes_v4 : nullptr};
   if (cpu_isa_level() == 3)
-    return {&K::forward_v3, &K::query_pass_v3, &K::key_pass_v3, tile_queries_for<32, T, Dim>(),
-            wide_tile_queries_for<32, T, Dim>()};
+    return {&K::forward_v3,
+            &K::query_pass_v3,
+            &K::key_pass_v3,
+            tile_queries_for<32, T, Dim>(),
+            wide_tile_queries_for<32, T, Dim>(),
+            K::kHasLanes ? &K::lanes_v3 : nullptr};
 #endif
-  return {&K::forward, &K::query_pass, &K::key_pass, tile_queries_for<kDefaultWidth, T, Dim>(),
-          wide_tile_queries_for<kDefaultWidth, T, Dim>()};
+  return {&K::forward,
+          &K::query_pass,
+          &K::key_pass,
+          tile_queries_for<kDefaultWidth, T, Dim>(),
+          wide_tile_queries_for<kDefaultWidth, T, Dim>(),
+          K::kHasLanes && kDefaultWidth >= kLaneWidth ? &K::lanes : nullptr};
 }
 
 /// The kernels for D (specialised for the common head sizes).
@@ -1408,9 +1819,23 @@ Tensor as_compute(const Tensor& t, DType dtype) {
   return t.to_dtype(dtype).contiguous();
 }
 
+/// Whether the forward of `p` runs the lane tiles when `kernel` is asked for.
+template <typename T>
+bool runs_lanes(const KernelSet<T>& set, const Problem& p, NaCpuForward kernel) {
+  return set.lanes != nullptr && kernel != NaCpuForward::query_tiles && lane_forward_fits(p) &&
+         (kernel == NaCpuForward::lanes || lane_forward_pays(p));
+}
+
+/// The forward kernel of `p` for inputs of `dtype` when `kernel` is asked for.
+NaCpuForward forward_kernel_of(const Problem& p, DType dtype, NaCpuForward kernel) {
+  const bool lanes =
+      compute_dtype(dtype) == DType::f32 && runs_lanes(kernels<float>(p.dim), p, kernel);
+  return lanes ? NaCpuForward::lanes : NaCpuForward::query_tiles;
+}
+
 template <typename T>
 NaForward forward_in(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                     const Tensor* rpb, int threads) {
+                     const Tensor* rpb, int threads, NaCpuForward kernel) {
   const DType dtype = compute_dtype(q.dtype());
   const Tensor qc = as_compute(q, dtype), kc = as_compute(k, dtype), vc = as_compute(v, dtype);
   const Tensor bias = rpb ? as_compute(*rpb, dtype) : Tensor();
@@ -1419,6 +1844,20 @@ NaForward forward_in(const Problem& p, const Tensor& q, const Tensor& k, const T
   Tensor output = Tensor::empty(q.shape(), dtype);
   Tensor lse = Tensor::empty(lse_shape, dtype);
   const KernelSet<T> set = kernels<T>(p.dim);
+  if (runs_lanes(set, p, kernel)) {
+    const LanePlan plan = lane_plan(p, threads);
+    const ForwardJob<T> job{&p,
+                            nullptr,
+                            qc.data<T>(),
+                            kc.data<T>(),
+                            vc.data<T>(),
+                            rpb ? bias.data<T>() : nullptr,
+                            output.data<T>(),
+                            lse.data<T>()};
+    parallel_for(plan.items(p), threads,
+                 [&](int64_t begin, int64_t end, int) { set.lanes(job, plan, begin, end); });
+    return NaForward{output.to_dtype(q.dtype()), lse.to_dtype(lse_dtype(q.dtype()))};
+  }
   const bool wide =
       set.wide_tile_queries > set.tile_queries && p.kernel[tile_axis(p)] <= kWideTileLimit;
   const int tile_queries = wide ? set.wide_tile_queries : set.tile_queries;
@@ -1512,11 +1951,18 @@ NaGradients backward_in(const Problem& p, const Tensor& q, const Tensor& k, cons
 }  // namespace
 
 NaForward na_cpu_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* rpb,
-                         const NaGeometry& geometry, const NaPieces& pieces, int threads) {
+                         const NaGeometry& geometry, const NaPieces& pieces, int threads,
+                         NaCpuForward kernel) {
   const Problem p = make_problem(q, k, v, rpb, geometry, pieces);
   threads = resolve_threads(threads);
-  return q.dtype() == DType::f64 ? forward_in<double>(p, q, k, v, rpb, threads)
-                                 : forward_in<float>(p, q, k, v, rpb, threads);
+  return q.dtype() == DType::f64 ? forward_in<double>(p, q, k, v, rpb, threads, kernel)
+                                 : forward_in<float>(p, q, k, v, rpb, threads, kernel);
+}
+
+NaCpuForward na_cpu_forward_kernel(const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor* rpb, const NaGeometry& geometry,
+                                   const NaPieces& pieces, NaCpuForward kernel) {
+  return forward_kernel_of(make_problem(q, k, v, rpb, geometry, pieces), q.dtype(), kernel);
 }
 
 NaGradients na_cpu_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* rpb,

@@ -9,10 +9,26 @@
 
 namespace tessera::ops {
 
+/// The forward kernels: query tiles (any dtype and D: up to 8 queries that are neighbours along
+/// one axis share each k/v row they read, see na_cpu.cpp), and lane tiles (f32 with AVX2 or
+/// AVX-512, D of 32, 64 or 128: 8 neighbours on the innermost axis as the lanes of one register).
+/// automatic picks per call: lanes where they apply and the innermost axis fills them (at least 3/4
+/// of the lanes on average); a kernel asked for runs where it applies (tests and benchmarks compare
+/// them), the query tiles otherwise.
+enum class NaCpuForward { automatic, query_tiles, lanes };
+
 /// Forward like na_forward on up to `threads` threads (0: compute_threads()). o and lse agree
 /// with na_forward to rounding in the compute precision (f32: ~1e-6 relative).
 NaForward na_cpu_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* rpb,
-                         const NaGeometry& geometry, const NaPieces& pieces, int threads = 0);
+                         const NaGeometry& geometry, const NaPieces& pieces, int threads = 0,
+                         NaCpuForward kernel = NaCpuForward::automatic);
+
+/// The kernel na_cpu_forward runs on these arguments when `kernel` is asked for: query_tiles or
+/// lanes (benchmarks print it, tests check which one they cover).
+NaCpuForward na_cpu_forward_kernel(const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor* rpb, const NaGeometry& geometry,
+                                   const NaPieces& pieces,
+                                   NaCpuForward kernel = NaCpuForward::automatic);
 
 /// Backward like na_backward on up to `threads` threads (0: compute_threads()): a pass over the
 /// queries (dq, the softmax statistics, d rpb in per-thread partial sums) and a pass over the

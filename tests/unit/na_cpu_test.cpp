@@ -2,7 +2,8 @@
 // (na_reference.hpp): a seeded sweep of 1-d/2-d/3-d calls with odd and even kernels, dilation,
 // causal axes, relative positional bias, head sizes on and off the specialised paths, and query
 // pieces with key/value tiles at offsets (the sharded call's geometry), in f64 and f32, on 1 and
-// several threads; the thread count not changing the result; f16/bf16; the argument checks.
+// several threads; the lane-tile forward and the query-tile forward on the same cases; the thread
+// count not changing the result; f16/bf16; the argument checks.
 #include "ops/attention/na_cpu.hpp"
 
 #include <fmt/format.h>
@@ -18,6 +19,7 @@
 
 #include "core/errors.hpp"
 #include "core/tensor.hpp"
+#include "ops/cpu_isa.hpp"
 
 namespace tessera::ops {
 namespace {
@@ -267,6 +269,96 @@ TEST(NaCpu, EightQueryForwardTilesMatchReference) {
       c.text = fmt::format("k {} d {} causal {} {}", kernel, dilation, causal, dtype_name(dtype));
       expect_matches_reference(c, 2, dtype == DType::f64 ? 1e-12 : 1e-5);
     }
+  }
+}
+
+/// The forward with `kernel` asked for against the reference, o and lse; returns the kernel run.
+NaCpuForward expect_forward_matches_reference(const Case& c, NaCpuForward kernel, int threads,
+                                              double tolerance) {
+  const Tensor* rpb = c.has_rpb ? &c.rpb : nullptr;
+  const NaForward fast = na_cpu_forward(c.q, c.k, c.v, rpb, c.geometry, c.pieces, threads, kernel);
+  const NaForward exact = na_forward(c.q, c.k, c.v, rpb, c.geometry, c.pieces);
+  EXPECT_LE(relative_error(fast.output, exact.output), tolerance) << "o, " << c.text;
+  EXPECT_LE(relative_error(fast.lse, exact.lse), tolerance) << "lse, " << c.text;
+  return na_cpu_forward_kernel(c.q, c.k, c.v, rpb, c.geometry, c.pieces, kernel);
+}
+
+TEST(NaCpu, LaneForwardMatchesReferenceOnEveryCaseItTakes) {
+  // The f32 forward's lane tiles (8 neighbours on the innermost axis as the lanes of a register,
+  // with AVX2 or AVX-512 and D of 32, 64, 128), asked for on the general sweep: 1-d/2-d/3-d, odd
+  // and even kernels, dilation (strips within one dilation group), causal axes, rpb, innermost
+  // extents that are not multiples of 8, query pieces with tiles at offsets, 1 and 3 threads; and
+  // the query tiles on the same cases. Both within 1e-5 of the reference. CTest runs it under
+  // every instruction set's body (the generic one has no lane tiles: the query tiles run).
+  std::mt19937_64 rng(1313);
+  int lanes = 0;
+  for (int n = 0; n < 240; ++n) {
+    const Case c = random_case(rng, DType::f32, n % 3 == 0, {32, 64, 128});
+    const int threads = n % 2 == 0 ? 1 : 3;
+    const NaCpuForward ran =
+        expect_forward_matches_reference(c, NaCpuForward::lanes, threads, 1e-5);
+    EXPECT_EQ(ran == NaCpuForward::lanes, cpu_isa_level() >= 3) << c.text;
+    lanes += ran == NaCpuForward::lanes;
+    EXPECT_EQ(expect_forward_matches_reference(c, NaCpuForward::query_tiles, threads, 1e-5),
+              NaCpuForward::query_tiles)
+        << c.text;
+  }
+  if (cpu_isa_level() >= 3) {
+    EXPECT_EQ(lanes, 240);
+  }
+}
+
+TEST(NaCpu, LaneForwardTakesLongAxesWideWindowsAndFallsBackBeyondThem) {
+  // Long innermost axes (several strips, the last one partly filled), windows up to the widest
+  // strip the lane tiles take (8 + 33 - 1 = 40 keys), dilation with causal windows, rpb, and the
+  // first window beyond it (k = 34 on the innermost axis), which runs the query tiles.
+  std::mt19937_64 rng(1414);
+  struct Shape1 {
+    Shape shape;
+    NaGeometry geometry;
+  };
+  const std::vector<Shape1> shapes{
+      {{2, 9, 37, 3, 32}, {{9, 37}, {5, 13}, {1, 2}, {0, 1}, 0.2}},
+      {{1, 6, 29, 2, 64}, {{6, 29}, {3, 7}, {2, 1}, {1, 0}, 0.125}},
+      {{1, 80, 2, 128}, {{80}, {33}, {1}, {0}, 0.1}},
+      {{1, 80, 2, 128}, {{80}, {34}, {1}, {0}, 0.1}},
+      {{2, 3, 4, 21, 1, 32}, {{3, 4, 21}, {3, 3, 7}, {1, 1, 3}, {0, 1, 0}, 0.3}},
+  };
+  for (const Shape1& s : shapes) {
+    Case c;
+    c.q = random_tensor(s.shape, rng).to_dtype(DType::f32);
+    c.k = random_tensor(s.shape, rng).to_dtype(DType::f32);
+    c.v = random_tensor(s.shape, rng).to_dtype(DType::f32);
+    c.geometry = s.geometry;
+    bool rpb_allowed = true;
+    for (size_t a = 0; a < s.geometry.kernel.size(); ++a)
+      rpb_allowed = rpb_allowed && s.geometry.kernel[a] % 2 == 1 && s.geometry.causal[a] == 0;
+    c.has_rpb = rpb_allowed;
+    if (c.has_rpb)
+      c.rpb = random_tensor(na_rpb_shape(s.shape[s.shape.size() - 2], s.geometry), rng)
+                  .to_dtype(DType::f32);
+    c.pieces = NaPieces{std::vector<int64_t>(s.geometry.extent.size(), 0),
+                        std::vector<int64_t>(s.geometry.extent.size(), 0)};
+    c.text = fmt::format("shape {} kernel {} dilation {} causal {}", s.shape, s.geometry.kernel,
+                         s.geometry.dilation, s.geometry.causal);
+    const bool takes = s.geometry.kernel.back() <= 33 && cpu_isa_level() >= 3;
+    EXPECT_EQ(
+        expect_forward_matches_reference(c, NaCpuForward::lanes, 2, 1e-5) == NaCpuForward::lanes,
+        takes)
+        << c.text;
+    // Automatic picks the lane tiles where they take the call (these axes fill them).
+    const Tensor* rpb = c.has_rpb ? &c.rpb : nullptr;
+    EXPECT_EQ(
+        na_cpu_forward_kernel(c.q, c.k, c.v, rpb, c.geometry, c.pieces) == NaCpuForward::lanes,
+        takes)
+        << c.text;
+    // Every output row is one thread's: any thread count gives the same bits.
+    const NaForward one =
+        na_cpu_forward(c.q, c.k, c.v, rpb, c.geometry, c.pieces, 1, NaCpuForward::lanes);
+    const NaForward many =
+        na_cpu_forward(c.q, c.k, c.v, rpb, c.geometry, c.pieces, 5, NaCpuForward::lanes);
+    EXPECT_EQ(max_abs_diff(one.output, many.output), 0.0) << c.text;
+    EXPECT_EQ(max_abs_diff(one.lse, many.lse), 0.0) << c.text;
   }
 }
 
