@@ -954,10 +954,13 @@ bool lane_forward_pays(const Problem& p) {
   return 4 * n >= 3 * lanes;
 }
 
-/// out[j] = sum_d qt[d] * keys[j * Dim + d] for j < JB (registers of L lanes).
+/// out[j] = sum_d qt[d] * keys[j * Dim + d] + mask[j] for j < JB (registers of L lanes; mask[j]
+/// is 0 on the lanes whose window holds key j, -inf on the others), and best = the lane-wise
+/// maximum of best and the out[j].
 template <int W, int Dim, int JB>
 TESSERA_NA_INLINE void lane_logits(const float* __restrict qt, const float* __restrict keys,
-                                   float* __restrict out) {
+                                   const float* __restrict mask, float* __restrict out,
+                                   Vec<float, W>& best) {
   using V = Vec<float, W>;
   constexpr int L = kLanes<float, W>;
   V acc[JB];
@@ -966,15 +969,20 @@ TESSERA_NA_INLINE void lane_logits(const float* __restrict qt, const float* __re
     const V qv = load<W>(qt + d * L);
     for (int j = 0; j < JB; ++j) acc[j] += qv * keys[j * Dim + d];
   }
-  for (int j = 0; j < JB; ++j) store<W>(out + j * L, acc[j]);
+  for (int j = 0; j < JB; ++j) {
+    const V value = acc[j] + load<W>(mask + j * L);
+    store<W>(out + j * L, value);
+    best = value > best ? value : best;
+  }
 }
 
 /// lane_logits for n <= Max keys (n a compile-time constant in each branch).
 template <int W, int Dim, int Max>
-TESSERA_NA_INLINE void lane_logits_for(int n, const float* qt, const float* keys, float* out) {
+TESSERA_NA_INLINE void lane_logits_for(int n, const float* qt, const float* keys, const float* mask,
+                                       float* out, Vec<float, W>& best) {
   if constexpr (Max >= 1) {
-    if (n == Max) return lane_logits<W, Dim, Max>(qt, keys, out);
-    lane_logits_for<W, Dim, Max - 1>(n, qt, keys, out);
+    if (n == Max) return lane_logits<W, Dim, Max>(qt, keys, mask, out, best);
+    lane_logits_for<W, Dim, Max - 1>(n, qt, keys, mask, out, best);
   }
 }
 
@@ -1036,13 +1044,38 @@ TESSERA_NA_INLINE Vec<float, W> log_lanes(Vec<float, W> x) {
   return m + y + e * 0.693359375f;
 }
 
+/// p.v of one query of a lane tile: out = factor * the sum over the key rows and the keys
+/// [first, first + count) of the strip of weight * v, the weights read from lane 0 of `weights`
+/// ([key row][key of the strip][lane], rows jcap keys apart); 8 registers of D stay in registers
+/// while the v rows stream past.
+template <int W, int Dim>
+TESSERA_NA_INLINE void lane_values(const float* const* v_rows, int64_t key_rows,
+                                   int64_t head_offset, int first, int count, const float* weights,
+                                   int64_t jcap, float* out, float factor) {
+  using V = Vec<float, W>;
+  constexpr int L = kLanes<float, W>, chunks = Dim / L, C = std::min(chunks, 8);
+  static_assert(chunks % C == 0, "lane forward: D must be a power-of-two of registers");
+  for (int g = 0; g < chunks; g += C) {
+    V acc[C];
+    for (V& a : acc) a = V{};
+    for (int64_t kr = 0; kr < key_rows; ++kr) {
+      const float* vr = v_rows[kr] + head_offset + first * Dim + g * L;
+      const float* wr = weights + (kr * jcap + first) * L;
+      for (int o = 0; o < count; ++o) {
+        const float weight = wr[o * L];
+        for (int c = 0; c < C; ++c) acc[c] += weight * load<W>(vr + o * Dim + c * L);
+      }
+    }
+    for (int c = 0; c < C; ++c) store<W>(out + g * L + c * L, acc[c] * factor);
+  }
+}
+
 /// Forward of the lane work items [begin, end): (batch, strip, block of rows), see LanePlan.
 template <int Dim>
 TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePlan& plan,
                                      int64_t begin, int64_t end) {
   constexpr int W = kLaneWidth, L = kLaneQueries, JB = kLaneKeys;
   using V = Vec<float, W>;
-  using I = Vec<int32_t, W>;
   static_assert(kLanes<float, W> == L, "lane forward: one lane per query");
   constexpr int chunks = Dim / L;
   static_assert(Dim % L == 0, "lane forward: D must be whole registers");
@@ -1055,7 +1088,7 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
   std::vector<float> k_cache(plan.slots * slot_size), v_cache(plan.slots * slot_size);
   std::vector<int64_t> tags(plan.slots);
   alignas(64) float qt[Dim * L];
-  std::vector<float> logits(plan.slots * jcap * L);
+  std::vector<float> logits(plan.slots * jcap * L), mask(jcap * L);
   std::vector<const float*> k_rows(plan.slots), v_rows(plan.slots);
   std::vector<int64_t> bias_rows(plan.slots);
   const int64_t rows_per_block = (plan.rows + plan.blocks - 1) / plan.blocks;
@@ -1070,12 +1103,13 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
     const float* k_batch = job.k + b * p.tile_count() * row;
     const float* v_batch = job.v + b * p.tile_count() * row;
     std::fill(tags.begin(), tags.end(), -1);
-    // Lane masks: key j of the strip is in lane i's window when start[i] <= j < start[i] + count.
-    I lane_start, lane_end;
-    for (int i = 0; i < L; ++i) {
-      lane_start[i] = strip.start[i];
-      lane_end[i] = strip.start[i] + strip.count[i];
-    }
+    // Lane masks: key j of the strip is in lane i's window when start[i] <= j < start[i] + count
+    // (0 there, -inf elsewhere, added to the logits).
+    for (int64_t j = 0; j < jn; ++j)
+      for (int i = 0; i < L; ++i)
+        mask[j * L + i] = j >= strip.start[i] && j < strip.start[i] + strip.count[i]
+                              ? 0.0f
+                              : -std::numeric_limits<float>::infinity();
     const int64_t row_begin = block * rows_per_block;
     const int64_t row_end = std::min(plan.rows, row_begin + rows_per_block);
     for (int64_t rank = row_begin; rank < row_end; ++rank) {
@@ -1127,13 +1161,17 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
           transpose_lanes<W>(block_rows);
           for (int i = 0; i < L; ++i) store<W>(qt + (g * L + i) * L, block_rows[i]);
         }
-        // Logits of every lane against every key of the strip, key row by key row.
+        // Logits of every lane against every key of the strip, key row by key row, masked, and
+        // their lane-wise maximum.
         const int64_t head_offset = h * jcap * Dim;
+        const V minus_infinity = V{} - std::numeric_limits<float>::infinity();
+        V best = minus_infinity;
         for (int64_t kr = 0; kr < key_rows; ++kr)
           for (int64_t j = 0; j < jn; j += JB) {
             const int n = static_cast<int>(std::min<int64_t>(JB, jn - j));
             lane_logits_for<W, Dim, JB>(n, qt, k_rows[kr] + head_offset + j * Dim,
-                                        logits.data() + (kr * jcap + j) * L);
+                                        mask.data() + j * L, logits.data() + (kr * jcap + j) * L,
+                                        best);
           }
         if (job.bias) {
           const float* bias = job.bias + h * p.rpb_count();
@@ -1147,20 +1185,14 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
                     bias[bias_rows[kr] + p.kernel[2] - 1 + (kx - gx) / p.dilation[2]];
               }
           }
+          best = minus_infinity;
+          for (int64_t kr = 0; kr < key_rows; ++kr)
+            for (int64_t j = 0; j < jn; ++j) {
+              const V value = load<W>(logits.data() + (kr * jcap + j) * L);
+              best = value > best ? value : best;
+            }
         }
-        // Lane-wise softmax over the masked logits.
-        const V minus_infinity = V{} - std::numeric_limits<float>::infinity();
-        V best = minus_infinity;
-        for (int64_t kr = 0; kr < key_rows; ++kr) {
-          float* at = logits.data() + kr * jcap * L;
-          for (int64_t j = 0; j < jn; ++j) {
-            const I jv = I{} + static_cast<int32_t>(j);
-            V value = load<W>(at + j * L);
-            value = (jv >= lane_start) & (jv < lane_end) ? value : minus_infinity;
-            store<W>(at + j * L, value);
-            best = value > best ? value : best;
-          }
-        }
+        // Lane-wise softmax: the masked logits' exponentials (0 off the windows) and their sum.
         V sum = V{};
         for (int64_t kr = 0; kr < key_rows; ++kr) {
           float* at = logits.data() + kr * jcap * L;
@@ -1172,24 +1204,10 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
         }
         const V inverse = 1.0f / sum, lse = best + log_lanes<W>(sum);
         // p.v per query: D in registers (8 at a time), the weights broadcast from the logits.
-        constexpr int C = chunks < 8 ? chunks : 8;
-        static_assert(chunks % C == 0, "lane forward: D must be a power-of-two of registers");
         for (int i = 0; i < strip.queries; ++i) {
           const int64_t query_head = (query_row * qx + strip.x[i]) * heads + h;
-          float* out = job.output + query_head * Dim;
-          for (int g = 0; g < chunks; g += C) {
-            V acc[C];
-            for (V& a : acc) a = V{};
-            for (int64_t kr = 0; kr < key_rows; ++kr) {
-              const float* vr = v_rows[kr] + head_offset + strip.start[i] * Dim + g * L;
-              const float* wr = logits.data() + (kr * jcap + strip.start[i]) * L + i;
-              for (int o = 0; o < strip.count[i]; ++o) {
-                const float weight = wr[o * L];
-                for (int c = 0; c < C; ++c) acc[c] += weight * load<W>(vr + o * Dim + c * L);
-              }
-            }
-            for (int c = 0; c < C; ++c) store<W>(out + g * L + c * L, acc[c] * inverse[i]);
-          }
+          lane_values<W, Dim>(v_rows.data(), key_rows, head_offset, strip.start[i], strip.count[i],
+                              logits.data() + i, jcap, job.output + query_head * Dim, inverse[i]);
           job.lse[query_head] = lse[i];
         }
       }
