@@ -1110,6 +1110,9 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
         mask[j * L + i] = j >= strip.start[i] && j < strip.start[i] + strip.count[i]
                               ? 0.0f
                               : -std::numeric_limits<float>::infinity();
+    // Keys per call of lane_logits: the strip in equal parts of at most JB (20 keys as 10 + 10
+    // rather than 14 + 6, whose 6 sums would wait on the loads).
+    const int64_t per_call = (jn + (jn + JB - 1) / JB - 1) / ((jn + JB - 1) / JB);
     const int64_t row_begin = block * rows_per_block;
     const int64_t row_end = std::min(plan.rows, row_begin + rows_per_block);
     for (int64_t rank = row_begin; rank < row_end; ++rank) {
@@ -1167,8 +1170,8 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
         const V minus_infinity = V{} - std::numeric_limits<float>::infinity();
         V best = minus_infinity;
         for (int64_t kr = 0; kr < key_rows; ++kr)
-          for (int64_t j = 0; j < jn; j += JB) {
-            const int n = static_cast<int>(std::min<int64_t>(JB, jn - j));
+          for (int64_t j = 0; j < jn; j += per_call) {
+            const int n = static_cast<int>(std::min<int64_t>(per_call, jn - j));
             lane_logits_for<W, Dim, JB>(n, qt, k_rows[kr] + head_offset + j * Dim,
                                         mask.data() + j * L, logits.data() + (kr * jcap + j) * L,
                                         best);
@@ -1768,6 +1771,10 @@ struct KernelSet {
   int wide_tile_queries;  // queries per tile of the forward for small windows (kWideTileLimit)
   // The lane forward (f32, D of 32, 64, 128, AVX2 or AVX-512), or nullptr.
   void (*lanes)(const ForwardJob<T>&, const LanePlan&, int64_t, int64_t) = nullptr;
+  // The widest window on the innermost axis for which automatic picks the lane forward: with
+  // AVX-512 the 16-lane query tiles are faster from k = 13 on (38% of the FMA peak against 30%
+  // for the lanes, benchmarks.md), so there only small windows run the lanes.
+  int64_t lane_kernel_limit = kLaneMaxStrip - kLaneQueries + 1;
 };
 
 template <int W, typename T, int Dim>
@@ -1796,7 +1803,8 @@ KernelSet<T> kernels_for_isa() {
             &K::key_pass_v4,
             tile_queries_for<64, T, Dim>(),
             wide_tile_queries_for<64, T, Dim>(),
-            K::kHasLanes ? &K::lanes_v4 : nullptr};
+            K::kHasLanes ? &K::lanes_v4 : nullptr,
+            kWideTileLimit};
   if (cpu_isa_level() == 3)
     return {&K::forward_v3,
             &K::query_pass_v3,
@@ -1841,7 +1849,8 @@ Tensor as_compute(const Tensor& t, DType dtype) {
 template <typename T>
 bool runs_lanes(const KernelSet<T>& set, const Problem& p, NaCpuForward kernel) {
   return set.lanes != nullptr && kernel != NaCpuForward::query_tiles && lane_forward_fits(p) &&
-         (kernel == NaCpuForward::lanes || lane_forward_pays(p));
+         (kernel == NaCpuForward::lanes ||
+          (lane_forward_pays(p) && p.kernel[2] <= set.lane_kernel_limit));
 }
 
 /// The forward kernel of `p` for inputs of `dtype` when `kernel` is asked for.
