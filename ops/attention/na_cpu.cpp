@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -47,6 +48,7 @@
 #include "core/parallel_for.hpp"
 #include "ops/attention/na_problem.hpp"
 #include "ops/cpu_isa.hpp"
+#include "ops/pointwise/vector_math.hpp"
 
 #if TESSERA_MULTI_ISA
 #define TESSERA_NA_INLINE [[gnu::always_inline]] inline
@@ -830,7 +832,7 @@ TESSERA_NA_INLINE void forward_tiles(const ForwardJob<T>& job, int64_t begin, in
 // register of qt meets up to 14 keys in independent chains. A lane's logits outside its window
 // are computed too and masked (for k = 7, half of the products), which costs less than the
 // reduction trees and short segments of the query tiles. The softmax runs lane-wise over the
-// masked logits (exp and log as vector polynomials), and p.v runs per query with D in registers
+// masked logits (exp as a vector polynomial), and p.v runs per query with D in registers
 // and the weights broadcast from s.
 //
 // Work items are (batch, strip, block of rows of the other two axes). A strip's tiles are
@@ -1015,35 +1017,6 @@ TESSERA_NA_INLINE void transpose_lanes(Vec<float, W>* rows) {
 #endif
 }
 
-/// log(x) on every lane of an f32 register, x >= 1 (a softmax denominator): x = 2^e m with
-/// m in [sqrt(1/2), sqrt(2)), log(m) by a degree-9 polynomial in m - 1 (about 1 ulp).
-template <int W>
-TESSERA_NA_INLINE Vec<float, W> log_lanes(Vec<float, W> x) {
-  using V = Vec<float, W>;
-  using I = Vec<int32_t, W>;
-  const I bits = std::bit_cast<I>(x);
-  I exponent = (bits >> 23) - 126;
-  V m = std::bit_cast<V>((bits & 0x007fffff) | 0x3f000000);  // in [1/2, 1)
-  const auto small = m < 0.707106781186547524f;
-  exponent = small ? exponent - 1 : exponent;
-  m = small ? m + m - 1.0f : m - 1.0f;
-  const V e = __builtin_convertvector(exponent, V);
-  const V z = m * m;
-  V y = V{} + 7.0376836292e-2f;
-  y = y * m - 1.1514610310e-1f;
-  y = y * m + 1.1676998740e-1f;
-  y = y * m - 1.2420140846e-1f;
-  y = y * m + 1.4249322787e-1f;
-  y = y * m - 1.6668057665e-1f;
-  y = y * m + 2.0000714765e-1f;
-  y = y * m - 2.4999993993e-1f;
-  y = y * m + 3.3333331174e-1f;
-  y = y * m * z;
-  y = y + e * -2.12194440e-4f;
-  y = y - 0.5f * z;
-  return m + y + e * 0.693359375f;
-}
-
 /// p.v of one query of a lane tile: out = factor * the sum over the key rows and the keys
 /// [first, first + count) of the strip of weight * v, the weights read from lane 0 of `weights`
 /// ([key row][key of the strip][lane], rows jcap keys apart); 8 registers of D stay in registers
@@ -1085,7 +1058,9 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
   const int64_t strip_count = static_cast<int64_t>(plan.strips.first.size());
   const int64_t jcap = plan.max_strip;
   const int64_t slot_size = heads * jcap * Dim;  // [head][key of the strip][D]
-  std::vector<float> k_cache(plan.slots * slot_size), v_cache(plan.slots * slot_size);
+  // Not zeroed: a slot's keys [0, J) are written before any is read (up to 4 MiB each).
+  const auto k_cache = std::make_unique_for_overwrite<float[]>(plan.slots * slot_size);
+  const auto v_cache = std::make_unique_for_overwrite<float[]>(plan.slots * slot_size);
   std::vector<int64_t> tags(plan.slots);
   alignas(64) float qt[Dim * L];
   std::vector<float> logits(plan.slots * jcap * L), mask(jcap * L);
@@ -1128,8 +1103,8 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
           const int64_t ly = wy.first + iy * wy.step - p.tile_offset[1];
           const int64_t slot = plan.slot_z[lz] + plan.slot_y[ly];
           const int64_t local = lz * ty + ly;
-          float* kc = k_cache.data() + slot * slot_size;
-          float* vc = v_cache.data() + slot * slot_size;
+          float* kc = k_cache.get() + slot * slot_size;
+          float* vc = v_cache.get() + slot * slot_size;
           if (tags[slot] != local) {
             tags[slot] = local;
             const int64_t first = (local * tx + x0) * row;
@@ -1205,7 +1180,9 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
             sum += e;
           }
         }
-        const V inverse = 1.0f / sum, lse = best + log_lanes<W>(sum);
+        const V inverse = 1.0f / sum;
+        float lse[L];
+        for (int i = 0; i < L; ++i) lse[i] = best[i] + vm::log_f32(sum[i]);
         // p.v per query: D in registers (8 at a time), the weights broadcast from the logits.
         for (int i = 0; i < strip.queries; ++i) {
           const int64_t query_head = (query_row * qx + strip.x[i]) * heads + h;
