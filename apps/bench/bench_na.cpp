@@ -141,6 +141,10 @@ struct KernelFigures {
   double reference_forward = 0, reference_forward_backward = 0;
   double fast_forward = 0, fast_forward_backward = 0;
   int64_t wrong = 0;
+  // cpu: the forward kernel the fast path picks, and the query tiles' forward asked for (the
+  // kernel lane tiles replace where they run).
+  std::string fast_kernel;
+  double tiles_forward = 0;
 };
 
 KernelFigures measure_kernels(const Shape& shape, int64_t kernel, DType dtype, int threads,
@@ -165,6 +169,13 @@ KernelFigures measure_kernels(const Shape& shape, int64_t kernel, DType dtype, i
     fast = ops::NaForward{};  // released first, so the allocator's cache serves the next call
     fast = ops::na_cpu_forward(q, k, v, nullptr, geometry, whole, threads);
   });
+  figures.tiles_forward = timed(iterations, [&] {
+    ops::na_cpu_forward(q, k, v, nullptr, geometry, whole, threads, ops::NaCpuForward::query_tiles);
+  });
+  figures.fast_kernel =
+      ops::na_cpu_forward_kernel(q, k, v, nullptr, geometry, whole) == ops::NaCpuForward::lanes
+          ? "lane tiles"
+          : "query tiles";
   figures.reference_forward_backward = timed(1, [&] {
     ops::na_forward(q, k, v, nullptr, geometry, whole);
     ops::na_backward(q, k, v, nullptr, grad, nullptr, geometry, whole);
@@ -310,24 +321,31 @@ void run_na_bench(const NaBenchOptions& options) {
         return fmt::format("{:.0f}x", row[reference].get<double>() / row[fast].get<double>());
       };
     };
+    std::vector<bench::Column> columns{
+        {"shape", "shape", "", 18},
+        {"kernel", "k", "", 3},
+        {"reference_forward_ms", "ref fwd", "ms", 13, 1},
+        {"fast_forward_ms", "fast fwd", "ms", 9, 2},
+        {"", "speedup", "", 8, -1, speedup("reference_forward_ms", "fast_forward_ms")},
+        {"reference_forward_backward_ms", "ref f+b", "ms", 13, 1},
+        {"fast_forward_backward_ms", "fast f+b", "ms", 9, 2},
+        {"", "speedup", "", 8, -1,
+         speedup("reference_forward_backward_ms", "fast_forward_backward_ms")},
+        {"wrong", "#wrong", "", 7}};
+    if (!on_cuda) {
+      // The forward the fast path picks and the query tiles' forward beside it.
+      columns.insert(columns.begin() + 5, {"fast_forward_kernel", "fast kernel", "", 12});
+      columns.insert(columns.begin() + 6, {"tiles_forward_ms", "tiles fwd", "ms", 10, 2});
+    }
     bench::BenchTable& kernels = report.table(
         "kernels",
         on_cuda ? fmt::format("cuda kernels alone (1 rank on {}): ref = the plain kernel, fast = "
                               "the dispatched one ({})",
                               rank_device(options.device, 0).str(), cuda_kernel)
                 : fmt::format("kernels alone (1 rank, fast on {} thread(s), reference "
-                              "single-threaded in f64)",
+                              "single-threaded in f64; tiles fwd = the query tiles' forward)",
                               threads),
-        {{"shape", "shape", "", 18},
-         {"kernel", "k", "", 3},
-         {"reference_forward_ms", "ref fwd", "ms", 13, 1},
-         {"fast_forward_ms", "fast fwd", "ms", 9, 2},
-         {"", "speedup", "", 8, -1, speedup("reference_forward_ms", "fast_forward_ms")},
-         {"reference_forward_backward_ms", "ref f+b", "ms", 13, 1},
-         {"fast_forward_backward_ms", "fast f+b", "ms", 9, 2},
-         {"", "speedup", "", 8, -1,
-          speedup("reference_forward_backward_ms", "fast_forward_backward_ms")},
-         {"wrong", "#wrong", "", 7}});
+        std::move(columns));
     for (int64_t kernel : parse_list(options.kernels)) {
       if (kernel > options.reference_size) continue;
       const KernelFigures f =
@@ -335,17 +353,23 @@ void run_na_bench(const NaBenchOptions& options) {
                                          rank_device(options.device, 0))
                   : measure_kernels(small, kernel, dtype, threads, options.iterations);
       const double flops = na_flops(small, kernel);
-      kernels.add({{"shape", small},
-                   {"kernel", kernel},
-                   {"dtype", dtype_name(dtype)},
-                   {"threads", threads},
-                   {"reference_forward_ms", f.reference_forward * 1e3},
-                   {"fast_forward_ms", f.fast_forward * 1e3},
-                   {"fast_forward_gflops", flops / f.fast_forward / 1e9},
-                   {"reference_forward_backward_ms", f.reference_forward_backward * 1e3},
-                   {"fast_forward_backward_ms", f.fast_forward_backward * 1e3},
-                   {"fast_forward_backward_gflops", 3.5 * flops / f.fast_forward_backward / 1e9},
-                   {"wrong", f.wrong}});
+      nlohmann::json row{
+          {"shape", small},
+          {"kernel", kernel},
+          {"dtype", dtype_name(dtype)},
+          {"threads", threads},
+          {"reference_forward_ms", f.reference_forward * 1e3},
+          {"fast_forward_ms", f.fast_forward * 1e3},
+          {"fast_forward_gflops", flops / f.fast_forward / 1e9},
+          {"reference_forward_backward_ms", f.reference_forward_backward * 1e3},
+          {"fast_forward_backward_ms", f.fast_forward_backward * 1e3},
+          {"fast_forward_backward_gflops", 3.5 * flops / f.fast_forward_backward / 1e9},
+          {"wrong", f.wrong}};
+      if (!on_cuda) {
+        row["fast_forward_kernel"] = f.fast_kernel;
+        row["tiles_forward_ms"] = f.tiles_forward * 1e3;
+      }
+      kernels.add(std::move(row));
     }
   }
   report.finish();

@@ -930,10 +930,12 @@ LanePlan lane_plan(const Problem& p, int threads) {
     plan.slot_z.push_back((p.tile_offset[0] + z) / p.dilation[0] % p.kernel[0] * p.kernel[1]);
   for (int64_t y = 0; y < p.tile[1]; ++y)
     plan.slot_y.push_back((p.tile_offset[1] + y) / p.dilation[1] % p.kernel[1]);
-  // Enough items for every thread (a block copies its first window's key rows again).
+  // Enough items for every thread (4 each), but blocks of at least twice a window's key rows:
+  // a block copies its first window's key rows again.
   const int64_t base = p.batch * static_cast<int64_t>(plan.strips.first.size());
   if (base > 0 && plan.rows > 0)
-    plan.blocks = std::clamp<int64_t>((8 * threads + base - 1) / base, 1, plan.rows);
+    plan.blocks = std::clamp<int64_t>((4 * threads + base - 1) / base, 1,
+                                      std::max<int64_t>(1, plan.rows / (2 * plan.slots)));
   return plan;
 }
 
