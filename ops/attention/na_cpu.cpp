@@ -1850,36 +1850,27 @@ NaForward forward_in(const Problem& p, const Tensor& q, const Tensor& k, const T
   Tensor output = Tensor::empty(q.shape(), dtype);
   Tensor lse = Tensor::empty(lse_shape, dtype);
   const KernelSet<T> set = kernels<T>(p.dim);
+  ForwardJob<T> job{&p,
+                    nullptr,
+                    qc.data<T>(),
+                    kc.data<T>(),
+                    vc.data<T>(),
+                    rpb ? bias.data<T>() : nullptr,
+                    output.data<T>(),
+                    lse.data<T>()};
   if (runs_lanes(set, p, kernel)) {
     const LanePlan plan = lane_plan(p, threads);
-    const ForwardJob<T> job{&p,
-                            nullptr,
-                            qc.data<T>(),
-                            kc.data<T>(),
-                            vc.data<T>(),
-                            rpb ? bias.data<T>() : nullptr,
-                            output.data<T>(),
-                            lse.data<T>()};
     parallel_for(plan.items(p), threads,
                  [&](int64_t begin, int64_t end, int) { set.lanes(job, plan, begin, end); });
-    return NaForward{output.to_dtype(q.dtype()), lse.to_dtype(lse_dtype(q.dtype()))};
+  } else {
+    job.wide = set.wide_tile_queries > set.tile_queries && p.kernel[tile_axis(p)] <= kWideTileLimit;
+    const int tile_queries = job.wide ? set.wide_tile_queries : set.tile_queries;
+    const QueryTiles tiles = tile_queries > 0 ? query_tiles(p, tile_queries) : QueryTiles{};
+    job.tiles = &tiles;
+    const int64_t items = tile_queries > 0 ? tile_items(p, tiles) : p.batch * p.query_count();
+    parallel_for(items, threads,
+                 [&](int64_t begin, int64_t end, int) { set.forward(job, begin, end); });
   }
-  const bool wide =
-      set.wide_tile_queries > set.tile_queries && p.kernel[tile_axis(p)] <= kWideTileLimit;
-  const int tile_queries = wide ? set.wide_tile_queries : set.tile_queries;
-  const QueryTiles tiles = tile_queries > 0 ? query_tiles(p, tile_queries) : QueryTiles{};
-  const ForwardJob<T> job{&p,
-                          &tiles,
-                          qc.data<T>(),
-                          kc.data<T>(),
-                          vc.data<T>(),
-                          rpb ? bias.data<T>() : nullptr,
-                          output.data<T>(),
-                          lse.data<T>(),
-                          wide};
-  const int64_t items = tile_queries > 0 ? tile_items(p, tiles) : p.batch * p.query_count();
-  parallel_for(items, threads,
-               [&](int64_t begin, int64_t end, int) { set.forward(job, begin, end); });
   return NaForward{output.to_dtype(q.dtype()), lse.to_dtype(lse_dtype(q.dtype()))};
 }
 
