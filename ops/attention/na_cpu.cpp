@@ -246,45 +246,17 @@ TESSERA_NA_INLINE void prefetch_for_write(const T* row, int64_t count) {
   prefetch_row<1>(row, count);
 }
 
-/// exp(x) on every lane of an f32 register (softmax weights, x <= 0): exp(x) = 2^n exp(r) with
+/// exp(x) on every lane of an f32 register for x in [-87, 88]: exp(x) = 2^n exp(r) with
 /// n = round(x / ln 2), |r| <= ln(2) / 2, and a degree-6 polynomial for exp(r) (about 1 ulp), in
-/// lane-wise vector operations. Below -87 it returns 0 (the exact value is under 2e-38, nothing
-/// against a softmax denominator >= 1).
+/// lane-wise vector operations.
 template <int W>
-TESSERA_NA_INLINE Vec<float, W> exp_lanes(Vec<float, W> x) {
+TESSERA_NA_INLINE Vec<float, W> exp_in_range(Vec<float, W> x) {
   using V = Vec<float, W>;
   using I = Vec<int32_t, W>;
-  const V low = V{} - 87.0f, high = V{} + 88.0f, shifter = V{} + 12582912.0f;
-  V clamped = x < low ? low : x;
-  clamped = clamped > high ? high : clamped;
-  const V shifted = clamped * 1.44269504088896341f + shifter;
+  const V shifter = V{} + 12582912.0f;
+  const V shifted = x * 1.44269504088896341f + shifter;
   const V n = shifted - shifter;
-  V r = clamped - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  V poly = V{} + 1.9875691500e-4f;
-  poly = poly * r + 1.3981999507e-3f;
-  poly = poly * r + 8.3334519073e-3f;
-  poly = poly * r + 4.1665795894e-2f;
-  poly = poly * r + 1.6666665459e-1f;
-  poly = poly * r + 5.0000001201e-1f;
-  poly = poly * r * r + r + 1.0f;
-  const I exponent = (std::bit_cast<I>(shifted) - std::bit_cast<int32_t>(12582912.0f) + 127) << 23;
-  return x < low ? V{} : poly * std::bit_cast<V>(exponent);
-}
-
-/// exp_lanes for the softmax of masked logits: x below -87 (masked lanes are -inf) gives
-/// exp(-87), about 1.6e-38, rather than 0. Such a weight is never used, and its share of a
-/// denominator >= 1 is below the last bit; the clamp above and the blend this saves are a fifth
-/// of the function.
-template <int W>
-TESSERA_NA_INLINE Vec<float, W> exp_lanes_floored(Vec<float, W> x) {
-  using V = Vec<float, W>;
-  using I = Vec<int32_t, W>;
-  const V low = V{} - 87.0f, shifter = V{} + 12582912.0f;
-  const V clamped = x < low ? low : x;
-  const V shifted = clamped * 1.44269504088896341f + shifter;
-  const V n = shifted - shifter;
-  V r = clamped - n * 0.693359375f;
+  V r = x - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
   V poly = V{} + 1.9875691500e-4f;
   poly = poly * r + 1.3981999507e-3f;
@@ -295,6 +267,29 @@ TESSERA_NA_INLINE Vec<float, W> exp_lanes_floored(Vec<float, W> x) {
   poly = poly * r * r + r + 1.0f;
   const I exponent = (std::bit_cast<I>(shifted) - std::bit_cast<int32_t>(12582912.0f) + 127) << 23;
   return poly * std::bit_cast<V>(exponent);
+}
+
+/// exp(x) on every lane of an f32 register (softmax weights, x <= 0; exp_in_range with x clamped
+/// to its range). Below -87 it returns 0 (the exact value is under 2e-38, nothing against a
+/// softmax denominator >= 1).
+template <int W>
+TESSERA_NA_INLINE Vec<float, W> exp_lanes(Vec<float, W> x) {
+  using V = Vec<float, W>;
+  const V low = V{} - 87.0f, high = V{} + 88.0f;
+  V clamped = x < low ? low : x;
+  clamped = clamped > high ? high : clamped;
+  return x < low ? V{} : exp_in_range<W>(clamped);
+}
+
+/// exp_lanes for the softmax of masked logits (x <= 0): x below -87 (masked lanes are -inf)
+/// gives exp(-87), about 1.6e-38, rather than 0. Such a weight is never used, and its share of a
+/// denominator >= 1 is below the last bit; the clamp above and the blend this saves are a fifth
+/// of exp_lanes.
+template <int W>
+TESSERA_NA_INLINE Vec<float, W> exp_lanes_floored(Vec<float, W> x) {
+  using V = Vec<float, W>;
+  const V low = V{} - 87.0f;
+  return exp_in_range<W>(x < low ? low : x);
 }
 
 /// f64: std::exp per lane.
