@@ -283,8 +283,8 @@ TESSERA_NA_INLINE Vec<float, W> exp_lanes(Vec<float, W> x) {
 
 /// exp_lanes for the softmax of masked logits (x <= 0): x below -87 (masked lanes are -inf)
 /// gives exp(-87), about 1.6e-38, rather than 0. Such a weight is never used, and its share of a
-/// denominator >= 1 is below the last bit; the clamp above and the blend this saves are a fifth
-/// of exp_lanes.
+/// denominator >= 1 is below the last bit; exp_lanes' upper clamp and final blend, which this
+/// leaves out, are a fifth of its work.
 template <int W>
 TESSERA_NA_INLINE Vec<float, W> exp_lanes_floored(Vec<float, W> x) {
   using V = Vec<float, W>;
