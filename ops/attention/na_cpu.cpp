@@ -1193,7 +1193,8 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
               best = value > best ? value : best;
             }
         }
-        // Lane-wise softmax: the masked logits' exponentials (0 off the windows) and their sum.
+        // Lane-wise softmax: the masked logits' exponentials (about 1e-38 off the windows, never
+        // read) and their sum.
         V sum = V{};
         for (int64_t kr = 0; kr < key_rows; ++kr) {
           float* at = logits.data() + kr * jcap * L;
@@ -1204,14 +1205,12 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
           }
         }
         const V inverse = 1.0f / sum;
-        float lse[L];
-        for (int i = 0; i < L; ++i) lse[i] = best[i] + vm::log_f32(sum[i]);
         // p.v per query: D in registers (8 at a time), the weights broadcast from the logits.
         for (int i = 0; i < strip.queries; ++i) {
           const int64_t query_head = (query_row * qx + strip.x[i]) * heads + h;
           lane_values<W, Dim>(v_rows.data(), key_rows, head_offset, strip.start[i], strip.count[i],
                               logits.data() + i, jcap, job.output + query_head * Dim, inverse[i]);
-          job.lse[query_head] = lse[i];
+          job.lse[query_head] = best[i] + vm::log_f32(sum[i]);
         }
       }
     }
@@ -1772,8 +1771,9 @@ struct KernelSet {
   // The lane forward (f32, D of 32, 64, 128, AVX2 or AVX-512), or nullptr.
   void (*lanes)(const ForwardJob<T>&, const LanePlan&, int64_t, int64_t) = nullptr;
   // The widest window on the innermost axis for which automatic picks the lane forward: with
-  // AVX-512 the 16-lane query tiles are faster from k = 13 on (38% of the FMA peak against 30%
-  // for the lanes, benchmarks.md), so there only small windows run the lanes.
+  // AVX-512 the 16-lane query tiles are level with the lanes at k = 9 and faster from k = 11 on
+  // (k = 13: 37-38% of the FMA peak against 30-33%, benchmarks.md), so there only windows of
+  // up to kWideTileLimit keys run the lanes.
   int64_t lane_kernel_limit = kLaneMaxStrip - kLaneQueries + 1;
 };
 
