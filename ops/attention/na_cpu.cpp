@@ -845,30 +845,32 @@ TESSERA_NA_INLINE void forward_tiles(const ForwardJob<T>& job, int64_t begin, in
 // Lane tiles (the f32 forward with AVX2 or AVX-512, D of 32, 64 or 128): the queries of a tile
 // are the 8 lanes of one register, neighbours along the innermost axis in one dilation group,
 // so that q.k is a small matrix product with no reduction tree. The tile's queries share their
-// window on the other axes (its key rows), and their windows on the innermost axis lie in a
-// union of J <= 8 + k - 1 keys (the strip), so for every key row and key j of the strip
-//   s[row][j] (one register, a lane per query) = sum_d qt[d] * k[row][j][d]
-// with qt the tile's queries transposed (a register per d) and each k value broadcast: each
-// register of qt meets up to 14 keys in independent chains. A lane's logits outside its window
-// are computed too and masked (for k = 7, half of the products), which costs less than the
-// reduction trees and short segments of the query tiles. The softmax runs lane-wise over the
-// masked logits (exp as a vector polynomial), and p.v runs per query with D in registers
-// and the weights broadcast from s.
+// window on the other axes (its key rows); on the innermost axis lane i's window is the keys
+// start_i .. start_i + count_i - 1 of the strip (the union of the tile's windows on that axis).
+// Away from the axis' ends start_i = i + e for one e: key o of every lane's window is key
+// i + e + o of the strip. With the strip's keys of each key row transposed (kt[d][key], the keys
+// of one d contiguous), the 8 lanes' keys o are one unaligned load, and
+//   s[row][o] (one register, a lane per query) = sum_d qt[d] * kt[row][d][e + o .. e + o + 8)
+// with qt the tile's queries transposed (a register per d): k FMAs per key row and d, every lane
+// useful. Near the axis' ends (and on causal axes) the offsets e_i = start_i - i differ; o then
+// runs over the union of the lanes' [e_i, e_i + count_i), and the logits of a lane outside its
+// window are masked. The softmax runs lane-wise (exp as a vector polynomial), and p.v runs per
+// query with D in registers and the weights broadcast from s.
 //
-// Work items are (batch, strip, block of rows of the other two axes). A strip's tiles are
-// walked row by row in dilation-group order, so consecutive tiles share all but one key row, and
+// Work items are (batch, strip, block of rows of the other two axes). A strip's tiles are walked
+// row by row in dilation-group order, so consecutive tiles share all but one key row, and
 // all heads of a row are done together. The k/v rows of a strip are copied, per key row and for
-// every head, into a cache slot ([head][key of the strip][D], contiguous) when a window first
-// holds them and kept while later windows still do: each k/v row is read from memory once per
-// strip, sequentially, and every key of a slot lies at a fixed offset from the slot's start.
+// every head, into a cache slot when a window first holds them and kept while later windows still
+// do: v as [head][key of the strip][D], k transposed as [head][d][key]. Each k/v row is read from
+// memory once per strip, sequentially, and the loops read every slot at fixed offsets.
 
 /// Register width and lanes of the lane forward (8 f32 lanes, also on AVX-512: 16 lanes would
 /// make the strip 22 keys for 16 queries of a k = 7 window, measured slower).
 constexpr int kLaneWidth = 32;
 constexpr int kLaneQueries = 8;
 
-/// Keys of the strip one call of lane_logits takes at most: its 14 sums, the query register and
-/// the broadcast key fill AVX2's 16 registers.
+/// Logits per key row one call of lane_logits computes at most: its 14 sums, the query register
+/// and a loaded key register fill AVX2's 16 registers.
 constexpr int kLaneKeys = 14;
 
 /// Keys of a strip the lane forward takes at most (8 + k - 1 on the innermost axis: k <= 33).
@@ -882,7 +884,9 @@ struct LanePlan {
   QueryTiles strips;                    // tiles of 8 queries on the innermost axis
   int64_t rows = 0;                     // rows of the other two axes (queries[0] * queries[1])
   int64_t blocks = 1;                   // row blocks per (batch, strip)
-  int64_t max_strip = 0;                // the largest J of any strip
+  int64_t max_strip = 0;                // the largest J of any strip (keys of a v slot per head)
+  int64_t max_outputs = 0;              // the most logits per key row and lane of any strip
+  int64_t columns = 0;                  // keys per d of a k slot (a multiple of 16)
   int64_t slots = 0;                    // cache slots: key rows of a window, kernel[0] * kernel[1]
   std::vector<int64_t> order;           // rows (z * queries[1] + y) in dilation-group order
   std::vector<int64_t> slot_z, slot_y;  // cache slot of a key row: slot_z[local z] + slot_y[y]
@@ -903,13 +907,21 @@ int64_t group_order(int64_t rank, int64_t n, int64_t d) {
 }
 
 /// Strip `s` of the plan: each lane's local query index on the innermost axis (lanes past the
-/// tile's queries repeat lane 0), the global index of the strip's first key, its J, and where
-/// each lane's window starts in it and how many keys it holds.
+/// tile's queries repeat lane 0), the global index of the strip's first key, its J, where each
+/// lane's window starts in it and how many keys it holds, and the skew of the logits: logit o of
+/// lane i (o < outputs) is its key i + offset + o of the strip.
 struct LaneStrip {
   int queries = 0;
   int64_t x[kLaneQueries];
   int64_t first_key = 0, keys = 0;
   int32_t start[kLaneQueries], count[kLaneQueries];
+  int32_t offset = 0;   // the least start_i - i of the tile's queries
+  int32_t outputs = 0;  // logits per key row: the union of the [start_i - i, + count_i)
+  bool masked = false;  // whether some query's window misses some of them
+
+  /// Columns of the transposed keys the logits read: the keys offset .. offset + columns - 1 of
+  /// the strip, whole registers.
+  int64_t columns() const { return (outputs + kLaneQueries - 1 + 7) / 8 * 8; }
 };
 
 TESSERA_NA_INLINE void lane_strip(const Problem& p, const QueryTiles& strips, int64_t s,
@@ -919,14 +931,24 @@ TESSERA_NA_INLINE void lane_strip(const Problem& p, const QueryTiles& strips, in
   const NaWindow& w0 = p.windows[2][strips.first[s]];
   strip.first_key = w0.first;
   int64_t last = w0.first;
+  int32_t low = std::numeric_limits<int32_t>::max(), high = std::numeric_limits<int32_t>::min();
   for (int i = 0; i < kLaneQueries; ++i) {
     strip.x[i] = strips.first[s] + (i < strip.queries ? i : 0) * step;
     const NaWindow& w = p.windows[2][strip.x[i]];
     strip.start[i] = static_cast<int32_t>((w.first - strip.first_key) / step);
     strip.count[i] = static_cast<int32_t>(w.count);
     last = std::max(last, w.first + (w.count - 1) * step);
+    if (i < strip.queries) {
+      low = std::min(low, strip.start[i] - i);
+      high = std::max(high, strip.start[i] - i + strip.count[i]);
+    }
   }
   strip.keys = (last - strip.first_key) / step + 1;
+  strip.offset = low;
+  strip.outputs = high - low;
+  strip.masked = false;
+  for (int i = 0; i < strip.queries; ++i)
+    strip.masked |= strip.start[i] - i != low || strip.count[i] != strip.outputs;
 }
 
 /// The lane plan of a problem on `threads` threads.
@@ -939,6 +961,8 @@ LanePlan lane_plan(const Problem& p, int threads) {
   for (size_t s = 0; s < plan.strips.first.size(); ++s) {
     lane_strip(p, plan.strips, static_cast<int64_t>(s), strip);
     plan.max_strip = std::max(plan.max_strip, strip.keys);
+    plan.max_outputs = std::max<int64_t>(plan.max_outputs, strip.outputs);
+    plan.columns = std::max(plan.columns, (strip.columns() + 15) / 16 * 16);
   }
   for (int64_t rank = 0; rank < plan.rows; ++rank)
     plan.order.push_back(group_order(rank / p.queries[1], p.queries[0], p.dilation[0]) *
@@ -963,7 +987,10 @@ LanePlan lane_plan(const Problem& p, int threads) {
 /// caches of at most kLaneMaxCache bytes (the caller checks dtype, D and instruction set).
 bool lane_forward_fits(const Problem& p) {
   if (p.kernel[2] - 1 + kLaneQueries > kLaneMaxStrip) return false;
-  return p.kernel[0] * p.kernel[1] * p.heads * kLaneMaxStrip * p.dim *
+  // A strip's logits per key row are at most k + 7 (the lanes' windows start at most 7 keys
+  // apart relative to their queries), so a k slot has at most 48 keys per d.
+  const int64_t columns = (p.kernel[2] + 2 * (kLaneQueries - 1) + 15) / 16 * 16;
+  return p.kernel[0] * p.kernel[1] * p.heads * std::max(kLaneMaxStrip, columns) * p.dim *
              static_cast<int64_t>(sizeof(float)) <=
          kLaneMaxCache;
 }
@@ -978,35 +1005,49 @@ bool lane_forward_pays(const Problem& p) {
   return 4 * n >= 3 * lanes;
 }
 
-/// out[j] = sum_d qt[d] * keys[j * Dim + d] + mask[j] for j < JB (registers of L lanes; mask[j]
-/// is 0 on the lanes whose window holds key j, -inf on the others), and best = the lane-wise
-/// maximum of best and the out[j].
-template <int W, int Dim, int JB>
-TESSERA_NA_INLINE void lane_logits(const float* __restrict qt, const float* __restrict keys,
-                                   const float* __restrict mask, float* __restrict out,
-                                   Vec<float, W>& best) {
+/// For each of R key rows r: out[r][o] = sum_d qt[d] * kt[r][d * columns + o ...] + mask[o] for
+/// o < OB (out[r] is out + r * out_rows). These are registers of L lanes: lane i of out[r][o] is
+/// the query of lane i against the key in column i + o of kt[r] (the 8 columns from o, one
+/// unaligned load); mask[o] is 0 on the lanes whose window holds that key, -inf on the others.
+/// best = the lane-wise maximum of best and the out[r][o]. Two key rows at once (R = 2, OB <= 7)
+/// share the query register's load and give 14 independent sums.
+template <int W, int Dim, int R, int OB>
+TESSERA_NA_INLINE void lane_logits(const float* __restrict qt, const float* const* kt,
+                                   int64_t columns, const float* __restrict mask,
+                                   float* __restrict out, int64_t out_rows, Vec<float, W>& best) {
   using V = Vec<float, W>;
   constexpr int L = kLanes<float, W>;
-  V acc[JB];
-  for (V& a : acc) a = V{};
+  static_assert(R * OB <= kLaneKeys, "lane_logits: more sums than registers");
+  V acc[R][OB];
+  for (auto& row : acc)
+    for (V& a : row) a = V{};
+  const float* at[R];
+  for (int r = 0; r < R; ++r) at[r] = kt[r];
   for (int d = 0; d < Dim; ++d) {
     const V qv = load<W>(qt + d * L);
-    for (int j = 0; j < JB; ++j) acc[j] += qv * keys[j * Dim + d];
+    for (int r = 0; r < R; ++r) {
+      // The line 6 d ahead: the L1 gets each key row's columns in time (they come from the L2).
+      __builtin_prefetch(at[r] + 6 * columns, 0, 3);
+      for (int o = 0; o < OB; ++o) acc[r][o] += qv * load<W>(at[r] + o);
+      at[r] += columns;
+    }
   }
-  for (int j = 0; j < JB; ++j) {
-    const V value = acc[j] + load<W>(mask + j * L);
-    store<W>(out + j * L, value);
-    best = value > best ? value : best;
-  }
+  for (int r = 0; r < R; ++r)
+    for (int o = 0; o < OB; ++o) {
+      const V value = acc[r][o] + load<W>(mask + o * L);
+      store<W>(out + r * out_rows + o * L, value);
+      best = value > best ? value : best;
+    }
 }
 
-/// lane_logits for n <= Max keys (n a compile-time constant in each branch).
-template <int W, int Dim, int Max>
-TESSERA_NA_INLINE void lane_logits_for(int n, const float* qt, const float* keys, const float* mask,
-                                       float* out, Vec<float, W>& best) {
+/// lane_logits for n <= Max logits per key row (n a compile-time constant in each branch).
+template <int W, int Dim, int R, int Max>
+TESSERA_NA_INLINE void lane_logits_for(int n, const float* qt, const float* const* kt,
+                                       int64_t columns, const float* mask, float* out,
+                                       int64_t out_rows, Vec<float, W>& best) {
   if constexpr (Max >= 1) {
-    if (n == Max) return lane_logits<W, Dim, Max>(qt, keys, mask, out, best);
-    lane_logits_for<W, Dim, Max - 1>(n, qt, keys, mask, out, best);
+    if (n == Max) return lane_logits<W, Dim, R, Max>(qt, kt, columns, mask, out, out_rows, best);
+    lane_logits_for<W, Dim, R, Max - 1>(n, qt, kt, columns, mask, out, out_rows, best);
   }
 }
 
@@ -1039,14 +1080,39 @@ TESSERA_NA_INLINE void transpose_lanes(Vec<float, W>* rows) {
 #endif
 }
 
+/// The keys of one key row of a strip, every head, transposed into a k slot: column c of
+/// kt[head][d] (`columns` floats per d) holds d of key c + offset of the strip, 0 where that key
+/// is outside [0, keys); columns [0, used) are written. Key j of the strip is at src + j * step
+/// ([head][D] each).
+template <int W, int Dim>
+TESSERA_NA_INLINE void transpose_keys(const float* src, int64_t step, int64_t keys,
+                                      int64_t offset, int64_t used, int64_t heads,
+                                      int64_t columns, float* kt) {
+  using V = Vec<float, W>;
+  constexpr int L = kLanes<float, W>;
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t c = 0; c < used; c += L)
+      for (int g = 0; g < Dim; g += L) {
+        V block[L];
+        for (int t = 0; t < L; ++t) {
+          const int64_t j = c + t + offset;
+          block[t] = j >= 0 && j < keys ? load<W>(src + j * step + h * Dim + g) : V{};
+        }
+        transpose_lanes<W>(block);
+#pragma GCC unroll 16
+        for (int t = 0; t < L; ++t) store<W>(kt + (h * Dim + g + t) * columns + c, block[t]);
+      }
+}
+
 /// p.v of one query of a lane tile: out = factor * the sum over the key rows and the keys
-/// [first, first + count) of the strip of weight * v, the weights read from lane 0 of `weights`
-/// ([key row][key of the strip][lane], rows jcap keys apart); 8 registers of D stay in registers
-/// while the v rows stream past.
+/// [first, first + count) of the strip of weight * v. The weight of the o-th of those keys in
+/// key row kr is weights[kr * weight_rows + o * L]; v_rows[kr] + head_offset is the v slot of
+/// key row kr ([key of the strip][D]). 8 registers of D stay in registers while the v rows
+/// stream past.
 template <int W, int Dim>
 TESSERA_NA_INLINE void lane_values(const float* const* v_rows, int64_t key_rows,
                                    int64_t head_offset, int first, int count, const float* weights,
-                                   int64_t jcap, float* out, float factor) {
+                                   int64_t weight_rows, float* out, float factor) {
   using V = Vec<float, W>;
   constexpr int L = kLanes<float, W>, chunks = Dim / L, C = std::min(chunks, 8);
   static_assert(chunks % C == 0, "lane forward: D must be a power-of-two of registers");
@@ -1055,7 +1121,7 @@ TESSERA_NA_INLINE void lane_values(const float* const* v_rows, int64_t key_rows,
     for (V& a : acc) a = V{};
     for (int64_t kr = 0; kr < key_rows; ++kr) {
       const float* vr = v_rows[kr] + head_offset + first * Dim + g * L;
-      const float* wr = weights + (kr * jcap + first) * L;
+      const float* wr = weights + kr * weight_rows;
       for (int o = 0; o < count; ++o) {
         const float weight = wr[o * L];
         for (int c = 0; c < C; ++c) acc[c] += weight * load<W>(vr + o * Dim + c * L);
@@ -1063,6 +1129,17 @@ TESSERA_NA_INLINE void lane_values(const float* const* v_rows, int64_t key_rows,
     }
     for (int c = 0; c < C; ++c) store<W>(out + g * L + c * L, acc[c] * factor);
   }
+}
+
+/// An uninitialised f32 buffer starting on a cache line: 32-byte loads at multiples of 32 bytes
+/// from its start never straddle two lines (the heap aligns large blocks to 16 bytes only).
+struct AlignedDelete {
+  void operator()(float* p) const { ::operator delete[](p, std::align_val_t{64}); }
+};
+using AlignedFloats = std::unique_ptr<float[], AlignedDelete>;
+AlignedFloats aligned_floats(int64_t count) {
+  return AlignedFloats(static_cast<float*>(
+      ::operator new[](static_cast<size_t>(count) * sizeof(float), std::align_val_t{64})));
 }
 
 /// Forward of the lane work items [begin, end): (batch, strip, block of rows), see LanePlan.
@@ -1078,14 +1155,18 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
   const int64_t heads = p.heads, row = heads * Dim;
   const float scale = static_cast<float>(p.scale);
   const int64_t strip_count = static_cast<int64_t>(plan.strips.first.size());
-  const int64_t jcap = plan.max_strip;
-  const int64_t slot_size = heads * jcap * Dim;  // [head][key of the strip][D]
-  // Not zeroed: a slot's keys [0, J) are written before any is read (up to 4 MiB each).
-  const auto k_cache = std::make_unique_for_overwrite<float[]>(plan.slots * slot_size);
-  const auto v_cache = std::make_unique_for_overwrite<float[]>(plan.slots * slot_size);
+  const int64_t jcap = plan.max_strip, ocap = plan.max_outputs, columns = plan.columns;
+  const int64_t k_slot = heads * Dim * columns;  // [head][d][column]
+  const int64_t v_slot = heads * jcap * Dim;     // [head][key of the strip][D]
+  // Not zeroed: a slot's columns and keys are written before any is read (up to 4 MiB each).
+  const auto k_cache = aligned_floats(plan.slots * k_slot);
+  const auto v_cache = aligned_floats(plan.slots * v_slot);
   std::vector<int64_t> tags(plan.slots);
   alignas(64) float qt[Dim * L];
-  std::vector<float> logits(plan.slots * jcap * L), mask(jcap * L);
+  const auto logits_buffer = aligned_floats(plan.slots * ocap * L);
+  const auto mask_buffer = aligned_floats(ocap * L);
+  float* const logits = logits_buffer.get();
+  float* const mask = mask_buffer.get();
   std::vector<const float*> k_rows(plan.slots), v_rows(plan.slots);
   std::vector<int64_t> bias_rows(plan.slots);
   const int64_t rows_per_block = (plan.rows + plan.blocks - 1) / plan.blocks;
@@ -1096,20 +1177,25 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
     const int64_t s = (item / plan.blocks) % strip_count;
     const int64_t b = item / plan.blocks / strip_count;
     lane_strip(p, plan.strips, s, strip);
-    const int64_t jn = strip.keys, x0 = strip.first_key - p.tile_offset[2];
+    const int64_t jn = strip.keys, on = strip.outputs, x0 = strip.first_key - p.tile_offset[2];
+    const int64_t used = strip.columns(), key_step = p.dilation[2] * row;
     const float* k_batch = job.k + b * p.tile_count() * row;
     const float* v_batch = job.v + b * p.tile_count() * row;
     std::fill(tags.begin(), tags.end(), -1);
-    // Lane masks: key j of the strip is in lane i's window when start[i] <= j < start[i] + count
-    // (0 there, -inf elsewhere, added to the logits).
-    for (int64_t j = 0; j < jn; ++j)
-      for (int i = 0; i < L; ++i)
-        mask[j * L + i] = j >= strip.start[i] && j < strip.start[i] + strip.count[i]
+    // Lane masks: logit o of lane i is its key i + offset + o of the strip, in its window when
+    // start[i] <= i + offset + o < start[i] + count[i] (0 there, -inf elsewhere; lanes past the
+    // tile's queries are left unmasked).
+    for (int64_t o = 0; o < on; ++o)
+      for (int i = 0; i < L; ++i) {
+        const int64_t j = i + strip.offset + o;
+        mask[o * L + i] = i >= strip.queries ||
+                                  (j >= strip.start[i] && j < strip.start[i] + strip.count[i])
                               ? 0.0f
                               : -std::numeric_limits<float>::infinity();
-    // Keys per call of lane_logits: the strip in equal parts of at most JB (20 keys as 10 + 10
+      }
+    // Logits per call of lane_logits: the key row's in equal parts of at most JB (20 as 10 + 10
     // rather than 14 + 6, whose 6 sums would wait on the loads).
-    const int64_t per_call = (jn + (jn + JB - 1) / JB - 1) / ((jn + JB - 1) / JB);
+    const int64_t per_call = (on + (on + JB - 1) / JB - 1) / ((on + JB - 1) / JB);
     const int64_t row_begin = block * rows_per_block;
     const int64_t row_end = std::min(plan.rows, row_begin + rows_per_block);
     for (int64_t rank = row_begin; rank < row_end; ++rank) {
@@ -1125,19 +1211,18 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
           const int64_t ly = wy.first + iy * wy.step - p.tile_offset[1];
           const int64_t slot = plan.slot_z[lz] + plan.slot_y[ly];
           const int64_t local = lz * ty + ly;
-          float* kc = k_cache.get() + slot * slot_size;
-          float* vc = v_cache.get() + slot * slot_size;
+          float* kc = k_cache.get() + slot * k_slot;
+          float* vc = v_cache.get() + slot * v_slot;
           if (tags[slot] != local) {
             tags[slot] = local;
             const int64_t first = (local * tx + x0) * row;
+            transpose_keys<W, Dim>(k_batch + first, key_step, jn, strip.offset, used, heads,
+                                   columns, kc);
             for (int64_t j = 0; j < jn; ++j) {
-              const float* k_at = k_batch + first + j * p.dilation[2] * row;
-              const float* v_at = v_batch + first + j * p.dilation[2] * row;
+              const float* v_at = v_batch + first + j * key_step;
               for (int64_t h = 0; h < heads; ++h)
-                for (int c = 0; c < chunks; ++c) {
-                  store<W>(kc + (h * jcap + j) * Dim + c * L, load<W>(k_at + h * Dim + c * L));
+                for (int c = 0; c < chunks; ++c)
                   store<W>(vc + (h * jcap + j) * Dim + c * L, load<W>(v_at + h * Dim + c * L));
-                }
             }
           }
           k_rows[key_rows] = kc;
@@ -1160,57 +1245,71 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
             block_rows[i] =
                 load<W>(job.q + (query_row * qx + strip.x[i]) * row + h * Dim + g * L) * scale;
           transpose_lanes<W>(block_rows);
+#pragma GCC unroll 16
           for (int i = 0; i < L; ++i) store<W>(qt + (g * L + i) * L, block_rows[i]);
         }
-        // Logits of every lane against every key of the strip, key row by key row, masked, and
-        // their lane-wise maximum.
-        const int64_t head_offset = h * jcap * Dim;
+        // The logits of every lane, key row by key row, masked, and their lane-wise maximum.
         const V minus_infinity = V{} - std::numeric_limits<float>::infinity();
         V best = minus_infinity;
-        for (int64_t kr = 0; kr < key_rows; ++kr)
-          for (int64_t j = 0; j < jn; j += per_call) {
-            const int n = static_cast<int>(std::min<int64_t>(per_call, jn - j));
-            lane_logits_for<W, Dim, JB>(n, qt, k_rows[kr] + head_offset + j * Dim,
-                                        mask.data() + j * L, logits.data() + (kr * jcap + j) * L,
-                                        best);
+        const int64_t head_column = h * Dim * columns;
+        for (int64_t kr = 0; kr < key_rows;) {
+          // Two key rows a call while their logits fit 14 registers, else one.
+          const int rows = per_call <= JB / 2 && kr + 1 < key_rows ? 2 : 1;
+          for (int64_t o = 0; o < on; o += per_call) {
+            const int n = static_cast<int>(std::min<int64_t>(per_call, on - o));
+            const float* kt[2] = {k_rows[kr] + head_column + o,
+                                  k_rows[kr + rows - 1] + head_column + o};
+            float* out = logits + (kr * ocap + o) * L;
+            if (rows == 2)
+              lane_logits_for<W, Dim, 2, JB / 2>(n, qt, kt, columns, mask + o * L, out,
+                                                  ocap * L, best);
+            else
+              lane_logits_for<W, Dim, 1, JB>(n, qt, kt, columns, mask + o * L, out,
+                                             ocap * L, best);
           }
+          kr += rows;
+        }
         if (job.bias) {
           const float* bias = job.bias + h * p.rpb_count();
           for (int i = 0; i < strip.queries; ++i) {
             const int64_t gx = p.query_offset[2] + strip.x[i];
+            const int64_t skew = strip.start[i] - i - strip.offset;
             for (int64_t kr = 0; kr < key_rows; ++kr)
               for (int o = 0; o < strip.count[i]; ++o) {
-                const int64_t j = strip.start[i] + o;
-                const int64_t kx = strip.first_key + j * p.dilation[2];
-                logits[(kr * jcap + j) * L + i] +=
+                const int64_t kx = strip.first_key + (strip.start[i] + o) * p.dilation[2];
+                logits[(kr * ocap + skew + o) * L + i] +=
                     bias[bias_rows[kr] + p.kernel[2] - 1 + (kx - gx) / p.dilation[2]];
               }
           }
           best = minus_infinity;
           for (int64_t kr = 0; kr < key_rows; ++kr)
-            for (int64_t j = 0; j < jn; ++j) {
-              const V value = load<W>(logits.data() + (kr * jcap + j) * L);
+            for (int64_t o = 0; o < on; ++o) {
+              const V value = load<W>(logits + (kr * ocap + o) * L);
               best = value > best ? value : best;
             }
         }
-        // Lane-wise softmax: the masked logits' exponentials (about 1e-38 off the windows, never
-        // read) and their sum.
+        // Lane-wise softmax: the logits' exponentials (about 1e-38 off the windows, never used)
+        // and their sum.
         V sum = V{};
         for (int64_t kr = 0; kr < key_rows; ++kr) {
-          float* at = logits.data() + kr * jcap * L;
-          for (int64_t j = 0; j < jn; ++j) {
-            const V e = exp_lanes_floored<W>(load<W>(at + j * L) - best);
-            store<W>(at + j * L, e);
+          float* at = logits + kr * ocap * L;
+          for (int64_t o = 0; o < on; ++o) {
+            const V e = exp_lanes_floored<W>(load<W>(at + o * L) - best);
+            store<W>(at + o * L, e);
             sum += e;
           }
         }
         const V inverse = 1.0f / sum;
+        float lse[L];
+        for (int i = 0; i < L; ++i) lse[i] = best[i] + vm::log_f32(sum[i]);
         // p.v per query: D in registers (8 at a time), the weights broadcast from the logits.
         for (int i = 0; i < strip.queries; ++i) {
           const int64_t query_head = (query_row * qx + strip.x[i]) * heads + h;
-          lane_values<W, Dim>(v_rows.data(), key_rows, head_offset, strip.start[i], strip.count[i],
-                              logits.data() + i, jcap, job.output + query_head * Dim, inverse[i]);
-          job.lse[query_head] = best[i] + vm::log_f32(sum[i]);
+          lane_values<W, Dim>(v_rows.data(), key_rows, h * jcap * Dim, strip.start[i],
+                              strip.count[i],
+                              logits + (strip.start[i] - i - strip.offset) * L + i,
+                              ocap * L, job.output + query_head * Dim, inverse[i]);
+          job.lse[query_head] = lse[i];
         }
       }
     }
