@@ -258,13 +258,14 @@ TESSERA_NA_INLINE Vec<float, W> exp_in_range(Vec<float, W> x) {
   const V n = shifted - shifter;
   V r = x - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
-  V poly = V{} + 1.9875691500e-4f;
-  poly = poly * r + 1.3981999507e-3f;
-  poly = poly * r + 8.3334519073e-3f;
-  poly = poly * r + 4.1665795894e-2f;
-  poly = poly * r + 1.6666665459e-1f;
-  poly = poly * r + 5.0000001201e-1f;
-  poly = poly * r * r + r + 1.0f;
+  // exp(r) = 1 + r + r^2 (c0 + c1 r + ... + c5 r^5), the bracket in Estrin's scheme (pairs, then
+  // pairs of pairs): three multiply-adds deep rather than Horner's six, so more of the loop's
+  // independent exponentials overlap.
+  const V r2 = r * r;
+  const V p01 = r * 1.6666665459e-1f + 5.0000001201e-1f;
+  const V p23 = r * 8.3334519073e-3f + 4.1665795894e-2f;
+  const V p45 = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  const V poly = (p01 + r2 * (p23 + r2 * p45)) * r2 + (r + 1.0f);
   const I exponent = (std::bit_cast<I>(shifted) - std::bit_cast<int32_t>(12582912.0f) + 127) << 23;
   return poly * std::bit_cast<V>(exponent);
 }
@@ -289,7 +290,7 @@ template <int W>
 TESSERA_NA_INLINE Vec<float, W> exp_lanes_floored(Vec<float, W> x) {
   using V = Vec<float, W>;
   const V low = V{} - 87.0f;
-  return exp_in_range<W>(x < low ? low : x);
+  return exp_in_range<W>(low > x ? low : x);  // a NaN stays NaN
 }
 
 /// f64: std::exp per lane.
@@ -1131,6 +1132,39 @@ TESSERA_NA_INLINE void lane_values(const float* const* v_rows, int64_t key_rows,
   }
 }
 
+/// Lines of memory brought into the L2 a few at a time while other work runs (the next row's
+/// k/v rows and queries, fetched during this row's compute rather than all at once).
+struct LineFetch {
+  struct Range {
+    const float* at;
+    int64_t count;
+  };
+  std::vector<Range> ranges;
+  size_t range = 0;
+  int64_t offset = 0, lines = 0;
+
+  void clear() {
+    ranges.clear();
+    range = 0;
+    offset = lines = 0;
+  }
+  void add(const float* at, int64_t count) {
+    ranges.push_back({at, count});
+    lines += (count + 15) / 16;
+  }
+  /// Prefetches the next `n` lines.
+  void issue(int64_t n) {
+    for (; n > 0 && range < ranges.size(); --n) {
+      __builtin_prefetch(ranges[range].at + offset, 0, 2);
+      offset += 16;
+      if (offset >= ranges[range].count) {
+        ++range;
+        offset = 0;
+      }
+    }
+  }
+};
+
 /// An uninitialised f32 buffer starting on a cache line: 32-byte loads at multiples of 32 bytes
 /// from its start never straddle two lines (the heap aligns large blocks to 16 bytes only).
 struct AlignedDelete {
@@ -1172,6 +1206,7 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
   const int64_t rows_per_block = (plan.rows + plan.blocks - 1) / plan.blocks;
   const int64_t qy = p.queries[1], qx = p.queries[2], ty = p.tile[1], tx = p.tile[2];
   LaneStrip strip;
+  LineFetch fetch;
   for (int64_t item = begin; item < end; ++item) {
     const int64_t block = item % plan.blocks;
     const int64_t s = (item / plan.blocks) % strip_count;
@@ -1237,6 +1272,31 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
                     p.rpb[2];
         }
       }
+      // The next row's key rows not cached yet and its queries, fetched a few lines per call.
+      fetch.clear();
+      if (rank + 1 < row_end) {
+        const int64_t nz = plan.order[rank + 1] / qy, ny = plan.order[rank + 1] % qy;
+        const int64_t next_row = (b * p.queries[0] + nz) * qy + ny;
+        const NaWindow& nwz = p.windows[0][nz];
+        const NaWindow& nwy = p.windows[1][ny];
+        for (int64_t iz = 0; iz < nwz.count; ++iz) {
+          const int64_t lz = nwz.first + iz * nwz.step - p.tile_offset[0];
+          for (int64_t iy = 0; iy < nwy.count; ++iy) {
+            const int64_t ly = nwy.first + iy * nwy.step - p.tile_offset[1];
+            const int64_t local = lz * ty + ly;
+            if (tags[plan.slot_z[lz] + plan.slot_y[ly]] == local) continue;
+            const int64_t first = (local * tx + x0) * row;
+            for (int64_t j = 0; j < jn; ++j) {
+              fetch.add(k_batch + first + j * key_step, row);
+              fetch.add(v_batch + first + j * key_step, row);
+            }
+          }
+        }
+        for (int i = 0; i < strip.queries; ++i)
+          fetch.add(job.q + (next_row * qx + strip.x[i]) * row, row);
+      }
+      const int64_t fetch_calls = heads * ((key_rows + 1) / 2 + strip.queries);
+      const int64_t per_fetch = (fetch.lines + fetch_calls - 1) / fetch_calls;
       for (int64_t h = 0; h < heads; ++h) {
         // The tile's queries of head h, scaled and transposed (lanes past the tile: lane 0).
         for (int g = 0; g < chunks; ++g) {
@@ -1255,6 +1315,7 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
         for (int64_t kr = 0; kr < key_rows;) {
           // Two key rows a call while their logits fit 14 registers, else one.
           const int rows = per_call <= JB / 2 && kr + 1 < key_rows ? 2 : 1;
+          fetch.issue(per_fetch);
           for (int64_t o = 0; o < on; o += per_call) {
             const int n = static_cast<int>(std::min<int64_t>(per_call, on - o));
             const float* kt[2] = {k_rows[kr] + head_column + o,
@@ -1305,6 +1366,7 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
         // p.v per query: D in registers (8 at a time), the weights broadcast from the logits.
         for (int i = 0; i < strip.queries; ++i) {
           const int64_t query_head = (query_row * qx + strip.x[i]) * heads + h;
+          fetch.issue(per_fetch);
           lane_values<W, Dim>(v_rows.data(), key_rows, h * jcap * Dim, strip.start[i],
                               strip.count[i],
                               logits + (strip.start[i] - i - strip.offset) * L + i,
