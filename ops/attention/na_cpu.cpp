@@ -863,7 +863,13 @@ TESSERA_NA_INLINE void forward_tiles(const ForwardJob<T>& job, int64_t begin, in
 // all heads of a row are done together. The k/v rows of a strip are copied, per key row and for
 // every head, into a cache slot when a window first holds them and kept while later windows still
 // do: v as [head][key of the strip][D], k transposed as [head][d][key]. Each k/v row is read from
-// memory once per strip, sequentially, and the loops read every slot at fixed offsets.
+// memory once per strip, sequentially, and the loops read every slot at fixed offsets. The slots,
+// logits and masks start on a cache line: from the heap's 16-byte alignment half the 32-byte loads
+// straddled two lines, which cost the transposed keys their gain (benchmarks.md). While a row
+// computes, the k/v rows and queries the next row will copy are fetched into the L2 a few lines
+// before each call (a burst at the row's start gains nothing), and q.k prefetches its transposed
+// keys 6 values of d ahead into the L1 (they come from the L2: a window's k and v do not fit the
+// L1 together, and prefetching v into it during q.k evicts the keys: slower).
 
 /// Register width and lanes of the lane forward (8 f32 lanes, also on AVX-512: 16 lanes would
 /// make the strip 22 keys for 16 queries of a k = 7 window, measured slower).
@@ -1932,9 +1938,9 @@ struct KernelSet {
   // The lane forward (f32, D of 32, 64, 128, AVX2 or AVX-512), or nullptr.
   void (*lanes)(const ForwardJob<T>&, const LanePlan&, int64_t, int64_t) = nullptr;
   // The widest window on the innermost axis for which automatic picks the lane forward: with
-  // AVX-512 the 16-lane query tiles are level with the lanes at k = 9 and faster from k = 11 on
-  // (k = 13: 37-38% of the FMA peak against 30-33%, benchmarks.md), so there only windows of
-  // up to kWideTileLimit keys run the lanes.
+  // AVX-512 the 16-lane query tiles are 1.25x slower than the lanes at k = 9, within 5% of them
+  // at k = 11 and 1.15x faster at k = 13 (benchmarks.md), so there only windows of up to
+  // kWideTileLimit keys run the lanes.
   int64_t lane_kernel_limit = kLaneMaxStrip - kLaneQueries + 1;
 };
 
