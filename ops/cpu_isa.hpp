@@ -24,4 +24,11 @@ int cpu_isa_level();
 /// cpu_isa_level() by name: "avx512", "avx2" or "generic" (benchmarks print it).
 const char* cpu_isa_name();
 
+/// The fused multiply-add peak of one core at cpu_isa_level() in GFLOP/s (f32), measured: 12
+/// independent chains of FMAs on registers of that level's width (512-bit for avx512, 256-bit for
+/// avx2), best of 12 runs of 1.5-3 ms of this thread's CPU time (a virtual machine's core
+/// sometimes runs at half speed for tens of milliseconds). 0 at the generic level (no FMA
+/// is assumed there). Benchmarks give their GFLOP/s as a share of it.
+double cpu_fma_peak_gflops();
+
 }  // namespace tessera::ops

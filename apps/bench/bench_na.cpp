@@ -255,23 +255,33 @@ void run_na_bench(const NaBenchOptions& options) {
     const int blocks = ops::na_cuda_mma_forward_blocks();
     report.set("mma_forward_blocks", blocks == 0 ? std::string("auto") : std::to_string(blocks));
   }
+  // On the cpu, the forward's GFLOP/s as a share of the FMA peak of the cores a row uses (one
+  // core's peak measured here, at the instruction set the kernels run with).
+  const double peak_per_core = on_cuda ? 0.0 : ops::cpu_fma_peak_gflops();
+  if (peak_per_core > 0) report.set("fma_peak_gflops_per_core", peak_per_core);
+  std::vector<bench::Column> columns{{"shape", "shape", "", 18},
+                                     {"kernel", "k", "", 3},
+                                     {"ranks", "ranks", "", 6},
+                                     {"threads_per_rank", "threads", "", 7},
+                                     {"forward_ms", "forward", "ms", 12, 2},
+                                     {"forward_gflops", "forward", "GFLOP/s", 9, 1}};
+  if (peak_per_core > 0) columns.push_back({"forward_peak_percent", "forward", "% peak", 7, 1});
+  columns.insert(columns.end(), {{"forward_backward_ms", "fwd+bwd", "ms", 14, 2},
+                                 {"forward_backward_gflops", "fwd+bwd", "GFLOP/s", 9, 1},
+                                 {"wrong", "#wrong", "", 7}});
   bench::BenchTable& table = report.table(
       "rows",
       fmt::format("tessera bench na: {} on {}, 2-d [B, X, Y, heads, D], non-causal, dilation 1, "
                   "sharded over X and Y{}",
                   dtype_name(dtype), options.device,
                   options.device == "cpu"
-                      ? fmt::format(", cpu kernels with {}", ops::cpu_isa_name())
+                      ? fmt::format(", cpu kernels with {}{}", ops::cpu_isa_name(),
+                                    peak_per_core > 0
+                                        ? fmt::format(" (FMA peak {:.1f} GFLOP/s per core)",
+                                                      peak_per_core)
+                                        : std::string())
                       : std::string()),
-      {{"shape", "shape", "", 18},
-       {"kernel", "k", "", 3},
-       {"ranks", "ranks", "", 6},
-       {"threads_per_rank", "threads", "", 7},
-       {"forward_ms", "forward", "ms", 12, 2},
-       {"forward_gflops", "forward", "GFLOP/s", 9, 1},
-       {"forward_backward_ms", "fwd+bwd", "ms", 14, 2},
-       {"forward_backward_gflops", "fwd+bwd", "GFLOP/s", 9, 1},
-       {"wrong", "#wrong", "", 7}});
+      columns);
   for (int64_t kernel : parse_list(options.kernels)) {
     check_arg(kernel >= 1 && kernel <= options.size, "bench", "kernel {} does not fit size {}",
               kernel, options.size);
@@ -297,18 +307,26 @@ void run_na_bench(const NaBenchOptions& options) {
           threads > 0 ? threads
                       : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
                                         static_cast<int>(ranks));
-      table.add({{"shape", shape},
-                 {"kernel", kernel},
-                 {"dtype", dtype_name(dtype)},
-                 {"ranks", ranks},
-                 {"threads_per_rank", used_threads},
-                 {"backend", backend_name(backend)},
-                 {"forward_ms", figures.forward * 1e3},
-                 {"forward_gflops", flops / figures.forward / 1e9},
-                 {"forward_backward_ms", figures.forward_backward * 1e3},
-                 {"step_seconds", figures.forward_backward},
-                 {"forward_backward_gflops", backward_flops / figures.forward_backward / 1e9},
-                 {"wrong", wrong}});
+      nlohmann::json row{{"shape", shape},
+                         {"kernel", kernel},
+                         {"dtype", dtype_name(dtype)},
+                         {"ranks", ranks},
+                         {"threads_per_rank", used_threads},
+                         {"backend", backend_name(backend)},
+                         {"forward_ms", figures.forward * 1e3},
+                         {"forward_gflops", flops / figures.forward / 1e9},
+                         {"forward_backward_ms", figures.forward_backward * 1e3},
+                         {"step_seconds", figures.forward_backward},
+                         {"forward_backward_gflops", backward_flops / figures.forward_backward / 1e9},
+                         {"wrong", wrong}};
+      if (peak_per_core > 0) {
+        // The cores the row's ranks and threads occupy, at most the machine's.
+        const int64_t hardware = std::max(1u, std::thread::hardware_concurrency());
+        const int64_t cores = std::min<int64_t>(hardware, ranks * used_threads);
+        row["forward_peak_percent"] =
+            100.0 * flops / figures.forward / 1e9 / (peak_per_core * static_cast<double>(cores));
+      }
+      table.add(row);
     }
   }
   // Kernels alone, fast vs reference, on a size the reference finishes in seconds.

@@ -437,5 +437,17 @@ TEST(NaCpu, RejectsATileMissingKeysAndEmptyPiecesGiveEmptyOutputs) {
   EXPECT_EQ(max_abs_diff(grads.dk, Tensor::zeros(grads.dk.shape(), DType::f64)), 0.0);
 }
 
+// bench na gives the forward as a share of the FMA peak at the level the kernels run with: a
+// measured, positive rate where that level has FMAs (avx2, avx512), none at the generic level.
+TEST(NaCpu, FmaPeakIsMeasuredAtTheKernelsLevel) {
+  const double peak = cpu_fma_peak_gflops();
+  if (cpu_isa_level() >= 3) {
+    EXPECT_GT(peak, 0.5) << cpu_isa_name();
+    EXPECT_LT(peak, 1e5) << cpu_isa_name();
+  } else {
+    EXPECT_EQ(peak, 0.0);
+  }
+}
+
 }  // namespace
 }  // namespace tessera::ops
