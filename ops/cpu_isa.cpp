@@ -6,9 +6,6 @@
 #include <ctime>
 #include <string>
 
-#if TESSERA_MULTI_ISA
-#include <immintrin.h>
-#endif
 
 #include "core/errors.hpp"
 
@@ -37,44 +34,38 @@ double thread_seconds() {
 }
 
 #if TESSERA_MULTI_ISA
-// 12 chains: FMA latency (4 cycles) times 2 FMA ports, with room to spare. The empty asm keeps
-// every chain live and in a register, so the loop is nothing but the FMAs.
-#define TESSERA_FMA12(fma, constraint)                                                        \
-  for (long i = 0; i < iterations; ++i) {                                                     \
-    a0 = fma(a0, m, c), a1 = fma(a1, m, c), a2 = fma(a2, m, c), a3 = fma(a3, m, c);           \
-    a4 = fma(a4, m, c), a5 = fma(a5, m, c), a6 = fma(a6, m, c), a7 = fma(a7, m, c);           \
-    a8 = fma(a8, m, c), a9 = fma(a9, m, c), a10 = fma(a10, m, c), a11 = fma(a11, m, c);       \
-    __asm__("" : constraint(a0), constraint(a1), constraint(a2), constraint(a3),              \
-            constraint(a4), constraint(a5), constraint(a6), constraint(a7), constraint(a8),   \
-            constraint(a9), constraint(a10), constraint(a11));                                \
+/// Seconds of this thread's CPU time for `iterations` x 12 multiply-adds on registers V: 12
+/// chains, FMA latency (4 cycles) times 2 FMA ports with room to spare. The empty asm keeps every
+/// chain live and in a register, so the loop is nothing but the FMAs (contracted from a * m + c,
+/// as in the kernels). Inlined into a caller of the instruction set's target.
+template <typename V>
+[[gnu::always_inline]] inline double fma_chains(long iterations, float* sink) {
+  V a0 = V{} + 0.1f, a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0,
+    a9 = a0, a10 = a0, a11 = a0;
+  const V m = V{} + 0.9999f, c = V{} + 0.0001f;
+  const double start = thread_seconds();
+  for (long i = 0; i < iterations; ++i) {
+    a0 = a0 * m + c, a1 = a1 * m + c, a2 = a2 * m + c, a3 = a3 * m + c;
+    a4 = a4 * m + c, a5 = a5 * m + c, a6 = a6 * m + c, a7 = a7 * m + c;
+    a8 = a8 * m + c, a9 = a9 * m + c, a10 = a10 * m + c, a11 = a11 * m + c;
+    __asm__("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6),
+            "+v"(a7), "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
   }
+  const double seconds = thread_seconds() - start;
+  *sink = (((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)) + ((a8 + a9) + (a10 + a11)))[0];
+  return seconds;
+}
 
-/// Seconds of this thread's CPU time for `iterations` x 12 FMAs of 8 f32 lanes.
+typedef float Floats8 __attribute__((vector_size(32)));
+typedef float Floats16 __attribute__((vector_size(64)));
+
 TESSERA_TARGET_V3 double fma_loop_256(long iterations, float* sink) {
-  __m256 a0 = _mm256_set1_ps(0.1f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0,
-         a8 = a0, a9 = a0, a10 = a0, a11 = a0;
-  const __m256 m = _mm256_set1_ps(0.9999f), c = _mm256_set1_ps(0.0001f);
-  const double start = thread_seconds();
-  TESSERA_FMA12(_mm256_fmadd_ps, "+x")
-  const double seconds = thread_seconds() - start;
-  const __m256 sum = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)) + ((a8 + a9) + (a10 + a11));
-  *sink = sum[0];
-  return seconds;
+  return fma_chains<Floats8>(iterations, sink);
 }
 
-/// Seconds of this thread's CPU time for `iterations` x 12 FMAs of 16 f32 lanes.
 TESSERA_TARGET_V4 double fma_loop_512(long iterations, float* sink) {
-  __m512 a0 = _mm512_set1_ps(0.1f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0,
-         a8 = a0, a9 = a0, a10 = a0, a11 = a0;
-  const __m512 m = _mm512_set1_ps(0.9999f), c = _mm512_set1_ps(0.0001f);
-  const double start = thread_seconds();
-  TESSERA_FMA12(_mm512_fmadd_ps, "+v")
-  const double seconds = thread_seconds() - start;
-  const __m512 sum = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)) + ((a8 + a9) + (a10 + a11));
-  *sink = sum[0];
-  return seconds;
+  return fma_chains<Floats16>(iterations, sink);
 }
-#undef TESSERA_FMA12
 #endif
 
 }  // namespace
