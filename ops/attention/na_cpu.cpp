@@ -924,7 +924,6 @@ struct LaneStrip {
   int32_t start[kLaneQueries], count[kLaneQueries];
   int32_t offset = 0;   // the least start_i - i of the tile's queries
   int32_t outputs = 0;  // logits per key row: the union of the [start_i - i, + count_i)
-  bool masked = false;  // whether some query's window misses some of them
 
   /// Columns of the transposed keys the logits read: the keys offset .. offset + columns - 1 of
   /// the strip, whole registers.
@@ -953,9 +952,6 @@ TESSERA_NA_INLINE void lane_strip(const Problem& p, const QueryTiles& strips, in
   strip.keys = (last - strip.first_key) / step + 1;
   strip.offset = low;
   strip.outputs = high - low;
-  strip.masked = false;
-  for (int i = 0; i < strip.queries; ++i)
-    strip.masked |= strip.start[i] - i != low || strip.count[i] != strip.outputs;
 }
 
 /// The lane plan of a problem on `threads` threads.
