@@ -856,7 +856,8 @@ TESSERA_NA_INLINE void forward_tiles(const ForwardJob<T>& job, int64_t begin, in
 // useful. Near the axis' ends (and on causal axes) the offsets e_i = start_i - i differ; o then
 // runs over the union of the lanes' [e_i, e_i + count_i), and the logits of a lane outside its
 // window are masked. The softmax runs lane-wise (exp as a vector polynomial), and p.v runs per
-// query with D in registers and the weights broadcast from s.
+// query with D in registers and the weights broadcast from s (key row by key row for windows
+// whose v outgrows the L1: lane_values_by_rows).
 //
 // Work items are (batch, strip, block of rows of the other two axes). A strip's tiles are walked
 // row by row in dilation-group order, so consecutive tiles share all but one key row, and
@@ -1134,6 +1135,38 @@ TESSERA_NA_INLINE void lane_values(const float* const* v_rows, int64_t key_rows,
   }
 }
 
+/// p.v of the queries of a lane tile key row by key row, for windows whose v does not fit the L1
+/// for one query: per key row, each query's sums (D, kept in sums[i]) take that row's keys of
+/// its window, so a key row's v slot (the strip's keys) stays in the L1 across the queries.
+/// weights[i] as lane_values' weights for query i; out[i] = factor[i] * the sums.
+template <int W, int Dim>
+TESSERA_NA_INLINE void lane_values_by_rows(const float* const* v_rows, int64_t key_rows,
+                                           int64_t head_offset, int queries, const int32_t* first,
+                                           const int32_t* count, const float* const* weights,
+                                           int64_t weight_rows, float* sums,
+                                           float* const* out, const float* factor) {
+  using V = Vec<float, W>;
+  constexpr int L = kLanes<float, W>, chunks = Dim / L, C = std::min(chunks, 8);
+  for (int64_t kr = 0; kr < key_rows; ++kr)
+    for (int i = 0; i < queries; ++i) {
+      const float* vr = v_rows[kr] + head_offset + first[i] * Dim;
+      const float* wr = weights[i] + kr * weight_rows;
+      float* own = sums + i * Dim;
+      for (int g = 0; g < chunks; g += C) {
+        V acc[C];
+        for (int c = 0; c < C; ++c) acc[c] = kr == 0 ? V{} : load<W>(own + (g + c) * L);
+        for (int o = 0; o < count[i]; ++o) {
+          const float weight = wr[o * L];
+          for (int c = 0; c < C; ++c) acc[c] += weight * load<W>(vr + o * Dim + (g + c) * L);
+        }
+        if (kr + 1 < key_rows)
+          for (int c = 0; c < C; ++c) store<W>(own + (g + c) * L, acc[c]);
+        else
+          for (int c = 0; c < C; ++c) store<W>(out[i] + (g + c) * L, acc[c] * factor[i]);
+      }
+    }
+}
+
 /// Lines of memory brought into the L2 a few at a time while other work runs (the next row's
 /// k/v rows and queries, fetched during this row's compute rather than all at once).
 struct LineFetch {
@@ -1209,6 +1242,13 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
   const int64_t qy = p.queries[1], qx = p.queries[2], ty = p.tile[1], tx = p.tile[2];
   LaneStrip strip;
   LineFetch fetch;
+  alignas(64) float sums[L * Dim];  // lane_values_by_rows' per-query sums
+  // p.v key row by key row where one query's window of v for one pass of lane_values (key rows x
+  // keys x at most 8 registers of D) exceeds a 32 KiB L1: k = 13 at D = 64 and 128 (43 KiB),
+  // 1.1x faster there; level at k = 11 (31 KiB), slower at k = 7 (36 against 29 ms).
+  const bool by_rows =
+      p.kernel[0] * p.kernel[1] * p.kernel[2] * std::min(Dim, 8 * L) * int64_t{sizeof(float)} >
+      (32 << 10);
   for (int64_t item = begin; item < end; ++item) {
     const int64_t block = item % plan.blocks;
     const int64_t s = (item / plan.blocks) % strip_count;
@@ -1363,17 +1403,36 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
           }
         }
         const V inverse = 1.0f / sum;
-        float lse[L];
-        for (int i = 0; i < L; ++i) lse[i] = best[i] + vm::log_f32(sum[i]);
-        // p.v per query: D in registers (8 at a time), the weights broadcast from the logits.
-        for (int i = 0; i < strip.queries; ++i) {
-          const int64_t query_head = (query_row * qx + strip.x[i]) * heads + h;
-          fetch.issue(per_fetch);
-          lane_values<W, Dim>(v_rows.data(), key_rows, h * jcap * Dim, strip.start[i],
-                              strip.count[i],
-                              logits + (strip.start[i] - i - strip.offset) * L + i,
-                              ocap * L, job.output + query_head * Dim, inverse[i]);
-          job.lse[query_head] = lse[i];
+        float lse[L], inverse_lanes[L];
+        for (int i = 0; i < L; ++i) {
+          lse[i] = best[i] + vm::log_f32(sum[i]);
+          inverse_lanes[i] = inverse[i];
+        }
+        // p.v: per query with D in registers (8 at a time) and the weights broadcast from the
+        // logits; key row by key row where one query's window of v exceeds half the L1.
+        if (by_rows) {
+          const float* weights[L];
+          float* outs[L];
+          for (int i = 0; i < strip.queries; ++i) {
+            const int64_t query_head = (query_row * qx + strip.x[i]) * heads + h;
+            weights[i] = logits + (strip.start[i] - i - strip.offset) * L + i;
+            outs[i] = job.output + query_head * Dim;
+            job.lse[query_head] = lse[i];
+          }
+          fetch.issue(per_fetch * strip.queries);
+          lane_values_by_rows<W, Dim>(v_rows.data(), key_rows, h * jcap * Dim, strip.queries,
+                                      strip.start, strip.count, weights, ocap * L, sums,
+                                      outs, inverse_lanes);
+        } else {
+          for (int i = 0; i < strip.queries; ++i) {
+            const int64_t query_head = (query_row * qx + strip.x[i]) * heads + h;
+            fetch.issue(per_fetch);
+            lane_values<W, Dim>(v_rows.data(), key_rows, h * jcap * Dim, strip.start[i],
+                                strip.count[i],
+                                logits + (strip.start[i] - i - strip.offset) * L + i,
+                                ocap * L, job.output + query_head * Dim, inverse[i]);
+            job.lse[query_head] = lse[i];
+          }
         }
       }
     }
@@ -1934,9 +1993,9 @@ struct KernelSet {
   // The lane forward (f32, D of 32, 64, 128, AVX2 or AVX-512), or nullptr.
   void (*lanes)(const ForwardJob<T>&, const LanePlan&, int64_t, int64_t) = nullptr;
   // The widest window on the innermost axis for which automatic picks the lane forward: with
-  // AVX-512 the 16-lane query tiles are 1.25x slower than the lanes at k = 9, within 5% of them
-  // at k = 11 and 1.15x faster at k = 13 (benchmarks.md), so there only windows of up to
-  // kWideTileLimit keys run the lanes.
+  // AVX-512 the 16-lane query tiles are 1.25x slower than the lanes at k = 9 and level with them
+  // at k = 11 and 13 (benchmarks.md), so there only windows of up to kWideTileLimit keys run the
+  // lanes.
   int64_t lane_kernel_limit = kLaneMaxStrip - kLaneQueries + 1;
 };
 

@@ -310,8 +310,9 @@ TEST(NaCpu, LaneForwardMatchesReferenceOnEveryCaseItTakes) {
 
 TEST(NaCpu, LaneForwardTakesLongAxesWideWindowsAndFallsBackBeyondThem) {
   // Long innermost axes (several strips, the last one partly filled), windows up to the widest
-  // strip the lane tiles take (8 + 33 - 1 = 40 keys), dilation with causal windows, rpb, and the
-  // first window beyond it (k = 34 on the innermost axis), which runs the query tiles.
+  // strip the lane tiles take (8 + 33 - 1 = 40 keys), dilation with causal windows, rpb, windows
+  // whose p.v runs key row by key row, and the first window beyond the widest strip (k = 34 on
+  // the innermost axis), which runs the query tiles.
   std::mt19937_64 rng(1414);
   struct Shape1 {
     Shape shape;
@@ -323,6 +324,10 @@ TEST(NaCpu, LaneForwardTakesLongAxesWideWindowsAndFallsBackBeyondThem) {
       {{1, 80, 2, 128}, {{80}, {33}, {1}, {0}, 0.1}},
       {{1, 80, 2, 128}, {{80}, {34}, {1}, {0}, 0.1}},
       {{2, 3, 4, 21, 1, 32}, {{3, 4, 21}, {3, 3, 7}, {1, 1, 3}, {0, 1, 0}, 0.3}},
+      // Windows whose v outgrows the L1 for one query (p.v key row by key row): 13 x 13 at
+      // D = 64 with rpb, and 9 x 15 at D = 128 with dilation and a causal innermost axis.
+      {{1, 15, 30, 2, 64}, {{15, 30}, {13, 13}, {1, 1}, {0, 0}, 0.125}},
+      {{1, 20, 26, 1, 128}, {{20, 26}, {9, 15}, {2, 1}, {0, 1}, 0.1}},
   };
   for (const Shape1& s : shapes) {
     Case c;
