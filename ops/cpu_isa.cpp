@@ -6,7 +6,6 @@
 #include <ctime>
 #include <string>
 
-
 #include "core/errors.hpp"
 
 namespace tessera::ops {
@@ -27,13 +26,13 @@ int best_level() {
 #endif
 }
 
+#if TESSERA_MULTI_ISA
 double thread_seconds() {
   timespec t{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
-#if TESSERA_MULTI_ISA
 /// Seconds of this thread's CPU time for `iterations` x 12 multiply-adds on registers V: 12
 /// chains, FMA latency (4 cycles) times 2 FMA ports with room to spare. The empty asm keeps every
 /// chain live and in a register, so the loop is nothing but the FMAs (contracted from a * m + c,
@@ -48,8 +47,9 @@ template <typename V>
     a0 = a0 * m + c, a1 = a1 * m + c, a2 = a2 * m + c, a3 = a3 * m + c;
     a4 = a4 * m + c, a5 = a5 * m + c, a6 = a6 * m + c, a7 = a7 * m + c;
     a8 = a8 * m + c, a9 = a9 * m + c, a10 = a10 * m + c, a11 = a11 * m + c;
-    __asm__("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6),
-            "+v"(a7), "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
+    __asm__(""
+            : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7),
+              "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
   }
   const double seconds = thread_seconds() - start;
   *sink = (((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)) + ((a8 + a9) + (a10 + a11)))[0];

@@ -271,16 +271,16 @@ void run_na_bench(const NaBenchOptions& options) {
                                  {"wrong", "#wrong", "", 7}});
   bench::BenchTable& table = report.table(
       "rows",
-      fmt::format("tessera bench na: {} on {}, 2-d [B, X, Y, heads, D], non-causal, dilation 1, "
-                  "sharded over X and Y{}",
-                  dtype_name(dtype), options.device,
-                  options.device == "cpu"
-                      ? fmt::format(", cpu kernels with {}{}", ops::cpu_isa_name(),
-                                    peak_per_core > 0
-                                        ? fmt::format(" (FMA peak {:.1f} GFLOP/s per core)",
-                                                      peak_per_core)
-                                        : std::string())
-                      : std::string()),
+      fmt::format(
+          "tessera bench na: {} on {}, 2-d [B, X, Y, heads, D], non-causal, dilation 1, "
+          "sharded over X and Y{}",
+          dtype_name(dtype), options.device,
+          options.device == "cpu"
+              ? fmt::format(", cpu kernels with {}{}", ops::cpu_isa_name(),
+                            peak_per_core > 0
+                                ? fmt::format(" (FMA peak {:.1f} GFLOP/s per core)", peak_per_core)
+                                : std::string())
+              : std::string()),
       columns);
   for (int64_t kernel : parse_list(options.kernels)) {
     check_arg(kernel >= 1 && kernel <= options.size, "bench", "kernel {} does not fit size {}",
@@ -307,24 +307,26 @@ void run_na_bench(const NaBenchOptions& options) {
           threads > 0 ? threads
                       : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
                                         static_cast<int>(ranks));
-      nlohmann::json row{{"shape", shape},
-                         {"kernel", kernel},
-                         {"dtype", dtype_name(dtype)},
-                         {"ranks", ranks},
-                         {"threads_per_rank", used_threads},
-                         {"backend", backend_name(backend)},
-                         {"forward_ms", figures.forward * 1e3},
-                         {"forward_gflops", flops / figures.forward / 1e9},
-                         {"forward_backward_ms", figures.forward_backward * 1e3},
-                         {"step_seconds", figures.forward_backward},
-                         {"forward_backward_gflops", backward_flops / figures.forward_backward / 1e9},
-                         {"wrong", wrong}};
+      const double forward_gflops = flops / figures.forward / 1e9;
+      nlohmann::json row{
+          {"shape", shape},
+          {"kernel", kernel},
+          {"dtype", dtype_name(dtype)},
+          {"ranks", ranks},
+          {"threads_per_rank", used_threads},
+          {"backend", backend_name(backend)},
+          {"forward_ms", figures.forward * 1e3},
+          {"forward_gflops", forward_gflops},
+          {"forward_backward_ms", figures.forward_backward * 1e3},
+          {"step_seconds", figures.forward_backward},
+          {"forward_backward_gflops", backward_flops / figures.forward_backward / 1e9},
+          {"wrong", wrong}};
       if (peak_per_core > 0) {
         // The cores the row's ranks and threads occupy, at most the machine's.
         const int64_t hardware = std::max(1u, std::thread::hardware_concurrency());
         const int64_t cores = std::min<int64_t>(hardware, ranks * used_threads);
         row["forward_peak_percent"] =
-            100.0 * flops / figures.forward / 1e9 / (peak_per_core * static_cast<double>(cores));
+            100.0 * forward_gflops / (peak_per_core * static_cast<double>(cores));
       }
       table.add(row);
     }

@@ -1089,9 +1089,8 @@ TESSERA_NA_INLINE void transpose_lanes(Vec<float, W>* rows) {
 /// is outside [0, keys); columns [0, used) are written. Key j of the strip is at src + j * step
 /// ([head][D] each).
 template <int W, int Dim>
-TESSERA_NA_INLINE void transpose_keys(const float* src, int64_t step, int64_t keys,
-                                      int64_t offset, int64_t used, int64_t heads,
-                                      int64_t columns, float* kt) {
+TESSERA_NA_INLINE void transpose_keys(const float* src, int64_t step, int64_t keys, int64_t offset,
+                                      int64_t used, int64_t heads, int64_t columns, float* kt) {
   using V = Vec<float, W>;
   constexpr int L = kLanes<float, W>;
   for (int64_t h = 0; h < heads; ++h)
@@ -1138,13 +1137,13 @@ TESSERA_NA_INLINE void lane_values(const float* const* v_rows, int64_t key_rows,
 /// p.v of the queries of a lane tile key row by key row, for windows whose v does not fit the L1
 /// for one query: per key row, each query's sums (D, kept in sums[i]) take that row's keys of
 /// its window, so a key row's v slot (the strip's keys) stays in the L1 across the queries.
-/// weights[i] as lane_values' weights for query i; out[i] = factor[i] * the sums.
+/// weights[i] as lane_values' weights for query i; out[i] = lane i of factor * the sums.
 template <int W, int Dim>
 TESSERA_NA_INLINE void lane_values_by_rows(const float* const* v_rows, int64_t key_rows,
                                            int64_t head_offset, int queries, const int32_t* first,
                                            const int32_t* count, const float* const* weights,
-                                           int64_t weight_rows, float* sums,
-                                           float* const* out, const float* factor) {
+                                           int64_t weight_rows, float* sums, float* const* out,
+                                           Vec<float, W> factor) {
   using V = Vec<float, W>;
   constexpr int L = kLanes<float, W>, chunks = Dim / L, C = std::min(chunks, 8);
   for (int64_t kr = 0; kr < key_rows; ++kr)
@@ -1211,6 +1210,27 @@ AlignedFloats aligned_floats(int64_t count) {
       ::operator new[](static_cast<size_t>(count) * sizeof(float), std::align_val_t{64})));
 }
 
+/// A key row of a query row's window: its local indices on the first two axes, its cache slot
+/// and its row of the tile.
+struct LaneKeyRow {
+  int64_t z, y, slot, local;
+};
+
+/// The key rows of query row (z, y)'s window, in order, into `out`; returns their count.
+int64_t lane_window(const Problem& p, const LanePlan& plan, int64_t z, int64_t y, LaneKeyRow* out) {
+  const NaWindow& wz = p.windows[0][z];
+  const NaWindow& wy = p.windows[1][y];
+  int64_t count = 0;
+  for (int64_t iz = 0; iz < wz.count; ++iz) {
+    const int64_t lz = wz.first + iz * wz.step - p.tile_offset[0];
+    for (int64_t iy = 0; iy < wy.count; ++iy) {
+      const int64_t ly = wy.first + iy * wy.step - p.tile_offset[1];
+      out[count++] = {lz, ly, plan.slot_z[lz] + plan.slot_y[ly], lz * p.tile[1] + ly};
+    }
+  }
+  return count;
+}
+
 /// Forward of the lane work items [begin, end): (batch, strip, block of rows), see LanePlan.
 template <int Dim>
 TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePlan& plan,
@@ -1239,7 +1259,7 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
   std::vector<const float*> k_rows(plan.slots), v_rows(plan.slots);
   std::vector<int64_t> bias_rows(plan.slots);
   const int64_t rows_per_block = (plan.rows + plan.blocks - 1) / plan.blocks;
-  const int64_t qy = p.queries[1], qx = p.queries[2], ty = p.tile[1], tx = p.tile[2];
+  const int64_t qy = p.queries[1], qx = p.queries[2], tx = p.tile[2];
   LaneStrip strip;
   LineFetch fetch;
   alignas(64) float sums[L * Dim];  // lane_values_by_rows' per-query sums
@@ -1249,6 +1269,7 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
   const bool by_rows =
       p.kernel[0] * p.kernel[1] * p.kernel[2] * std::min(Dim, 8 * L) * int64_t{sizeof(float)} >
       (32 << 10);
+  std::vector<LaneKeyRow> window(plan.slots), next_window(plan.slots);
   for (int64_t item = begin; item < end; ++item) {
     const int64_t block = item % plan.blocks;
     const int64_t s = (item / plan.blocks) % strip_count;
@@ -1265,10 +1286,10 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
     for (int64_t o = 0; o < on; ++o)
       for (int i = 0; i < L; ++i) {
         const int64_t j = i + strip.offset + o;
-        mask[o * L + i] = i >= strip.queries ||
-                                  (j >= strip.start[i] && j < strip.start[i] + strip.count[i])
-                              ? 0.0f
-                              : -std::numeric_limits<float>::infinity();
+        mask[o * L + i] =
+            i >= strip.queries || (j >= strip.start[i] && j < strip.start[i] + strip.count[i])
+                ? 0.0f
+                : -std::numeric_limits<float>::infinity();
       }
     // Logits per call of lane_logits: the key row's in equal parts of at most JB (20 as 10 + 10
     // rather than 14 + 6, whose 6 sums would wait on the loads).
@@ -1278,60 +1299,45 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
     for (int64_t rank = row_begin; rank < row_end; ++rank) {
       const int64_t z = plan.order[rank] / qy, y = plan.order[rank] % qy;
       const int64_t query_row = (b * p.queries[0] + z) * qy + y;
-      const NaWindow& wz = p.windows[0][z];
-      const NaWindow& wy = p.windows[1][y];
       // The window's key rows, each in its cache slot (copied, all heads, when not there).
-      int64_t key_rows = 0;
-      for (int64_t iz = 0; iz < wz.count; ++iz) {
-        const int64_t lz = wz.first + iz * wz.step - p.tile_offset[0];
-        for (int64_t iy = 0; iy < wy.count; ++iy, ++key_rows) {
-          const int64_t ly = wy.first + iy * wy.step - p.tile_offset[1];
-          const int64_t slot = plan.slot_z[lz] + plan.slot_y[ly];
-          const int64_t local = lz * ty + ly;
-          float* kc = k_cache.get() + slot * k_slot;
-          float* vc = v_cache.get() + slot * v_slot;
-          if (tags[slot] != local) {
-            tags[slot] = local;
-            const int64_t first = (local * tx + x0) * row;
-            transpose_keys<W, Dim>(k_batch + first, key_step, jn, strip.offset, used, heads,
-                                   columns, kc);
-            for (int64_t j = 0; j < jn; ++j) {
-              const float* v_at = v_batch + first + j * key_step;
-              for (int64_t h = 0; h < heads; ++h)
-                for (int c = 0; c < chunks; ++c)
-                  store<W>(vc + (h * jcap + j) * Dim + c * L, load<W>(v_at + h * Dim + c * L));
-            }
+      const int64_t key_rows = lane_window(p, plan, z, y, window.data());
+      for (int64_t kr = 0; kr < key_rows; ++kr) {
+        const auto [lz, ly, slot, local] = window[kr];
+        float* kc = k_cache.get() + slot * k_slot;
+        float* vc = v_cache.get() + slot * v_slot;
+        if (tags[slot] != local) {
+          tags[slot] = local;
+          const int64_t first = (local * tx + x0) * row;
+          transpose_keys<W, Dim>(k_batch + first, key_step, jn, strip.offset, used, heads, columns,
+                                 kc);
+          for (int64_t j = 0; j < jn; ++j) {
+            const float* v_at = v_batch + first + j * key_step;
+            for (int64_t h = 0; h < heads; ++h)
+              for (int c = 0; c < chunks; ++c)
+                store<W>(vc + (h * jcap + j) * Dim + c * L, load<W>(v_at + h * Dim + c * L));
           }
-          k_rows[key_rows] = kc;
-          v_rows[key_rows] = vc;
-          if (job.bias)
-            bias_rows[key_rows] =
-                (p.kernel[0] - 1 +
-                 (lz + p.tile_offset[0] - p.query_offset[0] - z) / p.dilation[0]) *
-                    p.rpb[1] * p.rpb[2] +
-                (p.kernel[1] - 1 +
-                 (ly + p.tile_offset[1] - p.query_offset[1] - y) / p.dilation[1]) *
-                    p.rpb[2];
         }
+        k_rows[kr] = kc;
+        v_rows[kr] = vc;
+        if (job.bias)
+          bias_rows[kr] =
+              (p.kernel[0] - 1 + (lz + p.tile_offset[0] - p.query_offset[0] - z) / p.dilation[0]) *
+                  p.rpb[1] * p.rpb[2] +
+              (p.kernel[1] - 1 + (ly + p.tile_offset[1] - p.query_offset[1] - y) / p.dilation[1]) *
+                  p.rpb[2];
       }
       // The next row's key rows not cached yet and its queries, fetched a few lines per call.
       fetch.clear();
       if (rank + 1 < row_end) {
         const int64_t nz = plan.order[rank + 1] / qy, ny = plan.order[rank + 1] % qy;
         const int64_t next_row = (b * p.queries[0] + nz) * qy + ny;
-        const NaWindow& nwz = p.windows[0][nz];
-        const NaWindow& nwy = p.windows[1][ny];
-        for (int64_t iz = 0; iz < nwz.count; ++iz) {
-          const int64_t lz = nwz.first + iz * nwz.step - p.tile_offset[0];
-          for (int64_t iy = 0; iy < nwy.count; ++iy) {
-            const int64_t ly = nwy.first + iy * nwy.step - p.tile_offset[1];
-            const int64_t local = lz * ty + ly;
-            if (tags[plan.slot_z[lz] + plan.slot_y[ly]] == local) continue;
-            const int64_t first = (local * tx + x0) * row;
-            for (int64_t j = 0; j < jn; ++j) {
-              fetch.add(k_batch + first + j * key_step, row);
-              fetch.add(v_batch + first + j * key_step, row);
-            }
+        const int64_t next_rows = lane_window(p, plan, nz, ny, next_window.data());
+        for (int64_t kr = 0; kr < next_rows; ++kr) {
+          if (tags[next_window[kr].slot] == next_window[kr].local) continue;
+          const int64_t first = (next_window[kr].local * tx + x0) * row;
+          for (int64_t j = 0; j < jn; ++j) {
+            fetch.add(k_batch + first + j * key_step, row);
+            fetch.add(v_batch + first + j * key_step, row);
           }
         }
         for (int i = 0; i < strip.queries; ++i)
@@ -1364,11 +1370,10 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
                                   k_rows[kr + rows - 1] + head_column + o};
             float* out = logits + (kr * ocap + o) * L;
             if (rows == 2)
-              lane_logits_for<W, Dim, 2, JB / 2>(n, qt, kt, columns, mask + o * L, out,
-                                                  ocap * L, best);
+              lane_logits_for<W, Dim, 2, JB / 2>(n, qt, kt, columns, mask + o * L, out, ocap * L,
+                                                 best);
             else
-              lane_logits_for<W, Dim, 1, JB>(n, qt, kt, columns, mask + o * L, out,
-                                             ocap * L, best);
+              lane_logits_for<W, Dim, 1, JB>(n, qt, kt, columns, mask + o * L, out, ocap * L, best);
           }
           kr += rows;
         }
@@ -1403,35 +1408,26 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
           }
         }
         const V inverse = 1.0f / sum;
-        float lse[L], inverse_lanes[L];
-        for (int i = 0; i < L; ++i) {
-          lse[i] = best[i] + vm::log_f32(sum[i]);
-          inverse_lanes[i] = inverse[i];
-        }
         // p.v: per query with D in registers (8 at a time) and the weights broadcast from the
-        // logits; key row by key row where one query's window of v exceeds half the L1.
+        // logits; key row by key row where one query's window of v outgrows the L1 (by_rows).
+        const float* weights[L];
+        float* outs[L];
+        for (int i = 0; i < strip.queries; ++i) {
+          const int64_t query_head = (query_row * qx + strip.x[i]) * heads + h;
+          weights[i] = logits + (strip.start[i] - i - strip.offset) * L + i;
+          outs[i] = job.output + query_head * Dim;
+          job.lse[query_head] = best[i] + vm::log_f32(sum[i]);
+        }
         if (by_rows) {
-          const float* weights[L];
-          float* outs[L];
-          for (int i = 0; i < strip.queries; ++i) {
-            const int64_t query_head = (query_row * qx + strip.x[i]) * heads + h;
-            weights[i] = logits + (strip.start[i] - i - strip.offset) * L + i;
-            outs[i] = job.output + query_head * Dim;
-            job.lse[query_head] = lse[i];
-          }
           fetch.issue(per_fetch * strip.queries);
           lane_values_by_rows<W, Dim>(v_rows.data(), key_rows, h * jcap * Dim, strip.queries,
-                                      strip.start, strip.count, weights, ocap * L, sums,
-                                      outs, inverse_lanes);
+                                      strip.start, strip.count, weights, ocap * L, sums, outs,
+                                      inverse);
         } else {
           for (int i = 0; i < strip.queries; ++i) {
-            const int64_t query_head = (query_row * qx + strip.x[i]) * heads + h;
             fetch.issue(per_fetch);
             lane_values<W, Dim>(v_rows.data(), key_rows, h * jcap * Dim, strip.start[i],
-                                strip.count[i],
-                                logits + (strip.start[i] - i - strip.offset) * L + i,
-                                ocap * L, job.output + query_head * Dim, inverse[i]);
-            job.lse[query_head] = lse[i];
+                                strip.count[i], weights[i], ocap * L, outs[i], inverse[i]);
           }
         }
       }
