@@ -230,6 +230,36 @@ std::vector<std::string> registered_ops() {
   return names;
 }
 
+const Tensor* UnfilledInteriors::owned(size_t i) const {
+  for (const Entry& entry : entries_)
+    if (entry.input == i) return &entry.owned;
+  return nullptr;
+}
+
+const Box& UnfilledInteriors::box(size_t i) const {
+  for (const Entry& entry : entries_)
+    if (entry.input == i) return entry.box;
+  throw InvalidArgument("op", fmt::format("input {} has no unfilled interior", i));
+}
+
+void UnfilledInteriors::fill(size_t i, const Tensor& haloed) const {
+  for (auto entry = entries_.begin(); entry != entries_.end(); ++entry)
+    if (entry->input == i) {
+      Tensor interior = haloed.view_box(entry->box);
+      interior.copy_from(entry->owned);
+      entries_.erase(entry);
+      return;
+    }
+}
+
+void UnfilledInteriors::fill_all(const std::vector<Tensor>& haloed) const {
+  while (!entries_.empty()) fill(entries_.front().input, haloed.at(entries_.front().input));
+}
+
+void UnfilledInteriors::add(size_t i, Tensor owned, Box box) {
+  entries_.push_back({i, std::move(owned), std::move(box)});
+}
+
 OpCost op_cost(const OpDef& op, const KernelContext& context, const std::vector<Tensor>& inputs,
                const std::vector<Tensor>& outputs) {
   if (op.cost) return op.cost(context, inputs, outputs);
@@ -374,11 +404,22 @@ std::vector<ShardTensor> apply_op(const std::string& name,
   std::vector<std::shared_ptr<const HaloPlan>> plans(inputs.size());
   std::vector<HaloExchange> exchanges;
   std::vector<size_t> exchanged;
+  const auto all_on = [&inputs](Device::Kind kind) {
+    return std::all_of(inputs.begin(), inputs.end(),
+                       [kind](const ShardTensor& input) { return input.device().kind == kind; });
+  };
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!rule.halos[i]) continue;
     plans[i] = cached_halo_plan(rule.inputs[i], *rule.halos[i], mesh.rank());
-    exchanges.push_back(
-        halo_begin(*plans[i], ready[i].to_local(), mesh.comm(), static_cast<int>(i)));
+    // The owned piece stays where it is for a cpu kernel that reads it in place.
+    const bool around = all_on(Device::Kind::cpu) &&
+                        std::count(op.owned_in_place.begin(), op.owned_in_place.end(), i) > 0;
+    const Tensor owned = ready[i].to_local();
+    const int tag = static_cast<int>(i);
+    exchanges.push_back(around ? halo_begin_around(*plans[i], owned, mesh.comm(), tag)
+                               : halo_begin(*plans[i], owned, mesh.comm(), tag));
+    if (exchanges.back().interior_unfilled())
+      context.interiors.add(i, owned, plans[i]->interior_box());
     exchanged.push_back(i);
   }
   std::vector<Tensor> locals(inputs.size());
@@ -395,10 +436,6 @@ std::vector<ShardTensor> apply_op(const std::string& name,
   // Only worth it when halo cells come from other ranks (not just zero padding or self copies).
   const bool remote = std::any_of(plans.begin(), plans.end(),
                                   [](const auto& plan) { return plan && !plan->recvs().empty(); });
-  const auto all_on = [&inputs](Device::Kind kind) {
-    return std::all_of(inputs.begin(), inputs.end(),
-                       [kind](const ShardTensor& input) { return input.device().kind == kind; });
-  };
   // The split of the inputs' device, if the op has one.
   const OverlapKernel* split = nullptr;
   if (all_on(Device::Kind::cpu) && op.cpu_overlap) split = &*op.cpu_overlap;
@@ -444,6 +481,7 @@ std::vector<ShardTensor> apply_op(const std::string& name,
   // 5. Record for autograd.
   Tape* tape = Tape::active();
   if (tape && op.backward && any_requires_grad(ready)) {
+    context.interiors.fill_all(locals);  // the backward reads the haloed inputs whole
     // Integer outputs (max_pool's indices) take no gradient, as in PyTorch.
     for (ShardTensor& output : outputs) output.set_requires_grad(is_floating(output.dtype()));
     tape->record(OpRecord{definition, attrs, std::move(rule), ready, locals, plans, outputs});

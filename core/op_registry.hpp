@@ -35,6 +35,34 @@ struct OpRule {
   std::vector<std::optional<DType>> output_dtypes{};
 };
 
+/// Haloed inputs whose interior (where the rank's owned piece goes) the halo exchange left
+/// unfilled, for an op that reads the owned piece where it lies (OpDef::owned_in_place).
+class UnfilledInteriors {
+ public:
+  /// Input i's owned piece when the interior of its haloed tensor is unfilled, else nullptr
+  /// (no halo, or filled). Valid until the next fill.
+  const Tensor* owned(size_t i) const;
+  /// The box of input i's haloed tensor that its owned piece fills (local coordinates), for an
+  /// input whose owned(i) is not null. Valid until the next fill.
+  const Box& box(size_t i) const;
+  /// Copies input i's owned piece into the interior of `haloed` (input i's haloed tensor), once:
+  /// for kernels that need the whole haloed tensor. Does nothing when it is already whole.
+  void fill(size_t i, const Tensor& haloed) const;
+  /// Fills every unfilled interior of `haloed` (the kernel's inputs).
+  void fill_all(const std::vector<Tensor>& haloed) const;
+  /// The registry's: input i's interior `box` is unfilled and `owned` holds it.
+  void add(size_t i, Tensor owned, Box box);
+
+ private:
+  struct Entry {
+    size_t input;
+    Tensor owned;
+    Box box;
+  };
+  // Mutable: filling an interior (from a kernel, which sees a const context) retires its entry.
+  mutable std::vector<Entry> entries_;
+};
+
 /// What a local kernel is told about its pieces.
 struct KernelContext {
   const DeviceMesh& mesh;
@@ -46,6 +74,7 @@ struct KernelContext {
   std::vector<Box> owned_boxes;         ///< global box each input's rank owns (no halo)
   Device device = Device::cpu();        ///< where the inputs live and the outputs must be made
   Stream stream{};  ///< where a cuda kernel queues its work (never synchronizing the device)
+  UnfilledInteriors interiors{};  ///< inputs whose owned piece the kernel reads in place
 };
 
 struct OpDef;
@@ -119,6 +148,12 @@ struct OpDef {
   /// The same for the cuda kernel: `interior` is queued on the compute stream while the halos
   /// travel, `boundary` after halo_end has ordered the compute stream after them.
   std::optional<OverlapKernel> cuda_overlap = std::nullopt;
+  /// Haloed inputs (by index) whose cpu kernels (`cpu` and `cpu_overlap`) may read the rank's
+  /// owned piece where it lies: the halo exchange then fills only the halo cells of their haloed
+  /// tensor, which saves copying the owned piece into it, and context.interiors holds the owned
+  /// piece. A kernel that reads the haloed tensor whole calls context.interiors.fill first; the
+  /// registry fills what is left before the tape records the call (the backward gets it whole).
+  std::vector<size_t> owned_in_place{};
   /// The local kernel's cost (empty: the bytes of the inputs and outputs, one flop per output
   /// element). Its backward is costed as twice the forward (the gradients of the inputs and of
   /// the weights each take about one forward).

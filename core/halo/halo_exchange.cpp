@@ -73,11 +73,12 @@ bool needs_no_halo(const HaloPlan& plan) {
 }  // namespace
 
 /// Posts the exchange of `plan` reading the owned piece from `source` into `haloed`; with
-/// `in_place`, `source` is the interior of `haloed` itself and the interior copy is skipped.
+/// `skip_interior` the copy of the whole owned piece into the interior is skipped (`source` is
+/// the interior of `haloed` itself, or the kernel reads it where it lies).
 /// Records on `span` the bytes it copies (packing, self copies; zero fills as half a copy's
 /// traffic) and their contiguous runs.
 HaloExchange start_exchange(const HaloPlan& plan, const Tensor& source, Tensor haloed,
-                            bool in_place, Comm& comm, int tag, trace::Span& span) {
+                            bool skip_interior, Comm& comm, int tag, trace::Span& span) {
   const size_t element = source.element_size();
   HaloExchange exchange;
   exchange.in_flight_ = std::make_unique<HaloExchange::InFlight>();
@@ -114,7 +115,10 @@ HaloExchange start_exchange(const HaloPlan& plan, const Tensor& source, Tensor h
   const Box interior = plan.interior_box();
   const Box whole = Box::of_shape(source.shape());
   for (const HaloTransfer& copy : plan.self_copies()) {
-    if (in_place && copy.owned_box == whole && copy.haloed_box == interior) continue;
+    if (skip_interior && copy.owned_box == whole && copy.haloed_box == interior) {
+      exchange.interior_unfilled_ = true;
+      continue;
+    }
     Tensor target = exchange.haloed_.view_box(copy.haloed_box);
     const Tensor from = source.view_box(copy.owned_box);
     copies.copy(target, &from);
@@ -129,7 +133,9 @@ HaloExchange start_exchange(const HaloPlan& plan, const Tensor& source, Tensor h
   return exchange;
 }
 
-HaloExchange halo_begin(const HaloPlan& plan, const Tensor& owned, Comm& comm, int tag) {
+/// halo_begin and halo_begin_around: a new haloed tensor, its interior copied or left.
+HaloExchange begin_from_owned(const HaloPlan& plan, const Tensor& owned, Comm& comm, int tag,
+                              bool skip_interior) {
   trace::Span span("halo", "halo_begin");
   const Box owned_global = plan.spec().local_box_of_rank(plan.rank());
   check_arg(owned.shape() == owned_global.shape(), "halo",
@@ -142,7 +148,15 @@ HaloExchange halo_begin(const HaloPlan& plan, const Tensor& owned, Comm& comm, i
   }
   return start_exchange(plan, owned,
                         Tensor::empty(plan.haloed_shape(), owned.dtype(), owned.device()),
-                        /*in_place=*/false, comm, tag, span);
+                        skip_interior, comm, tag, span);
+}
+
+HaloExchange halo_begin(const HaloPlan& plan, const Tensor& owned, Comm& comm, int tag) {
+  return begin_from_owned(plan, owned, comm, tag, /*skip_interior=*/false);
+}
+
+HaloExchange halo_begin_around(const HaloPlan& plan, const Tensor& owned, Comm& comm, int tag) {
+  return begin_from_owned(plan, owned, comm, tag, /*skip_interior=*/true);
 }
 
 HaloExchange halo_begin_in_place(const HaloPlan& plan, const Tensor& haloed, Comm& comm, int tag) {
@@ -150,8 +164,11 @@ HaloExchange halo_begin_in_place(const HaloPlan& plan, const Tensor& haloed, Com
   check_arg(haloed.shape() == plan.haloed_shape(), "halo",
             "haloed tensor of shape {} on rank {}, the plan says {}", haloed.shape(), plan.rank(),
             plan.haloed_shape());
-  return start_exchange(plan, haloed.view_box(plan.interior_box()), haloed, /*in_place=*/true, comm,
-                        tag, span);
+  HaloExchange exchange =
+      start_exchange(plan, haloed.view_box(plan.interior_box()), haloed,
+                     /*skip_interior=*/true, comm, tag, span);
+  exchange.interior_unfilled_ = false;  // the interior already holds the owned piece
+  return exchange;
 }
 
 Tensor HaloExchange::finish() {

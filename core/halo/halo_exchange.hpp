@@ -25,17 +25,22 @@ class HaloExchange {
   ~HaloExchange();
   /// The haloed tensor; only its interior is valid before finish().
   const Tensor& haloed() const { return haloed_; }
-  /// Waits for every message and unpacks the halo boxes; returns the complete haloed tensor.
+  /// Waits for every message and unpacks the halo boxes; returns the complete haloed tensor
+  /// (complete but for its interior when interior_unfilled()).
   Tensor finish();
+  /// True when the exchange (halo_begin_around) left the interior, plan.interior_box(), unfilled.
+  bool interior_unfilled() const { return interior_unfilled_; }
 
  private:
-  friend HaloExchange halo_begin(const HaloPlan&, const Tensor&, Comm&, int);
+  friend HaloExchange begin_from_owned(const HaloPlan&, const Tensor&, Comm&, int, bool);
+  friend HaloExchange halo_begin_in_place(const HaloPlan&, const Tensor&, Comm&, int);
   friend HaloExchange start_exchange(const HaloPlan&, const Tensor&, Tensor, bool, Comm&, int,
                                      trace::Span&);
   HaloExchange() = default;
   struct InFlight;
   std::unique_ptr<InFlight> in_flight_;
   Tensor haloed_;
+  bool interior_unfilled_ = false;
 };
 
 /// Starts the exchange of `plan` for this rank's owned piece `owned` over the mesh
@@ -44,6 +49,12 @@ class HaloExchange {
 /// or a piece whose ops read no neighbour), the haloed tensor IS `owned` (shared storage, not a
 /// copy): kernels read it and never write it.
 HaloExchange halo_begin(const HaloPlan& plan, const Tensor& owned, Comm& comm, int tag = 0);
+
+/// As halo_begin, but the haloed tensor's interior (plan.interior_box(), where the owned piece
+/// goes) is left unfilled when the plan needs a halo: for kernels that read the owned piece where
+/// it lies and only the halo cells from the haloed tensor, which saves copying the owned piece.
+/// exchange.interior_unfilled() says whether it was left.
+HaloExchange halo_begin_around(const HaloPlan& plan, const Tensor& owned, Comm& comm, int tag = 0);
 
 /// Starts the exchange of `plan` in place: `haloed` (of plan.haloed_shape()) already holds this
 /// rank's owned piece in its interior (plan.interior_box()); only the halo cells are filled, and

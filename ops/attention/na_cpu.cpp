@@ -706,6 +706,24 @@ struct ForwardJob {
   const T *q, *k, *v, *bias;  // bias: [heads, rpb..] or nullptr
   T *output, *lse;
   bool wide = false;  // tiles of kWideTileQueries queries (else kTileQueries)
+  // The key rows the owned pieces hold (NaOwnedKeys; own_k null: none): tile rows [own_lo,
+  // own_hi) on axes 0 and 1, each whole on the innermost axis (read by the lane forward only).
+  const T *own_k = nullptr, *own_v = nullptr;
+  int64_t own_lo[2] = {0, 0}, own_hi[2] = {0, 0};
+
+  /// k and v of the tile's key row (batch b, local z, y) at its first key: in the owned pieces
+  /// where they hold it, else in the tile.
+  std::pair<const T*, const T*> key_row(int64_t b, int64_t z, int64_t y) const {
+    const Problem& p = *problem;
+    const int64_t row = p.tile[2] * p.heads * p.dim;
+    if (own_k && z >= own_lo[0] && z < own_hi[0] && y >= own_lo[1] && y < own_hi[1]) {
+      const int64_t oz = own_hi[0] - own_lo[0], oy = own_hi[1] - own_lo[1];
+      const int64_t at = ((b * oz + z - own_lo[0]) * oy + y - own_lo[1]) * row;
+      return {own_k + at, own_v + at};
+    }
+    const int64_t at = ((b * p.tile[0] + z) * p.tile[1] + y) * row;
+    return {k + at, v + at};
+  }
 };
 
 /// Forward of the (batch, query) rows [begin, end). The window is small (k^d logits, in L1), so
@@ -1259,7 +1277,7 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
   std::vector<const float*> k_rows(plan.slots), v_rows(plan.slots);
   std::vector<int64_t> bias_rows(plan.slots);
   const int64_t rows_per_block = (plan.rows + plan.blocks - 1) / plan.blocks;
-  const int64_t qy = p.queries[1], qx = p.queries[2], tx = p.tile[2];
+  const int64_t qy = p.queries[1], qx = p.queries[2];
   LaneStrip strip;
   LineFetch fetch;
   alignas(64) float sums[L * Dim];  // lane_values_by_rows' per-query sums
@@ -1277,8 +1295,6 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
     lane_strip(p, plan.strips, s, strip);
     const int64_t jn = strip.keys, on = strip.outputs, x0 = strip.first_key - p.tile_offset[2];
     const int64_t used = strip.columns(), key_step = p.dilation[2] * row;
-    const float* k_batch = job.k + b * p.tile_count() * row;
-    const float* v_batch = job.v + b * p.tile_count() * row;
     std::fill(tags.begin(), tags.end(), -1);
     // Lane masks: logit o of lane i is its key i + offset + o of the strip, in its window when
     // start[i] <= i + offset + o < start[i] + count[i] (0 there, -inf elsewhere; lanes past the
@@ -1307,11 +1323,11 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
         float* vc = v_cache.get() + slot * v_slot;
         if (tags[slot] != local) {
           tags[slot] = local;
-          const int64_t first = (local * tx + x0) * row;
-          transpose_keys<W, Dim>(k_batch + first, key_step, jn, strip.offset, used, heads, columns,
-                                 kc);
+          const auto [k_row, v_row] = job.key_row(b, lz, ly);
+          transpose_keys<W, Dim>(k_row + x0 * row, key_step, jn, strip.offset, used, heads,
+                                 columns, kc);
           for (int64_t j = 0; j < jn; ++j) {
-            const float* v_at = v_batch + first + j * key_step;
+            const float* v_at = v_row + x0 * row + j * key_step;
             for (int64_t h = 0; h < heads; ++h)
               for (int c = 0; c < chunks; ++c)
                 store<W>(vc + (h * jcap + j) * Dim + c * L, load<W>(v_at + h * Dim + c * L));
@@ -1334,10 +1350,10 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
         const int64_t next_rows = lane_window(p, plan, nz, ny, next_window.data());
         for (int64_t kr = 0; kr < next_rows; ++kr) {
           if (tags[next_window[kr].slot] == next_window[kr].local) continue;
-          const int64_t first = (next_window[kr].local * tx + x0) * row;
+          const auto [k_row, v_row] = job.key_row(b, next_window[kr].z, next_window[kr].y);
           for (int64_t j = 0; j < jn; ++j) {
-            fetch.add(k_batch + first + j * key_step, row);
-            fetch.add(v_batch + first + j * key_step, row);
+            fetch.add(k_row + x0 * row + j * key_step, row);
+            fetch.add(v_row + x0 * row + j * key_step, row);
           }
         }
         for (int i = 0; i < strip.queries; ++i)
@@ -2078,9 +2094,50 @@ NaCpuForward forward_kernel_of(const Problem& p, DType dtype, NaCpuForward kerne
   return lanes ? NaCpuForward::lanes : NaCpuForward::query_tiles;
 }
 
+/// The tile box the owned pieces of `owned` cover, in the problem's axes, checked against the
+/// tile `k`.
+struct OwnedBox {
+  Axes lo{0, 0, 0}, hi{1, 1, 1};
+};
+
+OwnedBox owned_box(const Problem& p, const Tensor& k, const NaOwnedKeys& owned) {
+  const Shape& tile = k.shape();
+  const Shape& piece = owned.k.shape();
+  check_arg(owned.v.shape() == piece && owned.k.dtype() == k.dtype() &&
+                owned.v.dtype() == k.dtype() && owned.k.is_contiguous() &&
+                owned.v.is_contiguous() && owned.k.device() == k.device() &&
+                owned.v.device() == k.device(),
+            "na", "owned k {} and v {} ({}, {}): both contiguous, of k's dtype {} and device",
+            piece, owned.v.shape(), dtype_name(owned.k.dtype()), dtype_name(owned.v.dtype()),
+            dtype_name(k.dtype()));
+  check_arg(piece.size() == tile.size() && owned.offset.size() == static_cast<size_t>(p.spatial) &&
+                piece.front() == tile.front() && piece[piece.size() - 2] == tile[tile.size() - 2] &&
+                piece.back() == tile.back(),
+            "na", "owned pieces of shape {} at {} do not fit the k/v tile of shape {}", piece,
+            owned.offset, tile);
+  OwnedBox box;
+  for (int a = 0; a < p.spatial; ++a) {
+    const int64_t lo = owned.offset[a], hi = lo + piece[1 + a];
+    check_arg(lo >= 0 && hi <= tile[1 + a], "na",
+              "owned pieces of shape {} at {} reach past the k/v tile of shape {}", piece,
+              owned.offset, tile);
+    box.lo[kAxes - p.spatial + a] = lo;
+    box.hi[kAxes - p.spatial + a] = hi;
+  }
+  return box;
+}
+
+/// Whether the forward reads owned pieces covering `box` in place: the lane forward (f32 inputs,
+/// so the tile is not converted) and pieces whole on the innermost axis.
+bool reads_owned(const Problem& p, DType dtype, NaCpuForward kernel, const OwnedBox& box) {
+  return dtype == DType::f32 && forward_kernel_of(p, dtype, kernel) == NaCpuForward::lanes &&
+         box.lo[2] == 0 && box.hi[2] == p.tile[2];
+}
+
 template <typename T>
 NaForward forward_in(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                     const Tensor* rpb, int threads, NaCpuForward kernel) {
+                     const Tensor* rpb, int threads, NaCpuForward kernel,
+                     const NaOwnedKeys* owned = nullptr, const OwnedBox& box = {}) {
   const DType dtype = compute_dtype(q.dtype());
   const Tensor qc = as_compute(q, dtype), kc = as_compute(k, dtype), vc = as_compute(v, dtype);
   const Tensor bias = rpb ? as_compute(*rpb, dtype) : Tensor();
@@ -2097,6 +2154,14 @@ NaForward forward_in(const Problem& p, const Tensor& q, const Tensor& k, const T
                     rpb ? bias.data<T>() : nullptr,
                     output.data<T>(),
                     lse.data<T>()};
+  if (owned) {  // f32 and the lane forward (reads_owned)
+    job.own_k = owned->k.data<T>();
+    job.own_v = owned->v.data<T>();
+    for (int a = 0; a < 2; ++a) {
+      job.own_lo[a] = box.lo[a];
+      job.own_hi[a] = box.hi[a];
+    }
+  }
   if (runs_lanes(set, p, kernel)) {
     const LanePlan plan = lane_plan(p, threads);
     parallel_for(plan.items(p), threads,
@@ -2188,11 +2253,26 @@ NaGradients backward_in(const Problem& p, const Tensor& q, const Tensor& k, cons
 
 NaForward na_cpu_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* rpb,
                          const NaGeometry& geometry, const NaPieces& pieces, int threads,
-                         NaCpuForward kernel) {
+                         NaCpuForward kernel, const NaOwnedKeys* owned) {
   const Problem p = make_problem(q, k, v, rpb, geometry, pieces);
   threads = resolve_threads(threads);
+  if (owned) {
+    const OwnedBox box = owned_box(p, k, *owned);
+    check_arg(reads_owned(p, q.dtype(), kernel, box), "na",
+              "owned keys are read in place only by the f32 lane forward, from pieces whole on "
+              "the innermost spatial axis: fill the k/v tile instead");
+    return forward_in<float>(p, q, k, v, rpb, threads, kernel, owned, box);
+  }
   return q.dtype() == DType::f64 ? forward_in<double>(p, q, k, v, rpb, threads, kernel)
                                  : forward_in<float>(p, q, k, v, rpb, threads, kernel);
+}
+
+bool na_cpu_forward_reads_owned(const Tensor& q, const Tensor& k, const Tensor& v,
+                                const Tensor* rpb, const NaGeometry& geometry,
+                                const NaPieces& pieces, const NaOwnedKeys& owned,
+                                NaCpuForward kernel) {
+  const Problem p = make_problem(q, k, v, rpb, geometry, pieces);
+  return reads_owned(p, q.dtype(), kernel, owned_box(p, k, owned));
 }
 
 NaCpuForward na_cpu_forward_kernel(const Tensor& q, const Tensor& k, const Tensor& v,

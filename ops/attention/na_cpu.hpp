@@ -18,11 +18,30 @@ namespace tessera::ops {
 /// benchmarks compare them), the query tiles otherwise.
 enum class NaCpuForward { automatic, query_tiles, lanes };
 
+/// The rank's own keys and values in a sharded call whose k/v tile the halo exchange filled only
+/// around them (OpDef::owned_in_place): the owned pieces ([batch, spatial..., heads, D], as the
+/// tile but for their spatial extents) and the tile index of their first element on each
+/// spatial axis. The tile's cells they cover are not read.
+struct NaOwnedKeys {
+  Tensor k, v;
+  std::vector<int64_t> offset;
+};
+
 /// Forward like na_forward on up to `threads` threads (0: compute_threads()). o and lse agree
-/// with na_forward to rounding in the compute precision (f32: ~1e-6 relative).
+/// with na_forward to rounding in the compute precision (f32: ~1e-6 relative). With `owned`, the
+/// key rows the owned pieces hold are read from them (na_cpu_forward_reads_owned must hold).
 NaForward na_cpu_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* rpb,
                          const NaGeometry& geometry, const NaPieces& pieces, int threads = 0,
-                         NaCpuForward kernel = NaCpuForward::automatic);
+                         NaCpuForward kernel = NaCpuForward::automatic,
+                         const NaOwnedKeys* owned = nullptr);
+
+/// Whether na_cpu_forward can read `owned` in place on these arguments: f32, the lane tiles run
+/// (with `kernel` asked for), and the owned pieces span the tile's innermost spatial axis (the
+/// lane tiles read whole key rows). Throws InvalidArgument when `owned` does not fit the tile.
+bool na_cpu_forward_reads_owned(const Tensor& q, const Tensor& k, const Tensor& v,
+                                const Tensor* rpb, const NaGeometry& geometry,
+                                const NaPieces& pieces, const NaOwnedKeys& owned,
+                                NaCpuForward kernel = NaCpuForward::automatic);
 
 /// The kernel na_cpu_forward runs on these arguments when `kernel` is asked for: query_tiles or
 /// lanes (benchmarks print it, tests check which one they cover).

@@ -138,13 +138,32 @@ std::vector<int64_t> spatial_lo(const Box& box, size_t spatial) {
   return std::vector<int64_t>(box.lo.begin() + 1, box.lo.begin() + 1 + spatial);
 }
 
+/// The cpu forward of queries `q` (all the local ones, or a region's) over the k/v tile of
+/// `inputs`. Where the halo exchange left the tile's interior unfilled (OpDef::owned_in_place),
+/// the lane forward reads the rank's own keys where they lie; any other kernel gets the interior
+/// filled first (once for the call).
+NaForward na_cpu_piece(const KernelContext& context, const std::vector<Tensor>& inputs,
+                       const Tensor& q, const NaGeometry& geometry, const NaPieces& pieces) {
+  const Tensor* rpb = inputs.size() == 4 ? &inputs[3] : nullptr;
+  const Tensor* k = context.interiors.owned(1);
+  const Tensor* v = context.interiors.owned(2);
+  if (k && v && context.interiors.box(1) == context.interiors.box(2)) {
+    const size_t spatial = geometry.extent.size();
+    const NaOwnedKeys owned{*k, *v, spatial_lo(context.interiors.box(1), spatial)};
+    if (na_cpu_forward_reads_owned(q, inputs[1], inputs[2], rpb, geometry, pieces, owned))
+      return na_cpu_forward(q, inputs[1], inputs[2], rpb, geometry, pieces, 0,
+                            NaCpuForward::automatic, &owned);
+  }
+  context.interiors.fill_all(inputs);
+  return na_cpu_forward(q, inputs[1], inputs[2], rpb, geometry, pieces);
+}
+
 std::vector<Tensor> na_cpu(const KernelContext& context, const std::vector<Tensor>& inputs) {
   const NaGeometry geometry = resolve(context.input_specs[0].global_shape, context.attrs);
   const size_t spatial = geometry.extent.size();
   const NaPieces pieces{spatial_lo(context.input_boxes[0], spatial),
                         spatial_lo(context.input_boxes[1], spatial)};
-  const Tensor* rpb = inputs.size() == 4 ? &inputs[3] : nullptr;
-  NaForward result = na_cpu_forward(inputs[0], inputs[1], inputs[2], rpb, geometry, pieces);
+  NaForward result = na_cpu_piece(context, inputs, inputs[0], geometry, pieces);
   return {std::move(result.output), std::move(result.lse)};
 }
 
@@ -208,7 +227,7 @@ void na_region(const KernelContext& context, const std::vector<Tensor>& inputs,
   const NaForward piece =
       inputs[0].device().is_cuda()
           ? na_cuda_forward(q, inputs[1], inputs[2], rpb, geometry, pieces, context.stream)
-          : na_cpu_forward(q, inputs[1], inputs[2], rpb, geometry, pieces);
+          : na_cpu_piece(context, inputs, q, geometry, pieces);
   o.view_box(region).copy_from(piece.output);
   Box lse_region = region;
   lse_region.lo.pop_back();
@@ -316,6 +335,7 @@ void register_attention_ops() {
       .backward = na_backward_op,
       .cpu_overlap = OverlapKernel{na_interior, na_boundary},
       .cuda_overlap = OverlapKernel{na_interior, na_boundary},
+      .owned_in_place = {1, 2},
       .cost = na_cost});
 }
 

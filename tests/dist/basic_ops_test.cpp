@@ -596,6 +596,87 @@ Tensor reverse_rows(const Tensor& input) {
   return out;
 }
 
+// An op that declares owned_in_place gets, where its piece needs a halo from other ranks, the
+// haloed tensor with the halo cells filled and the interior left to it: context.interiors holds
+// the owned piece and its box. fill() completes the haloed tensor once; what the kernel left
+// unfilled the registry fills before the tape records the call, so the backward reads it whole.
+TEST(OpRegistry, AnOpReadingItsOwnedPieceInPlaceGetsTheHaloAroundTheInterior) {
+  // y[i] = x[i - 1] + x[i] + x[i + 1] (zero past the ends); with attribute fill = 0 the kernel
+  // reads x's own cells from the owned piece, with fill = 1 from the haloed tensor once filled,
+  // with fill = 2 it leaves the filling to the registry.
+  const auto rule = [](const std::vector<ShardSpec>& inputs, const OpAttrs&) {
+    const ShardSpec& x = inputs.at(0);
+    return OpRule{{x}, {HaloNeed{grown_boxes(x, {1}, {1}), {BoundaryMode::zero}}}, {x}};
+  };
+  const auto kernel = [](const KernelContext& context, const std::vector<Tensor>& inputs) {
+    const Tensor& haloed = inputs[0];
+    const int64_t fill = context.attrs.get_int("fill", 0);
+    std::vector<double> x(static_cast<size_t>(haloed.shape(0)));
+    if (context.interiors.owned(0)) {
+      const Tensor owned = *context.interiors.owned(0);
+      const Box box = context.interiors.box(0);
+      EXPECT_EQ(box.shape(), owned.shape());
+      EXPECT_EQ(box.extent(0) + 2, haloed.shape(0)) << "one halo cell on each side";
+      if (fill == 1) {
+        context.interiors.fill(0, haloed);
+        EXPECT_EQ(context.interiors.owned(0), nullptr) << "filled once";
+        context.interiors.fill(0, haloed);  // a second call does nothing
+      }
+      for (int64_t i = 0; i < haloed.shape(0); ++i)
+        x[i] = fill != 1 && i >= box.lo[0] && i < box.hi[0]
+                   ? owned.data<double>()[i - box.lo[0]]
+                   : haloed.data<double>()[i];
+    } else {
+      ADD_FAILURE() << "every rank's piece here needs a halo: its interior is left unfilled";
+      for (int64_t i = 0; i < haloed.shape(0); ++i) x[i] = haloed.data<double>()[i];
+    }
+    Tensor y = Tensor::empty({haloed.shape(0) - 2}, DType::f64);
+    for (int64_t i = 0; i < y.shape(0); ++i) y.data<double>()[i] = x[i] + x[i + 1] + x[i + 2];
+    return std::vector<Tensor>{y};
+  };
+  // The backward checks that it sees the haloed tensor whole: its cells are x's, global index
+  // by index (x[i] = i + 1, zero past the ends).
+  const auto backward = [](const OpRecord& record,
+                           const std::vector<std::optional<ShardTensor>>& grads)
+      -> std::vector<std::optional<ShardTensor>> {
+    const Tensor& haloed = record.kernel_inputs[0];
+    const int64_t first = record.plans[0]->needed_box().lo[0];
+    for (int64_t i = 0; i < haloed.shape(0); ++i) {
+      const int64_t global = first + i;
+      const double expected = global >= 0 && global < 12 ? static_cast<double>(global + 1) : 0.0;
+      EXPECT_EQ(haloed.data<double>()[i], expected) << "haloed cell " << i;
+    }
+    return {grads[0]};
+  };
+  register_op(OpDef{.name = "test_sum3_owned",
+                    .rule = rule,
+                    .cpu = kernel,
+                    .backward = backward,
+                    .owned_in_place = {0}});
+  testing::run_world(3, [](std::shared_ptr<Comm> comm) {
+    DeviceMesh mesh(comm, {3});
+    Tensor values = Tensor::empty({12}, DType::f64);
+    for (int64_t i = 0; i < 12; ++i) values.data<double>()[i] = static_cast<double>(i + 1);
+    Tensor expected = Tensor::empty({12}, DType::f64);
+    for (int64_t i = 0; i < 12; ++i)
+      expected.data<double>()[i] = (i > 0 ? i : 0) + (i + 1) + (i < 11 ? i + 2 : 0);
+    for (int64_t fill : {0, 1, 2}) {
+      SCOPED_TRACE(fmt::format("fill {}", fill));
+      OpAttrs attrs;
+      attrs.set("fill", fill);
+      ShardTensor x =
+          ShardTensor::distribute(values, mesh, {Placement::shard(0)}, {{5, 3, 4}});
+      EXPECT_EQ(max_abs_diff(apply_op("test_sum3_owned", {x}, attrs)[0].full_tensor(), expected),
+                0.0);
+      Tape tape;
+      x.set_requires_grad();
+      const ShardTensor y = apply_op("test_sum3_owned", {x}, attrs)[0];
+      EXPECT_EQ(max_abs_diff(y.full_tensor(), expected), 0.0);
+      tape.backward(y, y);
+    }
+  });
+}
+
 // A rule may name an output's dtype (what estimate mode's shape-only outputs get); a kernel
 // that makes another one is an error naming the op, and the integer output takes no gradient.
 TEST(OpRegistry, AnOutputDtypeTheRuleNamesIsTheKernels) {

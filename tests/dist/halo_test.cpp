@@ -1,11 +1,14 @@
 // Halo plan and exchange: for random layouts (uneven and empty shards, halos up to 3x a shard
 // wide, zero and periodic boundaries, 1-d..3-d tensors on every mesh factorization), every
 // haloed local tensor equals the matching box of the global array (also when exchanged in place
-// around an owned interior); the adjoint is the exact transpose of the exchange; wide halos are
+// around an owned interior, and around an interior left to the kernel); the adjoint is the exact transpose of the exchange; wide halos are
 // served by several ranks.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "core/halo/halo_exchange.hpp"
+#include "core/trace.hpp"
 #include "tests/dist/harness.hpp"
 #include "tests/dist/shard_cases.hpp"
 
@@ -118,6 +121,59 @@ TEST(HaloExchange, InPlaceFillsTheHaloAroundTheOwnedInterior) {
         EXPECT_TRUE(bitwise_equal(haloed, expected_haloed(global, plan->needed_box(), c.boundary)))
             << c.spec.str() << " lo " << fmt::format("{}", c.lo) << " hi "
             << fmt::format("{}", c.hi) << " rank " << mesh.rank();
+      }
+    }
+  });
+}
+
+/// The bytes the halo_begin events of `events` (trace::capture's) copied, summed.
+int64_t begin_copied_bytes(const std::vector<std::string>& events) {
+  int64_t bytes = 0;
+  for (const std::string& text : events) {
+    const nlohmann::json event = nlohmann::json::parse(text);
+    if (event.value("name", "") == "halo_begin" && event.contains("args"))
+      bytes += event["args"].value("copied_bytes", int64_t{0});
+  }
+  return bytes;
+}
+
+TEST(HaloExchange, AroundFillsTheHaloAndLeavesTheOwnedInteriorToTheKernel) {
+  testing::run_every_world([](std::shared_ptr<Comm> world) {
+    const auto meshes = testing::mesh_factorizations(world->size());
+    for (size_t mesh_index = 0; mesh_index < meshes.size(); ++mesh_index) {
+      for (int index = 0; index < testing::cases_per_mesh(world->size(), 40); ++index) {
+        CaseRng rng(testing::case_seed(35, world->size(), static_cast<int>(mesh_index), index));
+        const HaloCase c = random_halo_case(meshes[mesh_index], rng);
+        const Tensor global =
+            testing::integer_tensor(c.spec.global_shape, DType::f64, rng, -50, 50);
+        Tensor haloed[2];
+        bool unfilled = false;
+        int64_t copied[2] = {0, 0};
+        for (int around = 0; around < 2; ++around)
+          copied[around] = begin_copied_bytes(
+              trace::capture(world->rank(), world, [&](std::shared_ptr<Comm> comm) {
+                DeviceMesh mesh(comm, meshes[mesh_index]);
+                const Tensor owned = global.view_box(c.spec.local_box(mesh.coord())).clone();
+                const auto plan = cached_halo_plan(c.spec, c.lo, c.hi, c.boundary, mesh.rank());
+                HaloExchange exchange = around ? halo_begin_around(*plan, owned, mesh.comm())
+                                               : halo_begin(*plan, owned, mesh.comm());
+                haloed[around] = halo_end(exchange);
+                if (!around) {
+                  EXPECT_FALSE(exchange.interior_unfilled()) << "halo_begin fills the interior";
+                  return;
+                }
+                unfilled = exchange.interior_unfilled();
+                if (unfilled)  // the kernel's part: the owned piece into the interior
+                  haloed[1].view_box(plan->interior_box()).copy_from(owned);
+              }));
+        // Halo cells as halo_begin's (the interior, filled above, as well), and the exchange
+        // copied exactly the owned piece less.
+        EXPECT_TRUE(bitwise_equal(haloed[1], haloed[0]))
+            << c.spec.str() << " lo " << fmt::format("{}", c.lo) << " hi "
+            << fmt::format("{}", c.hi) << " rank " << world->rank();
+        const int64_t owned_bytes =
+            c.spec.local_box_of_rank(world->rank()).volume() * int64_t{sizeof(double)};
+        EXPECT_EQ(copied[0] - copied[1], unfilled ? owned_bytes : 0) << c.spec.str();
       }
     }
   });

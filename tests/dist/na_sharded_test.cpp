@@ -121,6 +121,82 @@ TEST(NaSharded, LossOfBothOutputsRunsInEveryDtypeAndMatchesOneRank) {
   }
 }
 
+// The f32 lane forward reads each rank's own keys where they lie (the op's owned_in_place: the
+// halo exchange fills only the halo rows of the k/v tile). o, lse and every gradient equal one
+// rank's, with and without the tape (which gets the tile filled for the backward) and the
+// overlap split; uneven and empty pieces, and pieces cut on the innermost axis (the kernel fills
+// the tile first).
+TEST(NaSharded, LaneForwardReadingOwnedKeysInPlaceMatchesOneRank) {
+  struct Layout {
+    std::vector<int> mesh;
+    std::vector<Placement> placements;
+    std::vector<std::vector<int64_t>> extents;
+  };
+  std::vector<NaCase> cases(2);
+  cases[0].shape = {2, 26, 19, 2, 32};
+  cases[0].options.kernel_size = {7, 5};
+  cases[0].options.dilation = {1, 1};
+  cases[0].options.causal = {0, 0};
+  cases[0].rpb = true;
+  cases[1].shape = {1, 30, 22, 1, 64};
+  cases[1].options.kernel_size = {5, 7};
+  cases[1].options.dilation = {2, 1};
+  cases[1].options.causal = {1, 0};
+  int compared = 0;
+  for (size_t index = 0; index < cases.size(); ++index) {
+    const int64_t x = cases[index].shape[1], y = cases[index].shape[2];
+    const std::vector<Layout> layouts{
+        {{3}, {Placement::shard(1)}, {{10, 7, x - 17}}},
+        {{4}, {Placement::shard(1)}, {{0, 5, 12, x - 17}}},
+        {{2, 2}, {Placement::shard(1), Placement::shard(2)}, {{13, x - 13}, {11, y - 11}}},
+    };
+    for (const Layout& layout : layouts) {
+      NaCase c = cases[index];
+      c.placements = layout.placements;
+      c.extents = layout.extents;
+      CaseRng rng(testing::case_seed(61, static_cast<int>(layout.mesh.size()),
+                                     static_cast<int>(index), 0));
+      const NaData data = testing::random_na_data(c, rng);
+      const int world = mesh_size(layout.mesh);
+      testing::with_and_without_cpu_overlap(world, [&](std::shared_ptr<Comm> comm) {
+        DeviceMesh single(comm->split(comm->rank(), 0), {1});
+        DeviceMesh mesh(comm, layout.mesh);
+        const auto expected = testing::run_na_case(c, single, data, false, DType::f32);
+        const auto actual = testing::run_na_case(c, mesh, data, true, DType::f32);
+        const char* names[] = {"o", "lse", "dq", "dk", "dv", "drpb"};
+        EXPECT_EQ(actual.size(), expected.size());
+        for (size_t i = 0; i < expected.size() && i < actual.size(); ++i)
+          EXPECT_LE(testing::relative_error(actual[i], expected[i]), 1e-5)
+              << names[i] << " " << c.str() << " overlap " << halo_overlap();
+        // Without a tape: only the forward, the tile's interior never filled for the lanes.
+        auto input = [&](const Tensor& t) {
+          return ShardTensor::distribute(t.to_dtype(DType::f32), mesh, c.placements, c.extents);
+        };
+        ops::NaOptions options = c.options;
+        if (c.rpb)
+          options.rpb = ShardTensor::distribute(data.rpb.to_dtype(DType::f32), mesh,
+                                                std::vector<Placement>(layout.mesh.size(),
+                                                                       Placement::replicate()));
+        const ops::NaResult result =
+            ops::neighborhood_attention(input(data.q), input(data.k), input(data.v), options);
+        EXPECT_LE(testing::relative_error(result.output.full_tensor().to_dtype(DType::f64),
+                                          expected[0]),
+                  1e-5)
+            << "o without a tape, " << c.str();
+        EXPECT_LE(
+            testing::relative_error(result.lse.full_tensor().to_dtype(DType::f64), expected[1]),
+            1e-5)
+            << "lse without a tape, " << c.str();
+        if (comm->rank() == 0) ++compared;
+        return std::vector<Tensor>{};
+      });
+    }
+  }
+  if (!testing::mpi_backend()) {
+    EXPECT_EQ(compared, 12);
+  }
+}
+
 TEST(NaSharded, BorderWindowsNeedMoreThanThePlainHalo) {
   // L = 20, k = 7, d = 1: the plain halo of a shard [0, 2) would be keys [0, 5), but query 0's
   // window is shifted to [0, 7) at the global border. The rule names exactly that box.

@@ -368,6 +368,106 @@ TEST(NaCpu, LaneForwardTakesLongAxesWideWindowsAndFallsBackBeyondThem) {
   }
 }
 
+TEST(NaCpu, LaneForwardReadsTheOwnedKeysWhereTheyLie) {
+  // A sharded call's k/v tile whose interior (the rank's own rows) the halo exchange left
+  // unfilled: NaN there, the owned pieces beside it. The lane forward reads the rows the owned
+  // pieces hold from them and gives the bits of the call on the whole tile; 2-d and 3-d, dilation
+  // and a causal axis, rpb, batch 2, a tile whose owned rows reach its end. Calls the lane forward
+  // does not take (f64, another kernel asked for, pieces cut on the innermost axis, the generic
+  // instruction set) do not read in place, and pieces that do not fit the tile are refused.
+  std::mt19937_64 rng(1515);
+  struct Sharded {
+    Shape global;        // [B, spatial.., heads, D]
+    NaGeometry geometry;
+    int64_t query_lo, query_hi, tile_lo, tile_hi, own_lo, own_hi;  // on the first spatial axis
+  };
+  const std::vector<Sharded> calls{
+      {{2, 26, 19, 2, 32}, {{26, 19}, {7, 5}, {1, 1}, {0, 0}, 0.2}, 9, 16, 6, 19, 9, 16},
+      {{1, 30, 22, 1, 64}, {{30, 22}, {5, 7}, {2, 1}, {1, 0}, 0.125}, 12, 21, 4, 21, 12, 21},
+      {{1, 12, 3, 17, 2, 32}, {{12, 3, 17}, {3, 3, 5}, {1, 1, 1}, {0, 0, 0}, 0.3}, 4, 8, 3, 9, 4, 8},
+  };
+  for (const Sharded& call : calls) {
+    const size_t spatial = call.geometry.extent.size();
+    const Tensor q = random_tensor(call.global, rng).to_dtype(DType::f32);
+    const Tensor k = random_tensor(call.global, rng).to_dtype(DType::f32);
+    const Tensor v = random_tensor(call.global, rng).to_dtype(DType::f32);
+    bool rpb_allowed = true;
+    for (size_t a = 0; a < spatial; ++a)
+      rpb_allowed = rpb_allowed && call.geometry.causal[a] == 0;
+    const Tensor bias = rpb_allowed ? random_tensor(na_rpb_shape(call.global[spatial + 1],
+                                                                 call.geometry),
+                                                    rng)
+                                          .to_dtype(DType::f32)
+                                    : Tensor();
+    const Tensor* rpb = rpb_allowed ? &bias : nullptr;
+    const Tensor qp = q.slice(1, call.query_lo, call.query_hi).contiguous();
+    const Tensor kt = k.slice(1, call.tile_lo, call.tile_hi).contiguous();
+    const Tensor vt = v.slice(1, call.tile_lo, call.tile_hi).contiguous();
+    std::vector<int64_t> query_offset(spatial, 0), tile_offset(spatial, 0);
+    query_offset[0] = call.query_lo;
+    tile_offset[0] = call.tile_lo;
+    const NaPieces pieces{query_offset, tile_offset};
+    // The tile with NaN where the owned pieces lie, and the pieces.
+    Tensor k_holed = kt.clone(), v_holed = vt.clone();
+    const int64_t lo = call.own_lo - call.tile_lo, hi = call.own_hi - call.tile_lo;
+    k_holed.slice(1, lo, hi).fill(std::nan(""));
+    v_holed.slice(1, lo, hi).fill(std::nan(""));
+    std::vector<int64_t> offset(spatial, 0);
+    offset[0] = lo;
+    const NaOwnedKeys owned{k.slice(1, call.own_lo, call.own_hi).contiguous(),
+                            v.slice(1, call.own_lo, call.own_hi).contiguous(), offset};
+    const std::string text = fmt::format("global {} kernel {}", call.global, call.geometry.kernel);
+    const bool lanes = cpu_isa_level() >= 3;
+    EXPECT_EQ(na_cpu_forward_reads_owned(qp, k_holed, v_holed, rpb, call.geometry, pieces, owned,
+                                         NaCpuForward::lanes),
+              lanes)
+        << text;
+    if (lanes) {
+      for (int threads : {1, 3}) {
+        const NaForward whole = na_cpu_forward(qp, kt, vt, rpb, call.geometry, pieces, threads,
+                                               NaCpuForward::lanes);
+        const NaForward around = na_cpu_forward(qp, k_holed, v_holed, rpb, call.geometry, pieces,
+                                                threads, NaCpuForward::lanes, &owned);
+        EXPECT_TRUE(bitwise_equal(around.output, whole.output)) << text;
+        EXPECT_TRUE(bitwise_equal(around.lse, whole.lse)) << text;
+      }
+    } else {
+      EXPECT_THROW(na_cpu_forward(qp, k_holed, v_holed, rpb, call.geometry, pieces, 1,
+                                  NaCpuForward::lanes, &owned),
+                   InvalidArgument)
+          << text;
+    }
+    // Not in place: the query tiles asked for, f64 inputs.
+    EXPECT_FALSE(na_cpu_forward_reads_owned(qp, k_holed, v_holed, rpb, call.geometry, pieces,
+                                            owned, NaCpuForward::query_tiles));
+    const NaOwnedKeys owned64{owned.k.to_dtype(DType::f64), owned.v.to_dtype(DType::f64), offset};
+    const Tensor rpb64 = rpb ? rpb->to_dtype(DType::f64) : Tensor();
+    EXPECT_FALSE(na_cpu_forward_reads_owned(
+        qp.to_dtype(DType::f64), k_holed.to_dtype(DType::f64), v_holed.to_dtype(DType::f64),
+        rpb ? &rpb64 : nullptr, call.geometry, pieces, owned64, NaCpuForward::lanes));
+    // Pieces cut on the innermost axis: the lane forward reads whole key rows.
+    const int inner = static_cast<int>(spatial);
+    std::vector<int64_t> cut_offset = offset;
+    cut_offset.back() = 1;
+    const NaOwnedKeys cut{owned.k.slice(inner, 1, owned.k.shape(inner)).contiguous(),
+                          owned.v.slice(inner, 1, owned.v.shape(inner)).contiguous(), cut_offset};
+    EXPECT_FALSE(na_cpu_forward_reads_owned(qp, k_holed, v_holed, rpb, call.geometry, pieces, cut,
+                                            NaCpuForward::lanes));
+    // Pieces that do not fit the tile: past its end, another D, v's shape not k's.
+    std::vector<int64_t> past = offset;
+    past[0] = kt.shape(1) - owned.k.shape(1) + 1;
+    const NaOwnedKeys beyond{owned.k, owned.v, past};
+    const NaOwnedKeys narrow{owned.k.slice(inner + 2, 0, 16).contiguous(),
+                             owned.v.slice(inner + 2, 0, 16).contiguous(), offset};
+    const NaOwnedKeys mismatched{owned.k, owned.v.slice(1, 0, 1).contiguous(), offset};
+    for (const NaOwnedKeys* bad : {&beyond, &narrow, &mismatched})
+      EXPECT_THROW(na_cpu_forward_reads_owned(qp, k_holed, v_holed, rpb, call.geometry, pieces,
+                                              *bad, NaCpuForward::lanes),
+                   InvalidArgument)
+          << text;
+  }
+}
+
 TEST(NaCpu, ThreadCountDoesNotChangeTheResult) {
   // Every output row is computed by one thread in a fixed order, so o, lse, dq, dk and dv are
   // identical for any thread count; d rpb is a sum of per-thread partial sums.
