@@ -245,8 +245,12 @@ const Box& UnfilledInteriors::box(size_t i) const {
 void UnfilledInteriors::fill(size_t i, const Tensor& haloed) const {
   for (auto entry = entries_.begin(); entry != entries_.end(); ++entry)
     if (entry->input == i) {
+      trace::Span span("halo", "halo_fill");  // the copy halo_begin left (traced as its was)
+      trace::CopyTally copies(span);
       Tensor interior = haloed.view_box(entry->box);
+      copies.copy(interior, &entry->owned);
       interior.copy_from(entry->owned);
+      copies.record(span);
       entries_.erase(entry);
       return;
     }
@@ -411,9 +415,8 @@ std::vector<ShardTensor> apply_op(const std::string& name,
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!rule.halos[i]) continue;
     plans[i] = cached_halo_plan(rule.inputs[i], *rule.halos[i], mesh.rank());
-    // The owned piece stays where it is for a cpu kernel that reads it in place.
-    const bool around = all_on(Device::Kind::cpu) &&
-                        std::count(op.owned_in_place.begin(), op.owned_in_place.end(), i) > 0;
+    // The owned piece stays where it is if the cpu kernel reads it in place (asked below).
+    const bool around = op.owned_in_place && all_on(Device::Kind::cpu);
     const Tensor owned = ready[i].to_local();
     const int tag = static_cast<int>(i);
     exchanges.push_back(around ? halo_begin_around(*plans[i], owned, mesh.comm(), tag)
@@ -430,6 +433,14 @@ std::vector<ShardTensor> apply_op(const std::string& name,
   }
   for (const ShardSpec& spec : rule.outputs)
     context.output_boxes.push_back(spec.local_box(mesh.coord()));
+  // Interiors the kernel will not read in place are filled now.
+  if (op.owned_in_place) {
+    std::vector<Tensor> haloed = locals;
+    for (size_t e = 0; e < exchanges.size(); ++e) haloed[exchanged[e]] = exchanges[e].haloed();
+    for (size_t i : exchanged)
+      if (context.interiors.owned(i) && !op.owned_in_place(context, haloed, i))
+        context.interiors.fill(i, haloed[i]);
+  }
 
   // 3. The kernel: with an overlap split, its interior runs while the halos are in flight.
   std::vector<Tensor> results;

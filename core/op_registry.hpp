@@ -36,7 +36,8 @@ struct OpRule {
 };
 
 /// Haloed inputs whose interior (where the rank's owned piece goes) the halo exchange left
-/// unfilled, for an op that reads the owned piece where it lies (OpDef::owned_in_place).
+/// unfilled, for an op that reads the owned piece where it lies (OpDef::owned_in_place). Each
+/// fill is traced as a `halo_fill` event with the bytes it copies.
 class UnfilledInteriors {
  public:
   /// Input i's owned piece when the interior of its haloed tensor is unfilled, else nullptr
@@ -148,12 +149,18 @@ struct OpDef {
   /// The same for the cuda kernel: `interior` is queued on the compute stream while the halos
   /// travel, `boundary` after halo_end has ordered the compute stream after them.
   std::optional<OverlapKernel> cuda_overlap = std::nullopt;
-  /// Haloed inputs (by index) whose cpu kernels (`cpu` and `cpu_overlap`) may read the rank's
-  /// owned piece where it lies: the halo exchange then fills only the halo cells of their haloed
-  /// tensor, which saves copying the owned piece into it, and context.interiors holds the owned
-  /// piece. A kernel that reads the haloed tensor whole calls context.interiors.fill first; the
-  /// registry fills what is left before the tape records the call (the backward gets it whole).
-  std::vector<size_t> owned_in_place{};
+  /// Whether this call's cpu kernels (`cpu` and `cpu_overlap`) read haloed input i's owned
+  /// piece where it lies (empty: never). For a haloed input on the cpu, apply_op starts the
+  /// exchange without copying the owned piece into the haloed tensor's interior
+  /// (halo_begin_around), then asks: `inputs` are the kernel's inputs (haloed ones with that
+  /// interior unfilled), context.interiors holds the owned pieces. Where the answer is no, apply_op
+  /// fills the interior (a `halo_fill` copy) before the kernel runs; where it is yes, the kernel
+  /// reads the owned piece from context.interiors (a kernel that finds it cannot after all calls
+  /// context.interiors.fill first). apply_op fills what is left before the tape records the call,
+  /// so the backward sees whole haloed tensors. Asked in estimate mode too (on shape-only
+  /// tensors), so that an estimate records the copies the real run makes.
+  std::function<bool(const KernelContext& context, const std::vector<Tensor>& inputs, size_t i)>
+      owned_in_place{};
   /// The local kernel's cost (empty: the bytes of the inputs and outputs, one flop per output
   /// element). Its backward is costed as twice the forward (the gradients of the inputs and of
   /// the weights each take about one forward).

@@ -196,6 +196,10 @@ class RankProgram {
       visit_children(event);
       return;
     }
+    if (event.cat == "halo" && event.name == "halo_fill") {  // an interior copied by its op
+      compute(recorded_copy(event, 0), "halo fill");
+      return;
+    }
     if (event.cat == "halo" && event.name == "halo_end") {
       visit_children(event);
       double unpacked = 0;

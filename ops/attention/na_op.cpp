@@ -138,24 +138,40 @@ std::vector<int64_t> spatial_lo(const Box& box, size_t spatial) {
   return std::vector<int64_t>(box.lo.begin() + 1, box.lo.begin() + 1 + spatial);
 }
 
+/// The rank's own k and v where the halo exchange left the tile's interior unfilled
+/// (OpDef::owned_in_place), else nullopt.
+std::optional<NaOwnedKeys> unfilled_keys(const KernelContext& context, size_t spatial) {
+  const Tensor* k = context.interiors.owned(1);
+  const Tensor* v = context.interiors.owned(2);
+  if (!k || !v || context.interiors.box(1) != context.interiors.box(2)) return std::nullopt;
+  return NaOwnedKeys{*k, *v, spatial_lo(context.interiors.box(1), spatial)};
+}
+
 /// The cpu forward of queries `q` (all the local ones, or a region's) over the k/v tile of
-/// `inputs`. Where the halo exchange left the tile's interior unfilled (OpDef::owned_in_place),
-/// the lane forward reads the rank's own keys where they lie; any other kernel gets the interior
-/// filled first (once for the call).
+/// `inputs`: the lane forward reads the rank's own keys where they lie when the halo exchange
+/// left them out of the tile; any other kernel gets the tile's interior filled first.
 NaForward na_cpu_piece(const KernelContext& context, const std::vector<Tensor>& inputs,
                        const Tensor& q, const NaGeometry& geometry, const NaPieces& pieces) {
   const Tensor* rpb = inputs.size() == 4 ? &inputs[3] : nullptr;
-  const Tensor* k = context.interiors.owned(1);
-  const Tensor* v = context.interiors.owned(2);
-  if (k && v && context.interiors.box(1) == context.interiors.box(2)) {
-    const size_t spatial = geometry.extent.size();
-    const NaOwnedKeys owned{*k, *v, spatial_lo(context.interiors.box(1), spatial)};
-    if (na_cpu_forward_reads_owned(q, inputs[1], inputs[2], rpb, geometry, pieces, owned))
+  if (const auto owned = unfilled_keys(context, geometry.extent.size()))
+    if (na_cpu_forward_reads_owned(q, inputs[1], inputs[2], rpb, geometry, pieces, *owned))
       return na_cpu_forward(q, inputs[1], inputs[2], rpb, geometry, pieces, 0,
-                            NaCpuForward::automatic, &owned);
-  }
+                            NaCpuForward::automatic, &*owned);
   context.interiors.fill_all(inputs);
   return na_cpu_forward(q, inputs[1], inputs[2], rpb, geometry, pieces);
+}
+
+/// OpDef::owned_in_place: the cpu forward of all the local queries reads k and v in place.
+bool na_owned_in_place(const KernelContext& context, const std::vector<Tensor>& inputs, size_t i) {
+  const NaGeometry geometry = resolve(context.input_specs[0].global_shape, context.attrs);
+  const size_t spatial = geometry.extent.size();
+  const auto owned = unfilled_keys(context, spatial);
+  if ((i != 1 && i != 2) || !owned) return false;
+  const NaPieces pieces{spatial_lo(context.input_boxes[0], spatial),
+                        spatial_lo(context.input_boxes[1], spatial)};
+  const Tensor* rpb = inputs.size() == 4 ? &inputs[3] : nullptr;
+  return na_cpu_forward_reads_owned(inputs[0], inputs[1], inputs[2], rpb, geometry, pieces,
+                                    *owned);
 }
 
 std::vector<Tensor> na_cpu(const KernelContext& context, const std::vector<Tensor>& inputs) {
@@ -335,7 +351,7 @@ void register_attention_ops() {
       .backward = na_backward_op,
       .cpu_overlap = OverlapKernel{na_interior, na_boundary},
       .cuda_overlap = OverlapKernel{na_interior, na_boundary},
-      .owned_in_place = {1, 2},
+      .owned_in_place = na_owned_in_place,
       .cost = na_cost});
 }
 

@@ -10,11 +10,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cmath>
 #include <cstring>
 
 #include "core/autograd.hpp"
 #include "core/compute_threads.hpp"
+#include "core/trace.hpp"
 #include "ops/ops.hpp"
 #include "tests/dist/harness.hpp"
 #include "tests/dist/shard_cases.hpp"
@@ -596,14 +599,15 @@ Tensor reverse_rows(const Tensor& input) {
   return out;
 }
 
-// An op that declares owned_in_place gets, where its piece needs a halo from other ranks, the
-// haloed tensor with the halo cells filled and the interior left to it: context.interiors holds
-// the owned piece and its box. fill() completes the haloed tensor once; what the kernel left
-// unfilled the registry fills before the tape records the call, so the backward reads it whole.
+// An op whose owned_in_place says yes gets the haloed tensor with the halo cells filled and the
+// interior left to it: context.interiors holds the owned piece and its box. fill() completes the
+// haloed tensor once; where owned_in_place says no, apply_op fills it before the kernel; what is
+// left unfilled apply_op fills before the tape records the call, so the backward reads it whole.
+// Each fill is a traced halo_fill copy of the owned piece.
 TEST(OpRegistry, AnOpReadingItsOwnedPieceInPlaceGetsTheHaloAroundTheInterior) {
-  // y[i] = x[i - 1] + x[i] + x[i + 1] (zero past the ends); with attribute fill = 0 the kernel
-  // reads x's own cells from the owned piece, with fill = 1 from the haloed tensor once filled,
-  // with fill = 2 it leaves the filling to the registry.
+  // y[i] = x[i - 1] + x[i] + x[i + 1] (zero past the ends). Attribute fill: 0, the kernel reads
+  // x's own cells from the owned piece; 1, from the haloed tensor once it has filled it; 2,
+  // owned_in_place says no and the kernel gets the haloed tensor whole.
   const auto rule = [](const std::vector<ShardSpec>& inputs, const OpAttrs&) {
     const ShardSpec& x = inputs.at(0);
     return OpRule{{x}, {HaloNeed{grown_boxes(x, {1}, {1}), {BoundaryMode::zero}}}, {x}};
@@ -627,7 +631,7 @@ TEST(OpRegistry, AnOpReadingItsOwnedPieceInPlaceGetsTheHaloAroundTheInterior) {
                    ? owned.data<double>()[i - box.lo[0]]
                    : haloed.data<double>()[i];
     } else {
-      ADD_FAILURE() << "every rank's piece here needs a halo: its interior is left unfilled";
+      EXPECT_EQ(fill, 2) << "every rank's piece here needs a halo: its interior is left unfilled";
       for (int64_t i = 0; i < haloed.shape(0); ++i) x[i] = haloed.data<double>()[i];
     }
     Tensor y = Tensor::empty({haloed.shape(0) - 2}, DType::f64);
@@ -652,7 +656,10 @@ TEST(OpRegistry, AnOpReadingItsOwnedPieceInPlaceGetsTheHaloAroundTheInterior) {
                     .rule = rule,
                     .cpu = kernel,
                     .backward = backward,
-                    .owned_in_place = {0}});
+                    .owned_in_place = [](const KernelContext& context, const std::vector<Tensor>&,
+                                         size_t i) {
+                      return i == 0 && context.attrs.get_int("fill", 0) != 2;
+                    }});
   testing::run_world(3, [](std::shared_ptr<Comm> comm) {
     DeviceMesh mesh(comm, {3});
     Tensor values = Tensor::empty({12}, DType::f64);
@@ -660,14 +667,29 @@ TEST(OpRegistry, AnOpReadingItsOwnedPieceInPlaceGetsTheHaloAroundTheInterior) {
     Tensor expected = Tensor::empty({12}, DType::f64);
     for (int64_t i = 0; i < 12; ++i)
       expected.data<double>()[i] = (i > 0 ? i : 0) + (i + 1) + (i < 11 ? i + 2 : 0);
+    const std::vector<int64_t> extents{5, 3, 4};
     for (int64_t fill : {0, 1, 2}) {
       SCOPED_TRACE(fmt::format("fill {}", fill));
       OpAttrs attrs;
       attrs.set("fill", fill);
-      ShardTensor x =
-          ShardTensor::distribute(values, mesh, {Placement::shard(0)}, {{5, 3, 4}});
-      EXPECT_EQ(max_abs_diff(apply_op("test_sum3_owned", {x}, attrs)[0].full_tensor(), expected),
-                0.0);
+      // Without a tape the interior is copied only when the kernel or apply_op fills it: a
+      // halo_fill event of the owned piece's bytes.
+      int64_t filled = 0;
+      for (const std::string& text :
+           trace::capture(comm->rank(), comm, [&](std::shared_ptr<Comm> traced) {
+             DeviceMesh traced_mesh(traced, {3});
+             const ShardTensor x =
+                 ShardTensor::distribute(values, traced_mesh, {Placement::shard(0)}, {extents});
+             EXPECT_EQ(
+                 max_abs_diff(apply_op("test_sum3_owned", {x}, attrs)[0].full_tensor(), expected),
+                 0.0);
+           })) {
+        const nlohmann::json event = nlohmann::json::parse(text);
+        if (event.value("name", "") == "halo_fill")
+          filled += event["args"].value("copied_bytes", int64_t{0});
+      }
+      EXPECT_EQ(filled, fill == 0 ? 0 : extents[comm->rank()] * int64_t{sizeof(double)});
+      ShardTensor x = ShardTensor::distribute(values, mesh, {Placement::shard(0)}, {extents});
       Tape tape;
       x.set_requires_grad();
       const ShardTensor y = apply_op("test_sum3_owned", {x}, attrs)[0];

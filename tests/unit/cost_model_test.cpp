@@ -119,6 +119,19 @@ TEST(CostModel, HaloExchangeOverlapsTheInteriorCompute) {
   EXPECT_NEAR(exposed.exposed_comm_seconds, message - 5e-4, 1e-12);
 }
 
+TEST(CostModel, AnInteriorFilledInsideItsOpIsCountedAsACopy) {
+  // One rank: an op whose kernel filled its haloed input's interior (1 MB) before computing
+  // 1 ms: the copy (2 MB of traffic at 10 GB/s) adds to the op's time.
+  json events = json::array({rank_name(0)});
+  events.push_back(event(0, "step", "step", 0, 100));
+  events.push_back(event(0, "op", "na", 1, 50, {{"flops", 1e6}, {"bytes", 0}}));
+  events.push_back(event(0, "halo", "halo_fill", 2, 5, {{"copied_bytes", 1000000}, {"copy_runs", 1}}));
+  const Machine machine = machine_from_json(toy_machine(1));
+  const Prediction prediction = replay({{"traceEvents", events}}, machine);
+  EXPECT_NEAR(prediction.step_seconds, 1e-3 + cost::copy_seconds(machine, 1e6, 1, 1), 1e-12);
+  EXPECT_GT(cost::copy_seconds(machine, 1e6, 1, 1), 0);
+}
+
 TEST(CostModel, PointToPointChainAddsComputeAndMessages) {
   // rank 0 computes 1 ms and sends 1000 bytes to rank 1, which then computes 2 ms and sends to
   // rank 2; one rank per node: every message takes the inter link.
