@@ -164,9 +164,8 @@ HaloExchange halo_begin_in_place(const HaloPlan& plan, const Tensor& haloed, Com
   check_arg(haloed.shape() == plan.haloed_shape(), "halo",
             "haloed tensor of shape {} on rank {}, the plan says {}", haloed.shape(), plan.rank(),
             plan.haloed_shape());
-  HaloExchange exchange =
-      start_exchange(plan, haloed.view_box(plan.interior_box()), haloed,
-                     /*skip_interior=*/true, comm, tag, span);
+  HaloExchange exchange = start_exchange(plan, haloed.view_box(plan.interior_box()), haloed,
+                                         /*skip_interior=*/true, comm, tag, span);
   exchange.interior_unfilled_ = false;  // the interior already holds the owned piece
   return exchange;
 }

@@ -1324,8 +1324,8 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
         if (tags[slot] != local) {
           tags[slot] = local;
           const auto [k_row, v_row] = job.key_row(b, lz, ly);
-          transpose_keys<W, Dim>(k_row + x0 * row, key_step, jn, strip.offset, used, heads,
-                                 columns, kc);
+          transpose_keys<W, Dim>(k_row + x0 * row, key_step, jn, strip.offset, used, heads, columns,
+                                 kc);
           for (int64_t j = 0; j < jn; ++j) {
             const float* v_at = v_row + x0 * row + j * key_step;
             for (int64_t h = 0; h < heads; ++h)

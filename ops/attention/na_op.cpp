@@ -170,8 +170,7 @@ bool na_owned_in_place(const KernelContext& context, const std::vector<Tensor>& 
   const NaPieces pieces{spatial_lo(context.input_boxes[0], spatial),
                         spatial_lo(context.input_boxes[1], spatial)};
   const Tensor* rpb = inputs.size() == 4 ? &inputs[3] : nullptr;
-  return na_cpu_forward_reads_owned(inputs[0], inputs[1], inputs[2], rpb, geometry, pieces,
-                                    *owned);
+  return na_cpu_forward_reads_owned(inputs[0], inputs[1], inputs[2], rpb, geometry, pieces, *owned);
 }
 
 std::vector<Tensor> na_cpu(const KernelContext& context, const std::vector<Tensor>& inputs) {

@@ -10,10 +10,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
-
 #include <cmath>
 #include <cstring>
+#include <nlohmann/json.hpp>
 
 #include "core/autograd.hpp"
 #include "core/compute_threads.hpp"
@@ -627,9 +626,8 @@ TEST(OpRegistry, AnOpReadingItsOwnedPieceInPlaceGetsTheHaloAroundTheInterior) {
         context.interiors.fill(0, haloed);  // a second call does nothing
       }
       for (int64_t i = 0; i < haloed.shape(0); ++i)
-        x[i] = fill != 1 && i >= box.lo[0] && i < box.hi[0]
-                   ? owned.data<double>()[i - box.lo[0]]
-                   : haloed.data<double>()[i];
+        x[i] = fill != 1 && i >= box.lo[0] && i < box.hi[0] ? owned.data<double>()[i - box.lo[0]]
+                                                            : haloed.data<double>()[i];
     } else {
       EXPECT_EQ(fill, 2) << "every rank's piece here needs a halo: its interior is left unfilled";
       for (int64_t i = 0; i < haloed.shape(0); ++i) x[i] = haloed.data<double>()[i];
@@ -652,14 +650,14 @@ TEST(OpRegistry, AnOpReadingItsOwnedPieceInPlaceGetsTheHaloAroundTheInterior) {
     }
     return {grads[0]};
   };
-  register_op(OpDef{.name = "test_sum3_owned",
-                    .rule = rule,
-                    .cpu = kernel,
-                    .backward = backward,
-                    .owned_in_place = [](const KernelContext& context, const std::vector<Tensor>&,
-                                         size_t i) {
-                      return i == 0 && context.attrs.get_int("fill", 0) != 2;
-                    }});
+  register_op(OpDef{
+      .name = "test_sum3_owned",
+      .rule = rule,
+      .cpu = kernel,
+      .backward = backward,
+      .owned_in_place = [](const KernelContext& context, const std::vector<Tensor>&, size_t i) {
+        return i == 0 && context.attrs.get_int("fill", 0) != 2;
+      }});
   testing::run_world(3, [](std::shared_ptr<Comm> comm) {
     DeviceMesh mesh(comm, {3});
     Tensor values = Tensor::empty({12}, DType::f64);

@@ -1,8 +1,8 @@
 // Halo plan and exchange: for random layouts (uneven and empty shards, halos up to 3x a shard
 // wide, zero and periodic boundaries, 1-d..3-d tensors on every mesh factorization), every
 // haloed local tensor equals the matching box of the global array (also when exchanged in place
-// around an owned interior, and around an interior left to the kernel); the adjoint is the exact transpose of the exchange; wide halos are
-// served by several ranks.
+// around an owned interior, and around an interior left to the kernel); the adjoint is the exact
+// transpose of the exchange; wide halos are served by several ranks.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>

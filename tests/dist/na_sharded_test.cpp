@@ -154,8 +154,8 @@ TEST(NaSharded, LaneForwardReadingOwnedKeysInPlaceMatchesOneRank) {
       NaCase c = cases[index];
       c.placements = layout.placements;
       c.extents = layout.extents;
-      CaseRng rng(testing::case_seed(61, static_cast<int>(layout.mesh.size()),
-                                     static_cast<int>(index), 0));
+      CaseRng rng(
+          testing::case_seed(61, static_cast<int>(layout.mesh.size()), static_cast<int>(index), 0));
       const NaData data = testing::random_na_data(c, rng);
       const int world = mesh_size(layout.mesh);
       testing::with_and_without_cpu_overlap(world, [&](std::shared_ptr<Comm> comm) {
@@ -174,14 +174,14 @@ TEST(NaSharded, LaneForwardReadingOwnedKeysInPlaceMatchesOneRank) {
         };
         ops::NaOptions options = c.options;
         if (c.rpb)
-          options.rpb = ShardTensor::distribute(data.rpb.to_dtype(DType::f32), mesh,
-                                                std::vector<Placement>(layout.mesh.size(),
-                                                                       Placement::replicate()));
+          options.rpb = ShardTensor::distribute(
+              data.rpb.to_dtype(DType::f32), mesh,
+              std::vector<Placement>(layout.mesh.size(), Placement::replicate()));
         const ops::NaResult result =
             ops::neighborhood_attention(input(data.q), input(data.k), input(data.v), options);
-        EXPECT_LE(testing::relative_error(result.output.full_tensor().to_dtype(DType::f64),
-                                          expected[0]),
-                  1e-5)
+        EXPECT_LE(
+            testing::relative_error(result.output.full_tensor().to_dtype(DType::f64), expected[0]),
+            1e-5)
             << "o without a tape, " << c.str();
         EXPECT_LE(
             testing::relative_error(result.lse.full_tensor().to_dtype(DType::f64), expected[1]),

@@ -125,7 +125,8 @@ TEST(CostModel, AnInteriorFilledInsideItsOpIsCountedAsACopy) {
   json events = json::array({rank_name(0)});
   events.push_back(event(0, "step", "step", 0, 100));
   events.push_back(event(0, "op", "na", 1, 50, {{"flops", 1e6}, {"bytes", 0}}));
-  events.push_back(event(0, "halo", "halo_fill", 2, 5, {{"copied_bytes", 1000000}, {"copy_runs", 1}}));
+  events.push_back(
+      event(0, "halo", "halo_fill", 2, 5, {{"copied_bytes", 1000000}, {"copy_runs", 1}}));
   const Machine machine = machine_from_json(toy_machine(1));
   const Prediction prediction = replay({{"traceEvents", events}}, machine);
   EXPECT_NEAR(prediction.step_seconds, 1e-3 + cost::copy_seconds(machine, 1e6, 1, 1), 1e-12);

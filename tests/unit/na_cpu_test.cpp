@@ -377,14 +377,21 @@ TEST(NaCpu, LaneForwardReadsTheOwnedKeysWhereTheyLie) {
   // instruction set) do not read in place, and pieces that do not fit the tile are refused.
   std::mt19937_64 rng(1515);
   struct Sharded {
-    Shape global;        // [B, spatial.., heads, D]
+    Shape global;  // [B, spatial.., heads, D]
     NaGeometry geometry;
     int64_t query_lo, query_hi, tile_lo, tile_hi, own_lo, own_hi;  // on the first spatial axis
   };
   const std::vector<Sharded> calls{
       {{2, 26, 19, 2, 32}, {{26, 19}, {7, 5}, {1, 1}, {0, 0}, 0.2}, 9, 16, 6, 19, 9, 16},
       {{1, 30, 22, 1, 64}, {{30, 22}, {5, 7}, {2, 1}, {1, 0}, 0.125}, 12, 21, 4, 21, 12, 21},
-      {{1, 12, 3, 17, 2, 32}, {{12, 3, 17}, {3, 3, 5}, {1, 1, 1}, {0, 0, 0}, 0.3}, 4, 8, 3, 9, 4, 8},
+      {{1, 12, 3, 17, 2, 32},
+       {{12, 3, 17}, {3, 3, 5}, {1, 1, 1}, {0, 0, 0}, 0.3},
+       4,
+       8,
+       3,
+       9,
+       4,
+       8},
   };
   for (const Sharded& call : calls) {
     const size_t spatial = call.geometry.extent.size();
@@ -392,13 +399,11 @@ TEST(NaCpu, LaneForwardReadsTheOwnedKeysWhereTheyLie) {
     const Tensor k = random_tensor(call.global, rng).to_dtype(DType::f32);
     const Tensor v = random_tensor(call.global, rng).to_dtype(DType::f32);
     bool rpb_allowed = true;
-    for (size_t a = 0; a < spatial; ++a)
-      rpb_allowed = rpb_allowed && call.geometry.causal[a] == 0;
-    const Tensor bias = rpb_allowed ? random_tensor(na_rpb_shape(call.global[spatial + 1],
-                                                                 call.geometry),
-                                                    rng)
-                                          .to_dtype(DType::f32)
-                                    : Tensor();
+    for (size_t a = 0; a < spatial; ++a) rpb_allowed = rpb_allowed && call.geometry.causal[a] == 0;
+    const Tensor bias =
+        rpb_allowed ? random_tensor(na_rpb_shape(call.global[spatial + 1], call.geometry), rng)
+                          .to_dtype(DType::f32)
+                    : Tensor();
     const Tensor* rpb = rpb_allowed ? &bias : nullptr;
     const Tensor qp = q.slice(1, call.query_lo, call.query_hi).contiguous();
     const Tensor kt = k.slice(1, call.tile_lo, call.tile_hi).contiguous();
@@ -424,8 +429,8 @@ TEST(NaCpu, LaneForwardReadsTheOwnedKeysWhereTheyLie) {
         << text;
     if (lanes) {
       for (int threads : {1, 3}) {
-        const NaForward whole = na_cpu_forward(qp, kt, vt, rpb, call.geometry, pieces, threads,
-                                               NaCpuForward::lanes);
+        const NaForward whole =
+            na_cpu_forward(qp, kt, vt, rpb, call.geometry, pieces, threads, NaCpuForward::lanes);
         const NaForward around = na_cpu_forward(qp, k_holed, v_holed, rpb, call.geometry, pieces,
                                                 threads, NaCpuForward::lanes, &owned);
         EXPECT_TRUE(bitwise_equal(around.output, whole.output)) << text;
@@ -438,13 +443,13 @@ TEST(NaCpu, LaneForwardReadsTheOwnedKeysWhereTheyLie) {
           << text;
     }
     // Not in place: the query tiles asked for, f64 inputs.
-    EXPECT_FALSE(na_cpu_forward_reads_owned(qp, k_holed, v_holed, rpb, call.geometry, pieces,
-                                            owned, NaCpuForward::query_tiles));
+    EXPECT_FALSE(na_cpu_forward_reads_owned(qp, k_holed, v_holed, rpb, call.geometry, pieces, owned,
+                                            NaCpuForward::query_tiles));
     const NaOwnedKeys owned64{owned.k.to_dtype(DType::f64), owned.v.to_dtype(DType::f64), offset};
     const Tensor rpb64 = rpb ? rpb->to_dtype(DType::f64) : Tensor();
-    EXPECT_FALSE(na_cpu_forward_reads_owned(
-        qp.to_dtype(DType::f64), k_holed.to_dtype(DType::f64), v_holed.to_dtype(DType::f64),
-        rpb ? &rpb64 : nullptr, call.geometry, pieces, owned64, NaCpuForward::lanes));
+    EXPECT_FALSE(na_cpu_forward_reads_owned(qp.to_dtype(DType::f64), k_holed.to_dtype(DType::f64),
+                                            v_holed.to_dtype(DType::f64), rpb ? &rpb64 : nullptr,
+                                            call.geometry, pieces, owned64, NaCpuForward::lanes));
     // Pieces cut on the innermost axis: the lane forward reads whole key rows.
     const int inner = static_cast<int>(spatial);
     std::vector<int64_t> cut_offset = offset;
