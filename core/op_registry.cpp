@@ -245,7 +245,7 @@ const Box& UnfilledInteriors::box(size_t i) const {
 void UnfilledInteriors::fill(size_t i, const Tensor& haloed) const {
   for (auto entry = entries_.begin(); entry != entries_.end(); ++entry)
     if (entry->input == i) {
-      trace::Span span("halo", "halo_fill");  // the copy halo_begin left (traced as its was)
+      trace::Span span("halo", "halo_fill");  // the interior copy halo_begin_around left out
       trace::CopyTally copies(span);
       Tensor interior = haloed.view_box(entry->box);
       copies.copy(interior, &entry->owned);
