@@ -412,11 +412,11 @@ std::vector<ShardTensor> apply_op(const std::string& name,
     return std::all_of(inputs.begin(), inputs.end(),
                        [kind](const ShardTensor& input) { return input.device().kind == kind; });
   };
+  // Owned pieces stay where they are if the cpu kernel reads them in place (asked below).
+  const bool around = op.owned_in_place && all_on(Device::Kind::cpu);
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!rule.halos[i]) continue;
     plans[i] = cached_halo_plan(rule.inputs[i], *rule.halos[i], mesh.rank());
-    // The owned piece stays where it is if the cpu kernel reads it in place (asked below).
-    const bool around = op.owned_in_place && all_on(Device::Kind::cpu);
     const Tensor owned = ready[i].to_local();
     const int tag = static_cast<int>(i);
     exchanges.push_back(around ? halo_begin_around(*plans[i], owned, mesh.comm(), tag)

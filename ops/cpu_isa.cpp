@@ -27,12 +27,6 @@ int best_level() {
 }
 
 #if TESSERA_MULTI_ISA
-double thread_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-}
-
 /// Seconds of this thread's CPU time for `iterations` x 12 multiply-adds on registers V: 12
 /// chains, FMA latency (4 cycles) times 2 FMA ports with room to spare. The empty asm keeps every
 /// chain live and in a register, so the loop is nothing but the FMAs (contracted from a * m + c,
@@ -42,7 +36,7 @@ template <typename V>
   V a0 = V{} + 0.1f, a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0,
     a9 = a0, a10 = a0, a11 = a0;
   const V m = V{} + 0.9999f, c = V{} + 0.0001f;
-  const double start = thread_seconds();
+  const double start = thread_cpu_seconds();
   for (long i = 0; i < iterations; ++i) {
     a0 = a0 * m + c, a1 = a1 * m + c, a2 = a2 * m + c, a3 = a3 * m + c;
     a4 = a4 * m + c, a5 = a5 * m + c, a6 = a6 * m + c, a7 = a7 * m + c;
@@ -51,7 +45,7 @@ template <typename V>
             : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7),
               "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
   }
-  const double seconds = thread_seconds() - start;
+  const double seconds = thread_cpu_seconds() - start;
   *sink = (((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)) + ((a8 + a9) + (a10 + a11)))[0];
   return seconds;
 }
@@ -69,6 +63,12 @@ TESSERA_TARGET_V4 double fma_loop_512(long iterations, float* sink) {
 #endif
 
 }  // namespace
+
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
 
 double cpu_fma_peak_gflops() {
 #if TESSERA_MULTI_ISA

@@ -24,6 +24,10 @@ int cpu_isa_level();
 /// cpu_isa_level() by name: "avx512", "avx2" or "generic" (benchmarks print it).
 const char* cpu_isa_name();
 
+/// This thread's CPU time in seconds (CLOCK_THREAD_CPUTIME_ID): what the FMA peak below and the
+/// benchmarks' --cpu-time figures count, leaving out time spent waiting for a core.
+double thread_cpu_seconds();
+
 /// The fused multiply-add peak of one core at cpu_isa_level() in GFLOP/s (f32), measured: 12
 /// independent chains of FMAs on registers of that level's width (512-bit for avx512, 256-bit for
 /// avx2), best of 12 runs of 1.5-3 ms of this thread's CPU time (a virtual machine's core

@@ -7,7 +7,6 @@
 // PyTorch's time and the ratio.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <time.h>
 
 #include <fstream>
 #include <thread>
@@ -17,6 +16,7 @@
 #include "apps/tessera/commands.hpp"
 #include "core/compute_threads.hpp"
 #include "core/tessera.hpp"
+#include "ops/cpu_isa.hpp"
 #include "ops/ops.hpp"
 
 namespace tessera::cli {
@@ -108,13 +108,6 @@ struct OpFigures {
   double forward = 0, forward_backward = 0;
 };
 
-/// This thread's cpu time in seconds.
-double thread_cpu_seconds() {
-  timespec now{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
-  return double(now.tv_sec) + 1e-9 * double(now.tv_nsec);
-}
-
 /// Seconds per run of body: the slowest rank's wall time (bench::time_collective), or with
 /// `cpu_time` its thread's cpu time, which leaves out the time the thread waited for a core (on a
 /// machine shared with other work, most of the wall time of a one-thread run).
@@ -122,9 +115,9 @@ double timed(Comm& world, int iterations, bool cpu_time, const std::function<voi
   if (!cpu_time) return bench::time_collective(world, Device::cpu(), 1, iterations, body);
   body();
   world.barrier();
-  const double start = thread_cpu_seconds();
+  const double start = ops::thread_cpu_seconds();
   for (int i = 0; i < iterations; ++i) body();
-  double seconds = (thread_cpu_seconds() - start) / iterations;
+  double seconds = (ops::thread_cpu_seconds() - start) / iterations;
   world.all_reduce(&seconds, &seconds, 1, DType::f64, ReduceOp::max);
   return seconds;
 }
