@@ -877,6 +877,17 @@ TESSERA_NA_INLINE void forward_tiles(const ForwardJob<T>& job, int64_t begin, in
 // query with D in registers and the weights broadcast from s (key row by key row for windows
 // whose v outgrows the L1: lane_values_by_rows).
 //
+// With AVX-512 a pass takes two query rows (pairs): the 8 lanes of the strip in each half of a
+// 16-lane register, for two neighbouring rows of one dilation group on axis 1 (same z). Their
+// windows share all key rows but one or two, so each transposed key load (8 keys, in both
+// halves: vbroadcastf32x8) feeds a 512-bit multiply-add for 16 queries, a key row only one
+// window holds is masked on the other half, and p.v takes a lane's two queries together, each v
+// register loaded serving both. 16 lanes along the innermost axis instead (one row) would make
+// the strip 22 keys for 16 queries of a k = 7 window, and 15 of 16 of its skewed loads would
+// straddle two cache lines: measured slower. With pairs the weights off a lane's window are
+// exactly 0, so a query's result does not depend on the row it ran with. Logits are masked by
+// selecting -inf, not adding it, so a non-finite k off a window does not reach the query.
+//
 // Work items are (batch, strip, block of rows of the other two axes). A strip's tiles are walked
 // row by row in dilation-group order, so consecutive tiles share all but one key row, and
 // all heads of a row are done together. The k/v rows of a strip are copied, per key row and for
@@ -890,13 +901,14 @@ TESSERA_NA_INLINE void forward_tiles(const ForwardJob<T>& job, int64_t begin, in
 // keys 6 values of d ahead into the L1 (they come from the L2: a window's k and v do not fit the
 // L1 together, and prefetching v into it during q.k evicts the keys: slower).
 
-/// Register width and lanes of the lane forward (8 f32 lanes, also on AVX-512: 16 lanes would
-/// make the strip 22 keys for 16 queries of a k = 7 window, measured slower).
+/// Register width and lanes of one query row of the lane forward (8 f32 lanes; with AVX-512 two
+/// rows share a 512-bit register).
 constexpr int kLaneWidth = 32;
 constexpr int kLaneQueries = 8;
 
 /// Logits per key row one call of lane_logits computes at most: its 14 sums, the query register
-/// and a loaded key register fill AVX2's 16 registers.
+/// and a loaded key register fill AVX2's 16 registers (AVX-512 keeps the same calls for its
+/// 16-lane registers).
 constexpr int kLaneKeys = 14;
 
 /// Keys of a strip the lane forward takes at most (8 + k - 1 on the innermost axis: k <= 33).
@@ -913,7 +925,9 @@ struct LanePlan {
   int64_t max_strip = 0;                // the largest J of any strip (keys of a v slot per head)
   int64_t max_outputs = 0;              // the most logits per key row and lane of any strip
   int64_t columns = 0;                  // keys per d of a k slot (a multiple of 16)
-  int64_t slots = 0;                    // cache slots: key rows of a window, kernel[0] * kernel[1]
+  bool pairs = false;                   // two query rows a pass (lanes of 16, see forward_lanes)
+  int64_t slot_rows = 0;                // slots per z: kernel[1], or kernel[1] + 1 with pairs
+  int64_t slots = 0;                    // cache slots: kernel[0] * slot_rows
   std::vector<int64_t> order;           // rows (z * queries[1] + y) in dilation-group order
   std::vector<int64_t> slot_z, slot_y;  // cache slot of a key row: slot_z[local z] + slot_y[y]
 
@@ -973,12 +987,17 @@ TESSERA_NA_INLINE void lane_strip(const Problem& p, const QueryTiles& strips, in
   strip.outputs = high - low;
 }
 
-/// The lane plan of a problem on `threads` threads.
-LanePlan lane_plan(const Problem& p, int threads) {
+/// The lane plan of a problem on `threads` threads, two query rows a pass where `pairs` and
+/// there are two rows.
+LanePlan lane_plan(const Problem& p, int threads, bool pairs) {
   LanePlan plan;
   plan.strips = query_tiles_on(p, 2, kLaneQueries);
   plan.rows = p.queries[0] * p.queries[1];
-  plan.slots = p.kernel[0] * p.kernel[1];
+  plan.pairs = pairs && plan.rows >= 2;
+  // Two neighbouring query rows of one dilation group read kernel[1] + 1 consecutive key rows
+  // of it at most: one slot more per z keeps their slots distinct.
+  plan.slot_rows = p.kernel[1] + (plan.pairs ? 1 : 0);
+  plan.slots = p.kernel[0] * plan.slot_rows;
   LaneStrip strip;
   for (size_t s = 0; s < plan.strips.first.size(); ++s) {
     lane_strip(p, plan.strips, static_cast<int64_t>(s), strip);
@@ -993,9 +1012,9 @@ LanePlan lane_plan(const Problem& p, int threads) {
   // The key rows of one window are consecutive in their dilation group on each axis, so their
   // slots differ (taken from the global index: the same whatever the tile's offset).
   for (int64_t z = 0; z < p.tile[0]; ++z)
-    plan.slot_z.push_back((p.tile_offset[0] + z) / p.dilation[0] % p.kernel[0] * p.kernel[1]);
+    plan.slot_z.push_back((p.tile_offset[0] + z) / p.dilation[0] % p.kernel[0] * plan.slot_rows);
   for (int64_t y = 0; y < p.tile[1]; ++y)
-    plan.slot_y.push_back((p.tile_offset[1] + y) / p.dilation[1] % p.kernel[1]);
+    plan.slot_y.push_back((p.tile_offset[1] + y) / p.dilation[1] % plan.slot_rows);
   // Enough items for every thread (4 each), but blocks of at least twice a window's key rows:
   // a block copies its first window's key rows again.
   const int64_t base = p.batch * static_cast<int64_t>(plan.strips.first.size());
@@ -1010,9 +1029,10 @@ LanePlan lane_plan(const Problem& p, int threads) {
 bool lane_forward_fits(const Problem& p) {
   if (p.kernel[2] - 1 + kLaneQueries > kLaneMaxStrip) return false;
   // A strip's logits per key row are at most k + 7 (the lanes' windows start at most 7 keys
-  // apart relative to their queries), so a k slot has at most 48 keys per d.
+  // apart relative to their queries), so a k slot has at most 48 keys per d; with pairs a z
+  // has kernel[1] + 1 slots.
   const int64_t columns = (p.kernel[2] + 2 * (kLaneQueries - 1) + 15) / 16 * 16;
-  return p.kernel[0] * p.kernel[1] * p.heads * std::max(kLaneMaxStrip, columns) * p.dim *
+  return p.kernel[0] * (p.kernel[1] + 1) * p.heads * std::max(kLaneMaxStrip, columns) * p.dim *
              static_cast<int64_t>(sizeof(float)) <=
          kLaneMaxCache;
 }
@@ -1027,16 +1047,48 @@ bool lane_forward_pays(const Problem& p) {
   return 4 * n >= 3 * lanes;
 }
 
-/// For each of R key rows r: out[r][o] = sum_d qt[d] * kt[r][d * columns + o ...] + mask[o] for
-/// o < OB (out[r] is out + r * out_rows). These are registers of L lanes: lane i of out[r][o] is
-/// the query of lane i against the key in column i + o of kt[r] (the 8 columns from o, one
-/// unaligned load); mask[o] is 0 on the lanes whose window holds that key, -inf on the others.
+/// The 8 keys of a lane tile's row from `at` (kLaneQueries floats) in a register of W bytes:
+/// once (W = kLaneWidth), or in both halves of a 16-lane register, whose two halves are two
+/// query rows' tiles reading the same key row.
+template <int W>
+TESSERA_NA_INLINE Vec<float, W> load_lane_keys(const float* at) {
+  if constexpr (W == kLaneWidth) {
+    return load<W>(at);
+  } else {
+    static_assert(W == 2 * kLaneWidth, "lane forward: one or two query rows a register");
+#if TESSERA_MULTI_ISA
+    // One load (vbroadcastf32x8), not the load and shuffle the compiler makes of the generic
+    // form: the shuffle takes the port of AVX-512's second FMA unit. (Only the AVX-512 entry
+    // instantiates this; an intrinsic could not be inlined through the untargeted templates.)
+    Vec<float, W> both;
+    __asm__("vbroadcastf32x8 %1, %0" : "=v"(both) : "m"(*reinterpret_cast<const float(*)[8]>(at)));
+    return both;
+#else
+    const Vec<float, kLaneWidth> keys = load<kLaneWidth>(at);
+#if TESSERA_NA_HAVE_SHUFFLEVECTOR
+    return __builtin_shufflevector(keys, keys, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
+#else
+    Vec<float, W> both;
+    for (int i = 0; i < 2 * kLaneQueries; ++i) both[i] = keys[i % kLaneQueries];
+    return both;
+#endif
+#endif
+  }
+}
+
+/// For each of R key rows r: out[r][o] = sum_d qt[d] * kt[r][d * columns + o ...], or -inf where
+/// mask[o] + row_mask[r] is, for o < OB (out[r] is out + r * out_rows). These are registers of L
+/// lanes: lane i of out[r][o] is the query of lane i against the key in column i % 8 + o of kt[r]
+/// (the 8 columns from o, one unaligned load, in each half of a 16-lane register); mask[o] is 0 on
+/// the lanes whose window holds that key on the innermost axis, -inf on the others, and row_mask[r]
+/// (16 lanes only) is 0 on the half whose query row's window holds key row r, -inf on the other.
 /// best = the lane-wise maximum of best and the out[r][o]. Two key rows at once (R = 2, OB <= 7)
 /// share the query register's load and give 14 independent sums.
 template <int W, int Dim, int R, int OB>
 TESSERA_NA_INLINE void lane_logits(const float* __restrict qt, const float* const* kt,
                                    int64_t columns, const float* __restrict mask,
-                                   float* __restrict out, int64_t out_rows, Vec<float, W>& best) {
+                                   const float* const* row_mask, float* __restrict out,
+                                   int64_t out_rows, Vec<float, W>& best) {
   using V = Vec<float, W>;
   constexpr int L = kLanes<float, W>;
   static_assert(R * OB <= kLaneKeys, "lane_logits: more sums than registers");
@@ -1050,26 +1102,34 @@ TESSERA_NA_INLINE void lane_logits(const float* __restrict qt, const float* cons
     for (int r = 0; r < R; ++r) {
       // The line 6 d ahead: the L1 gets each key row's columns in time (they come from the L2).
       __builtin_prefetch(at[r] + 6 * columns, 0, 3);
-      for (int o = 0; o < OB; ++o) acc[r][o] += qv * load<W>(at[r] + o);
+      for (int o = 0; o < OB; ++o) acc[r][o] += qv * load_lane_keys<W>(at[r] + o);
       at[r] += columns;
     }
   }
-  for (int r = 0; r < R; ++r)
+  for (int r = 0; r < R; ++r) {
+    V row_add = V{};
+    if constexpr (W != kLaneWidth) row_add = load<W>(row_mask[r]);
     for (int o = 0; o < OB; ++o) {
-      const V value = acc[r][o] + load<W>(mask + o * L);
+      // Selected, not added: a key off the window whose k is not finite gives -inf, not NaN.
+      V masked = load<W>(mask + o * L);
+      if constexpr (W != kLaneWidth) masked += row_add;
+      const V value = masked == 0.0f ? acc[r][o] : masked;
       store<W>(out + r * out_rows + o * L, value);
       best = value > best ? value : best;
     }
+  }
 }
 
 /// lane_logits for n <= Max logits per key row (n a compile-time constant in each branch).
 template <int W, int Dim, int R, int Max>
 TESSERA_NA_INLINE void lane_logits_for(int n, const float* qt, const float* const* kt,
-                                       int64_t columns, const float* mask, float* out,
-                                       int64_t out_rows, Vec<float, W>& best) {
+                                       int64_t columns, const float* mask,
+                                       const float* const* row_mask, float* out, int64_t out_rows,
+                                       Vec<float, W>& best) {
   if constexpr (Max >= 1) {
-    if (n == Max) return lane_logits<W, Dim, R, Max>(qt, kt, columns, mask, out, out_rows, best);
-    lane_logits_for<W, Dim, R, Max - 1>(n, qt, kt, columns, mask, out, out_rows, best);
+    if (n == Max)
+      return lane_logits<W, Dim, R, Max>(qt, kt, columns, mask, row_mask, out, out_rows, best);
+    lane_logits_for<W, Dim, R, Max - 1>(n, qt, kt, columns, mask, row_mask, out, out_rows, best);
   }
 }
 
@@ -1149,6 +1209,59 @@ TESSERA_NA_INLINE void lane_values(const float* const* v_rows, int64_t key_rows,
       }
     }
     for (int c = 0; c < C; ++c) store<W>(out + g * L + c * L, acc[c] * factor);
+  }
+}
+
+/// lane_values for lane i of both halves of a 16-lane tile (two query rows, one strip): the two
+/// queries' keys on the innermost axis are the same, so each v register loaded from a key row
+/// both windows hold serves both sums (8 independent chains at D = 64). member[kr] says which
+/// windows hold key row kr (bit 0: the first row's, bit 1: the second's); weights as
+/// lane_values' for the first row's query, the second's 8 floats further. out[1] is written only
+/// where some key row is in the second window.
+template <int Dim>
+TESSERA_NA_INLINE void lane_values_pair(const float* const* v_rows, const uint8_t* member,
+                                        int64_t key_rows, int64_t head_offset, int first, int count,
+                                        const float* weights, int64_t weight_rows,
+                                        float* const* out, const float* factor) {
+  constexpr int W = 2 * kLaneWidth;
+  using V = Vec<float, W>;
+  constexpr int L = kLanes<float, W>, chunks = Dim / L, C = std::min(chunks, 8);
+  static_assert(Dim % L == 0 && chunks % C == 0, "lane forward: D must be whole registers");
+  bool second = false;
+  for (int64_t kr = 0; kr < key_rows; ++kr) second = second || (member[kr] & 2) != 0;
+  for (int g = 0; g < chunks; g += C) {
+    V acc[2][C];
+    for (auto& half : acc)
+      for (V& a : half) a = V{};
+    for (int64_t kr = 0; kr < key_rows; ++kr) {
+      const float* vr = v_rows[kr] + head_offset + first * Dim + g * L;
+      const float* wr = weights + kr * weight_rows;
+      if (member[kr] == 3) {
+        for (int o = 0; o < count; ++o) {
+          const float w0 = wr[o * L], w1 = wr[o * L + kLaneQueries];
+          for (int c = 0; c < C; ++c) {
+            V value = load<W>(vr + o * Dim + c * L);
+            // In a register: the compiler would otherwise load it again as each sum's operand.
+            __asm__("" : "+v"(value));
+            acc[0][c] += w0 * value;
+            acc[1][c] += w1 * value;
+          }
+        }
+      } else if (member[kr] == 1) {  // (the halves by constant index: sums stay in registers)
+        for (int o = 0; o < count; ++o) {
+          const float w = wr[o * L];
+          for (int c = 0; c < C; ++c) acc[0][c] += w * load<W>(vr + o * Dim + c * L);
+        }
+      } else {
+        for (int o = 0; o < count; ++o) {
+          const float w = wr[o * L + kLaneQueries];
+          for (int c = 0; c < C; ++c) acc[1][c] += w * load<W>(vr + o * Dim + c * L);
+        }
+      }
+    }
+    for (int c = 0; c < C; ++c) store<W>(out[0] + (g + c) * L, acc[0][c] * factor[0]);
+    if (second)
+      for (int c = 0; c < C; ++c) store<W>(out[1] + (g + c) * L, acc[1][c] * factor[1]);
   }
 }
 
@@ -1249,45 +1362,94 @@ int64_t lane_window(const Problem& p, const LanePlan& plan, int64_t z, int64_t y
   return count;
 }
 
-/// Forward of the lane work items [begin, end): (batch, strip, block of rows), see LanePlan.
-template <int Dim>
+/// Forward of the lane work items [begin, end): (batch, strip, block of rows), see LanePlan, P
+/// query rows a pass. With P = 2 (plan.pairs, AVX-512) the registers hold 16 lanes: the strip's
+/// 8 queries of two neighbouring rows of one dilation group on axis 1 (same z), whose windows
+/// share all key rows but one or two. Each key register loaded then serves both rows' queries
+/// (the 8 keys in both halves) and each v register both rows' sums, so q.k and p.v run at twice
+/// the width for the same loads. A key row only one of the windows holds is masked on the other
+/// half. A rank whose next one is not its row's neighbour runs alone (its second half repeats
+/// it and is not written).
+template <int Dim, int P>
 TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePlan& plan,
                                      int64_t begin, int64_t end) {
-  constexpr int W = kLaneWidth, L = kLaneQueries, JB = kLaneKeys;
+  constexpr int Q = kLaneQueries, W = kLaneWidth * P, L = Q * P, JB = kLaneKeys;
   using V = Vec<float, W>;
+  using VQ = Vec<float, kLaneWidth>;
   static_assert(kLanes<float, W> == L, "lane forward: one lane per query");
-  constexpr int chunks = Dim / L;
-  static_assert(Dim % L == 0, "lane forward: D must be whole registers");
+  constexpr int chunks = Dim / Q;
+  static_assert(Dim % Q == 0, "lane forward: D must be whole registers");
   const Problem& p = *job.problem;
   const int64_t heads = p.heads, row = heads * Dim;
   const float scale = static_cast<float>(p.scale);
   const int64_t strip_count = static_cast<int64_t>(plan.strips.first.size());
   const int64_t jcap = plan.max_strip, ocap = plan.max_outputs, columns = plan.columns;
+  const int64_t slots = plan.slots;
   const int64_t k_slot = heads * Dim * columns;  // [head][d][column]
   const int64_t v_slot = heads * jcap * Dim;     // [head][key of the strip][D]
   // Not zeroed: a slot's columns and keys are written before any is read (up to 4 MiB each).
-  const auto k_cache = aligned_floats(plan.slots * k_slot);
-  const auto v_cache = aligned_floats(plan.slots * v_slot);
-  std::vector<int64_t> tags(plan.slots);
+  const auto k_cache = aligned_floats(slots * k_slot);
+  const auto v_cache = aligned_floats(slots * v_slot);
+  std::vector<int64_t> tags(slots);
   alignas(64) float qt[Dim * L];
-  const auto logits_buffer = aligned_floats(plan.slots * ocap * L);
+  const auto logits_buffer = aligned_floats(slots * ocap * L);
   const auto mask_buffer = aligned_floats(ocap * L);
+  const auto row_mask_buffer = aligned_floats(slots * L);
   float* const logits = logits_buffer.get();
   float* const mask = mask_buffer.get();
-  std::vector<const float*> k_rows(plan.slots), v_rows(plan.slots);
-  std::vector<int64_t> bias_rows(plan.slots);
+  float* const row_mask = row_mask_buffer.get();
+  std::vector<const float*> k_rows(slots), v_rows(slots);
+  std::vector<int64_t> bias_rows(P * slots);
+  std::vector<uint8_t> holds(slots);
   const int64_t rows_per_block = (plan.rows + plan.blocks - 1) / plan.blocks;
   const int64_t qy = p.queries[1], qx = p.queries[2];
   LaneStrip strip;
   LineFetch fetch;
-  alignas(64) float sums[L * Dim];  // lane_values_by_rows' per-query sums
+  alignas(64) float sums[Q * Dim];  // lane_values_by_rows' per-query sums
   // p.v key row by key row where one query's window of v for one pass of lane_values (key rows x
   // keys x at most 8 registers of D) exceeds a 32 KiB L1: k = 13 at D = 64 and 128 (43 KiB),
   // 1.1x faster there; level at k = 11 (31 KiB), slower at k = 7 (36 against 29 ms).
   const bool by_rows =
-      p.kernel[0] * p.kernel[1] * p.kernel[2] * std::min(Dim, 8 * L) * int64_t{sizeof(float)} >
+      p.kernel[0] * p.kernel[1] * p.kernel[2] * std::min(Dim, 8 * Q) * int64_t{sizeof(float)} >
       (32 << 10);
-  std::vector<LaneKeyRow> window(plan.slots), next_window(plan.slots);
+  std::vector<LaneKeyRow> window(slots), first_rows(slots), second_rows(slots);
+  std::vector<uint8_t> next_holds(slots);
+  // Query rows of the pass from `rank` (of a block ending at `last`): two where the next rank is
+  // the next row of the same dilation group on axis 1 with the same z.
+  const auto pass_rows = [&](int64_t rank, int64_t last) -> int {
+    if (P == 1 || rank + 1 >= last) return 1;
+    const int64_t a = plan.order[rank], c = plan.order[rank + 1];
+    return a / qy == c / qy && c % qy == a % qy + p.dilation[1] ? 2 : 1;
+  };
+  // The key rows of the pass's windows (their union, in order) into `out`, and which windows
+  // hold each (bit 0: the first row's, bit 1: the second's); returns their count.
+  const auto pass_window = [&](int64_t rank, int rows, LaneKeyRow* out, uint8_t* held) {
+    const int64_t a = plan.order[rank];
+    if (rows == 1) {
+      const int64_t n = lane_window(p, plan, a / qy, a % qy, out);
+      std::fill(held, held + n, uint8_t{1});
+      return n;
+    }
+    const int64_t c = plan.order[rank + 1];
+    const int64_t n0 = lane_window(p, plan, a / qy, a % qy, first_rows.data());
+    const int64_t n1 = lane_window(p, plan, c / qy, c % qy, second_rows.data());
+    int64_t i = 0, j = 0, n = 0;
+    while (i < n0 || j < n1) {
+      if (j == n1 || (i < n0 && first_rows[i].local < second_rows[j].local)) {
+        out[n] = first_rows[i++];
+        held[n++] = 1;
+      } else if (i == n0 || second_rows[j].local < first_rows[i].local) {
+        out[n] = second_rows[j++];
+        held[n++] = 2;
+      } else {
+        out[n] = first_rows[i++];
+        ++j;
+        held[n++] = 3;
+      }
+    }
+    return n;
+  };
+  std::vector<LaneKeyRow> next_window(slots);
   for (int64_t item = begin; item < end; ++item) {
     const int64_t block = item % plan.blocks;
     const int64_t s = (item / plan.blocks) % strip_count;
@@ -1298,11 +1460,12 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
     std::fill(tags.begin(), tags.end(), -1);
     // Lane masks: logit o of lane i is its key i + offset + o of the strip, in its window when
     // start[i] <= i + offset + o < start[i] + count[i] (0 there, -inf elsewhere; lanes past the
-    // tile's queries are left unmasked).
+    // tile's queries are left unmasked); the same in both halves.
     for (int64_t o = 0; o < on; ++o)
-      for (int i = 0; i < L; ++i) {
+      for (int lane = 0; lane < L; ++lane) {
+        const int i = lane % Q;
         const int64_t j = i + strip.offset + o;
-        mask[o * L + i] =
+        mask[o * L + lane] =
             i >= strip.queries || (j >= strip.start[i] && j < strip.start[i] + strip.count[i])
                 ? 0.0f
                 : -std::numeric_limits<float>::infinity();
@@ -1312,11 +1475,19 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
     const int64_t per_call = (on + (on + JB - 1) / JB - 1) / ((on + JB - 1) / JB);
     const int64_t row_begin = block * rows_per_block;
     const int64_t row_end = std::min(plan.rows, row_begin + rows_per_block);
-    for (int64_t rank = row_begin; rank < row_end; ++rank) {
-      const int64_t z = plan.order[rank] / qy, y = plan.order[rank] % qy;
-      const int64_t query_row = (b * p.queries[0] + z) * qy + y;
-      // The window's key rows, each in its cache slot (copied, all heads, when not there).
-      const int64_t key_rows = lane_window(p, plan, z, y, window.data());
+    int rows = 1;
+    for (int64_t rank = row_begin; rank < row_end; rank += rows) {
+      rows = pass_rows(rank, row_end);
+      // The pass's query rows (a lone row fills both halves).
+      int64_t query_rows[P], zs[P], ys[P];
+      for (int hf = 0; hf < P; ++hf) {
+        const int64_t zy = plan.order[rank + std::min(hf, rows - 1)];
+        zs[hf] = zy / qy;
+        ys[hf] = zy % qy;
+        query_rows[hf] = (b * p.queries[0] + zs[hf]) * qy + ys[hf];
+      }
+      // The windows' key rows, each in its cache slot (copied, all heads, when not there).
+      const int64_t key_rows = pass_window(rank, rows, window.data(), holds.data());
       for (int64_t kr = 0; kr < key_rows; ++kr) {
         const auto [lz, ly, slot, local] = window[kr];
         float* kc = k_cache.get() + slot * k_slot;
@@ -1324,30 +1495,41 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
         if (tags[slot] != local) {
           tags[slot] = local;
           const auto [k_row, v_row] = job.key_row(b, lz, ly);
-          transpose_keys<W, Dim>(k_row + x0 * row, key_step, jn, strip.offset, used, heads, columns,
-                                 kc);
+          transpose_keys<kLaneWidth, Dim>(k_row + x0 * row, key_step, jn, strip.offset, used, heads,
+                                          columns, kc);
           for (int64_t j = 0; j < jn; ++j) {
             const float* v_at = v_row + x0 * row + j * key_step;
             for (int64_t h = 0; h < heads; ++h)
               for (int c = 0; c < chunks; ++c)
-                store<W>(vc + (h * jcap + j) * Dim + c * L, load<W>(v_at + h * Dim + c * L));
+                store<kLaneWidth>(vc + (h * jcap + j) * Dim + c * Q,
+                                  load<kLaneWidth>(v_at + h * Dim + c * Q));
           }
         }
         k_rows[kr] = kc;
         v_rows[kr] = vc;
-        if (job.bias)
-          bias_rows[kr] =
-              (p.kernel[0] - 1 + (lz + p.tile_offset[0] - p.query_offset[0] - z) / p.dilation[0]) *
-                  p.rpb[1] * p.rpb[2] +
-              (p.kernel[1] - 1 + (ly + p.tile_offset[1] - p.query_offset[1] - y) / p.dilation[1]) *
-                  p.rpb[2];
+        for (int hf = 0; hf < P; ++hf)
+          if (job.bias && (holds[kr] >> hf & 1) != 0)
+            bias_rows[hf * slots + kr] =
+                (p.kernel[0] - 1 +
+                 (lz + p.tile_offset[0] - p.query_offset[0] - zs[hf]) / p.dilation[0]) *
+                    p.rpb[1] * p.rpb[2] +
+                (p.kernel[1] - 1 +
+                 (ly + p.tile_offset[1] - p.query_offset[1] - ys[hf]) / p.dilation[1]) *
+                    p.rpb[2];
+        if constexpr (P == 2) {
+          // A lone row's second half repeats it: unmasked, so that its logits stay finite.
+          const uint8_t seen = rows == 1 ? uint8_t{3} : holds[kr];
+          for (int lane = 0; lane < L; ++lane)
+            row_mask[kr * L + lane] =
+                (seen >> (lane / Q) & 1) != 0 ? 0.0f : -std::numeric_limits<float>::infinity();
+        }
       }
-      // The next row's key rows not cached yet and its queries, fetched a few lines per call.
+      // The next pass's key rows not cached yet and its queries, fetched a few lines per call.
       fetch.clear();
-      if (rank + 1 < row_end) {
-        const int64_t nz = plan.order[rank + 1] / qy, ny = plan.order[rank + 1] % qy;
-        const int64_t next_row = (b * p.queries[0] + nz) * qy + ny;
-        const int64_t next_rows = lane_window(p, plan, nz, ny, next_window.data());
+      if (rank + rows < row_end) {
+        const int next_count = pass_rows(rank + rows, row_end);
+        const int64_t next_rows =
+            pass_window(rank + rows, next_count, next_window.data(), next_holds.data());
         for (int64_t kr = 0; kr < next_rows; ++kr) {
           if (tags[next_window[kr].slot] == next_window[kr].local) continue;
           const auto [k_row, v_row] = job.key_row(b, next_window[kr].z, next_window[kr].y);
@@ -1356,55 +1538,69 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
             fetch.add(v_row + x0 * row + j * key_step, row);
           }
         }
-        for (int i = 0; i < strip.queries; ++i)
-          fetch.add(job.q + (next_row * qx + strip.x[i]) * row, row);
+        for (int hf = 0; hf < next_count; ++hf) {
+          const int64_t zy = plan.order[rank + rows + hf];
+          const int64_t next_row = (b * p.queries[0] + zy / qy) * qy + zy % qy;
+          for (int i = 0; i < strip.queries; ++i)
+            fetch.add(job.q + (next_row * qx + strip.x[i]) * row, row);
+        }
       }
       const int64_t fetch_calls = heads * ((key_rows + 1) / 2 + strip.queries);
       const int64_t per_fetch = (fetch.lines + fetch_calls - 1) / fetch_calls;
       for (int64_t h = 0; h < heads; ++h) {
-        // The tile's queries of head h, scaled and transposed (lanes past the tile: lane 0).
-        for (int g = 0; g < chunks; ++g) {
-          V block_rows[L];
-          for (int i = 0; i < L; ++i)
-            block_rows[i] =
-                load<W>(job.q + (query_row * qx + strip.x[i]) * row + h * Dim + g * L) * scale;
-          transpose_lanes<W>(block_rows);
+        // The tile's queries of head h, scaled and transposed (lanes past the tile: lane 0), the
+        // pass's rows in the halves.
+        for (int hf = 0; hf < P; ++hf)
+          for (int g = 0; g < chunks; ++g) {
+            VQ block_rows[Q];
+            for (int i = 0; i < Q; ++i)
+              block_rows[i] = load<kLaneWidth>(job.q + (query_rows[hf] * qx + strip.x[i]) * row +
+                                               h * Dim + g * Q) *
+                              scale;
+            transpose_lanes<kLaneWidth>(block_rows);
 #pragma GCC unroll 16
-          for (int i = 0; i < L; ++i) store<W>(qt + (g * L + i) * L, block_rows[i]);
-        }
+            for (int i = 0; i < Q; ++i)
+              store<kLaneWidth>(qt + (g * Q + i) * L + hf * Q, block_rows[i]);
+          }
         // The logits of every lane, key row by key row, masked, and their lane-wise maximum.
         const V minus_infinity = V{} - std::numeric_limits<float>::infinity();
         V best = minus_infinity;
         const int64_t head_column = h * Dim * columns;
         for (int64_t kr = 0; kr < key_rows;) {
           // Two key rows a call while their logits fit 14 registers, else one.
-          const int rows = per_call <= JB / 2 && kr + 1 < key_rows ? 2 : 1;
+          const int two = per_call <= JB / 2 && kr + 1 < key_rows ? 2 : 1;
           fetch.issue(per_fetch);
+          const float* row_masks[2] = {row_mask + kr * L, row_mask + (kr + two - 1) * L};
           for (int64_t o = 0; o < on; o += per_call) {
             const int n = static_cast<int>(std::min<int64_t>(per_call, on - o));
             const float* kt[2] = {k_rows[kr] + head_column + o,
-                                  k_rows[kr + rows - 1] + head_column + o};
+                                  k_rows[kr + two - 1] + head_column + o};
             float* out = logits + (kr * ocap + o) * L;
-            if (rows == 2)
-              lane_logits_for<W, Dim, 2, JB / 2>(n, qt, kt, columns, mask + o * L, out, ocap * L,
-                                                 best);
+            if (two == 2)
+              lane_logits_for<W, Dim, 2, JB / 2>(n, qt, kt, columns, mask + o * L, row_masks, out,
+                                                 ocap * L, best);
             else
-              lane_logits_for<W, Dim, 1, JB>(n, qt, kt, columns, mask + o * L, out, ocap * L, best);
+              lane_logits_for<W, Dim, 1, JB>(n, qt, kt, columns, mask + o * L, row_masks, out,
+                                             ocap * L, best);
           }
-          kr += rows;
+          kr += two;
         }
         if (job.bias) {
           const float* bias = job.bias + h * p.rpb_count();
-          for (int i = 0; i < strip.queries; ++i) {
-            const int64_t gx = p.query_offset[2] + strip.x[i];
-            const int64_t skew = strip.start[i] - i - strip.offset;
-            for (int64_t kr = 0; kr < key_rows; ++kr)
-              for (int o = 0; o < strip.count[i]; ++o) {
-                const int64_t kx = strip.first_key + (strip.start[i] + o) * p.dilation[2];
-                logits[(kr * ocap + skew + o) * L + i] +=
-                    bias[bias_rows[kr] + p.kernel[2] - 1 + (kx - gx) / p.dilation[2]];
+          for (int hf = 0; hf < rows; ++hf)
+            for (int i = 0; i < strip.queries; ++i) {
+              const int64_t gx = p.query_offset[2] + strip.x[i];
+              const int64_t skew = strip.start[i] - i - strip.offset;
+              for (int64_t kr = 0; kr < key_rows; ++kr) {
+                if ((holds[kr] >> hf & 1) == 0) continue;
+                for (int o = 0; o < strip.count[i]; ++o) {
+                  const int64_t kx = strip.first_key + (strip.start[i] + o) * p.dilation[2];
+                  logits[(kr * ocap + skew + o) * L + hf * Q + i] +=
+                      bias[bias_rows[hf * slots + kr] + p.kernel[2] - 1 +
+                           (kx - gx) / p.dilation[2]];
+                }
               }
-          }
+            }
           best = minus_infinity;
           for (int64_t kr = 0; kr < key_rows; ++kr)
             for (int64_t o = 0; o < on; ++o) {
@@ -1418,7 +1614,11 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
         for (int64_t kr = 0; kr < key_rows; ++kr) {
           float* at = logits + kr * ocap * L;
           for (int64_t o = 0; o < on; ++o) {
-            const V e = exp_lanes_floored<W>(load<W>(at + o * L) - best);
+            const V logit = load<W>(at + o * L);
+            V e = exp_lanes_floored<W>(logit - best);
+            // With pairs, exactly 0 off the windows: a query's sum then does not depend on the
+            // row it was paired with (or whether it ran alone), to the last bit.
+            if constexpr (P == 2) e = logit == minus_infinity ? V{} : e;
             store<W>(at + o * L, e);
             sum += e;
           }
@@ -1426,24 +1626,35 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
         const V inverse = 1.0f / sum;
         // p.v: per query with D in registers (8 at a time) and the weights broadcast from the
         // logits; key row by key row where one query's window of v outgrows the L1 (by_rows).
-        const float* weights[L];
-        float* outs[L];
-        for (int i = 0; i < strip.queries; ++i) {
-          const int64_t query_head = (query_row * qx + strip.x[i]) * heads + h;
-          weights[i] = logits + (strip.start[i] - i - strip.offset) * L + i;
-          outs[i] = job.output + query_head * Dim;
-          job.lse[query_head] = best[i] + vm::log_f32(sum[i]);
-        }
-        if (by_rows) {
+        // With pairs, the two rows' queries of a lane together.
+        const float* weights[Q];
+        float* outs[P][Q];
+        for (int hf = 0; hf < rows; ++hf)
+          for (int i = 0; i < strip.queries; ++i) {
+            const int64_t query_head = (query_rows[hf] * qx + strip.x[i]) * heads + h;
+            weights[i] = logits + (strip.start[i] - i - strip.offset) * L + i;
+            outs[hf][i] = job.output + query_head * Dim;
+            job.lse[query_head] = best[hf * Q + i] + vm::log_f32(sum[hf * Q + i]);
+          }
+        if constexpr (P == 2) {
+          for (int i = 0; i < strip.queries; ++i) {
+            fetch.issue(per_fetch);
+            float* pair_outs[2] = {outs[0][i], rows == 2 ? outs[1][i] : nullptr};
+            const float factors[2] = {inverse[i], inverse[Q + i]};
+            lane_values_pair<Dim>(v_rows.data(), holds.data(), key_rows, h * jcap * Dim,
+                                  strip.start[i], strip.count[i], weights[i], ocap * L, pair_outs,
+                                  factors);
+          }
+        } else if (by_rows) {
           fetch.issue(per_fetch * strip.queries);
           lane_values_by_rows<W, Dim>(v_rows.data(), key_rows, h * jcap * Dim, strip.queries,
-                                      strip.start, strip.count, weights, ocap * L, sums, outs,
+                                      strip.start, strip.count, weights, ocap * L, sums, outs[0],
                                       inverse);
         } else {
           for (int i = 0; i < strip.queries; ++i) {
             fetch.issue(per_fetch);
             lane_values<W, Dim>(v_rows.data(), key_rows, h * jcap * Dim, strip.start[i],
-                                strip.count[i], weights[i], ocap * L, outs[i], inverse[i]);
+                                strip.count[i], weights[i], ocap * L, outs[0][i], inverse[i]);
           }
         }
       }
@@ -1955,7 +2166,7 @@ struct Kernels {
     forward_body<kDefaultWidth, T, Dim>(job, begin, end);
   }
   static void lanes(const ForwardJob<T>& job, const LanePlan& plan, int64_t begin, int64_t end) {
-    if constexpr (kHasLanes) forward_lanes<Dim>(job, plan, begin, end);
+    if constexpr (kHasLanes) forward_lanes<Dim, 1>(job, plan, begin, end);
   }
   static void query_pass(const BackwardJob<T>& job, int64_t begin, int64_t end, int slot) {
     query_pass_body<kDefaultWidth, T, Dim>(job, begin, end, slot);
@@ -1969,11 +2180,16 @@ struct Kernels {
   }
   TESSERA_TARGET_V4 static void lanes_v4(const ForwardJob<T>& job, const LanePlan& plan,
                                          int64_t begin, int64_t end) {
-    if constexpr (kHasLanes) forward_lanes<Dim>(job, plan, begin, end);
+    if constexpr (kHasLanes) {
+      if (plan.pairs)
+        forward_lanes<Dim, 2>(job, plan, begin, end);
+      else
+        forward_lanes<Dim, 1>(job, plan, begin, end);
+    }
   }
   TESSERA_TARGET_V3 static void lanes_v3(const ForwardJob<T>& job, const LanePlan& plan,
                                          int64_t begin, int64_t end) {
-    if constexpr (kHasLanes) forward_lanes<Dim>(job, plan, begin, end);
+    if constexpr (kHasLanes) forward_lanes<Dim, 1>(job, plan, begin, end);
   }
   TESSERA_TARGET_V4 static void query_pass_v4(const BackwardJob<T>& job, int64_t begin, int64_t end,
                                               int slot) {
@@ -2004,11 +2220,8 @@ struct KernelSet {
   int wide_tile_queries;  // queries per tile of the forward for small windows (kWideTileLimit)
   // The lane forward (f32, D of 32, 64, 128, AVX2 or AVX-512), or nullptr.
   void (*lanes)(const ForwardJob<T>&, const LanePlan&, int64_t, int64_t) = nullptr;
-  // The widest window on the innermost axis for which automatic picks the lane forward: with
-  // AVX-512 the 16-lane query tiles are 1.25x slower than the lanes at k = 9 and level with them
-  // at k = 11 and 13 (benchmarks.md), so there only windows of up to kWideTileLimit keys run the
-  // lanes.
-  int64_t lane_kernel_limit = kLaneMaxStrip - kLaneQueries + 1;
+  // Whether the lane forward takes two query rows a pass (16 lanes: AVX-512).
+  bool lane_pairs = false;
 };
 
 template <int W, typename T, int Dim>
@@ -2038,7 +2251,7 @@ KernelSet<T> kernels_for_isa() {
             tile_queries_for<64, T, Dim>(),
             wide_tile_queries_for<64, T, Dim>(),
             K::kHasLanes ? &K::lanes_v4 : nullptr,
-            kWideTileLimit};
+            true};
   if (cpu_isa_level() == 3)
     return {&K::forward_v3,
             &K::query_pass_v3,
@@ -2083,8 +2296,7 @@ Tensor as_compute(const Tensor& t, DType dtype) {
 template <typename T>
 bool runs_lanes(const KernelSet<T>& set, const Problem& p, NaCpuForward kernel) {
   return set.lanes != nullptr && kernel != NaCpuForward::query_tiles && lane_forward_fits(p) &&
-         (kernel == NaCpuForward::lanes ||
-          (lane_forward_pays(p) && p.kernel[2] <= set.lane_kernel_limit));
+         (kernel == NaCpuForward::lanes || lane_forward_pays(p));
 }
 
 /// The forward kernel of `p` for inputs of `dtype` when `kernel` is asked for.
@@ -2163,7 +2375,7 @@ NaForward forward_in(const Problem& p, const Tensor& q, const Tensor& k, const T
     }
   }
   if (runs_lanes(set, p, kernel)) {
-    const LanePlan plan = lane_plan(p, threads);
+    const LanePlan plan = lane_plan(p, threads, set.lane_pairs);
     parallel_for(plan.items(p), threads,
                  [&](int64_t begin, int64_t end, int) { set.lanes(job, plan, begin, end); });
   } else {
