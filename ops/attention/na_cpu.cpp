@@ -1289,10 +1289,12 @@ TESSERA_NA_INLINE void lane_values_by_rows(const float* const* v_rows, int64_t k
           const float weight = wr[o * L];
           for (int c = 0; c < C; ++c) acc[c] += weight * load<W>(vr + o * Dim + (g + c) * L);
         }
-        if (kr + 1 < key_rows)
-          for (int c = 0; c < C; ++c) store<W>(own + (g + c) * L, acc[c]);
-        else
-          for (int c = 0; c < C; ++c) store<W>(out[i] + (g + c) * L, acc[c] * factor[i]);
+        // One store site (sums, or the output scaled: x 1 is exact), so that the compiler keeps
+        // the sums in registers through the loop (with two it kept them on the stack as well).
+        const bool last = kr + 1 == key_rows;
+        float* const to = last ? out[i] : own;
+        const float scale = last ? factor[i] : 1.0f;
+        for (int c = 0; c < C; ++c) store<W>(to + (g + c) * L, acc[c] * scale);
       }
     }
 }
