@@ -12,10 +12,9 @@ namespace tessera::ops {
 /// The forward kernels: query tiles (any dtype and D: up to 8 queries that are neighbours along
 /// one axis share each k/v row they read, see na_cpu.cpp), and lane tiles (f32 with AVX2 or
 /// AVX-512, D of 32, 64 or 128: 8 neighbours on the innermost axis as the lanes of one register).
-/// automatic picks per call: lanes where they apply, the innermost axis fills them (at least 3/4
-/// of the lanes on average) and, with AVX-512, the window on that axis has at most 9 keys (wider
-/// ones run faster in AVX-512's query tiles); a kernel asked for runs where it applies (tests and
-/// benchmarks compare them), the query tiles otherwise.
+/// automatic picks per call: lanes where they apply and the innermost axis fills them (at least
+/// 3/4 of the lanes on average; with AVX-512 two query rows share a 16-lane register); a kernel
+/// asked for runs where it applies (tests and benchmarks compare them), the query tiles otherwise.
 enum class NaCpuForward { automatic, query_tiles, lanes };
 
 /// The rank's own keys and values in a sharded call whose k/v tile the halo exchange filled only
