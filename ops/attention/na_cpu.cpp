@@ -1216,8 +1216,8 @@ TESSERA_NA_INLINE void lane_values(const float* const* v_rows, int64_t key_rows,
 /// queries' keys on the innermost axis are the same, so each v register loaded from a key row
 /// both windows hold serves both sums (8 independent chains at D = 64). member[kr] says which
 /// windows hold key row kr (bit 0: the first row's, bit 1: the second's); weights as
-/// lane_values' for the first row's query, the second's 8 floats further. out[1] is written only
-/// where some key row is in the second window.
+/// lane_values' for the first row's query, the second's 8 floats further. out[1] null (a row
+/// that ran alone): only the first half is written.
 template <int Dim>
 TESSERA_NA_INLINE void lane_values_pair(const float* const* v_rows, const uint8_t* member,
                                         int64_t key_rows, int64_t head_offset, int first, int count,
@@ -1227,8 +1227,6 @@ TESSERA_NA_INLINE void lane_values_pair(const float* const* v_rows, const uint8_
   using V = Vec<float, W>;
   constexpr int L = kLanes<float, W>, chunks = Dim / L, C = std::min(chunks, 8);
   static_assert(Dim % L == 0 && chunks % C == 0, "lane forward: D must be whole registers");
-  bool second = false;
-  for (int64_t kr = 0; kr < key_rows; ++kr) second = second || (member[kr] & 2) != 0;
   for (int g = 0; g < chunks; g += C) {
     V acc[2][C];
     for (auto& half : acc)
@@ -1260,7 +1258,7 @@ TESSERA_NA_INLINE void lane_values_pair(const float* const* v_rows, const uint8_
       }
     }
     for (int c = 0; c < C; ++c) store<W>(out[0] + (g + c) * L, acc[0][c] * factor[0]);
-    if (second)
+    if (out[1])
       for (int c = 0; c < C; ++c) store<W>(out[1] + (g + c) * L, acc[1][c] * factor[1]);
   }
 }
@@ -1610,8 +1608,8 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
               best = value > best ? value : best;
             }
         }
-        // Lane-wise softmax: the logits' exponentials (about 1e-38 off the windows, never used)
-        // and their sum.
+        // Lane-wise softmax: the logits' exponentials (off the windows about 1e-38, never used,
+        // or with pairs 0) and their sum.
         V sum = V{};
         for (int64_t kr = 0; kr < key_rows; ++kr) {
           float* at = logits + kr * ocap * L;
