@@ -4,8 +4,9 @@
 // That API takes strided tensor descriptors directly, which is what running on boxes of a
 // haloed buffer needs, and it measures algorithms with cudnnFind*AlgorithmEx on our own
 // buffers and workspace. cuDNN 9 marks it deprecated (the graph API is its successor), so this
-// file silences that warning. TESSERA_CUDNN_API=graph runs the same calls through the graph API
-// instead (conv_cudnn_graph.cpp): it reaches engines the legacy algorithm enums do not name.
+// file silences that warning. By default the same calls run through the graph API instead
+// (conv_cudnn_graph.cpp), which reaches engines the legacy algorithm enums do not name;
+// TESSERA_CUDNN_API=legacy keeps them here.
 //
 // Per call: descriptors are built from the operands (ops/conv/conv_cudnn_key.hpp does the
 // dims/strides math), the algorithm comes from a process-wide cache keyed by everything it
@@ -369,7 +370,7 @@ CudnnAlgoChoice algorithm_for(cudnnHandle_t handle, const ConvCall& call, const 
   return algorithm_cache().insert(call.key, measure(handle, call, p, stream));
 }
 
-// TESSERA_CUDNN_API: legacy (the default) or graph (conv_cudnn_graph.cpp). A bad value gives
+// TESSERA_CUDNN_API: graph (the default, conv_cudnn_graph.cpp) or legacy (below). A bad value gives
 // the same InvalidArgument on every conv call (the static is set only once a value parses).
 CudnnApi cudnn_api() {
   static const CudnnApi api = cudnn_api_from_env(std::getenv("TESSERA_CUDNN_API"));

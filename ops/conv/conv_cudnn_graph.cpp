@@ -456,7 +456,8 @@ ReadyPlan measure(cudnnHandle_t handle, const GraphKey& gk, Graph graph,
   if (!choice)
     throw NotAvailable(kOp,
                        fmt::format("cuDNN's graph API has no engine for conv {} within a "
-                                   "workspace of {} bytes{} ({} candidates)",
+                                   "workspace of {} bytes{} ({} candidates; "
+                                   "TESSERA_CUDNN_API=legacy tries the legacy algorithms)",
                                    what, offered, key.deterministic ? " that is deterministic" : "",
                                    candidates.size()));
   const size_t position = static_cast<size_t>(choice->algorithm);

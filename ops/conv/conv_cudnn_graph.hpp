@@ -1,5 +1,5 @@
-// The cuDNN convolution through cuDNN's graph (backend) API, chosen with TESSERA_CUDNN_API=graph
-// (conv_cudnn.cpp calls it instead of the legacy calls). A conv is one operation graph; the
+// The cuDNN convolution through cuDNN's graph (backend) API, the default (conv_cudnn.cpp calls
+// it instead of the legacy calls unless TESSERA_CUDNN_API=legacy). A conv is one operation graph; the
 // engine configurations cuDNN's heuristics list for it (modes A and fallback) are filtered by
 // the conv's numerical contract (cudnn_engine_allowed), built into execution plans, timed on the
 // operands once per key and process (one measurement at a time), and the fastest that fits the

@@ -201,9 +201,9 @@ size_t cudnn_graph_candidates_from_env(const char* value) {
 
 CudnnApi cudnn_api_from_env(const char* value) {
   const std::string name = value != nullptr ? value : "";
-  if (name.empty() || name == "legacy") return CudnnApi::legacy;
-  check_arg(name == "graph", "conv", "TESSERA_CUDNN_API='{}' (expected legacy or graph)", name);
-  return CudnnApi::graph;
+  if (name.empty() || name == "graph") return CudnnApi::graph;
+  check_arg(name == "legacy", "conv", "TESSERA_CUDNN_API='{}' (expected graph or legacy)", name);
+  return CudnnApi::legacy;
 }
 
 bool cudnn_engine_allowed(const CudnnEngineNotes& notes, DType dtype, CudnnMath math,

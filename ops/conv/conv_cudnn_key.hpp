@@ -141,14 +141,14 @@ std::optional<CudnnAlgoChoice> choose_algorithm(
     const std::vector<CudnnAlgoMeasurement>& measurements, CudnnDeterminism determinism,
     size_t workspace_limit);
 
-/// Which cuDNN API runs the convolutions (TESSERA_CUDNN_API): `legacy` (the default:
-/// cudnnFind*AlgorithmEx and cudnnConvolution*, the algorithms of cuDNN 7's enums) or `graph`
-/// (the backend graph API: every engine that cuDNN's heuristics list for the conv, each timed
-/// on the operands; it reaches engines the legacy enums do not name).
+/// Which cuDNN API runs the convolutions (TESSERA_CUDNN_API): `graph` (the default: the backend
+/// graph API, every engine that cuDNN's heuristics list for the conv, each timed on the
+/// operands; it reaches engines the legacy enums do not name) or `legacy`
+/// (cudnnFind*AlgorithmEx and cudnnConvolution*, the algorithms of cuDNN 7's enums).
 enum class CudnnApi { legacy, graph };
 
-/// The API TESSERA_CUDNN_API's value names: null or "" or "legacy" legacy, "graph" graph;
-/// another value throws InvalidArgument ("expected legacy or graph").
+/// The API TESSERA_CUDNN_API's value names: null or "" or "graph" graph, "legacy" legacy;
+/// another value throws InvalidArgument ("expected graph or legacy").
 CudnnApi cudnn_api_from_env(const char* value);
 
 /// How many of the graph API's candidate engines a measurement times, from

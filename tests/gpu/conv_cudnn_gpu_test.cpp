@@ -7,8 +7,9 @@
 //  - the sharded conv (ops::conv through apply_op, halo exchange on the device) on 1, 2 and 4
 //    local ranks sharing the GPU equals the same conv on one rank, forward and gradients, on the
 //    random cases of the cpu sweep (tests/dist/conv_cases.hpp), with and without halo overlap.
-// One test needs no GPU and runs everywhere cuDNN is built in: the graph API's descriptors
-// (TESSERA_CUDNN_API=graph) finalize for every direction, layout, dtype and geometry.
+// These run on the API TESSERA_CUDNN_API names (the graph API by default; gpu-check.sh runs them
+// again with legacy). One test needs no GPU and runs everywhere cuDNN is built in: the graph
+// API's descriptors finalize for every direction, layout, dtype and geometry.
 #include <gtest/gtest.h>
 
 #include <cmath>

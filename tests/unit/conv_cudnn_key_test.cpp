@@ -218,8 +218,8 @@ TEST(ConvCudnnKey, FilterStridesFollowTheFormat) {
 }
 
 TEST(ConvCudnnKey, GraphApiAndItsCandidateCountAreChosenByName) {
-  EXPECT_EQ(cudnn_api_from_env(nullptr), CudnnApi::legacy);
-  EXPECT_EQ(cudnn_api_from_env(""), CudnnApi::legacy);
+  EXPECT_EQ(cudnn_api_from_env(nullptr), CudnnApi::graph);
+  EXPECT_EQ(cudnn_api_from_env(""), CudnnApi::graph);
   EXPECT_EQ(cudnn_api_from_env("legacy"), CudnnApi::legacy);
   EXPECT_EQ(cudnn_api_from_env("graph"), CudnnApi::graph);
   EXPECT_THROW(cudnn_api_from_env("1"), InvalidArgument);
