@@ -243,9 +243,13 @@ if want test; then
   fi
   # rerun NAME SECONDS BINARY FILTER VAR=VALUE...: one test binary again under other settings,
   # its log (NAME without "test-")-tests.log, recorded as stage NAME.
+  # GPU_CHECK_RERUNS=a,b,...: run only these reruns (none: GPU_CHECK_RERUNS=none).
   rerun() {
     local name=$1 seconds=$2 binary=$3 filter=$4
     shift 4
+    if [ -n "${GPU_CHECK_RERUNS:-}" ]; then
+      case ",$GPU_CHECK_RERUNS," in *",$name,"*) ;; *) return 0 ;; esac
+    fi
     local log="$logs/${name#test-}-tests.log" start=$SECONDS
     if capped "$seconds" env LD_LIBRARY_PATH="$our_ld" "$@" "$build/tests/$binary" \
          --gtest_filter="$filter" >"$log" 2>&1; then
@@ -260,9 +264,9 @@ if want test; then
   # NaGpu.Fused* ran in the suite above).
   rerun test-na-fused 90 tessera_gpu_na_tests 'NaGpu.ShardedFused*:NaGpu.Backward*' \
     TESSERA_NA_CUDA_KERNEL=fused
-  # The mma forward built for 4 blocks per SM (TESSERA_NA_MMA_FORWARD_BLOCKS=4: at most 128
-  # registers a thread), against the reference and the fused forward.
-  rerun test-na-mma4 60 tessera_gpu_na_tests 'NaGpu.MmaKernels*' TESSERA_NA_MMA_FORWARD_BLOCKS=4
+  # The whole na suite with the mma forward built for 4 blocks per SM
+  # (TESSERA_NA_MMA_FORWARD_BLOCKS=4: at most 128 registers a thread), the gate to its default.
+  rerun test-na-mma4 90 tessera_gpu_na_tests '*' TESSERA_NA_MMA_FORWARD_BLOCKS=4
   # The conv tests again on cuDNN's legacy API (TESSERA_CUDNN_API=legacy; the graph API is the
   # default): fixtures, rounding bounds, determinism, the sharded sweep.
   rerun test-conv-legacy 120 tessera_gpu_conv_tests '-*OutOfMemory*' TESSERA_CUDNN_API=legacy
@@ -306,6 +310,10 @@ if want bench; then
     --kernel 7,13,31 --reference-size 0 --json
   step torch-na-bf16 75 "$python" "$root/apps/bench/torch_na_bench.py" --impl flex --dtype bf16 \
     --kernel 7,13,31 --json
+  # The sharded forward with the halo overlap split (TESSERA_HALO_OVERLAP=1; off by default):
+  # its 4-rank rows against bench-na-bf16's.
+  step bench-na-overlap-bf16 40 env TESSERA_HALO_OVERLAP=1 "${tessera[@]}" bench na --device cuda \
+    --dtype bf16 --ranks 4 --kernel 7,13,31 --reference-size 0 --json
   # The mma forward at 4 blocks per SM (16 warps instead of 12, some spills): faster or not?
   step bench-na-mma4-bf16 40 env TESSERA_NA_MMA_FORWARD_BLOCKS=4 "${tessera[@]}" bench na \
     --device cuda --dtype bf16 --ranks 1 --kernel 7,13,31 --reference-size 0 --json
