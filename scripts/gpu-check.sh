@@ -264,9 +264,9 @@ if want test; then
   # NaGpu.Fused* ran in the suite above).
   rerun test-na-fused 90 tessera_gpu_na_tests 'NaGpu.ShardedFused*:NaGpu.Backward*' \
     TESSERA_NA_CUDA_KERNEL=fused
-  # The whole na suite with the mma forward built for 4 blocks per SM
-  # (TESSERA_NA_MMA_FORWARD_BLOCKS=4: at most 128 registers a thread), the gate to its default.
-  rerun test-na-mma4 90 tessera_gpu_na_tests '*' TESSERA_NA_MMA_FORWARD_BLOCKS=4
+  # The whole na suite with the mma forward built for the registers the compiler allocates
+  # (TESSERA_NA_MMA_FORWARD_BLOCKS=auto: 3 blocks per SM; the default is 4).
+  rerun test-na-mma-auto 90 tessera_gpu_na_tests '*' TESSERA_NA_MMA_FORWARD_BLOCKS=auto
   # The conv tests again on cuDNN's legacy API (TESSERA_CUDNN_API=legacy; the graph API is the
   # default): fixtures, rounding bounds, determinism, the sharded sweep.
   rerun test-conv-legacy 120 tessera_gpu_conv_tests '-*OutOfMemory*' TESSERA_CUDNN_API=legacy
@@ -314,8 +314,8 @@ if want bench; then
   # its 4-rank rows against bench-na-bf16's.
   step bench-na-overlap-bf16 40 env TESSERA_HALO_OVERLAP=1 "${tessera[@]}" bench na --device cuda \
     --dtype bf16 --ranks 4 --kernel 7,13,31 --reference-size 0 --json
-  # The mma forward at 4 blocks per SM (16 warps instead of 12, some spills): faster or not?
-  step bench-na-mma4-bf16 40 env TESSERA_NA_MMA_FORWARD_BLOCKS=4 "${tessera[@]}" bench na \
+  # The mma forward built for the registers the compiler allocates (3 blocks per SM; the default is 4).
+  step bench-na-mma-auto-bf16 40 env TESSERA_NA_MMA_FORWARD_BLOCKS=auto "${tessera[@]}" bench na \
     --device cuda --dtype bf16 --ranks 1 --kernel 7,13,31 --reference-size 0 --json
   # cuDNN's measurements (every algorithm's workspace need and time, the choice) go to the log.
   for dtype in bf16 f32; do
@@ -451,11 +451,11 @@ with open(os.path.join(out, "gpu-check.md"), "w") as md:
         return {row.get("kernel"): row for row in rows_of(name) if row.get("ranks", 1) == 1}
     mma, fused, flex = (na_rows("bench-na-bf16.json"), na_rows("bench-na-fused-bf16.json"),
                         na_rows("torch-na-bf16.json"))
-    mma4 = na_rows("bench-na-mma4-bf16.json")  # TESSERA_NA_MMA_FORWARD_BLOCKS=4
+    mma_auto = na_rows("bench-na-mma-auto-bf16.json")  # TESSERA_NA_MMA_FORWARD_BLOCKS=auto
     windows = sorted(set(mma) | set(fused) | set(flex), key=lambda k: (k is None, k))
     if windows:
         md.write("\n## Neighborhood attention, bf16, 1 rank (ms; flex / ours = speedup)\n\n"
-                 "| k | mma fwd | mma f+b | mma 4 blocks/SM fwd | fused fwd | fused f+b | flex fwd |"
+                 "| k | mma fwd | mma f+b | mma auto blocks/SM fwd | fused fwd | fused f+b | flex fwd |"
                  " flex f+b | flex/mma fwd | flex/mma f+b |\n"
                  "|---|---|---|---|---|---|---|---|---|---|\n")
         def ms(rows, k, key):
@@ -466,7 +466,7 @@ with open(os.path.join(out, "gpu-check.md"), "w") as md:
             return f"{a / b:.2f}x" if isinstance(a, (int, float)) and b else "-"
         for k in windows:
             md.write(f"| {k} | {ms(mma, k, 'forward_ms')} | {ms(mma, k, 'forward_backward_ms')} | "
-                     f"{ms(mma4, k, 'forward_ms')} | {ms(fused, k, 'forward_ms')} | {ms(fused, k, 'forward_backward_ms')} | "
+                     f"{ms(mma_auto, k, 'forward_ms')} | {ms(fused, k, 'forward_ms')} | {ms(fused, k, 'forward_backward_ms')} | "
                      f"{ms(flex, k, 'forward_ms')} | {ms(flex, k, 'forward_backward_ms')} | "
                      f"{ratio(k, 'forward_ms')} | {ratio(k, 'forward_backward_ms')} |\n")
     # Convolution: graph (the default) and legacy API beside PyTorch, 1 rank (4 ranks: ours).

@@ -251,7 +251,7 @@ void run_na_bench(const NaBenchOptions& options) {
               : "";
   if (on_cuda) {
     report.set("cuda_forward_kernel", cuda_kernel);
-    // The mma forward's blocks per SM (TESSERA_NA_MMA_FORWARD_BLOCKS: auto or 4).
+    // The mma forward's blocks per SM (TESSERA_NA_MMA_FORWARD_BLOCKS: 4, the default, or auto).
     const int blocks = ops::na_cuda_mma_forward_blocks();
     report.set("mma_forward_blocks", blocks == 0 ? std::string("auto") : std::to_string(blocks));
   }

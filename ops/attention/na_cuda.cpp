@@ -94,7 +94,7 @@ int na_cuda_mma_forward_blocks() {
     const char* value = std::getenv("TESSERA_NA_MMA_FORWARD_BLOCKS");
     int blocks = 0;
     check_arg(kernels::parse_na_mma_forward_blocks(value, blocks), "na",
-              "TESSERA_NA_MMA_FORWARD_BLOCKS={}: expected auto or 4", value ? value : "");
+              "TESSERA_NA_MMA_FORWARD_BLOCKS={}: expected 4 or auto", value ? value : "");
     return blocks;
   }();
   return chosen;

@@ -16,7 +16,7 @@ namespace tessera::ops::kernels {
 struct NaForwardArgs {
   const void *q = nullptr, *k = nullptr, *v = nullptr, *rpb = nullptr;
   void *o = nullptr, *lse = nullptr;
-  int mma_blocks = 0;  ///< the mma forward's blocks per SM (parse_na_mma_forward_blocks; 0: auto)
+  int mma_blocks = 4;  ///< the mma forward's blocks per SM (parse_na_mma_forward_blocks; 0: auto)
 };
 
 /// Operands of the backward: the forward's inputs, o (the fused kernel's delta' = go . o - glse;

@@ -218,16 +218,16 @@ TEST(NaCudaPlan, MmaBoxesFitInThirtyTwoBitsUnlessTheWindowsSpanBillionsOfItems) 
   EXPECT_TRUE(na_mma_boxes_fit(call_of(1, int64_t{1} << 29, 31, 1000000)));  // one axis: 62 M
 }
 
-TEST(NaCudaPlan, TheMmaForwardsBlocksPerSmAreAutoOrFour) {
+TEST(NaCudaPlan, TheMmaForwardsBlocksPerSmAreFourByDefaultOrAuto) {
   using ops::kernels::parse_na_mma_forward_blocks;
   int blocks = -1;
-  for (const char* value : {static_cast<const char*>(nullptr), "", "auto"}) {
+  for (const char* value : {static_cast<const char*>(nullptr), "", "4"}) {
     blocks = -1;
     EXPECT_TRUE(parse_na_mma_forward_blocks(value, blocks)) << (value ? value : "null");
-    EXPECT_EQ(blocks, 0);
+    EXPECT_EQ(blocks, 4);
   }
-  EXPECT_TRUE(parse_na_mma_forward_blocks("4", blocks));
-  EXPECT_EQ(blocks, 4);
+  EXPECT_TRUE(parse_na_mma_forward_blocks("auto", blocks));
+  EXPECT_EQ(blocks, 0);
   for (const char* bad : {"3", "5", "0", "four", "4 ", "AUTO"}) {
     blocks = -1;
     EXPECT_FALSE(parse_na_mma_forward_blocks(bad, blocks)) << bad;
