@@ -339,7 +339,8 @@ ops::NaForward run_emulated(const KernelCase& c, const emu::LaunchOptions& optio
 }
 
 /// run_emulated for a head dim of `dim`; `blocks` 4: the variant for 4 blocks per SM (Q's
-/// fragments re-read per n-tile, the default, TESSERA_NA_MMA_FORWARD_BLOCKS=4), which head dims 32 and 64 run.
+/// fragments re-read per n-tile; the default, TESSERA_NA_MMA_FORWARD_BLOCKS=4), which head dims
+/// 32 and 64 run.
 template <typename T>
 ops::NaForward run_emulated_dim(const KernelCase& c, int64_t dim, const emu::LaunchOptions& options,
                                 int blocks = 0) {
