@@ -6,9 +6,10 @@
 // rank r's output box that falls in input i's range [offset_i, offset_i + L_i); each rank then
 // joins its pieces in input order, which is exactly its output box. Split is the inverse with
 // no movement at all: part k on rank r is the part of r's box of x in part k's range (possibly
-// empty). A second mesh dim sharding the same tensor dim replicates instead. Kernels copy slices
-// (Tensor::copy_from: strided copies on cpu or cuda); the backward of each is the other's local
-// step.
+// empty). A second mesh dim sharding the same tensor dim replicates instead. concat's kernel
+// copies slices (one parallel loop over contiguous cpu pieces, else Tensor::copy_from's strided
+// copies on cpu or cuda); split's kernel and concat's backward return views of their input, no
+// copy, as torch.split and torch.cat's backward do; split's backward joins the gradients.
 #include "ops/concat/concat_op.hpp"
 
 #include <fmt/format.h>
@@ -149,12 +150,14 @@ Tensor join(const std::vector<Tensor>& pieces, int dim) {
   return out;
 }
 
-/// Consecutive pieces of `whole` along `dim` with `lengths`, each copied into a new tensor.
+/// Consecutive pieces of `whole` along `dim` with `lengths`, as views of its storage (no copy,
+/// as torch.cat's backward gives narrowed views of the gradient; consumers of a gradient read
+/// it through its strides, as they do permute's).
 std::vector<Tensor> cut(const Tensor& whole, int dim, const std::vector<int64_t>& lengths) {
   std::vector<Tensor> parts;
   int64_t offset = 0;
   for (int64_t length : lengths) {
-    parts.push_back(whole.slice(dim, offset, offset + length).clone());
+    parts.push_back(whole.slice(dim, offset, offset + length));
     offset += length;
   }
   return parts;
