@@ -143,6 +143,27 @@ void Tape::backward(const ShardTensor& loss, bool retain_graph) {
   backward(loss, ShardTensor(ones, loss.mesh(), layout), retain_graph);
 }
 
+namespace {
+
+/// The bytes from a tensor's first element to its last (strides are never negative here); empty
+/// for a tensor without elements or data.
+std::pair<const char*, const char*> byte_span(const Tensor& t) {
+  if (t.numel() == 0 || t.is_shape_only()) return {nullptr, nullptr};
+  int64_t last = 0;
+  for (int d = 0; d < t.ndim(); ++d) last += (t.shape()[d] - 1) * t.strides()[d];
+  const auto* first = static_cast<const char*>(t.raw_data());
+  return {first, first + (last + 1) * static_cast<int64_t>(t.element_size())};
+}
+
+/// Whether two tensors' spans of memory overlap (views of one buffer that may share elements).
+bool bytes_overlap(const Tensor& a, const Tensor& b) {
+  const auto [a_lo, a_hi] = byte_span(a);
+  const auto [b_lo, b_hi] = byte_span(b);
+  return a_lo != nullptr && b_lo != nullptr && a_lo < b_hi && b_lo < a_hi;
+}
+
+}  // namespace
+
 void Tape::backward(const ShardTensor& output, const ShardTensor& output_grad, bool retain_graph) {
   CommOpScope scope("backward");
   check_arg(!released_, "backward",
@@ -165,13 +186,21 @@ void Tape::backward(const ShardTensor& output, const ShardTensor& output_grad, b
   // Leaves whose gradient is final once the record at each index has run backward.
   std::map<size_t, std::vector<uint64_t>> final_after;
   for (const auto& [id, index] : first_use_) final_after[index].push_back(id);
+  // Backwards that pass the gradient through (add's, concat's, permute's) hand it out, or views
+  // of it, without a copy; a leaf's gradient is copied only where it would still share storage
+  // with the gradient the caller passed in, which the caller may reuse.
+  const Tensor& caller_grad = output_grad.to_local();
+  auto own = [&](const ShardTensor& grad) {
+    if (!bytes_overlap(grad.to_local(), caller_grad)) return grad;
+    return ShardTensor(grad.to_local().clone(), grad.mesh(), grad.spec());
+  };
   // Gives a leaf its gradient in its own layout (pending partial sums reduce here, once) and
   // runs its hooks.
   auto finalize = [&](uint64_t id) {
     auto it = pending.find(id);
     if (it == pending.end()) return;
     if (GradHook sink = sink_of(id)) {  // a reducer takes the unreduced gradient
-      const ShardTensor grad = it->second;
+      const ShardTensor grad = own(it->second);
       pending.erase(it);
       sink(grad);
       return;
@@ -179,7 +208,7 @@ void Tape::backward(const ShardTensor& output, const ShardTensor& output_grad, b
     const ShardTensor& leaf = leaves_.at(id);
     const ShardSpec layout = gradient_layout(leaf.spec(), "backward");
     ShardTensor grad =
-        it->second.spec() == layout ? it->second : it->second.redistribute_to(layout);
+        own(it->second.spec() == layout ? it->second : it->second.redistribute_to(layout));
     pending.erase(it);
     auto existing = grads_.find(id);
     if (existing == grads_.end())

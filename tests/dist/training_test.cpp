@@ -77,6 +77,47 @@ TEST(Training, RedistributeIsDifferentiableWithoutAnyOtherCall) {
   });
 }
 
+// Backwards that pass the gradient through (add's, concat's, permute's) hand it out, or views of
+// it, without a copy; the leaves' gradients still never share storage with the gradient passed
+// to backward, so overwriting that buffer afterwards changes none of them.
+TEST(Training, LeafGradientsNeverShareStorageWithTheGradientPassedToBackward) {
+  testing::run_world(1, [](std::shared_ptr<Comm> comm) {
+    DeviceMesh mesh(comm, {1});
+    const Tensor a_full = f64_values({1, 2, 3, 4, 5, 6}, {2, 3});
+    const Tensor b_full = f64_values({-1, -2, -3, -4, -5, -6}, {2, 3});
+    for (const std::string program : {"add", "concat", "permute"}) {
+      ShardTensor a = ShardTensor::distribute(a_full, mesh, {Placement::replicate()});
+      ShardTensor b = ShardTensor::distribute(b_full, mesh, {Placement::replicate()});
+      a.set_requires_grad();
+      b.set_requires_grad();
+      Tape tape;
+      const ShardTensor y = program == "add"      ? ops::add(a, b)
+                            : program == "concat" ? ops::concat({a, b}, 0)
+                                                  : ops::permute(a, {1, 0});
+      Tensor g = Tensor::empty(y.global_shape(), DType::f64);
+      for (int64_t i = 0; i < g.numel(); ++i) g.data<double>()[i] = double(10 + i);
+      const ShardTensor gy(g, mesh, y.spec());
+      tape.backward(y, gy);
+      // The gradients the pass-through backwards give, read before the buffer is overwritten.
+      std::vector<double> want_a, want_b;
+      if (program == "add") {
+        want_a = want_b = values_of(g);
+      } else if (program == "concat") {
+        want_a = values_of(g.slice(0, 0, 2).contiguous());
+        want_b = values_of(g.slice(0, 2, 4).contiguous());
+      } else {  // a[i][j] took y[j][i]
+        for (int64_t i = 0; i < 2; ++i)
+          for (int64_t j = 0; j < 3; ++j) want_a.push_back(g.data<double>()[j * 2 + i]);
+      }
+      g.fill(-1.0);
+      EXPECT_EQ(values_of(tape.grad(a)->to_local().contiguous()), want_a) << program;
+      if (program != "permute") {
+        EXPECT_EQ(values_of(tape.grad(b)->to_local().contiguous()), want_b) << program;
+      }
+    }
+  });
+}
+
 TEST(Training, NoGradRecordsNothing) {
   testing::run_world(1, [](std::shared_ptr<Comm> comm) {
     DeviceMesh mesh(comm, {1});
