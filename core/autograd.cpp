@@ -6,6 +6,7 @@
 #include <mutex>
 #include <set>
 #include <utility>
+#include <vector>
 
 #include "core/tensor_arith.hpp"
 #include "core/trace.hpp"
@@ -187,12 +188,20 @@ void Tape::backward(const ShardTensor& output, const ShardTensor& output_grad, b
   std::map<size_t, std::vector<uint64_t>> final_after;
   for (const auto& [id, index] : first_use_) final_after[index].push_back(id);
   // Backwards that pass the gradient through (add's, concat's, permute's) hand it out, or views
-  // of it, without a copy; a leaf's gradient is copied only where it would still share storage
-  // with the gradient the caller passed in, which the caller may reuse.
+  // of it, without a copy; a leaf's gradient is copied only where it would still share memory
+  // with the gradient the caller passed in, which the caller may reuse. Leaves handed the same
+  // view (both operands of an add) share one copy: gradients are never written in place.
   const Tensor& caller_grad = output_grad.to_local();
+  std::vector<std::pair<Tensor, Tensor>> copies;  // a view of the caller's gradient, its copy
   auto own = [&](const ShardTensor& grad) {
-    if (!bytes_overlap(grad.to_local(), caller_grad)) return grad;
-    return ShardTensor(grad.to_local().clone(), grad.mesh(), grad.spec());
+    const Tensor& local = grad.to_local();
+    if (!bytes_overlap(local, caller_grad)) return grad;
+    for (const auto& [view, copy] : copies)
+      if (view.raw_data() == local.raw_data() && view.dtype() == local.dtype() &&
+          view.shape() == local.shape() && view.strides() == local.strides())
+        return ShardTensor(copy, grad.mesh(), grad.spec());
+    copies.emplace_back(local, local.clone());
+    return ShardTensor(copies.back().second, grad.mesh(), grad.spec());
   };
   // Gives a leaf its gradient in its own layout (pending partial sums reduce here, once) and
   // runs its hooks.
