@@ -7,21 +7,17 @@
 // joins its pieces in input order, which is exactly its output box. Split is the inverse with
 // no movement at all: part k on rank r is the part of r's box of x in part k's range (possibly
 // empty). A second mesh dim sharding the same tensor dim replicates instead. concat's kernel
-// copies slices (one parallel loop over contiguous cpu pieces, else Tensor::copy_from's strided
-// copies on cpu or cuda); split's kernel and concat's backward return views of their input, no
-// copy, as torch.split and torch.cat's backward do; split's backward joins the gradients.
+// copies slices (Tensor::copy_from: strided copies on cpu or cuda, large ones on the compute
+// threads); split's kernel and concat's backward return views of their input, no copy, as
+// torch.split and torch.cat's backward do; split's backward joins the gradients.
 #include "ops/concat/concat_op.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstring>
-#include <functional>
 #include <numeric>
 
 #include "core/autograd.hpp"
-#include "core/compute_threads.hpp"
-#include "core/parallel_for.hpp"
 #include "ops/op_helpers.hpp"
 
 namespace tessera::ops {
@@ -75,72 +71,12 @@ ShardSpec with_dim(const ShardSpec& like, const Shape& shape, int m,
   return ShardSpec::make(shape, like.mesh_shape, like.placements, all);
 }
 
-/// Copies contiguous cpu `pieces` into `out` (contiguous) joined along `dim`. In the output's
-/// order the pieces' runs (one per index of the dims before `dim`, per piece) tile it end to end,
-/// so the output's bytes are split into blocks copied on the compute threads: one parallel loop
-/// for all pieces, each thread writing whole stretches of the output.
-void join_contiguous_cpu(Tensor& out, const std::vector<Tensor>& pieces, int dim) {
-  const Shape& shape = out.shape();
-  const int64_t outer = std::accumulate(shape.begin(), shape.begin() + dim, int64_t{1},
-                                        std::multiplies<>());
-  const int64_t inner = std::accumulate(shape.begin() + dim + 1, shape.end(), int64_t{1},
-                                        std::multiplies<>());
-  const auto element = static_cast<int64_t>(dtype_size(out.dtype()));
-  struct Run {
-    const char* source;
-    int64_t bytes;
-  };
-  std::vector<Run> runs;  // in the output's order
-  std::vector<int64_t> ends;  // the output byte each run ends at
-  runs.reserve(static_cast<size_t>(outer) * pieces.size());
-  ends.reserve(runs.capacity());
-  int64_t total = 0;
-  for (int64_t o = 0; o < outer; ++o)
-    for (const Tensor& piece : pieces) {
-      const int64_t bytes = piece.shape()[dim] * inner * element;
-      if (bytes == 0) continue;
-      runs.push_back({static_cast<const char*>(piece.raw_data()) + o * bytes, bytes});
-      total += bytes;
-      ends.push_back(total);
-    }
-  char* target = static_cast<char*>(out.raw_data());
-  // Output bytes [lo, hi) from the runs that cover them.
-  const auto copy_bytes = [&](int64_t lo, int64_t hi) {
-    size_t r = static_cast<size_t>(std::upper_bound(ends.begin(), ends.end(), lo) - ends.begin());
-    while (lo < hi) {
-      const int64_t run_start = ends[r] - runs[r].bytes;
-      const int64_t n = std::min(hi, ends[r]) - lo;
-      std::memcpy(target + lo, runs[r].source + (lo - run_start), static_cast<size_t>(n));
-      lo += n;
-      ++r;
-    }
-  };
-  constexpr int64_t kBlock = int64_t{256} << 10;
-  const int threads = compute_threads();
-  if (threads <= 1 || total < (int64_t{1} << 20)) {
-    copy_bytes(0, total);
-    return;
-  }
-  parallel_for((total + kBlock - 1) / kBlock, threads, [&](int64_t begin, int64_t end, int) {
-    copy_bytes(begin * kBlock, std::min(end * kBlock, total));
-  });
-}
-
 /// The pieces joined along `dim` into one new tensor on their device.
 Tensor join(const std::vector<Tensor>& pieces, int dim) {
   Shape shape = pieces[0].shape();
   shape[dim] = 0;
   for (const Tensor& piece : pieces) shape[dim] += piece.shape()[dim];
   Tensor out = Tensor::empty(shape, pieces[0].dtype(), pieces[0].device());
-  const bool contiguous_cpu =
-      out.device().is_cpu() && !out.is_shape_only() &&
-      std::all_of(pieces.begin(), pieces.end(), [](const Tensor& piece) {
-        return piece.is_contiguous() && !piece.is_shape_only();
-      });
-  if (contiguous_cpu) {
-    if (out.numel() > 0) join_contiguous_cpu(out, pieces, dim);
-    return out;
-  }
   int64_t offset = 0;
   for (const Tensor& piece : pieces) {
     const int64_t length = piece.shape()[dim];

@@ -1,10 +1,10 @@
 // The cuDNN convolution through cuDNN's graph (backend) API, the default (conv_cudnn.cpp calls
-// it instead of the legacy calls unless TESSERA_CUDNN_API=legacy). A conv is one operation graph; the
-// engine configurations cuDNN's heuristics list for it (modes A and fallback) are filtered by
-// the conv's numerical contract (cudnn_engine_allowed), built into execution plans, timed on the
-// operands once per key and process (one measurement at a time), and the fastest that fits the
-// workspace limit and the determinism rule (choose_algorithm) is kept. Plans hold the cuDNN
-// handle they were built with, so each thread builds its own from the process-wide choice.
+// it instead of the legacy calls unless TESSERA_CUDNN_API=legacy). A conv is one operation
+// graph; the engine configurations cuDNN's heuristics list for it (modes A and fallback) are
+// filtered by the conv's numerical contract (cudnn_engine_allowed), built into execution plans,
+// timed on the operands once per key and process (one measurement at a time), and the fastest that
+// fits the workspace limit and the determinism rule (choose_algorithm) is kept. Plans hold the
+// cuDNN handle they were built with, so each thread builds its own from the process-wide choice.
 #pragma once
 
 #include <cstddef>

@@ -77,23 +77,31 @@ int64_t chunks_of(const NormGeometry& g) {
 #define TESSERA_NORM_TARGET_V3
 #endif
 
-/// The sum of the lanes in a fixed order: lane l + lane l + 8, then the halves of that folded
-/// onto each other (4, 2, 1). In vector registers: an array folded through memory stalls on
-/// narrower loads of a wider store, which on rows of a few elements costs more than the sums.
-TESSERA_NORM_INLINE double fold(const double* lanes) {
-  static_assert(kLanes == 16);
-  using V8 = double __attribute__((vector_size(64)));
+/// Eight f64 lanes in a vector register (two halves of 256 bits with AVX2).
+using Lanes8 = double __attribute__((vector_size(64)));
+
+/// The sum of 16 lanes, 0-7 in `low` and 8-15 in `high`, in a fixed order: lane l + lane l + 8,
+/// then the halves of that folded onto each other (4, 2, 1). In vector registers: an array folded
+/// through memory stalls on narrower loads of a wider store, which on rows of a few elements
+/// costs more than the sums.
+TESSERA_NORM_INLINE double fold(const Lanes8& low, const Lanes8& high) {
   using V4 = double __attribute__((vector_size(32)));
   using V2 = double __attribute__((vector_size(16)));
-  V8 low, high;
-  std::memcpy(&low, lanes, sizeof low);
-  std::memcpy(&high, lanes + 8, sizeof high);
-  const V8 eight = low + high;
+  const Lanes8 eight = low + high;
   const V4 four = __builtin_shufflevector(eight, eight, 0, 1, 2, 3) +
                   __builtin_shufflevector(eight, eight, 4, 5, 6, 7);
   const V2 two =
       __builtin_shufflevector(four, four, 0, 1) + __builtin_shufflevector(four, four, 2, 3);
   return two[0] + two[1];
+}
+
+/// fold of the kLanes lanes of an array.
+TESSERA_NORM_INLINE double fold(const double* lanes) {
+  static_assert(kLanes == 16);
+  Lanes8 low, high;
+  std::memcpy(&low, lanes, sizeof low);
+  std::memcpy(&high, lanes + 8, sizeof high);
+  return fold(low, high);
 }
 
 /// mean and M2 of the n elements at p (two passes, f64 lanes).
@@ -119,9 +127,6 @@ TESSERA_NORM_INLINE void chunk_moments(const T* p, int64_t n, double& mean, doub
   }
   m2 = fold(lanes) + tail;
 }
-
-/// Eight f64 lanes in a vector register (two halves of 256 bits with AVX2).
-using Lanes8 = double __attribute__((vector_size(64)));
 
 /// Elements 0..7 of p widened to f64 lanes (through a reference: a 512-bit vector returned by
 /// value has an ABI of its own).
@@ -184,13 +189,8 @@ TESSERA_NORM_INLINE void chunk_sums(const T* p, const T* d, const double* w, int
     ta += g;
     tb += g * ((widen(p[i]) - mean) * rstd);
   }
-  double a[kLanes], b[kLanes];
-  std::memcpy(a, &a0, sizeof a0);
-  std::memcpy(a + 8, &a1, sizeof a1);
-  std::memcpy(b, &b0, sizeof b0);
-  std::memcpy(b + 8, &b1, sizeof b1);
-  first = fold(a) + ta;
-  second = fold(b) + tb;
+  first = fold(a0, a1) + ta;
+  second = fold(b0, b1) + tb;
 }
 
 /// q = (p - mean) * scale + shift, or with per-element w, b (either may be null):

@@ -315,27 +315,27 @@ void register_binary(const BinaryMath& math, const std::string& name, int64_t de
       if (al.broadcast)
         grad_other_local =
             reduce_to_operand_cuda(grad_other_local, other.global_shape(), box, al.offset, stream);
-    } else if ((name == "add" || name == "bias_add") && !al.broadcast &&
+    } else if ((name == "add" || name == "bias_add") &&
                g.to_local().dtype() == other.to_local().dtype() &&
-               g.to_local().dtype() == lead_local.dtype()) {
-      // Both gradients of a sum are g itself, shared as torch's add shares it (gradients are
-      // never written in place: the tape and the parameters accumulate into new tensors).
+               g.to_local().dtype() == lead_local.dtype() &&
+               (!al.broadcast || g.to_local().dtype() == DType::f32 ||
+                g.to_local().dtype() == DType::f64)) {
+      // Both gradients of a sum are g. The lead's is g itself, shared as torch's add shares it
+      // (gradients are never written in place: the tape and the parameters accumulate into new
+      // tensors), and so is the other's when it has g's shape; a broadcast operand's is g summed
+      // onto its shape straight from g (the values of the general path below, without writing
+      // and reading back a full-size copy for the summation).
       grad_lead = g.to_local();
-      grad_other_local = g.to_local();
-    } else if ((name == "add" || name == "bias_add") && al.broadcast &&
-               (g.to_local().dtype() == DType::f32 || g.to_local().dtype() == DType::f64) &&
-               g.to_local().dtype() == other.to_local().dtype() &&
-               g.to_local().dtype() == lead_local.dtype()) {
-      // Both gradients of a sum are g: the lead's is g itself (shared, as above), the broadcast
-      // operand's is g summed onto its shape straight from g (the values of the general path
-      // below, without writing and reading back a full-size copy for the summation).
-      const Shape& other_shape = other.global_shape();
-      const OperandView sums_view =
-          broadcast_operand_view(other_shape, contiguous_strides(other_shape), box.lo, al.offset);
-      grad_lead = g.to_local();
-      std::optional<Tensor> summed = reduce_to_view_cpu(g.to_local(), other_shape, sums_view);
-      grad_other_local =
-          summed ? *summed : reduce_to_operand(g.to_local(), other_shape, box, al.offset);
+      if (!al.broadcast) {
+        grad_other_local = g.to_local();
+      } else {
+        const Shape& other_shape = other.global_shape();
+        const OperandView sums_view =
+            broadcast_operand_view(other_shape, contiguous_strides(other_shape), box.lo, al.offset);
+        std::optional<Tensor> summed = reduce_to_view_cpu(g.to_local(), other_shape, sums_view);
+        grad_other_local =
+            summed ? *summed : reduce_to_operand(g.to_local(), other_shape, box, al.offset);
+      }
     } else if (std::optional<std::pair<Tensor, Tensor>> fused = binary_backward_cpu(
                    name, lead_local, other.to_local(),
                    operand_view(lead_local, other.to_local(), al.broadcast, box, al.offset, name),

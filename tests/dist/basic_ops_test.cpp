@@ -587,10 +587,9 @@ TEST(TensorCopy, LargeStridedCopiesOnSeveralThreadsEqualTheElementwiseCopy) {
   set_compute_threads(before);
 }
 
-// concat of large contiguous pieces: their bytes are copied in blocks on the compute threads, a
-// block often spanning the end of one piece's run and the start of the next (uneven pieces, one
-// empty); every element lands where an element-by-element join puts it, on 1, 2 and 3 threads
-// and along every dim, in f64 and in f32 (another element size).
+// concat of large pieces, each copied into its slice of the output on the compute threads
+// (uneven pieces, one empty): every element lands where an element-by-element join puts it, on
+// 1, 2 and 3 threads and along every dim, in f64 and in f32 (another element size).
 TEST(BasicOps, ConcatOfLargePiecesOnSeveralThreadsEqualsTheElementwiseJoin) {
   testing::run_world(1, [](std::shared_ptr<Comm> comm) {
     DeviceMesh mesh(comm, {1});
