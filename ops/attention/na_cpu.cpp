@@ -1263,6 +1263,105 @@ TESSERA_NA_INLINE void lane_values_pair(const float* const* v_rows, const uint8_
   }
 }
 
+/// One term of lane_values_strip: lane I of both halves (the queries of lane I in the pass's two
+/// rows) takes strip key J + offset, its key O = J - I, where that is in its window.
+template <int K, int M, int J, int I>
+TESSERA_NA_INLINE void strip_term(Vec<float, 2 * kLaneWidth> (&acc)[2][kLaneQueries],
+                                  const float* __restrict w, const Vec<float, 2 * kLaneWidth>& v) {
+  constexpr int O = J - I, L = 2 * kLaneQueries;
+  if constexpr (O >= 0 && O < K) {
+    if constexpr ((M & 1) != 0) acc[0][I] += w[O * L + I] * v;
+    if constexpr ((M & 2) != 0) acc[1][I] += w[O * L + kLaneQueries + I] * v;
+  }
+}
+
+template <int K, int M, int J, int... I>
+TESSERA_NA_INLINE void strip_key(Vec<float, 2 * kLaneWidth> (&acc)[2][kLaneQueries],
+                                 const float*& v, int64_t stride, const float* __restrict w,
+                                 std::integer_sequence<int, I...>) {
+  Vec<float, 2 * kLaneWidth> value = load<2 * kLaneWidth>(v);
+  // In a register: the compiler would otherwise load it again as each sum's operand.
+  __asm__("" : "+v"(value));
+  v += stride;
+  (strip_term<K, M, J, I>(acc, w, value), ...);
+}
+
+template <int K, int M, int... J>
+TESSERA_NA_INLINE void strip_keys(Vec<float, 2 * kLaneWidth> (&acc)[2][kLaneQueries],
+                                  const float* v, int64_t stride, const float* w,
+                                  std::integer_sequence<int, J...>) {
+  (strip_key<K, M, J>(acc, v, stride, w, std::make_integer_sequence<int, kLaneQueries>{}), ...);
+}
+
+/// p.v of a whole 16-lane tile (two query rows, one strip) for register g of D, where every
+/// lane's window on the innermost axis is its K keys from i + offset of the strip (a uniform
+/// strip: away from the axis' ends, not causal on it). Key J + offset of a key row is in the
+/// windows of lanes J - K + 1 .. J of both halves, so each v register is loaded once and serves
+/// up to 2K sums from registers (the 16 lanes' sums of register g stay in 16 registers), the
+/// weights broadcast from the logits: the same products as lane_values_pair, each v register read
+/// once instead of once per lane, and a key row's v read once per register of D. Sums taken in
+/// the same order as lane_values_pair's (key row by key row, keys in order), so the results are
+/// the same bits. member, weights (the logits of the key rows, `weight_rows` floats apart),
+/// out and factor as lane_values_pair's, for the 8 lanes (out[1][i] null: the first half only).
+// Compiled apart from forward_lanes (only its AVX-512 body runs it): inlined there, the 16 sums
+// competed with the pass's live registers and half of them went to the stack.
+template <int Dim, int K>
+[[gnu::noinline]] TESSERA_TARGET_V4 void lane_values_strip(
+    const float* const* v_rows, const uint8_t* member, int64_t key_rows, int64_t head_offset,
+    int offset, int g, const float* weights, int64_t weight_rows, float* const (*out)[kLaneQueries],
+    const Vec<float, 2 * kLaneWidth>& factor) {
+  constexpr int W = 2 * kLaneWidth, L = kLanes<float, W>, Q = kLaneQueries;
+  using V = Vec<float, W>;
+  static_assert(Dim % L == 0, "lane forward: D must be whole registers");
+  constexpr auto keys = std::make_integer_sequence<int, K + Q - 1>{};
+  // Every index of acc a constant (the loops unrolled), so that its 16 sums live in registers.
+  V acc[2][Q];
+#pragma GCC unroll 2
+  for (int hf = 0; hf < 2; ++hf)
+#pragma GCC unroll 8
+    for (int i = 0; i < Q; ++i) acc[hf][i] = V{};
+  for (int64_t kr = 0; kr < key_rows; ++kr) {
+    const float* v = v_rows[kr] + head_offset + offset * Dim + g * L;
+    const float* w = weights + kr * weight_rows;
+    if (member[kr] == 3)
+      strip_keys<K, 3>(acc, v, Dim, w, keys);
+    else if (member[kr] == 1)
+      strip_keys<K, 1>(acc, v, Dim, w, keys);
+    else
+      strip_keys<K, 2>(acc, v, Dim, w, keys);
+  }
+#pragma GCC unroll 2
+  for (int hf = 0; hf < 2; ++hf)
+#pragma GCC unroll 8
+    for (int i = 0; i < Q; ++i)
+      if (out[hf][i]) store<W>(out[hf][i] + g * L, acc[hf][i] * factor[hf * Q + i]);
+}
+
+/// The most keys a window may have on the innermost axis for lane_values_strip.
+constexpr int kStripMaxKeys = 16;
+
+/// lane_values_strip with K = n <= Max a compile-time constant (false for n > Max: the caller
+/// runs lane_values_pair).
+template <int Dim, int Max = kStripMaxKeys>
+TESSERA_NA_INLINE bool lane_values_strip_for(int n, const float* const* v_rows,
+                                             const uint8_t* member, int64_t key_rows,
+                                             int64_t head_offset, int offset, int g,
+                                             const float* weights, int64_t weight_rows,
+                                             float* const (*out)[kLaneQueries],
+                                             const Vec<float, 2 * kLaneWidth>& factor) {
+  if constexpr (Max >= 1) {
+    if (n == Max) {
+      lane_values_strip<Dim, Max>(v_rows, member, key_rows, head_offset, offset, g, weights,
+                                  weight_rows, out, factor);
+      return true;
+    }
+    return lane_values_strip_for<Dim, Max - 1>(n, v_rows, member, key_rows, head_offset, offset, g,
+                                               weights, weight_rows, out, factor);
+  } else {
+    return false;
+  }
+}
+
 /// p.v of the queries of a lane tile key row by key row, for windows whose v does not fit the L1
 /// for one query: per key row, each query's sums (D, kept in sums[i]) take that row's keys of
 /// its window, so a key row's v slot (the strip's keys) stays in the L1 across the queries.
@@ -1458,6 +1557,11 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
     const int64_t jn = strip.keys, on = strip.outputs, x0 = strip.first_key - p.tile_offset[2];
     const int64_t used = strip.columns(), key_step = p.dilation[2] * row;
     std::fill(tags.begin(), tags.end(), -1);
+    // Every lane a query whose window holds its keys i + offset .. i + offset + outputs - 1 of
+    // the strip (away from the axis' ends, not causal on it): p.v by lane_values_strip.
+    bool uniform = P == 2 && strip.queries == Q && on <= kStripMaxKeys;
+    for (int i = 0; i < Q && uniform; ++i)
+      uniform = strip.start[i] - i == strip.offset && strip.count[i] == on;
     // Lane masks: logit o of lane i is its key i + offset + o of the strip, in its window when
     // start[i] <= i + offset + o < start[i] + count[i] (0 there, -inf elsewhere; lanes past the
     // tile's queries are left unmasked); the same in both halves.
@@ -1637,13 +1741,28 @@ TESSERA_NA_INLINE void forward_lanes(const ForwardJob<float>& job, const LanePla
             job.lse[query_head] = best[hf * Q + i] + vm::log_f32(sum[hf * Q + i]);
           }
         if constexpr (P == 2) {
-          for (int i = 0; i < strip.queries; ++i) {
-            fetch.issue(per_fetch);
-            float* pair_outs[2] = {outs[0][i], rows == 2 ? outs[1][i] : nullptr};
-            const float factors[2] = {inverse[i], inverse[Q + i]};
-            lane_values_pair<Dim>(v_rows.data(), holds.data(), key_rows, h * jcap * Dim,
-                                  strip.start[i], strip.count[i], weights[i], ocap * L, pair_outs,
-                                  factors);
+          if (uniform) {
+            // Each v register of a key row loaded once for the whole tile (lane_values_strip).
+            float* strip_outs[2][Q];
+            for (int i = 0; i < Q; ++i) {
+              strip_outs[0][i] = outs[0][i];
+              strip_outs[1][i] = rows == 2 ? outs[1][i] : nullptr;
+            }
+            for (int g = 0; g < Dim / L; ++g) {
+              fetch.issue((per_fetch * Q * L + Dim - 1) / Dim);
+              lane_values_strip_for<Dim>(static_cast<int>(on), v_rows.data(), holds.data(),
+                                         key_rows, h * jcap * Dim, strip.offset, g, logits,
+                                         ocap * L, strip_outs, inverse);
+            }
+          } else {
+            for (int i = 0; i < strip.queries; ++i) {
+              fetch.issue(per_fetch);
+              float* pair_outs[2] = {outs[0][i], rows == 2 ? outs[1][i] : nullptr};
+              const float factors[2] = {inverse[i], inverse[Q + i]};
+              lane_values_pair<Dim>(v_rows.data(), holds.data(), key_rows, h * jcap * Dim,
+                                    strip.start[i], strip.count[i], weights[i], ocap * L, pair_outs,
+                                    factors);
+            }
           }
         } else if (by_rows) {
           fetch.issue(per_fetch * strip.queries);
