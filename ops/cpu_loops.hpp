@@ -47,13 +47,30 @@ void run_with_isa(const Body& body, int64_t lo, int64_t hi) {
   loops_detail::run_generic(body, lo, hi);
 }
 
-/// body(lo, hi) over chunks of `chunk` indices covering [0, count), on the compute threads.
+/// body(lo, hi) for a loop bound by memory traffic (a few operations per element it reads or
+/// writes): the x86-64-v3 body (256-bit vectors) also where AVX-512 exists. Such loops of
+/// 512-bit loads and stores ran slower than 256-bit ones on the Zen 4 and Intel machines measured
+/// (docs/benchmarks.md, "256-bit vectors for the streaming loops"); bodies with many operations
+/// per element (exp, erf, the norms' sums) keep the AVX-512 body.
 template <typename Body>
+void run_streaming(const Body& body, int64_t lo, int64_t hi) {
+#if TESSERA_MULTI_ISA
+  if (cpu_isa_level() >= 3) return loops_detail::run_v3(body, lo, hi);
+#endif
+  loops_detail::run_generic(body, lo, hi);
+}
+
+/// body(lo, hi) over chunks of `chunk` indices covering [0, count), on the compute threads;
+/// through run_streaming where Streaming, run_with_isa otherwise.
+template <bool Streaming = false, typename Body>
 void parallel_ranges(int64_t count, const Body& body, int64_t chunk = int64_t{1} << 15) {
   if (count <= 0) return;
   const int64_t chunks = (count + chunk - 1) / chunk;
   parallel_for(chunks, compute_threads(), [&](int64_t begin, int64_t end, int) {
-    run_with_isa(body, begin * chunk, std::min(count, end * chunk));
+    if constexpr (Streaming)
+      run_streaming(body, begin * chunk, std::min(count, end * chunk));
+    else
+      run_with_isa(body, begin * chunk, std::min(count, end * chunk));
   });
 }
 

@@ -203,6 +203,23 @@ struct Clamp {
 template <template <typename> class Op>
 struct UnaryTag {};
 
+/// Ops of one or two operations per element, whose loops are bound by memory traffic: they run
+/// with 256-bit vectors (parallel_ranges<true>, see cpu_loops.hpp).
+template <template <typename> class Op>
+constexpr bool kStreaming = false;
+template <>
+constexpr bool kStreaming<Relu> = true;
+template <>
+constexpr bool kStreaming<Scale> = true;
+template <>
+constexpr bool kStreaming<LeakyRelu> = true;
+template <>
+constexpr bool kStreaming<Neg> = true;
+template <>
+constexpr bool kStreaming<Abs> = true;
+template <>
+constexpr bool kStreaming<Clamp> = true;
+
 /// Calls fn(UnaryTag<Op>{}) for the functor of unary op `name`; false when there is none.
 template <typename Fn>
 bool visit_unary(const std::string& name, Fn&& fn) {
@@ -331,6 +348,17 @@ struct Minimum {
 template <template <typename> class Op>
 struct BinaryTag {};
 
+template <>
+constexpr bool kStreaming<Add> = true;
+template <>
+constexpr bool kStreaming<Sub> = true;
+template <>
+constexpr bool kStreaming<Mul> = true;
+template <>
+constexpr bool kStreaming<Maximum> = true;
+template <>
+constexpr bool kStreaming<Minimum> = true;
+
 template <typename Fn>
 bool visit_binary(const std::string& name, Fn&& fn) {
   if (name == "add" || name == "bias_add") return fn(BinaryTag<Add>{}), true;
@@ -400,10 +428,11 @@ std::optional<Tensor> unary_forward_cpu(const std::string& name, const Tensor& x
       const T* in = source.data<T>();
       T* y = out.data<T>();
       const Op<T> op{static_cast<T>(a), static_cast<T>(b)};
-      parallel_ranges(source.numel(), [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
-        const Op<T> f = op;  // a local copy: stores through y cannot change its parameters
-        for (int64_t i = lo; i < hi; ++i) y[i] = f.forward(in[i]);
-      });
+      parallel_ranges<kStreaming<Op>>(
+          source.numel(), [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
+            const Op<T> f = op;  // a local copy: stores through y cannot change its parameters
+            for (int64_t i = lo; i < hi; ++i) y[i] = f.forward(in[i]);
+          });
       result = out;
     });
   });
@@ -422,10 +451,11 @@ std::optional<Tensor> unary_backward_cpu(const std::string& name, const Tensor& 
       const T* gv = grads.data<T>();
       T* dx = out.data<T>();
       const Op<T> op{static_cast<T>(a), static_cast<T>(b)};
-      parallel_ranges(values.numel(), [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
-        const Op<T> f = op;  // a local copy: stores through dx cannot change its parameters
-        for (int64_t i = lo; i < hi; ++i) dx[i] = f.backward(in[i], gv[i]);
-      });
+      parallel_ranges<kStreaming<Op>>(
+          values.numel(), [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
+            const Op<T> f = op;  // a local copy: stores through dx cannot change its parameters
+            for (int64_t i = lo; i < hi; ++i) dx[i] = f.backward(in[i], gv[i]);
+          });
       result = out;
     });
   });
@@ -471,8 +501,9 @@ std::optional<Tensor> binary_forward_cpu(const std::string& name, const Tensor& 
             o[j] = swapped ? op.forward(y[j * stride], x[j]) : op.forward(x[j], y[j * stride]);
         }
       };
-      parallel_ranges(layout.count, [&](int64_t lo, int64_t hi)
-                                        TESSERA_LOOP_BODY { for_rows(layout, lo, hi, row); });
+      parallel_ranges<kStreaming<Op>>(layout.count, [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
+        for_rows(layout, lo, hi, row);
+      });
       result = out;
     });
   });
@@ -530,8 +561,9 @@ std::optional<std::pair<Tensor, Tensor>> binary_backward_cpu(const std::string& 
                          }
                        }
                      };
-      parallel_ranges(layout.count, [&](int64_t lo, int64_t hi)
-                                        TESSERA_LOOP_BODY { for_rows(layout, lo, hi, row); });
+      parallel_ranges<kStreaming<Op>>(layout.count, [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
+        for_rows(layout, lo, hi, row);
+      });
       result = std::make_pair(d_lead, d_other);
     });
   });
@@ -583,7 +615,7 @@ std::optional<Tensor> select_typed_cpu(const Tensor& cond, const Tensor& a, cons
     const T* x = left.data<T>();
     const T* y = right.data<T>();
     T* o = out.data<T>();
-    parallel_ranges(out.numel(), [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
+    parallel_ranges<true>(out.numel(), [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
       for (int64_t i = lo; i < hi; ++i) o[i] = m[i] != 0 ? x[i] : y[i];
     });
     result = out;
