@@ -26,8 +26,10 @@
 #include "core/estimate/estimate_mode.hpp"
 #include "core/estimate/real_data.hpp"
 #include "core/parallel_for.hpp"
+#include "ops/cpu_loops.hpp"
 #include "ops/op_costs.hpp"
 #include "ops/op_helpers.hpp"
+#include "ops/pointwise/vector_math.hpp"
 #include "ops/ring_attention/attention_cuda.hpp"
 #include "ops/ring_attention/zigzag_plan.hpp"
 
@@ -301,12 +303,225 @@ void for_visible_keys(const Attrs& a, int64_t gi, const std::vector<SequenceSegm
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// f32 block kernels: for f32 inputs the O(queries x keys) work of a (batch, head) pair against
+// the held block runs in f32, vectorised over keys and D for the instruction set cpu_isa_level()
+// picks (run_with_isa: the bodies below are compiled for AVX-512, AVX2 and the baseline), as
+// PyTorch computes f32 attention in f32. The block's k and v are copied once per pair and step
+// into f32 tiles (k and, for the backward, v transposed: [D][key], so that a query's scores are
+// one multiply-add per D over a contiguous run of keys); per query row the scores of the visible
+// keys, their maximum, exp (vm::exp_f32) and sum, and p.v or the gradient products follow as
+// loops over keys or D. What crosses blocks stays in f64 as in the f64 path: each row's running
+// maximum, sum and output (forward), dq and the travelling dk, dv (backward, summed per pair and
+// block in f32 first).
+
+/// The held block of one (batch, head) pair in f32: k [key][D] and transposed [D][stride], v
+/// [key][Dv] and (backward) transposed [Dv][stride]; stride >= keys, a multiple of 16.
+struct PairTiles {
+  int64_t keys = 0, stride = 0;
+  std::vector<float> k, kt, v, vt;
+};
+
+void fill_tiles(const Dims& n, int64_t sk, int64_t bb, int64_t hh, const std::vector<double>& k,
+                const std::vector<double>& v, bool transposed_v, PairTiles& t) {
+  t.keys = sk;
+  t.stride = (sk + 15) / 16 * 16;
+  t.k.resize(static_cast<size_t>(sk * n.d));
+  t.kt.assign(static_cast<size_t>(n.d * t.stride), 0.0f);
+  t.v.resize(static_cast<size_t>(sk * n.dv));
+  if (transposed_v) t.vt.assign(static_cast<size_t>(n.dv * t.stride), 0.0f);
+  for (int64_t j = 0; j < sk; ++j) {
+    const double* kj = k.data() + ((bb * sk + j) * n.h + hh) * n.d;
+    const double* vj = v.data() + ((bb * sk + j) * n.h + hh) * n.dv;
+    for (int64_t e = 0; e < n.d; ++e) {
+      t.k[j * n.d + e] = static_cast<float>(kj[e]);
+      t.kt[e * t.stride + j] = static_cast<float>(kj[e]);
+    }
+    for (int64_t e = 0; e < n.dv; ++e) {
+      t.v[j * n.dv + e] = static_cast<float>(vj[e]);
+      if (transposed_v) t.vt[e * t.stride + j] = static_cast<float>(vj[e]);
+    }
+  }
+}
+
+/// The keys of the held block the query at global index gi sees: per key segment a prefix,
+/// as (first local key, count) into `first`/`count`; returns how many ranges.
+int visible_ranges(const Attrs& a, int64_t gi, const std::vector<SequenceSegment>& keys,
+                   int64_t* first, int64_t* count) {
+  int ranges = 0;
+  int64_t at = 0;
+  for (const SequenceSegment& segment : keys) {
+    const int64_t seen = visible_keys(a.causal, gi, segment);
+    if (seen > 0) {
+      first[ranges] = at;
+      count[ranges++] = seen;
+    }
+    at += segment.extent;
+  }
+  return ranges;
+}
+
+/// out[j] = sum_e row[e] * t[e * stride + j] for j in [lo, hi): a row against keys (or values)
+/// transposed.
+TESSERA_LOOP_BODY inline void row_products(const float* row, int64_t dims, const float* t,
+                                           int64_t stride, int64_t lo, int64_t hi, float* out) {
+  for (int64_t j = lo; j < hi; ++j) out[j] = 0.0f;
+  for (int64_t e = 0; e < dims; ++e) {
+    const float x = row[e];
+    const float* te = t + e * stride;
+    for (int64_t j = lo; j < hi; ++j) out[j] += x * te[j];
+  }
+}
+
+/// The largest of values[lo, hi) (-inf when empty), in 16 independent lanes.
+TESSERA_LOOP_BODY inline float max_of(const float* values, int64_t lo, int64_t hi) {
+  float lanes[16];
+  for (float& l : lanes) l = -std::numeric_limits<float>::infinity();
+  int64_t j = lo;
+  for (; j + 16 <= hi; j += 16)
+    for (int l = 0; l < 16; ++l) lanes[l] = values[j + l] > lanes[l] ? values[j + l] : lanes[l];
+  for (; j < hi; ++j) lanes[0] = values[j] > lanes[0] ? values[j] : lanes[0];
+  float best = lanes[0];
+  for (int l = 1; l < 16; ++l) best = lanes[l] > best ? lanes[l] : best;
+  return best;
+}
+
+/// values[j] = exp(values[j] - shift) for j in [lo, hi); returns their sum (16 lanes, then f64).
+TESSERA_LOOP_BODY inline double exp_sum(float* values, int64_t lo, int64_t hi, float shift) {
+  float lanes[16] = {};
+  int64_t j = lo;
+  for (; j + 16 <= hi; j += 16)
+    for (int l = 0; l < 16; ++l) {
+      const float p = vm::exp_f32(values[j + l] - shift);
+      values[j + l] = p;
+      lanes[l] += p;
+    }
+  double sum = 0;
+  for (; j < hi; ++j) {
+    values[j] = vm::exp_f32(values[j] - shift);
+    sum += values[j];
+  }
+  for (const float l : lanes) sum += l;
+  return sum;
+}
+
+/// acc[e] += sum_j w[j] * rows[j * dims + e] for j in [lo, hi), e < dims.
+TESSERA_LOOP_BODY inline void weighted_rows(const float* w, const float* rows, int64_t dims,
+                                            int64_t lo, int64_t hi, float* acc) {
+  for (int64_t j = lo; j < hi; ++j) {
+    const float x = w[j];
+    const float* r = rows + j * dims;
+    for (int64_t e = 0; e < dims; ++e) acc[e] += x * r[e];
+  }
+}
+
+/// The f32 forward of pair (bb, hh) against the held block: updates the rows' running maximum
+/// `peak`, sum `total` and output `acc` (f64) as ring_forward's f64 loop does.
+void forward_pair_f32(const Attrs& a, const Ring& ring, const Dims& n,
+                      const std::vector<SequenceSegment>& keys, const std::vector<double>& q,
+                      const PairTiles& t, int64_t bb, int64_t hh, std::vector<double>& peak,
+                      std::vector<double>& total, std::vector<double>& acc) {
+  std::vector<float> qf(static_cast<size_t>(n.d)), scores(static_cast<size_t>(t.stride)),
+      out(static_cast<size_t>(n.dv));
+  std::vector<int64_t> first(keys.size()), count(keys.size());
+  const auto body = [&](int64_t, int64_t) TESSERA_LOOP_BODY {
+    int64_t i = 0;
+    for (const SequenceSegment& segment : ring.own_queries())
+      for (int64_t gi = segment.offset; gi < segment.offset + segment.extent; ++gi, ++i) {
+        const int ranges = visible_ranges(a, gi, keys, first.data(), count.data());
+        if (ranges == 0) continue;
+        const int64_t row = (bb * n.sq + i) * n.h + hh;
+        for (int64_t e = 0; e < n.d; ++e) qf[e] = static_cast<float>(a.scale * q[row * n.d + e]);
+        float block_max = -std::numeric_limits<float>::infinity();
+        for (int r = 0; r < ranges; ++r) {
+          row_products(qf.data(), n.d, t.kt.data(), t.stride, first[r], first[r] + count[r],
+                       scores.data());
+          block_max = std::max(block_max, max_of(scores.data(), first[r], first[r] + count[r]));
+        }
+        if (block_max == -std::numeric_limits<float>::infinity()) continue;
+        const double updated = std::max(peak[row], static_cast<double>(block_max));
+        const double carry = std::exp(peak[row] - updated);  // 0 for the first block
+        double sum = 0;
+        std::fill(out.begin(), out.end(), 0.0f);
+        for (int r = 0; r < ranges; ++r) {
+          sum += exp_sum(scores.data(), first[r], first[r] + count[r], static_cast<float>(updated));
+          weighted_rows(scores.data(), t.v.data(), n.dv, first[r], first[r] + count[r], out.data());
+        }
+        double* o = acc.data() + row * n.dv;
+        for (int64_t e = 0; e < n.dv; ++e) o[e] = o[e] * carry + out[e];
+        total[row] = total[row] * carry + sum;
+        peak[row] = updated;
+      }
+  };
+  run_with_isa(body, 0, 1);
+}
+
+/// The f32 backward of pair (bb, hh) against the held block: adds into dq (f64) and into the
+/// travelling dk, dv (f64) as ring_backward's f64 loop does.
+void backward_pair_f32(const Attrs& a, const Ring& ring, const Dims& n,
+                       const std::vector<SequenceSegment>& keys, const std::vector<double>& q,
+                       const std::vector<double>& go, const std::vector<double>& lse,
+                       const std::vector<double>& delta, const PairTiles& t, int64_t bb, int64_t hh,
+                       std::vector<double>& dq, std::vector<double>& dk, std::vector<double>& dv) {
+  const int64_t sk = t.keys;
+  std::vector<float> qs(static_cast<size_t>(n.d)), qu(static_cast<size_t>(n.d)),
+      gof(static_cast<size_t>(n.dv)), p(static_cast<size_t>(t.stride)),
+      ds(static_cast<size_t>(t.stride)), dqf(static_cast<size_t>(n.d)),
+      dkf(static_cast<size_t>(sk * n.d), 0.0f), dvf(static_cast<size_t>(sk * n.dv), 0.0f);
+  std::vector<int64_t> first(keys.size()), count(keys.size());
+  const float scale = static_cast<float>(a.scale);
+  const auto body = [&](int64_t, int64_t) TESSERA_LOOP_BODY {
+    int64_t i = 0;
+    for (const SequenceSegment& segment : ring.own_queries())
+      for (int64_t gi = segment.offset; gi < segment.offset + segment.extent; ++gi, ++i) {
+        const int64_t row = (bb * n.sq + i) * n.h + hh;
+        if (lse[row] == -std::numeric_limits<double>::infinity()) continue;  // no key seen
+        const int ranges = visible_ranges(a, gi, keys, first.data(), count.data());
+        if (ranges == 0) continue;
+        for (int64_t e = 0; e < n.d; ++e) {
+          qu[e] = static_cast<float>(q[row * n.d + e]);
+          qs[e] = static_cast<float>(a.scale * q[row * n.d + e]);
+        }
+        for (int64_t e = 0; e < n.dv; ++e) gof[e] = static_cast<float>(go[row * n.dv + e]);
+        const float shift = static_cast<float>(lse[row]), dl = static_cast<float>(delta[row]);
+        std::fill(dqf.begin(), dqf.end(), 0.0f);
+        for (int r = 0; r < ranges; ++r) {
+          const int64_t lo = first[r], hi = first[r] + count[r];
+          row_products(qs.data(), n.d, t.kt.data(), t.stride, lo, hi, p.data());
+          row_products(gof.data(), n.dv, t.vt.data(), t.stride, lo, hi, ds.data());
+          for (int64_t j = lo; j < hi; ++j) {
+            p[j] = vm::exp_f32(p[j] - shift);
+            ds[j] = p[j] * (ds[j] - dl);
+          }
+          weighted_rows(ds.data(), t.k.data(), n.d, lo, hi, dqf.data());
+          // dk_j += scale ds_j q, dv_j += p_j go for the visible keys.
+          for (int64_t j = lo; j < hi; ++j) {
+            const float x = scale * ds[j], y = p[j];
+            float* dkj = dkf.data() + j * n.d;
+            float* dvj = dvf.data() + j * n.dv;
+            for (int64_t e = 0; e < n.d; ++e) dkj[e] += x * qu[e];
+            for (int64_t e = 0; e < n.dv; ++e) dvj[e] += y * gof[e];
+          }
+        }
+        double* dqi = dq.data() + row * n.d;
+        for (int64_t e = 0; e < n.d; ++e) dqi[e] += a.scale * dqf[e];
+      }
+  };
+  run_with_isa(body, 0, 1);
+  for (int64_t j = 0; j < sk; ++j) {
+    const int64_t key = (bb * sk + j) * n.h + hh;
+    for (int64_t e = 0; e < n.d; ++e) dk[key * n.d + e] += dkf[j * n.d + e];
+    for (int64_t e = 0; e < n.dv; ++e) dv[key * n.dv + e] += dvf[j * n.dv + e];
+  }
+}
+
 /// The forward on one rank (ring layout): o [b, sq, h, dv] and lse [b, sq, h] (f64).
+/// With `f32`, each pair's block runs in f32 (forward_pair_f32).
 std::pair<std::vector<double>, std::vector<double>> ring_forward(const Attrs& a, const Ring& ring,
                                                                  const Dims& n,
                                                                  const std::vector<double>& q,
                                                                  std::vector<double> k,
-                                                                 std::vector<double> v) {
+                                                                 std::vector<double> v, bool f32) {
   constexpr double kNone = -std::numeric_limits<double>::infinity();
   const int64_t rows = n.b * n.sq * n.h;
   std::vector<double> peak(rows, kNone), total(rows, 0.0), acc(rows * n.dv, 0.0);
@@ -320,7 +535,13 @@ std::pair<std::vector<double>, std::vector<double>> ring_forward(const Attrs& a,
     if (step + 1 < ring.size)
       pass =
           start_pass(ring, step, {&k, &v}, {&next_k, &next_v}, {n.b * n.h * n.d, n.b * n.h * n.dv});
-    if (block_has_work(a, ring.own_queries(), keys)) {
+    if (f32 && block_has_work(a, ring.own_queries(), keys)) {
+      for_pairs(n, [&](int64_t bb, int64_t hh) {
+        PairTiles tiles;
+        fill_tiles(n, sk, bb, hh, k, v, false, tiles);
+        forward_pair_f32(a, ring, n, keys, q, tiles, bb, hh, peak, total, acc);
+      });
+    } else if (block_has_work(a, ring.own_queries(), keys)) {
       for_pairs(n, [&](int64_t bb, int64_t hh) {
         std::vector<double> scores(static_cast<size_t>(sk));
         for_queries(ring, [&](int64_t i, int64_t gi) {
@@ -372,7 +593,7 @@ std::vector<std::vector<double>> ring_backward(const Attrs& a, const Ring& ring,
                                                std::vector<double> v, const std::vector<double>& o,
                                                const std::vector<double>& lse,
                                                const std::vector<double>& go,
-                                               const std::vector<double>& glse) {
+                                               const std::vector<double>& glse, bool f32) {
   const int64_t rows = n.b * n.sq * n.h;
   std::vector<double> delta(rows);
   for (int64_t row = 0; row < rows; ++row)
@@ -384,7 +605,13 @@ std::vector<std::vector<double>> ring_backward(const Attrs& a, const Ring& ring,
     const int holder = ring.holder(step);
     const std::vector<SequenceSegment>& keys = ring.keys[static_cast<size_t>(holder)];
     const int64_t sk = ring.key_rows(holder);
-    if (block_has_work(a, ring.own_queries(), keys)) {
+    if (f32 && block_has_work(a, ring.own_queries(), keys)) {
+      for_pairs(n, [&](int64_t bb, int64_t hh) {
+        PairTiles tiles;
+        fill_tiles(n, sk, bb, hh, k, v, true, tiles);
+        backward_pair_f32(a, ring, n, keys, q, go, lse, delta, tiles, bb, hh, dq, dk, dv);
+      });
+    } else if (block_has_work(a, ring.own_queries(), keys)) {
       for_pairs(n, [&](int64_t bb, int64_t hh) {
         for_queries(ring, [&](int64_t i, int64_t gi) {
           const int64_t row = (bb * n.sq + i) * n.h + hh;
@@ -565,8 +792,8 @@ std::pair<Tensor, Tensor> attention_forward(const Attrs& a, const Ring& ring, co
   } else if (q.device().is_cuda()) {
     std::tie(o, lse) = ring_forward_cuda(a, ring, n, qr, kr.to_dtype(q.dtype()), vr);
   } else {
-    auto [o_values, lse_values] =
-        ring_forward(a, ring, n, to_doubles(qr), to_doubles(kr), to_doubles(vr));
+    auto [o_values, lse_values] = ring_forward(a, ring, n, to_doubles(qr), to_doubles(kr),
+                                               to_doubles(vr), q.dtype() == DType::f32);
     o = from_doubles(o_values, {n.b, n.sq, n.h, n.dv}, q.dtype());
     lse = from_doubles(lse_values, {n.b, n.sq, n.h}, q.dtype());
   }
@@ -599,9 +826,9 @@ std::vector<Tensor> attention_backward(const Attrs& a, const Ring& ring, const D
   } else if (q.device().is_cuda()) {
     d = ring_backward_cuda(a, ring, n, qr, kr, vr, or_, lr, gr, glr ? &*glr : nullptr);
   } else {
-    const auto values = ring_backward(a, ring, n, to_doubles(qr), to_doubles(kr), to_doubles(vr),
-                                      to_doubles(or_), to_doubles(lr), to_doubles(gr),
-                                      glr ? to_doubles(*glr) : std::vector<double>{});
+    const auto values = ring_backward(
+        a, ring, n, to_doubles(qr), to_doubles(kr), to_doubles(vr), to_doubles(or_), to_doubles(lr),
+        to_doubles(gr), glr ? to_doubles(*glr) : std::vector<double>{}, dtype == DType::f32);
     d = {from_doubles(values[0], qr.shape(), dtype), from_doubles(values[1], kr.shape(), dtype),
          from_doubles(values[2], vr.shape(), dtype)};
   }
