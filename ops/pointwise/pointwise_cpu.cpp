@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "core/errors.hpp"
@@ -203,23 +204,6 @@ struct Clamp {
 template <template <typename> class Op>
 struct UnaryTag {};
 
-/// Ops of one or two operations per element, whose loops are bound by memory traffic: they run
-/// with 256-bit vectors (parallel_ranges<true>, see cpu_loops.hpp).
-template <template <typename> class Op>
-constexpr bool kStreaming = false;
-template <>
-constexpr bool kStreaming<Relu> = true;
-template <>
-constexpr bool kStreaming<Scale> = true;
-template <>
-constexpr bool kStreaming<LeakyRelu> = true;
-template <>
-constexpr bool kStreaming<Neg> = true;
-template <>
-constexpr bool kStreaming<Abs> = true;
-template <>
-constexpr bool kStreaming<Clamp> = true;
-
 /// Calls fn(UnaryTag<Op>{}) for the functor of unary op `name`; false when there is none.
 template <typename Fn>
 bool visit_unary(const std::string& name, Fn&& fn) {
@@ -348,16 +332,16 @@ struct Minimum {
 template <template <typename> class Op>
 struct BinaryTag {};
 
-template <>
-constexpr bool kStreaming<Add> = true;
-template <>
-constexpr bool kStreaming<Sub> = true;
-template <>
-constexpr bool kStreaming<Mul> = true;
-template <>
-constexpr bool kStreaming<Maximum> = true;
-template <>
-constexpr bool kStreaming<Minimum> = true;
+/// Ops of one or two operations per element, whose loops are bound by memory traffic: they run
+/// with 256-bit vectors (parallel_ranges<true>, see cpu_loops.hpp).
+template <template <typename> class Op>
+constexpr bool kStreaming =
+    std::is_same_v<Op<float>, Relu<float>> || std::is_same_v<Op<float>, Scale<float>> ||
+    std::is_same_v<Op<float>, LeakyRelu<float>> || std::is_same_v<Op<float>, Neg<float>> ||
+    std::is_same_v<Op<float>, Abs<float>> || std::is_same_v<Op<float>, Clamp<float>> ||
+    std::is_same_v<Op<float>, Add<float>> || std::is_same_v<Op<float>, Sub<float>> ||
+    std::is_same_v<Op<float>, Mul<float>> || std::is_same_v<Op<float>, Maximum<float>> ||
+    std::is_same_v<Op<float>, Minimum<float>>;
 
 template <typename Fn>
 bool visit_binary(const std::string& name, Fn&& fn) {

@@ -315,31 +315,37 @@ void for_visible_keys(const Attrs& a, int64_t gi, const std::vector<SequenceSegm
 // maximum, sum and output (forward), dq and the travelling dk, dv (backward, summed per pair and
 // block in f32 first).
 
-/// The held block of one (batch, head) pair in f32: k [key][D] and transposed [D][stride], v
-/// [key][Dv] and (backward) transposed [Dv][stride]; stride >= keys, a multiple of 16.
+/// The held block of one (batch, head) pair in f32, as much as a pass reads: k transposed
+/// [D][stride] always; the forward v [key][Dv]; the backward k [key][D] and v transposed
+/// [Dv][stride]. stride >= keys, a multiple of 16.
 struct PairTiles {
   int64_t keys = 0, stride = 0;
   std::vector<float> k, kt, v, vt;
 };
 
 void fill_tiles(const Dims& n, int64_t sk, int64_t bb, int64_t hh, const std::vector<double>& k,
-                const std::vector<double>& v, bool transposed_v, PairTiles& t) {
+                const std::vector<double>& v, bool backward, PairTiles& t) {
   t.keys = sk;
   t.stride = (sk + 15) / 16 * 16;
-  t.k.resize(static_cast<size_t>(sk * n.d));
   t.kt.assign(static_cast<size_t>(n.d * t.stride), 0.0f);
-  t.v.resize(static_cast<size_t>(sk * n.dv));
-  if (transposed_v) t.vt.assign(static_cast<size_t>(n.dv * t.stride), 0.0f);
+  if (backward) {
+    t.k.resize(static_cast<size_t>(sk * n.d));
+    t.vt.assign(static_cast<size_t>(n.dv * t.stride), 0.0f);
+  } else {
+    t.v.resize(static_cast<size_t>(sk * n.dv));
+  }
   for (int64_t j = 0; j < sk; ++j) {
     const double* kj = k.data() + ((bb * sk + j) * n.h + hh) * n.d;
     const double* vj = v.data() + ((bb * sk + j) * n.h + hh) * n.dv;
     for (int64_t e = 0; e < n.d; ++e) {
-      t.k[j * n.d + e] = static_cast<float>(kj[e]);
       t.kt[e * t.stride + j] = static_cast<float>(kj[e]);
+      if (backward) t.k[j * n.d + e] = static_cast<float>(kj[e]);
     }
     for (int64_t e = 0; e < n.dv; ++e) {
-      t.v[j * n.dv + e] = static_cast<float>(vj[e]);
-      if (transposed_v) t.vt[e * t.stride + j] = static_cast<float>(vj[e]);
+      if (backward)
+        t.vt[e * t.stride + j] = static_cast<float>(vj[e]);
+      else
+        t.v[j * n.dv + e] = static_cast<float>(vj[e]);
     }
   }
 }
@@ -535,13 +541,14 @@ std::pair<std::vector<double>, std::vector<double>> ring_forward(const Attrs& a,
     if (step + 1 < ring.size)
       pass =
           start_pass(ring, step, {&k, &v}, {&next_k, &next_v}, {n.b * n.h * n.d, n.b * n.h * n.dv});
-    if (f32 && block_has_work(a, ring.own_queries(), keys)) {
+    const bool work = block_has_work(a, ring.own_queries(), keys);
+    if (work && f32) {
       for_pairs(n, [&](int64_t bb, int64_t hh) {
         PairTiles tiles;
         fill_tiles(n, sk, bb, hh, k, v, false, tiles);
         forward_pair_f32(a, ring, n, keys, q, tiles, bb, hh, peak, total, acc);
       });
-    } else if (block_has_work(a, ring.own_queries(), keys)) {
+    } else if (work) {
       for_pairs(n, [&](int64_t bb, int64_t hh) {
         std::vector<double> scores(static_cast<size_t>(sk));
         for_queries(ring, [&](int64_t i, int64_t gi) {
@@ -605,13 +612,14 @@ std::vector<std::vector<double>> ring_backward(const Attrs& a, const Ring& ring,
     const int holder = ring.holder(step);
     const std::vector<SequenceSegment>& keys = ring.keys[static_cast<size_t>(holder)];
     const int64_t sk = ring.key_rows(holder);
-    if (f32 && block_has_work(a, ring.own_queries(), keys)) {
+    const bool work = block_has_work(a, ring.own_queries(), keys);
+    if (work && f32) {
       for_pairs(n, [&](int64_t bb, int64_t hh) {
         PairTiles tiles;
         fill_tiles(n, sk, bb, hh, k, v, true, tiles);
         backward_pair_f32(a, ring, n, keys, q, go, lse, delta, tiles, bb, hh, dq, dk, dv);
       });
-    } else if (block_has_work(a, ring.own_queries(), keys)) {
+    } else if (work) {
       for_pairs(n, [&](int64_t bb, int64_t hh) {
         for_queries(ring, [&](int64_t i, int64_t gi) {
           const int64_t row = (bb * n.sq + i) * n.h + hh;

@@ -185,6 +185,23 @@ ShardSpec sequence_layout(const Shape& shape, const DeviceMesh& mesh, CaseRng& r
   return ShardSpec::make(shape, mesh.shape(), {Placement::shard(1)}, {extents});
 }
 
+/// A case on one sequence: batch 1..2, heads 1..3, D and Dv 1..max_d, Sq 0..max_s, Sk = Sq with
+/// chance `same_keys` (else 0..max_s), causal with chance `causal`, and with chance 0.4 a scale of
+/// 1..20 / scale_divisor (else the default).
+AttentionCase random_sequence_case(CaseRng& rng, int64_t max_d, int64_t max_s, double same_keys,
+                                   double causal, double scale_divisor) {
+  AttentionCase c;
+  const int64_t b = rng.uniform(1, 2), h = rng.uniform(1, 3), d = rng.uniform(1, max_d),
+                dv = rng.uniform(1, max_d), sq = rng.uniform(0, max_s);
+  const int64_t sk = rng.chance(same_keys) ? sq : rng.uniform(0, max_s);
+  c.q = {b, sq, h, d};
+  c.k = {b, sk, h, d};
+  c.v = {b, sk, h, dv};
+  c.options.causal = rng.chance(causal);
+  if (rng.chance(0.4)) c.options.scale = static_cast<double>(rng.uniform(1, 20)) / scale_divisor;
+  return c;
+}
+
 // Causal attention on a sharded sequence runs on the zigzag assignment (rows moved there and
 // back inside the op): sequences of 0..23 (rarely a multiple of 2P), every rank count 1..6,
 // uneven and empty shards, k and v sharded their own way; o, lse and the gradients equal one
@@ -197,15 +214,8 @@ TEST(RingAttention, ZigzagShardedEqualsOneRankAndDenseForwardAndBackward) {
       DeviceMesh mesh(comm, {comm->size()});
       for (int index = 0; index < 40; ++index) {
         CaseRng rng(testing::case_seed(87, comm->size(), 0, index));
-        AttentionCase c;
-        const int64_t b = rng.uniform(1, 2), h = rng.uniform(1, 3), d = rng.uniform(1, 4),
-                      dv = rng.uniform(1, 4), sq = rng.uniform(0, 23);
-        const int64_t sk = rng.chance(0.75) ? sq : rng.uniform(0, 23);
-        c.q = {b, sq, h, d};
-        c.k = {b, sk, h, d};
-        c.v = {b, sk, h, dv};
-        c.options.causal = rng.chance(0.7);
-        if (rng.chance(0.4)) c.options.scale = static_cast<double>(rng.uniform(1, 20)) / 10.0;
+        const AttentionCase c = random_sequence_case(rng, 4, 23, 0.75, 0.7, 10.0);
+        const int64_t b = c.q[0], sq = c.q[1], h = c.q[2], dv = c.v[3];
         const std::vector<Tensor> values{random_tensor(c.q, rng), random_tensor(c.k, rng),
                                          random_tensor(c.v, rng)};
         const Tensor go = random_tensor({b, sq, h, dv}, rng);
@@ -248,15 +258,8 @@ TEST(RingAttention, F32ShardedEqualsTheF64OneRankWithinF32Rounding) {
       DeviceMesh mesh(comm, {comm->size()});
       for (int index = 0; index < 15; ++index) {
         CaseRng rng(testing::case_seed(91, comm->size(), 0, index));
-        AttentionCase c;
-        const int64_t b = rng.uniform(1, 2), h = rng.uniform(1, 3), d = rng.uniform(1, 40),
-                      dv = rng.uniform(1, 40), sq = rng.uniform(0, 70);
-        const int64_t sk = rng.chance(0.7) ? sq : rng.uniform(0, 70);
-        c.q = {b, sq, h, d};
-        c.k = {b, sk, h, d};
-        c.v = {b, sk, h, dv};
-        c.options.causal = rng.chance(0.5);
-        if (rng.chance(0.4)) c.options.scale = static_cast<double>(rng.uniform(1, 20)) / 40.0;
+        const AttentionCase c = random_sequence_case(rng, 40, 70, 0.7, 0.5, 40.0);
+        const int64_t b = c.q[0], sq = c.q[1], h = c.q[2], dv = c.v[3];
         // The values as f32 holds them, so that both runs see the same inputs.
         const auto rounded = [](const Tensor& t) { return t.to_dtype(DType::f32); };
         const std::vector<Tensor> f32{rounded(random_tensor(c.q, rng)),
