@@ -63,6 +63,8 @@ std::vector<Recipe> recipes(const Shape& x) {
   list.push_back({"mean all", "mean", {x}});
   list.push_back({"softmax dim 1", "softmax", {x}, OpAttrs().set("dim", int64_t{1})});
   list.push_back({"log_softmax dim 1", "log_softmax", {x}, OpAttrs().set("dim", int64_t{1})});
+  list.push_back({"softmax last", "softmax", {x}, OpAttrs().set("dim", int64_t{-1})});
+  list.push_back({"log_softmax last", "log_softmax", {x}, OpAttrs().set("dim", int64_t{-1})});
   list.push_back(
       {"max_pool k2", "max_pool", {x}, OpAttrs().set("kernel_size", std::vector<int64_t>{2})});
   list.push_back({"avg_pool k3 s1 p1",

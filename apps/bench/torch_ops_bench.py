@@ -61,6 +61,8 @@ def recipes():
     r.append(("mean all", [x_shape], lambda x: x.mean(), False))
     r.append(("softmax dim 1", [x_shape], lambda x: torch.softmax(x, 1), False))
     r.append(("log_softmax dim 1", [x_shape], lambda x: torch.log_softmax(x, 1), False))
+    r.append(("softmax last", [x_shape], lambda x: torch.softmax(x, -1), False))
+    r.append(("log_softmax last", [x_shape], lambda x: torch.log_softmax(x, -1), False))
     r.append(("max_pool k2", [x_shape], lambda x: F.max_pool3d(x, 2), False))
     r.append(("avg_pool k3 s1 p1", [x_shape], lambda x: F.avg_pool3d(x, 3, 1, 1), False))
     r.append(("group_norm g4", [x_shape, [c], [c]], lambda x, g, b: F.group_norm(x, 4, g, b), False))

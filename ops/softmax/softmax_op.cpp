@@ -14,7 +14,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "core/autograd.hpp"
 #include "core/compute_threads.hpp"
@@ -111,6 +113,15 @@ void for_each_in_slots(const Slots& s, Fn&& fn) {
   return std::exp(x);
 }
 
+/// log of a slot's sum of exponentials, in T: for f32 the vectorising log of vector_math (within
+/// 2 ulp; the sum rounded to float first), for f64 std::log of the f64 sum.
+[[gnu::always_inline]] inline void log_of_total(double t, float& n) {
+  n = vm::log_f32(static_cast<float>(t));
+}
+[[gnu::always_inline]] inline void log_of_total(double t, double& n) {
+  n = std::log(t);
+}
+
 /// What one call needs: its dim, the mesh dims that shard it, the local slots.
 struct SoftmaxCall {
   int dim = 0;
@@ -141,24 +152,291 @@ Tensor estimated(const SoftmaxCall& call, const DeviceMesh& mesh, const Tensor& 
   return Tensor::empty(x.shape(), x.dtype());
 }
 
-/// Calls body(o, first, count) for units of (outer index o, up to kSlotColumns inner positions
-/// from `first`) on the compute threads, each compiled for the cpu's instruction set: a body walks
-/// the dim in order with the inner positions innermost (contiguous, vectorised), so each slot is
+/// Calls body(o, first, count) for units of (outer index o, up to `columns` inner positions from
+/// `first`) on the compute threads, each compiled for the cpu's instruction set: a body walks the
+/// dim in order with the inner positions innermost (contiguous, vectorised), so each slot is
 /// visited along the dim in order by one thread and no two threads touch the same slot.
-constexpr int64_t kSlotColumns = 1024;
+constexpr int64_t kSlotColumns = 4096;  // the most columns of a unit (the bodies' buffers)
+
+/// Columns of a unit: a unit's rows (`length` of them, a whole piece of the dim apart) are
+/// fetched from memory by its first pass and read again from the L2 by the next ones; rows of
+/// 16 KiB ran those first passes faster than rows of 4 KiB (docs/benchmarks.md), so the widest
+/// unit whose rows together stay within 512 KiB, at least 256 columns.
+int64_t slot_columns(const Slots& s, size_t value_bytes) {
+  int64_t columns = kSlotColumns;
+  while (columns > 256 && s.length * columns * static_cast<int64_t>(value_bytes) > (512 << 10))
+    columns /= 2;
+  return columns;
+}
 
 template <typename Body>
-void for_slot_columns(const Slots& s, const Body& body) {
-  const int64_t chunks = (s.inner + kSlotColumns - 1) / kSlotColumns;
+void for_slot_columns(const Slots& s, int64_t columns, const Body& body) {
+  const int64_t chunks = (s.inner + columns - 1) / columns;
   parallel_ranges(
       s.outer * chunks,
       [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
         for (int64_t unit = lo; unit < hi; ++unit) {
-          const int64_t o = unit / chunks, first = (unit % chunks) * kSlotColumns;
-          body(o, first, std::min(kSlotColumns, s.inner - first));
+          const int64_t o = unit / chunks, first = (unit % chunks) * columns;
+          body(o, first, std::min(columns, s.inner - first));
         }
       },
       1);
+}
+
+// Along a contiguous dim (inner == 1: a slot is a row of `length` adjacent values, the last
+// dim's softmax of attention scores and classifiers) the passes run along the row in 16 lanes,
+// in f64 for the sums: lane j takes the values i with i % 16 == j in order, the lanes are then
+// added in a fixed order (fold), so the result depends on the row alone, not on the threads.
+constexpr int kRowLanes = 16;
+using RowSums = double __attribute__((vector_size(64)));  // eight f64 lanes
+
+/// The sum of the two halves' lanes in a fixed order (lane j + lane j + 8, then halves folded).
+[[gnu::always_inline]] inline double fold(const RowSums& low, const RowSums& high) {
+  using Four = double __attribute__((vector_size(32)));
+  using Two = double __attribute__((vector_size(16)));
+  const RowSums eight = low + high;
+  const Four four = __builtin_shufflevector(eight, eight, 0, 1, 2, 3) +
+                    __builtin_shufflevector(eight, eight, 4, 5, 6, 7);
+  const Two two =
+      __builtin_shufflevector(four, four, 0, 1) + __builtin_shufflevector(four, four, 2, 3);
+  return two[0] + two[1];
+}
+
+/// Values p[0..8) widened to f64 lanes (through a reference: a 512-bit vector returned by value
+/// has an ABI of its own).
+template <typename T>
+[[gnu::always_inline]] inline void widen8(const T* p, RowSums& v) {
+  if constexpr (std::is_same_v<T, float>) {
+    using Floats8 = float __attribute__((vector_size(32)));
+    Floats8 f;
+    std::memcpy(&f, p, sizeof f);
+    v = __builtin_convertvector(f, RowSums);
+  } else {
+    std::memcpy(&v, p, sizeof v);
+  }
+}
+
+// The lane loops of the row maxima stay loops (`unroll 1`) so that GCC vectorises them:
+// unrolled first, their selects were left as scalar branches. Comparisons of vector-extension
+// types are no way round it: in a function without a target attribute they are split into
+// scalar ones before the function is inlined into the instruction set's body.
+
+/// lane[j] = the larger of lane[j] and lane[j + Half] (NaN where either is), for j < Half.
+template <int Half, typename T>
+[[gnu::always_inline]] inline void fold_max(T* lane) {
+#pragma GCC unroll 1
+  for (int j = 0; j < Half; ++j) {
+    const T other = lane[j + Half];
+    lane[j] = other != other || other > lane[j] ? other : lane[j];
+  }
+}
+
+/// The largest of a row's n values, NaN if any is NaN (as the column passes).
+template <typename T>
+[[gnu::always_inline]] inline T row_max(const T* v, int64_t n) {
+  T lane[kRowLanes];
+  for (int j = 0; j < kRowLanes; ++j) lane[j] = -std::numeric_limits<T>::infinity();
+  int64_t i = 0;
+  for (; i + kRowLanes <= n; i += kRowLanes) {
+#pragma GCC unroll 1
+    for (int j = 0; j < kRowLanes; ++j)
+      lane[j] = v[i + j] != v[i + j] || v[i + j] > lane[j] ? v[i + j] : lane[j];
+  }
+  fold_max<kRowLanes / 2>(lane);
+  fold_max<kRowLanes / 4>(lane);
+  fold_max<kRowLanes / 8>(lane);
+  fold_max<kRowLanes / 16>(lane);
+  T peak = lane[0];
+  for (; i < n; ++i) peak = v[i] != v[i] || v[i] > peak ? v[i] : peak;
+  return peak;
+}
+
+/// The f64 sum of a row's n values in the lanes' order.
+template <typename T>
+[[gnu::always_inline]] inline void add_lanes(const T* e, int64_t n, RowSums& low, RowSums& high,
+                                             double& tail) {
+  int64_t i = 0;
+  for (; i + kRowLanes <= n; i += kRowLanes) {
+    RowSums a, b;
+    widen8(e + i, a);
+    widen8(e + i + 8, b);
+    low += a;
+    high += b;
+  }
+  for (; i < n; ++i) tail += double(e[i]);
+}
+
+/// sum of exp(v - peak) over a row (f64, the lanes' order); the exponentials written to `store`
+/// when given (softmax's output row), else through a buffer of 1024.
+template <typename T>
+[[gnu::always_inline]] inline double row_exp_sum(const T* v, int64_t n, T peak, T* store) {
+  constexpr int64_t kPiece = 1024;  // a multiple of kRowLanes: lane j keeps i % 16 == j
+  T buffer[kPiece];
+  RowSums low = {}, high = {};
+  double tail = 0;
+  for (int64_t c = 0; c < n; c += kPiece) {
+    const int64_t m = std::min(kPiece, n - c);
+    T* e = store ? store + c : buffer;
+    for (int64_t i = 0; i < m; ++i) e[i] = softmax_exp(T(v[c + i] - peak));
+    add_lanes(e, m, low, high, tail);
+  }
+  return fold(low, high) + tail;
+}
+
+/// The output row from x's row, its peak and norm (the sum, or its log for log_softmax); for
+/// softmax `w` already holds the exponentials (row_exp_sum's store).
+template <typename T>
+[[gnu::always_inline]] inline void row_output(const T* v, int64_t n, T peak, T norm, bool log,
+                                              T* w) {
+  if (log)
+    for (int64_t i = 0; i < n; ++i) w[i] = T(v[i] - peak) - norm;
+  else
+    for (int64_t i = 0; i < n; ++i) w[i] = w[i] / norm;
+}
+
+/// Rows per unit of work: about 64 KiB of values.
+int64_t rows_per_unit(const Slots& s, size_t value_bytes) {
+  return std::max<int64_t>(1, (int64_t{64} << 10) / std::max<int64_t>(1, s.length * value_bytes));
+}
+
+/// forward_typed along a contiguous dim (inner == 1).
+template <typename T>
+Tensor forward_rows(const SoftmaxCall& call, const DeviceMesh& mesh, const T* in, Tensor y,
+                    bool log) {
+  const Slots& s = call.slots;
+  const int64_t n = s.length, grain = rows_per_unit(s, sizeof(T));
+  T* out = y.data<T>();
+  if (call.mesh_dims.empty()) {
+    // The dim is not sharded: every pass of a few rows while they are in cache (up to 16 rows
+    // of at most 64 KiB together), their norms together (log_softmax's logs vectorise).
+    const int64_t block = std::clamp<int64_t>(
+        (int64_t{64} << 10) / std::max<int64_t>(1, n * int64_t(sizeof(T))), 1, kRowLanes);
+    parallel_ranges(
+        s.outer,
+        [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
+          for (int64_t r0 = lo; r0 < hi; r0 += block) {
+            const int64_t rows = std::min(block, hi - r0);
+            T peak[kRowLanes], norm[kRowLanes];
+            double total[kRowLanes];
+            for (int64_t r = 0; r < rows; ++r) {
+              peak[r] = row_max(in + (r0 + r) * n, n);
+              total[r] =
+                  row_exp_sum(in + (r0 + r) * n, n, peak[r], log ? nullptr : out + (r0 + r) * n);
+            }
+            if (log)
+              for (int64_t r = 0; r < rows; ++r) log_of_total(total[r], norm[r]);
+            else
+              for (int64_t r = 0; r < rows; ++r) norm[r] = static_cast<T>(total[r]);
+            for (int64_t r = 0; r < rows; ++r)
+              row_output(in + (r0 + r) * n, n, peak[r], norm[r], log, out + (r0 + r) * n);
+          }
+        },
+        grain);
+    return y;
+  }
+  // Sharded: each pass over every row, the per-row statistics combined between them.
+  std::vector<double> peak(s.outer);
+  parallel_ranges(
+      s.outer,
+      [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
+        for (int64_t r = lo; r < hi; ++r) peak[r] = row_max(in + r * n, n);
+      },
+      grain);
+  peak = combine(mesh, call.mesh_dims, std::move(peak), true);
+  std::vector<double> total(s.outer);
+  parallel_ranges(
+      s.outer,
+      [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
+        for (int64_t r = lo; r < hi; ++r)
+          total[r] =
+              row_exp_sum(in + r * n, n, static_cast<T>(peak[r]), log ? nullptr : out + r * n);
+      },
+      grain);
+  total = combine(mesh, call.mesh_dims, std::move(total), false);
+  parallel_ranges(
+      s.outer,
+      [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
+        for (int64_t r = lo; r < hi; ++r) {
+          T norm;
+          if (log)
+            log_of_total(total[r], norm);
+          else
+            norm = static_cast<T>(total[r]);
+          row_output(in + r * n, n, static_cast<T>(peak[r]), norm, log, out + r * n);
+        }
+      },
+      grain);
+  return y;
+}
+
+/// backward_typed along a contiguous dim (inner == 1): per row the f64 sum of g (log_softmax)
+/// or of g * y (softmax), then dx.
+template <typename T>
+Tensor backward_rows(const SoftmaxCall& call, const DeviceMesh& mesh, const T* yv, const T* gv,
+                     Tensor dx, bool log) {
+  const Slots& s = call.slots;
+  const int64_t n = s.length, grain = rows_per_unit(s, sizeof(T));
+  T* out = dx.data<T>();
+  auto row_total = [&](int64_t r) TESSERA_LOOP_BODY {
+    const T* y = yv + r * n;
+    const T* g = gv + r * n;
+    if (log) {
+      RowSums low = {}, high = {};
+      double tail = 0;
+      add_lanes(g, n, low, high, tail);
+      return fold(low, high) + tail;
+    }
+    // The products in f64, as the column passes take them: two sets of lanes.
+    RowSums low = {}, high = {};
+    int64_t i = 0;
+    for (; i + kRowLanes <= n; i += kRowLanes) {
+      RowSums y0, y1, g0, g1;
+      widen8(y + i, y0);
+      widen8(y + i + 8, y1);
+      widen8(g + i, g0);
+      widen8(g + i + 8, g1);
+      low += y0 * g0;
+      high += y1 * g1;
+    }
+    double tail = 0;
+    for (; i < n; ++i) tail += double(g[i]) * double(y[i]);
+    return fold(low, high) + tail;
+  };
+  auto row_gradient = [&](int64_t r, T t) TESSERA_LOOP_BODY {
+    const T* y = yv + r * n;
+    const T* g = gv + r * n;
+    T* w = out + r * n;
+    if (log) {
+      for (int64_t i = 0; i < n; ++i) w[i] = softmax_exp(y[i]);
+      for (int64_t i = 0; i < n; ++i) w[i] = g[i] - w[i] * t;
+    } else {
+      for (int64_t i = 0; i < n; ++i) w[i] = y[i] * (g[i] - t);
+    }
+  };
+  if (call.mesh_dims.empty()) {
+    parallel_ranges(
+        s.outer,
+        [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
+          for (int64_t r = lo; r < hi; ++r) row_gradient(r, static_cast<T>(row_total(r)));
+        },
+        grain);
+    return dx;
+  }
+  std::vector<double> total(s.outer);
+  parallel_ranges(
+      s.outer,
+      [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
+        for (int64_t r = lo; r < hi; ++r) total[r] = row_total(r);
+      },
+      grain);
+  total = combine(mesh, call.mesh_dims, std::move(total), false);
+  parallel_ranges(
+      s.outer,
+      [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
+        for (int64_t r = lo; r < hi; ++r) row_gradient(r, static_cast<T>(total[r]));
+      },
+      grain);
+  return dx;
 }
 
 /// forward_cpu for f32 (exp in float, vector_math.hpp) and f64: three vectorised passes.
@@ -167,13 +445,16 @@ Tensor forward_typed(const SoftmaxCall& call, const DeviceMesh& mesh, const Tens
   const Tensor source = x.contiguous();
   const T* in = source.data<T>();
   const Slots& s = call.slots;
+  const int64_t columns = slot_columns(s, sizeof(T));
+  if (s.inner == 1)
+    return forward_rows<T>(call, mesh, in, Tensor::empty(source.shape(), source.dtype()), log);
   if (call.mesh_dims.empty()) {
     // The dim is not sharded: the three passes per unit of columns, while the unit is in cache,
     // with the same arithmetic as below (so the same results), the exponentials of softmax kept
     // in y between the sum and the division.
     Tensor y = Tensor::empty(source.shape(), source.dtype());
     T* out = y.data<T>();
-    for_slot_columns(s, [&](int64_t o, int64_t first, int64_t count) TESSERA_LOOP_BODY {
+    for_slot_columns(s, columns, [&](int64_t o, int64_t first, int64_t count) TESSERA_LOOP_BODY {
       T p[kSlotColumns];
       double t[kSlotColumns];
       T e[kSlotColumns];
@@ -182,21 +463,30 @@ Tensor forward_typed(const SoftmaxCall& call, const DeviceMesh& mesh, const Tens
         const T* v = in + (o * s.length + l) * s.inner + first;
         for (int64_t i = 0; i < count; ++i) p[i] = v[i] != v[i] || v[i] > p[i] ? v[i] : p[i];
       }
-      for (int64_t l = 0; l < s.length; ++l) {
-        const int64_t base = (o * s.length + l) * s.inner + first;
-        const T* v = in + base;
-        T* w = log ? e : out + base;
-        for (int64_t i = 0; i < count; ++i) w[i] = softmax_exp(T(v[i] - p[i]));
-        for (int64_t i = 0; i < count; ++i) t[i] += double(w[i]);
-      }
-      T n[kSlotColumns];
-      for (int64_t i = 0; i < count; ++i) n[i] = static_cast<T>(log ? std::log(t[i]) : t[i]);
+      // log_softmax keeps x - max in y between the passes (y's lines are first written while
+      // the exponentials are computed, as softmax's are), the exponentials in a row buffer.
       for (int64_t l = 0; l < s.length; ++l) {
         const int64_t base = (o * s.length + l) * s.inner + first;
         const T* v = in + base;
         T* w = out + base;
         if (log) {
-          for (int64_t i = 0; i < count; ++i) w[i] = (v[i] - p[i]) - n[i];
+          for (int64_t i = 0; i < count; ++i) w[i] = v[i] - p[i];
+          for (int64_t i = 0; i < count; ++i) e[i] = softmax_exp(w[i]);
+          for (int64_t i = 0; i < count; ++i) t[i] += double(e[i]);
+        } else {
+          for (int64_t i = 0; i < count; ++i) w[i] = softmax_exp(T(v[i] - p[i]));
+          for (int64_t i = 0; i < count; ++i) t[i] += double(w[i]);
+        }
+      }
+      T n[kSlotColumns];
+      if (log)
+        for (int64_t i = 0; i < count; ++i) log_of_total(t[i], n[i]);
+      else
+        for (int64_t i = 0; i < count; ++i) n[i] = static_cast<T>(t[i]);
+      for (int64_t l = 0; l < s.length; ++l) {
+        T* w = out + (o * s.length + l) * s.inner + first;
+        if (log) {
+          for (int64_t i = 0; i < count; ++i) w[i] = w[i] - n[i];
         } else {
           for (int64_t i = 0; i < count; ++i) w[i] = w[i] / n[i];
         }
@@ -206,7 +496,7 @@ Tensor forward_typed(const SoftmaxCall& call, const DeviceMesh& mesh, const Tens
   }
   std::vector<T> peak(slot_count(s), -std::numeric_limits<T>::infinity());
   T* peaks = peak.data();
-  for_slot_columns(s, [&](int64_t o, int64_t first, int64_t count) TESSERA_LOOP_BODY {
+  for_slot_columns(s, columns, [&](int64_t o, int64_t first, int64_t count) TESSERA_LOOP_BODY {
     T* p = peaks + o * s.inner + first;
     for (int64_t l = 0; l < s.length; ++l) {
       const T* v = in + (o * s.length + l) * s.inner + first;
@@ -219,7 +509,7 @@ Tensor forward_typed(const SoftmaxCall& call, const DeviceMesh& mesh, const Tens
   }
   std::vector<double> total(slot_count(s), 0.0);
   double* totals = total.data();
-  for_slot_columns(s, [&](int64_t o, int64_t first, int64_t count) TESSERA_LOOP_BODY {
+  for_slot_columns(s, columns, [&](int64_t o, int64_t first, int64_t count) TESSERA_LOOP_BODY {
     const T* p = peaks + o * s.inner + first;
     double* t = totals + o * s.inner + first;
     // The exponentials into a buffer first: one loop of exp alone vectorises, one of exp widened
@@ -234,12 +524,16 @@ Tensor forward_typed(const SoftmaxCall& call, const DeviceMesh& mesh, const Tens
   total = combine(mesh, call.mesh_dims, std::move(total), false);
   // Per slot: the denominator (softmax) or log of it (log_softmax), in T.
   std::vector<T> norm(slot_count(s));
-  for (size_t i = 0; i < norm.size(); ++i)
-    norm[i] = static_cast<T>(log ? std::log(total[i]) : total[i]);
+  for (size_t i = 0; i < norm.size(); ++i) {
+    if (log)
+      log_of_total(total[i], norm[i]);
+    else
+      norm[i] = static_cast<T>(total[i]);
+  }
   const T* norms = norm.data();
   Tensor y = Tensor::empty(source.shape(), source.dtype());
   T* out = y.data<T>();
-  for_slot_columns(s, [&](int64_t o, int64_t first, int64_t count) TESSERA_LOOP_BODY {
+  for_slot_columns(s, columns, [&](int64_t o, int64_t first, int64_t count) TESSERA_LOOP_BODY {
     const T* p = peaks + o * s.inner + first;
     const T* n = norms + o * s.inner + first;
     for (int64_t l = 0; l < s.length; ++l) {
@@ -265,12 +559,15 @@ Tensor backward_typed(const SoftmaxCall& call, const DeviceMesh& mesh, const Ten
   const T* yv = ys.data<T>();
   const T* gv = gs.data<T>();
   const Slots& s = call.slots;
+  const int64_t columns = slot_columns(s, sizeof(T));
+  if (s.inner == 1)
+    return backward_rows<T>(call, mesh, yv, gv, Tensor::empty(ys.shape(), ys.dtype()), log);
   if (call.mesh_dims.empty()) {
     // The dim is not sharded: both passes per unit of columns while it is in cache, with the
     // same arithmetic as below.
     Tensor dx = Tensor::empty(ys.shape(), ys.dtype());
     T* out = dx.data<T>();
-    for_slot_columns(s, [&](int64_t o, int64_t first, int64_t count) TESSERA_LOOP_BODY {
+    for_slot_columns(s, columns, [&](int64_t o, int64_t first, int64_t count) TESSERA_LOOP_BODY {
       double total[kSlotColumns];
       for (int64_t i = 0; i < count; ++i) total[i] = 0;
       for (int64_t l = 0; l < s.length; ++l) {
@@ -299,7 +596,7 @@ Tensor backward_typed(const SoftmaxCall& call, const DeviceMesh& mesh, const Ten
   }
   std::vector<double> total(slot_count(s), 0.0);
   double* totals = total.data();
-  for_slot_columns(s, [&](int64_t o, int64_t first, int64_t count) TESSERA_LOOP_BODY {
+  for_slot_columns(s, columns, [&](int64_t o, int64_t first, int64_t count) TESSERA_LOOP_BODY {
     double* t = totals + o * s.inner + first;
     for (int64_t l = 0; l < s.length; ++l) {
       const int64_t base = (o * s.length + l) * s.inner + first;
@@ -314,7 +611,7 @@ Tensor backward_typed(const SoftmaxCall& call, const DeviceMesh& mesh, const Ten
   const T* sums = sum.data();
   Tensor dx = Tensor::empty(ys.shape(), ys.dtype());
   T* out = dx.data<T>();
-  for_slot_columns(s, [&](int64_t o, int64_t first, int64_t count) TESSERA_LOOP_BODY {
+  for_slot_columns(s, columns, [&](int64_t o, int64_t first, int64_t count) TESSERA_LOOP_BODY {
     const T* t = sums + o * s.inner + first;
     for (int64_t l = 0; l < s.length; ++l) {
       const int64_t base = (o * s.length + l) * s.inner + first;

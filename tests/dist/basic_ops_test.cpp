@@ -443,6 +443,115 @@ TEST(BasicOps, F32SumOverALeadingDimIsWithinFloatRoundoffOfTheExactSum) {
   });
 }
 
+// softmax and log_softmax in f32 and f64 along a contiguous last dim (rows: 16 lanes, pieces of
+// 1024) and along a leading one (columns), the dim sharded unevenly over 3 ranks, another dim
+// sharded, or none: forward and gradient within the dtype's rounding of the formulas evaluated
+// in f64 on the same values; a NaN in a row makes that row NaN and leaves the others as they are.
+TEST(BasicOps, SoftmaxRowsAndColumnsMatchTheFormulasInF32AndF64OnAnyLayout) {
+  for (int ranks : {1, 3})
+    testing::run_world(ranks, [ranks](std::shared_ptr<Comm> comm) {
+      DeviceMesh mesh(comm, {ranks});
+      int case_index = 0;
+      for (const Shape& shape : {Shape{4, 37}, Shape{3, 1100}, Shape{2, 5, 40}, Shape{40, 3, 70}})
+        for (int dim : {0, static_cast<int>(shape.size()) - 1})
+          for (int layout = 0; layout < 3; ++layout)
+            for (DType dtype : {DType::f32, DType::f64})
+              for (bool log : {false, true}) {
+                const std::string name = fmt::format("{} {} dim {} of {} layout {} on {} ranks",
+                                                     log ? "log_softmax" : "softmax",
+                                                     dtype_name(dtype), dim, shape, layout, ranks);
+                CaseRng rng(testing::case_seed(97, ranks, case_index++, 0));
+                // Values and gradients rounded to the dtype, the reference computed from them.
+                Tensor x = smooth_values(shape, rng);
+                Tensor g = smooth_values(shape, rng);
+                for (int64_t i = 0; i < x.numel(); ++i)
+                  x.data<double>()[i] *=
+                      15 * (1 + (i % 7));  // exp(x - y) overflows for y < max - 88
+                x = x.to_dtype(dtype).to_dtype(DType::f64);
+                g = g.to_dtype(dtype).to_dtype(DType::f64);
+                const bool with_nan = layout == 0 && shape[dim] > 2;
+                const int64_t nan_at =
+                    with_nan ? shape[dim] / 2 * x.numel() / shape[0] / (dim == 0 ? 1 : shape[dim])
+                             : -1;
+                if (with_nan) x.data<double>()[nan_at] = std::nan("");
+                std::vector<Placement> placements{Placement::replicate()};
+                std::vector<std::vector<int64_t>> extents{{}};
+                if (layout < 2) {
+                  const int sharded = layout == 0 ? dim : (dim == 0 ? 1 : 0);
+                  placements[0] = Placement::shard(sharded);
+                  extents[0] = testing::random_extents(shape[sharded], ranks, rng);
+                }
+                Tape tape;
+                ShardTensor input =
+                    ShardTensor::distribute(x.to_dtype(dtype), mesh, placements, extents);
+                input.set_requires_grad();
+                const ShardTensor gy =
+                    ShardTensor::distribute(g.to_dtype(dtype), mesh, placements, extents);
+                const ShardTensor y = log ? ops::log_softmax(input, dim) : ops::softmax(input, dim);
+                tape.backward(ops::sum(ops::mul(y, gy)));
+                const Tensor got = y.full_tensor().to_dtype(DType::f64);
+                const Tensor got_dx = tape.grad(input)->full_tensor().to_dtype(DType::f64);
+                // The reference per slot: [outer, length, inner] around dim.
+                const int64_t length = shape[dim];
+                int64_t outer = 1, inner = 1;
+                for (int d = 0; d < dim; ++d) outer *= shape[d];
+                for (size_t d = dim + 1; d < shape.size(); ++d) inner *= shape[d];
+                const double unit =
+                    dtype == DType::f32 ? std::ldexp(1.0, -24) : std::ldexp(1.0, -53);
+                const double tiny = dtype == DType::f32
+                                        ? std::ldexp(1.0, -148)
+                                        : std::ldexp(1.0, -1073);  // subnormals' spacing
+                int64_t wrong = 0, nan_rows = 0;
+                for (int64_t o = 0; o < outer; ++o)
+                  for (int64_t i = 0; i < inner; ++i) {
+                    auto at = [&](int64_t l) { return (o * length + l) * inner + i; };
+                    double peak = -INFINITY, total = 0, gsum = 0, gysum = 0, gmag = 0;
+                    bool has_nan = false;
+                    for (int64_t l = 0; l < length; ++l) {
+                      has_nan |= std::isnan(x.data<double>()[at(l)]);
+                      peak = std::max(peak, x.data<double>()[at(l)]);
+                    }
+                    if (has_nan) {
+                      ++nan_rows;
+                      for (int64_t l = 0; l < length; ++l)
+                        wrong += !std::isnan(got.data<double>()[at(l)]);
+                      continue;
+                    }
+                    for (int64_t l = 0; l < length; ++l)
+                      total += std::exp(x.data<double>()[at(l)] - peak);
+                    for (int64_t l = 0; l < length; ++l) {
+                      const double shifted = x.data<double>()[at(l)] - peak;
+                      const double yl = log ? shifted - std::log(total) : std::exp(shifted) / total;
+                      gsum += g.data<double>()[at(l)];
+                      gysum += g.data<double>()[at(l)] * (log ? std::exp(yl) : yl);
+                      gmag += std::fabs(g.data<double>()[at(l)]);
+                    }
+                    for (int64_t l = 0; l < length; ++l) {
+                      const double shifted = x.data<double>()[at(l)] - peak;
+                      const double gl = g.data<double>()[at(l)];
+                      const double yl = log ? shifted - std::log(total) : std::exp(shifted) / total;
+                      const double dx = log ? gl - std::exp(yl) * gsum : yl * (gl - gysum);
+                      // A few roundings of each term in the dtype (x - max is rounded, so
+                      // exp(x - max) carries a relative error of |x - max| roundings), and the
+                      // f64 sums' of `length` terms.
+                      const double sums = 4 * static_cast<double>(length) * std::ldexp(1.0, -53);
+                      const double reach = 1 + std::fabs(shifted) + std::log(total);
+                      const double y_bound =
+                          log ? 16 * unit * reach + sums
+                              : std::fabs(yl) * (16 * unit * (1 + std::fabs(shifted)) + sums) +
+                                    tiny;
+                      const double dx_bound =
+                          (std::fabs(gl) + gmag + 1) * (16 * unit * reach + sums);
+                      wrong += !(std::fabs(got.data<double>()[at(l)] - yl) <= y_bound);
+                      wrong += !(std::fabs(got_dx.data<double>()[at(l)] - dx) <= dx_bound);
+                    }
+                  }
+                EXPECT_EQ(wrong, 0) << name;
+                EXPECT_EQ(nan_rows, with_nan ? 1 : 0) << name;
+              }
+    });
+}
+
 // split's parts are views of x's storage (no copy), strided ones included, as torch.split's are;
 // every consumer of a strided part (an op with a halo, a pointwise op, redistribute, gather, a
 // user op without a rule, backward) gives exactly what it gives for a contiguous copy of it.
