@@ -12,6 +12,7 @@
 
 #include "core/errors.hpp"
 #include "ops/cpu_loops.hpp"
+#include "ops/cpu_stream.hpp"
 #include "ops/pointwise/pointwise_math.hpp"
 #include "ops/pointwise/vector_math.hpp"
 
@@ -412,10 +413,13 @@ std::optional<Tensor> unary_forward_cpu(const std::string& name, const Tensor& x
       const T* in = source.data<T>();
       T* y = out.data<T>();
       const Op<T> op{static_cast<T>(a), static_cast<T>(b)};
+      const bool stream = streams_output(2 * source.numel() * int64_t(sizeof(T)));
       parallel_ranges<kStreaming<Op>>(
           source.numel(), [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
             const Op<T> f = op;  // a local copy: stores through y cannot change its parameters
-            for (int64_t i = lo; i < hi; ++i) y[i] = f.forward(in[i]);
+            write_output(stream, y, lo, hi, [&](T* o, int64_t from, int64_t to) TESSERA_LOOP_BODY {
+              for (int64_t i = from; i < to; ++i) o[i - from] = f.forward(in[i]);
+            });
           });
       result = out;
     });
@@ -435,10 +439,13 @@ std::optional<Tensor> unary_backward_cpu(const std::string& name, const Tensor& 
       const T* gv = grads.data<T>();
       T* dx = out.data<T>();
       const Op<T> op{static_cast<T>(a), static_cast<T>(b)};
+      const bool stream = streams_output(3 * values.numel() * int64_t(sizeof(T)));
       parallel_ranges<kStreaming<Op>>(
           values.numel(), [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
             const Op<T> f = op;  // a local copy: stores through dx cannot change its parameters
-            for (int64_t i = lo; i < hi; ++i) dx[i] = f.backward(in[i], gv[i]);
+            write_output(stream, dx, lo, hi, [&](T* o, int64_t from, int64_t to) TESSERA_LOOP_BODY {
+              for (int64_t i = from; i < to; ++i) o[i - from] = f.backward(in[i], gv[i]);
+            });
           });
       result = out;
     });
@@ -460,30 +467,39 @@ std::optional<Tensor> binary_forward_cpu(const std::string& name, const Tensor& 
       const T* b = other.data<T>() + view.start;
       T* z = out.data<T>();
       const Op<T> op;
-      // Rows with the other operand constant (stride 0), contiguous, or strided.
-      auto row = [&](int64_t flat, int64_t offset, int64_t length,
-                     int64_t stride) TESSERA_LOOP_BODY {
+      const bool stream = streams_output(3 * layout.count * int64_t(sizeof(T)));
+      // The values of n elements from the lead's `flat` and the other's `offset` (its step
+      // `stride`: 0 for a constant, 1 for contiguous) into o.
+      auto piece = [&](T* o, int64_t flat, int64_t offset, int64_t stride,
+                       int64_t n) TESSERA_LOOP_BODY {
         const T* x = a + flat;
         const T* y = b + offset;
-        T* o = z + flat;
         if (stride == 0) {
           const T c = *y;
           if constexpr (std::is_same_v<Op<T>, Pow<float>>) {
-            if (!swapped && pow_constant_exponent_f32(x, c, o, length)) return;
+            if (!swapped && pow_constant_exponent_f32(x, c, o, n)) return;
           }
           if (swapped)
-            for (int64_t j = 0; j < length; ++j) o[j] = op.forward(c, x[j]);
+            for (int64_t j = 0; j < n; ++j) o[j] = op.forward(c, x[j]);
           else
-            for (int64_t j = 0; j < length; ++j) o[j] = op.forward(x[j], c);
+            for (int64_t j = 0; j < n; ++j) o[j] = op.forward(x[j], c);
         } else if (stride == 1) {
           if (swapped)
-            for (int64_t j = 0; j < length; ++j) o[j] = op.forward(y[j], x[j]);
+            for (int64_t j = 0; j < n; ++j) o[j] = op.forward(y[j], x[j]);
           else
-            for (int64_t j = 0; j < length; ++j) o[j] = op.forward(x[j], y[j]);
+            for (int64_t j = 0; j < n; ++j) o[j] = op.forward(x[j], y[j]);
         } else {
-          for (int64_t j = 0; j < length; ++j)
+          for (int64_t j = 0; j < n; ++j)
             o[j] = swapped ? op.forward(y[j * stride], x[j]) : op.forward(x[j], y[j * stride]);
         }
+      };
+      // A row, its output through write_output (streamed in blocks when the op is large).
+      auto row = [&](int64_t flat, int64_t offset, int64_t length,
+                     int64_t stride) TESSERA_LOOP_BODY {
+        write_output(stream, z + flat, 0, length,
+                     [&](T* o, int64_t from, int64_t to) TESSERA_LOOP_BODY {
+                       piece(o, flat + from, offset + from * stride, stride, to - from);
+                     });
       };
       parallel_ranges<kStreaming<Op>>(layout.count, [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
         for_rows(layout, lo, hi, row);
@@ -514,37 +530,44 @@ std::optional<std::pair<Tensor, Tensor>> binary_backward_cpu(const std::string& 
       T* da = d_lead.data<T>();
       T* db = d_other.data<T>();
       const Op<T> op;
-      auto row = [&](int64_t flat, int64_t offset, int64_t length, int64_t stride)
-                     TESSERA_LOOP_BODY {
-                       const T* x = a + flat;
-                       const T* y = b + offset;
-                       const T* gr = gv + flat;
-                       T* dl = da + flat;
-                       T* dr = db + flat;
-                       if (stride == 0) {
-                         const T c = *y;
-                         if (swapped)
-                           for (int64_t j = 0; j < length; ++j)
-                             op.backward(c, x[j], gr[j], dr[j], dl[j]);
-                         else
-                           for (int64_t j = 0; j < length; ++j)
-                             op.backward(x[j], c, gr[j], dl[j], dr[j]);
-                       } else if (stride == 1) {
-                         if (swapped)
-                           for (int64_t j = 0; j < length; ++j)
-                             op.backward(y[j], x[j], gr[j], dr[j], dl[j]);
-                         else
-                           for (int64_t j = 0; j < length; ++j)
-                             op.backward(x[j], y[j], gr[j], dl[j], dr[j]);
-                       } else {
-                         for (int64_t j = 0; j < length; ++j) {
+      const bool stream = streams_output(5 * layout.count * int64_t(sizeof(T)));
+      // The gradients of n elements (as binary_forward_cpu's piece) into dl and dr.
+      auto piece = [&](T* dl, T* dr, int64_t flat, int64_t offset, int64_t stride, int64_t n)
+                       TESSERA_LOOP_BODY {
+                         const T* x = a + flat;
+                         const T* y = b + offset;
+                         const T* gr = gv + flat;
+                         if (stride == 0) {
+                           const T c = *y;
                            if (swapped)
-                             op.backward(y[j * stride], x[j], gr[j], dr[j], dl[j]);
+                             for (int64_t j = 0; j < n; ++j)
+                               op.backward(c, x[j], gr[j], dr[j], dl[j]);
                            else
-                             op.backward(x[j], y[j * stride], gr[j], dl[j], dr[j]);
+                             for (int64_t j = 0; j < n; ++j)
+                               op.backward(x[j], c, gr[j], dl[j], dr[j]);
+                         } else if (stride == 1) {
+                           if (swapped)
+                             for (int64_t j = 0; j < n; ++j)
+                               op.backward(y[j], x[j], gr[j], dr[j], dl[j]);
+                           else
+                             for (int64_t j = 0; j < n; ++j)
+                               op.backward(x[j], y[j], gr[j], dl[j], dr[j]);
+                         } else {
+                           for (int64_t j = 0; j < n; ++j) {
+                             if (swapped)
+                               op.backward(y[j * stride], x[j], gr[j], dr[j], dl[j]);
+                             else
+                               op.backward(x[j], y[j * stride], gr[j], dl[j], dr[j]);
+                           }
                          }
-                       }
-                     };
+                       };
+      auto row = [&](int64_t flat, int64_t offset, int64_t length,
+                     int64_t stride) TESSERA_LOOP_BODY {
+        write_outputs(stream, da + flat, db + flat, 0, length,
+                      [&](T* dl, T* dr, int64_t from, int64_t to) TESSERA_LOOP_BODY {
+                        piece(dl, dr, flat + from, offset + from * stride, stride, to - from);
+                      });
+      };
       parallel_ranges<kStreaming<Op>>(layout.count, [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
         for_rows(layout, lo, hi, row);
       });
@@ -599,8 +622,18 @@ std::optional<Tensor> select_typed_cpu(const Tensor& cond, const Tensor& a, cons
     const T* x = left.data<T>();
     const T* y = right.data<T>();
     T* o = out.data<T>();
+    const bool stream = streams_output(4 * out.numel() * int64_t(sizeof(T)));
     parallel_ranges<true>(out.numel(), [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
-      for (int64_t i = lo; i < hi; ++i) o[i] = m[i] != 0 ? x[i] : y[i];
+      write_output(stream, o, lo, hi, [&](T* w, int64_t from, int64_t to) TESSERA_LOOP_BODY {
+        // Both values read before the choice (a select, not a branch: the loop vectorises).
+        const T* mask_at = m + from;
+        const T* x_at = x + from;
+        const T* y_at = y + from;
+        for (int64_t i = 0; i < to - from; ++i) {
+          const T if_true = x_at[i], if_false = y_at[i];
+          w[i] = mask_at[i] != 0 ? if_true : if_false;
+        }
+      });
     });
     result = out;
   });

@@ -1,0 +1,122 @@
+// Streaming stores (see cpu_stream.hpp).
+#include "ops/cpu_stream.hpp"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <string>
+
+#include "core/errors.hpp"
+#include "ops/cpu_isa.hpp"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace tessera::ops {
+
+namespace {
+
+/// The last-level cache's size from sysfs (the highest cache index of cpu 0), 32 MiB if unknown.
+int64_t last_level_cache_bytes() {
+  int64_t best = 0;
+  for (int index = 0; index < 8; ++index) {
+    std::ifstream file("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) +
+                       "/size");
+    std::string text;
+    if (!(file >> text) || text.empty()) continue;
+    int64_t value = 0;
+    size_t digits = 0;
+    while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9')
+      value = value * 10 + (text[digits++] - '0');
+    const char unit = digits < text.size() ? text[digits] : '\0';
+    value *= unit == 'K' ? 1024 : unit == 'M' ? 1024 * 1024 : unit == 'G' ? 1024 * 1024 * 1024 : 1;
+    best = std::max(best, value);
+  }
+  return best > 0 ? best : int64_t{32} << 20;
+}
+
+int64_t threshold_from_environment() {
+  const char* text = std::getenv("TESSERA_STREAMING_STORES");
+  const std::string value = text ? text : "";
+  if (value.empty() || value == "auto") return last_level_cache_bytes();
+  if (value == "off") return std::numeric_limits<int64_t>::max();
+  char* end = nullptr;
+  const long long bytes = std::strtoll(value.c_str(), &end, 10);
+  check_arg(end && *end == '\0' && bytes >= 0, "ops",
+            "TESSERA_STREAMING_STORES={}: expected auto, off or a number of bytes", value);
+  return bytes;
+}
+
+constexpr int64_t kUnset = -1;
+std::atomic<int64_t> override_bytes{kUnset};
+
+#if TESSERA_MULTI_ISA
+// One loop per vector width; src and dst advance by 64 bytes (dst aligned to 64).
+TESSERA_TARGET_V4 void stream_lines_512(char* dst, const char* src, size_t lines) {
+  for (size_t i = 0; i < lines; ++i)
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + 64 * i),
+                        _mm512_loadu_si512(reinterpret_cast<const void*>(src + 64 * i)));
+}
+TESSERA_TARGET_V3 void stream_lines_256(char* dst, const char* src, size_t lines) {
+  for (size_t i = 0; i < lines; ++i) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 64 * i));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 64 * i + 32));
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + 64 * i), a);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + 64 * i + 32), b);
+  }
+}
+#endif
+#if defined(__x86_64__)
+void stream_lines_128(char* dst, const char* src, size_t lines) {
+  for (size_t i = 0; i < lines; ++i)
+    for (int part = 0; part < 4; ++part)
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 64 * i + 16 * part),
+                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 64 * i + 16 * part)));
+}
+#endif
+
+}  // namespace
+
+int64_t streaming_store_threshold() {
+  const int64_t forced = override_bytes.load(std::memory_order_relaxed);
+  if (forced != kUnset) return forced;
+  static const int64_t bytes = threshold_from_environment();
+  return bytes;
+}
+
+void set_streaming_store_threshold(std::optional<int64_t> bytes) {
+  override_bytes.store(bytes ? std::max<int64_t>(0, *bytes) : kUnset, std::memory_order_relaxed);
+}
+
+void stream_bytes(void* destination, const void* source, size_t bytes) {
+  char* dst = static_cast<char*>(destination);
+  const char* src = static_cast<const char*>(source);
+#if defined(__x86_64__)
+  const size_t head = std::min(bytes, (64 - reinterpret_cast<uintptr_t>(dst) % 64) % 64);
+  std::memcpy(dst, src, head);
+  dst += head, src += head, bytes -= head;
+  const size_t lines = bytes / 64;
+#if TESSERA_MULTI_ISA
+  const int level = cpu_isa_level();
+  if (level == 4)
+    stream_lines_512(dst, src, lines);
+  else if (level == 3)
+    stream_lines_256(dst, src, lines);
+  else
+#endif
+    stream_lines_128(dst, src, lines);
+  dst += 64 * lines, src += 64 * lines, bytes -= 64 * lines;
+#endif
+  std::memcpy(dst, src, bytes);
+}
+
+void stream_fence() {
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
+}
+
+}  // namespace tessera::ops
