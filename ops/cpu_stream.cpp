@@ -7,7 +7,9 @@
 #include <fstream>
 #include <limits>
 #include <string>
+#include <thread>
 
+#include "core/compute_threads.hpp"
 #include "core/errors.hpp"
 #include "ops/cpu_isa.hpp"
 
@@ -38,10 +40,13 @@ int64_t last_level_cache_bytes() {
   return best > 0 ? best : int64_t{32} << 20;
 }
 
+constexpr int64_t kAuto = -2;
+
+/// The threshold TESSERA_STREAMING_STORES asks for, kAuto for the cache's share.
 int64_t threshold_from_environment() {
   const char* text = std::getenv("TESSERA_STREAMING_STORES");
   const std::string value = text ? text : "";
-  if (value.empty() || value == "auto") return last_level_cache_bytes();
+  if (value.empty() || value == "auto") return kAuto;
   if (value == "off") return std::numeric_limits<int64_t>::max();
   char* end = nullptr;
   const long long bytes = std::strtoll(value.c_str(), &end, 10);
@@ -83,8 +88,12 @@ void stream_lines_128(char* dst, const char* src, size_t lines) {
 int64_t streaming_store_threshold() {
   const int64_t forced = override_bytes.load(std::memory_order_relaxed);
   if (forced != kUnset) return forced;
-  static const int64_t bytes = threshold_from_environment();
-  return bytes;
+  static const int64_t asked = threshold_from_environment();
+  if (asked != kAuto) return asked;
+  // This rank's share of the cache: ranks running the same op at once split it by their cores.
+  static const int64_t cache = last_level_cache_bytes();
+  const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
+  return cache * std::min<int64_t>(compute_threads(), cores) / cores;
 }
 
 void set_streaming_store_threshold(std::optional<int64_t> bytes) {

@@ -6,7 +6,8 @@
 // anyway. Such loops compute each block of 1 KiB of output into a buffer on the stack (in the L1)
 // and copy it to the output with non-temporal stores, which write whole lines without reading
 // them. The results are the same bits either way. TESSERA_STREAMING_STORES sets the threshold:
-// unset or "auto" (the last-level cache's size), "off", or a number of bytes (0: always).
+// unset or "auto" (this rank's share of the last-level cache: its size times the rank's compute
+// threads over the cores), "off", or a number of bytes (0: always).
 #pragma once
 
 #include <algorithm>
@@ -16,10 +17,11 @@
 
 namespace tessera::ops {
 
-/// The traffic in bytes from which an op streams its output (INT64_MAX when off): the size of
-/// this cpu's last-level cache (from sysfs, else 32 MiB) unless TESSERA_STREAMING_STORES says
-/// otherwise (InvalidArgument for a value that is neither "auto", "off" nor a byte count). Read
-/// once; set_streaming_store_threshold overrides it (tests).
+/// The traffic in bytes from which an op streams its output (INT64_MAX when off): this rank's
+/// share of the last-level cache (its size from sysfs, else 32 MiB, times compute_threads() over
+/// the cores) unless TESSERA_STREAMING_STORES says otherwise (InvalidArgument for a value that is
+/// neither "auto", "off" nor a byte count; read once); set_streaming_store_threshold overrides
+/// it (tests).
 int64_t streaming_store_threshold();
 
 /// Overrides the threshold (nullopt: back to the environment's or the cache's).
