@@ -18,6 +18,7 @@
 #include "core/compute_threads.hpp"
 #include "core/estimate/estimate_mode.hpp"
 #include "core/parallel_for.hpp"
+#include "core/streaming_stores.hpp"
 
 namespace tessera {
 
@@ -184,9 +185,10 @@ Tensor Tensor::to_dtype(DType dtype) const {
 namespace {
 
 /// Copies elements [begin, end) of the row-major order over `merged`'s dims: whole rows by one
-/// memcpy when the innermost dim is contiguous in both, else element by element.
+/// memcpy (stream_bytes when `stream`, then a fence) when the innermost dim is contiguous in
+/// both, else element by element.
 void copy_element_range(char* out, const char* in, const MergedDims& merged, size_t element_size,
-                        int64_t begin, int64_t end) {
+                        int64_t begin, int64_t end, bool stream) {
   const std::vector<int64_t>& extent = merged.extent;
   const std::vector<int64_t>& dstride = merged.dst_strides;
   const std::vector<int64_t>& sstride = merged.src_strides;
@@ -207,7 +209,10 @@ void copy_element_range(char* out, const char* in, const MergedDims& merged, siz
     const int64_t first = index[last];
     const int64_t n = std::min(row - first, end - e);
     if (rows_contiguous) {
-      std::memcpy(out + out_offset * bytes, in + in_offset * bytes, n * element_size);
+      if (stream)
+        stream_bytes(out + out_offset * bytes, in + in_offset * bytes, n * element_size);
+      else
+        std::memcpy(out + out_offset * bytes, in + in_offset * bytes, n * element_size);
     } else {
       for (int64_t i = 0; i < n; ++i)
         std::memcpy(out + (out_offset + i * dstride[last]) * bytes,
@@ -228,6 +233,7 @@ void copy_element_range(char* out, const char* in, const MergedDims& merged, siz
       index[d] = 0;
     }
   }
+  if (stream) stream_fence();
 }
 
 /// Copies of at least this many bytes run on the rank's compute threads (memory bandwidth grows
@@ -250,13 +256,18 @@ void copy_strided_host(void* dst, const int64_t* dst_strides, const void* src,
     return;
   }
   const int threads = compute_threads();
-  if (threads > 1 && merged.count * static_cast<int64_t>(element_size) >= kParallelCopyBytes) {
+  const int64_t bytes = merged.count * static_cast<int64_t>(element_size);
+  // Rows of at least 4 KiB past the caches when the copy (read and written) outgrows this
+  // rank's share of them (core/streaming_stores.hpp).
+  const bool stream = merged.extent.back() * static_cast<int64_t>(element_size) >= 4096 &&
+                      streams_output(std::max(2 * bytes, StreamingScope::current()));
+  if (threads > 1 && bytes >= kParallelCopyBytes) {
     parallel_for(merged.count, threads, [&](int64_t begin, int64_t end, int) {
-      copy_element_range(out, in, merged, element_size, begin, end);
+      copy_element_range(out, in, merged, element_size, begin, end, stream);
     });
     return;
   }
-  copy_element_range(out, in, merged, element_size, 0, merged.count);
+  copy_element_range(out, in, merged, element_size, 0, merged.count, stream);
 }
 
 void Tensor::copy_from(const Tensor& source) {

@@ -1,44 +1,21 @@
-// Streaming (non-temporal) stores for the outputs of the cpu loops bound by memory traffic.
-//
-// An ordinary store first reads the output's cache line from memory (to own it) and leaves it in
-// the caches, pushing the inputs out. When an op's traffic (the bytes it reads and writes) is
-// larger than the last-level cache, neither pays: its output will not be in cache for the next op
-// anyway. Such loops compute each block of 1 KiB of output into a buffer on the stack (in the L1)
-// and copy it to the output with non-temporal stores, which write whole lines without reading
-// them. The results are the same bits either way. TESSERA_STREAMING_STORES sets the threshold:
-// unset or "auto" (this rank's share of the last-level cache: its size times the rank's compute
-// threads over the cores), "off", or a number of bytes (0: always).
+// The elementwise loops' streamed outputs (core/streaming_stores.hpp): a loop computes each
+// block of 1 KiB of output into a buffer on the stack (in the L1) and copies it to the output
+// with non-temporal stores.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <optional>
+
+#include "core/streaming_stores.hpp"
 
 namespace tessera::ops {
 
-/// The traffic in bytes from which an op streams its output (INT64_MAX when off): this rank's
-/// share of the last-level cache (its size from sysfs, else 32 MiB, times compute_threads() over
-/// the cores) unless TESSERA_STREAMING_STORES says otherwise (InvalidArgument for a value that is
-/// neither "auto", "off" nor a byte count; read once); set_streaming_store_threshold overrides
-/// it (tests).
-int64_t streaming_store_threshold();
-
-/// Overrides the threshold (nullopt: back to the environment's or the cache's).
-void set_streaming_store_threshold(std::optional<int64_t> bytes);
-
-/// Whether an op moving `traffic_bytes` streams its output.
-inline bool streams_output(int64_t traffic_bytes) {
-  return traffic_bytes >= streaming_store_threshold();
-}
-
-/// Copies `bytes` from src to dst with non-temporal stores (the widest the cpu_isa_level() has:
-/// 512, 256 or 128 bits); dst's bytes before its first 64-byte boundary and after its last are
-/// stored normally. No fence: call stream_fence() before another thread reads dst.
-void stream_bytes(void* dst, const void* src, size_t bytes);
-
-/// Orders this thread's streaming stores before its later stores (sfence on x86).
-void stream_fence();
+using tessera::set_streaming_store_threshold;
+using tessera::stream_bytes;
+using tessera::stream_fence;
+using tessera::streaming_store_threshold;
+using tessera::streams_output;
 
 /// Writes out[lo, hi) through fill(dst, a, b), which stores the values of elements [a, b) to
 /// dst[0, b - a): straight into out + a, or with `stream` block by block (1 KiB) into a buffer

@@ -3,6 +3,7 @@
 
 #include "ops/cuda_elements.cuh"
 #include "ops/softmax/softmax_cuda.cuh"
+#include "ops/softmax/softmax_rows.cuh"
 
 namespace tessera::ops::kernels {
 
@@ -21,18 +22,7 @@ __device__ __forceinline__ int64_t slot_base(const SoftmaxSlots& s, int64_t slot
   return o * s.length * s.inner + i;
 }
 
-__device__ __forceinline__ double widen(float v) {
-  return v;
-}
-__device__ __forceinline__ double widen(double v) {
-  return v;
-}
-__device__ __forceinline__ double widen(__half v) {
-  return __half2float(v);
-}
-__device__ __forceinline__ double widen(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
+using rows::widen;
 
 template <typename T>
 __device__ __forceinline__ T narrow(double v) {
@@ -66,19 +56,21 @@ __global__ void total_kernel(SoftmaxSlots s, const T* x, const double* peak, dou
   }
 }
 
+/// The slot of element `at` of the piece.
+__device__ __forceinline__ int64_t slot_of(const SoftmaxSlots& s, int64_t at) {
+  return at / (s.length * s.inner) * s.inner + at % s.inner;
+}
+
+// The outputs element by element (adjacent threads on adjacent elements, whatever the layout).
 template <typename T>
 __global__ void output_kernel(SoftmaxSlots s, const T* x, const double* peak, const double* total,
                               bool log_output, T* y) {
-  const int64_t slots = s.outer * s.inner;
-  for (int64_t slot = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; slot < slots;
-       slot += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t base = slot_base(s, slot);
-    const double log_total = log(total[slot]);
-    for (int64_t l = 0; l < s.length; ++l) {
-      const int64_t at = base + l * s.inner;
-      const double shifted = widen(x[at]) - peak[slot];
-      y[at] = narrow<T>(log_output ? shifted - log_total : exp(shifted) / total[slot]);
-    }
+  const int64_t count = s.outer * s.length * s.inner;
+  for (int64_t at = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; at < count;
+       at += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t slot = slot_of(s, at);
+    const double shifted = widen(x[at]) - peak[slot];
+    y[at] = narrow<T>(log_output ? shifted - log(total[slot]) : exp(shifted) / total[slot]);
   }
 }
 
@@ -101,16 +93,24 @@ __global__ void grad_total_kernel(SoftmaxSlots s, const T* y, const T* g, bool l
 template <typename T>
 __global__ void grad_kernel(SoftmaxSlots s, const T* y, const T* g, const double* total,
                             bool log_output, T* dx) {
-  const int64_t slots = s.outer * s.inner;
-  for (int64_t slot = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; slot < slots;
-       slot += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t base = slot_base(s, slot);
-    for (int64_t l = 0; l < s.length; ++l) {
-      const int64_t at = base + l * s.inner;
-      const double yv = widen(y[at]), gv = widen(g[at]);
-      dx[at] = narrow<T>(log_output ? gv - exp(yv) * total[slot] : yv * (gv - total[slot]));
-    }
+  const int64_t count = s.outer * s.length * s.inner;
+  for (int64_t at = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; at < count;
+       at += int64_t{gridDim.x} * blockDim.x) {
+    const double t = total[slot_of(s, at)];
+    const double yv = widen(y[at]), gv = widen(g[at]);
+    dx[at] = narrow<T>(log_output ? gv - exp(yv) * t : yv * (gv - t));
   }
+}
+
+// Along a contiguous dim (inner == 1) the statistics come from softmax_rows.cuh: a warp per row.
+using rows::row_grad_total_kernel;
+using rows::row_peak_kernel;
+using rows::row_total_kernel;
+constexpr int kRowWarps = kThreads / 32;  // rows per block
+
+int row_blocks_for(int64_t rows) {
+  const int64_t blocks = (rows + kRowWarps - 1) / kRowWarps;
+  return static_cast<int>(blocks < 65535 ? (blocks > 0 ? blocks : 1) : 65535);
 }
 
 __global__ void combine_kernel(const double* gathered, int64_t ranks, int64_t count, bool max,
@@ -146,7 +146,11 @@ cudaError_t launch_softmax_peak(ElementType type, SoftmaxSlots s, const void* x,
   if (slots == 0) return cudaSuccess;
   return with_type(type, [&](auto tag) {
     using T = decltype(tag);
-    peak_kernel<T><<<blocks_for(slots), kThreads, 0, stream>>>(s, static_cast<const T*>(x), peak);
+    if (s.inner == 1)
+      row_peak_kernel<T>
+          <<<row_blocks_for(s.outer), kThreads, 0, stream>>>(s, static_cast<const T*>(x), peak);
+    else
+      peak_kernel<T><<<blocks_for(slots), kThreads, 0, stream>>>(s, static_cast<const T*>(x), peak);
     return cudaGetLastError();
   });
 }
@@ -157,8 +161,12 @@ cudaError_t launch_softmax_total(ElementType type, SoftmaxSlots s, const void* x
   if (slots == 0) return cudaSuccess;
   return with_type(type, [&](auto tag) {
     using T = decltype(tag);
-    total_kernel<T>
-        <<<blocks_for(slots), kThreads, 0, stream>>>(s, static_cast<const T*>(x), peak, total);
+    if (s.inner == 1)
+      row_total_kernel<T><<<row_blocks_for(s.outer), kThreads, 0, stream>>>(
+          s, static_cast<const T*>(x), peak, total);
+    else
+      total_kernel<T>
+          <<<blocks_for(slots), kThreads, 0, stream>>>(s, static_cast<const T*>(x), peak, total);
     return cudaGetLastError();
   });
 }
@@ -170,8 +178,8 @@ cudaError_t launch_softmax_output(ElementType type, SoftmaxSlots s, const void* 
   if (slots == 0) return cudaSuccess;
   return with_type(type, [&](auto tag) {
     using T = decltype(tag);
-    output_kernel<T><<<blocks_for(slots), kThreads, 0, stream>>>(s, static_cast<const T*>(x), peak,
-                                                                 total, log, static_cast<T*>(y));
+    output_kernel<T><<<blocks_for(slots * s.length), kThreads, 0, stream>>>(
+        s, static_cast<const T*>(x), peak, total, log, static_cast<T*>(y));
     return cudaGetLastError();
   });
 }
@@ -182,8 +190,12 @@ cudaError_t launch_softmax_grad_total(ElementType type, SoftmaxSlots s, const vo
   if (slots == 0) return cudaSuccess;
   return with_type(type, [&](auto tag) {
     using T = decltype(tag);
-    grad_total_kernel<T><<<blocks_for(slots), kThreads, 0, stream>>>(
-        s, static_cast<const T*>(y), static_cast<const T*>(g), log, total);
+    if (s.inner == 1)
+      row_grad_total_kernel<T><<<row_blocks_for(s.outer), kThreads, 0, stream>>>(
+          s, static_cast<const T*>(y), static_cast<const T*>(g), log, total);
+    else
+      grad_total_kernel<T><<<blocks_for(slots), kThreads, 0, stream>>>(
+          s, static_cast<const T*>(y), static_cast<const T*>(g), log, total);
     return cudaGetLastError();
   });
 }
@@ -194,7 +206,7 @@ cudaError_t launch_softmax_grad(ElementType type, SoftmaxSlots s, const void* y,
   if (slots == 0) return cudaSuccess;
   return with_type(type, [&](auto tag) {
     using T = decltype(tag);
-    grad_kernel<T><<<blocks_for(slots), kThreads, 0, stream>>>(
+    grad_kernel<T><<<blocks_for(slots * s.length), kThreads, 0, stream>>>(
         s, static_cast<const T*>(y), static_cast<const T*>(g), total, log, static_cast<T*>(dx));
     return cudaGetLastError();
   });

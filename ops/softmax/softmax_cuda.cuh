@@ -1,7 +1,9 @@
 // Launch interface of the softmax cuda kernels (device code in softmax_cuda.cu, C++17 for nvcc).
-// A piece is [outer, length, inner] around the softmax dim; one thread per slot (outer, inner),
-// adjacent threads on adjacent inner positions (coalesced), walking the dim in order, so every
-// sum runs in the cpu kernel's order. Statistics are f64; elements f32, f64, f16 or bf16.
+// A piece is [outer, length, inner] around the softmax dim. The per-slot statistics (peak, total
+// and the gradient's total): with inner > 1 one thread per slot (outer, inner), adjacent threads
+// on adjacent inner positions (coalesced), walking the dim in order; with inner == 1 (a slot is
+// a contiguous row) one warp per row, its lanes on adjacent elements, reduced across the warp.
+// Outputs and gradients element by element. Statistics are f64; elements f32, f64, f16 or bf16.
 #pragma once
 
 #include <cuda_runtime.h>

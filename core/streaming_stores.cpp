@@ -1,5 +1,5 @@
-// Streaming stores (see cpu_stream.hpp).
-#include "ops/cpu_stream.hpp"
+// Streaming stores (see streaming_stores.hpp).
+#include "core/streaming_stores.hpp"
 
 #include <atomic>
 #include <cstdlib>
@@ -11,13 +11,12 @@
 
 #include "core/compute_threads.hpp"
 #include "core/errors.hpp"
-#include "ops/cpu_isa.hpp"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
-namespace tessera::ops {
+namespace tessera {
 
 namespace {
 
@@ -50,7 +49,7 @@ int64_t threshold_from_environment() {
   if (value == "off") return std::numeric_limits<int64_t>::max();
   char* end = nullptr;
   const long long bytes = std::strtoll(value.c_str(), &end, 10);
-  check_arg(end && *end == '\0' && bytes >= 0, "ops",
+  check_arg(end && *end == '\0' && bytes >= 0, "tensor",
             "TESSERA_STREAMING_STORES={}: expected auto, off or a number of bytes", value);
   return bytes;
 }
@@ -58,14 +57,26 @@ int64_t threshold_from_environment() {
 constexpr int64_t kUnset = -1;
 std::atomic<int64_t> override_bytes{kUnset};
 
-#if TESSERA_MULTI_ISA
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define TESSERA_STREAM_WIDE 1
+/// 4 with AVX-512, 3 with AVX2, else 0 (the vector width of the streaming stores).
+int stream_level() {
+  static const int level = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return 4;
+    if (__builtin_cpu_supports("avx2")) return 3;
+    return 0;
+  }();
+  return level;
+}
+
 // One loop per vector width; src and dst advance by 64 bytes (dst aligned to 64).
-TESSERA_TARGET_V4 void stream_lines_512(char* dst, const char* src, size_t lines) {
+__attribute__((target("avx512f"))) void stream_lines_512(char* dst, const char* src, size_t lines) {
   for (size_t i = 0; i < lines; ++i)
     _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + 64 * i),
                         _mm512_loadu_si512(reinterpret_cast<const void*>(src + 64 * i)));
 }
-TESSERA_TARGET_V3 void stream_lines_256(char* dst, const char* src, size_t lines) {
+__attribute__((target("avx2"))) void stream_lines_256(char* dst, const char* src, size_t lines) {
   for (size_t i = 0; i < lines; ++i) {
     const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 64 * i));
     const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 64 * i + 32));
@@ -100,6 +111,22 @@ void set_streaming_store_threshold(std::optional<int64_t> bytes) {
   override_bytes.store(bytes ? std::max<int64_t>(0, *bytes) : kUnset, std::memory_order_relaxed);
 }
 
+namespace {
+thread_local int64_t scoped_traffic = 0;
+}  // namespace
+
+StreamingScope::StreamingScope(int64_t traffic_bytes) : previous_(scoped_traffic) {
+  scoped_traffic = traffic_bytes;
+}
+
+StreamingScope::~StreamingScope() {
+  scoped_traffic = previous_;
+}
+
+int64_t StreamingScope::current() {
+  return scoped_traffic;
+}
+
 void stream_bytes(void* destination, const void* source, size_t bytes) {
   char* dst = static_cast<char*>(destination);
   const char* src = static_cast<const char*>(source);
@@ -108,8 +135,8 @@ void stream_bytes(void* destination, const void* source, size_t bytes) {
   std::memcpy(dst, src, head);
   dst += head, src += head, bytes -= head;
   const size_t lines = bytes / 64;
-#if TESSERA_MULTI_ISA
-  const int level = cpu_isa_level();
+#if defined(TESSERA_STREAM_WIDE)
+  const int level = stream_level();
   if (level == 4)
     stream_lines_512(dst, src, lines);
   else if (level == 3)
@@ -128,4 +155,4 @@ void stream_fence() {
 #endif
 }
 
-}  // namespace tessera::ops
+}  // namespace tessera
