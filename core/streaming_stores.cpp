@@ -1,6 +1,7 @@
 // Streaming stores (see streaming_stores.hpp).
 #include "core/streaming_stores.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -103,7 +104,7 @@ int64_t streaming_store_threshold() {
   if (asked != kAuto) return asked;
   // This rank's share of the cache: ranks running the same op at once split it by their cores.
   static const int64_t cache = last_level_cache_bytes();
-  const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
+  static const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
   return cache * std::min<int64_t>(compute_threads(), cores) / cores;
 }
 

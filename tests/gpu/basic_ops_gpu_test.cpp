@@ -171,6 +171,11 @@ std::vector<OpCase> op_cases() {
                    {{40, 37}},
                    [](const auto& in) { return log_softmax(in[0], -1); },
                    80});
+  // Rows of 1000: each lane of the row's warp takes 31 or 32 elements.
+  cases.push_back({"softmax dim -1 of long rows",
+                   {{7, 1000}},
+                   [](const auto& in) { return softmax(in[0], -1); },
+                   2000});
   // dropout: the device draws the cpu's mask (a function of seed and global index).
   cases.push_back({"dropout", {{1000, 37}}, [](const auto& in) { return dropout(in[0], 0.3, 7); }});
   cases.push_back({"sum dims 0,2", {small}, [](const auto& in) { return sum(in[0], {0, 2}); }, 15});
