@@ -345,10 +345,11 @@ constexpr bool kStreaming =
     std::is_same_v<Op<float>, Minimum<float>>;
 
 /// Ops whose outputs are streamed past the caches when large (cpu_stream.hpp): the loops bound
-/// by memory traffic, and div (one division per element). The compute-heavy ones (exp, sigmoid,
-/// pow, ...) ran 15-20% slower through the stream buffer and keep plain stores.
+/// by memory traffic, div and sqrt (one division or root per element). The compute-heavy ones
+/// (exp, sigmoid, pow, ...) ran 15-20% slower through the stream buffer and keep plain stores.
 template <template <typename> class Op>
-constexpr bool kStreamsOutput = kStreaming<Op> || std::is_same_v<Op<float>, Div<float>>;
+constexpr bool kStreamsOutput = kStreaming<Op> || std::is_same_v<Op<float>, Div<float>> ||
+                                std::is_same_v<Op<float>, Sqrt<float>>;
 
 template <typename Fn>
 bool visit_binary(const std::string& name, Fn&& fn) {
