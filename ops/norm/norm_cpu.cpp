@@ -14,6 +14,7 @@
 #include "core/compute_threads.hpp"
 #include "core/errors.hpp"
 #include "core/parallel_for.hpp"
+#include "ops/cpu_lanes.hpp"
 #include "ops/cpu_loops.hpp"
 #include "ops/norm/norm_kernels.hpp"
 
@@ -77,23 +78,7 @@ int64_t chunks_of(const NormGeometry& g) {
 #define TESSERA_NORM_TARGET_V3
 #endif
 
-/// Eight f64 lanes in a vector register (two halves of 256 bits with AVX2).
-using Lanes8 = double __attribute__((vector_size(64)));
-
-/// The sum of 16 lanes, 0-7 in `low` and 8-15 in `high`, in a fixed order: lane l + lane l + 8,
-/// then the halves of that folded onto each other (4, 2, 1). In vector registers: an array folded
-/// through memory stalls on narrower loads of a wider store, which on rows of a few elements
-/// costs more than the sums.
-TESSERA_NORM_INLINE double fold(const Lanes8& low, const Lanes8& high) {
-  using V4 = double __attribute__((vector_size(32)));
-  using V2 = double __attribute__((vector_size(16)));
-  const Lanes8 eight = low + high;
-  const V4 four = __builtin_shufflevector(eight, eight, 0, 1, 2, 3) +
-                  __builtin_shufflevector(eight, eight, 4, 5, 6, 7);
-  const V2 two =
-      __builtin_shufflevector(four, four, 0, 1) + __builtin_shufflevector(four, four, 2, 3);
-  return two[0] + two[1];
-}
+using ops::fold;  // of two Lanes8 (cpu_lanes.hpp), beside this one of an array
 
 /// fold of the kLanes lanes of an array.
 TESSERA_NORM_INLINE double fold(const double* lanes) {
@@ -126,22 +111,6 @@ TESSERA_NORM_INLINE void chunk_moments(const T* p, int64_t n, double& mean, doub
     tail += d * d;
   }
   m2 = fold(lanes) + tail;
-}
-
-/// Elements 0..7 of p widened to f64 lanes (through a reference: a 512-bit vector returned by
-/// value has an ABI of its own).
-template <typename T>
-TESSERA_NORM_INLINE void widen8(const T* p, Lanes8& v) {
-  if constexpr (std::is_same_v<T, float>) {
-    using Floats8 = float __attribute__((vector_size(32)));
-    Floats8 f;
-    std::memcpy(&f, p, sizeof f);
-    v = __builtin_convertvector(f, Lanes8);
-  } else if constexpr (std::is_same_v<T, double>) {
-    std::memcpy(&v, p, sizeof v);
-  } else {
-    for (int l = 0; l < 8; ++l) v[l] = widen(p[l]);
-  }
 }
 
 /// first = sum of dy * w, second = sum of dy * w * xhat over n elements (w per element, or none).

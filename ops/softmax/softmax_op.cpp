@@ -22,6 +22,7 @@
 #include "core/compute_threads.hpp"
 #include "core/estimate/real_data.hpp"
 #include "core/parallel_for.hpp"
+#include "ops/cpu_lanes.hpp"
 #include "ops/cpu_loops.hpp"
 #include "ops/op_helpers.hpp"
 #include "ops/pointwise/vector_math.hpp"
@@ -188,33 +189,6 @@ void for_slot_columns(const Slots& s, int64_t columns, const Body& body) {
 // in f64 for the sums: lane j takes the values i with i % 16 == j in order, the lanes are then
 // added in a fixed order (fold), so the result depends on the row alone, not on the threads.
 constexpr int kRowLanes = 16;
-using RowSums = double __attribute__((vector_size(64)));  // eight f64 lanes
-
-/// The sum of the two halves' lanes in a fixed order (lane j + lane j + 8, then halves folded).
-[[gnu::always_inline]] inline double fold(const RowSums& low, const RowSums& high) {
-  using Four = double __attribute__((vector_size(32)));
-  using Two = double __attribute__((vector_size(16)));
-  const RowSums eight = low + high;
-  const Four four = __builtin_shufflevector(eight, eight, 0, 1, 2, 3) +
-                    __builtin_shufflevector(eight, eight, 4, 5, 6, 7);
-  const Two two =
-      __builtin_shufflevector(four, four, 0, 1) + __builtin_shufflevector(four, four, 2, 3);
-  return two[0] + two[1];
-}
-
-/// Values p[0..8) widened to f64 lanes (through a reference: a 512-bit vector returned by value
-/// has an ABI of its own).
-template <typename T>
-[[gnu::always_inline]] inline void widen8(const T* p, RowSums& v) {
-  if constexpr (std::is_same_v<T, float>) {
-    using Floats8 = float __attribute__((vector_size(32)));
-    Floats8 f;
-    std::memcpy(&f, p, sizeof f);
-    v = __builtin_convertvector(f, RowSums);
-  } else {
-    std::memcpy(&v, p, sizeof v);
-  }
-}
 
 // The lane loops of the row maxima stay loops (`unroll 1`) so that GCC vectorises them:
 // unrolled first, their selects were left as scalar branches. Comparisons of vector-extension
@@ -253,11 +227,11 @@ template <typename T>
 
 /// The f64 sum of a row's n values in the lanes' order.
 template <typename T>
-[[gnu::always_inline]] inline void add_lanes(const T* e, int64_t n, RowSums& low, RowSums& high,
+[[gnu::always_inline]] inline void add_lanes(const T* e, int64_t n, Lanes8& low, Lanes8& high,
                                              double& tail) {
   int64_t i = 0;
   for (; i + kRowLanes <= n; i += kRowLanes) {
-    RowSums a, b;
+    Lanes8 a, b;
     widen8(e + i, a);
     widen8(e + i + 8, b);
     low += a;
@@ -272,7 +246,7 @@ template <typename T>
 [[gnu::always_inline]] inline double row_exp_sum(const T* v, int64_t n, T peak, T* store) {
   constexpr int64_t kPiece = 1024;  // a multiple of kRowLanes: lane j keeps i % 16 == j
   T buffer[kPiece];
-  RowSums low = {}, high = {};
+  Lanes8 low = {}, high = {};
   double tail = 0;
   for (int64_t c = 0; c < n; c += kPiece) {
     const int64_t m = std::min(kPiece, n - c);
@@ -292,6 +266,18 @@ template <typename T>
     for (int64_t i = 0; i < n; ++i) w[i] = T(v[i] - peak) - norm;
   else
     for (int64_t i = 0; i < n; ++i) w[i] = w[i] / norm;
+}
+
+/// fn(r) for every row r < rows on the compute threads, `grain` rows a unit; fn must be a
+/// TESSERA_LOOP_BODY lambda (inlined into the instruction set's body).
+template <typename Fn>
+void for_each_row(int64_t rows, int64_t grain, const Fn& fn) {
+  parallel_ranges(
+      rows,
+      [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
+        for (int64_t r = lo; r < hi; ++r) fn(r);
+      },
+      grain);
 }
 
 /// Rows per unit of work: about 64 KiB of values.
@@ -336,36 +322,22 @@ Tensor forward_rows(const SoftmaxCall& call, const DeviceMesh& mesh, const T* in
   }
   // Sharded: each pass over every row, the per-row statistics combined between them.
   std::vector<double> peak(s.outer);
-  parallel_ranges(
-      s.outer,
-      [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
-        for (int64_t r = lo; r < hi; ++r) peak[r] = row_max(in + r * n, n);
-      },
-      grain);
+  for_each_row(s.outer, grain,
+               [&](int64_t r) TESSERA_LOOP_BODY { peak[r] = row_max(in + r * n, n); });
   peak = combine(mesh, call.mesh_dims, std::move(peak), true);
   std::vector<double> total(s.outer);
-  parallel_ranges(
-      s.outer,
-      [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
-        for (int64_t r = lo; r < hi; ++r)
-          total[r] =
-              row_exp_sum(in + r * n, n, static_cast<T>(peak[r]), log ? nullptr : out + r * n);
-      },
-      grain);
+  for_each_row(s.outer, grain, [&](int64_t r) TESSERA_LOOP_BODY {
+    total[r] = row_exp_sum(in + r * n, n, static_cast<T>(peak[r]), log ? nullptr : out + r * n);
+  });
   total = combine(mesh, call.mesh_dims, std::move(total), false);
-  parallel_ranges(
-      s.outer,
-      [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
-        for (int64_t r = lo; r < hi; ++r) {
-          T norm;
-          if (log)
-            log_of_total(total[r], norm);
-          else
-            norm = static_cast<T>(total[r]);
-          row_output(in + r * n, n, static_cast<T>(peak[r]), norm, log, out + r * n);
-        }
-      },
-      grain);
+  for_each_row(s.outer, grain, [&](int64_t r) TESSERA_LOOP_BODY {
+    T norm;
+    if (log)
+      log_of_total(total[r], norm);
+    else
+      norm = static_cast<T>(total[r]);
+    row_output(in + r * n, n, static_cast<T>(peak[r]), norm, log, out + r * n);
+  });
   return y;
 }
 
@@ -381,16 +353,16 @@ Tensor backward_rows(const SoftmaxCall& call, const DeviceMesh& mesh, const T* y
     const T* y = yv + r * n;
     const T* g = gv + r * n;
     if (log) {
-      RowSums low = {}, high = {};
+      Lanes8 low = {}, high = {};
       double tail = 0;
       add_lanes(g, n, low, high, tail);
       return fold(low, high) + tail;
     }
     // The products in f64, as the column passes take them: two sets of lanes.
-    RowSums low = {}, high = {};
+    Lanes8 low = {}, high = {};
     int64_t i = 0;
     for (; i + kRowLanes <= n; i += kRowLanes) {
-      RowSums y0, y1, g0, g1;
+      Lanes8 y0, y1, g0, g1;
       widen8(y + i, y0);
       widen8(y + i + 8, y1);
       widen8(g + i, g0);
@@ -414,28 +386,16 @@ Tensor backward_rows(const SoftmaxCall& call, const DeviceMesh& mesh, const T* y
     }
   };
   if (call.mesh_dims.empty()) {
-    parallel_ranges(
-        s.outer,
-        [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
-          for (int64_t r = lo; r < hi; ++r) row_gradient(r, static_cast<T>(row_total(r)));
-        },
-        grain);
+    for_each_row(s.outer, grain, [&](int64_t r) TESSERA_LOOP_BODY {
+      row_gradient(r, static_cast<T>(row_total(r)));
+    });
     return dx;
   }
   std::vector<double> total(s.outer);
-  parallel_ranges(
-      s.outer,
-      [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
-        for (int64_t r = lo; r < hi; ++r) total[r] = row_total(r);
-      },
-      grain);
+  for_each_row(s.outer, grain, [&](int64_t r) TESSERA_LOOP_BODY { total[r] = row_total(r); });
   total = combine(mesh, call.mesh_dims, std::move(total), false);
-  parallel_ranges(
-      s.outer,
-      [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
-        for (int64_t r = lo; r < hi; ++r) row_gradient(r, static_cast<T>(total[r]));
-      },
-      grain);
+  for_each_row(s.outer, grain,
+               [&](int64_t r) TESSERA_LOOP_BODY { row_gradient(r, static_cast<T>(total[r])); });
   return dx;
 }
 

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "ops/cuda_elements.cuh"
 #include "ops/softmax/softmax_cuda.cuh"
 
 namespace tessera::ops::kernels::rows {
@@ -22,17 +23,10 @@ using std::exp;  // the device's math functions, for the host compiler of the em
 using std::isnan;
 #endif
 
-__device__ __forceinline__ double widen(float v) {
-  return v;
-}
-__device__ __forceinline__ double widen(double v) {
-  return v;
-}
-__device__ __forceinline__ double widen(__half v) {
-  return __half2float(v);
-}
-__device__ __forceinline__ double widen(__nv_bfloat16 v) {
-  return __bfloat162float(v);
+/// An element widened to f64 (through its computation type).
+template <typename T>
+__device__ __forceinline__ double widen(T v) {
+  return static_cast<double>(to_compute(v));
 }
 
 /// The largest of the warp's values (NaN if any lane's is NaN), on every lane.
