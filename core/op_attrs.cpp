@@ -27,7 +27,9 @@ OpAttrs& OpAttrs::set(const std::string& name, AttrValue value) {
 
 const AttrValue& OpAttrs::find(const std::string& name) const {
   const auto it = values_.find(name);
-  check_arg(it != values_.end(), "attrs", "attribute '{}' is not set ({})", name, str());
+  // (The message only when it is thrown: str() formats every attribute.)
+  if (it == values_.end())
+    throw InvalidArgument("attrs", fmt::format("attribute '{}' is not set ({})", name, str()));
   return it->second;
 }
 

@@ -354,13 +354,17 @@ std::vector<ShardTensor> apply_op(const std::string& name,
   trace::Span span("op", name);
   check_arg(!inputs.empty(), name, "an op needs at least one input");
   const DeviceMesh& mesh = inputs[0].mesh();
+  // (Each message formatted only when it is thrown: str() costs more than the check.)
   for (const ShardTensor& input : inputs)
-    check_arg(input.mesh().comm_ptr() == mesh.comm_ptr() && input.mesh().shape() == mesh.shape(),
-              name, "inputs live on different meshes ({} and {})", mesh.str(), input.mesh().str());
+    if (input.mesh().comm_ptr() != mesh.comm_ptr() || input.mesh().shape() != mesh.shape())
+      throw InvalidArgument(name, fmt::format("inputs live on different meshes ({} and {})",
+                                              mesh.str(), input.mesh().str()));
   for (const ShardTensor& input : inputs)
-    check_arg(input.device() == inputs[0].device(), name,
-              "inputs on different devices ({} and {}): move them to one device first",
-              inputs[0].device().str(), input.device().str());
+    if (input.device() != inputs[0].device())
+      throw InvalidArgument(
+          name,
+          fmt::format("inputs on different devices ({} and {}): move them to one device first",
+                      inputs[0].device().str(), input.device().str()));
   if (op.has_signature()) {
     // Attributes and the input count are the same on every rank: an agreed error.
     size_t required = 0;

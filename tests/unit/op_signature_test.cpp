@@ -180,6 +180,35 @@ TEST(OpSignature, ApplyOpRefusesAttributesOutsideTheSignatureOnEveryRank) {
   });
 }
 
+// The messages apply_op and OpAttrs format only when they throw: a missing attribute names
+// the attributes that are set; inputs on two meshes or two devices name both.
+TEST(OpSignature, ChecksOnTheCallPathNameWhatTheyFound) {
+  const OpAttrs attrs = OpAttrs().set("dim", int64_t{1}).set("p", 0.5);
+  try {
+    attrs.get_int("groups");
+    ADD_FAILURE() << "expected InvalidArgument";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("[attrs] attribute 'groups' is not set (dim=1 p=0.5)"),
+              std::string::npos)
+        << error.what();
+  }
+  run_local_ranks(2, [](std::shared_ptr<Comm> world) {
+    DeviceMesh mesh(world, {2}), flat(world, {2, 1});
+    const ShardTensor x =
+        ShardTensor::distribute(Tensor::zeros({4, 3}, DType::f64), mesh, {Placement::shard(0)});
+    const ShardTensor y = ShardTensor::distribute(Tensor::zeros({4, 3}, DType::f64), flat,
+                                                  {Placement::shard(0), Placement::replicate()});
+    try {
+      apply_op("add", {x, y});
+      ADD_FAILURE() << "expected InvalidArgument";
+    } catch (const InvalidArgument& error) {
+      EXPECT_NE(std::string(error.what()).find("[add] inputs live on different meshes ("),
+                std::string::npos)
+          << error.what();
+    }
+  });
+}
+
 TEST(OpSignature, AnOpWithRequiredAndDefaultedAttributesRegistersAndChecksCalls) {
   register_op(OpDef{
       .name = "test_signature_pool",
