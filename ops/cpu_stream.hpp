@@ -11,12 +11,6 @@
 
 namespace tessera::ops {
 
-using tessera::set_streaming_store_threshold;
-using tessera::stream_bytes;
-using tessera::stream_fence;
-using tessera::streaming_store_threshold;
-using tessera::streams_output;
-
 /// Writes out[lo, hi) through fill(dst, a, b), which stores the values of elements [a, b) to
 /// dst[0, b - a): straight into out + a, or with `stream` block by block (1 KiB) into a buffer
 /// that stream_bytes copies to out, then a fence. fill must be inlined into its caller's

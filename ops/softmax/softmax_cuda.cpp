@@ -49,6 +49,10 @@ Tensor softmax_forward_cuda(const Tensor& x_in, const SoftmaxPiece& piece, Comm*
                                              static_cast<double*>(total.raw_data()), handle),
                op, x.device(), "total");
   combine(comm, total, false, stream, op);
+  if (log)
+    check_launch(
+        kernels::launch_softmax_log_totals(static_cast<double*>(total.raw_data()), slots, handle),
+        op, x.device(), "log of the totals");
   check_launch(kernels::launch_softmax_output(
                    type, slots_of(piece), x.raw_data(), static_cast<const double*>(peak.raw_data()),
                    static_cast<const double*>(total.raw_data()), log, y.raw_data(), handle),

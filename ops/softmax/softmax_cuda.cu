@@ -62,16 +62,23 @@ __device__ __forceinline__ int64_t slot_of(const SoftmaxSlots& s, int64_t at) {
 }
 
 // The outputs element by element (adjacent threads on adjacent elements, whatever the layout).
+// `norm` holds each slot's total, or its log for log_softmax (log_kernel, once per slot).
 template <typename T>
-__global__ void output_kernel(SoftmaxSlots s, const T* x, const double* peak, const double* total,
+__global__ void output_kernel(SoftmaxSlots s, const T* x, const double* peak, const double* norm,
                               bool log_output, T* y) {
   const int64_t count = s.outer * s.length * s.inner;
   for (int64_t at = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; at < count;
        at += int64_t{gridDim.x} * blockDim.x) {
     const int64_t slot = slot_of(s, at);
     const double shifted = widen(x[at]) - peak[slot];
-    y[at] = narrow<T>(log_output ? shifted - log(total[slot]) : exp(shifted) / total[slot]);
+    y[at] = narrow<T>(log_output ? shifted - norm[slot] : exp(shifted) / norm[slot]);
   }
+}
+
+__global__ void log_kernel(double* values, int64_t count) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
+       i += int64_t{gridDim.x} * blockDim.x)
+    values[i] = log(values[i]);
 }
 
 template <typename T>
@@ -106,11 +113,10 @@ __global__ void grad_kernel(SoftmaxSlots s, const T* y, const T* g, const double
 using rows::row_grad_total_kernel;
 using rows::row_peak_kernel;
 using rows::row_total_kernel;
-constexpr int kRowWarps = kThreads / 32;  // rows per block
 
+/// Blocks for one warp per row.
 int row_blocks_for(int64_t rows) {
-  const int64_t blocks = (rows + kRowWarps - 1) / kRowWarps;
-  return static_cast<int>(blocks < 65535 ? (blocks > 0 ? blocks : 1) : 65535);
+  return blocks_for(rows * 32);
 }
 
 __global__ void combine_kernel(const double* gathered, int64_t ranks, int64_t count, bool max,
@@ -172,14 +178,14 @@ cudaError_t launch_softmax_total(ElementType type, SoftmaxSlots s, const void* x
 }
 
 cudaError_t launch_softmax_output(ElementType type, SoftmaxSlots s, const void* x,
-                                  const double* peak, const double* total, bool log, void* y,
+                                  const double* peak, const double* norm, bool log, void* y,
                                   cudaStream_t stream) {
   const int64_t slots = s.outer * s.inner;
   if (slots == 0) return cudaSuccess;
   return with_type(type, [&](auto tag) {
     using T = decltype(tag);
     output_kernel<T><<<blocks_for(slots * s.length), kThreads, 0, stream>>>(
-        s, static_cast<const T*>(x), peak, total, log, static_cast<T*>(y));
+        s, static_cast<const T*>(x), peak, norm, log, static_cast<T*>(y));
     return cudaGetLastError();
   });
 }
@@ -210,6 +216,12 @@ cudaError_t launch_softmax_grad(ElementType type, SoftmaxSlots s, const void* y,
         s, static_cast<const T*>(y), static_cast<const T*>(g), total, log, static_cast<T*>(dx));
     return cudaGetLastError();
   });
+}
+
+cudaError_t launch_softmax_log_totals(double* total, int64_t slots, cudaStream_t stream) {
+  if (slots == 0) return cudaSuccess;
+  log_kernel<<<blocks_for(slots), kThreads, 0, stream>>>(total, slots);
+  return cudaGetLastError();
 }
 
 cudaError_t launch_combine_rows(const double* gathered, int64_t ranks, int64_t count, bool max,

@@ -25,9 +25,12 @@ cudaError_t launch_softmax_peak(ElementType type, SoftmaxSlots s, const void* x,
 /// total[slot] = sum of exp(x - peak[slot]) over the slot.
 cudaError_t launch_softmax_total(ElementType type, SoftmaxSlots s, const void* x,
                                  const double* peak, double* total, cudaStream_t stream);
-/// y = exp(x - peak) / total, or x - peak - log(total) when `log`.
+/// total[slot] = log(total[slot]): log_softmax's norms, once per slot.
+cudaError_t launch_softmax_log_totals(double* total, int64_t slots, cudaStream_t stream);
+/// y = exp(x - peak) / norm, or x - peak - norm when `log` (norm: the totals, their logs for
+/// log_softmax from launch_softmax_log_totals).
 cudaError_t launch_softmax_output(ElementType type, SoftmaxSlots s, const void* x,
-                                  const double* peak, const double* total, bool log, void* y,
+                                  const double* peak, const double* norm, bool log, void* y,
                                   cudaStream_t stream);
 /// total[slot] = sum of g * y (softmax) or of g (log_softmax) over the slot.
 cudaError_t launch_softmax_grad_total(ElementType type, SoftmaxSlots s, const void* y,

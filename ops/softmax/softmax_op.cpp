@@ -153,10 +153,6 @@ Tensor estimated(const SoftmaxCall& call, const DeviceMesh& mesh, const Tensor& 
   return Tensor::empty(x.shape(), x.dtype());
 }
 
-/// Calls body(o, first, count) for units of (outer index o, up to `columns` inner positions from
-/// `first`) on the compute threads, each compiled for the cpu's instruction set: a body walks the
-/// dim in order with the inner positions innermost (contiguous, vectorised), so each slot is
-/// visited along the dim in order by one thread and no two threads touch the same slot.
 constexpr int64_t kSlotColumns = 4096;  // the most columns of a unit (the bodies' buffers)
 
 /// Columns of a unit: a unit's rows (`length` of them, a whole piece of the dim apart) are
@@ -170,6 +166,10 @@ int64_t slot_columns(const Slots& s, size_t value_bytes) {
   return columns;
 }
 
+/// Calls body(o, first, count) for units of (outer index o, up to `columns` inner positions from
+/// `first`) on the compute threads, each compiled for the cpu's instruction set: a body walks the
+/// dim in order with the inner positions innermost (contiguous, vectorised), so each slot is
+/// visited along the dim in order by one thread and no two threads touch the same slot.
 template <typename Body>
 void for_slot_columns(const Slots& s, int64_t columns, const Body& body) {
   const int64_t chunks = (s.inner + columns - 1) / columns;
@@ -295,8 +295,7 @@ Tensor forward_rows(const SoftmaxCall& call, const DeviceMesh& mesh, const T* in
   if (call.mesh_dims.empty()) {
     // The dim is not sharded: every pass of a few rows while they are in cache (up to 16 rows
     // of at most 64 KiB together), their norms together (log_softmax's logs vectorise).
-    const int64_t block = std::clamp<int64_t>(
-        (int64_t{64} << 10) / std::max<int64_t>(1, n * int64_t(sizeof(T))), 1, kRowLanes);
+    const int64_t block = std::min<int64_t>(grain, kRowLanes);
     parallel_ranges(
         s.outer,
         [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {

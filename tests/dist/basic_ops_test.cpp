@@ -16,8 +16,8 @@
 
 #include "core/autograd.hpp"
 #include "core/compute_threads.hpp"
+#include "core/streaming_stores.hpp"
 #include "core/trace.hpp"
-#include "ops/cpu_stream.hpp"
 #include "ops/ops.hpp"
 #include "tests/dist/harness.hpp"
 #include "tests/dist/shard_cases.hpp"
@@ -566,8 +566,8 @@ TEST(BasicOps, StreamedOutputsAreTheSameBitsAsStoredOnes) {
            {size_t{0}, size_t{1}, size_t{63}, size_t{64}, size_t{200}, size_t{4099}}) {
         std::vector<unsigned char> from(bytes + 128), to(bytes + 128, 0), expected(bytes + 128, 0);
         for (size_t i = 0; i < from.size(); ++i) from[i] = static_cast<unsigned char>(i * 37 + 11);
-        ops::stream_bytes(to.data() + dst_offset, from.data() + src_offset, bytes);
-        ops::stream_fence();
+        stream_bytes(to.data() + dst_offset, from.data() + src_offset, bytes);
+        stream_fence();
         std::memcpy(expected.data() + dst_offset, from.data() + src_offset, bytes);
         EXPECT_EQ(to, expected) << bytes << " bytes from +" << src_offset << " to +" << dst_offset;
       }
@@ -605,7 +605,7 @@ TEST(BasicOps, StreamedOutputsAreTheSameBitsAsStoredOnes) {
             std::vector<Tensor> values;
             for (const Shape& s : shapes) values.push_back(smooth_values(s, rng).to_dtype(dtype));
             auto run_with = [&](int64_t threshold) {
-              ops::set_streaming_store_threshold(threshold);
+              set_streaming_store_threshold(threshold);
               Tape tape;
               std::vector<ShardTensor> in;
               for (size_t i = 0; i < values.size(); ++i) {
@@ -617,7 +617,7 @@ TEST(BasicOps, StreamedOutputsAreTheSameBitsAsStoredOnes) {
               std::vector<Tensor> results{y.full_tensor()};
               for (const ShardTensor& t : in)
                 if (tape.grad(t)) results.push_back(tape.grad(t)->full_tensor());
-              ops::set_streaming_store_threshold(std::nullopt);
+              set_streaming_store_threshold(std::nullopt);
               return results;
             };
             const auto streamed = run_with(0);

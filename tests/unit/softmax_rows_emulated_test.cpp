@@ -57,8 +57,8 @@ void expect_row_statistics(const char* type) {
             grad_log(outer + 1, kUnset), grad(outer + 1, kUnset);
         // Two blocks of two warps: 70 rows take the grid-stride loop 18 times.
         const emu::LaunchOptions options{.reverse = reverse};
-        emu::launch(dim3(2), 64, 0, [&] { rows::row_peak_kernel<T>(s, x.data(), peak.data()); },
-                    options);
+        emu::launch(
+            dim3(2), 64, 0, [&] { rows::row_peak_kernel<T>(s, x.data(), peak.data()); }, options);
         emu::launch(
             dim3(2), 64, 0,
             [&] { rows::row_total_kernel<T>(s, x.data(), peak.data(), total.data()); }, options);
@@ -88,8 +88,7 @@ void expect_row_statistics(const char* type) {
             magnitude += std::fabs(rows::widen(g[at]));
           }
           wrong += nan ? !std::isnan(peak[r]) : peak[r] != best;
-          wrong += nan ? !std::isnan(total[r])
-                       : !(std::fabs(total[r] - sum) <= 1e-13 * (sum + 1));
+          wrong += nan ? !std::isnan(total[r]) : !(std::fabs(total[r] - sum) <= 1e-13 * (sum + 1));
           wrong += !(std::fabs(grad_log[r] - g_sum) <= 1e-13 * (magnitude + 1));
           wrong += !(std::fabs(grad[r] - gy_sum) <= 1e-13 * (magnitude + 1));
           if (length == 0) wrong += peak[r] != -INFINITY || total[r] != 0;
