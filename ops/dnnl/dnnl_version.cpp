@@ -1,5 +1,6 @@
 // oneDNN version query and its sgemm.
 #include <fmt/format.h>
+#include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 
 #include "core/errors.hpp"
@@ -14,7 +15,10 @@ std::string dnnl_version() {
 
 bool dnnl_sgemm_row_major(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                           const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
-                          float* c, int64_t ldc) {
+                          float* c, int64_t ldc, int threads) {
+  // oneDNN's sgemm runs on as many OpenMP threads as the calling thread's next region would
+  // get: the rank's share of the cores (or 1 inside a loop that is parallel already).
+  omp_set_num_threads(threads);
   const dnnl_status_t status = ::dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k,
                                             alpha, a, lda, b, ldb, beta, c, ldc);
   if (status != dnnl_success)

@@ -8,7 +8,7 @@ std::string dnnl_version() {
 }
 
 bool dnnl_sgemm_row_major(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t,
-                          const float*, int64_t, float, float*, int64_t) {
+                          const float*, int64_t, float, float*, int64_t, int) {
   return false;
 }
 

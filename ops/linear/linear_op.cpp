@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "core/autograd.hpp"
 #include "core/compute_threads.hpp"
@@ -49,10 +50,12 @@ struct Matrix {
   T at(int64_t i, int64_t j) const { return data[i * row_stride + j * col_stride]; }
 };
 
-/// c [m, n] = (accumulate ? c : 0) + a [m, k] @ b [k, n] (a loop parallel over rows of c).
+/// c [m, n] = (accumulate ? c : 0) + a [m, k] @ b [k, n] (a loop parallel over rows of c, on
+/// up to `threads` threads).
 template <typename T>
-void gemm_loop(int64_t m, int64_t n, int64_t k, Matrix<T> a, Matrix<T> b, T* c, bool accumulate) {
-  parallel_for(m, compute_threads(), [&](int64_t begin, int64_t end, int) {
+void gemm_loop(int64_t m, int64_t n, int64_t k, Matrix<T> a, Matrix<T> b, T* c, bool accumulate,
+               int threads) {
+  parallel_for(m, threads, [&](int64_t begin, int64_t end, int) {
     for (int64_t i = begin; i < end; ++i) {
       T* row = c + i * n;
       if (!accumulate)
@@ -71,10 +74,11 @@ void gemm_loop(int64_t m, int64_t n, int64_t k, Matrix<T> a, Matrix<T> b, T* c, 
 }
 
 /// c = (accumulate ? c : 0) + op(a) @ op(b) for contiguous 2-d f32 or f64 tensors a, b, c
-/// (op = transpose where asked); m, n, k are c's rows, c's columns and the contracted extent.
+/// (op = transpose where asked), on up to `threads` threads; m, n, k are c's rows, c's columns
+/// and the contracted extent.
 template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, const T* b, T* c,
-          bool accumulate) {
+          bool accumulate, int threads) {
   if (m == 0 || n == 0) return;
   if (k == 0) {
     if (!accumulate) std::fill(c, c + m * n, T(0));
@@ -82,17 +86,24 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* 
   }
   if constexpr (std::is_same_v<T, float>) {
     if (dnnl_sgemm_row_major(trans_a, trans_b, m, n, k, 1.0f, a, trans_a ? m : k, b,
-                             trans_b ? k : n, accumulate ? 1.0f : 0.0f, c, n))
+                             trans_b ? k : n, accumulate ? 1.0f : 0.0f, c, n, threads))
       return;
   }
   const Matrix<T> ma{a, trans_a ? 1 : k, trans_a ? m : 1};
   const Matrix<T> mb{b, trans_b ? 1 : n, trans_b ? k : 1};
-  gemm_loop(m, n, k, ma, mb, c, accumulate);
+  gemm_loop(m, n, k, ma, mb, c, accumulate, threads);
 }
 
 /// The dtype the kernels compute in: f64 for f64, f32 otherwise.
 DType compute_dtype(DType dtype) {
   return dtype == DType::f64 ? DType::f64 : DType::f32;
+}
+
+/// Whether `batches` products C_i = A_i op(B) with one B (b_step 0), A_i [m, k] untransposed and
+/// stacked row after row (a_step m * k), into distinct C_i, are one product of batches * m rows.
+bool fold_batches(int64_t batches, int64_t a_step, int64_t b_step, bool trans_a, int64_t m,
+                  int64_t k, bool accumulate) {
+  return batches > 1 && b_step == 0 && !trans_a && !accumulate && a_step == m * k;
 }
 
 /// `batches` products C_i = op(A_i) op(B_i) of contiguous tensors in the compute dtype, on their
@@ -104,17 +115,37 @@ void batched_gemm(const Tensor& a, const Tensor& b, Tensor& c, int64_t batches, 
   // Estimate mode: a shape-only product computes nothing (the backward's results keep their
   // shapes, which is all a recording needs).
   if (c.is_shape_only()) return;
+  // One B for A_i stacked row after row (a [..., M, K] @ w [K, N]): one product of batches * M
+  // rows, as torch folds it, which oneDNN and cuBLAS thread and tile as a whole; as `batches`
+  // small products each ran on one thread, one after another. (cuBLAS counts rows in int.)
+  const bool rows_fit = !c.device().is_cuda() || batches * m <= std::numeric_limits<int>::max();
+  if (rows_fit && fold_batches(batches, a_step, b_step, trans_a, m, k, accumulate)) {
+    m *= batches;
+    batches = 1;
+  }
   if (c.device().is_cuda()) {
     gemm_cuda(trans_a, trans_b, m, n, k, a, a_step, b, b_step, c, batches, accumulate, stream);
     return;
   }
+  const int threads = compute_threads();
   auto run = [&]<typename T>() {
     const T* pa = static_cast<const T*>(a.raw_data());
     const T* pb = static_cast<const T*>(b.raw_data());
     T* pc = static_cast<T*>(c.raw_data());
-    for (int64_t i = 0; i < batches; ++i)
+    const auto product = [&](int64_t i, int product_threads) {
       gemm<T>(trans_a, trans_b, m, n, k, pa + i * a_step, pb + i * b_step,
-              pc + (accumulate ? 0 : i * m * n), accumulate);
+              pc + (accumulate ? 0 : i * m * n), accumulate, product_threads);
+    };
+    // Products into distinct C_i, at least one per thread: the threads share the products, each
+    // product on one thread. Otherwise (a few large ones, or sums into one C) one after another,
+    // each on every thread.
+    if (!accumulate && batches >= threads && threads > 1) {
+      parallel_for(batches, threads, [&](int64_t begin, int64_t end, int) {
+        for (int64_t i = begin; i < end; ++i) product(i, 1);
+      });
+    } else {
+      for (int64_t i = 0; i < batches; ++i) product(i, threads);
+    }
   };
   if (c.dtype() == DType::f64)
     run.template operator()<double>();
