@@ -400,13 +400,18 @@ std::vector<ShardTensor> apply_op(const std::string& name,
             "the rule returned {} input layouts and {} halos for {} inputs", rule.inputs.size(),
             rule.halos.size(), inputs.size());
 
-  // 1. Inputs in the layouts the rule asks for (recorded, so gradients flow back).
-  std::vector<ShardTensor> ready;
-  for (size_t i = 0; i < inputs.size(); ++i)
-    ready.push_back(inputs[i].spec() == rule.inputs[i] ? inputs[i]
-                                                       : inputs[i].redistribute_to(rule.inputs[i]));
-  // 2. Halos: start every exchange, then finish them.
-  KernelContext context{mesh, attrs, rule.inputs, {}, rule.outputs, {}, {}};
+  // 1. Inputs in the layouts the rule asks for (recorded, so gradients flow back). An input in
+  // its layout already is used where it is: the dispatch copies no layout, mesh or tensor it
+  // does not have to (each copy costs allocations, which are most of a small op's time).
+  std::vector<std::optional<ShardTensor>> moved(inputs.size());
+  std::vector<const ShardTensor*> ready(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].spec() != rule.inputs[i]) moved[i] = inputs[i].redistribute_to(rule.inputs[i]);
+    ready[i] = moved[i] ? &*moved[i] : &inputs[i];
+  }
+  // 2. Halos: start every exchange, then finish them. The context holds the rule's layouts until
+  // the tape takes them back.
+  KernelContext context{mesh, attrs, std::move(rule.inputs), {}, std::move(rule.outputs), {}, {}};
   context.device = inputs[0].device();
   context.stream = compute_stream_for(context.device);
   std::vector<std::shared_ptr<const HaloPlan>> plans(inputs.size());
@@ -420,8 +425,8 @@ std::vector<ShardTensor> apply_op(const std::string& name,
   const bool around = op.owned_in_place && all_on(Device::Kind::cpu);
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!rule.halos[i]) continue;
-    plans[i] = cached_halo_plan(rule.inputs[i], *rule.halos[i], mesh.rank());
-    const Tensor owned = ready[i].to_local();
+    plans[i] = cached_halo_plan(context.input_specs[i], *rule.halos[i], mesh.rank());
+    const Tensor& owned = ready[i]->to_local();
     const int tag = static_cast<int>(i);
     exchanges.push_back(around ? halo_begin_around(*plans[i], owned, mesh.comm(), tag)
                                : halo_begin(*plans[i], owned, mesh.comm(), tag));
@@ -431,11 +436,12 @@ std::vector<ShardTensor> apply_op(const std::string& name,
   }
   std::vector<Tensor> locals(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
-    locals[i] = ready[i].to_local();
-    context.input_boxes.push_back(plans[i] ? plans[i]->needed_box() : ready[i].local_box());
-    context.owned_boxes.push_back(ready[i].local_box());
+    locals[i] = ready[i]->to_local();
+    Box owned = ready[i]->local_box();
+    context.input_boxes.push_back(plans[i] ? plans[i]->needed_box() : owned);
+    context.owned_boxes.push_back(std::move(owned));
   }
-  for (const ShardSpec& spec : rule.outputs)
+  for (const ShardSpec& spec : context.output_specs)
     context.output_boxes.push_back(spec.local_box(mesh.coord()));
   // Interiors the kernel will not read in place are filled now.
   if (op.owned_in_place) {
@@ -473,33 +479,51 @@ std::vector<ShardTensor> apply_op(const std::string& name,
     results = kernel_for(op, inputs)(context, locals);
 
   // 4. The outputs.
-  check_arg(results.size() == rule.outputs.size(), name,
-            "the kernel returned {} outputs, the rule promised {}", results.size(),
-            rule.outputs.size());
+  if (results.size() != context.output_specs.size())
+    throw InvalidArgument(name, fmt::format("the kernel returned {} outputs, the rule promised {}",
+                                            results.size(), context.output_specs.size()));
   if (span.recording())
     note_cost(span, op, context, locals, results, overlap ? interior_share(context, plans) : 0);
+  // 5. Record for autograd (the inputs, outputs and layouts the backward reads are copied only
+  // then).
+  Tape* tape = Tape::active();
+  const bool recording =
+      tape && op.backward &&
+      std::any_of(ready.begin(), ready.end(), [](const ShardTensor* t) { return t->requires_grad(); });
   std::vector<ShardTensor> outputs;
   for (size_t o = 0; o < results.size(); ++o) {
-    check_arg(results[o].shape() == context.output_boxes[o].shape(), name,
-              "the kernel's output {} has shape {} on rank {}, the rule's layout says {}", o,
-              results[o].shape(), mesh.rank(), context.output_boxes[o].shape());
+    const Box& box = context.output_boxes[o];
+    bool fits = static_cast<size_t>(results[o].ndim()) == box.ndim();
+    for (size_t d = 0; fits && d < box.ndim(); ++d) fits = results[o].shape()[d] == box.extent(d);
+    if (!fits)
+      throw InvalidArgument(
+          name, fmt::format("the kernel's output {} has shape {} on rank {}, the rule's layout "
+                            "says {}",
+                            o, results[o].shape(), mesh.rank(), box.shape()));
     // A dtype the rule names (what estimate mode's shape-only outputs get) is the kernel's.
     const DType declared = o < rule.output_dtypes.size() && rule.output_dtypes[o]
                                ? *rule.output_dtypes[o]
                                : results[o].dtype();
-    check_arg(results[o].dtype() == declared, name,
-              "the kernel's output {} is {} on rank {}, the rule says {}", o,
-              dtype_name(results[o].dtype()), mesh.rank(), dtype_name(declared));
-    outputs.emplace_back(results[o], mesh, rule.outputs[o]);
+    if (results[o].dtype() != declared)
+      throw InvalidArgument(name, fmt::format("the kernel's output {} is {} on rank {}, the rule "
+                                              "says {}",
+                                              o, dtype_name(results[o].dtype()), mesh.rank(),
+                                              dtype_name(declared)));
+    if (recording)
+      outputs.emplace_back(results[o], mesh, context.output_specs[o]);
+    else
+      outputs.emplace_back(std::move(results[o]), mesh, std::move(context.output_specs[o]));
   }
-
-  // 5. Record for autograd.
-  Tape* tape = Tape::active();
-  if (tape && op.backward && any_requires_grad(ready)) {
+  if (recording) {
     context.interiors.fill_all(locals);  // the backward reads the haloed inputs whole
     // Integer outputs (max_pool's indices) take no gradient, as in PyTorch.
     for (ShardTensor& output : outputs) output.set_requires_grad(is_floating(output.dtype()));
-    tape->record(OpRecord{definition, attrs, std::move(rule), ready, locals, plans, outputs});
+    rule.inputs = std::move(context.input_specs);
+    rule.outputs = std::move(context.output_specs);
+    std::vector<ShardTensor> recorded;
+    for (const ShardTensor* input : ready) recorded.push_back(*input);
+    tape->record(
+        OpRecord{definition, attrs, std::move(rule), std::move(recorded), locals, plans, outputs});
   }
   return outputs;
 }

@@ -163,18 +163,25 @@ OpAttrs parse_attrs(const std::string& op, const std::vector<OpAttr>& attrs,
 }
 
 void check_attrs(const std::string& op, const std::vector<OpAttr>& attrs, const OpAttrs& given) {
+  // Runs on every op call: each message is formatted only when it is thrown.
   for (const auto& [name, value] : given.values()) {
     const OpAttr* attr = find_attr(attrs, name);
-    check_arg(attr != nullptr, op, "unknown attribute '{}' (attributes of {}: {})", name, op,
-              declared_names(attrs));
-    check_arg(attr_value_fits(value, attr->type), op, "attribute '{}' = {}: expected {} {}", name,
-              attr_value_text(value),
-              attr->type == AttrType::int_scalar || attr->type == AttrType::int_list ? "an" : "a",
-              attr->type == AttrType::boolean ? "bool (0 or 1)" : attr_type_name(attr->type));
+    if (attr == nullptr)
+      throw InvalidArgument(op, fmt::format("unknown attribute '{}' (attributes of {}: {})", name,
+                                            op, declared_names(attrs)));
+    if (!attr_value_fits(value, attr->type))
+      throw InvalidArgument(
+          op, fmt::format(
+                  "attribute '{}' = {}: expected {} {}", name, attr_value_text(value),
+                  attr->type == AttrType::int_scalar || attr->type == AttrType::int_list ? "an"
+                                                                                          : "a",
+                  attr->type == AttrType::boolean ? "bool (0 or 1)" : attr_type_name(attr->type)));
   }
   for (const OpAttr& attr : attrs)
-    check_arg(!attr.required || given.has(attr.name), op, "missing required attribute '{}' ({}{})",
-              attr.name, attr_type_name(attr.type), attr.doc.empty() ? "" : ": " + attr.doc);
+    if (attr.required && !given.has(attr.name))
+      throw InvalidArgument(op, fmt::format("missing required attribute '{}' ({}{})", attr.name,
+                                            attr_type_name(attr.type),
+                                            attr.doc.empty() ? "" : ": " + attr.doc));
 }
 
 }  // namespace tessera

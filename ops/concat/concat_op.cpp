@@ -36,7 +36,8 @@ int resolve_dim(const std::string& op, int64_t dim, size_t ndim) {
 /// `spec` without Partial and with every mesh dim but the first that shards `dim` replicated;
 /// returns the mesh dim that shards `dim` (-1: none).
 int single_sharding(ShardSpec& spec, int dim) {
-  spec = without_partial(spec);
+  for (Placement& placement : spec.placements)
+    if (placement.is_partial()) placement = Placement::replicate();
   int found = -1;
   for (size_t m = 0; m < spec.placements.size(); ++m) {
     if (!spec.placements[m].is_shard() || spec.placements[m].dim != dim) continue;
@@ -47,7 +48,6 @@ int single_sharding(ShardSpec& spec, int dim) {
       spec.extents[m].clear();
     }
   }
-  spec = ShardSpec::make(spec.global_shape, spec.mesh_shape, spec.placements, spec.extents);
   return found;
 }
 
@@ -65,11 +65,10 @@ std::vector<int64_t> overlaps(const std::vector<int64_t>& boxes, int64_t first, 
 }
 
 /// `like` with shape `shape` and extents `extents` along `dim` on mesh dim `m` (m < 0: none).
-ShardSpec with_dim(const ShardSpec& like, const Shape& shape, int m,
-                   const std::vector<int64_t>& extents) {
+ShardSpec with_dim(const ShardSpec& like, Shape shape, int m, std::vector<int64_t> extents) {
   std::vector<std::vector<int64_t>> all = like.extents;
-  if (m >= 0) all[m] = extents;
-  return ShardSpec::make(shape, like.mesh_shape, like.placements, all);
+  if (m >= 0) all[m] = std::move(extents);
+  return ShardSpec::make(std::move(shape), like.mesh_shape, like.placements, std::move(all));
 }
 
 /// The pieces joined along `dim` into one new tensor on their device.
@@ -236,10 +235,15 @@ struct SplitPlan {
   std::vector<ShardSpec> outputs;
 };
 
+/// split's dim attribute as a dim of `given`.
+int split_dim(const ShardSpec& given, const OpAttrs& attrs) {
+  return resolve_dim("split", attrs.has("dim") ? attrs.get_int("dim") : 0,
+                     given.global_shape.size());
+}
+
 SplitPlan split_plan(const ShardSpec& given, const OpAttrs& attrs) {
   SplitPlan plan;
-  plan.dim =
-      resolve_dim("split", attrs.has("dim") ? attrs.get_int("dim") : 0, given.global_shape.size());
+  plan.dim = split_dim(given, attrs);
   check_arg(attrs.has("sizes"), "split", "missing required attribute 'sizes'");
   plan.lengths = part_lengths(attrs.get_ints("sizes"), given.global_shape[plan.dim]);
   plan.input = given;
@@ -260,10 +264,10 @@ void register_split() {
   RuleFn rule = [](const std::vector<ShardSpec>& inputs, const OpAttrs& attrs) {
     check_arg(inputs.size() == 1, "split", "expects 1 input (x), got {}", inputs.size());
     SplitPlan plan = split_plan(inputs[0], attrs);
-    return OpRule{{plan.input}, {std::nullopt}, plan.outputs};
+    return OpRule{{std::move(plan.input)}, {std::nullopt}, std::move(plan.outputs)};
   };
   KernelFn kernel = [](const KernelContext& context, const std::vector<Tensor>& inputs) {
-    const SplitPlan plan = split_plan(context.input_specs[0], context.attrs);
+    const int dim = split_dim(context.input_specs[0], context.attrs);
     // Every part is a view of x's storage, as torch.split's parts are: no copy. A part cut from
     // further in than the outermost non-trivial dim is strided; apply_op makes it contiguous
     // when an op reads it, redistribute and the IO paths when they move it (ShardTensor's
@@ -271,8 +275,8 @@ void register_split() {
     std::vector<Tensor> parts;
     int64_t offset = 0;
     for (const Box& box : context.output_boxes) {
-      const int64_t length = box.extent(plan.dim);
-      parts.push_back(inputs[0].slice(plan.dim, offset, offset + length));
+      const int64_t length = box.extent(dim);
+      parts.push_back(inputs[0].slice(dim, offset, offset + length));
       offset += length;
     }
     return parts;
