@@ -321,43 +321,52 @@ TEST(BasicOps, ShardedForwardAndGradientsMatchUnshardedAndFiniteDifferences) {
 }
 
 // f32 takes another kernel (oneDNN's sgemm when built with it): forward and gradients within
-// f32 rounding of the f64 results, sharded on 2 ranks.
+// f32 rounding of the f64 results, on 1 rank of 3 threads (a by a matrix: one product of all of
+// a's rows; a batched b: the products shared by the threads) and sharded on 2 ranks of 1.
 TEST(BasicOps, LinearAndMatmulInF32MatchF64) {
-  testing::run_world(2, [](std::shared_ptr<Comm> comm) {
-    DeviceMesh mesh(comm, {2});
-    CaseRng rng(testing::case_seed(57, 2, 0, 0));
-    const std::vector<Shape> shapes = {{6, 33, 17}, {19, 17}, {19}, {6, 17, 9}};
-    std::vector<Tensor> values;
-    for (const Shape& shape : shapes) values.push_back(smooth_values(shape, rng));
-    auto run_in = [&](DType dtype) {
-      Tape tape;
-      std::vector<ShardTensor> in;
-      for (size_t i = 0; i < values.size(); ++i) {
-        const std::vector<Placement> placement{i == 0 ? Placement::shard(1)
-                                                      : Placement::replicate()};
-        in.push_back(ShardTensor::distribute(
-            values[i].to_dtype(dtype), mesh, placement,
-            {i == 0 ? std::vector<int64_t>{20, 13} : std::vector<int64_t>{}}));
-        in.back().set_requires_grad();
+  for (int ranks : {1, 2})
+    testing::run_world(ranks, [ranks](std::shared_ptr<Comm> comm) {
+      const int threads_before = compute_threads();
+      set_compute_threads(ranks == 1 ? 3 : 1);
+      DeviceMesh mesh(comm, {ranks});
+      CaseRng rng(testing::case_seed(57, 2, 0, 0));
+      const std::vector<Shape> shapes = {{6, 33, 17}, {19, 17}, {19}, {6, 17, 9}, {17, 5}};
+      std::vector<Tensor> values;
+      for (const Shape& shape : shapes) values.push_back(smooth_values(shape, rng));
+      auto run_in = [&](DType dtype) {
+        Tape tape;
+        std::vector<ShardTensor> in;
+        for (size_t i = 0; i < values.size(); ++i) {
+          const bool sharded = i == 0 && ranks == 2;
+          in.push_back(ShardTensor::distribute(
+              values[i].to_dtype(dtype), mesh,
+              {sharded ? Placement::shard(1) : Placement::replicate()},
+              {sharded ? std::vector<int64_t>{20, 13} : std::vector<int64_t>{}}));
+          in.back().set_requires_grad();
+        }
+        const ShardTensor y = ops::linear(in[0], in[1], in[2]);
+        const ShardTensor z = ops::matmul(in[0], in[3]);
+        const ShardTensor u = ops::matmul(in[0], in[4]);
+        tape.backward(ops::add(ops::add(ops::sum(ops::mul(y, y)), ops::sum(ops::mul(z, z))),
+                               ops::sum(ops::mul(u, u))));
+        std::vector<Tensor> results{y.full_tensor().to_dtype(DType::f64),
+                                    z.full_tensor().to_dtype(DType::f64),
+                                    u.full_tensor().to_dtype(DType::f64)};
+        for (const ShardTensor& input : in)
+          results.push_back(tape.grad(input)->full_tensor().to_dtype(DType::f64));
+        return results;
+      };
+      const auto f64 = run_in(DType::f64);
+      const auto f32 = run_in(DType::f32);
+      set_compute_threads(threads_before);
+      for (size_t r = 0; r < f64.size(); ++r) {
+        double largest = 0;
+        for (int64_t i = 0; i < f64[r].numel(); ++i)
+          largest = std::max(largest, std::fabs(f64[r].data<double>()[i]));
+        EXPECT_LT(max_abs_diff(f32[r], f64[r]), 1e-5 * (1 + largest))
+            << "result " << r << " on " << ranks << " rank(s)";
       }
-      const ShardTensor y = ops::linear(in[0], in[1], in[2]);
-      const ShardTensor z = ops::matmul(in[0], in[3]);
-      tape.backward(ops::add(ops::sum(ops::mul(y, y)), ops::sum(ops::mul(z, z))));
-      std::vector<Tensor> results{y.full_tensor().to_dtype(DType::f64),
-                                  z.full_tensor().to_dtype(DType::f64)};
-      for (const ShardTensor& input : in)
-        results.push_back(tape.grad(input)->full_tensor().to_dtype(DType::f64));
-      return results;
-    };
-    const auto f64 = run_in(DType::f64);
-    const auto f32 = run_in(DType::f32);
-    for (size_t r = 0; r < f64.size(); ++r) {
-      double largest = 0;
-      for (int64_t i = 0; i < f64[r].numel(); ++i)
-        largest = std::max(largest, std::fabs(f64[r].data<double>()[i]));
-      EXPECT_LT(max_abs_diff(f32[r], f64[r]), 1e-5 * (1 + largest)) << "result " << r;
-    }
-  });
+    });
 }
 
 // dropout's mask: the same bits on every layout, the kept fraction near 1 - p, another seed
