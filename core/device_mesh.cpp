@@ -38,29 +38,31 @@ std::optional<std::string> mesh_problem(const std::vector<int>& shape,
 
 DeviceMesh::DeviceMesh(std::shared_ptr<Comm> comm, std::vector<int> shape,
                        std::vector<std::string> names)
-    : comm_(std::move(comm)), shape_(std::move(shape)), names_(std::move(names)) {
-  if (names_.empty()) names_ = default_names(shape_.size());
-  agree_on_error(*comm_, "mesh", mesh_problem(shape_, names_, comm_->size()));
-  agree_on_description(*comm_, "mesh", "mesh", fmt::format("shape {} names {}", shape_, names_));
-  coord_ = coord_of(comm_->rank(), shape_);
+    : comm_(std::move(comm)),
+      layout_(std::make_shared<Layout>(Layout{std::move(shape), std::move(names), {}})) {
+  if (layout_->names.empty()) layout_->names = default_names(layout_->shape.size());
+  agree_on_error(*comm_, "mesh", mesh_problem(layout_->shape, layout_->names, comm_->size()));
+  agree_on_description(*comm_, "mesh", "mesh", fmt::format("shape {} names {}", layout_->shape, layout_->names));
+  layout_->coord = coord_of(comm_->rank(), layout_->shape);
   sub_comms_ = std::make_shared<std::map<std::vector<int>, std::shared_ptr<Comm>>>();
 }
 
 DeviceMesh::DeviceMesh(Trusted, std::shared_ptr<Comm> comm, std::vector<int> shape,
                        std::vector<std::string> names)
-    : comm_(std::move(comm)), shape_(std::move(shape)), names_(std::move(names)) {
-  coord_ = coord_of(comm_->rank(), shape_);
+    : comm_(std::move(comm)),
+      layout_(std::make_shared<Layout>(Layout{std::move(shape), std::move(names), {}})) {
+  layout_->coord = coord_of(comm_->rank(), layout_->shape);
   sub_comms_ = std::make_shared<std::map<std::vector<int>, std::shared_ptr<Comm>>>();
 }
 
 int DeviceMesh::size() const {
-  return mesh_size(shape_);
+  return mesh_size(layout_->shape);
 }
 
 int DeviceMesh::dim_index(const std::string& name) const {
-  const auto it = std::find(names_.begin(), names_.end(), name);
-  check_arg(it != names_.end(), "mesh", "no mesh dim named '{}' (the mesh has {})", name, names_);
-  return static_cast<int>(it - names_.begin());
+  const auto it = std::find(layout_->names.begin(), layout_->names.end(), name);
+  check_arg(it != layout_->names.end(), "mesh", "no mesh dim named '{}' (the mesh has {})", name, layout_->names);
+  return static_cast<int>(it - layout_->names.begin());
 }
 
 std::shared_ptr<Comm> DeviceMesh::sub_comm(const std::vector<int>& dims) const {
@@ -78,14 +80,14 @@ std::shared_ptr<Comm> DeviceMesh::sub_comm(const std::vector<int>& dims) const {
   // color: position along the other dims; key: row-major position along `dims`.
   int color = 0, key = 0;
   for (int m = 0; m < ndim(); ++m)
-    if (std::find(dims.begin(), dims.end(), m) == dims.end()) color = color * shape_[m] + coord_[m];
-  for (int dim : dims) key = key * shape_[dim] + coord_[dim];
+    if (std::find(dims.begin(), dims.end(), m) == dims.end()) color = color * layout_->shape[m] + layout_->coord[m];
+  for (int dim : dims) key = key * layout_->shape[dim] + layout_->coord[dim];
   return cached = comm_->split(color, key);
 }
 
 DeviceMesh DeviceMesh::rename(std::vector<std::string> names) const {
-  if (auto problem = mesh_problem(shape_, names, size())) throw InvalidArgument("mesh", *problem);
-  DeviceMesh renamed(Trusted{}, comm_, shape_, std::move(names));
+  if (auto problem = mesh_problem(layout_->shape, names, size())) throw InvalidArgument("mesh", *problem);
+  DeviceMesh renamed(Trusted{}, comm_, layout_->shape, std::move(names));
   renamed.sub_comms_ = sub_comms_;  // same dims, same groups
   return renamed;
 }
@@ -93,15 +95,15 @@ DeviceMesh DeviceMesh::rename(std::vector<std::string> names) const {
 DeviceMesh DeviceMesh::split(int dim, const std::vector<int>& sizes,
                              const std::vector<std::string>& names) const {
   check_arg(dim >= 0 && dim < ndim(), "mesh", "split of mesh dim {} of a {}-d mesh", dim, ndim());
-  check_arg(mesh_size(sizes) == shape_[dim] && sizes.size() == names.size(), "mesh",
-            "cannot split mesh dim {} of size {} into sizes {} named {}", dim, shape_[dim], sizes,
+  check_arg(mesh_size(sizes) == layout_->shape[dim] && sizes.size() == names.size(), "mesh",
+            "cannot split mesh dim {} of size {} into sizes {} named {}", dim, layout_->shape[dim], sizes,
             names);
-  std::vector<int> shape(shape_.begin(), shape_.begin() + dim);
-  std::vector<std::string> new_names(names_.begin(), names_.begin() + dim);
+  std::vector<int> shape(layout_->shape.begin(), layout_->shape.begin() + dim);
+  std::vector<std::string> new_names(layout_->names.begin(), layout_->names.begin() + dim);
   shape.insert(shape.end(), sizes.begin(), sizes.end());
   new_names.insert(new_names.end(), names.begin(), names.end());
-  shape.insert(shape.end(), shape_.begin() + dim + 1, shape_.end());
-  new_names.insert(new_names.end(), names_.begin() + dim + 1, names_.end());
+  shape.insert(shape.end(), layout_->shape.begin() + dim + 1, layout_->shape.end());
+  new_names.insert(new_names.end(), layout_->names.begin() + dim + 1, layout_->names.end());
   if (auto problem = mesh_problem(shape, new_names, size()))
     throw InvalidArgument("mesh", *problem);
   return DeviceMesh(Trusted{}, comm_, shape, new_names);
@@ -111,14 +113,14 @@ DeviceMesh DeviceMesh::flatten(int first, int last, const std::string& name) con
   check_arg(0 <= first && first <= last && last < ndim(), "mesh",
             "flatten of mesh dims [{}, {}] of a {}-d mesh (adjacent dims, first <= last)", first,
             last, ndim());
-  std::vector<int> shape(shape_.begin(), shape_.begin() + first);
-  std::vector<std::string> names(names_.begin(), names_.begin() + first);
+  std::vector<int> shape(layout_->shape.begin(), layout_->shape.begin() + first);
+  std::vector<std::string> names(layout_->names.begin(), layout_->names.begin() + first);
   int merged = 1;
-  for (int m = first; m <= last; ++m) merged *= shape_[m];
+  for (int m = first; m <= last; ++m) merged *= layout_->shape[m];
   shape.push_back(merged);
   names.push_back(name);
-  shape.insert(shape.end(), shape_.begin() + last + 1, shape_.end());
-  names.insert(names.end(), names_.begin() + last + 1, names_.end());
+  shape.insert(shape.end(), layout_->shape.begin() + last + 1, layout_->shape.end());
+  names.insert(names.end(), layout_->names.begin() + last + 1, layout_->names.end());
   if (auto problem = mesh_problem(shape, names, size())) throw InvalidArgument("mesh", *problem);
   return DeviceMesh(Trusted{}, comm_, shape, names);
 }
@@ -128,32 +130,32 @@ DeviceMesh DeviceMesh::submesh(const std::vector<int>& dims) const {
   std::vector<std::string> names;
   for (int dim : dims) {
     check_arg(dim >= 0 && dim < ndim(), "mesh", "mesh dim {} of a {}-d mesh", dim, ndim());
-    shape.push_back(shape_[dim]);
-    names.push_back(names_[dim]);
+    shape.push_back(layout_->shape[dim]);
+    names.push_back(layout_->names[dim]);
   }
   return DeviceMesh(Trusted{}, sub_comm(dims), shape, names);
 }
 
 std::optional<DeviceMesh> DeviceMesh::slice(int dim, int start, int stop) const {
-  check_arg(dim >= 0 && dim < ndim() && 0 <= start && start < stop && stop <= shape_[dim], "mesh",
+  check_arg(dim >= 0 && dim < ndim() && 0 <= start && start < stop && stop <= layout_->shape[dim], "mesh",
             "slice [{}, {}) of mesh dim {} with {} ranks", start, stop, dim,
-            dim >= 0 && dim < ndim() ? shape_[dim] : 0);
-  const bool inside = coord_[dim] >= start && coord_[dim] < stop;
-  std::vector<int> shape = shape_;
+            dim >= 0 && dim < ndim() ? layout_->shape[dim] : 0);
+  const bool inside = layout_->coord[dim] >= start && layout_->coord[dim] < stop;
+  std::vector<int> shape = layout_->shape;
   shape[dim] = stop - start;
-  std::vector<int> local_coord = coord_;
+  std::vector<int> local_coord = layout_->coord;
   local_coord[dim] -= start;
   // Row-major rank inside the block keeps the mesh's rank order.
   auto comm = comm_->split(inside ? 0 : -1, inside ? rank_of(local_coord, shape) : 0);
   if (!comm) return std::nullopt;
-  return DeviceMesh(Trusted{}, comm, shape, names_);
+  return DeviceMesh(Trusted{}, comm, shape, layout_->names);
 }
 
 std::string DeviceMesh::str() const {
   std::vector<std::string> dims;
-  for (int m = 0; m < ndim(); ++m) dims.push_back(fmt::format("{}={}", names_[m], shape_[m]));
+  for (int m = 0; m < ndim(); ++m) dims.push_back(fmt::format("{}={}", layout_->names[m], layout_->shape[m]));
   return fmt::format("mesh ({}), rank {} at ({})", fmt::join(dims, ", "), rank(),
-                     fmt::join(coord_, ", "));
+                     fmt::join(layout_->coord, ", "));
 }
 
 }  // namespace tessera

@@ -23,19 +23,19 @@ class DeviceMesh {
              std::vector<std::string> names = {});
 
   /// Number of mesh dims.
-  int ndim() const { return static_cast<int>(shape_.size()); }
+  int ndim() const { return static_cast<int>(layout_->shape.size()); }
   /// Ranks along every mesh dim.
-  const std::vector<int>& shape() const { return shape_; }
+  const std::vector<int>& shape() const { return layout_->shape; }
   /// Ranks along mesh dim `dim`.
-  int size(int dim) const { return shape_.at(dim); }
+  int size(int dim) const { return layout_->shape.at(dim); }
   /// Ranks in the mesh.
   int size() const;
   /// Names of the mesh dims.
-  const std::vector<std::string>& names() const { return names_; }
+  const std::vector<std::string>& names() const { return layout_->names; }
   /// Index of the mesh dim called `name`; throws InvalidArgument naming the known dims.
   int dim_index(const std::string& name) const;
   /// This rank's mesh coordinate.
-  const std::vector<int>& coord() const { return coord_; }
+  const std::vector<int>& coord() const { return layout_->coord; }
   /// This rank in the mesh communicator.
   int rank() const { return comm_->rank(); }
   /// The communicator of the whole mesh.
@@ -71,10 +71,15 @@ class DeviceMesh {
   DeviceMesh(Trusted, std::shared_ptr<Comm> comm, std::vector<int> shape,
              std::vector<std::string> names);
 
+  /// Shape, names and this rank's coordinate: set by the constructors, never changed after, and
+  /// shared by the copies (a mesh is copied with every ShardTensor, so a copy allocates nothing).
+  struct Layout {
+    std::vector<int> shape;
+    std::vector<std::string> names;
+    std::vector<int> coord;
+  };
   std::shared_ptr<Comm> comm_;
-  std::vector<int> shape_;
-  std::vector<std::string> names_;
-  std::vector<int> coord_;
+  std::shared_ptr<Layout> layout_;
   std::shared_ptr<std::map<std::vector<int>, std::shared_ptr<Comm>>> sub_comms_;
 };
 
