@@ -48,12 +48,23 @@ class NotAvailable : public Error {
   using Error::Error;
 };
 
-/// Throws InvalidArgument tagged with `op` when `condition` is false.
+/// Throws InvalidArgument tagged with `op` when `condition` is false. Its arguments are
+/// evaluated on every call: where one costs something to build (a str(), a nested format), on a
+/// path every op call takes, use TESSERA_CHECK_ARG.
 template <typename... Args>
 inline void check_arg(bool condition, std::string_view op, fmt::format_string<Args...> format,
                       Args&&... args) {
   if (!condition)
     throw InvalidArgument(std::string(op), fmt::format(format, std::forward<Args>(args)...));
 }
+
+/// check_arg(condition, op, format, args...) whose op, format and arguments are evaluated only
+/// when `condition` is false (as TORCH_CHECK's): a message built from str() costs nothing while
+/// the check passes.
+#define TESSERA_CHECK_ARG(condition, op, ...)                                        \
+  do {                                                                               \
+    if (!(condition))                                                                \
+      throw ::tessera::InvalidArgument(std::string(op), ::fmt::format(__VA_ARGS__)); \
+  } while (false)
 
 }  // namespace tessera

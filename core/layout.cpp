@@ -104,8 +104,8 @@ ShardSpec ShardSpec::make(Shape global_shape, std::vector<int> mesh_shape,
     check_arg(mesh_shape[m] > 0, op, "mesh shape {} has a non-positive dim", mesh_shape);
     const Placement& placement = placements[m];
     if (!placement.is_shard()) {
-      check_arg(extents[m].empty(), op, "mesh dim {} is {} but was given extents {}", m,
-                placement.str(), extents[m]);
+      TESSERA_CHECK_ARG(extents[m].empty(), op, "mesh dim {} is {} but was given extents {}", m,
+                        placement.str(), extents[m]);
       continue;
     }
     const int dim = placement.dim;

@@ -163,10 +163,10 @@ void register_op(OpDef op) {
   for (const OpAttr& attr : op.attrs) {
     check_arg(!(attr.required && attr.default_value), op.name,
               "attribute '{}' is required and has a default", attr.name);
-    check_arg(!attr.default_value || attr_value_fits(*attr.default_value, attr.type), op.name,
-              "the default {} of attribute '{}' is not a {}",
-              attr.default_value ? attr_value_text(*attr.default_value) : "", attr.name,
-              attr_type_name(attr.type));
+    TESSERA_CHECK_ARG(!attr.default_value || attr_value_fits(*attr.default_value, attr.type),
+                      op.name, "the default {} of attribute '{}' is not a {}",
+                      attr.default_value ? attr_value_text(*attr.default_value) : "", attr.name,
+                      attr_type_name(attr.type));
   }
   Registry& r = registry();
   std::lock_guard lock(r.mu);
@@ -479,36 +479,32 @@ std::vector<ShardTensor> apply_op(const std::string& name,
     results = kernel_for(op, inputs)(context, locals);
 
   // 4. The outputs.
-  if (results.size() != context.output_specs.size())
-    throw InvalidArgument(name, fmt::format("the kernel returned {} outputs, the rule promised {}",
-                                            results.size(), context.output_specs.size()));
+  TESSERA_CHECK_ARG(results.size() == context.output_specs.size(), name,
+                    "the kernel returned {} outputs, the rule promised {}", results.size(),
+                    context.output_specs.size());
   if (span.recording())
     note_cost(span, op, context, locals, results, overlap ? interior_share(context, plans) : 0);
   // 5. Record for autograd (the inputs, outputs and layouts the backward reads are copied only
   // then).
   Tape* tape = Tape::active();
-  const bool recording =
-      tape && op.backward &&
-      std::any_of(ready.begin(), ready.end(), [](const ShardTensor* t) { return t->requires_grad(); });
+  const bool recording = tape && op.backward &&
+                         std::any_of(ready.begin(), ready.end(),
+                                     [](const ShardTensor* t) { return t->requires_grad(); });
   std::vector<ShardTensor> outputs;
   for (size_t o = 0; o < results.size(); ++o) {
     const Box& box = context.output_boxes[o];
     bool fits = static_cast<size_t>(results[o].ndim()) == box.ndim();
     for (size_t d = 0; fits && d < box.ndim(); ++d) fits = results[o].shape()[d] == box.extent(d);
-    if (!fits)
-      throw InvalidArgument(
-          name, fmt::format("the kernel's output {} has shape {} on rank {}, the rule's layout "
-                            "says {}",
-                            o, results[o].shape(), mesh.rank(), box.shape()));
+    TESSERA_CHECK_ARG(fits, name,
+                      "the kernel's output {} has shape {} on rank {}, the rule's layout says {}",
+                      o, results[o].shape(), mesh.rank(), box.shape());
     // A dtype the rule names (what estimate mode's shape-only outputs get) is the kernel's.
     const DType declared = o < rule.output_dtypes.size() && rule.output_dtypes[o]
                                ? *rule.output_dtypes[o]
                                : results[o].dtype();
-    if (results[o].dtype() != declared)
-      throw InvalidArgument(name, fmt::format("the kernel's output {} is {} on rank {}, the rule "
-                                              "says {}",
-                                              o, dtype_name(results[o].dtype()), mesh.rank(),
-                                              dtype_name(declared)));
+    TESSERA_CHECK_ARG(results[o].dtype() == declared, name,
+                      "the kernel's output {} is {} on rank {}, the rule says {}", o,
+                      dtype_name(results[o].dtype()), mesh.rank(), dtype_name(declared));
     if (recording)
       outputs.emplace_back(results[o], mesh, context.output_specs[o]);
     else

@@ -148,13 +148,13 @@ OpAttrs parse_attrs(const std::string& op, const std::vector<OpAttr>& attrs,
   OpAttrs result;
   for (const std::string& assignment : assignments) {
     const size_t equals = assignment.find('=');
-    check_arg(equals != std::string::npos && equals > 0, op,
-              "attribute '{}': expected NAME=VALUE (attributes of {}: {})", assignment, op,
-              declared_names(attrs));
+    TESSERA_CHECK_ARG(equals != std::string::npos && equals > 0, op,
+                      "attribute '{}': expected NAME=VALUE (attributes of {}: {})", assignment, op,
+                      declared_names(attrs));
     const std::string name = assignment.substr(0, equals);
     const OpAttr* attr = find_attr(attrs, name);
-    check_arg(attr != nullptr, op, "unknown attribute '{}' (attributes of {}: {})", name, op,
-              declared_names(attrs));
+    TESSERA_CHECK_ARG(attr != nullptr, op, "unknown attribute '{}' (attributes of {}: {})", name,
+                      op, declared_names(attrs));
     check_arg(!result.has(name), op, "attribute '{}' given twice", name);
     result.set(name, parse_attr_value(op, *attr, assignment.substr(equals + 1)));
   }
@@ -163,25 +163,21 @@ OpAttrs parse_attrs(const std::string& op, const std::vector<OpAttr>& attrs,
 }
 
 void check_attrs(const std::string& op, const std::vector<OpAttr>& attrs, const OpAttrs& given) {
-  // Runs on every op call: each message is formatted only when it is thrown.
+  // Runs on every op call: each message is formatted only when its check fails.
   for (const auto& [name, value] : given.values()) {
     const OpAttr* attr = find_attr(attrs, name);
-    if (attr == nullptr)
-      throw InvalidArgument(op, fmt::format("unknown attribute '{}' (attributes of {}: {})", name,
-                                            op, declared_names(attrs)));
-    if (!attr_value_fits(value, attr->type))
-      throw InvalidArgument(
-          op, fmt::format(
-                  "attribute '{}' = {}: expected {} {}", name, attr_value_text(value),
-                  attr->type == AttrType::int_scalar || attr->type == AttrType::int_list ? "an"
-                                                                                          : "a",
-                  attr->type == AttrType::boolean ? "bool (0 or 1)" : attr_type_name(attr->type)));
+    TESSERA_CHECK_ARG(attr != nullptr, op, "unknown attribute '{}' (attributes of {}: {})", name,
+                      op, declared_names(attrs));
+    TESSERA_CHECK_ARG(
+        attr_value_fits(value, attr->type), op, "attribute '{}' = {}: expected {} {}", name,
+        attr_value_text(value),
+        attr->type == AttrType::int_scalar || attr->type == AttrType::int_list ? "an" : "a",
+        attr->type == AttrType::boolean ? "bool (0 or 1)" : attr_type_name(attr->type));
   }
   for (const OpAttr& attr : attrs)
-    if (attr.required && !given.has(attr.name))
-      throw InvalidArgument(op, fmt::format("missing required attribute '{}' ({}{})", attr.name,
-                                            attr_type_name(attr.type),
-                                            attr.doc.empty() ? "" : ": " + attr.doc));
+    TESSERA_CHECK_ARG(!attr.required || given.has(attr.name), op,
+                      "missing required attribute '{}' ({}{})", attr.name,
+                      attr_type_name(attr.type), attr.doc.empty() ? "" : ": " + attr.doc);
 }
 
 }  // namespace tessera

@@ -16,9 +16,9 @@ struct Parameter::State {
 
 Parameter::Parameter(ShardTensor value, std::string name) {
   for (size_t m = 0; m < value.placements().size(); ++m)
-    check_arg(!value.placements()[m].is_partial(), "parameter",
-              "parameter '{}' has the Partial layout {}: a parameter holds its full values", name,
-              value.spec().str());
+    TESSERA_CHECK_ARG(!value.placements()[m].is_partial(), "parameter",
+                      "parameter '{}' has the Partial layout {}: a parameter holds its full values",
+                      name, value.spec().str());
   value.set_requires_grad(true);
   state_ = std::make_shared<State>(std::move(value), std::move(name));
   hook_value();
@@ -91,11 +91,11 @@ void Parameter::set_grad(std::optional<ShardTensor> grad) {
   check_arg(defined(), "parameter", "an undefined parameter has no gradient");
   if (grad) {
     const ShardTensor& value = state_->value;
-    check_arg(grad->global_shape() == value.global_shape() && grad->dtype() == value.dtype() &&
-                  grad->spec() == value.spec(),
-              "parameter", "gradient {} {} for parameter '{}' {} {}", grad->spec().str(),
-              dtype_name(grad->dtype()), state_->name, value.spec().str(),
-              dtype_name(value.dtype()));
+    TESSERA_CHECK_ARG(grad->global_shape() == value.global_shape() &&
+                          grad->dtype() == value.dtype() && grad->spec() == value.spec(),
+                      "parameter", "gradient {} {} for parameter '{}' {} {}", grad->spec().str(),
+                      dtype_name(grad->dtype()), state_->name, value.spec().str(),
+                      dtype_name(value.dtype()));
   }
   state_->grad = std::move(grad);
 }
@@ -113,9 +113,9 @@ void Parameter::accumulate_grad(const ShardTensor& grad) {
 
 void Parameter::assign_local(const Tensor& values) {
   Tensor local = stored().to_local();
-  check_arg(values.shape() == local.shape() && values.dtype() == local.dtype(), "parameter",
-            "assigning {} to parameter '{}' whose local piece is {}", values.str(), state_->name,
-            local.str());
+  TESSERA_CHECK_ARG(values.shape() == local.shape() && values.dtype() == local.dtype(), "parameter",
+                    "assigning {} to parameter '{}' whose local piece is {}", values.str(),
+                    state_->name, local.str());
   local.copy_from(values.to(local.device()));
 }
 

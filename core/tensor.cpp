@@ -318,7 +318,7 @@ void Tensor::fill(double value) {
 }
 
 double Tensor::item_as_double(const std::vector<int64_t>& index) const {
-  check_arg(device_.is_cpu(), "tensor", "item_as_double on a {} tensor", device_.str());
+  TESSERA_CHECK_ARG(device_.is_cpu(), "tensor", "item_as_double on a {} tensor", device_.str());
   check_arg(static_cast<int>(index.size()) == ndim(), "tensor", "{}-d index into a {}-d tensor",
             index.size(), ndim());
   int64_t offset = 0;

@@ -6,10 +6,10 @@
 namespace tessera {
 
 void add_into(Tensor dst, const Tensor& src) {
-  check_arg(dst.shape() == src.shape() && dst.dtype() == src.dtype(), "add", "{} += {}", dst.str(),
-            src.str());
-  check_arg(dst.device() == src.device(), "add", "add_into of a {} tensor into a {} tensor",
-            src.device().str(), dst.device().str());
+  TESSERA_CHECK_ARG(dst.shape() == src.shape() && dst.dtype() == src.dtype(), "add", "{} += {}",
+                    dst.str(), src.str());
+  TESSERA_CHECK_ARG(dst.device() == src.device(), "add", "add_into of a {} tensor into a {} tensor",
+                    src.device().str(), dst.device().str());
   if (dst.numel() == 0) return;
   if (dst.is_shape_only()) return;  // estimate mode: no data to add
   backend_for(dst.device())

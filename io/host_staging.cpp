@@ -167,8 +167,8 @@ void stream_to_host(const Tensor& source, std::span<const ByteRange> ranges,
 void stream_from_host(const Tensor& destination, std::span<const ByteRange> ranges,
                       const std::function<void(size_t k, void* host)>& produce,
                       const std::string& op) {
-  check_arg(destination.is_contiguous(), op, "staging into a non-contiguous tensor {}",
-            destination.str());
+  TESSERA_CHECK_ARG(destination.is_contiguous(), op, "staging into a non-contiguous tensor {}",
+                    destination.str());
   check_ranges(destination, ranges, op);
   char* base = static_cast<char*>(destination.raw_data());
   if (destination.device().is_cpu()) {

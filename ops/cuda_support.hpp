@@ -35,11 +35,11 @@ inline kernels::ElementType element_type(DType dtype, const std::string& op) {
 inline void require_cuda_operands(const std::vector<const Tensor*>& tensors,
                                   const std::string& op) {
   const Tensor& first = *tensors.front();
-  check_arg(first.device().is_cuda(), op, "cuda kernel got a {} tensor", first.str());
+  TESSERA_CHECK_ARG(first.device().is_cuda(), op, "cuda kernel got a {} tensor", first.str());
   element_type(first.dtype(), op);
   for (const Tensor* tensor : tensors)
-    check_arg(tensor->device() == first.device() && tensor->dtype() == first.dtype(), op,
-              "operands {} and {} differ in device or dtype", first.str(), tensor->str());
+    TESSERA_CHECK_ARG(tensor->device() == first.device() && tensor->dtype() == first.dtype(), op,
+                      "operands {} and {} differ in device or dtype", first.str(), tensor->str());
   gpu::set_device(first.device().index);
 }
 

@@ -92,8 +92,10 @@ std::vector<int64_t> upsampled_output_extents(const std::vector<int64_t>& input_
 }
 
 void require_floating_cpu(const Tensor& tensor, const std::string& op) {
-  check_arg(is_floating(tensor.dtype()), op, "needs a floating tensor, got {}", tensor.str());
-  check_arg(tensor.device().is_cpu(), op, "cpu kernel got a {} tensor", tensor.device().str());
+  TESSERA_CHECK_ARG(is_floating(tensor.dtype()), op, "needs a floating tensor, got {}",
+                    tensor.str());
+  TESSERA_CHECK_ARG(tensor.device().is_cpu(), op, "cpu kernel got a {} tensor",
+                    tensor.device().str());
 }
 
 std::vector<std::optional<ShardTensor>> single_input_halo_backward(

@@ -102,8 +102,8 @@ Tensor map_elements(const Tensor& input, Fn&& fn) {
 
 template <typename Fn>
 Tensor zip_elements(const Tensor& a, const Tensor& b, Fn&& fn) {
-  check_arg(a.shape() == b.shape() && a.dtype() == b.dtype(), "ops", "elementwise {} and {}",
-            a.str(), b.str());
+  TESSERA_CHECK_ARG(a.shape() == b.shape() && a.dtype() == b.dtype(), "ops",
+                    "elementwise {} and {}", a.str(), b.str());
   // Estimate mode: shape-only inputs give a shape-only result; no element is visited.
   if (a.is_shape_only() || b.is_shape_only()) return Tensor::empty(a.shape(), a.dtype());
   const Tensor left = a.contiguous(), right = b.contiguous();

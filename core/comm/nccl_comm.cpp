@@ -501,10 +501,10 @@ bool nccl_compiled() {
 
 std::shared_ptr<Comm> make_nccl_comm(std::shared_ptr<Comm> bootstrap) {
   const Device device = current_rank_context().device();
-  check_arg(device.is_cuda(), "nccl",
-            "the nccl backend needs a CUDA device per rank, but rank {} runs on {}: set "
-            "TESSERA_DEVICE=cuda",
-            bootstrap->rank(), device.str());
+  TESSERA_CHECK_ARG(device.is_cuda(), "nccl",
+                    "the nccl backend needs a CUDA device per rank, but rank {} runs on {}: set "
+                    "TESSERA_DEVICE=cuda",
+                    bootstrap->rank(), device.str());
   ncclUniqueId id{};
   if (bootstrap->rank() == 0 && ncclGetUniqueId(&id) != ncclSuccess)
     throw CommError("nccl", "ncclGetUniqueId failed on rank 0");

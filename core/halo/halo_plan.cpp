@@ -125,8 +125,8 @@ HaloPlan HaloPlan::build(const ShardSpec& spec, const std::vector<Box>& needed,
             "{} needed boxes given for a mesh of {} ranks", needed.size(), ranks);
   check_arg(boundary.size() == spec.global_shape.size(), "halo",
             "{} boundary modes given for a {}-d tensor", boundary.size(), spec.global_shape.size());
-  check_arg(!spec.has_partial(), "halo", "a halo exchange needs values, not partial sums: {}",
-            spec.str());
+  TESSERA_CHECK_ARG(!spec.has_partial(), "halo",
+                    "a halo exchange needs values, not partial sums: {}", spec.str());
   // The box is formatted only when wrong: this loop runs over every rank's box on every rank.
   for (const Box& box : needed)
     if (box.ndim() != spec.global_shape.size())

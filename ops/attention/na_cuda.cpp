@@ -139,15 +139,15 @@ NaGradients na_cuda_backward(const Tensor& q, const Tensor& k, const Tensor& v, 
   const DType stat_dtype = na_detail::lse_dtype(q.dtype());
   Shape lse_shape = q.shape();
   lse_shape.pop_back();
-  check_arg(lse.shape() == lse_shape && lse.device() == q.device(), "na",
-            "lse {} does not belong to q {}", lse.str(), q.str());
+  TESSERA_CHECK_ARG(lse.shape() == lse_shape && lse.device() == q.device(), "na",
+                    "lse {} does not belong to q {}", lse.str(), q.str());
   if (grad_lse)
-    check_arg(grad_lse->device() == q.device(), "na", "gradient of lse {} is not on {}",
-              grad_lse->str(), q.device().str());
+    TESSERA_CHECK_ARG(grad_lse->device() == q.device(), "na", "gradient of lse {} is not on {}",
+                      grad_lse->str(), q.device().str());
   if (output)
-    check_arg(output->shape() == q.shape() && output->dtype() == q.dtype() &&
-                  output->device() == q.device(),
-              "na", "output {} does not belong to q {}", output->str(), q.str());
+    TESSERA_CHECK_ARG(output->shape() == q.shape() && output->dtype() == q.dtype() &&
+                          output->device() == q.device(),
+                      "na", "output {} does not belong to q {}", output->str(), q.str());
   const kernels::NaCall call = na_detail::make_na_call(p, geometry);
   const Tensor qc = rows_of(q), kc = rows_of(k), vc = rows_of(v);
   const Tensor go = rows_of(grad_output);

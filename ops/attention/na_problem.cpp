@@ -39,8 +39,8 @@ Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const Te
             "q, k, v must share one floating dtype, got {}, {}, {}", dtype_name(q.dtype()),
             dtype_name(k.dtype()), dtype_name(v.dtype()));
   for (const Tensor* t : {&q, &k, &v})
-    check_arg(t->device() == device, "na", "{} kernel got a {} tensor",
-              device.is_cpu() ? "cpu" : "cuda", t->device().str());
+    TESSERA_CHECK_ARG(t->device() == device, "na", "{} kernel got a {} tensor",
+                      device.is_cpu() ? "cpu" : "cuda", t->device().str());
   p.batch = q.shape(0);
   p.heads = q.shape(q.ndim() - 2);
   p.dim = q.shape(q.ndim() - 1);
@@ -75,8 +75,8 @@ Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const Te
               geometry.kernel, geometry.causal);
     check_arg(rpb->shape() == na_rpb_shape(p.heads, geometry), "na", "rpb of shape {}, expected {}",
               rpb->shape(), na_rpb_shape(p.heads, geometry));
-    check_arg(is_floating(rpb->dtype()) && rpb->device() == device, "na",
-              "rpb must be a floating tensor on {}, got {}", device.str(), rpb->str());
+    TESSERA_CHECK_ARG(is_floating(rpb->dtype()) && rpb->device() == device, "na",
+                      "rpb must be a floating tensor on {}, got {}", device.str(), rpb->str());
     p.has_rpb = true;
   }
   // Windows of the local queries, and the check that the tile holds every key they read.

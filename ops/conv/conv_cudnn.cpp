@@ -163,10 +163,11 @@ std::string operand_text(const ConvOperand& operand) {
 
 void check_operands(const std::vector<const ConvOperand*>& operands, const char* what) {
   const ConvOperand& first = *operands.front();
-  check_arg(first.device.is_cuda(), kOp, "cuDNN {} of a {} operand", what, first.device.str());
+  TESSERA_CHECK_ARG(first.device.is_cuda(), kOp, "cuDNN {} of a {} operand", what,
+                    first.device.str());
   for (const ConvOperand* operand : operands) {
-    check_arg(operand->device == first.device, kOp, "cuDNN {} on operands of {} and {}", what,
-              first.device.str(), operand->device.str());
+    TESSERA_CHECK_ARG(operand->device == first.device, kOp, "cuDNN {} on operands of {} and {}",
+                      what, first.device.str(), operand->device.str());
     check_arg(operand->dtype == first.dtype, kOp, "cuDNN {} on operands of dtypes {} and {}", what,
               dtype_name(first.dtype), dtype_name(operand->dtype));
   }

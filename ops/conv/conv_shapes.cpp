@@ -138,8 +138,8 @@ void check_same_dtype(const Tensor& a, std::string_view a_name, const Tensor& b,
   check_tensor(b, b_name);
   check_arg(a.dtype() == b.dtype(), kOp, "{} is {} but {} is {}", a_name, dtype_name(a.dtype()),
             b_name, dtype_name(b.dtype()));
-  check_arg(a.device() == b.device(), kOp, "{} is on {} but {} is on {}", a_name, a.device().str(),
-            b_name, b.device().str());
+  TESSERA_CHECK_ARG(a.device() == b.device(), kOp, "{} is on {} but {} is on {}", a_name,
+                    a.device().str(), b_name, b.device().str());
 }
 
 // True when `backend` resolves to cuDNN for tensors on `device`; throws when the backend cannot
@@ -150,9 +150,9 @@ bool use_cudnn(ConvBackend backend, Device device) {
               "backend cudnn runs cuda tensors, got cpu tensors");
     return false;
   }
-  check_arg(backend == ConvBackend::automatic || backend == ConvBackend::cudnn, kOp,
-            "backend {} runs cpu tensors, got tensors on {}",
-            backend == ConvBackend::reference ? "reference" : "onednn", device.str());
+  TESSERA_CHECK_ARG(backend == ConvBackend::automatic || backend == ConvBackend::cudnn, kOp,
+                    "backend {} runs cpu tensors, got tensors on {}",
+                    backend == ConvBackend::reference ? "reference" : "onednn", device.str());
   return true;
 }
 

@@ -303,10 +303,11 @@ ShardTensor FullyShardedDataParallel::forward(const ShardTensor& x) {
   for (size_t b = 0; b < state.batch_dims.size(); ++b) {
     const int m = state.batch_dims[b];
     const std::string& name = (*state.options.batch_dims)[b];
-    check_arg(m < static_cast<int>(x.placements().size()) && x.placements()[m].is_shard() &&
-                  x.placements()[m].dim == 0,
-              "fsdp", "the input {} is not split along its batch (dim 0) over the batch dim '{}'",
-              x.spec().str(), name);
+    TESSERA_CHECK_ARG(m < static_cast<int>(x.placements().size()) && x.placements()[m].is_shard() &&
+                          x.placements()[m].dim == 0,
+                      "fsdp",
+                      "the input {} is not split along its batch (dim 0) over the batch dim '{}'",
+                      x.spec().str(), name);
     const auto& extents = x.spec().extents[m];
     check_arg(std::all_of(extents.begin(), extents.end(),
                           [&](int64_t extent) { return extent == extents.front(); }),

@@ -6,13 +6,14 @@
 namespace tessera::nn {
 
 std::vector<StageBox> stage_boxes(const ShardSpec& from, const ShardSpec& to) {
-  check_arg(from.mesh_shape == to.mesh_shape && from.global_shape == to.global_shape, "pipeline",
-            "a transfer from {} to {} (the stages' meshes and the tensor's shape must "
-            "match)",
-            from.str(), to.str());
-  check_arg(!from.has_partial() && !to.has_partial(), "pipeline",
-            "a transfer from {} to {} (Partial layouts are reduced before they move)", from.str(),
-            to.str());
+  TESSERA_CHECK_ARG(from.mesh_shape == to.mesh_shape && from.global_shape == to.global_shape,
+                    "pipeline",
+                    "a transfer from {} to {} (the stages' meshes and the tensor's shape must "
+                    "match)",
+                    from.str(), to.str());
+  TESSERA_CHECK_ARG(!from.has_partial() && !to.has_partial(), "pipeline",
+                    "a transfer from {} to {} (Partial layouts are reduced before they move)",
+                    from.str(), to.str());
   const int ranks = mesh_size(from.mesh_shape);
   std::vector<StageBox> boxes;
   for (int receiver = 0; receiver < ranks; ++receiver) {

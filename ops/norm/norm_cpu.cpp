@@ -305,9 +305,10 @@ Tensor tensor_of(const std::vector<double>& values, const Shape& shape, DType dt
 }
 
 void check_piece(const NormGeometry& g, const Tensor& x) {
-  check_arg(x.device().is_cpu(), op_name(g), "cpu kernel got a {} tensor", x.str());
-  check_arg(x.numel() == g.numel(), op_name(g), "piece {} does not hold {} x {} x {} elements",
-            x.str(), g.batch, g.channels, g.length);
+  TESSERA_CHECK_ARG(x.device().is_cpu(), op_name(g), "cpu kernel got a {} tensor", x.str());
+  TESSERA_CHECK_ARG(x.numel() == g.numel(), op_name(g),
+                    "piece {} does not hold {} x {} x {} elements", x.str(), g.batch, g.channels,
+                    g.length);
 }
 
 /// True when every plane is its own statistics slot and fits in one unit (layer_norm's rows of at
@@ -524,8 +525,8 @@ Tensor norm_backward_sums_cpu(const NormGeometry& g, const Tensor& x, const Tens
     return Tensor::empty({g.slots, 2}, DType::f64);
   }
   check_piece(g, x);
-  check_arg(dy.shape() == x.shape() && dy.dtype() == x.dtype(), op_name(g),
-            "backward got the gradient {} for x {}", dy.str(), x.str());
+  TESSERA_CHECK_ARG(dy.shape() == x.shape() && dy.dtype() == x.dtype(), op_name(g),
+                    "backward got the gradient {} for x {}", dy.str(), x.str());
   const Tensor input = x.contiguous(), grad = dy.contiguous();
   const Tensor stats = statistics.contiguous();
   const std::vector<double> weight = w ? values_of(*w) : std::vector<double>{};
@@ -676,8 +677,8 @@ std::optional<Tensor> norm_backward_rows_cpu(const NormGeometry& g, const Tensor
       !one_unit_per_slot(g))
     return std::nullopt;
   check_piece(g, x);
-  check_arg(dy.shape() == x.shape() && dy.dtype() == x.dtype(), op_name(g),
-            "backward got the gradient {} for x {}", dy.str(), x.str());
+  TESSERA_CHECK_ARG(dy.shape() == x.shape() && dy.dtype() == x.dtype(), op_name(g),
+                    "backward got the gradient {} for x {}", dy.str(), x.str());
   const Tensor input = x.contiguous(), grad = dy.contiguous();
   const Tensor stats = statistics.contiguous();
   const std::vector<double> weight = w ? values_of(*w) : std::vector<double>{};

@@ -23,8 +23,8 @@ const char* op_name(const kernels::NormGeometry& g) {
 
 /// An f64 statistics tensor on `device`, checked and made contiguous.
 Tensor f64_on(const Tensor& tensor, Device device, const char* op) {
-  check_arg(tensor.dtype() == DType::f64 && tensor.device() == device, op,
-            "statistics {} expected as f64 on {}", tensor.str(), device.str());
+  TESSERA_CHECK_ARG(tensor.dtype() == DType::f64 && tensor.device() == device, op,
+                    "statistics {} expected as f64 on {}", tensor.str(), device.str());
   return tensor.contiguous();
 }
 

@@ -40,16 +40,16 @@ struct Operands {
 Operands operands_of(const Parameter& parameter, const std::string& op) {
   const Tensor value = parameter.tensor().to_local();
   const Tensor grad = parameter.grad()->to_local().contiguous();
-  check_arg(grad.device() == value.device(), op,
-            "the gradient of parameter '{}' is on {}, it is on {}", parameter.name(),
-            grad.device().str(), value.device().str());
+  TESSERA_CHECK_ARG(grad.device() == value.device(), op,
+                    "the gradient of parameter '{}' is on {}, it is on {}", parameter.name(),
+                    grad.device().str(), value.device().str());
   check_arg(value.dtype() == DType::f32 || value.dtype() == DType::f64, op,
             "parameter '{}' is {}: updates take f32 or f64 parameters", parameter.name(),
             dtype_name(value.dtype()));
   check_arg(value.is_contiguous(), op, "parameter '{}' is not contiguous", parameter.name());
-  check_arg(grad.shape() == value.shape() && grad.dtype() == value.dtype(), op,
-            "the gradient of parameter '{}' ({}) does not match it ({})", parameter.name(),
-            grad.str(), value.str());
+  TESSERA_CHECK_ARG(grad.shape() == value.shape() && grad.dtype() == value.dtype(), op,
+                    "the gradient of parameter '{}' ({}) does not match it ({})", parameter.name(),
+                    grad.str(), value.str());
   return {value, grad};
 }
 

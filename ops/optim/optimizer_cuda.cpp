@@ -13,12 +13,12 @@ namespace {
 void require_operands(const std::vector<const Tensor*>& tensors, const Tensor& p) {
   for (const Tensor* tensor : tensors) {
     if (tensor == nullptr) continue;
-    check_arg(tensor->device() == p.device() && tensor->dtype() == p.dtype() &&
-                  tensor->shape() == p.shape() && tensor->is_contiguous(),
-              "optimizer",
-              "operand {} of the update of {} (expected contiguous, same shape, "
-              "dtype and device)",
-              tensor->str(), p.str());
+    TESSERA_CHECK_ARG(tensor->device() == p.device() && tensor->dtype() == p.dtype() &&
+                          tensor->shape() == p.shape() && tensor->is_contiguous(),
+                      "optimizer",
+                      "operand {} of the update of {} (expected contiguous, same shape, "
+                      "dtype and device)",
+                      tensor->str(), p.str());
   }
 }
 

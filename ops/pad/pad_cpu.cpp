@@ -45,7 +45,7 @@ void dispatch_pad(DType dtype, Fn&& fn) {
 }  // namespace
 
 Tensor pad_forward_cpu(const PadPlan& plan, const Tensor& x, const Shape& y_shape) {
-  check_arg(x.device().is_cpu(), kOp, "cpu kernel got a {} tensor", x.str());
+  TESSERA_CHECK_ARG(x.device().is_cpu(), kOp, "cpu kernel got a {} tensor", x.str());
   const Tensor input = x.contiguous();
   Tensor y = Tensor::empty(y_shape, input.dtype());
   if (y.numel() == 0) return y;
@@ -79,7 +79,7 @@ Tensor pad_forward_cpu(const PadPlan& plan, const Tensor& x, const Shape& y_shap
 }
 
 Tensor pad_backward_cpu(const PadPlan& plan, const Shape& x_shape, const Tensor& gy) {
-  check_arg(gy.device().is_cpu(), kOp, "cpu kernel got a {} gradient", gy.str());
+  TESSERA_CHECK_ARG(gy.device().is_cpu(), kOp, "cpu kernel got a {} gradient", gy.str());
   const Tensor grad = gy.contiguous();
   Tensor dx = Tensor::zeros(x_shape, grad.dtype());
   const int64_t in_plane = plan.in_plane(), out_plane = plan.out_plane();

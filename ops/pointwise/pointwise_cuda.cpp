@@ -41,8 +41,8 @@ kernels::BinaryKind binary_kind(const std::string& name) {
 }
 
 void require_shape(const Tensor& tensor, const Shape& shape, const std::string& op) {
-  check_arg(tensor.shape() == shape, op, "operand {} where shape {} is expected", tensor.str(),
-            shape);
+  TESSERA_CHECK_ARG(tensor.shape() == shape, op, "operand {} where shape {} is expected",
+                    tensor.str(), shape);
 }
 
 }  // namespace

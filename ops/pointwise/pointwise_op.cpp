@@ -146,7 +146,7 @@ void register_unary(const UnaryMath& math) {
 OperandView operand_view(const Tensor& a, const Tensor& b, bool broadcast, const Box& a_box,
                          int offset, const std::string& op) {
   if (broadcast) return broadcast_operand_view(b.shape(), b.strides(), a_box.lo, offset);
-  check_arg(a.shape() == b.shape(), op, "elementwise {} and {}", a.str(), b.str());
+  TESSERA_CHECK_ARG(a.shape() == b.shape(), op, "elementwise {} and {}", a.str(), b.str());
   return OperandView{b.strides(), 0};
 }
 

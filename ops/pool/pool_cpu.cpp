@@ -347,7 +347,7 @@ void avg_plane_backward(const PoolWindows& windows,
 
 std::vector<Tensor> pool_forward_cpu(const PoolWindows& windows, const Tensor& x,
                                      const Shape& y_shape) {
-  check_arg(x.device().is_cpu(), op_name(windows), "cpu kernel got a {} tensor", x.str());
+  TESSERA_CHECK_ARG(x.device().is_cpu(), op_name(windows), "cpu kernel got a {} tensor", x.str());
   const bool max = windows.kind == PoolKind::max;
   const Tensor input = x.contiguous();
   Tensor y = Tensor::empty(y_shape, input.dtype());
@@ -389,13 +389,13 @@ std::vector<Tensor> pool_forward_cpu(const PoolWindows& windows, const Tensor& x
 Tensor pool_backward_cpu(const PoolWindows& windows, const Shape& x_shape,
                          const std::optional<Tensor>& indices, const Tensor& gy) {
   const bool max = windows.kind == PoolKind::max;
-  check_arg(gy.device().is_cpu(), op_name(windows), "cpu kernel got {}", gy.str());
+  TESSERA_CHECK_ARG(gy.device().is_cpu(), op_name(windows), "cpu kernel got {}", gy.str());
   const Tensor grad = gy.contiguous();
   if (max)
-    check_arg(indices && indices->device().is_cpu() && indices->dtype() == DType::i64 &&
-                  indices->shape() == grad.shape(),
-              op_name(windows), "backward got the indices {} for the gradient {}",
-              indices ? indices->str() : std::string("(none)"), grad.str());
+    TESSERA_CHECK_ARG(indices && indices->device().is_cpu() && indices->dtype() == DType::i64 &&
+                          indices->shape() == grad.shape(),
+                      op_name(windows), "backward got the indices {} for the gradient {}",
+                      indices ? indices->str() : std::string("(none)"), grad.str());
   const Tensor argmax = max ? indices->contiguous() : Tensor();
   // Every plane of dx is written whole below (zeroed, then the gradient added), so it starts
   // uninitialised; with no gradient at all it is zeros.

@@ -61,7 +61,7 @@ Tensor squared_difference_sum_cuda(const Tensor& a, const Tensor& b, double scal
                                    const Stream& stream) {
   const std::string op = "mse_loss";
   require_cuda_operands({&a, &b}, op);
-  check_arg(a.shape() == b.shape(), op, "operands {} and {}", a.str(), b.str());
+  TESSERA_CHECK_ARG(a.shape() == b.shape(), op, "operands {} and {}", a.str(), b.str());
   Tensor loss = Tensor::empty({}, a.dtype(), a.device());
   const std::vector<bool> reduced(a.shape().size(), true);
   const std::vector<int64_t> out_strides(a.shape().size(), 0);
@@ -74,12 +74,12 @@ Tensor squared_difference_sum_cuda(const Tensor& a, const Tensor& b, double scal
 Tensor broadcast_back_cuda(const Tensor& g, const Shape& shape, double scale, const Stream& stream,
                            const std::string& op) {
   require_cuda_operands({&g}, op);
-  check_arg(g.ndim() == static_cast<int>(shape.size()), op, "gradient {} for shape {}", g.str(),
-            shape);
+  TESSERA_CHECK_ARG(g.ndim() == static_cast<int>(shape.size()), op, "gradient {} for shape {}",
+                    g.str(), shape);
   std::vector<int64_t> strides = g.strides();
   for (int d = 0; d < g.ndim(); ++d) {
-    check_arg(g.shape(d) == 1 || g.shape(d) == shape[d], op, "gradient {} for shape {}", g.str(),
-              shape);
+    TESSERA_CHECK_ARG(g.shape(d) == 1 || g.shape(d) == shape[d], op, "gradient {} for shape {}",
+                      g.str(), shape);
     if (g.shape(d) == 1) strides[d] = 0;
   }
   Tensor expanded = Tensor::empty(shape, g.dtype(), g.device());
@@ -96,8 +96,8 @@ std::pair<Tensor, Tensor> mse_backward_cuda(const Tensor& a, const Tensor& b, co
                                             double factor, const Stream& stream) {
   const std::string op = "mse_loss";
   require_cuda_operands({&a, &b, &g}, op);
-  check_arg(a.shape() == b.shape() && g.numel() == 1, op,
-            "operands {} and {} with loss gradient {}", a.str(), b.str(), g.str());
+  TESSERA_CHECK_ARG(a.shape() == b.shape() && g.numel() == 1, op,
+                    "operands {} and {} with loss gradient {}", a.str(), b.str(), g.str());
   Tensor da = Tensor::empty(a.shape(), a.dtype(), a.device());
   Tensor db = Tensor::empty(a.shape(), a.dtype(), a.device());
   if (da.numel() == 0) return {da, db};

@@ -209,6 +209,26 @@ TEST(OpSignature, ChecksOnTheCallPathNameWhatTheyFound) {
   });
 }
 
+// TESSERA_CHECK_ARG evaluates its op, format and arguments only when the check fails, and then
+// throws the same InvalidArgument as check_arg.
+TEST(OpSignature, LazyChecksBuildTheirMessageOnlyWhenTheyFail) {
+  int built = 0;
+  const auto costly = [&built] {
+    ++built;
+    return std::string("the costly part");
+  };
+  for (int i = 0; i < 3; ++i) TESSERA_CHECK_ARG(i < 3, "lazy", "message {}", costly());
+  EXPECT_EQ(built, 0);
+  try {
+    TESSERA_CHECK_ARG(built > 0, std::string("lazy"), "{} of {} and {}", costly(), 1, "two");
+    ADD_FAILURE() << "expected InvalidArgument";
+  } catch (const InvalidArgument& error) {
+    EXPECT_EQ(std::string(error.what()), "[lazy] the costly part of 1 and two");
+    EXPECT_EQ(error.op(), "lazy");
+  }
+  EXPECT_EQ(built, 1);
+}
+
 TEST(OpSignature, AnOpWithRequiredAndDefaultedAttributesRegistersAndChecksCalls) {
   register_op(OpDef{
       .name = "test_signature_pool",

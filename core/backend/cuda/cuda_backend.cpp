@@ -116,8 +116,9 @@ class CudaBackend final : public DeviceBackend {
                  const std::string& op) override {
     check_cuda(device, op);
     // The release event is recorded on the stream, which must belong to the same device.
-    check_arg(stream.handle == nullptr || stream.device == device, op,
-              "allocation on {} ordered on a stream of {}", device.str(), stream.device.str());
+    TESSERA_CHECK_ARG(stream.handle == nullptr || stream.device == device, op,
+                      "allocation on {} ordered on a stream of {}", device.str(),
+                      stream.device.str());
     return allocator(device.index).allocate(bytes, stream.handle, op);
   }
 
@@ -278,15 +279,15 @@ class CudaBackend final : public DeviceBackend {
   static constexpr int kMaxDevices = 64;
 
   static void check_cuda(Device device, const std::string& op) {
-    check_arg(device.is_cuda(), op, "the cuda backend was given a {} device", device.str());
+    TESSERA_CHECK_ARG(device.is_cuda(), op, "the cuda backend was given a {} device", device.str());
     check_arg(device.index >= 0 && device.index < kMaxDevices, op, "device index {} (at most {})",
               device.index, kMaxDevices - 1);
   }
 
   /// The device `stream` belongs to (the device every pointer of the call lives on).
   static int stream_device(const Stream& stream, const std::string& op) {
-    check_arg(stream.device.is_cuda(), op, "the cuda backend was given a {} stream",
-              stream.device.str());
+    TESSERA_CHECK_ARG(stream.device.is_cuda(), op, "the cuda backend was given a {} stream",
+                      stream.device.str());
     return stream.device.index;
   }
 
