@@ -177,10 +177,12 @@ void Tape::backward(const ShardTensor& output, const ShardTensor& output_grad, b
   active_tape = nullptr;  // the backward pass itself is not recorded
   std::map<uint64_t, ShardTensor> pending;
   pending.emplace(output.id(), output_grad);
-  auto accumulate = [&](const ShardTensor& target, const ShardTensor& grad) {
+  // Gradients move from the backward that made them to the map and on to the next backward:
+  // a ShardTensor copy costs several allocations, which a small op's backward notices.
+  auto accumulate = [&](const ShardTensor& target, ShardTensor grad) {
     auto it = pending.find(target.id());
     if (it == pending.end())
-      pending.emplace(target.id(), grad);
+      pending.emplace(target.id(), std::move(grad));
     else
       it->second = add_same_shape(it->second, grad);
   };
@@ -193,7 +195,7 @@ void Tape::backward(const ShardTensor& output, const ShardTensor& output_grad, b
   // view (both operands of an add) share one copy: gradients are never written in place.
   const Tensor& caller_grad = output_grad.to_local();
   std::vector<std::pair<Tensor, Tensor>> copies;  // a view of the caller's gradient, its copy
-  auto own = [&](const ShardTensor& grad) {
+  auto own = [&](ShardTensor grad) {
     const Tensor& local = grad.to_local();
     if (!bytes_overlap(local, caller_grad)) return grad;
     for (const auto& [view, copy] : copies)
@@ -209,22 +211,25 @@ void Tape::backward(const ShardTensor& output, const ShardTensor& output_grad, b
     auto it = pending.find(id);
     if (it == pending.end()) return;
     if (GradHook sink = sink_of(id)) {  // a reducer takes the unreduced gradient
-      const ShardTensor grad = own(it->second);
+      const ShardTensor grad = own(std::move(it->second));
       pending.erase(it);
       sink(grad);
       return;
     }
     const ShardTensor& leaf = leaves_.at(id);
     const ShardSpec layout = gradient_layout(leaf.spec(), "backward");
-    ShardTensor grad =
-        own(it->second.spec() == layout ? it->second : it->second.redistribute_to(layout));
+    ShardTensor grad = own(it->second.spec() == layout ? std::move(it->second)
+                                                       : it->second.redistribute_to(layout));
     pending.erase(it);
+    const std::vector<GradHook> hooks = hooks_of(id);
     auto existing = grads_.find(id);
-    if (existing == grads_.end())
-      grads_.emplace(id, grad);
-    else
+    if (existing != grads_.end())
       existing->second = add_same_shape(existing->second, grad);
-    for (const GradHook& hook : hooks_of(id)) hook(grad);
+    else if (hooks.empty())
+      grads_.emplace(id, std::move(grad));
+    else
+      grads_.emplace(id, grad);
+    for (const GradHook& hook : hooks) hook(grad);
   };
   try {
     for (size_t index = records_.size(); index-- > 0;) {
@@ -237,7 +242,7 @@ void Tape::backward(const ShardTensor& output, const ShardTensor& output_grad, b
           output_grads.emplace_back(std::nullopt);
           continue;
         }
-        output_grads.emplace_back(it->second);
+        output_grads.emplace_back(std::move(it->second));
         pending.erase(it);
         any = true;
       }
@@ -249,13 +254,13 @@ void Tape::backward(const ShardTensor& output, const ShardTensor& output_grad, b
           span.real_arg("flops", cost.flops);
           span.real_arg("bytes", cost.bytes);
         }
-        const auto input_grads = record->op->backward(*record, output_grads);
+        auto input_grads = record->op->backward(*record, output_grads);
         check_arg(input_grads.size() == record->inputs.size(), record->op->name,
                   "backward returned {} gradients for {} inputs", input_grads.size(),
                   record->inputs.size());
         for (size_t i = 0; i < input_grads.size(); ++i)
           if (input_grads[i] && record->inputs[i].requires_grad())
-            accumulate(record->inputs[i], *input_grads[i]);
+            accumulate(record->inputs[i], std::move(*input_grads[i]));
       }
       // This record will not be read again: its saved tensors go now.
       if (!retain_graph) {
