@@ -42,7 +42,8 @@ DeviceMesh::DeviceMesh(std::shared_ptr<Comm> comm, std::vector<int> shape,
       layout_(std::make_shared<Layout>(Layout{std::move(shape), std::move(names), {}})) {
   if (layout_->names.empty()) layout_->names = default_names(layout_->shape.size());
   agree_on_error(*comm_, "mesh", mesh_problem(layout_->shape, layout_->names, comm_->size()));
-  agree_on_description(*comm_, "mesh", "mesh", fmt::format("shape {} names {}", layout_->shape, layout_->names));
+  agree_on_description(*comm_, "mesh", "mesh",
+                       fmt::format("shape {} names {}", layout_->shape, layout_->names));
   layout_->coord = coord_of(comm_->rank(), layout_->shape);
   sub_comms_ = std::make_shared<std::map<std::vector<int>, std::shared_ptr<Comm>>>();
 }
@@ -61,7 +62,8 @@ int DeviceMesh::size() const {
 
 int DeviceMesh::dim_index(const std::string& name) const {
   const auto it = std::find(layout_->names.begin(), layout_->names.end(), name);
-  check_arg(it != layout_->names.end(), "mesh", "no mesh dim named '{}' (the mesh has {})", name, layout_->names);
+  check_arg(it != layout_->names.end(), "mesh", "no mesh dim named '{}' (the mesh has {})", name,
+            layout_->names);
   return static_cast<int>(it - layout_->names.begin());
 }
 
@@ -80,13 +82,15 @@ std::shared_ptr<Comm> DeviceMesh::sub_comm(const std::vector<int>& dims) const {
   // color: position along the other dims; key: row-major position along `dims`.
   int color = 0, key = 0;
   for (int m = 0; m < ndim(); ++m)
-    if (std::find(dims.begin(), dims.end(), m) == dims.end()) color = color * layout_->shape[m] + layout_->coord[m];
+    if (std::find(dims.begin(), dims.end(), m) == dims.end())
+      color = color * layout_->shape[m] + layout_->coord[m];
   for (int dim : dims) key = key * layout_->shape[dim] + layout_->coord[dim];
   return cached = comm_->split(color, key);
 }
 
 DeviceMesh DeviceMesh::rename(std::vector<std::string> names) const {
-  if (auto problem = mesh_problem(layout_->shape, names, size())) throw InvalidArgument("mesh", *problem);
+  if (auto problem = mesh_problem(layout_->shape, names, size()))
+    throw InvalidArgument("mesh", *problem);
   DeviceMesh renamed(Trusted{}, comm_, layout_->shape, std::move(names));
   renamed.sub_comms_ = sub_comms_;  // same dims, same groups
   return renamed;
@@ -96,8 +100,8 @@ DeviceMesh DeviceMesh::split(int dim, const std::vector<int>& sizes,
                              const std::vector<std::string>& names) const {
   check_arg(dim >= 0 && dim < ndim(), "mesh", "split of mesh dim {} of a {}-d mesh", dim, ndim());
   check_arg(mesh_size(sizes) == layout_->shape[dim] && sizes.size() == names.size(), "mesh",
-            "cannot split mesh dim {} of size {} into sizes {} named {}", dim, layout_->shape[dim], sizes,
-            names);
+            "cannot split mesh dim {} of size {} into sizes {} named {}", dim, layout_->shape[dim],
+            sizes, names);
   std::vector<int> shape(layout_->shape.begin(), layout_->shape.begin() + dim);
   std::vector<std::string> new_names(layout_->names.begin(), layout_->names.begin() + dim);
   shape.insert(shape.end(), sizes.begin(), sizes.end());
@@ -137,8 +141,8 @@ DeviceMesh DeviceMesh::submesh(const std::vector<int>& dims) const {
 }
 
 std::optional<DeviceMesh> DeviceMesh::slice(int dim, int start, int stop) const {
-  check_arg(dim >= 0 && dim < ndim() && 0 <= start && start < stop && stop <= layout_->shape[dim], "mesh",
-            "slice [{}, {}) of mesh dim {} with {} ranks", start, stop, dim,
+  check_arg(dim >= 0 && dim < ndim() && 0 <= start && start < stop && stop <= layout_->shape[dim],
+            "mesh", "slice [{}, {}) of mesh dim {} with {} ranks", start, stop, dim,
             dim >= 0 && dim < ndim() ? layout_->shape[dim] : 0);
   const bool inside = layout_->coord[dim] >= start && layout_->coord[dim] < stop;
   std::vector<int> shape = layout_->shape;
@@ -153,7 +157,8 @@ std::optional<DeviceMesh> DeviceMesh::slice(int dim, int start, int stop) const 
 
 std::string DeviceMesh::str() const {
   std::vector<std::string> dims;
-  for (int m = 0; m < ndim(); ++m) dims.push_back(fmt::format("{}={}", layout_->names[m], layout_->shape[m]));
+  for (int m = 0; m < ndim(); ++m)
+    dims.push_back(fmt::format("{}={}", layout_->names[m], layout_->shape[m]));
   return fmt::format("mesh ({}), rank {} at ({})", fmt::join(dims, ", "), rank(),
                      fmt::join(layout_->coord, ", "));
 }
