@@ -148,6 +148,31 @@ TESSERA_NA_HD int64_t na_box_capacity(const NaAxis& axis, int64_t extent) {
   return bound < axis.length ? bound : axis.length;
 }
 
+/// Division of values below 2^31 by a fixed divisor d >= 1 as a multiply-high, an add and a
+/// shift (Granlund and Montgomery's round-up method; d < 2^31): the mma kernels split a box item
+/// into coordinates for every row of every streamed chunk, by the box's extents, where a 32-bit
+/// division by a value known only at run time is a sequence of about 15 instructions.
+struct NaFastDiv {
+  uint32_t divisor = 1, multiplier = 1, shift = 0;
+};
+TESSERA_NA_HD NaFastDiv na_fast_div(uint32_t d) {
+  NaFastDiv f;
+  f.divisor = d;
+  while ((uint64_t{1} << f.shift) < d) ++f.shift;
+  // m = floor(2^32 (2^s - d) / d) + 1 < 2^32 for 2^(s-1) < d <= 2^s.
+  f.multiplier = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << f.shift) - d)) / d + 1);
+  return f;
+}
+/// n / f.divisor for n < 2^31 (the sum below then stays under 2^32).
+TESSERA_NA_HD uint32_t na_divide(uint32_t n, const NaFastDiv& f) {
+#if defined(__CUDA_ARCH__)
+  const uint32_t high = __umulhi(n, f.multiplier);
+#else
+  const uint32_t high = static_cast<uint32_t>((uint64_t{n} * f.multiplier) >> 32);
+#endif
+  return (high + n) >> f.shift;
+}
+
 /// Which cuda kernel runs a call.
 enum class NaKernel : int {
   plain,  ///< one warp per (query, head) or (key, head) row, no tensor cores: any call

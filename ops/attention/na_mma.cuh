@@ -90,13 +90,14 @@ __device__ __forceinline__ void split_flat(int64_t flat, int64_t e0, int64_t e1,
 }
 
 /// Splits item n of a key (query) box with extents (b0, b1, b2) into its box coordinates, in 32
-/// bits: the streaming loops run this for every row of every chunk, where 64-bit division is a
-/// long subroutine. Box volumes stay below 2^31 on this path (na_mma_boxes_fit).
-__device__ __forceinline__ void split_box(uint32_t n, uint32_t b1, uint32_t b2, int out[3]) {
-  const uint32_t n2 = n / b2;
-  out[2] = static_cast<int>(n - n2 * b2);
-  out[0] = static_cast<int>(n2 / b1);
-  out[1] = static_cast<int>(n2 - static_cast<uint32_t>(out[0]) * b1);
+/// bits and by multiplications (b1, b2 as NaFastDiv): the streaming loops run this for every row
+/// of every chunk. Box volumes stay below 2^31 on this path (na_mma_boxes_fit).
+__device__ __forceinline__ void split_box(uint32_t n, const NaFastDiv& b1, const NaFastDiv& b2,
+                                          int out[3]) {
+  const uint32_t n2 = na_divide(n, b2);
+  out[2] = static_cast<int>(n - n2 * b2.divisor);
+  out[0] = static_cast<int>(na_divide(n2, b1));
+  out[1] = static_cast<int>(n2 - static_cast<uint32_t>(out[0]) * b1.divisor);
 }
 
 /// The call's window attributes as 32-bit values (global extents stay below 2^30 on this path),
@@ -213,9 +214,12 @@ __device__ __forceinline__ void lane_rows(const NaCall& c, const NaTileShape& ti
 // per item, and a lane's hit test is a shift: no window arithmetic per (row, item) pair.
 
 /// Where a block keeps its per-axis tables: `capacity[a]` masks for axis a from mask `offset[a]`
-/// on, in 64-bit words after the kernel's own shared memory.
+/// on, in 64-bit words after the kernel's own shared memory; then, `divisors` bytes after the
+/// first mask, the box's extents along axes 1 and 2 as NaFastDiv (split_box's divisors: in
+/// shared memory rather than held in registers through the streaming loop).
 struct MaskTables {
   int capacity[3], offset[3];
+  int divisors;
   size_t bytes;
 };
 inline MaskTables mask_tables(const NaCall& c, const NaTileShape& tile) {
@@ -226,8 +230,16 @@ inline MaskTables mask_tables(const NaCall& c, const NaTileShape& tile) {
     m.offset[a] = static_cast<int>(words);
     words += m.capacity[a];
   }
-  m.bytes = static_cast<size_t>(words) * 8;
+  m.divisors = static_cast<int>(words * 8);
+  m.bytes = static_cast<size_t>(words) * 8 + 2 * sizeof(NaFastDiv);
   return m;
+}
+
+/// The block's split_box divisors (box extents along axes 1 and 2), after its tables.
+__device__ __forceinline__ const NaFastDiv* box_divisors(const unsigned long long* masks,
+                                                         const MaskTables& m) {
+  return reinterpret_cast<const NaFastDiv*>(reinterpret_cast<const unsigned char*>(masks) +
+                                            m.divisors);
 }
 
 /// Bits origin + t (t < extent) of a span's members, as bit t.
@@ -270,8 +282,9 @@ __device__ __forceinline__ void build_masks(const NaCall& c, const NaTileShape& 
 }
 
 /// A block's setup, the same in every kernel: its tile (keys: of the key tile) and the box it
-/// streams, the flat positions of the tile's 64 rows into `flat` (threads 0..63) and the
-/// membership tables into `masks`. The caller synchronizes before reading either.
+/// streams, the flat positions of the tile's 64 rows into `flat` (threads 0..63), the
+/// membership tables and split_box's divisors into `masks`. The caller synchronizes before
+/// reading any of them.
 __device__ __forceinline__ TileBox setup_tile(const NaCall& c, const NaTileShape& tile, bool keys,
                                               const MaskTables& m, long long* flat,
                                               unsigned long long* masks) {
@@ -281,6 +294,12 @@ __device__ __forceinline__ TileBox setup_tile(const NaCall& c, const NaTileShape
     flat[threadIdx.x] = tile_row(c, tile, t, threadIdx.x, keys, at);
   }
   build_masks(c, tile, t, keys, m, masks);
+  if (threadIdx.x == 0) {  // an empty box (an extent 0) splits nothing: its divisors stay 1
+    NaFastDiv* divisors =
+        reinterpret_cast<NaFastDiv*>(reinterpret_cast<unsigned char*>(masks) + m.divisors);
+    divisors[0] = na_fast_div(t.box[1] > 0 ? static_cast<uint32_t>(t.box[1]) : 1u);
+    divisors[1] = na_fast_div(t.box[2] > 0 ? static_cast<uint32_t>(t.box[2]) : 1u);
+  }
   return t;
 }
 
@@ -422,11 +441,11 @@ __device__ __forceinline__ void load_key_chunk(const NaCall& c, const NaTileShap
                                                unsigned long long* members, int ld) {
   const int tid = threadIdx.x;
   const int64_t first_key = chunk * 64;
+  const NaFastDiv* divisors = box_divisors(masks, m);
   load_rows<T, D>(ks, k, vs, v, ld, [&](int row) -> int64_t {
     if (first_key + row >= t.volume) return -1;
     int j[3];
-    split_box(static_cast<uint32_t>(first_key + row), static_cast<uint32_t>(t.box[1]),
-              static_cast<uint32_t>(t.box[2]), j);
+    split_box(static_cast<uint32_t>(first_key + row), divisors[0], divisors[1], j);
     int64_t position = 0;
 #pragma unroll
     for (int a = 0; a < 3; ++a)
@@ -438,8 +457,7 @@ __device__ __forceinline__ void load_key_chunk(const NaCall& c, const NaTileShap
     unsigned long long rows = 0;
     if (first_key + tid < t.volume) {
       int j[3];
-      split_box(static_cast<uint32_t>(first_key + tid), static_cast<uint32_t>(t.box[1]),
-                static_cast<uint32_t>(t.box[2]), j);
+      split_box(static_cast<uint32_t>(first_key + tid), divisors[0], divisors[1], j);
       key = make_int4(static_cast<int>(t.lo[0] + j[0]), static_cast<int>(t.lo[1] + j[1]),
                       static_cast<int>(t.lo[2] + j[2]), 0);
       rows = row_mask(masks, m, j, tile);

@@ -232,8 +232,8 @@ __global__ void __launch_bounds__(kMmaWarps* kWarp)
     // The local flat position of box query n (all of the box is inside the piece), its box
     // coordinates u and global coordinates i.
     auto flat_of = [&](int64_t n, int u[3], int64_t i[3]) {
-      split_box(static_cast<uint32_t>(n), static_cast<uint32_t>(t.box[1]),
-                static_cast<uint32_t>(t.box[2]), u);
+      const NaFastDiv* divisors = box_divisors(masks, m);
+      split_box(static_cast<uint32_t>(n), divisors[0], divisors[1], u);
       long long flat = 0;
 #pragma unroll
       for (int a = 0; a < 3; ++a) {

@@ -218,6 +218,51 @@ TEST(NaCudaPlan, MmaBoxesFitInThirtyTwoBitsUnlessTheWindowsSpanBillionsOfItems) 
   EXPECT_TRUE(na_mma_boxes_fit(call_of(1, int64_t{1} << 29, 31, 1000000)));  // one axis: 62 M
 }
 
+// The mma kernels' box splits divide by multiplying (NaFastDiv): exact for every divisor and
+// every dividend below 2^31, checked for all divisors to 4,096 (every dividend to 2d + 2, the
+// multiples of d around q = 1,000 and the largest, random ones) and for divisors around every
+// power of two up to 2^31 - 1.
+TEST(NaCudaPlan, FastDivisionIsExactBelowTwoToThe31) {
+  using ops::kernels::na_divide;
+  using ops::kernels::na_fast_div;
+  const uint32_t top = (uint32_t{1} << 31) - 1;
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  auto next = [&] {  // splitmix64
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return static_cast<uint32_t>((z ^ (z >> 31)) & top);
+  };
+  int64_t checked = 0, wrong = 0;
+  uint32_t first_n = 0, first_d = 0;
+  auto check = [&](uint32_t d) {
+    const auto f = na_fast_div(d);
+    auto one = [&](uint32_t n) {
+      ++checked;
+      if (na_divide(n, f) != n / d || f.divisor != d) {
+        if (wrong++ == 0) first_n = n, first_d = d;
+      }
+    };
+    for (uint32_t n = 0; n <= 2 * d + 2 && n <= 10'000; ++n) one(n);
+    for (uint32_t q : {uint32_t{1000}, top / d - 1, top / d})
+      for (int64_t off = -2; off <= 2; ++off) {
+        const int64_t n = int64_t{q} * d + off;
+        if (n >= 0 && n <= top) one(static_cast<uint32_t>(n));
+      }
+    for (int i = 0; i < 64; ++i) one(next());
+    one(top);
+  };
+  for (uint32_t d = 1; d <= 4096; ++d) check(d);
+  for (int s = 12; s <= 31; ++s)
+    for (int64_t off = -3; off <= 3; ++off) {
+      const int64_t d = (int64_t{1} << s) + off;
+      if (d >= 1 && d <= top) check(static_cast<uint32_t>(d));
+    }
+  EXPECT_EQ(wrong, 0) << "first wrong: " << first_n << " / " << first_d << " (of " << checked
+                      << " checked)";
+  EXPECT_GT(checked, 17'000'000);
+}
+
 TEST(NaCudaPlan, TheMmaForwardsBlocksPerSmAreFourByDefaultOrAuto) {
   using ops::kernels::parse_na_mma_forward_blocks;
   int blocks = -1;
