@@ -351,6 +351,14 @@ if want bench; then
         env LD_LIBRARY_PATH="$our_ld" "$build/apps/tessera" bench na --device cuda --dtype bf16 \
         --ranks 1 --kernel 7 --reference-size 0 --iterations 2
     done
+    # Where the mma forward spends its issue slots at k 31 (the TFLOP/s target's case): the
+    # instruction mix per pipe, the scheduler's eligible warps, and the SASS lines with the most
+    # stall samples (SourceCounters), one launch.
+    step ncu-na-mma-source 60 "$ncu_path" --clock-control none --log-file "$logs/ncu-na-mma-source.txt" \
+      --kernel-name 'regex:mma_forward' --launch-skip 1 --launch-count 1 --section InstructionStats \
+      --section SchedulerStats --section WarpStateStats --section SourceCounters \
+      env LD_LIBRARY_PATH="$our_ld" "$build/apps/tessera" bench na --device cuda --dtype bf16 \
+      --ranks 1 --kernel 31 --reference-size 0 --iterations 2
   fi
   stage_end=0
   if [ -z "$failed_steps" ]; then record bench pass $((SECONDS - start)) "figures in bench-*.json"
