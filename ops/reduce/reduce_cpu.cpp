@@ -142,17 +142,21 @@ void sum_columns_f32(const float* x, const Blocks& b, double scale, float* out) 
           const int64_t count = std::min(kColumns, b.inner - first);
           float* sums = out + o * b.inner + first;
           const float* column = x + o * b.reduced * b.inner + first;
-          constexpr int64_t kTile = 32;
-          for (int64_t i = 0; i < count; i += kTile) {
-            const int64_t width = std::min(kTile, count - i);
-            double total[kTile] = {};
+          // Tiles of W columns summed over r in float registers (W = 128 while 128 remain: each
+          // of the `reduced` rows a tile visits is then read 512 contiguous bytes at a time; then
+          // 32). Over [2, 16, 110592] (one thread, the input in L3) 128 took 0.44-0.52 ms, 64
+          // 0.50-0.65, 32 0.58-0.66 (AVX-512 and AVX2 builds alike; 20-40 rounds, the widths
+          // alternated).
+          auto tiles = [&]<int64_t W>(std::integral_constant<int64_t, W>, int64_t i,
+                                      int64_t width) TESSERA_LOOP_BODY {
+            double total[W] = {};
             for (int64_t r0 = 0; r0 < b.reduced; r0 += kFloatRows) {
               const int64_t r1 = std::min(b.reduced, r0 + kFloatRows);
-              float tile[kTile] = {};
-              if (width == kTile) {
+              float tile[W] = {};
+              if (width == W) {
                 for (int64_t r = r0; r < r1; ++r) {
                   const float* values = column + r * b.inner + i;
-                  for (int64_t l = 0; l < kTile; ++l) tile[l] += values[l];
+                  for (int64_t l = 0; l < W; ++l) tile[l] += values[l];
                 }
               } else {
                 for (int64_t r = r0; r < r1; ++r) {
@@ -163,14 +167,16 @@ void sum_columns_f32(const float* x, const Blocks& b, double scale, float* out) 
               if (one_block) {
                 for (int64_t l = 0; l < width; ++l)
                   sums[i + l] = static_cast<float>(static_cast<double>(tile[l]) * scale);
-                break;
+                return;
               }
-              for (int64_t l = 0; l < kTile; ++l) total[l] += static_cast<double>(tile[l]);
+              for (int64_t l = 0; l < W; ++l) total[l] += static_cast<double>(tile[l]);
             }
-            if (!one_block)
-              for (int64_t l = 0; l < width; ++l)
-                sums[i + l] = static_cast<float>(total[l] * scale);
-          }
+            for (int64_t l = 0; l < width; ++l) sums[i + l] = static_cast<float>(total[l] * scale);
+          };
+          int64_t i = 0;
+          for (; i + 128 <= count; i += 128) tiles(std::integral_constant<int64_t, 128>{}, i, 128);
+          for (; i < count; i += 32)
+            tiles(std::integral_constant<int64_t, 32>{}, i, std::min<int64_t>(32, count - i));
         }
       },
       1);
