@@ -58,8 +58,11 @@ struct NaSpan {
 };
 
 /// The window of global query i along `axis` (na_window of na_reference.hpp, the definition).
+/// Undilated axes (d = 1, the common case) take no division: the kernels run these in every
+/// block's setup, where a 64-bit division is a subroutine.
 TESSERA_NA_HD NaSpan na_axis_window(const NaAxis& axis, int64_t i) {
-  const int64_t d = axis.dilation, group = i % d, sub = i / d;
+  const int64_t d = axis.dilation;
+  const int64_t group = d == 1 ? 0 : i % d, sub = d == 1 ? i : i / d;
   NaSpan span;
   span.step = d;
   if (axis.causal) {
@@ -68,7 +71,7 @@ TESSERA_NA_HD NaSpan na_axis_window(const NaAxis& axis, int64_t i) {
     span.count = sub - start + 1;
     return span;
   }
-  const int64_t group_length = (axis.length - group + d - 1) / d;
+  const int64_t group_length = d == 1 ? axis.length : (axis.length - group + d - 1) / d;
   int64_t start = sub - axis.kernel / 2;
   if (start > group_length - axis.kernel) start = group_length - axis.kernel;
   if (start < 0) start = 0;
@@ -81,8 +84,9 @@ TESSERA_NA_HD NaSpan na_axis_window(const NaAxis& axis, int64_t i) {
 /// along `axis` holds global key j: one dilation group, an interval of it because window starts
 /// and ends never decrease with the query.
 TESSERA_NA_HD NaSpan na_axis_inverse_window(const NaAxis& axis, int64_t j) {
-  const int64_t d = axis.dilation, group = j % d, sub = j / d, k = axis.kernel;
-  const int64_t group_length = (axis.length - group + d - 1) / d;
+  const int64_t d = axis.dilation, k = axis.kernel;
+  const int64_t group = d == 1 ? 0 : j % d, sub = d == 1 ? j : j / d;
+  const int64_t group_length = d == 1 ? axis.length : (axis.length - group + d - 1) / d;
   int64_t lo, hi;  // sub-grid queries [lo, hi] whose window holds sub-grid key `sub`
   if (axis.causal) {
     lo = sub;
@@ -95,8 +99,12 @@ TESSERA_NA_HD NaSpan na_axis_inverse_window(const NaAxis& axis, int64_t j) {
   if (hi > group_length - 1) hi = group_length - 1;
   // Clip to the local piece: the first and last local queries of the group.
   const int64_t first_local = axis.query_offset, end_local = axis.query_offset + axis.queries;
-  const int64_t local_lo = first_local <= group ? 0 : (first_local - group + d - 1) / d;
-  const int64_t local_hi = end_local <= group ? -1 : (end_local - 1 - group) / d;
+  const int64_t local_lo = first_local <= group ? 0
+                           : d == 1             ? first_local
+                                                : (first_local - group + d - 1) / d;
+  const int64_t local_hi = end_local <= group ? -1
+                           : d == 1           ? end_local - 1
+                                              : (end_local - 1 - group) / d;
   if (lo < local_lo) lo = local_lo;
   if (hi > local_hi) hi = local_hi;
   NaSpan span;
@@ -160,7 +168,8 @@ TESSERA_NA_HD NaFastDiv na_fast_div(uint32_t d) {
   f.divisor = d;
   while ((uint64_t{1} << f.shift) < d) ++f.shift;
   // m = floor(2^32 (2^s - d) / d) + 1 < 2^32 for 2^(s-1) < d <= 2^s.
-  f.multiplier = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << f.shift) - d)) / d + 1);
+  f.multiplier =
+      static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << f.shift) - d)) / d + 1);
   return f;
 }
 /// n / f.divisor for n < 2^31 (the sum below then stays under 2^32).
