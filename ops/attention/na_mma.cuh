@@ -236,10 +236,12 @@ inline MaskTables mask_tables(const NaCall& c, const NaTileShape& tile) {
 }
 
 /// The block's split_box divisors (box extents along axes 1 and 2), after its tables.
+__device__ __forceinline__ NaFastDiv* box_divisors(unsigned long long* masks, const MaskTables& m) {
+  return reinterpret_cast<NaFastDiv*>(reinterpret_cast<unsigned char*>(masks) + m.divisors);
+}
 __device__ __forceinline__ const NaFastDiv* box_divisors(const unsigned long long* masks,
                                                          const MaskTables& m) {
-  return reinterpret_cast<const NaFastDiv*>(reinterpret_cast<const unsigned char*>(masks) +
-                                            m.divisors);
+  return box_divisors(const_cast<unsigned long long*>(masks), m);
 }
 
 /// Bits origin + t (t < extent) of a span's members, as bit t.
@@ -295,8 +297,7 @@ __device__ __forceinline__ TileBox setup_tile(const NaCall& c, const NaTileShape
   }
   build_masks(c, tile, t, keys, m, masks);
   if (threadIdx.x == 0) {  // an empty box (an extent 0) splits nothing: its divisors stay 1
-    NaFastDiv* divisors =
-        reinterpret_cast<NaFastDiv*>(reinterpret_cast<unsigned char*>(masks) + m.divisors);
+    NaFastDiv* divisors = box_divisors(masks, m);
     divisors[0] = na_fast_div(t.box[1] > 0 ? static_cast<uint32_t>(t.box[1]) : 1u);
     divisors[1] = na_fast_div(t.box[2] > 0 ? static_cast<uint32_t>(t.box[2]) : 1u);
   }

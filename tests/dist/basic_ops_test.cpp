@@ -421,15 +421,14 @@ TEST(BasicOps, MeanIsExactOnUnevenAndEmptyShards) {
 // f64) is within float roundoff of the exact sum of the same f32 values: |error| at most
 // 33 * 2^-24 * (sum of |x|) per output, for 16 rows (one block), 20 and 70 rows (one and three
 // blocks) and column counts that take tiles of 128 and of 32 columns and a partial tile (165;
-// 1300: a unit of 1024 columns and a second one); mean likewise. So is a sum over the last dim (each
-// lane of the contiguous sum adds blocks of 32 values in float, the blocks' sums in f64): 1000
-// values per row (one block of 512 and a rest), and 70001 (two pieces, many blocks, a rest).
+// 1300: a unit of 1024 columns and a second one); mean likewise. So is a sum over the last dim
+// (each lane of the contiguous sum adds blocks of 32 values in float, the blocks' sums in f64):
+// 1000 values per row (one block of 512 and a rest), and 70001 (two pieces, many blocks, a rest).
 TEST(BasicOps, F32SumOverALeadingDimIsWithinFloatRoundoffOfTheExactSum) {
   testing::run_world(1, [](std::shared_ptr<Comm> comm) {
     DeviceMesh mesh(comm, {1});
-    for (const Shape& shape :
-         {Shape{2, 16, 5, 33}, Shape{3, 70, 165}, Shape{2, 20, 1300}, Shape{4, 1000},
-          Shape{2, 70001}}) {
+    for (const Shape& shape : {Shape{2, 16, 5, 33}, Shape{3, 70, 165}, Shape{2, 20, 1300},
+                               Shape{4, 1000}, Shape{2, 70001}}) {
       CaseRng rng(testing::case_seed(93, shape[1], 0, 0));
       const Tensor values = smooth_values(shape, rng).to_dtype(DType::f32).to_dtype(DType::f64);
       const ShardTensor x =
