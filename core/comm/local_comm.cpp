@@ -4,7 +4,10 @@
 // another still reads it. With device buffers the publisher also records an event on its compute
 // stream (its buffers are ready once the work queued before the call is done); a reader's comm
 // stream waits on the events of the ranks it reads, copies, and the reader synchronizes that
-// stream before phase 2, so "phase 2 reached" still means "done reading".
+// stream before phase 2, so "phase 2 reached" still means "done reading". Point-to-point batches
+// between device buffers block no thread on the device: the receiver queues its copy after the
+// sender's event and hands back an event of its own, which the sender's compute stream waits on
+// before anything reuses the send buffer.
 #include "core/comm/local_comm.hpp"
 
 #include <algorithm>
@@ -144,7 +147,10 @@ struct PendingSend {
   int tag;
   int device = -1;                       // device of `buffer`, -1 for host memory
   std::shared_ptr<SharedEvent> ready{};  // device buffers: recorded on the sender's compute stream
-  bool done = false;                     // guarded by the group mutex
+  // Device to device: recorded by the receiver after its copy was queued; the sender's compute
+  // stream waits on it, so the buffer is reused only after the copy. Guarded by the group mutex.
+  std::shared_ptr<SharedEvent> copied{};
+  bool done = false;  // guarded by the group mutex
 };
 
 class LocalGroup {
@@ -276,6 +282,7 @@ class LocalBatch final : public P2PBatch {
       }
       if (!matched.empty()) {
         lock.unlock();
+        bool touches_host = false;  // a device copy into or out of host memory was queued
         for (auto& [recv, send] : matched) {
           if (send->bytes != recv->op.bytes) {
             group_->launch()->abort("message size mismatch");
@@ -285,12 +292,26 @@ class LocalBatch final : public P2PBatch {
                                         rank_, recv->op.bytes, recv->op.peer, recv->op.tag,
                                         send->source, send->bytes));
           }
-          copy_message(recv->op.buffer, *send, device_stream);
+          touches_host |= copy_message(recv->op.buffer, *send, device_stream) &&
+                          (send->device < 0 || comm_device::buffer_device(recv->op.buffer) < 0);
         }
-        // A send is done once its bytes are in place: the sender may then reuse its buffer.
-        if (device_stream) synchronize(*device_stream);
+        // A send is done once its bytes are in place or, between device buffers, once the copy
+        // is queued: the sender's compute stream then waits on `copied` (stream order, as
+        // NCCL's), and no thread blocks on the device. Host memory is read or written by
+        // threads, so a copy touching it completes first.
+        std::shared_ptr<SharedEvent> copied;
+        if (device_stream) {
+          if (touches_host) {
+            synchronize(*device_stream);
+          } else {
+            copied = std::make_shared<SharedEvent>(device_stream->device.index);
+            copied->record(*device_stream);
+          }
+        }
         lock.lock();
         for (auto& [recv, send] : matched) {
+          if (send->device >= 0 && comm_device::buffer_device(recv->op.buffer) >= 0)
+            send->copied = copied;
           send->done = true;
           recv->done = true;
         }
@@ -304,6 +325,7 @@ class LocalBatch final : public P2PBatch {
         if (!send->done) waiting.push_back(fmt::format("send to rank {}", peer));
       if (waiting.empty()) {
         if (device_stream) order_after(compute_stream_for(device_stream->device), *device_stream);
+        order_sends_before_reuse();
         return;
       }
       group_->throw_if_aborted(rank_);
@@ -332,15 +354,27 @@ class LocalBatch final : public P2PBatch {
     return event;
   }
 
+  /// Orders the compute stream of every device this batch sent from after the receivers' queued
+  /// copies out of its buffers (called with every send done; `copied` is then final).
+  void order_sends_before_reuse() {
+    std::vector<const SharedEvent*> waited;
+    for (const auto& [send, peer] : sends_) {
+      const SharedEvent* copied = send->copied.get();
+      if (!copied || std::find(waited.begin(), waited.end(), copied) != waited.end()) continue;
+      copied->wait_on(comm_device::compute_stream_of(send->device));
+      waited.push_back(copied);
+    }
+  }
+
   /// Copies a matched message into `buffer`: memcpy between host buffers, else on the comm stream
   /// of the receiving device (or the sender's when receiving into host memory), after the
-  /// sender's event and this rank's own compute work.
-  void copy_message(void* buffer, const PendingSend& send, std::optional<Stream>& stream) {
-    if (send.bytes == 0) return;
+  /// sender's event and this rank's own compute work. True when a device copy was queued.
+  bool copy_message(void* buffer, const PendingSend& send, std::optional<Stream>& stream) {
+    if (send.bytes == 0) return false;
     const int device = comm_device::buffer_device(buffer);
     if (device < 0 && send.device < 0) {
       copy_bytes(buffer, send.buffer, send.bytes);
-      return;
+      return false;
     }
     if (!stream) {
       stream = comm_device::comm_stream_for(device >= 0 ? device : send.device);
@@ -349,6 +383,7 @@ class LocalBatch final : public P2PBatch {
     if (send.ready) send.ready->wait_on(*stream);
     gpu::copy_bytes_async(buffer, send.buffer, send.bytes, stream->handle, stream->device.index);
     count_if_crossing(device, send.device, send.bytes);
+    return true;
   }
 
   std::vector<std::pair<int, std::shared_ptr<SharedEvent>>> ready_events_;

@@ -8,7 +8,8 @@
 //  - on the mpi backend under mpiexec (ctest tessera_gpu_comm_tests_mpi_2: 2 processes sharing
 //    the GPUs; device buffers staged through pinned host memory, or handed to a CUDA-aware MPI);
 // and neither the local nor the nccl backend may move a byte between host and device
-// (transfer_stats).
+// (transfer_stats). On the local backend a send buffer overwritten on the sender's compute
+// stream right after wait() still reaches its receiver as sent.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -309,6 +310,60 @@ TEST(CommDeviceLocal, EveryCollectiveOnDeviceBuffersMatchesHostBuffersWithRanksS
     const TransferStats before = transfer_stats();
     run_local_ranks(ranks, every_collective_on_device);
     expect_no_host_device_bytes(before, fmt::format("local backend, {} ranks", ranks));
+  }
+}
+
+/// Rank 2k sends 64 MiB to rank 2k + 1 and overwrites its send buffer on its compute stream right
+/// after wait(); rank 2k + 1 holds its copy back behind long work on its own compute stream (the
+/// copy is ordered after it). The receiver must still get the bytes as sent: the local backend
+/// returns from wait() without blocking on the device, so the sender's later work has to be
+/// ordered after the receiver's copy.
+TEST(CommDeviceLocal, ASendBufferOverwrittenRightAfterWaitReachesItsReceiverAsSent) {
+  SKIP_WITHOUT_GPU();
+  ScopedEnv device("TESSERA_DEVICE", "cuda:0");
+  for (int ranks : {2, 4}) {
+    run_local_ranks(ranks, [](std::shared_ptr<Comm> comm) {
+      const int rank = comm->rank();
+      const bool sender = rank % 2 == 0;
+      constexpr size_t bytes = size_t{64} << 20, busy_bytes = size_t{1} << 30;
+      const Stream& stream = current_rank_context().compute();
+      const int device = stream.device.index;
+      auto pattern_of = [](int from, size_t i) {
+        return static_cast<std::byte>((i * 7 + static_cast<size_t>(from) * 13 + 1) % 251);
+      };
+      void* buffer = gpu::allocate(bytes, device);
+      void* busy = sender ? nullptr : gpu::allocate(busy_bytes, device);
+      std::vector<std::byte> host(bytes);
+      for (size_t i = 0; i < bytes; ++i) host[i] = pattern_of(rank, i);
+      if (sender) gpu::copy_bytes_async(buffer, host.data(), bytes, stream.handle, device);
+      synchronize(stream);
+      comm->barrier();
+      if (sender) {
+        const P2POp send[] = {P2POp::send(buffer, bytes, rank + 1)};
+        comm->send_recv(send);
+        gpu::zero_bytes_async(buffer, bytes, stream.handle, device);  // reused at once
+      } else {
+        for (int i = 0; i < 16; ++i) gpu::zero_bytes_async(busy, busy_bytes, stream.handle, device);
+        const P2POp recv[] = {P2POp::recv(buffer, bytes, rank - 1)};
+        comm->send_recv(recv);
+        gpu::copy_bytes_async(host.data(), buffer, bytes, stream.handle, device);
+      }
+      synchronize(stream);
+      if (!sender) {
+        size_t wrong = 0, first = bytes;
+        for (size_t i = 0; i < bytes; ++i)
+          if (host[i] != pattern_of(rank - 1, i)) {
+            ++wrong;
+            first = std::min(first, i);
+          }
+        EXPECT_EQ(wrong, 0u) << "rank " << rank << " of " << comm->size()
+                             << ": bytes differing from what rank " << rank - 1
+                             << " sent, the first at " << first;
+      }
+      comm->barrier();
+      gpu::release(buffer, device);
+      if (busy) gpu::release(busy, device);
+    });
   }
 }
 
