@@ -273,7 +273,7 @@ void calibrate(const EstimateOptions& options) {
               "--json > /dev/null");
   comm_round();
   run_checked(env + at("na.json") + " " + exe +
-              " bench na --size 32 --heads 2 --dim 32 --kernel 7 --ranks 1 --iterations 2 --json "
+              " bench na --size 32 --heads 2 --dim 32 --kernel 7 --ranks 1 --iterations 10 --json "
               "> /dev/null");
   comm_round();
   run_checked(env + at("sim.json") + " " + exe +

@@ -247,6 +247,8 @@ struct FamilySample {
 
 /// Per op family (or per op, `by_op`: keys of op_key), the summed cost args and self times of
 /// the op events of `trace` (every launch, every rank): what calibration fits throughputs to.
+/// The first event of each signature (name, flops, bytes) on a rank is left out when the
+/// signature recurs there: it pays one-time costs (plans, allocations, first touch).
 std::map<std::string, FamilySample> family_samples(const nlohmann::json& trace, bool by_op = false);
 
 /// Sets `machine`'s throughputs from `samples` (by family or by op key): flops/s for the

@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "core/cost/cost_model.hpp"
 #include "core/errors.hpp"
@@ -714,9 +715,25 @@ std::map<std::string, FamilySample> family_samples(const nlohmann::json& trace, 
         if (!stack.empty()) self[stack.back()] -= duration;
         stack.push_back(i);
       }
+      // The first call of a signature (name, flops, bytes: in effect, an op on given shapes)
+      // pays what later calls do not (plans, allocations, first touch of fresh memory); it is
+      // left out when the signature recurs, as a program's steady steps never pay it.
+      using Signature = std::tuple<std::string, double, double>;
+      std::map<Signature, int> calls;
+      const auto signature = [](const Event& event) {
+        return Signature{event.name, number_arg(event, "flops"), number_arg(event, "bytes")};
+      };
+      const auto sampled = [](const Event& event) {
+        return event.cat == "op" && event.args != nullptr && event.args->contains("flops");
+      };
+      for (const Event& event : events)
+        if (sampled(event)) ++calls[signature(event)];
+      std::set<Signature> seen;
       for (size_t i = 0; i < events.size(); ++i) {
         const Event& event = events[i];
-        if (event.cat != "op" || event.args == nullptr || !event.args->contains("flops")) continue;
+        if (!sampled(event)) continue;
+        const Signature key = signature(event);
+        if (calls[key] > 1 && seen.insert(key).second) continue;
         FamilySample& sample = samples[by_op ? op_key(event.name) : op_family(event.name)];
         sample.flops += number_arg(event, "flops");
         sample.bytes += number_arg(event, "bytes");

@@ -351,6 +351,30 @@ TEST(CostModel, OpFamilies) {
   EXPECT_EQ(op_family("gelu"), "pointwise");
 }
 
+TEST(CostModel, CalibrationSamplesLeaveOutTheFirstCallOfEachRecurringSignature) {
+  // Rank 0: conv on one shape three times (the first slow: plans, first touch), conv on another
+  // shape once, gelu twice; rank 1: the first shape once more (its own first call, left out).
+  json events = json::array({rank_name(0), rank_name(1)});
+  events.push_back(event(0, "op", "conv", 0, 900, {{"flops", 1e6}, {"bytes", 10}}));
+  events.push_back(event(0, "op", "conv", 1000, 100, {{"flops", 1e6}, {"bytes", 10}}));
+  events.push_back(event(0, "op", "conv", 2000, 100, {{"flops", 1e6}, {"bytes", 10}}));
+  events.push_back(event(0, "op", "conv", 3000, 50, {{"flops", 2e6}, {"bytes", 20}}));
+  events.push_back(event(0, "op", "gelu", 4000, 70, {{"flops", 5}, {"bytes", 40}}));
+  events.push_back(event(0, "op", "gelu", 5000, 30, {{"flops", 5}, {"bytes", 40}}));
+  events.push_back(event(1, "op", "conv", 0, 800, {{"flops", 1e6}, {"bytes", 10}}));
+  events.push_back(event(1, "op", "conv", 1000, 120, {{"flops", 1e6}, {"bytes", 10}}));
+  const auto samples = family_samples({{"traceEvents", events}});
+  ASSERT_EQ(samples.count("conv"), 1u);
+  const FamilySample& conv = samples.at("conv");
+  EXPECT_EQ(conv.count, 4);  // 2 + the single call of the second shape on rank 0, 1 on rank 1
+  EXPECT_DOUBLE_EQ(conv.flops, 5e6);
+  EXPECT_NEAR(conv.seconds, (100 + 100 + 50 + 120) * 1e-6, 1e-15);
+  const FamilySample& gelu = samples.at("pointwise");
+  EXPECT_EQ(gelu.count, 1);
+  EXPECT_NEAR(gelu.seconds, 30e-6, 1e-15);
+  EXPECT_DOUBLE_EQ(gelu.bytes, 40);
+}
+
 TEST(CostModel, BandwidthCurveInterpolatesInLogsAndClampsAtItsEnds) {
   const BandwidthCurve curve{{1e6, 4e10}, {1e8, 4e9}};
   EXPECT_DOUBLE_EQ(bandwidth_at({}, 5e6, 7.0), 7.0);                   // no curve: the fallback
