@@ -1,10 +1,12 @@
 // Host caching allocator (see host_allocator.hpp). Size classes: blocks below 64 KiB go straight
 // to aligned_alloc; larger requests round up to a multiple of 1/8 of their power of two (at
 // most 12.5% slack) and are cached per class. The cache holds at most TESSERA_HOST_CACHE_MB
-// (default 4096) MiB; past that, released blocks are freed.
+// (default 4096) MiB; past that, released blocks are freed. Blocks of 2 MiB and more are backed
+// by transparent huge pages where the kernel offers them (TESSERA_HOST_HUGE_PAGES=0: never).
 #include "core/host_allocator.hpp"
 
 #include <fmt/format.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <bit>
@@ -23,6 +25,9 @@ namespace tessera {
 namespace {
 
 constexpr size_t kCachedFrom = size_t{64} << 10;
+/// Blocks of at least this size start on a 2 MiB boundary and ask the kernel for transparent huge
+/// pages (madvise), unless TESSERA_HOST_HUGE_PAGES=0.
+constexpr size_t kHugePage = size_t{2} << 20;
 
 size_t size_class(size_t bytes) {
   if (bytes < kCachedFrom) return (bytes + 63) / 64 * 64;
@@ -56,6 +61,29 @@ Cache& cache() {
 [[noreturn]] void out_of_memory(const std::string& op, size_t bytes, const std::string& why) {
   throw OutOfMemory(op, fmt::format("out of memory: asked {} bytes ({:.3g} GiB), {}", bytes,
                                     double(bytes) / double(size_t{1} << 30), why));
+}
+
+bool huge_pages_wanted() {
+  static const bool wanted = [] {
+    const char* text = std::getenv("TESSERA_HOST_HUGE_PAGES");
+    return text == nullptr || std::string(text) != "0";
+  }();
+  return wanted;
+}
+
+/// `bytes` (a size class) of fresh memory, 64-byte aligned; a large block on a huge-page boundary
+/// with its whole huge pages marked for transparent huge pages. A memory-bound loop over a large
+/// tensor then walks 2 MiB pages: fewer TLB misses, and prefetchers that stop at 4 KiB page
+/// boundaries stop less often (`bench ops`, one Zen 4 thread, 12 alternated rounds: mean all
+/// forward+backward 0.98 -> 0.74 ms, softmax dim 1 7.8 -> 6.9, concat dim 1 2.6 -> 1.9). Cached
+/// blocks keep their pages, so the first touch's cost is paid once.
+void* fresh_block(size_t bytes) {
+  if (bytes < kHugePage || !huge_pages_wanted()) return std::aligned_alloc(64, bytes);
+  void* block = nullptr;
+  if (::posix_memalign(&block, kHugePage, bytes) != 0) return nullptr;
+  // Advice only: a kernel without transparent huge pages (or with them off) refuses or ignores it.
+  ::madvise(block, bytes / kHugePage * kHugePage, MADV_HUGEPAGE);
+  return block;
 }
 
 }  // namespace
@@ -99,10 +127,10 @@ void* host_allocate(size_t bytes, const std::string& op) {
       return block;
     }
   }
-  void* block = std::aligned_alloc(64, rounded);
+  void* block = fresh_block(rounded);
   if (!block) {
     host_cache_clear();  // give cached memory back and try once more
-    block = std::aligned_alloc(64, rounded);
+    block = fresh_block(rounded);
     if (!block) {
       std::lock_guard lock(c.mu);
       out_of_memory(op, bytes,

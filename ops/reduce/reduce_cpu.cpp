@@ -48,6 +48,10 @@ constexpr int64_t kPiece = int64_t{1} << 16;
 constexpr int64_t kColumns = 1024;
 /// Independent f64 accumulators of a contiguous sum (vector lanes).
 constexpr int kLanes = 16;
+/// Independent float accumulators of a contiguous f32 sum: 64, four 512-bit registers (eight
+/// 256-bit ones), so that a pass's adds form four dependency chains rather than one; one chain
+/// of 16 lanes adds 16 floats per add latency, less than L3 delivers from huge pages.
+constexpr int kFloatLanes = 64;
 /// Values an f32 sum accumulates in float (per column, or per lane of a contiguous sum) before
 /// adding the block's sum into f64.
 constexpr int64_t kFloatRows = 32;
@@ -55,9 +59,9 @@ constexpr int64_t kFloatRows = 32;
 template <typename T>
 void sum_rows(const T* x, const Blocks& b, double* out) {
   // inner == 1: each output sums a contiguous row; rows cut into pieces of kPiece, each piece
-  // summed in kLanes lanes, the pieces' sums added in order. f32 lanes sum blocks of kFloatRows
-  // values in float (no conversion per value; a block's error is that of at most kFloatRows
-  // float additions, as in sum_columns_f32), the blocks' sums in f64.
+  // summed in kLanes lanes, the pieces' sums added in order. f32 sums blocks of kFloatRows values
+  // in each of kFloatLanes float lanes (no conversion per value; a block's error is that of at
+  // most kFloatRows float additions, as in sum_columns_f32), the blocks' sums in f64.
   const int64_t pieces = std::max<int64_t>(1, (b.reduced + kPiece - 1) / kPiece);
   std::vector<double> partial(static_cast<size_t>(b.outer * pieces), 0.0);
   parallel_ranges(
@@ -70,12 +74,15 @@ void sum_rows(const T* x, const Blocks& b, double* out) {
           double lanes[kLanes] = {};
           int64_t j = begin;
           if constexpr (std::is_same_v<T, float>) {
-            for (; j + kFloatRows * kLanes <= end; j += kFloatRows * kLanes) {
-              float block[kLanes] = {};
+            double wide[kFloatLanes] = {};
+            for (; j + kFloatRows * kFloatLanes <= end; j += kFloatRows * kFloatLanes) {
+              float block[kFloatLanes] = {};
               for (int64_t step = 0; step < kFloatRows; ++step)
-                for (int l = 0; l < kLanes; ++l) block[l] += values[j + step * kLanes + l];
-              for (int l = 0; l < kLanes; ++l) lanes[l] += static_cast<double>(block[l]);
+                for (int l = 0; l < kFloatLanes; ++l)
+                  block[l] += values[j + step * kFloatLanes + l];
+              for (int l = 0; l < kFloatLanes; ++l) wide[l] += static_cast<double>(block[l]);
             }
+            for (int l = 0; l < kFloatLanes; ++l) lanes[l % kLanes] += wide[l];
           }
           for (; j + kLanes <= end; j += kLanes)
             for (int l = 0; l < kLanes; ++l) lanes[l] += double(values[j + l]);

@@ -4,6 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
 
 #include "core/backend/backend.hpp"
 #include "core/backend/transfer.hpp"
@@ -114,6 +118,30 @@ TEST(HostAllocatorStats, ReleasedBlocksAreReusedWithoutSystemAllocations) {
     const Tensor again = Tensor::empty({300000}, DType::f32);
   }
   EXPECT_EQ(host_allocator_stats().raw_allocations, raw);
+}
+
+TEST(HostAllocator, BlocksOfTwoMibAndMoreStartOnAHugePageBoundaryAndHoldTheirBytes) {
+  // Large blocks are placed for transparent huge pages (unless TESSERA_HOST_HUGE_PAGES=0); every
+  // block stays 64-byte aligned and usable to its last byte, and a released one is handed out
+  // again.
+  const char* setting = std::getenv("TESSERA_HOST_HUGE_PAGES");
+  const bool huge = setting == nullptr || std::string(setting) != "0";
+  for (const size_t bytes : {size_t{100} << 10, (size_t{2} << 20) - 64, size_t{2} << 20,
+                             (size_t{3} << 20) + 1, size_t{14} << 20}) {
+    void* block = host_allocate(bytes, "test");
+    const auto address = reinterpret_cast<uintptr_t>(block);
+    EXPECT_EQ(address % 64, 0u) << bytes;
+    if (huge && bytes >= (size_t{2} << 20)) {
+      EXPECT_EQ(address % (size_t{2} << 20), 0u) << bytes;
+    }
+    std::memset(block, 0x5a, bytes);
+    const auto* last = static_cast<const unsigned char*>(block) + bytes - 1;
+    EXPECT_EQ(*last, 0x5a) << bytes;
+    host_release(block, bytes);
+    void* again = host_allocate(bytes, "test");
+    EXPECT_EQ(again, block) << bytes << ": a released block is reused";
+    host_release(again, bytes);
+  }
 }
 
 TEST(TransferStats, HostCopiesCountNothing) {
