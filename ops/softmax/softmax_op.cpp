@@ -307,11 +307,13 @@ Tensor forward_rows(const SoftmaxCall& call, const DeviceMesh& mesh, const T* in
             const int64_t rows = std::min(block, hi - r0);
             T peak[kRowLanes], norm[kRowLanes];
             double total[kRowLanes];
-            for (int64_t r = 0; r < rows; ++r) {
-              peak[r] = row_max(in + (r0 + r) * n, n);
+            // Every row's maximum first, then every row's exponentials: consecutive rows' chains
+            // (a maximum's fold, then the exponentials that wait for it) are independent, so
+            // the core overlaps them rather than waiting on each row's fold in turn.
+            for (int64_t r = 0; r < rows; ++r) peak[r] = row_max(in + (r0 + r) * n, n);
+            for (int64_t r = 0; r < rows; ++r)
               total[r] =
                   row_exp_sum(in + (r0 + r) * n, n, peak[r], log ? nullptr : out + (r0 + r) * n);
-            }
             if (log)
               for (int64_t r = 0; r < rows; ++r) log_of_total(total[r], norm[r]);
             else
