@@ -61,6 +61,10 @@ void stream_wait_event(StreamHandle stream, EventHandle event, int device);
 bool event_done(EventHandle event, int device);
 /// Blocks the calling thread until `event` completes.
 void synchronize_event(EventHandle event, int device);
+/// How many calls so far blocked a host thread until device work was done (stream and event
+/// synchronizations, blocking copies), over every thread of the process; 0 without CUDA. Tests
+/// use it to check that a path keeps the host ahead of the device.
+uint64_t host_waits();
 
 /// Device that owns `pointer` (device memory or managed memory), -1 for host memory (pinned
 /// or pageable) and for every pointer in a build without CUDA.

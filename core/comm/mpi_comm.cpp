@@ -66,7 +66,7 @@ class Staging {
     StagingPool::Lease lease = pool_->acquire(bytes);
     gpu::copy_bytes_async(lease.data(), data, bytes, comm_.handle, device_);
     count_transfer(Device::cpu(), Device::cuda(device_), bytes);
-    staged_.push_back({const_cast<void*>(data), bytes, false, std::move(lease)});
+    staged_.push_back({const_cast<void*>(data), bytes, false, std::move(lease), {}});
     pending_input_ = true;
     return staged_.back().lease.data();
   }

@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>
 
+#include <atomic>
+
 #include "core/cuda/check.hpp"
 #include "core/cuda/strided_copy.cuh"
 
@@ -78,7 +80,16 @@ void destroy_stream(StreamHandle stream, int device) noexcept {
   cudaStreamDestroy(static_cast<cudaStream_t>(stream));
 }
 
+namespace {
+std::atomic<uint64_t> waits{0};  // host_waits()
+}  // namespace
+
+uint64_t host_waits() {
+  return waits.load(std::memory_order_relaxed);
+}
+
 void synchronize_stream(StreamHandle stream, int device) {
+  waits.fetch_add(1, std::memory_order_relaxed);
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), device);
 }
 
@@ -116,6 +127,7 @@ bool event_done(EventHandle event, int device) {
 }
 
 void synchronize_event(EventHandle event, int device) {
+  waits.fetch_add(1, std::memory_order_relaxed);
   TESSERA_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event)), device);
 }
 
@@ -171,6 +183,7 @@ void copy_bytes_async(void* dst, const void* src, size_t bytes, StreamHandle str
 
 void copy_bytes(void* dst, const void* src, size_t bytes) {
   if (!bytes) return;
+  waits.fetch_add(1, std::memory_order_relaxed);
   TESSERA_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), -1);
   // From pageable host memory cudaMemcpy returns once the bytes are staged, before the DMA to the
   // device lands; work queued next on a non-blocking stream could then run first (a fill

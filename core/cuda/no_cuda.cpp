@@ -65,6 +65,9 @@ bool event_done(EventHandle, int) {
 void synchronize_event(EventHandle, int) {
   unavailable("event synchronization");
 }
+uint64_t host_waits() {
+  return 0;
+}
 int pointer_device(const void*) {
   return -1;  // every pointer is a host pointer
 }

@@ -16,15 +16,18 @@
 //    and the fused forward on the same kind of cases, and the mma backward from its output and
 //    lse equals the reference's; the sharded sweep and the determinism test run them as the
 //    default, and the fused kernels under TESSERA_NA_CUDA_KERNEL=fused (scripts/gpu-check.sh);
-//  - the backward is deterministic: two runs give the same bits.
+//  - the backward is deterministic: two runs give the same bits;
+//  - sharded steps on 4 local ranks make no thread wait for the device.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "core/autograd.hpp"
 #include "core/gpu_runtime.hpp"
 #include "core/op_registry.hpp"
+#include "core/runtime/rank_context.hpp"
 #include "ops/attention/na_cuda.hpp"
 #include "ops/ops.hpp"
 #include "tests/common/fixtures.hpp"
@@ -161,6 +164,49 @@ TEST(NaGpu, ShardedWithTheHaloOverlapSplitMatchesTheCpuOnOneRank) {
   const int cases = expect_sweep_matches_cpu(79, 40, 0, {DType::f64, DType::bf16});
   set_halo_overlap(Device::Kind::cuda, was);
   EXPECT_GE(cases, 3 * testing::sweep_cases(40));
+}
+
+// 4 local ranks sharing the GPU (a 2x2 mesh over the spatial axes, bf16: the mma kernels): after
+// one warm-up step, three steps of the sharded forward and backward (k/v halo exchanges, the
+// halo adjoints) make no thread wait for the device (gpu::host_waits unchanged), so the ranks
+// queue work ahead of the GPU rather than draining it at every exchange.
+TEST(NaGpu, ShardedStepsOnFourLocalRanksBlockNoThreadOnTheDevice) {
+  SKIP_WITHOUT_GPU();
+  std::atomic<uint64_t> before{0}, after{0};
+  testing::run_world(4, [&](std::shared_ptr<Comm> comm) {
+    DeviceMesh mesh(comm, {2, 2});
+    const Shape shape{1, 64, 64, 2, 32};
+    CaseRng rng(97);  // the same draws on every rank: one global tensor each
+    auto input = [&] {
+      const Tensor global = testing::random_na_tensor(shape, rng).to_dtype(DType::bf16);
+      const ShardTensor t = ShardTensor::distribute(
+          global, mesh, {Placement::shard(1), Placement::shard(2)});
+      return ShardTensor(t.to_local().to(kGpu), t.mesh(), t.spec());
+    };
+    ShardTensor q = input(), k = input(), v = input();
+    const ShardTensor grad = input();
+    q.set_requires_grad();
+    k.set_requires_grad();
+    v.set_requires_grad();
+    ops::NaOptions options;
+    options.kernel_size = {7};
+    auto step = [&] {
+      Tape tape;
+      const ops::NaResult out = ops::neighborhood_attention(q, k, v, options);
+      tape.backward(out.output, grad);
+    };
+    step();  // plans, the allocator's blocks
+    synchronize(compute_stream_for(kGpu));
+    comm->barrier();  // a host rendezvous: no device wait
+    if (comm->rank() == 0) before = gpu::host_waits();
+    comm->barrier();
+    for (int i = 0; i < 3; ++i) step();
+    comm->barrier();
+    if (comm->rank() == 0) after = gpu::host_waits();
+    comm->barrier();
+    synchronize(compute_stream_for(kGpu));
+  });
+  EXPECT_EQ(after - before, 0u) << "host waits for the device during 3 sharded steps on 4 ranks";
 }
 
 /// A random single-rank call for the kernel comparisons: q the local piece [offset, offset + n)

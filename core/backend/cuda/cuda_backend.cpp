@@ -266,7 +266,7 @@ class CudaBackend final : public DeviceBackend {
       TESSERA_CUDA_CHECK(cudaMemcpyAsync(&result, workspace + partials, sizeof result,
                                          cudaMemcpyDeviceToHost, cuda_stream),
                          device);
-      TESSERA_CUDA_CHECK(cudaStreamSynchronize(cuda_stream), device);
+      gpu::synchronize_stream(stream.handle, device);
     } catch (...) {
       release(workspace, sizeof(double) * (partials + 1), where, stream);
       throw;
