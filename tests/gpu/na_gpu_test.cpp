@@ -179,8 +179,8 @@ TEST(NaGpu, ShardedStepsOnFourLocalRanksBlockNoThreadOnTheDevice) {
     CaseRng rng(97);  // the same draws on every rank: one global tensor each
     auto input = [&] {
       const Tensor global = testing::random_na_tensor(shape, rng).to_dtype(DType::bf16);
-      const ShardTensor t = ShardTensor::distribute(
-          global, mesh, {Placement::shard(1), Placement::shard(2)});
+      const ShardTensor t =
+          ShardTensor::distribute(global, mesh, {Placement::shard(1), Placement::shard(2)});
       return ShardTensor(t.to_local().to(kGpu), t.mesh(), t.spec());
     };
     ShardTensor q = input(), k = input(), v = input();
