@@ -3,11 +3,14 @@
 // peers' buffers; phase 2 waits again so that no rank returns (and reuses a buffer) while
 // another still reads it. With device buffers the publisher also records an event on its compute
 // stream (its buffers are ready once the work queued before the call is done); a reader's comm
-// stream waits on the events of the ranks it reads, copies, and the reader synchronizes that
-// stream before phase 2, so "phase 2 reached" still means "done reading". Point-to-point batches
-// between device buffers block no thread on the device: the receiver queues its copy after the
-// sender's event and hands back an event of its own, which the sender's compute stream waits on
-// before anything reuses the send buffer.
+// stream waits on the events of the ranks it reads, copies, and records an event after its
+// copies, published at phase 2; after phase 2 every rank's compute and comm streams wait on
+// every reader's event, so nothing it queues later touches a buffer still being read, and no
+// thread waits for the device. Copies into or out of host memory are waited for before phase 2:
+// host code reads and writes that memory. Point-to-point batches between device buffers block no
+// thread on the device either: the receiver queues its copy after the sender's event and hands
+// back an event of its own, which the sender's compute stream waits on before anything reuses
+// the send buffer.
 #include "core/comm/local_comm.hpp"
 
 #include <algorithm>
@@ -87,6 +90,7 @@ class Reader {
       std::memcpy(dst, src, bytes);
       return;
     }
+    touched_host_ = touched_host_ || own_.device < 0 || from.device < 0;
     const Stream& stream = device_stream(from);
     gpu::copy_bytes_async(dst, src, bytes, stream.handle, stream.device.index);
     count_if_crossing(own_.device, from.device, bytes);
@@ -134,10 +138,28 @@ class Reader {
     if (stream_) synchronize(*stream_);
   }
 
+  /// Done reading: copies between device buffers are left in flight and the event recorded after
+  /// them returned (the ranks whose buffers they read wait on it on their streams); copies that
+  /// touch host memory (threads read or write it) are waited for. Null when nothing is in flight.
+  std::shared_ptr<SharedEvent> finish_in_flight() {
+    if (!stream_) return nullptr;
+    if (touched_host_) {
+      synchronize(*stream_);
+      return nullptr;
+    }
+    auto done = std::make_shared<SharedEvent>(stream_->device.index);
+    done->record(*stream_);
+    return done;
+  }
+
+  /// The stream the copies were queued on, if any.
+  const std::optional<Stream>& stream() const { return stream_; }
+
  private:
   const Contribution& own_;
   std::optional<Stream> stream_;
   std::vector<const SharedEvent*> waited_;
+  bool touched_host_ = false;  // a queued copy reads or writes host memory
 };
 
 struct PendingSend {
@@ -156,15 +178,24 @@ struct PendingSend {
 class LocalGroup {
  public:
   LocalGroup(int size, std::shared_ptr<LaunchState> launch)
-      : size_(size), launch_(std::move(launch)), arrived_at_(size, 0), slots_(size), inbox_(size) {}
+      : size_(size),
+        launch_(std::move(launch)),
+        arrived_at_(size, 0),
+        slots_(size),
+        read_done_(size),
+        inbox_(size) {}
 
   int size() const { return size_; }
   const std::shared_ptr<LaunchState>& launch() const { return launch_; }
 
-  /// Publishes `mine` (when given) and waits until every rank of the group has arrived.
-  void arrive_and_wait(int rank, const char* name, const Contribution* mine) {
+  /// Publishes `mine` (when given) and waits until every rank of the group has arrived. With
+  /// `read_done` (a collective's closing rendezvous) it also publishes the event after this
+  /// rank's reads, or null when none is in flight.
+  void arrive_and_wait(int rank, const char* name, const Contribution* mine,
+                       const std::shared_ptr<SharedEvent>* read_done = nullptr) {
     std::unique_lock lock(mu_);
     if (mine) slots_[rank] = *mine;
+    if (read_done) read_done_[rank] = *read_done;
     const uint64_t my_generation = generation_.load(std::memory_order_relaxed);
     arrived_at_[rank] = my_generation + 1;
     if (++arrived_ == size_) {
@@ -199,6 +230,9 @@ class LocalGroup {
   }
 
   const Contribution& slot(int rank) const { return slots_[rank]; }
+  /// Rank `rank`'s event after its reads in the collective whose closing rendezvous just passed
+  /// (valid until this rank arrives at the next collective).
+  const std::shared_ptr<SharedEvent>& read_done(int rank) const { return read_done_[rank]; }
 
   /// The group formed by `color` in split number `sequence` (created by the first asker).
   std::shared_ptr<LocalGroup> split_group(uint64_t sequence, int color, int members) {
@@ -244,6 +278,7 @@ class LocalGroup {
   int arrived_ = 0;
   std::vector<uint64_t> arrived_at_;
   std::vector<Contribution> slots_;
+  std::vector<std::shared_ptr<SharedEvent>> read_done_;
   std::map<std::pair<uint64_t, int>, std::shared_ptr<LocalGroup>> split_groups_;
   std::vector<std::deque<std::shared_ptr<PendingSend>>> inbox_;
 };
@@ -632,16 +667,31 @@ class LocalComm final : public Comm {
     }
     std::exception_ptr failure;
     Reader reader(mine);
+    std::shared_ptr<SharedEvent> read_done;
     try {
       work(reader);
-      // No rank leaves (and reuses its buffers) before every reader's copies are done.
-      reader.finish();
+      // No rank's later work may touch its buffers before every reader's copies are done: copies
+      // touching host memory are waited for here, device-to-device ones leave an event.
+      read_done = reader.finish_in_flight();
     } catch (...) {
       failure = std::current_exception();
       group_->launch()->abort("a collective's arguments disagree between ranks");
     }
-    group_->arrive_and_wait(rank_, name, nullptr);
+    group_->arrive_and_wait(rank_, name, nullptr, &read_done);
     if (failure) std::rethrow_exception(failure);
+    if (mine.device >= 0) {
+      // Whatever this rank queues next on its compute stream (a kernel overwriting its send
+      // buffer), or on its comm stream (finish_on_device writing recv, which may be send),
+      // waits for every rank's reads; its own results are ordered before its compute stream.
+      const Stream compute = comm_device::compute_stream_of(mine.device);
+      const Stream comm = comm_device::comm_stream_for(mine.device);
+      for (int r = 0; r < size(); ++r)
+        if (const auto& done = group_->read_done(r)) {
+          done->wait_on(compute);
+          done->wait_on(comm);
+        }
+    }
+    if (reader.stream()) order_after(compute_stream_for(reader.stream()->device), *reader.stream());
   }
 
   /// Rank `r`'s send bytes [offset, offset + bytes) readable on the host: its buffer itself, or

@@ -9,10 +9,12 @@
 //    the GPUs; device buffers staged through pinned host memory, or handed to a CUDA-aware MPI);
 // and neither the local nor the nccl backend may move a byte between host and device
 // (transfer_stats). On the local backend a send buffer overwritten on the sender's compute
-// stream right after wait() still reaches its receiver as sent.
+// stream right after wait() still reaches its receiver as sent, and an in-place all_reduce whose
+// first reader is held back still sums the inputs, with no thread waiting for the device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -364,6 +366,50 @@ TEST(CommDeviceLocal, ASendBufferOverwrittenRightAfterWaitReachesItsReceiverAsSe
       gpu::release(buffer, device);
       if (busy) gpu::release(busy, device);
     });
+  }
+}
+
+/// An all_reduce in place (recv == send) of 16 M floats on every rank, rank 0's reads held back
+/// behind long work on its compute stream: the other ranks write their results into the buffers
+/// rank 0 still has to read only after it has, so every rank gets the sum of the inputs. The
+/// collective blocks no thread on the device (gpu::host_waits unchanged across it).
+TEST(CommDeviceLocal, AnInPlaceAllReduceWithOneReaderHeldBackSumsTheInputs) {
+  SKIP_WITHOUT_GPU();
+  ScopedEnv device("TESSERA_DEVICE", "cuda:0");
+  for (int ranks : {2, 4}) {
+    std::atomic<uint64_t> waits_before{0}, waits_after{0};
+    run_local_ranks(ranks, [&](std::shared_ptr<Comm> comm) {
+      const int rank = comm->rank();
+      constexpr size_t count = size_t{16} << 20, busy_bytes = size_t{1} << 30;
+      const Stream& stream = current_rank_context().compute();
+      const int gpu_index = stream.device.index;
+      void* buffer = gpu::allocate(count * sizeof(float), gpu_index);
+      void* busy = rank == 0 ? gpu::allocate(busy_bytes, gpu_index) : nullptr;
+      std::vector<float> host(count, static_cast<float>(rank + 1));
+      gpu::copy_bytes_async(buffer, host.data(), count * sizeof(float), stream.handle, gpu_index);
+      synchronize(stream);
+      comm->barrier();
+      if (rank == 0) waits_before = gpu::host_waits();
+      comm->barrier();
+      if (rank == 0)
+        for (int i = 0; i < 16; ++i)
+          gpu::zero_bytes_async(busy, busy_bytes, stream.handle, gpu_index);
+      comm->all_reduce(buffer, buffer, count, DType::f32, ReduceOp::sum);
+      comm->barrier();
+      if (rank == 0) waits_after = gpu::host_waits();
+      comm->barrier();
+      gpu::copy_bytes_async(host.data(), buffer, count * sizeof(float), stream.handle, gpu_index);
+      synchronize(stream);
+      const float expected = static_cast<float>(comm->size() * (comm->size() + 1) / 2);
+      size_t wrong = 0;
+      for (float value : host) wrong += value != expected;
+      EXPECT_EQ(wrong, 0u) << "rank " << rank << " of " << comm->size() << ": elements not "
+                           << expected << ", e.g. " << host[0];
+      comm->barrier();
+      gpu::release(buffer, gpu_index);
+      if (busy) gpu::release(busy, gpu_index);
+    });
+    EXPECT_EQ(waits_after - waits_before, 0u) << ranks << " ranks: host waits in the all_reduce";
   }
 }
 
