@@ -318,7 +318,9 @@ class LocalBatch final : public P2PBatch {
       if (!matched.empty()) {
         lock.unlock();
         bool touches_host = false;  // a device copy into or out of host memory was queued
-        for (auto& [recv, send] : matched) {
+        std::vector<bool> between_devices(matched.size(), false);
+        for (size_t m = 0; m < matched.size(); ++m) {
+          auto& [recv, send] = matched[m];
           if (send->bytes != recv->op.bytes) {
             group_->launch()->abort("message size mismatch");
             throw CommError(current_comm_op(),
@@ -327,8 +329,9 @@ class LocalBatch final : public P2PBatch {
                                         rank_, recv->op.bytes, recv->op.peer, recv->op.tag,
                                         send->source, send->bytes));
           }
-          touches_host |= copy_message(recv->op.buffer, *send, device_stream) &&
-                          (send->device < 0 || comm_device::buffer_device(recv->op.buffer) < 0);
+          const Copy copy = copy_message(recv->op.buffer, *send, device_stream);
+          touches_host |= copy == Copy::through_host;
+          between_devices[m] = copy == Copy::between_devices;
         }
         // A send is done once its bytes are in place or, between device buffers, once the copy
         // is queued: the sender's compute stream then waits on `copied` (stream order, as
@@ -344,9 +347,9 @@ class LocalBatch final : public P2PBatch {
           }
         }
         lock.lock();
-        for (auto& [recv, send] : matched) {
-          if (send->device >= 0 && comm_device::buffer_device(recv->op.buffer) >= 0)
-            send->copied = copied;
+        for (size_t m = 0; m < matched.size(); ++m) {
+          auto& [recv, send] = matched[m];
+          if (between_devices[m]) send->copied = copied;
           send->done = true;
           recv->done = true;
         }
@@ -401,15 +404,19 @@ class LocalBatch final : public P2PBatch {
     }
   }
 
+  /// What copy_message did: nothing left in flight (no bytes, or a memcpy between host buffers),
+  /// or a device copy queued between two device buffers or touching host memory.
+  enum class Copy : uint8_t { done, between_devices, through_host };
+
   /// Copies a matched message into `buffer`: memcpy between host buffers, else on the comm stream
   /// of the receiving device (or the sender's when receiving into host memory), after the
-  /// sender's event and this rank's own compute work. True when a device copy was queued.
-  bool copy_message(void* buffer, const PendingSend& send, std::optional<Stream>& stream) {
-    if (send.bytes == 0) return false;
+  /// sender's event and this rank's own compute work.
+  Copy copy_message(void* buffer, const PendingSend& send, std::optional<Stream>& stream) {
+    if (send.bytes == 0) return Copy::done;
     const int device = comm_device::buffer_device(buffer);
     if (device < 0 && send.device < 0) {
       copy_bytes(buffer, send.buffer, send.bytes);
-      return false;
+      return Copy::done;
     }
     if (!stream) {
       stream = comm_device::comm_stream_for(device >= 0 ? device : send.device);
@@ -418,7 +425,7 @@ class LocalBatch final : public P2PBatch {
     if (send.ready) send.ready->wait_on(*stream);
     gpu::copy_bytes_async(buffer, send.buffer, send.bytes, stream->handle, stream->device.index);
     count_if_crossing(device, send.device, send.bytes);
-    return true;
+    return device >= 0 && send.device >= 0 ? Copy::between_devices : Copy::through_host;
   }
 
   std::vector<std::pair<int, std::shared_ptr<SharedEvent>>> ready_events_;
