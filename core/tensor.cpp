@@ -184,6 +184,33 @@ Tensor Tensor::to_dtype(DType dtype) const {
 
 namespace {
 
+/// n elements of `Word` from `in` (stride `in_step` elements) to `out` (stride `out_step`).
+template <typename Word>
+void copy_words(char* out, int64_t out_step, const char* in, int64_t in_step, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    Word word;
+    std::memcpy(&word, in + i * in_step * static_cast<int64_t>(sizeof(Word)), sizeof(Word));
+    std::memcpy(out + i * out_step * static_cast<int64_t>(sizeof(Word)), &word, sizeof(Word));
+  }
+}
+
+/// n elements of `element_size` bytes at strides `out_step` / `in_step` elements: one load and
+/// one store an element for the sizes of the dtypes (a strided face of a halo, a transposed
+/// block), memcpy an element otherwise.
+void copy_strided_row(char* out, int64_t out_step, const char* in, int64_t in_step, int64_t n,
+                      size_t element_size) {
+  switch (element_size) {
+    case 1: return copy_words<uint8_t>(out, out_step, in, in_step, n);
+    case 2: return copy_words<uint16_t>(out, out_step, in, in_step, n);
+    case 4: return copy_words<uint32_t>(out, out_step, in, in_step, n);
+    case 8: return copy_words<uint64_t>(out, out_step, in, in_step, n);
+    default: break;
+  }
+  const auto bytes = static_cast<int64_t>(element_size);
+  for (int64_t i = 0; i < n; ++i)
+    std::memcpy(out + i * out_step * bytes, in + i * in_step * bytes, element_size);
+}
+
 /// Copies elements [begin, end) of the row-major order over `merged`'s dims: whole rows by one
 /// memcpy (stream_bytes when `stream`, then a fence) when the innermost dim is contiguous in
 /// both, else element by element.
@@ -214,9 +241,8 @@ void copy_element_range(char* out, const char* in, const MergedDims& merged, siz
       else
         std::memcpy(out + out_offset * bytes, in + in_offset * bytes, n * element_size);
     } else {
-      for (int64_t i = 0; i < n; ++i)
-        std::memcpy(out + (out_offset + i * dstride[last]) * bytes,
-                    in + (in_offset + i * sstride[last]) * bytes, element_size);
+      copy_strided_row(out + out_offset * bytes, dstride[last], in + in_offset * bytes,
+                       sstride[last], n, element_size);
     }
     e += n;
     if (e == end) break;

@@ -312,6 +312,11 @@ if want bench; then
     --kernel 7,13,31 --reference-size 0 --json
   step torch-na-bf16 75 "$python" "$root/apps/bench/torch_na_bench.py" --impl flex --dtype bf16 \
     --kernel 7,13,31 --json
+  # The 4-rank forward+backward traced (no Nsight Systems on the lent machines): each rank's
+  # host time per op, halo step and copy, to say whether the 4 local ranks' fixed cost over one
+  # rank is launches or waits (bench-na-bf16's rows give host_waits_per_step).
+  step bench-na-trace-bf16 30 "${tessera[@]}" bench na --device cuda --dtype bf16 --ranks 1,4 \
+    --kernel 7 --reference-size 0 --iterations 5 --json --trace "$logs/na-trace.json"
   # The sharded forward with the halo overlap split (TESSERA_HALO_OVERLAP=1; off by default):
   # its 4-rank rows against bench-na-bf16's.
   step bench-na-overlap-bf16 40 env TESSERA_HALO_OVERLAP=1 "${tessera[@]}" bench na --device cuda \

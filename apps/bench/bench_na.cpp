@@ -66,6 +66,9 @@ std::vector<int> mesh_for(int ranks) {
 
 struct NaFigures {
   double forward = 0, forward_backward = 0;
+  /// On cuda: the calls that blocked a host thread on the device (gpu::host_waits) per
+  /// forward+backward step, summed over the ranks of this process; -1 on the cpu.
+  double host_waits_per_step = -1;
   Tensor output;  // full o (rank 0) for the check
 };
 
@@ -106,12 +109,28 @@ NaFigures measure(std::shared_ptr<Comm> world, const Shape& shape, int64_t kerne
   q.set_requires_grad();
   k.set_requires_grad();
   v.set_requires_grad();
-  figures.forward_backward = timed([&] {
+  auto step = [&] {
     trace::Span span("step", "na forward+backward");
     Tape tape;
     const ops::NaResult out = ops::neighborhood_attention(q, k, v, options);
     tape.backward(out.output, grad);
-  });
+  };
+  figures.forward_backward = timed(step);
+  if (device.is_cuda()) {
+    // Every rank reads the process's counter before the barrier that lets the steps start and
+    // after the one that ends them, so the count holds exactly the steps of every local rank.
+    constexpr int kSteps = 3;
+    synchronize(compute_stream_for(device));
+    world->barrier();
+    const uint64_t before = gpu::host_waits();
+    world->barrier();
+    for (int i = 0; i < kSteps; ++i) step();
+    world->barrier();
+    const uint64_t after = gpu::host_waits();
+    world->barrier();
+    synchronize(compute_stream_for(device));
+    figures.host_waits_per_step = static_cast<double>(after - before) / kSteps;
+  }
   figures.output = result.output.gather(0).to(Device::cpu());
   return figures;
 }
@@ -321,6 +340,8 @@ void run_na_bench(const NaBenchOptions& options) {
           {"step_seconds", figures.forward_backward},
           {"forward_backward_gflops", backward_flops / figures.forward_backward / 1e9},
           {"wrong", wrong}};
+      if (figures.host_waits_per_step >= 0)
+        row["host_waits_per_step"] = figures.host_waits_per_step;
       if (peak_per_core > 0) {
         // The cores the row's ranks and threads occupy, at most the machine's.
         const int64_t hardware = std::max(1u, std::thread::hardware_concurrency());

@@ -293,6 +293,31 @@ TEST(Tensor, MaxAbsDiffReportsNaN) {
   EXPECT_FALSE(bitwise_equal(a, b));
 }
 
+TEST(CopyStridedHost, StridedInnerDimsMoveEveryElementOfEverySize) {
+  // A [5, 7] block read down the columns of a [7, 9] array of elements of 1, 2, 4, 8 and 3 bytes
+  // (3: no machine word; the generic path) into a [5, 7] array whose inner stride is 2: every
+  // element lands once, the gaps keep their bytes.
+  for (size_t element : {size_t{1}, size_t{2}, size_t{4}, size_t{8}, size_t{3}}) {
+    std::vector<unsigned char> source(7 * 9 * element), target(5 * 14 * element, 0xee);
+    for (size_t b = 0; b < source.size(); ++b) source[b] = static_cast<unsigned char>(b * 7 + 1);
+    const int64_t shape[] = {5, 7};
+    const int64_t src_strides[] = {1, 9};  // column-major view: the inner dim is strided
+    const int64_t dst_strides[] = {14, 2};
+    copy_strided_host(target.data(), dst_strides, source.data(), src_strides, shape, 2, element);
+    for (int64_t i = 0; i < 5; ++i)
+      for (int64_t j = 0; j < 14; ++j)
+        for (size_t b = 0; b < element; ++b) {
+          const unsigned char got = target[(i * 14 + j) * element + b];
+          if (j % 2 == 1) {
+            EXPECT_EQ(got, 0xee) << "gap touched, element size " << element;
+          } else {
+            EXPECT_EQ(got, source[(i + (j / 2) * 9) * element + b])
+                << "element size " << element << " at " << i << ", " << j / 2;
+          }
+        }
+  }
+}
+
 TEST(Tensor, ArgumentsAreCheckedWithInvalidArgument) {
   EXPECT_THROW(Tensor::from_values<float>({2, 2}, std::vector<float>{1, 2, 3}), InvalidArgument);
   EXPECT_THROW(Tensor::empty({2, -1}, DType::f32), InvalidArgument);
