@@ -25,6 +25,7 @@
 #include "io/hdf5/h5_file.hpp"
 #include "io/hdf5/sharded_io.hpp"
 #include "io/output_path.hpp"
+#include "ops/cpu_loops.hpp"
 
 namespace tessera::sim {
 
@@ -38,10 +39,17 @@ double seconds_now() {
 }
 
 /// One row segment of `n` cells along z: u, v, un, vn point at its first cell in haloed arrays
-/// with strides sx (x) and sy (y); z neighbours are adjacent.
+/// with strides sx (x) and sy (y); z neighbours are adjacent. Always inlined into the loop body
+/// of step_cells_cpu, so that it is compiled (and vectorised) for each instruction set level
+/// (ops/cpu_loops.hpp); the coefficients are copied to locals, which the vectoriser needs to
+/// keep them out of the stores' possible targets.
 template <class T>
-void step_row(const T* __restrict u, const T* __restrict v, T* __restrict un, T* __restrict vn,
-              int64_t n, int64_t sx, int64_t sy, const CellCoefficients<T>& c) {
+TESSERA_LOOP_BODY inline void step_row(const T* __restrict u, const T* __restrict v,
+                                       T* __restrict un, T* __restrict vn, int64_t n, int64_t sx,
+                                       int64_t sy, const CellCoefficients<T>& coefficients) {
+  const CellCoefficients<T> c = coefficients;
+  // Inlined, the pointers lose their __restrict: the outputs never overlap the inputs.
+#pragma GCC ivdep
   for (int64_t k = 0; k < n; ++k) gray_scott_cell(u, v, un, vn, k, sx, sy, c);
 }
 
@@ -60,44 +68,51 @@ void step_cells_cpu(const Tensor& u, const Tensor& v, const Tensor& u_next, cons
   // Thin shell slabs run on the calling thread: a parallel region costs more than they do.
   const int threads = cells.volume() >= (int64_t{1} << 16) ? compute_threads() : 1;
   parallel_for(rows, threads, [&](int64_t begin, int64_t end, int) {
-    for (int64_t row = begin; row < end; ++row) {
-      const int64_t i = cells.lo[0] + row / rows_y, j = cells.lo[1] + row % rows_y;
-      const int64_t at = (i + 1) * sx + (j + 1) * sy + cells.lo[2] + 1;
-      step_row(pu + at, pv + at, pun + at, pvn + at, n, sx, sy, c);
-    }
+    ops::run_with_isa(
+        [&](int64_t lo, int64_t hi) TESSERA_LOOP_BODY {
+          // Row (i, j) of the box starts at `at`; one division for the range, not one a row.
+          int64_t i = lo / rows_y, j = lo % rows_y;
+          for (int64_t row = lo; row < hi; ++row) {
+            const int64_t at =
+                (cells.lo[0] + i + 1) * sx + (cells.lo[1] + j + 1) * sy + cells.lo[2] + 1;
+            step_row(pu + at, pv + at, pun + at, pvn + at, n, sx, sy, c);
+            if (++j == rows_y) j = 0, ++i;
+          }
+        },
+        begin, end);
   });
 }
 
-/// The cells of an owned piece of `shape` that need no halo (all neighbours owned).
-Box inner_cells(const Shape& shape) {
+/// The cells of an owned piece of `shape` that need no halo from another rank: one cell in from
+/// both faces along the dims that ranks split, every cell along the others (their periodic halo
+/// is a copy halo_begin has made).
+Box inner_cells(const Shape& shape, const std::array<bool, 3>& split) {
   Box box;
-  for (int64_t n : shape) {
-    box.lo.push_back(1);
-    box.hi.push_back(std::max<int64_t>(1, n - 1));
+  for (size_t d = 0; d < shape.size(); ++d) {
+    box.lo.push_back(split[d] ? 1 : 0);
+    box.hi.push_back(split[d] ? std::max<int64_t>(1, shape[d] - 1) : shape[d]);
   }
   return box;
 }
 
-/// The rest of the owned piece: disjoint slabs (x faces, then y faces within the inner x range,
-/// then z faces within the inner x and y ranges).
-std::vector<Box> shell_cells(const Shape& shape) {
+/// The rest of the owned piece: disjoint slabs, for each split dim in turn its two faces, within
+/// the inner range of the split dims before it and the whole range of every other dim. Rows
+/// along z stay whole unless ranks split z.
+std::vector<Box> shell_cells(const Shape& shape, const std::array<bool, 3>& split) {
   std::vector<Box> shell;
-  auto low = [](int64_t n) { return std::array<int64_t, 2>{0, std::min<int64_t>(1, n)}; };
-  auto high = [](int64_t n) { return std::array<int64_t, 2>{std::max<int64_t>(1, n - 1), n}; };
-  auto inner = [](int64_t n) { return std::array<int64_t, 2>{1, std::max<int64_t>(1, n - 1)}; };
-  auto all = [](int64_t n) { return std::array<int64_t, 2>{0, n}; };
-  using Range = std::array<int64_t, 2>;
-  auto add = [&](Range x, Range y, Range z) {
-    Box box{{x[0], y[0], z[0]}, {x[1], y[1], z[1]}};
-    if (!box.empty()) shell.push_back(box);
-  };
-  const int64_t nx = shape[0], ny = shape[1], nz = shape[2];
-  add(low(nx), all(ny), all(nz));
-  add(high(nx), all(ny), all(nz));
-  add(inner(nx), low(ny), all(nz));
-  add(inner(nx), high(ny), all(nz));
-  add(inner(nx), inner(ny), low(nz));
-  add(inner(nx), inner(ny), high(nz));
+  const Box inner = inner_cells(shape, split);
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (!split[d]) continue;
+    Box low = Box::of_shape(shape), high = Box::of_shape(shape);
+    for (size_t e = 0; e < d; ++e) {
+      low.lo[e] = high.lo[e] = inner.lo[e];
+      low.hi[e] = high.hi[e] = inner.hi[e];
+    }
+    low.hi[d] = std::min<int64_t>(1, shape[d]);
+    high.lo[d] = std::max<int64_t>(1, shape[d] - 1);
+    for (const Box& box : {low, high})
+      if (!box.empty()) shell.push_back(box);
+  }
   return shell;
 }
 
@@ -201,6 +216,9 @@ GrayScott::GrayScott(const DeviceMesh& mesh, std::vector<Placement> placements,
       throw AgreedError(kOp, "a Partial placement cannot hold the simulation's state");
   plan_ = cached_halo_plan(spec_, {1, 1, 1}, {1, 1, 1}, std::vector(3, BoundaryMode::periodic),
                            mesh_.rank());
+  for (int m = 0; m < mesh_.ndim(); ++m)
+    if (spec_.placements[m].is_shard() && mesh_.size(m) > 1)
+      split_[static_cast<size_t>(spec_.placements[m].dim)] = true;
   const Device device = current_rank_context().device();
   const Box box = spec_.local_box_of_rank(mesh_.rank());
   for (int s = 0; s < 2; ++s) {
@@ -230,7 +248,7 @@ void GrayScott::step() {
     exchanges[s] = halo_begin_in_place(*plan_, fields_[s], mesh_.comm(), /*tag=*/s);
   {
     trace::Span span("op", "gray_scott interior");
-    const Box inner = inner_cells(owned);
+    const Box inner = inner_cells(owned, split_);
     note_cells(span, static_cast<double>(inner.volume()), config_.dtype);
     step_cells(fields_[0], fields_[1], next_[0], next_[1], inner, config_.params);
   }
@@ -238,9 +256,9 @@ void GrayScott::step() {
   {
     trace::Span span("op", "gray_scott boundary");
     double cells = 0;
-    for (const Box& box : shell_cells(owned)) cells += static_cast<double>(box.volume());
+    for (const Box& box : shell_cells(owned, split_)) cells += static_cast<double>(box.volume());
     note_cells(span, cells, config_.dtype);
-    for (const Box& cells_box : shell_cells(owned))
+    for (const Box& cells_box : shell_cells(owned, split_))
       step_cells(fields_[0], fields_[1], next_[0], next_[1], cells_box, config_.params);
   }
   std::swap(fields_, next_);

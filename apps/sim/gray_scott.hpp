@@ -101,6 +101,9 @@ class GrayScott {
   GrayScottConfig config_;
   ShardSpec spec_;
   std::shared_ptr<const HaloPlan> plan_;
+  /// Per dim: whether ranks split it (its halo comes from another rank); an unsplit dim's
+  /// periodic halo is a copy that halo_begin makes before it returns.
+  std::array<bool, 3> split_{};
   std::array<Tensor, 2> fields_, next_;  // haloed u, v; next state
   int64_t steps_done_ = 0;
 };
