@@ -197,6 +197,7 @@ void register_run_op(CLI::App& app) {
                    "cpu, cuda (local ranks round-robin over the GPUs) or cuda:N")
       ->capture_default_str();
   conv->add_option("--dtype", options->dtype, "f32 or f64")->capture_default_str();
+  add_trace_option(*conv);
   conv->add_option("--shapes", options->shapes,
                    "In estimate mode only: the inputs' shapes instead of --in's, e.g. "
                    "\"x=2,3,64,64;w=8,3,3,3;b=8\" (docs/scaling.md)");

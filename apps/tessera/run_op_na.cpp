@@ -190,6 +190,7 @@ void register_run_op_na(CLI::App& run_op) {
   na->add_flag("--backward", options->backward, "Also compute gq, gk, gv (and grpb) from go");
   na->add_option("--device", options->device, "cpu, cuda or cuda:N")->capture_default_str();
   na->add_option("--dtype", options->dtype, "f32, f64, f16 or bf16")->capture_default_str();
+  add_trace_option(*na);
   na->callback([options] {
     // A usable --device becomes every rank's device before the launch; a bad one is reported
     // inside it (run_na), as an agreed error printed once under mpiexec.
