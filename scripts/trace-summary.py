@@ -3,7 +3,8 @@
 
 For each launch in the trace (a command that launches ranks several times, such as `bench na
 --ranks 1,4`, writes one launch after the other) and each rank: the number of `step` events and
-their median duration, then per event name inside the steps (category and name) the calls and
+their median duration (a trace without step events counts as one step from its first event to
+its last), then per event name inside the steps (category and name) the calls and
 the self time (the event's duration less the events nested in it) per step (means over the
 steps), largest first. On
 cuda the durations are host time: an op's event spans its launches, not its kernels, so a step
@@ -40,6 +41,11 @@ def summarize(events):
     rank."""
     events = sorted(events, key=lambda e: (e["ts"], -e["dur"]))
     steps = [e for e in events if e.get("cat") == "step"]
+    if not steps and events:  # no step events: the whole trace as one step (as estimate does)
+        begin = min(e["ts"] for e in events)
+        end = max(e["ts"] + e["dur"] for e in events)
+        steps = [{"cat": "step", "name": "whole trace", "ts": begin, "dur": end - begin}]
+        events = steps + events
     if not steps:
         return 0, 0.0, 0.0, {}
     totals = defaultdict(lambda: [0, 0.0])

@@ -47,6 +47,27 @@ if result.returncode == 0:
     check(summary["step_seconds"] > 0 and summary["compute_seconds"] > 0, "step and compute seconds > 0")
     check(summary["comm_seconds"] > 0 and summary["exposed_comm_seconds"] >= 0, "comm seconds")
     check(summary["backend"] == "nccl" and summary["machine"] == "h100-ib", "the cluster's backend")
+# scripts/trace-summary.py reads the same trace: 2 ranks of 4 steps, each step's interior and
+# boundary ops once and its self times within the step.
+summary_script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts",
+                              "trace-summary.py")
+result = subprocess.run([sys.executable, summary_script, trace, "--json"], capture_output=True,
+                        text=True, timeout=120)
+check(result.returncode == 0, f"trace-summary.py runs: {result.stderr.strip()}")
+if result.returncode == 0:
+    rows = json.loads(result.stdout)
+    check([(r["ranks"], r["rank"], r["steps"]) for r in rows] == [(2, 0, 4), (2, 1, 4)],
+          f"trace-summary: 2 ranks of 4 steps: {[(r['ranks'], r['rank'], r['steps']) for r in rows]}")
+    ops = {(e["cat"], e["name"]): e["calls"] for r in rows for e in r["top"]}
+    check(ops.get(("op", "gray_scott interior")) == 1 and ops.get(("op", "gray_scott boundary")) == 1,
+          f"trace-summary: one interior and one boundary pass a step: {ops}")
+    check(all(0 < r["self_ms_per_step"] <= r["mean_step_ms"] * 1.0001 for r in rows),
+          "trace-summary: the self times of a step's events fit in the step")
+result = subprocess.run([sys.executable, summary_script, os.path.join(scratch, "missing.json")],
+                        capture_output=True, text=True, timeout=60)
+check(result.returncode != 0 and "cannot read" in result.stderr,
+      f"trace-summary: a missing trace is one error: {result.stderr.strip()}")
+
 result = run("estimate", "--cluster", "h200-ib", "--trace-in", trace)
 check(result.returncode == 0 and "step time" in result.stdout, "the text summary")
 
