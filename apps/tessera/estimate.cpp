@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -262,23 +263,31 @@ void calibrate(const EstimateOptions& options) {
     ++round;
   };
 
-  // Compute: traced one-rank runs of the workloads' kernels; throughputs from their op events.
-  // One thread: the per-core rate, times the cores for the node. (Several OpenMP threads on
-  // cores that other processes also use stall each other at every barrier; one thread per core
-  // is what the ranks of a multi-rank run use too.)
+  // Compute: traced runs of the workloads' kernels; throughputs from their op events. One
+  // thread a rank: one rank alone (the rate of one core whose neighbours idle), then one rank
+  // per core (the rate of a core among busy ones: ops bound by memory share its caches and
+  // bandwidth). Several OpenMP threads on cores that other processes also use stall each other
+  // at every barrier; one thread per core is what the ranks of a multi-rank run use too.
   const std::string env = "TESSERA_BACKEND=local TESSERA_THREADS_PER_RANK=1 TESSERA_TRACE=";
-  comm_round();
-  run_checked(env + at("train.json") + " " + exe +
-              " bench train --shape 2,8,24,24,24 --hidden 16 --layers 3 --mesh 1x1 --steps 2 "
-              "--json > /dev/null");
-  comm_round();
-  run_checked(env + at("na.json") + " " + exe +
-              " bench na --size 32 --heads 2 --dim 32 --kernel 7 --ranks 1 --iterations 10 --json "
-              "> /dev/null");
-  comm_round();
-  run_checked(env + at("sim.json") + " " + exe +
-              " simulate gray-scott --size 96,96,96 --steps 10 --every 10 --out " + at("gs.h5") +
-              " --json > /dev/null");
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const auto compute_runs = [&](int ranks, const std::string& tag) {
+    comm_round();
+    run_checked(env + at(("train" + tag + ".json").c_str()) + " " + exe +
+                fmt::format(" bench train --shape 2,8,24,24,24 --hidden 16 --layers 3 --mesh 1x{} "
+                            "--steps 2 --json > /dev/null",
+                            ranks));
+    comm_round();
+    run_checked(env + at(("na" + tag + ".json").c_str()) + " " + exe +
+                fmt::format(" bench na --size 32 --heads 2 --dim 32 --kernel 7 --ranks {} "
+                            "--iterations 10 --json > /dev/null",
+                            ranks));
+    run_checked(env + at(("sim" + tag + ".json").c_str()) + " " + exe +
+                fmt::format(" simulate gray-scott --size 96,96,96 --mesh {} --steps 10 --every 10 "
+                            "--out {} --json > /dev/null",
+                            ranks, at(("gs" + tag + ".h5").c_str())));
+  };
+  compute_runs(1, "");
+  if (cores > 1) compute_runs(cores, "_loaded");
   comm_round();
   cost::LinkSet local{.algorithm = cost::Algorithm::direct, .asynchronous = false};
   local.intra = local.inter = fit_comm(local_runs, 1.0, "bench comm (local)");
@@ -290,33 +299,49 @@ void calibrate(const EstimateOptions& options) {
   }
   // Per family (for ops these runs did not meet) and per op (each op's own rate: on a CPU the
   // ops of one family differ widely, e.g. gelu's transcendental math against a plain add).
-  std::map<std::string, cost::FamilySample> samples, per_op;
-  for (const char* name : {"train.json", "na.json", "sim.json"}) {
-    const nlohmann::json trace = read_json(at(name), "trace");
-    for (bool by_op : {false, true})
-      for (const auto& [key, sample] : cost::family_samples(trace, by_op)) {
-        cost::FamilySample& total = (by_op ? per_op : samples)[key];
-        total.flops += sample.flops;
-        total.bytes += sample.bytes;
-        total.seconds += sample.seconds;
-        total.count += sample.count;
-      }
-  }
-  // Each op's rate from one thread, times the cores: the node's (its ranks split it).
-  const double cores = std::max(1u, std::thread::hardware_concurrency());
-  for (auto* map : {&samples, &per_op})
-    for (auto& [key, sample] : *map) sample.seconds /= cores;
-  machine.memory_bandwidth_by_working_set = copy_bandwidth_curve(static_cast<int>(cores));
+  // Each op's rate per thread (its self time summed over the ranks), times the cores: the
+  // node's (its ranks split it).
+  const auto samples_of = [&](const std::string& tag) {
+    std::array<std::map<std::string, cost::FamilySample>, 2> maps;  // by family, by op
+    for (const char* name : {"train", "na", "sim"}) {
+      const nlohmann::json trace = read_json(at((name + tag + ".json").c_str()), "trace");
+      for (bool by_op : {false, true})
+        for (const auto& [key, sample] : cost::family_samples(trace, by_op)) {
+          cost::FamilySample& total = maps[by_op][key];
+          total.flops += sample.flops;
+          total.bytes += sample.bytes;
+          total.seconds += sample.seconds;
+          total.count += sample.count;
+        }
+    }
+    for (auto& map : maps)
+      for (auto& [key, sample] : map) sample.seconds /= cores;
+    return maps;
+  };
+  const auto alone = samples_of("");
+  const auto loaded = cores > 1 ? samples_of("_loaded") : alone;
+  machine.memory_bandwidth_by_working_set = copy_bandwidth_curve(cores);
   machine.memory_bandwidth = machine.memory_bandwidth_by_working_set.back().second;
   machine.copy_run_seconds = copy_run_seconds();
-  double peak = 0;
-  for (const auto& [family, sample] : samples)
-    if (sample.seconds > 0) peak = std::max(peak, sample.flops / sample.seconds);
+  const auto peak_of = [](const std::map<std::string, cost::FamilySample>& samples) {
+    double peak = 0;
+    for (const auto& [family, sample] : samples)
+      if (sample.seconds > 0) peak = std::max(peak, sample.flops / sample.seconds);
+    return peak;
+  };
+  const double peak = peak_of(loaded[0]);
   machine.families["default"] = {peak, machine.memory_bandwidth};
-  cost::fit_families(machine, samples, peak);
-  cost::fit_families(machine, per_op, peak);
+  cost::fit_families(machine, loaded[0], peak);
+  cost::fit_families(machine, loaded[1], peak);
+  if (cores > 1) {
+    const double peak_alone = peak_of(alone[0]);
+    machine.families_alone["default"] = {peak_alone, machine.memory_bandwidth};
+    cost::fit_families_alone(machine, alone[0], peak_alone);
+    cost::fit_families_alone(machine, alone[1], peak_alone);
+  }
+  const auto& per_op = loaded[1];
   machine.op_overhead = 0;
-  machine.cores_per_node = static_cast<int>(cores);
+  machine.cores_per_node = cores;
 
   nlohmann::json document = cost::machine_to_json(machine);
   std::time_t now = std::time(nullptr);
@@ -345,9 +370,10 @@ void calibrate(const EstimateOptions& options) {
        "a strided copy of 32768 runs of 64 bytes against one memcpy of the same bytes, in the "
        "cache, the best of 20: the difference per run"},
       {"compute",
-       "per op and per op family, flops or bytes over self time in traced one-rank runs: bench "
-       "train (conv3d 2x8x24^3, hidden 16, 3 layers), bench na "
-       "(32x32, 2 heads, D 32, k 7), simulate gray-scott 96^3"},
+       "per op and per op family, flops or bytes over self time in traced runs of one thread a "
+       "rank: bench train (conv3d 2x8x24^3, hidden 16, 3 layers), bench na (32x32, 2 heads, D "
+       "32, k 7), simulate gray-scott 96^3; families: one rank per core (every core busy); "
+       "families_alone: one rank (the other cores idle)"},
       {"samples", measured}};
   {
     std::ofstream out(options.out);

@@ -158,6 +158,15 @@ Machine machine_from_json(const nlohmann::json& document) {
   }
   check_arg(machine.families.count("default") == 1, kOp,
             "machine file: compute.families has no 'default'");
+  if (compute.contains("families_alone")) {
+    check_arg(compute.at("families_alone").is_object(), kOp,
+              "machine file: compute.families_alone must be an object");
+    for (const auto& [family, value] : compute.at("families_alone").items()) {
+      const std::string where = "compute.families_alone." + family;
+      machine.families_alone[family] = {positive_number(value, "flops", where),
+                                        positive_number(value, "bytes", where)};
+    }
+  }
   return machine;
 }
 
@@ -183,6 +192,12 @@ nlohmann::json machine_to_json(const Machine& machine) {
   document["compute"] = {{"op_overhead", machine.op_overhead},
                          {"memory_bandwidth", machine.memory_bandwidth},
                          {"families", families}};
+  if (!machine.families_alone.empty()) {
+    nlohmann::json alone = nlohmann::json::object();
+    for (const auto& [family, throughput] : machine.families_alone)
+      alone[family] = {{"flops", throughput.flops}, {"bytes", throughput.bytes}};
+    document["compute"]["families_alone"] = alone;
+  }
   if (machine.copy_run_seconds > 0)
     document["compute"]["copy_run_seconds"] = machine.copy_run_seconds;
   if (!machine.memory_bandwidth_by_working_set.empty())
@@ -257,11 +272,30 @@ Throughput op_throughput(const Machine& machine, std::string_view event_name) {
   return family_throughput(machine, op_family(event_name));
 }
 
+std::optional<Throughput> op_throughput_alone(const Machine& machine,
+                                              std::string_view event_name) {
+  const auto& alone = machine.families_alone;
+  if (alone.empty()) return std::nullopt;
+  std::string family = op_family(event_name);
+  std::vector<std::string> keys{op_key(event_name), family};
+  constexpr std::string_view kBackward = "_backward";
+  if (family.ends_with(kBackward)) keys.push_back(family.substr(0, family.size() - 9));
+  keys.emplace_back("default");
+  for (const std::string& key : keys)
+    if (auto it = alone.find(key); it != alone.end()) return it->second;
+  return std::nullopt;
+}
+
 double event_seconds(const Machine& machine, std::string_view event_name, double flops,
-                     double bytes, double share) {
-  const Throughput throughput = op_throughput(machine, event_name);
-  return machine.op_overhead +
-         std::max(flops / (throughput.flops * share), bytes / (throughput.bytes * share));
+                     double bytes, double share, double load) {
+  const auto seconds = [&](const Throughput& throughput) {
+    return std::max(flops / (throughput.flops * share), bytes / (throughput.bytes * share));
+  };
+  const double loaded = seconds(op_throughput(machine, event_name));
+  const std::optional<Throughput> alone = op_throughput_alone(machine, event_name);
+  if (!alone) return machine.op_overhead + loaded;
+  const double l = std::clamp(load, 0.0, 1.0);
+  return machine.op_overhead + seconds(*alone) + l * (loaded - seconds(*alone));
 }
 
 Throughput family_throughput(const Machine& machine, const std::string& family) {
@@ -456,8 +490,27 @@ NcclChoice nccl_collective(const LinkSet& links, Collective collective,
   return best;
 }
 
+namespace {
+
+void fit_into(std::map<std::string, Throughput>& into, double memory_bandwidth,
+              const std::map<std::string, FamilySample>& samples, double peak_flops);
+
+}  // namespace
+
 void fit_families(Machine& machine, const std::map<std::string, FamilySample>& samples,
                   double peak_flops) {
+  fit_into(machine.families, machine.memory_bandwidth, samples, peak_flops);
+}
+
+void fit_families_alone(Machine& machine, const std::map<std::string, FamilySample>& samples,
+                        double peak_flops) {
+  fit_into(machine.families_alone, machine.memory_bandwidth, samples, peak_flops);
+}
+
+namespace {
+
+void fit_into(std::map<std::string, Throughput>& into, double memory_bandwidth,
+              const std::map<std::string, FamilySample>& samples, double peak_flops) {
   const auto computes = [](const std::string& key) {
     // An op key names its family through the event name it came from.
     std::string name = key;
@@ -471,11 +524,13 @@ void fit_families(Machine& machine, const std::map<std::string, FamilySample>& s
   for (const auto& [family, sample] : samples) {
     if (sample.seconds <= 0 || sample.count == 0) continue;
     if (computes(family) && sample.flops > 0)
-      machine.families[family] = {sample.flops / sample.seconds, machine.memory_bandwidth};
+      into[family] = {sample.flops / sample.seconds, memory_bandwidth};
     else if (sample.bytes > 0)
-      machine.families[family] = {peak_flops, sample.bytes / sample.seconds};
+      into[family] = {peak_flops, sample.bytes / sample.seconds};
   }
 }
+
+}  // namespace
 
 double median(std::vector<double> values) {
   if (values.empty()) return 0;

@@ -90,6 +90,11 @@ struct Machine {
   /// memcpy per run: halo faces, box exchanges); 0: not modeled.
   double copy_run_seconds = 0;
   std::map<std::string, Throughput> families;        ///< by op family; "default" for the rest
+  /// The same measured with one core of the node busy and the others idle, as the node's rate
+  /// (the one core's times the cores): on a CPU an op bound by memory runs faster per core when
+  /// the other cores leave it the caches and the memory bandwidth. `families` then holds the
+  /// rates with every core busy. Empty: `families` at any load.
+  std::map<std::string, Throughput> families_alone;
   nlohmann::json source = nlohmann::json::object();  ///< the file as read (sources, notes)
 };
 
@@ -121,13 +126,19 @@ Throughput family_throughput(const Machine& machine, const std::string& family);
 /// calibrated machine measures each op it ran), else its family's.
 Throughput op_throughput(const Machine& machine, std::string_view event_name);
 
+/// The same from `families_alone`, when the machine has that map and an entry for the op, its
+/// family, its forward or "default".
+std::optional<Throughput> op_throughput_alone(const Machine& machine, std::string_view event_name);
+
 /// Roofline seconds of one op: overhead + max(flops / F, bytes / B), the throughputs scaled by
 /// `share` (the part of the node's compute the rank has).
 double op_seconds(const Machine& machine, const std::string& family, double flops, double bytes,
                   double share = 1);
-/// The same for an op event by its name (op_throughput).
+/// The same for an op event by its name (op_throughput). `load` (0..1) says how busy the rank's
+/// node is: (busy cores - 1) / (cores - 1). Where the machine has `families_alone`, the seconds
+/// are interpolated between that rate (load 0) and `families` (load 1).
 double event_seconds(const Machine& machine, std::string_view event_name, double flops,
-                     double bytes, double share = 1);
+                     double bytes, double share = 1, double load = 1);
 
 enum class Collective : uint8_t {
   all_reduce,
@@ -257,6 +268,9 @@ std::map<std::string, FamilySample> family_samples(const nlohmann::json& trace, 
 /// bandwidth.
 void fit_families(Machine& machine, const std::map<std::string, FamilySample>& samples,
                   double peak_flops);
+/// The same into `families_alone` (samples measured with the other cores idle).
+void fit_families_alone(Machine& machine, const std::map<std::string, FamilySample>& samples,
+                        double peak_flops);
 
 /// The median of `values` (0 when empty).
 double median(std::vector<double> values);

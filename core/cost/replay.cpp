@@ -106,8 +106,13 @@ std::vector<Message> parse_peers(const Event& event) {
 /// One rank's events as a forest (by time containment) and the actions they become.
 class RankProgram {
  public:
-  RankProgram(std::vector<Event> events, const Machine& machine, double share, bool asynchronous)
-      : events_(std::move(events)), machine_(machine), share_(share), asynchronous_(asynchronous) {
+  RankProgram(std::vector<Event> events, const Machine& machine, double share, double load,
+              bool asynchronous)
+      : events_(std::move(events)),
+        machine_(machine),
+        share_(share),
+        load_(load),
+        asynchronous_(asynchronous) {
     std::stable_sort(events_.begin(), events_.end(), [](const Event& a, const Event& b) {
       return a.ts != b.ts ? a.ts < b.ts : a.end > b.end;
     });
@@ -169,7 +174,7 @@ class RankProgram {
     if (event.cat == "op" && event.args != nullptr &&
         (event.args->contains("flops") || event.args->contains("bytes"))) {
       const double seconds = event_seconds(machine_, event.name, number_arg(event, "flops"),
-                                           number_arg(event, "bytes"), share_);
+                                           number_arg(event, "bytes"), share_, load_);
       const double interior = std::clamp(number_arg(event, "interior"), 0.0, 1.0);
       if (interior > 0) {  // the interior runs while the halos travel: before the first halo_end
         size_t split = event.children.size();
@@ -268,6 +273,7 @@ class RankProgram {
   std::vector<Event> events_;
   const Machine& machine_;
   double share_;
+  double load_;  // how busy the rank's node is (event_seconds)
   bool asynchronous_;
   std::vector<Action> actions_;
   std::map<int64_t, double> received_;  // bytes received by each started batch
@@ -428,15 +434,28 @@ Prediction replay(const nlohmann::json& trace, const Machine& machine,
     return it->second[static_cast<size_t>(rank)];
   };
 
-  // Ranks per node share its compute on a machine whose ranks share cores.
+  // Ranks per node share its compute on a machine whose ranks share cores. How busy a node is
+  // (its cores in use: the threads its ranks chose, else all of them) picks, per op, between the
+  // rate of one core alone and that of a full node (event_seconds).
+  const int cores = machine.cores_per_node;
+  std::map<int, double> busy;  // by node: the cores its ranks' threads occupy
+  for (const auto& [pid, events] : launch.events) {
+    const auto chosen = launch.threads.find(pid);
+    busy[node_of(pid)] += chosen != launch.threads.end()
+                              ? chosen->second
+                              : std::max(1.0, static_cast<double>(cores) / per_node[node_of(pid)]);
+  }
   std::vector<RankProgram> programs;
   programs.reserve(static_cast<size_t>(ranks));
   for (auto& [pid, events] : launch.events) {
     double share = machine.shared_compute ? 1.0 / per_node[node_of(pid)] : 1.0;
+    double load = 1;
     if (const auto chosen = launch.threads.find(pid);
-        machine.shared_compute && machine.cores_per_node > 0 && chosen != launch.threads.end())
-      share = std::min(share, static_cast<double>(chosen->second) / machine.cores_per_node);
-    programs.emplace_back(std::move(events), machine, share, links.asynchronous);
+        machine.shared_compute && cores > 0 && chosen != launch.threads.end())
+      share = std::min(share, static_cast<double>(chosen->second) / cores);
+    if (machine.shared_compute && cores > 1)
+      load = (std::min<double>(cores, busy[node_of(pid)]) - 1) / (cores - 1);
+    programs.emplace_back(std::move(events), machine, share, load, links.asynchronous);
   }
 
   std::map<std::pair<std::string, int64_t>, Instance> instances;

@@ -570,6 +570,50 @@ TEST(CostModel, ARankThatChoseItsThreadsGetsThoseCoresOfASharedNode) {
   EXPECT_THROW(machine_from_json(document), InvalidArgument);
 }
 
+TEST(CostModel, OneBusyCoreRunsAtTheAloneRateAFullNodeAtTheLoadedOne) {
+  // A 2-core node: conv at 1e10 flop/s for the node with both cores busy (5e9 a core), 2e10 as
+  // the node's equivalent of one core running alone (1e10 for that core).
+  json document = toy_machine(4);
+  document["shared_compute"] = true;
+  document["cores_per_node"] = 2;
+  document["compute"]["families_alone"] = {{"conv", {{"flops", 2e10}, {"bytes", 1e10}}}};
+  const Machine machine = machine_from_json(document);
+  EXPECT_DOUBLE_EQ(machine_from_json(machine_to_json(machine)).families_alone.at("conv").flops,
+                   2e10);
+  // Half the node: 1 ms alone, 2 ms loaded, interpolated between.
+  EXPECT_DOUBLE_EQ(event_seconds(machine, "conv", 1e7, 0, 0.5, 0), 1e-3);
+  EXPECT_DOUBLE_EQ(event_seconds(machine, "conv", 1e7, 0, 0.5, 1), 2e-3);
+  EXPECT_DOUBLE_EQ(event_seconds(machine, "conv", 1e7, 0, 0.5, 0.5), 1.5e-3);
+  EXPECT_DOUBLE_EQ(event_seconds(machine, "conv backward", 1e7, 0, 0.5, 0), 1e-3);  // conv's
+  // No alone entry for the op, its family or "default": the loaded rate at any load.
+  EXPECT_DOUBLE_EQ(event_seconds(machine, "norm", 1e7, 0, 1, 0), 1e-2);
+  // The replay's load: one rank of one thread keeps the other core idle (alone, half the node);
+  // one rank of the default threads and two ranks of one thread fill both (loaded).
+  const auto trace = [](int ranks, int threads) {
+    json events = json::array();
+    for (int r = 0; r < ranks; ++r) {
+      events.push_back(rank_name(r));
+      if (threads > 0)
+        events.push_back({{"name", "rank_threads"},
+                          {"ph", "M"},
+                          {"pid", r},
+                          {"tid", 0},
+                          {"args", {{"threads", threads}}}});
+      events.push_back(event(r, "op", "conv", 0, 5, {{"flops", 1e7}, {"bytes", 0}}));
+    }
+    return json{{"traceEvents", events}};
+  };
+  EXPECT_NEAR(replay(trace(1, 1), machine).step_seconds, 1e-3, 1e-12);
+  EXPECT_NEAR(replay(trace(1, 0), machine).step_seconds, 1e-3, 1e-12);
+  EXPECT_NEAR(replay(trace(2, 1), machine).step_seconds, 2e-3, 1e-12);
+  EXPECT_NEAR(replay(trace(2, 0), machine).step_seconds, 2e-3, 1e-12);
+  // A bad entry is refused by name.
+  document["compute"]["families_alone"]["conv"]["flops"] = -1;
+  EXPECT_THROW(machine_from_json(document), InvalidArgument);
+  document["compute"]["families_alone"] = 3;
+  EXPECT_THROW(machine_from_json(document), InvalidArgument);
+}
+
 TEST(CostModel, MachineFileRoundTrips) {
   const Machine machine = machine_from_json(toy_machine(8));
   const Machine again = machine_from_json(machine_to_json(machine));
