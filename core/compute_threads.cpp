@@ -30,8 +30,11 @@ int ranks_on_node() {
 int compute_threads() {
   if (const int forced = env_int("TESSERA_THREADS_PER_RANK"); forced > 0) return forced;
   if (assigned_threads > 0) return assigned_threads;
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, cores / ranks_on_node());
+  // Once: std::thread::hardware_concurrency reads /sys/devices/system/cpu/online at every call
+  // (glibc's get_nprocs), and the kernels ask for their threads at every call.
+  static const int share = std::max(
+      1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())) / ranks_on_node());
+  return share;
 }
 
 void set_compute_threads(int threads) {
