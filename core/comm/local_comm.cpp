@@ -245,7 +245,31 @@ class LocalGroup {
   void post_send(int destination, const std::shared_ptr<PendingSend>& send) {
     std::lock_guard lock(mu_);
     inbox_[destination].push_back(send);
+    p2p_progress_.fetch_add(1, std::memory_order_release);
     cv_.notify_all();
+  }
+
+  /// Called with the mutex held after a receiver completed messages (their senders may return).
+  void note_p2p_progress() {
+    p2p_progress_.fetch_add(1, std::memory_order_release);
+    cv_.notify_all();
+  }
+
+  /// Waits (mutex held by `lock`) until the next p2p progress or `until`: first polling the
+  /// counter with the lock released, yielding the core (a peer usually posts or copies within
+  /// microseconds, and a condition variable's wake-up costs tens of them), then on the
+  /// condition variable.
+  void wait_for_p2p_progress(std::unique_lock<std::mutex>& lock, Clock::time_point until) {
+    const uint64_t seen = p2p_progress_.load(std::memory_order_relaxed);
+    lock.unlock();
+    for (int spin = 0; spin < kSpinsBeforeSleep; ++spin) {
+      if (p2p_progress_.load(std::memory_order_acquire) != seen) break;
+      std::this_thread::yield();
+    }
+    lock.lock();
+    // Progress is counted with the mutex held, so a change after this check notifies a waiter.
+    if (p2p_progress_.load(std::memory_order_relaxed) != seen) return;
+    cv_.wait_for(lock, std::min<Clock::duration>(poll_interval, until - Clock::now()));
   }
 
   std::mutex& mutex() { return mu_; }
@@ -275,6 +299,7 @@ class LocalGroup {
   std::mutex mu_;
   std::condition_variable cv_;
   std::atomic<uint64_t> generation_{0};
+  std::atomic<uint64_t> p2p_progress_{0};  // posts and completed receives (changed under mu_)
   int arrived_ = 0;
   std::vector<uint64_t> arrived_at_;
   std::vector<Contribution> slots_;
@@ -353,7 +378,7 @@ class LocalBatch final : public P2PBatch {
           send->done = true;
           recv->done = true;
         }
-        group_->cv().notify_all();
+        group_->note_p2p_progress();
         continue;
       }
       std::vector<std::string> waiting;
@@ -371,8 +396,7 @@ class LocalBatch final : public P2PBatch {
         throw CommTimeout(current_comm_op(),
                           timeout_message("send_recv", rank_, group_->size(),
                                           fmt::format("{}", fmt::join(waiting, ", "))));
-      group_->cv().wait_for(lock,
-                            std::min<Clock::duration>(poll_interval, deadline - Clock::now()));
+      group_->wait_for_p2p_progress(lock, deadline);
     }
   }
 

@@ -272,8 +272,7 @@ Throughput op_throughput(const Machine& machine, std::string_view event_name) {
   return family_throughput(machine, op_family(event_name));
 }
 
-std::optional<Throughput> op_throughput_alone(const Machine& machine,
-                                              std::string_view event_name) {
+std::optional<Throughput> op_throughput_alone(const Machine& machine, std::string_view event_name) {
   const auto& alone = machine.families_alone;
   if (alone.empty()) return std::nullopt;
   std::string family = op_family(event_name);

@@ -89,7 +89,7 @@ struct Machine {
   /// Seconds a cpu copy spends per contiguous run besides its bytes (a strided copy is one
   /// memcpy per run: halo faces, box exchanges); 0: not modeled.
   double copy_run_seconds = 0;
-  std::map<std::string, Throughput> families;        ///< by op family; "default" for the rest
+  std::map<std::string, Throughput> families;  ///< by op family; "default" for the rest
   /// The same measured with one core of the node busy and the others idle, as the node's rate
   /// (the one core's times the cores): on a CPU an op bound by memory runs faster per core when
   /// the other cores leave it the caches and the memory bandwidth. `families` then holds the
