@@ -264,27 +264,45 @@ void calibrate(const EstimateOptions& options) {
   };
 
   // Compute: traced runs of the workloads' kernels; throughputs from their op events. One
-  // thread a rank: one rank alone (the rate of one core whose neighbours idle), then one rank
-  // per core (the rate of a core among busy ones: ops bound by memory share its caches and
-  // bandwidth). Several OpenMP threads on cores that other processes also use stall each other
-  // at every barrier; one thread per core is what the ranks of a multi-rank run use too.
+  // thread a process: one process alone (the rate of one core whose neighbours idle), then one
+  // process per core at once, each running the same workloads (the rate of a core among busy
+  // ones: ops bound by memory share the caches and the memory bandwidth). The same shapes in
+  // both, whatever the core count. Several OpenMP threads on cores that other processes also use
+  // stall each other at every barrier; one thread per core is what the ranks of a multi-rank run
+  // use too.
   const std::string env = "TESSERA_BACKEND=local TESSERA_THREADS_PER_RANK=1 TESSERA_TRACE=";
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const auto compute_runs = [&](int ranks, const std::string& tag) {
+  const auto trace_file = [&](const std::string& name, const std::string& tag, int copy) {
+    return at(fmt::format("{}{}{}.json", name, tag, copy).c_str());
+  };
+  // `copies` processes of one workload at once, each traced to its own file.
+  const auto run_copies = [&](const std::string& name, const std::string& tag, int copies,
+                              const std::function<std::string(int)>& arguments) {
+    std::string command = "pids=''; ";
+    for (int copy = 0; copy < copies; ++copy)
+      command += fmt::format("{}{} {} {} > /dev/null & pids=\"$pids $!\"; ", env,
+                             trace_file(name, tag, copy), exe, arguments(copy));
+    command += "rc=0; for p in $pids; do wait $p || rc=1; done; exit $rc";
+    run_checked(command);
+  };
+  const auto compute_runs = [&](int copies, const std::string& tag) {
     comm_round();
-    run_checked(env + at(("train" + tag + ".json").c_str()) + " " + exe +
-                fmt::format(" bench train --shape 2,8,24,24,24 --hidden 16 --layers 3 --mesh 1x{} "
-                            "--steps 2 --json > /dev/null",
-                            ranks));
+    run_copies("train", tag, copies, [](int) {
+      return std::string(
+          "bench train --shape 2,8,24,24,24 --hidden 16 --layers 3 --mesh 1x1 "
+          "--steps 2 --json");
+    });
     comm_round();
-    run_checked(env + at(("na" + tag + ".json").c_str()) + " " + exe +
-                fmt::format(" bench na --size 32 --heads 2 --dim 32 --kernel 7 --ranks {} "
-                            "--iterations 10 --json > /dev/null",
-                            ranks));
-    run_checked(env + at(("sim" + tag + ".json").c_str()) + " " + exe +
-                fmt::format(" simulate gray-scott --size 96,96,96 --mesh {} --steps 10 --every 10 "
-                            "--out {} --json > /dev/null",
-                            ranks, at(("gs" + tag + ".h5").c_str())));
+    run_copies("na", tag, copies, [](int) {
+      return std::string(
+          "bench na --size 32 --heads 2 --dim 32 --kernel 7 --ranks 1 "
+          "--iterations 10 --json");
+    });
+    run_copies("sim", tag, copies, [&](int copy) {
+      return fmt::format(
+          "simulate gray-scott --size 96,96,96 --steps 10 --every 10 --out {} --json",
+          at(fmt::format("gs{}{}.h5", tag, copy).c_str()));
+    });
   };
   compute_runs(1, "");
   if (cores > 1) compute_runs(cores, "_loaded");
@@ -301,25 +319,26 @@ void calibrate(const EstimateOptions& options) {
   // ops of one family differ widely, e.g. gelu's transcendental math against a plain add).
   // Each op's rate per thread (its self time summed over the ranks), times the cores: the
   // node's (its ranks split it).
-  const auto samples_of = [&](const std::string& tag) {
+  const auto samples_of = [&](const std::string& tag, int copies) {
     std::array<std::map<std::string, cost::FamilySample>, 2> maps;  // by family, by op
-    for (const char* name : {"train", "na", "sim"}) {
-      const nlohmann::json trace = read_json(at((name + tag + ".json").c_str()), "trace");
-      for (bool by_op : {false, true})
-        for (const auto& [key, sample] : cost::family_samples(trace, by_op)) {
-          cost::FamilySample& total = maps[by_op][key];
-          total.flops += sample.flops;
-          total.bytes += sample.bytes;
-          total.seconds += sample.seconds;
-          total.count += sample.count;
-        }
-    }
+    for (const char* name : {"train", "na", "sim"})
+      for (int copy = 0; copy < copies; ++copy) {
+        const nlohmann::json trace = read_json(trace_file(name, tag, copy), "trace");
+        for (bool by_op : {false, true})
+          for (const auto& [key, sample] : cost::family_samples(trace, by_op)) {
+            cost::FamilySample& total = maps[by_op][key];
+            total.flops += sample.flops;
+            total.bytes += sample.bytes;
+            total.seconds += sample.seconds;
+            total.count += sample.count;
+          }
+      }
     for (auto& map : maps)
       for (auto& [key, sample] : map) sample.seconds /= cores;
     return maps;
   };
-  const auto alone = samples_of("");
-  const auto loaded = cores > 1 ? samples_of("_loaded") : alone;
+  const auto alone = samples_of("", 1);
+  const auto loaded = cores > 1 ? samples_of("_loaded", cores) : alone;
   machine.memory_bandwidth_by_working_set = copy_bandwidth_curve(cores);
   machine.memory_bandwidth = machine.memory_bandwidth_by_working_set.back().second;
   machine.copy_run_seconds = copy_run_seconds();
@@ -370,10 +389,10 @@ void calibrate(const EstimateOptions& options) {
        "a strided copy of 32768 runs of 64 bytes against one memcpy of the same bytes, in the "
        "cache, the best of 20: the difference per run"},
       {"compute",
-       "per op and per op family, flops or bytes over self time in traced runs of one thread a "
-       "rank: bench train (conv3d 2x8x24^3, hidden 16, 3 layers), bench na (32x32, 2 heads, D "
-       "32, k 7), simulate gray-scott 96^3; families: one rank per core (every core busy); "
-       "families_alone: one rank (the other cores idle)"},
+       "per op and per op family, flops or bytes over self time in traced one-rank runs of one "
+       "thread: bench train (conv3d 2x8x24^3, hidden 16, 3 layers), bench na (32x32, 2 heads, D "
+       "32, k 7), simulate gray-scott 96^3; families: one process per core at once (every core "
+       "busy); families_alone: one process (the other cores idle)"},
       {"samples", measured}};
   {
     std::ofstream out(options.out);
