@@ -315,8 +315,9 @@ if want bench; then
   # The 4-rank forward+backward traced (no Nsight Systems on the lent machines): each rank's
   # host time per op, halo step and copy, to say whether the 4 local ranks' fixed cost over one
   # rank is launches or waits (bench-na-bf16's rows give host_waits_per_step).
+  mkdir -p "$logs/traces"  # not *.json in logs: the report reads those as benchmark results
   step bench-na-trace-bf16 30 "${tessera[@]}" bench na --device cuda --dtype bf16 --ranks 1,4 \
-    --kernel 7 --reference-size 0 --iterations 5 --json --trace "$logs/na-trace.json"
+    --kernel 7 --reference-size 0 --iterations 5 --json --trace "$logs/traces/na.json"
   # The sharded forward with the halo overlap split (TESSERA_HALO_OVERLAP=1; off by default):
   # its 4-rank rows against bench-na-bf16's.
   step bench-na-overlap-bf16 40 env TESSERA_HALO_OVERLAP=1 "${tessera[@]}" bench na --device cuda \
@@ -511,6 +512,25 @@ with open(os.path.join(out, "gpu-check.md"), "w") as md:
                      f"{ms(mma_auto, k, 'forward_ms')} | {ms(fused, k, 'forward_ms')} | {ms(fused, k, 'forward_backward_ms')} | "
                      f"{ms(flex, k, 'forward_ms')} | {ms(flex, k, 'forward_backward_ms')} | "
                      f"{ratio(k, 'forward_ms')} | {ratio(k, 'forward_backward_ms')} |\n")
+    # Neighborhood attention sharded: 4 local ranks sharing the GPU against 1 (the target: within
+    # 1.15x), and the calls per forward+backward step that blocked a host thread on the device.
+    sharded = {(row.get("kernel"), row.get("ranks")): row for row in rows_of("bench-na-bf16.json")}
+    if any(ranks == 4 for _, ranks in sharded):
+        md.write("\n## Neighborhood attention, bf16, 4 local ranks against 1 (ms)\n\n"
+                 "| k | 1 rank fwd | 4 ranks fwd | 4 / 1 fwd | 1 rank f+b | 4 ranks f+b | 4 / 1 f+b |"
+                 " host waits a step, 1 / 4 ranks |\n|---|---|---|---|---|---|---|---|\n")
+        def cell(row, key, digits=3):
+            value = row.get(key)
+            return f"{value:.{digits}f}" if isinstance(value, (int, float)) else "-"
+        def over(a, b, key):
+            x, y = a.get(key), b.get(key)
+            return f"{x / y:.2f}x" if isinstance(x, (int, float)) and y else "-"
+        for k in sorted({k for k, _ in sharded if k is not None}):
+            one, four = sharded.get((k, 1), {}), sharded.get((k, 4), {})
+            md.write(f"| {k} | {cell(one, 'forward_ms')} | {cell(four, 'forward_ms')} | "
+                     f"{over(four, one, 'forward_ms')} | {cell(one, 'forward_backward_ms')} | "
+                     f"{cell(four, 'forward_backward_ms')} | {over(four, one, 'forward_backward_ms')} | "
+                     f"{cell(one, 'host_waits_per_step', 1)} / {cell(four, 'host_waits_per_step', 1)} |\n")
     # Convolution: graph (the default) and legacy API beside PyTorch, 1 rank (4 ranks: ours).
     def conv_rows(name, ranks=1):
         return {(tuple(r.get("shape", [])), r.get("kernel")): r for r in rows_of(name)
