@@ -255,10 +255,11 @@ void GrayScott::step() {
   for (int s = 0; s < 2; ++s) halo_end(*exchanges[s]);
   {
     trace::Span span("op", "gray_scott boundary");
+    const std::vector<Box> shell = shell_cells(owned, split_);
     double cells = 0;
-    for (const Box& box : shell_cells(owned, split_)) cells += static_cast<double>(box.volume());
+    for (const Box& box : shell) cells += static_cast<double>(box.volume());
     note_cells(span, cells, config_.dtype);
-    for (const Box& cells_box : shell_cells(owned, split_))
+    for (const Box& cells_box : shell)
       step_cells(fields_[0], fields_[1], next_[0], next_[1], cells_box, config_.params);
   }
   std::swap(fields_, next_);

@@ -266,22 +266,37 @@ std::string op_key(std::string_view event_name) {
   return key;
 }
 
+namespace {
+
+/// The entry of `family` in `map`: the family's own, else its forward's (for a `_backward`
+/// family), else "default"; null when none of them is there.
+const Throughput* find_family(const std::map<std::string, Throughput>& map,
+                              const std::string& family) {
+  if (auto it = map.find(family); it != map.end()) return &it->second;
+  constexpr std::string_view kBackward = "_backward";
+  if (family.ends_with(kBackward))
+    if (auto it = map.find(family.substr(0, family.size() - kBackward.size())); it != map.end())
+      return &it->second;
+  if (auto it = map.find("default"); it != map.end()) return &it->second;
+  return nullptr;
+}
+
+/// The entry of the op event `event_name` in `map`: the op's own, else its family's.
+const Throughput* find_op(const std::map<std::string, Throughput>& map,
+                          std::string_view event_name) {
+  if (auto it = map.find(op_key(event_name)); it != map.end()) return &it->second;
+  return find_family(map, op_family(event_name));
+}
+
+}  // namespace
+
 Throughput op_throughput(const Machine& machine, std::string_view event_name) {
-  if (auto it = machine.families.find(op_key(event_name)); it != machine.families.end())
-    return it->second;
-  return family_throughput(machine, op_family(event_name));
+  if (const Throughput* found = find_op(machine.families, event_name)) return *found;
+  return machine.families.at("default");  // throws: a machine without "default"
 }
 
 std::optional<Throughput> op_throughput_alone(const Machine& machine, std::string_view event_name) {
-  const auto& alone = machine.families_alone;
-  if (alone.empty()) return std::nullopt;
-  std::string family = op_family(event_name);
-  std::vector<std::string> keys{op_key(event_name), family};
-  constexpr std::string_view kBackward = "_backward";
-  if (family.ends_with(kBackward)) keys.push_back(family.substr(0, family.size() - 9));
-  keys.emplace_back("default");
-  for (const std::string& key : keys)
-    if (auto it = alone.find(key); it != alone.end()) return it->second;
+  if (const Throughput* found = find_op(machine.families_alone, event_name)) return *found;
   return std::nullopt;
 }
 
@@ -298,13 +313,8 @@ double event_seconds(const Machine& machine, std::string_view event_name, double
 }
 
 Throughput family_throughput(const Machine& machine, const std::string& family) {
-  if (auto it = machine.families.find(family); it != machine.families.end()) return it->second;
-  constexpr std::string_view kBackward = "_backward";
-  if (family.ends_with(kBackward)) {
-    const std::string forward = family.substr(0, family.size() - kBackward.size());
-    if (auto it = machine.families.find(forward); it != machine.families.end()) return it->second;
-  }
-  return machine.families.at("default");
+  if (const Throughput* found = find_family(machine.families, family)) return *found;
+  return machine.families.at("default");  // throws: a machine without "default"
 }
 
 double op_seconds(const Machine& machine, const std::string& family, double flops, double bytes,
@@ -492,23 +502,6 @@ NcclChoice nccl_collective(const LinkSet& links, Collective collective,
 namespace {
 
 void fit_into(std::map<std::string, Throughput>& into, double memory_bandwidth,
-              const std::map<std::string, FamilySample>& samples, double peak_flops);
-
-}  // namespace
-
-void fit_families(Machine& machine, const std::map<std::string, FamilySample>& samples,
-                  double peak_flops) {
-  fit_into(machine.families, machine.memory_bandwidth, samples, peak_flops);
-}
-
-void fit_families_alone(Machine& machine, const std::map<std::string, FamilySample>& samples,
-                        double peak_flops) {
-  fit_into(machine.families_alone, machine.memory_bandwidth, samples, peak_flops);
-}
-
-namespace {
-
-void fit_into(std::map<std::string, Throughput>& into, double memory_bandwidth,
               const std::map<std::string, FamilySample>& samples, double peak_flops) {
   const auto computes = [](const std::string& key) {
     // An op key names its family through the event name it came from.
@@ -530,6 +523,16 @@ void fit_into(std::map<std::string, Throughput>& into, double memory_bandwidth,
 }
 
 }  // namespace
+
+void fit_families(Machine& machine, const std::map<std::string, FamilySample>& samples,
+                  double peak_flops) {
+  fit_into(machine.families, machine.memory_bandwidth, samples, peak_flops);
+}
+
+void fit_families_alone(Machine& machine, const std::map<std::string, FamilySample>& samples,
+                        double peak_flops) {
+  fit_into(machine.families_alone, machine.memory_bandwidth, samples, peak_flops);
+}
 
 double median(std::vector<double> values) {
   if (values.empty()) return 0;
